@@ -1,0 +1,40 @@
+# gangslice — the two entry points are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit e2e bench venv clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gangslice place --cluster examples/clusters/hgx-h100-4leaf.yaml --gang examples/gangs/llama-70b-tp8.yaml
+
+lint: $(STAMP)
+	$(BIN)/ruff check extender tests
+	$(BIN)/ruff format --check extender tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy extender
+
+unit: $(STAMP)
+	$(BIN)/pytest -q -m 'not e2e' tests
+
+e2e: $(STAMP)
+	$(BIN)/pytest -q -m e2e tests/e2e
+
+test: lint typecheck
+	$(BIN)/pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/gangslice bench placement
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,228 @@
+"""Cluster and gang files (YAML): a stable contract other tools and tests read.
+
+Cluster file::
+
+    levels: [fabric.topograph.run/tier-1, fabric.topograph.run/tier-0]   # optional
+    network: {nicGbps: 100, oversubscription: 2}                         # optional
+    nodes:
+      - name: h100
+        count: 16                       # optional: h100-0 .. h100-15, same labels
+        labels: {fabric.topograph.run/tier-0: leaf-1}
+        gpuTopology: hgx-h100           # a preset, or an nvidia-smi topo -m file (relative path)
+        allocatedGpus: [0, 1]           # optional
+        unhealthyGpus: []               # optional
+
+Gang file::
+
+    name: llama-70b
+    podSets:
+      - name: server
+        count: 1
+        gpusPerPod: 8
+        comm: allreduce                 # allreduce | alltoall | pipeline | kv-transfer | none
+        requiredLevel: node             # optional
+        preferredLevel: nvlink          # optional
+        colocateWith: {podSet: prefill, level: leaf}   # optional; a bare name means level node
+        model: {hiddenSize: 8192, bytesPerElement: 2, tokens: 128}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from extender.cost import Comm, ModelDims
+from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.hierarchy import Hierarchy, HierarchyError, NetworkModel, parse_levels
+from extender.topology.model import GpuGraph, TopologyError
+
+
+class FileError(ValueError):
+    """A file that cannot be used; the message names the file, the field and the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelSpec(_Strict):
+    hidden_size: int = Field(8192, alias="hiddenSize", gt=0)
+    bytes_per_element: int = Field(2, alias="bytesPerElement", gt=0)
+    tokens: int = Field(128, gt=0)
+    layers: int = Field(80, gt=0)
+    kv_heads: int = Field(8, alias="kvHeads", gt=0)
+    head_dim: int = Field(128, alias="headDim", gt=0)
+    experts_per_token: int = Field(8, alias="expertsPerToken", gt=0)
+
+    def dims(self) -> ModelDims:
+        return ModelDims(**self.model_dump())
+
+
+class ColocateSpec(_Strict):
+    pod_set: str = Field(alias="podSet")
+    level: str = "node"
+
+
+class PodSetSpec(_Strict):
+    name: str
+    count: int = Field(ge=1)
+    gpus_per_pod: int = Field(alias="gpusPerPod", ge=0)
+    comm: Comm = Comm.NONE
+    required_level: str | None = Field(None, alias="requiredLevel")
+    preferred_level: str | None = Field(None, alias="preferredLevel")
+    colocate_with: ColocateSpec | None = Field(None, alias="colocateWith")
+    model: ModelSpec = Field(default_factory=lambda: ModelSpec.model_validate({}))
+
+    @field_validator("colocate_with", mode="before")
+    @classmethod
+    def _bare_name(cls, v: Any) -> Any:
+        return {"podSet": v} if isinstance(v, str) else v
+
+
+class GangSpec(_Strict):
+    name: str
+    pod_sets: list[PodSetSpec] = Field(alias="podSets", min_length=1)
+
+    def request(self) -> GangRequest:
+        return GangRequest(
+            name=self.name,
+            pod_sets=tuple(
+                PodSet(
+                    name=p.name,
+                    count=p.count,
+                    gpus_per_pod=p.gpus_per_pod,
+                    comm=p.comm,
+                    required_level=p.required_level,
+                    preferred_level=p.preferred_level,
+                    colocate_with=Colocation(p.colocate_with.pod_set, p.colocate_with.level)
+                    if p.colocate_with
+                    else None,
+                    model=p.model.dims(),
+                )
+                for p in self.pod_sets
+            ),
+        )
+
+
+class NodeSpec(_Strict):
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpu_topology: str = Field(alias="gpuTopology")
+    allocated_gpus: list[int] = Field(default_factory=list, alias="allocatedGpus")
+    unhealthy_gpus: list[int] = Field(default_factory=list, alias="unhealthyGpus")
+    count: int | None = Field(None, ge=1)
+
+
+class NetworkSpec(_Strict):
+    nic_gbps: float = Field(100.0, alias="nicGbps", gt=0)
+    oversubscription: float = Field(2.0, ge=1)
+
+
+class ClusterSpec(_Strict):
+    levels: list[str | dict[str, Any]] | None = None
+    network: NetworkSpec = Field(default_factory=lambda: NetworkSpec.model_validate({}))
+    nodes: list[NodeSpec] = Field(min_length=1)
+
+
+def _first_error(where: str, err: ValidationError) -> FileError:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    return FileError(f"{where}: field {loc}: {e['msg']}")
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise FileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}" if mark is not None else ""
+        raise FileError(f"{path}:{at} not valid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def gang_from_data(data: Any, where: str = "gang") -> GangRequest:
+    if not isinstance(data, dict):
+        raise FileError(f"{where}: expected a mapping with name and podSets")
+    try:
+        spec = GangSpec.model_validate(data)
+    except ValidationError as err:
+        raise _first_error(where, err) from None
+    try:
+        return spec.request()
+    except ValueError as exc:
+        raise FileError(f"{where}: {exc}") from None
+
+
+def load_gang(path: str | Path) -> GangRequest:
+    p = Path(path)
+    return gang_from_data(_load_yaml(p), str(p))
+
+
+def _graph_for(topology: str, base: Path, cache: dict[str, GpuGraph], where: str) -> GpuGraph:
+    if topology in cache:
+        return cache[topology]
+    from extender.topology.presets import PRESETS, preset_graph
+
+    graph: GpuGraph
+    if topology in PRESETS:
+        graph = preset_graph(topology)
+    else:
+        from extender.topology.nvidia_smi import parse_topo
+
+        path = base / topology
+        if not path.is_file():
+            raise FileError(
+                f"{where}: gpuTopology {topology!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
+                f"nor a file next to the cluster file"
+            )
+        try:
+            graph = parse_topo(path.read_text(), source=str(path))
+        except TopologyError as exc:
+            raise FileError(f"{where}: gpuTopology: {exc}") from None
+    cache[topology] = graph
+    return graph
+
+
+def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterSnapshot:
+    if not isinstance(data, dict):
+        raise FileError(f"{where}: expected a mapping with nodes")
+    try:
+        spec = ClusterSpec.model_validate(data)
+    except ValidationError as err:
+        raise _first_error(where, err) from None
+    try:
+        levels = parse_levels(spec.levels)
+    except HierarchyError as exc:
+        raise FileError(f"{where}: {exc}") from None
+    hierarchy = Hierarchy(levels, NetworkModel(spec.network.nic_gbps, spec.network.oversubscription))
+    graphs: dict[str, GpuGraph] = {}
+    nodes: list[NodeState] = []
+    for k, ns in enumerate(spec.nodes):
+        at = f"{where}: nodes[{k}] ({ns.name})"
+        graph = _graph_for(ns.gpu_topology, base, graphs, at)
+        names = [ns.name] if ns.count is None else [f"{ns.name}-{i}" for i in range(ns.count)]
+        for name in names:
+            labels = dict(ns.labels)
+            labels.setdefault("kubernetes.io/hostname", name)
+            try:
+                nodes.append(
+                    NodeState(name, labels, graph, frozenset(ns.allocated_gpus), frozenset(ns.unhealthy_gpus))
+                )
+            except ValueError as exc:
+                raise FileError(f"{at}: {exc}") from None
+    try:
+        return ClusterSnapshot(nodes, hierarchy)
+    except ValueError as exc:
+        raise FileError(f"{where}: {exc}") from None
+
+
+def load_cluster(path: str | Path) -> ClusterSnapshot:
+    p = Path(path)
+    return cluster_from_data(_load_yaml(p), p.parent, str(p))

@@ -1,0 +1,191 @@
+"""The reservation ledger: slices held for gangs until their pods bind or the hold expires.
+
+Keyed by gang. Reserving a gang twice returns the same reservation; a hold expires after
+its TTL unless pods keep binding (each bind refreshes it); a fully bound reservation does
+not expire. The ledger serialises to plain dicts so an adapter can persist each reservation
+(as a ``SliceReservation`` object) and rebuild the same ledger after a restart.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from extender.placement.slice import PodSlot, Slice
+from extender.placement.snapshot import ClusterSnapshot
+
+DEFAULT_TTL_S = 300.0
+
+
+class Phase(enum.StrEnum):
+    RESERVED = "Reserved"
+    BOUND = "Bound"
+    RELEASED = "Released"
+    EXPIRED = "Expired"
+
+
+class LedgerError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Reservation:
+    gang: str
+    slice: Slice
+    expires_at: float
+    #: slot key (``podSet/index``) -> pod name bound to it
+    bound: Mapping[str, str] = field(default_factory=dict)
+    phase: Phase = Phase.RESERVED
+    #: Opaque data an adapter keeps with the reservation (owner, namespace, object name).
+    meta: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.bound) == len(self.slice.slots)
+
+    def free_slots(self) -> list[PodSlot]:
+        return [s for s in self.slice.slots if s.key not in self.bound]
+
+    def slot_of(self, pod: str) -> PodSlot | None:
+        for key, name in self.bound.items():
+            if name == pod:
+                return self.slice.slot(key)
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gang": self.gang,
+            "slice": self.slice.to_dict(),
+            "expiresAt": self.expires_at,
+            "bound": dict(self.bound),
+            "phase": self.phase.value,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reservation:
+        return cls(
+            gang=str(d["gang"]),
+            slice=Slice.from_dict(d["slice"]),
+            expires_at=float(d["expiresAt"]),
+            bound={str(k): str(v) for k, v in (d.get("bound") or {}).items()},
+            phase=Phase(d.get("phase", Phase.RESERVED.value)),
+            meta={str(k): str(v) for k, v in (d.get("meta") or {}).items()},
+        )
+
+
+class Ledger:
+    def __init__(self, ttl_s: float = DEFAULT_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._by_gang: dict[str, Reservation] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_gang)
+
+    def __contains__(self, gang: object) -> bool:
+        return gang in self._by_gang
+
+    def get(self, gang: str) -> Reservation | None:
+        return self._by_gang.get(gang)
+
+    def reservations(self) -> list[Reservation]:
+        return list(self._by_gang.values())
+
+    def reserve(self, sl: Slice, now: float, meta: Mapping[str, str] | None = None) -> Reservation:
+        """Hold ``sl`` for its gang. Idempotent: an existing reservation is returned as is.
+        Refuses a slice that overlaps GPUs another reservation holds."""
+        existing = self._by_gang.get(sl.gang)
+        if existing is not None:
+            return existing
+        held = self.held()
+        for node, gpus in sl.held().items():
+            clash = gpus & held.get(node, frozenset())
+            if clash:
+                raise LedgerError(f"gang {sl.gang}: GPUs {sorted(clash)} on {node} are already reserved")
+        r = Reservation(sl.gang, sl, now + self.ttl_s, {}, Phase.RESERVED, dict(meta or {}))
+        self._by_gang[sl.gang] = r
+        return r
+
+    def bind(self, gang: str, slot_key: str, pod: str, now: float) -> Reservation:
+        """Record that ``pod`` took ``slot_key``; refreshes the TTL. Re-binding the same pod
+        to the same slot is a no-op; another pod on a taken slot is an error."""
+        r = self._require(gang)
+        r.slice.slot(slot_key)  # KeyError for an unknown slot
+        current = r.bound.get(slot_key)
+        if current == pod:
+            return r
+        if current is not None:
+            raise LedgerError(f"gang {gang}: slot {slot_key} is already bound to {current}")
+        bound = {**r.bound, slot_key: pod}
+        phase = Phase.BOUND if len(bound) == len(r.slice.slots) else Phase.RESERVED
+        r = replace(r, bound=bound, phase=phase, expires_at=now + self.ttl_s)
+        self._by_gang[gang] = r
+        return r
+
+    def unbind(self, gang: str, slot_key: str) -> Reservation:
+        r = self._require(gang)
+        bound = {k: v for k, v in r.bound.items() if k != slot_key}
+        r = replace(r, bound=bound, phase=Phase.RESERVED)
+        self._by_gang[gang] = r
+        return r
+
+    def release(self, gang: str) -> Reservation | None:
+        r = self._by_gang.pop(gang, None)
+        return replace(r, phase=Phase.RELEASED) if r is not None else None
+
+    def expire(self, now: float) -> list[Reservation]:
+        """Drop holds past their TTL that are not fully bound; returns them as Expired."""
+        gone = [r for r in self._by_gang.values() if r.phase != Phase.BOUND and r.expires_at <= now]
+        for r in gone:
+            del self._by_gang[r.gang]
+        return [replace(r, phase=Phase.EXPIRED) for r in gone]
+
+    def held(self, exclude: Iterable[str] = ()) -> dict[str, frozenset[int]]:
+        skip = set(exclude)
+        out: dict[str, set[int]] = {}
+        for r in self._by_gang.values():
+            if r.gang in skip:
+                continue
+            for node, gpus in r.slice.held().items():
+                out.setdefault(node, set()).update(gpus)
+        return {k: frozenset(v) for k, v in out.items()}
+
+    def mnnvl(self, exclude: Iterable[str] = ()) -> dict[str, str]:
+        skip = set(exclude)
+        return {n: r.gang for r in self._by_gang.values() if r.gang not in skip for n in r.slice.mnnvl_nodes}
+
+    def view(self, snapshot: ClusterSnapshot, exclude: Iterable[str] = ()) -> ClusterSnapshot:
+        """The snapshot a solver sees: every reservation's GPUs (but ``exclude``'s) taken out.
+        Bound slots are held too; once the pod shows up as allocated it is simply taken twice."""
+        ex = list(exclude)
+        return snapshot.with_held(self.held(ex), self.mnnvl(ex))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ttlSeconds": self.ttl_s, "reservations": [r.to_dict() for r in self._by_gang.values()]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Ledger:
+        ledger = cls(float(d.get("ttlSeconds", DEFAULT_TTL_S)))
+        for item in d.get("reservations", ()):
+            ledger.restore(Reservation.from_dict(item))
+        return ledger
+
+    def restore(self, r: Reservation) -> None:
+        """Put back a persisted reservation (after a restart). The same gang twice keeps the
+        first; one that overlaps a reservation already restored is refused, so nothing is
+        ever double-booked."""
+        if r.gang in self._by_gang or r.phase in (Phase.RELEASED, Phase.EXPIRED):
+            return
+        held = self.held()
+        for node, gpus in r.slice.held().items():
+            if gpus & held.get(node, frozenset()):
+                raise LedgerError(f"gang {r.gang}: persisted reservation overlaps another on {node}")
+        self._by_gang[r.gang] = r
+
+    def _require(self, gang: str) -> Reservation:
+        r = self._by_gang.get(gang)
+        if r is None:
+            raise LedgerError(f"gang {gang}: no reservation")
+        return r
