@@ -10,6 +10,7 @@ from typing import Any
 
 from extender import cost
 from extender.topology.model import GpuGraph, TopologyError
+from extender.topology.serialize import cpu_ranges
 
 
 def register(sub: Any) -> None:
@@ -43,7 +44,7 @@ def graph_json(g: GpuGraph) -> dict[str, Any]:
                 "numaNode": x.numa_node,
                 "uuid": x.uuid,
                 "pciBusId": x.pci_bus_id,
-                "cpuAffinity": _ranges(x.cpu_affinity),
+                "cpuAffinity": cpu_ranges(x.cpu_affinity),
                 "nic": shape.best_nic.get(x.index),
             }
             for x in g.gpus
@@ -60,16 +61,6 @@ def graph_json(g: GpuGraph) -> dict[str, Any]:
         "nics": [{"name": n.name, "numaNode": n.numa_node} for n in g.nics],
         "clique": g.clique.label if g.clique else None,
     }
-
-
-def _ranges(cpus: frozenset[int]) -> str:
-    out: list[str] = []
-    for c in sorted(cpus):
-        if out and out[-1].split("-")[-1] == str(c - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{c}"
-        else:
-            out.append(str(c))
-    return ",".join(out)
 
 
 def render_graph(g: GpuGraph) -> str:
