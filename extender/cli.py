@@ -13,6 +13,7 @@ from extender import __version__
 COMMAND_MODULES = (
     "extender.topology.commands",
     "extender.placement.commands",
+    "extender.placement.bench",
 )
 
 

@@ -1,0 +1,383 @@
+"""``gangslice bench placement``: decision time and predicted cost of gangslice and the peer
+baselines on synthetic clusters, side by side in one run.
+
+The ``bench`` command is a group of actions. Another module adds its own action from its
+``register(sub)``, in any order relative to this one::
+
+    from extender.placement.bench import bench_subparsers
+
+    def register(sub):
+        p = bench_subparsers(sub).add_parser("extender", help="...")
+        p.set_defaults(func=run_extender_bench)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from extender.cost import Comm
+from extender.placement.baselines import POLICIES, Policy
+from extender.placement.request import GangRequest, PodSet
+from extender.placement.scoring import violations
+from extender.placement.slice import Slice
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, parse_levels
+from extender.topology.model import GpuGraph
+from extender.topology.presets import PRESETS, preset_graph
+
+#: The synthetic fabric: topograph's tier labels for core, spine and leaf, hostname last.
+CORE_LABEL = "fabric.topograph.run/tier-2"
+SPINE_LABEL = "fabric.topograph.run/tier-1"
+LEAF_LABEL = "fabric.topograph.run/tier-0"
+NODES_PER_LEAF = 32
+LEAVES_PER_SPINE = 8
+SPINES_PER_CORE = 4
+
+DEFAULT_NODES = (1000, 5000)
+DEFAULT_REPEAT = 20
+QUICK_REPEAT = 3
+
+#: Targets from the issue: gangslice's p99 decision time on 5,000 nodes, by gang size.
+TARGETS_MS = {64: 100.0, 512: 1000.0}
+TARGET_NODES = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class BenchGang:
+    label: str
+    what: str
+    gang: GangRequest
+
+
+def bench_gangs() -> tuple[BenchGang, ...]:
+    """One gang per size; GPUs per pod shrink with the pod count so every gang fits a
+    half-allocated cluster of 1,000 nodes."""
+
+    def one(label: str, what: str, ps: PodSet) -> BenchGang:
+        return BenchGang(label, what, GangRequest(f"bench-{label}", (ps,)))
+
+    return (
+        one("1x8", "1 pod x 8 GPUs: TP=8 server", PodSet("server", 1, 8, Comm.ALLREDUCE)),
+        one(
+            "8x4",
+            "8 pods x 4 GPUs: TP=4 x PP=8, preferred leaf",
+            PodSet("stages", 8, 4, Comm.PIPELINE, preferred_level="leaf"),
+        ),
+        one(
+            "64x2",
+            "64 pods x 2 GPUs: wide EP all-to-all, required spine, preferred leaf",
+            PodSet("experts", 64, 2, Comm.ALLTOALL, required_level="spine", preferred_level="leaf"),
+        ),
+        one(
+            "512x1",
+            "512 pods x 1 GPU: wide EP all-to-all, required core, preferred spine",
+            PodSet("experts", 512, 1, Comm.ALLTOALL, required_level="core", preferred_level="spine"),
+        ),
+    )
+
+
+# -- synthetic cluster ------------------------------------------------------------------
+
+
+def bench_hierarchy() -> Hierarchy:
+    return Hierarchy(parse_levels([CORE_LABEL, SPINE_LABEL, LEAF_LABEL, HOSTNAME_LABEL]))
+
+
+def node_labels(i: int) -> dict[str, str]:
+    leaf = i // NODES_PER_LEAF
+    spine = leaf // LEAVES_PER_SPINE
+    core = spine // SPINES_PER_CORE
+    return {
+        CORE_LABEL: f"core-{core}",
+        SPINE_LABEL: f"spine-{spine}",
+        LEAF_LABEL: f"leaf-{leaf}",
+        HOSTNAME_LABEL: f"node-{i:05d}",
+    }
+
+
+def random_allocation(nodes: int, gpus_per_node: int, fraction: float, seed: int) -> list[frozenset[int]]:
+    """Allocated GPU positions per node: ``fraction`` of all GPUs, drawn uniformly (seeded)."""
+    rng = random.Random(seed)
+    total = nodes * gpus_per_node
+    per_node: list[set[int]] = [set() for _ in range(nodes)]
+    for g in rng.sample(range(total), round(total * fraction)):
+        per_node[g // gpus_per_node].add(g % gpus_per_node)
+    return [frozenset(s) for s in per_node]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildTimes:
+    nodes_ms: float
+    snapshot_ms: float
+    domains_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.nodes_ms + self.snapshot_ms + self.domains_ms
+
+
+def synthetic_cluster(
+    nodes: int, graph: GpuGraph, fraction: float = 0.5, seed: int = 1
+) -> tuple[ClusterSnapshot, BuildTimes]:
+    """A cluster of ``nodes`` identical nodes under leaf/spine/core switches, with ``fraction``
+    of the GPUs allocated; returns the snapshot and how long building it took (node states,
+    the snapshot, its domain index), which no decision pays."""
+    indices = graph.indices
+    allocation = random_allocation(nodes, len(indices), fraction, seed)
+    labels = [node_labels(i) for i in range(nodes)]
+    t0 = time.perf_counter()
+    states = [
+        NodeState(labels[i][HOSTNAME_LABEL], labels[i], graph, frozenset(indices[p] for p in allocation[i]))
+        for i in range(nodes)
+    ]
+    t1 = time.perf_counter()
+    snap = ClusterSnapshot(states, bench_hierarchy())
+    t2 = time.perf_counter()
+    snap.domains()
+    t3 = time.perf_counter()
+    return snap, BuildTimes((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+
+
+# -- measuring --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    nodes: int
+    gang: str
+    policy: str
+    placed: bool
+    #: Predicted per-layer communication time (us) of the slice; None when unplaceable.
+    micros: float | None
+    #: Hard rules of gangslice the slice breaks (scoring.violations); 0 for gangslice.
+    broken: int
+    nodes_used: int
+    cold_ms: float
+    median_ms: float
+    p99_ms: float
+    reason: str | None
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (for fewer than 100 samples p99 is the maximum)."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def measure(snap: ClusterSnapshot, bench: BenchGang, name: str, policy: Policy, repeat: int) -> Measurement:
+    """One cold call (memo tables still filling; reported on its own), then ``repeat`` timed
+    decisions on the same snapshot; nothing is committed between them."""
+    t = time.perf_counter()
+    result = policy(snap, bench.gang)
+    cold = (time.perf_counter() - t) * 1e3
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        policy(snap, bench.gang)
+        times.append((time.perf_counter() - t) * 1e3)
+    if isinstance(result, Slice):
+        broken = len(violations(snap, bench.gang, result.slots))
+        micros: float | None = result.per_layer_micros
+        used, reason = len(result.nodes), None
+    else:
+        broken, micros, used, reason = 0, None, 0, result.reason
+    return Measurement(
+        nodes=len(snap.nodes),
+        gang=bench.label,
+        policy=name,
+        placed=isinstance(result, Slice),
+        micros=micros,
+        broken=broken,
+        nodes_used=used,
+        cold_ms=cold,
+        median_ms=statistics.median(times),
+        p99_ms=percentile(times, 99),
+        reason=reason,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRun:
+    nodes: int
+    build: BuildTimes
+    results: tuple[Measurement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    gang: str
+    limit_ms: float
+    p99_ms: float
+
+    @property
+    def met(self) -> bool:
+        return self.p99_ms < self.limit_ms
+
+
+def run_bench(
+    sizes: Sequence[int], node_type: str, repeat: int, seed: int, policies: Sequence[str]
+) -> tuple[list[ClusterRun], list[Target]]:
+    graph = preset_graph(node_type)
+    gangs = bench_gangs()
+    runs: list[ClusterRun] = []
+    targets: list[Target] = []
+    for n in sizes:
+        snap, build = synthetic_cluster(n, graph, 0.5, seed)
+        results = tuple(measure(snap, g, p, POLICIES[p], repeat) for g in gangs for p in policies)
+        runs.append(ClusterRun(n, build, results))
+        if n == TARGET_NODES:
+            pods = {g.label: g.gang.pods for g in gangs}
+            targets.extend(
+                Target(m.gang, TARGETS_MS[pods[m.gang]], m.p99_ms)
+                for m in results
+                if m.policy == "gangslice" and pods[m.gang] in TARGETS_MS
+            )
+    return runs, targets
+
+
+# -- output -----------------------------------------------------------------------------
+
+
+def _header(node_type: str, repeat: int, seed: int) -> list[str]:
+    return [
+        f"gangslice bench placement: {node_type} nodes ({len(preset_graph(node_type).gpus)} GPUs each), "
+        f"core/spine/leaf + hostname, {NODES_PER_LEAF} nodes per leaf, {LEAVES_PER_SPINE} leaves per "
+        f"spine, {SPINES_PER_CORE} spines per core; 50% of GPUs allocated at random (seed {seed})",
+        f"each decision: 1 cold call, then {repeat} timed calls on the same snapshot "
+        f"(median and nearest-rank p99, ms); us/layer = predicted communication per layer "
+        f"(scoring.gang_micros); broken = gangslice rules the slice breaks (scoring.violations)",
+        "gangs:",
+        *(f"  {g.label:<6} {g.what}" for g in bench_gangs()),
+    ]
+
+
+def render(
+    runs: Sequence[ClusterRun], targets: Sequence[Target], node_type: str, repeat: int, seed: int
+) -> str:
+    lines = _header(node_type, repeat, seed)
+    lines.append("")
+    lines.append("snapshot build (not part of any decision):")
+    for run in runs:
+        b = run.build
+        lines.append(
+            f"  {run.nodes:>6} nodes: {b.total_ms:8.1f} ms  (node states {b.nodes_ms:.1f}, "
+            f"snapshot {b.snapshot_ms:.1f}, domain index {b.domains_ms:.1f})"
+        )
+    lines.append("")
+    cols = f"{'nodes':>6}  {'gang':<6} {'policy':<10} {'result':<11} {'us/layer':>9} {'broken':>6} "
+    cols += f"{'nodes used':>10} {'median ms':>10} {'p99 ms':>9} {'cold ms':>9}"
+    lines.append(cols)
+    lines.append("-" * len(cols))
+    for run in runs:
+        for m in run.results:
+            micros = f"{m.micros:9.1f}" if m.micros is not None else f"{'-':>9}"
+            lines.append(
+                f"{m.nodes:>6}  {m.gang:<6} {m.policy:<10} {'placed' if m.placed else 'unplaceable':<11} "
+                f"{micros} {m.broken:>6} {m.nodes_used:>10} {m.median_ms:>10.2f} {m.p99_ms:>9.2f} "
+                f"{m.cold_ms:>9.2f}"
+            )
+    for t in targets:
+        verdict = "met" if t.met else "MISSED"
+        lines.append(
+            f"target: gangslice {t.gang} gang on {TARGET_NODES} nodes, p99 < {t.limit_ms:.0f} ms: "
+            f"{t.p99_ms:.1f} ms ({verdict})"
+        )
+    return "\n".join(lines)
+
+
+def to_json(
+    runs: Sequence[ClusterRun], targets: Sequence[Target], node_type: str, repeat: int, seed: int
+) -> Any:
+    return {
+        "nodeType": node_type,
+        "repeat": repeat,
+        "seed": seed,
+        "allocatedFraction": 0.5,
+        "fabric": {
+            "nodesPerLeaf": NODES_PER_LEAF,
+            "leavesPerSpine": LEAVES_PER_SPINE,
+            "spinesPerCore": SPINES_PER_CORE,
+        },
+        "gangs": [{"label": g.label, "what": g.what} for g in bench_gangs()],
+        "clusters": [
+            {
+                "nodes": r.nodes,
+                "buildMs": {**asdict(r.build), "total_ms": r.build.total_ms},
+                "results": [asdict(m) for m in r.results],
+            }
+            for r in runs
+        ],
+        "targets": [{**asdict(t), "met": t.met} for t in targets],
+    }
+
+
+# -- command ----------------------------------------------------------------------------
+
+_ACTIONS: weakref.WeakKeyDictionary[argparse.ArgumentParser, Any] = weakref.WeakKeyDictionary()
+
+
+def bench_subparsers(sub: Any) -> Any:
+    """The action subparsers of ``gangslice bench``, created on first use: call it from any
+    module's ``register(sub)`` and add an action with ``.add_parser(name, help=...)``."""
+    parser = sub.choices.get("bench")
+    if parser is None:
+        parser = sub.add_parser("bench", help="benchmarks: decision time and placement quality")
+    actions = _ACTIONS.get(parser)
+    if actions is None:
+        actions = parser.add_subparsers(dest="bench_action", metavar="ACTION", required=True)
+        _ACTIONS[parser] = actions
+    return actions
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = bench_subparsers(sub).add_parser(
+        "placement",
+        help="decision time and predicted cost of gangslice and the baselines on synthetic clusters",
+    )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_NODES),
+        metavar="N",
+        help=f"cluster sizes (default {' '.join(map(str, DEFAULT_NODES))})",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=None, help=f"timed runs per decision (default {DEFAULT_REPEAT})"
+    )
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_REPEAT} timed runs per decision")
+    p.add_argument("--seed", type=int, default=1, help="seed of the random allocation (default 1)")
+    p.add_argument(
+        "--node-type", default="hgx-h100", choices=sorted(PRESETS), help="node preset (default hgx-h100)"
+    )
+    p.add_argument(
+        "--policy",
+        nargs="+",
+        default=list(POLICIES),
+        choices=list(POLICIES),
+        help="policies to run (default: all)",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    repeat = args.repeat if args.repeat is not None else QUICK_REPEAT if args.quick else DEFAULT_REPEAT
+    if repeat < 1 or any(n < 1 for n in args.nodes):
+        print("gangslice bench placement: --repeat and --nodes must be at least 1")
+        return 2
+    runs, targets = run_bench(args.nodes, args.node_type, repeat, args.seed, args.policy)
+    if args.json:
+        print(json.dumps(to_json(runs, targets, args.node_type, repeat, args.seed), indent=2))
+    else:
+        print(render(runs, targets, args.node_type, repeat, args.seed))
+    return 0

@@ -1,0 +1,348 @@
+"""The peer baselines: capacity rules always hold, each behaves like the peer it models, and
+the same yardstick (scoring.gang_micros) prices their choices; plus the placement benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender import cli, cost
+from extender.cost import Comm
+from extender.placement import scoring, solver
+from extender.placement.baselines import POLICIES, binpack, first_free, kueue_tas, spread, volcano
+from extender.placement.bench import bench_subparsers
+from extender.placement.bench import register as register_bench
+from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.slice import Placement, Slice, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.hierarchy import Hierarchy, Level
+from extender.topology.model import GpuGraph, Tier
+from extender.topology.presets import preset_graph
+
+SPINE = Level("spine", "fabric.topograph.run/tier-1")
+LEAF = Level("leaf", "fabric.topograph.run/tier-0")
+HIER = Hierarchy((SPINE, LEAF))
+HGX = preset_graph("hgx-h100")
+PCIE = preset_graph("pcie-8gpu-2socket")
+BASELINES = ("spread", "binpack", "kueue-tas", "volcano")
+
+
+def node(
+    name: str, leaf: str, graph: GpuGraph = HGX, allocated: Sequence[int] = (), spine: str = "s0"
+) -> NodeState:
+    labels = {SPINE.label: spine, LEAF.label: leaf}
+    return NodeState(name, labels, graph, frozenset(allocated))
+
+
+def gang(*pod_sets: PodSet) -> GangRequest:
+    return GangRequest("g", tuple(pod_sets))
+
+
+def placed(result: Placement) -> Slice:
+    assert isinstance(result, Slice), getattr(result, "reason", result)
+    return result
+
+
+def nodes_of(result: Placement, pod_set: str | None = None) -> list[str]:
+    return [s.node for s in placed(result).slots if pod_set is None or s.pod_set == pod_set]
+
+
+def leaves_of(snap: ClusterSnapshot, result: Placement) -> set[str]:
+    return {snap.node(n).labels[LEAF.label] for n in nodes_of(result)}
+
+
+def assert_capacity_rules(snap: ClusterSnapshot, g: GangRequest, result: Slice) -> None:
+    """Only free GPUs, none twice, the right number of pods and GPUs per pod."""
+    used: dict[str, set[int]] = {}
+    for s in result.slots:
+        assert set(s.gpus) <= snap.free_gpus(s.node), f"{s.key}: {s.gpus} not free on {s.node}"
+        assert not used.setdefault(s.node, set()) & set(s.gpus), f"{s.key}: GPU booked twice"
+        used[s.node].update(s.gpus)
+        assert len(s.gpus) == g.pod_set(s.pod_set).gpus_per_pod
+    for ps in g.pod_sets:
+        indices = sorted(s.index for s in result.slots if s.pod_set == ps.name)
+        assert indices == list(range(ps.count))
+    rules = scoring.violations(snap, g, result.slots)
+    capacity = [p for p in rules if "not free" in p or "given twice" in p or "slots for" in p]
+    assert capacity == []
+
+
+def test_policies_are_the_five_with_the_solver_first() -> None:
+    assert list(POLICIES) == ["gangslice", "spread", "binpack", "kueue-tas", "volcano"]
+    assert POLICIES["gangslice"] is solver.place
+
+
+def test_first_free_takes_the_lowest_free_positions() -> None:
+    assert first_free(0b1011_0110, 3) == 0b0001_0110
+    assert first_free(0b1000_0001, 3) is None
+    assert first_free(0b1, 0) == 0
+
+
+# -- capacity rules on random clusters ---------------------------------------------------
+
+
+@st.composite
+def cluster_and_gang(draw: st.DrawFn) -> tuple[ClusterSnapshot, GangRequest]:
+    count = draw(st.integers(2, 6))
+    nodes = []
+    for i in range(count):
+        graph = draw(st.sampled_from((HGX, PCIE)))
+        allocated = draw(st.sets(st.integers(0, 7), max_size=8))
+        nodes.append(node(f"n{i}", f"leaf-{i % 2}", graph, sorted(allocated)))
+    levels = (None, "leaf", "spine", "node", "nvlink")
+    sets = [
+        PodSet(
+            f"ps{k}",
+            draw(st.integers(1, 4)),
+            draw(st.sampled_from((0, 1, 2, 4))),
+            draw(st.sampled_from(list(Comm))),
+            required_level=draw(st.sampled_from(levels)),
+            preferred_level=draw(st.sampled_from(levels)),
+        )
+        for k in range(draw(st.integers(1, 2)))
+    ]
+    if len(sets) == 2 and draw(st.booleans()):
+        sets[1] = PodSet(
+            sets[1].name,
+            sets[1].count,
+            sets[1].gpus_per_pod,
+            Comm.KV_TRANSFER,
+            colocate_with=Colocation("ps0", "leaf"),
+        )
+    return ClusterSnapshot(nodes, HIER), gang(*sets)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cluster_and_gang())
+def test_baselines_never_book_a_gpu_that_is_taken_or_twice(case: tuple[ClusterSnapshot, GangRequest]) -> None:
+    snap, g = case
+    for name in BASELINES:
+        result = POLICIES[name](snap, g)
+        if isinstance(result, Slice):
+            assert_capacity_rules(snap, g, result)
+            assert result.pod_set_micros == scoring.gang_micros(snap, g, result.slots)
+            for s in result.slots:
+                shape = snap.node(s.node).shape
+                assert s.numa_nodes == shape.numa_of(shape.mask_of(s.gpus))
+        else:
+            assert result.reason.startswith(f"{name}: ")
+
+
+def test_a_gang_that_does_not_fit_is_unplaceable_as_a_whole() -> None:
+    snap = ClusterSnapshot([node("a", "l0", allocated=range(4)), node("b", "l0", allocated=range(4))], HIER)
+    g = gang(PodSet("w", 3, 4))  # 8 free GPUs, 12 needed
+    for name in BASELINES:
+        result = POLICIES[name](snap, g)
+        assert isinstance(result, Unplaceable), name
+        assert result.feasible_when_empty, name
+    too_big = gang(PodSet("w", 1, 16))
+    for name in BASELINES:
+        result = POLICIES[name](snap, too_big)
+        assert isinstance(result, Unplaceable) and not result.feasible_when_empty, name
+
+
+# -- spread and binpack ------------------------------------------------------------------
+
+
+def test_spread_puts_pods_on_different_nodes_and_binpack_packs_them() -> None:
+    snap = ClusterSnapshot([node(f"n{i}", "l0") for i in range(4)], HIER)
+    g = gang(PodSet("w", 4, 2))
+    assert sorted(nodes_of(spread(snap, g))) == ["n0", "n1", "n2", "n3"]
+    assert nodes_of(binpack(snap, g)) == ["n0"] * 4
+    assert [s.gpus for s in placed(binpack(snap, g)).slots] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+
+
+def test_spread_prefers_the_emptiest_node_and_binpack_the_fullest_that_fits() -> None:
+    snap = ClusterSnapshot(
+        [node("full", "l0", allocated=range(7)), node("half", "l0", allocated=range(4)), node("empty", "l0")],
+        HIER,
+    )
+    g = gang(PodSet("w", 1, 2))
+    assert nodes_of(spread(snap, g)) == ["empty"]
+    assert nodes_of(binpack(snap, g)) == ["half"]
+    assert placed(binpack(snap, g)).slots[0].gpus == (4, 5)
+
+
+# -- kueue-tas ---------------------------------------------------------------------------
+
+
+def test_kueue_tas_keeps_a_required_leaf_and_takes_the_best_fitting_one() -> None:
+    nodes = [node(f"a{i}", "leaf-a", allocated=range(6)) for i in range(2)]  # 2 pods of 2 GPUs
+    nodes += [node(f"b{i}", "leaf-b", allocated=range(4)) for i in range(2)]  # 4 pods
+    nodes += [node(f"c{i}", "leaf-c") for i in range(2)]  # 8 pods
+    snap = ClusterSnapshot(nodes, HIER)
+    g = gang(PodSet("w", 3, 2, required_level="leaf"))
+    assert leaves_of(snap, kueue_tas(snap, g)) == {"leaf-b"}  # BestFit: least room left over
+    big = gang(PodSet("w", 6, 2, required_level="leaf"))
+    assert leaves_of(snap, kueue_tas(snap, big)) == {"leaf-c"}
+    assert nodes_of(kueue_tas(snap, big)).count("c0") == 4  # fewest nodes, largest first
+    too_big = gang(PodSet("w", 9, 2, required_level="leaf"))
+    result = kueue_tas(snap, too_big)
+    assert isinstance(result, Unplaceable) and "no leaf has room" in result.reason
+    assert isinstance(spread(snap, too_big), Slice)  # the cluster has room, just not in one leaf
+
+
+def test_kueue_tas_climbs_from_a_preferred_level() -> None:
+    nodes = [node(f"a{i}", "leaf-a", allocated=range(4)) for i in range(2)]
+    nodes += [node(f"b{i}", "leaf-b", allocated=range(4), spine="s1") for i in range(2)]
+    snap = ClusterSnapshot(nodes, HIER)
+    fits_leaf = gang(PodSet("w", 2, 4, preferred_level="leaf"))
+    assert len(leaves_of(snap, kueue_tas(snap, fits_leaf))) == 1
+    spans = gang(PodSet("w", 3, 4, preferred_level="leaf"))  # no leaf or spine holds 3: distributed
+    assert leaves_of(snap, kueue_tas(snap, spans)) == {"leaf-a", "leaf-b"}
+    required = gang(PodSet("w", 3, 4, preferred_level="leaf", required_level="spine"))
+    assert isinstance(kueue_tas(snap, required), Unplaceable)
+
+
+def test_kueue_tas_counts_gpus_and_ignores_nvlink_coherence() -> None:
+    snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 2, 4, 6))], HIER)
+    g = gang(PodSet("tp", 2, 2, Comm.NONE, required_level="nvlink"))  # PCIe node: no NVLink at all
+    result = placed(kueue_tas(snap, g))
+    assert [s.gpus for s in result.slots] == [(1, 3), (5, 7)]
+    assert any("are " in p and "need" in p for p in scoring.violations(snap, g, result.slots))
+
+
+# -- volcano -----------------------------------------------------------------------------
+
+
+def test_volcano_keeps_the_job_within_the_highest_tier_allowed() -> None:
+    nodes = [node(f"a{i}", "leaf-a", allocated=range(4)) for i in range(2)]
+    nodes += [node(f"b{i}", "leaf-b", allocated=range(4)) for i in range(2)]
+    snap = ClusterSnapshot(nodes, HIER)
+    assert len(leaves_of(snap, volcano(snap, gang(PodSet("w", 2, 4, required_level="leaf"))))) == 1
+    three = gang(PodSet("w", 3, 4, required_level="leaf"))
+    result = volcano(snap, three)
+    assert isinstance(result, Unplaceable) and "tier 1 (leaf)" in result.reason
+    assert leaves_of(snap, volcano(snap, gang(PodSet("w", 3, 4, required_level="spine")))) == {
+        "leaf-a",
+        "leaf-b",
+    }
+    assert leaves_of(snap, volcano(snap, gang(PodSet("w", 3, 4)))) == {"leaf-a", "leaf-b"}
+
+
+def test_volcano_prefers_the_lowest_tier_then_the_fullest_hypernode() -> None:
+    nodes = [node(f"a{i}", "leaf-a") for i in range(2)]  # empty leaf
+    nodes += [node(f"b{i}", "leaf-b", allocated=range(4)) for i in range(2)]  # half full
+    nodes += [node(f"c{i}", "leaf-c", allocated=range(7)) for i in range(2)]  # too full
+    snap = ClusterSnapshot(nodes, HIER)
+    result = volcano(snap, gang(PodSet("w", 2, 4)))  # no required level: any tier, lowest first
+    assert leaves_of(snap, result) == {"leaf-b"}
+    assert sorted(nodes_of(result)) == ["b0", "b1"]
+
+
+def test_volcano_places_a_node_scope_gang_on_one_node() -> None:
+    snap = ClusterSnapshot([node("a", "l0", allocated=range(4)), node("b", "l0", allocated=range(2))], HIER)
+    assert set(nodes_of(volcano(snap, gang(PodSet("w", 3, 2, required_level="node"))))) == {"b"}
+    assert isinstance(volcano(snap, gang(PodSet("w", 4, 2, required_level="node"))), Unplaceable)
+
+
+# -- the point of it all: first-free GPUs on a PCIe node -------------------------------
+
+
+def test_first_free_gets_a_pair_across_sockets_where_gangslice_gets_a_pix_pair() -> None:
+    # Free GPUs 3, 4, 6, 7 of a dual-socket PCIe node: 3 and 4 sit on different sockets (SYS),
+    # 6 and 7 share a PCIe switch (PIX).
+    snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 1, 2, 5))], HIER)
+    g = gang(PodSet("tp", 1, 2, Comm.ALLREDUCE))
+    ours = placed(solver.place(snap, g))
+    assert ours.slots[0].gpus == (6, 7)
+    shape = snap.node("p").shape
+    for name in BASELINES:
+        theirs = placed(POLICIES[name](snap, g))
+        assert theirs.slots[0].gpus == (3, 4), name
+        assert shape.tier_of(shape.mask_of((3, 4))) == Tier.NODE
+        assert theirs.pod_set_micros["tp"] > ours.pod_set_micros["tp"], name
+        # The whole difference is the bottleneck link: the socket hop against the PCIe switch.
+        dims = g.pod_sets[0].model
+        assert theirs.pod_set_micros["tp"] == cost.tp_layer_us(2, dims, cost.SYS_GBPS, cost.ALPHA_PCIE_US)
+        assert ours.pod_set_micros["tp"] == cost.tp_layer_us(2, dims, PCIE.pcie_gbps, cost.ALPHA_PCIE_US)
+        assert scoring.violations(snap, g, theirs.slots), name
+        assert scoring.violations(snap, g, ours.slots) == []
+
+
+# -- gangslice place --policy and the benchmark ------------------------------------------
+
+
+def test_place_command_runs_a_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n  - {name: p, gpuTopology: pcie-8gpu-2socket, allocatedGpus: [0, 1, 2, 5]}\n")
+    gang_file = tmp_path / "gang.yaml"
+    gang_file.write_text("name: g\npodSets:\n  - {name: tp, count: 1, gpusPerPod: 2, comm: allreduce}\n")
+    assert (
+        cli.main(
+            ["place", "--cluster", str(cluster), "--gang", str(gang_file), "--policy", "spread", "--json"]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["placed"] and out["pods"][0]["gpus"] == [3, 4]
+
+
+def _rows(out: str) -> Mapping[tuple[str, str], list[str]]:
+    rows = {}
+    for line in out.splitlines():
+        cells = line.split()
+        if len(cells) >= 10 and cells[0].isdigit():
+            rows[(cells[1], cells[2])] = cells
+    return rows
+
+
+def test_bench_placement_quick_lists_every_policy_for_every_gang(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "placement", "--quick", "--nodes", "50"]) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    for gang_label in ("1x8", "8x4", "64x2", "512x1"):
+        for policy in POLICIES:
+            assert (gang_label, policy) in rows, (gang_label, policy)
+    assert "snapshot build" in out and "50 nodes" in out
+    assert rows[("8x4", "gangslice")][3] == "placed"
+    assert rows[("512x1", "gangslice")][3] == "unplaceable"  # 200 free GPUs for 512 pods
+
+
+def test_bench_placement_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        cli.main(
+            [
+                "bench",
+                "placement",
+                "--repeat",
+                "1",
+                "--nodes",
+                "40",
+                "--policy",
+                "gangslice",
+                "spread",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    (cluster,) = data["clusters"]
+    assert cluster["nodes"] == 40 and cluster["buildMs"]["total_ms"] > 0
+    assert {(r["gang"], r["policy"]) for r in cluster["results"]} == {
+        (g, p) for g in ("1x8", "8x4", "64x2", "512x1") for p in ("gangslice", "spread")
+    }
+    for r in cluster["results"]:
+        assert r["p99_ms"] >= r["median_ms"] > 0
+        assert (r["micros"] is not None) == r["placed"]
+        if r["policy"] == "gangslice":
+            assert r["broken"] == 0
+    assert data["targets"] == []  # targets are judged on 5,000 nodes only
+
+
+def test_another_module_can_add_a_bench_action() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    register_bench(sub)
+    other = bench_subparsers(sub).add_parser("extender")
+    other.set_defaults(func="extender-bench")
+    assert bench_subparsers(sub) is bench_subparsers(sub)
+    assert parser.parse_args(["bench", "extender"]).func == "extender-bench"
+    assert parser.parse_args(["bench", "placement", "--quick"]).quick
