@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Regenerate go.mod + go.sum of the e2e tools modules from hack/e2e/tools/versions.env.
+# Maintainer tool: run it after bumping a version, then commit the changed go.mod/go.sum files.
+# hack/e2e/build.sh never runs this; it builds from the committed files (-mod=readonly).
+set -euo pipefail
+
+TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=/dev/null
+source "${TOOLS_DIR}/versions.env"
+CACHE_ROOT="${GANGSLICE_CACHE:-$HOME/.cache/gangslice}"
+export GOMODCACHE="${CACHE_ROOT}/go/mod" GOCACHE="${CACHE_ROOT}/go/build" GOTOOLCHAIN=local GOFLAGS=-mod=mod
+
+log() { printf '%s pin: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# staging_replaces MODULE@VERSION STAGING_VERSION: print `-replace k8s.io/x=k8s.io/x@STAGING_VERSION` for every
+# `k8s.io/x => ./staging/src/k8s.io/x` line in the go.mod of k8s.io/kubernetes (downloaded from the proxy).
+staging_replaces() {
+    local gomod
+    gomod="$(go mod download -json "$1" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    [[ -f "$gomod" ]] || { echo "cannot download go.mod of $1" >&2; return 1; }
+    sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._/-]*\) => \./staging/src/k8s\.io/.*#\1#p' "$gomod" |
+        sort -u | while read -r m; do printf -- '-replace=%s=%s@%s\n' "$m" "$m" "$2"; done
+}
+
+# copy_replaces MODULE@VERSION: print the module's own versioned replace lines as -replace flags, skipping
+# directory replaces (./ or ../), which only work inside that repository.
+copy_replaces() {
+    local gomod
+    gomod="$(go mod download -json "$1" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    awk '/^replace \(/{inb=1; next} inb && /^\)/{inb=0; next}
+         inb || /^replace /{ sub(/^replace /,""); if ($0 ~ /=>/) print }' "$gomod" |
+        sed 's#//.*##' | awk 'NF>=4 && $2=="=>" && $3 !~ /^\.\.?\// {
+            lhs=$1; rhs=$3"@"$4; printf "-replace=%s=%s\n", lhs, rhs }'
+}
+
+new_module() { # dir module-path
+    rm -f "$1/go.mod" "$1/go.sum"
+    mkdir -p "$1"
+    (cd "$1" && go mod init "$2" >/dev/null 2>&1 && go mod edit -go=1.26.0)
+}
+
+k8s_staging() { echo "v0.${KUBERNETES_VERSION#v1.}"; }
+
+pin_kubernetes() {
+    local d="${TOOLS_DIR}/kubernetes"
+    log "kubernetes ${KUBERNETES_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/kubernetes
+    mapfile -t reps < <(staging_replaces "k8s.io/kubernetes@${KUBERNETES_VERSION}" "$(k8s_staging)")
+    (cd "$d" && go mod edit "${reps[@]}" -require="k8s.io/kubernetes@${KUBERNETES_VERSION}" \
+        -tool=k8s.io/kubernetes/cmd/kube-apiserver -tool=k8s.io/kubernetes/cmd/kube-scheduler \
+        -tool=k8s.io/kubernetes/cmd/kubectl && go mod tidy)
+}
+
+pin_kueue() {
+    local d="${TOOLS_DIR}/kueue"
+    log "kueue ${KUEUE_VERSION} (k8s.io/kubernetes ${KUBERNETES_VERSION})"
+    new_module "$d" gangslice/hack/e2e/tools/kueue
+    mapfile -t reps < <(staging_replaces "k8s.io/kubernetes@${KUBERNETES_VERSION}" "$(k8s_staging)")
+    (cd "$d" && go mod edit "${reps[@]}" -require="sigs.k8s.io/kueue@${KUEUE_VERSION}" \
+        -require="k8s.io/kubernetes@${KUBERNETES_VERSION}" -tool=sigs.k8s.io/kueue/cmd/kueue && go mod tidy)
+}
+
+pin_volcano() {
+    local d="${TOOLS_DIR}/volcano"
+    log "volcano ${VOLCANO_VERSION} (volcano.sh/apis ${VOLCANO_APIS_VERSION})"
+    new_module "$d" gangslice/hack/e2e/tools/volcano
+    mapfile -t reps < <(copy_replaces "volcano.sh/volcano@${VOLCANO_VERSION}")
+    (cd "$d" && go mod edit "${reps[@]}" -replace="volcano.sh/apis=volcano.sh/apis@${VOLCANO_APIS_VERSION}" \
+        -require="volcano.sh/volcano@${VOLCANO_VERSION}" -tool=volcano.sh/volcano/cmd/scheduler && go mod tidy)
+}
+
+pin_etcd() {
+    local d="${TOOLS_DIR}/etcd"
+    log "etcd ${ETCD_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/etcd
+    (cd "$d" && go mod edit -require="go.etcd.io/etcd/server/v3@${ETCD_VERSION}" -tool=go.etcd.io/etcd/server/v3 && go mod tidy)
+}
+
+targets=("$@")
+[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kueue volcano)
+for t in "${targets[@]}"; do "pin_$t"; done
+log "done"

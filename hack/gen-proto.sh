@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Generate the Python code of the kubelet PodResources v1 API from proto/.
+#
+#   hack/gen-proto.sh            # regenerate the committed files in extender/agent/
+#   hack/gen-proto.sh OUT_DIR    # write them under OUT_DIR/extender/agent/ instead
+#
+# Output: extender/agent/podresources_pb2.py, podresources_pb2_grpc.py, podresources_pb2.pyi.
+# The proto is compiled under the virtual name extender/agent/podresources.proto, so the
+# generated modules import each other as `extender.agent.podresources_pb2` without any
+# editing after protoc. The output depends only on the proto and the grpcio-tools version,
+# which is pinned here: regenerate with exactly this version (tests/unit/test_podresources_proto.py
+# checks the committed files match).
+set -euo pipefail
+
+GRPCIO_TOOLS_VERSION="1.85.1"
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="$(cd "${1:-$root}" && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$root/.venv/bin/python" ]]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python3; fi
+fi
+
+have="$("$PYTHON" -c 'from importlib.metadata import version; print(version("grpcio-tools"))' 2>/dev/null || true)"
+if [[ "$have" != "$GRPCIO_TOOLS_VERSION" ]]; then
+  echo "gen-proto: need grpcio-tools==$GRPCIO_TOOLS_VERSION for reproducible output, found '${have:-none}'" >&2
+  echo "gen-proto: $PYTHON -m pip install grpcio-tools==$GRPCIO_TOOLS_VERSION" >&2
+  exit 1
+fi
+
+mkdir -p "$out/extender/agent"
+cd "$root"
+"$PYTHON" -m grpc_tools.protoc \
+  "-Iextender/agent/podresources.proto=proto/podresources/v1/api.proto" \
+  "--python_out=$out" \
+  "--grpc_python_out=$out" \
+  "--pyi_out=$out" \
+  extender/agent/podresources.proto

@@ -1,0 +1,109 @@
+"""Smoke test: the real kube-scheduler binds a GPU pod to a fake GPU node; an oversized pod stays pending."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from controlplane import ControlPlane
+from kubernetes import client
+
+pytestmark = pytest.mark.e2e
+
+T = TypeVar("T")
+GPU = "nvidia.com/gpu"
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.25) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
+    api = control_plane.api_client()
+    try:
+        yield client.CoreV1Api(api)
+    finally:
+        api.close()
+
+
+def make_gpu_node(core: client.CoreV1Api, name: str, gpus: int) -> None:
+    core.create_node(
+        client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={"kubernetes.io/hostname": name}))
+    )
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU: str(gpus)}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status: dict[str, Any] = {
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "fake node for e2e",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
+    }
+    core.patch_node_status(name, status)
+
+
+def gpu_pod(name: str, gpus: int) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            containers=[
+                client.V1Container(
+                    name="main",
+                    image="registry.k8s.io/pause:3.10",
+                    resources=client.V1ResourceRequirements(limits={GPU: str(gpus)}),
+                )
+            ],
+        ),
+    )
+
+
+def test_scheduler_binds_gpu_pod_and_rejects_oversized(
+    control_plane: ControlPlane, core: client.CoreV1Api
+) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    node, ns = f"gpu-node-{suffix}", f"smoke-{suffix}"
+    make_gpu_node(core, node, gpus=8)
+    allocatable = core.read_node(node).status.allocatable
+    assert allocatable[GPU] == "8"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+
+    core.create_namespaced_pod(ns, gpu_pod("one-gpu", 1))
+    core.create_namespaced_pod(ns, gpu_pod("sixteen-gpus", 16))
+
+    bound = wait_for(
+        "one-gpu to be bound", lambda: core.read_namespaced_pod("one-gpu", ns).spec.node_name, 30
+    )
+    assert bound == node
+
+    def unschedulable() -> bool:
+        pod = core.read_namespaced_pod("sixteen-gpus", ns)
+        return any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            for c in (pod.status.conditions or [])
+        )
+
+    wait_for("sixteen-gpus to be marked Unschedulable", unschedulable, 30)
+    pod = core.read_namespaced_pod("sixteen-gpus", ns)
+    assert pod.spec.node_name is None
+    message = next(c.message for c in pod.status.conditions if c.type == "PodScheduled")
+    assert GPU in message  # e.g. "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. ..."
