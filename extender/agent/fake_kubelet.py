@@ -1,0 +1,115 @@
+"""The kubelet's side of PodResources v1, served from plain data on a unix socket.
+
+For tests and demos of the agent without a node: a real gRPC server built from the same
+generated code as the client, so a wrong field number or method name fails here as it
+would against a kubelet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from extender.agent import podresources_pb2 as pb
+from extender.agent import podresources_pb2_grpc as pb_grpc
+from extender.agent.podresources import GPU_RESOURCE
+
+
+@dataclass
+class _Container:
+    devices: dict[str, list[str]] = field(default_factory=dict)  # resource -> device ids
+
+
+class FakeKubelet(pb_grpc.PodResourcesListerServicer):
+    """Pods, their containers' devices and the allocatable devices, changeable while serving.
+
+    ``fail`` maps a method name to the status code it answers with; ``calls`` counts calls.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pods: dict[tuple[str, str], dict[str, _Container]] = {}
+        self.allocatable: dict[str, list[str]] = {}
+        self.fail: dict[str, grpc.StatusCode] = {}
+        self.calls: Counter[str] = Counter()
+
+    def assign(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        device_ids: Sequence[str],
+        resource: str = GPU_RESOURCE,
+    ) -> None:
+        with self._lock:
+            c = self.pods.setdefault((namespace, pod), {}).setdefault(container, _Container())
+            c.devices.setdefault(resource, []).extend(device_ids)
+
+    def remove(self, namespace: str, pod: str) -> None:
+        with self._lock:
+            self.pods.pop((namespace, pod), None)
+
+    def _pod(self, key: tuple[str, str]) -> pb.PodResources:
+        containers = [
+            pb.ContainerResources(
+                name=name,
+                devices=[
+                    pb.ContainerDevices(resource_name=r, device_ids=ids)
+                    for r, ids in sorted(c.devices.items())
+                ],
+            )
+            for name, c in sorted(self.pods[key].items())
+        ]
+        return pb.PodResources(namespace=key[0], name=key[1], containers=containers)
+
+    def _answer(self, method: str, context: Any) -> None:
+        self.calls[method] += 1
+        code = self.fail.get(method)
+        if code is not None:
+            context.abort(code, f"fake kubelet: {method} fails with {code.name}")
+
+    def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
+        self._answer("List", context)
+        with self._lock:
+            return pb.ListPodResourcesResponse(pod_resources=[self._pod(k) for k in sorted(self.pods)])
+
+    def GetAllocatableResources(
+        self, request: pb.AllocatableResourcesRequest, context: Any
+    ) -> pb.AllocatableResourcesResponse:
+        self._answer("GetAllocatableResources", context)
+        with self._lock:
+            devices = [
+                pb.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in self.allocatable.items()
+            ]
+        return pb.AllocatableResourcesResponse(devices=devices)
+
+    def Get(self, request: pb.GetPodResourcesRequest, context: Any) -> pb.GetPodResourcesResponse:
+        self._answer("Get", context)
+        key = (request.pod_namespace, request.pod_name)
+        with self._lock:
+            if key not in self.pods:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"pod {key[0]}/{key[1]} not found")
+            return pb.GetPodResourcesResponse(pod_resources=self._pod(key))
+
+
+@contextmanager
+def serve(kubelet: FakeKubelet, socket: Path) -> Iterator[Path]:
+    """Serve ``kubelet`` on the unix socket ``socket`` until the block ends."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    add: Any = pb_grpc.add_PodResourcesListerServicer_to_server  # generated code is untyped
+    add(kubelet, server)
+    if not server.add_insecure_port(f"unix://{socket.absolute()}"):
+        raise OSError(f"cannot listen on {socket}")
+    server.start()
+    try:
+        yield socket
+    finally:
+        server.stop(grace=None).wait()

@@ -1,0 +1,281 @@
+"""The ``NodeTopology`` object the node agent publishes, and the writer that publishes it.
+
+Contract (group ``gangslice.io``, version ``v1alpha1``, kind ``NodeTopology``, plural
+``nodetopologies``, cluster-scoped, one object per node named after the node; the CRD
+declares the ``status`` subresource)::
+
+    apiVersion: gangslice.io/v1alpha1
+    kind: NodeTopology
+    metadata:
+      name: <node name>
+      ownerReferences:             # when the agent could read its Node: deleted with the node
+        - {apiVersion: v1, kind: Node, name: <node name>, uid: <node uid>}
+    spec:
+      # the GPU graph, exactly what extender.topology.serialize.graph_to_dict returns:
+      gpus: [{index, uuid?, pciBusId?, numaNode?, cpuAffinity? ("0-47,96-143"), name?}]
+      links: [{a, b, link}]        # one per GPU pair, link = NV18 | PIX | PXB | PHB | NODE | SYS
+      nics: [{name, numaNode?, gpuLinks: {"<gpu index>": PIX | ...}}]
+      health: [{index, healthy, nvlinkErrorsPerSecond, pcieReplaysPerSecond, reason?}]
+      clique: {clusterUuid, cliqueId}   # optional: multi-node NVLink (GB200 NVL72)
+      nvlinkGbps: <float>
+      pcieGbps: <float>
+      model: <str>                 # optional
+      # from the kubelet PodResources API:
+      devicesInUse:                # sorted by namespace, pod, container, deviceId
+        - {deviceId: <GPU UUID as the kubelet reports it, "::n" replica suffix stripped>,
+           index: <GPU index; absent, i.e. null, when the id is no GPU of the graph (MIG)>,
+           namespace, pod, container}
+      allocatableDevices: [<device ids from GetAllocatableResources, sorted>]
+      source: nvml | nvidia-smi | none
+    status:
+      conditions:
+        - {type: Discovered | PodResourcesAvailable, status: "True" | "False",
+           reason: <CamelCase>, message, lastTransitionTime: <RFC 3339>}
+      observedGeneration: <metadata.generation the status describes>
+      lastPublished: <RFC 3339, when the agent wrote the object>
+
+Reading it: with ``source: none`` the graph is empty (no GPUs known) and ``Discovered`` is
+``False`` naming why. ``devicesInUse`` and ``allocatableDevices`` are empty whenever
+``PodResourcesAvailable`` is ``False``, so read them only when it is ``True``. Health rates
+and condition messages are refreshed whenever the object is written; a change of them alone
+does not cause a write, a GPU turning healthy or unhealthy does (see :func:`change_key`).
+
+Writing it: server-side apply, field manager ``gangslice-agent``, ``force=True``: first
+``metadata`` and ``spec`` on the object, then ``status`` on the ``/status`` subresource
+(``observedGeneration`` taken from the first reply). RBAC: ``get`` on ``nodes`` (the owner
+reference), ``get``/``create``/``patch`` on ``nodetopologies`` and ``patch`` on
+``nodetopologies/status``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from extender.agent.podresources import DeviceUse
+from extender.topology.model import GpuGraph
+from extender.topology.serialize import graph_to_dict
+
+log = logging.getLogger(__name__)
+
+GROUP = "gangslice.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "NodeTopology"
+PLURAL = "nodetopologies"
+FIELD_MANAGER = "gangslice-agent"
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+
+DISCOVERED = "Discovered"
+POD_RESOURCES_AVAILABLE = "PodResourcesAvailable"
+
+SOURCES = ("nvml", "nvidia-smi", "none")
+
+
+def rfc3339(at: datetime) -> str:
+    """``2026-08-01T12:00:00Z`` (seconds, UTC), the form Kubernetes writes."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass
+class ConditionClock:
+    """Keeps each condition's ``lastTransitionTime``: it moves only when the status flips."""
+
+    _since: dict[str, tuple[bool, str]] = field(default_factory=dict)
+
+    def stamp(self, conditions: Sequence[Condition], now: datetime) -> list[dict[str, str]]:
+        out = []
+        for c in conditions:
+            prev = self._since.get(c.type)
+            if prev is None or prev[0] != c.status:
+                self._since[c.type] = (c.status, rfc3339(now))
+            out.append(
+                {
+                    "type": c.type,
+                    "status": "True" if c.status else "False",
+                    "reason": c.reason,
+                    "message": c.message,
+                    "lastTransitionTime": self._since[c.type][1],
+                }
+            )
+        return out
+
+
+def devices_in_use(uses: Sequence[DeviceUse], graph: GpuGraph) -> list[dict[str, Any]]:
+    """``devicesInUse`` entries: each kubelet device id with the GPU index it names."""
+    by_uuid = {g.uuid: g.index for g in graph.gpus if g.uuid}
+    out = []
+    for u in sorted(uses):
+        entry: dict[str, Any] = {"deviceId": u.device_id}
+        if u.device_id in by_uuid:
+            entry["index"] = by_uuid[u.device_id]
+        out.append({**entry, "namespace": u.namespace, "pod": u.pod, "container": u.container})
+    return out
+
+
+def build_spec(
+    graph: GpuGraph, source: str, in_use: Sequence[Mapping[str, Any]], allocatable: Sequence[str]
+) -> dict[str, Any]:
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    return {
+        **graph_to_dict(graph),
+        "devicesInUse": [dict(d) for d in in_use],
+        "allocatableDevices": sorted(allocatable),
+        "source": source,
+    }
+
+
+def build_object(
+    node: str,
+    spec: Mapping[str, Any],
+    conditions: Sequence[Mapping[str, str]],
+    published_at: datetime,
+    node_uid: str | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": node}
+    if node_uid:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": copy.deepcopy(dict(spec)),
+        "status": {"conditions": [dict(c) for c in conditions], "lastPublished": rfc3339(published_at)},
+    }
+
+
+def change_key(obj: Mapping[str, Any]) -> str:
+    """What must differ for the agent to write again.
+
+    The spec, the owner reference and each condition's type, status and reason. Left out,
+    because they move a little every interval and would turn every sample into a write:
+    the health rates and reasons (whether each GPU is healthy does count), condition
+    messages (an error text may name a different detail each time) and timestamps. They
+    are refreshed by the next write.
+    """
+    spec = dict(obj["spec"])
+    spec["health"] = [{"index": h["index"], "healthy": h["healthy"]} for h in spec.get("health", ())]
+    conditions = [(c["type"], c["status"], c.get("reason")) for c in obj["status"]["conditions"]]
+    owner = obj["metadata"].get("ownerReferences")
+    return json.dumps({"spec": spec, "conditions": conditions, "owner": owner}, sort_keys=True)
+
+
+# --- writers ---------------------------------------------------------------------------
+
+
+class Writer(Protocol):
+    """Where NodeTopology objects go: the Kubernetes API, or a recorder in tests."""
+
+    def node_uid(self, node: str) -> str | None:
+        """The Node's UID for the owner reference; None when it cannot be read."""
+        ...
+
+    def publish(self, obj: Mapping[str, Any]) -> None:
+        """Apply the object (spec, then status); raise on any API error."""
+        ...
+
+
+@dataclass
+class RecordingWriter:
+    """An in-memory :class:`Writer`: keeps every published object; ``fail`` raises once each."""
+
+    uid: str | None = None
+    published: list[dict[str, Any]] = field(default_factory=list)
+    fail: list[Exception] = field(default_factory=list)
+    generation: int = 0
+
+    def node_uid(self, node: str) -> str | None:
+        return self.uid
+
+    def publish(self, obj: Mapping[str, Any]) -> None:
+        if self.fail:
+            raise self.fail.pop(0)
+        self.generation += 1
+        stored = copy.deepcopy(dict(obj))
+        stored["status"]["observedGeneration"] = self.generation
+        self.published.append(stored)
+
+
+class KubeWriter:
+    """:class:`Writer` over the ``kubernetes`` client's custom-objects API (server-side apply)."""
+
+    def __init__(self, custom: Any, core: Any, *, timeout_s: float = 10.0) -> None:
+        self._custom = custom
+        self._core = core
+        self._timeout_s = timeout_s
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None) -> KubeWriter:
+        """In-cluster credentials, or a kubeconfig file when given (or when not in a pod).
+
+        The configuration is the writer's own, never the client library's global default.
+        """
+        from kubernetes import client
+        from kubernetes import config as kube_config
+
+        config: Any = kube_config  # untyped
+        configuration = client.Configuration()
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=configuration)
+        api = client.ApiClient(configuration)
+        return cls(client.CustomObjectsApi(api), client.CoreV1Api(api))
+
+    def node_uid(self, node: str) -> str | None:
+        try:
+            obj = self._core.read_node(node, _request_timeout=self._timeout_s)
+        except Exception as exc:  # the owner reference is a nicety; never fail publishing for it
+            log.warning("cannot read Node %s for the owner reference: %s", node, exc)
+            return None
+        uid = getattr(getattr(obj, "metadata", None), "uid", None)
+        return str(uid) if uid else None
+
+    def publish(self, obj: Mapping[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        body = {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+        applied = self._custom.patch_cluster_custom_object(
+            GROUP,
+            VERSION,
+            PLURAL,
+            name,
+            body,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY_CONTENT_TYPE,
+            _request_timeout=self._timeout_s,
+        )
+        status = dict(obj["status"])
+        generation = applied.get("metadata", {}).get("generation") if isinstance(applied, dict) else None
+        if generation is not None:
+            status["observedGeneration"] = generation
+        self._custom.patch_cluster_custom_object_status(
+            GROUP,
+            VERSION,
+            PLURAL,
+            name,
+            {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "status": status},
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY_CONTENT_TYPE,
+            _request_timeout=self._timeout_s,
+        )

@@ -1,0 +1,300 @@
+"""`gangslice preflight` with the fake NVML backend, environment variables and an annotations file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from extender.agent.fakes import FAKE_ENV, fake_node
+from extender.agent.preflight import (
+    PreflightError,
+    Promise,
+    Visible,
+    parse_annotations,
+    run_checks,
+    visible_gpus,
+)
+from extender.cli import main
+from extender.topology.model import GpuGraph, Tier
+from extender.topology.nvml import discover
+
+SOCKET0_H100 = frozenset(range(0, 52))
+SOCKET1_H100 = frozenset(range(52, 104))
+SOCKET0_L40S = frozenset(range(0, 32))
+
+
+def _graph(name: str) -> GpuGraph:
+    with fake_node(name) as (fake, sysfs):
+        return discover(fake, sysfs_root=sysfs)
+
+
+@pytest.fixture(scope="module")
+def hgx() -> GpuGraph:
+    return _graph("hgx-h100")
+
+
+@pytest.fixture(scope="module")
+def pcie() -> GpuGraph:
+    return _graph("pcie-2socket")
+
+
+def _annotations(tmp_path: Path, **values: str) -> Path:
+    keys = {
+        "gpus": "gangslice.io/gpus",
+        "numa": "gangslice.io/numa-node",
+        "level": "gangslice.io/required-level",
+    }
+    lines = [f'{keys[k]}="{v}"' for k, v in values.items()]
+    lines.append('kubernetes.io/config.seen="2026-08-01T12:00:00.000000000Z"')
+    path = tmp_path / "annotations"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", FAKE_ENV):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def _affinity(monkeypatch: pytest.MonkeyPatch, cpus: frozenset[int]) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
+
+
+# --- the command end to end --------------------------------------------------------------
+
+
+def test_passes_on_a_good_hgx_assignment(
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hgx = _graph("hgx-h100")
+    uuids = ",".join(hgx.gpu(i).uuid or "" for i in (4, 5, 6, 7))
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", uuids)
+    cli.setenv(FAKE_ENV, "hgx-h100")
+    _affinity(cli, frozenset(range(60, 68)))
+    ann = _annotations(tmp_path, gpus="4,5,6,7", numa="1")
+
+    assert main(["preflight", "--annotations", str(ann), "--expect-tp", "4"]) == 0
+    out = capsys.readouterr()
+    assert "GPUs 4,5,6,7 as promised" in out.out
+    assert "all 6 pairs NV18" in out.out
+    assert "process CPUs 60-67 on it" in out.out
+    assert "nearest NICs mlx5_4, mlx5_5, mlx5_6, mlx5_7" in out.out
+    assert "numactl prefix: numactl --cpunodebind=1 --membind=1" in out.out
+    assert out.out.rstrip().endswith("PASS")
+    assert out.err == ""
+
+
+def test_fails_when_a_tp_pair_crosses_sys_on_the_pcie_box(
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", "2,3,4,5")
+    _affinity(cli, SOCKET0_L40S)
+    ann = _annotations(tmp_path, gpus="2,3,4,5")
+
+    code = main(["preflight", "--nvml-fake", "pcie-2socket", "--annotations", str(ann), "--allow-pcie"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0] == (
+        "gangslice preflight: FAIL: tp-links: tensor-parallel pair GPU2-GPU4 is SYS, "
+        "needs PCIe-tree-local or tighter (and 3 more pairs)"
+    )
+
+
+def test_fails_on_a_numa_mismatch_with_the_process_cpus(
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", "0,1,2,3")
+    cli.setenv(FAKE_ENV, "hgx-h100")
+    _affinity(cli, SOCKET1_H100)
+    ann = _annotations(tmp_path, gpus="0,1,2,3", numa="0")
+
+    assert main(["preflight", "--annotations", str(ann)]) == 1
+    out = capsys.readouterr()
+    assert "FAIL  numa" in out.out
+    assert out.err.strip() == (
+        "gangslice preflight: FAIL: numa: process CPUs 52-103 share no NUMA node with the GPUs "
+        "(NUMA node 0, CPUs 0-51)"
+    )
+
+
+def test_fails_on_a_numa_mismatch_with_the_promise(
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", "0,1")
+    cli.setenv(FAKE_ENV, "hgx-h100")
+    _affinity(cli, SOCKET0_H100)
+    ann = _annotations(tmp_path, gpus="0,1", numa="1")
+
+    assert main(["preflight", "--annotations", str(ann)]) == 1
+    assert "GPUs are on NUMA node 0, promised NUMA node 1" in capsys.readouterr().err
+
+
+def test_fails_when_the_visible_gpus_differ_from_the_annotation(
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", "0,1,2,4")
+    cli.setenv(FAKE_ENV, "hgx-h100")
+    _affinity(cli, SOCKET0_H100)
+    ann = _annotations(tmp_path, gpus="0,1,2,3", numa="0")
+
+    assert main(["preflight", "--annotations", str(ann)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "gangslice preflight: FAIL: gpus: visible GPUs 0,1,2,4 differ from the promised 0,1,2,3"
+    )
+
+
+def test_fails_when_expect_tp_does_not_match(
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", "0,1")
+    cli.setenv(FAKE_ENV, "dgx-a100")
+    _affinity(cli, frozenset(range(24)))
+    assert main(["preflight", "--annotations", str(tmp_path / "none"), "--expect-tp", "4"]) == 1
+    out = capsys.readouterr()
+    assert "note: " in out.out and "not found" in out.out
+    assert "tp-size: 2 GPUs visible, --expect-tp 4" in out.err
+
+
+def test_quiet_prints_only_the_numactl_prefix(
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", "0,1")
+    cli.setenv(FAKE_ENV, "pcie-2socket")
+    _affinity(cli, SOCKET0_L40S)
+    ann = _annotations(tmp_path, gpus="0,1", level="pcie-switch")
+    assert main(["preflight", "--annotations", str(ann), "--allow-pcie", "--quiet"]) == 0
+    assert capsys.readouterr().out == "numactl --cpunodebind=0 --membind=0\n"
+
+
+def test_cannot_check_without_nvml_is_exit_2(
+    cli: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import extender.agent.commands as commands
+    from extender.topology.nvml import NvmlUnavailable
+
+    def no_nvml() -> None:
+        raise NvmlUnavailable("NVML Shared Library Not Found")
+
+    cli.setattr(commands, "PynvmlBackend", no_nvml)
+    assert main(["preflight", "--annotations", "missing"]) == 2
+    assert (
+        "cannot check: cannot read the GPUs through NVML: NVML Shared Library Not Found"
+        in capsys.readouterr().err
+    )
+
+
+def test_an_unknown_fake_is_refused(cli: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    cli.setenv(FAKE_ENV, "dgx-z900")
+    assert main(["preflight", "--annotations", "missing"]) == 2
+    assert "unknown NVML fake 'dgx-z900'" in capsys.readouterr().err
+
+
+# --- the pieces ------------------------------------------------------------------------
+
+
+def test_parse_annotations_reads_go_quoted_values() -> None:
+    text = 'gangslice.io/gpus="0,1"\nnote="say \\"hi\\"\\n"\nempty=""\n\n'
+    assert parse_annotations(text) == {"gangslice.io/gpus": "0,1", "note": 'say "hi"\n', "empty": ""}
+    with pytest.raises(PreflightError, match="line 1"):
+        parse_annotations("no equals sign here")
+
+
+def test_promise_rejects_an_unreadable_gpu_list() -> None:
+    with pytest.raises(PreflightError, match=r"gangslice\.io/gpus"):
+        Promise.from_annotations({"gangslice.io/gpus": "0,one"})
+    assert Promise.from_annotations({"gangslice.io/gpus": " 3, 1 ,2"}).gpus == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("allow", "level", "tier"),
+    [
+        (False, "pcie", Tier.NVLINK),
+        (True, None, Tier.PXB),
+        (True, "pcie-switch", Tier.PIX),
+        (True, "rack", Tier.PXB),
+    ],
+)
+def test_the_allowed_pair_tier(allow: bool, level: str | None, tier: Tier) -> None:
+    assert Promise(level=level).allowed_tier(allow) is tier
+
+
+def test_visible_by_host_indices_when_nvml_sees_the_node(hgx: GpuGraph) -> None:
+    v = visible_gpus(hgx, {"NVIDIA_VISIBLE_DEVICES": "6,7"})
+    assert (v.gpus, v.host) == ((6, 7), (6, 7))
+
+
+def test_visible_in_a_container_view_maps_nvml_order_to_host_indices() -> None:
+    two = _graph("hgx-h100")
+    two = GpuGraph(gpus=two.gpus[:2], links={(0, 1): two.link(0, 1)})  # NVML sees only 2 GPUs
+    v = visible_gpus(two, {"NVIDIA_VISIBLE_DEVICES": "7,5"})
+    assert (v.gpus, v.host) == ((0, 1), (5, 7))
+    assert v.name(1) == "GPU7"
+
+
+def test_visible_by_uuid_and_narrowed_by_cuda_visible_devices(hgx: GpuGraph) -> None:
+    uuids = [hgx.gpu(i).uuid or "" for i in range(8)]
+    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids[2:6]), "CUDA_VISIBLE_DEVICES": f"1,{uuids[5][4:]}"}
+    v = visible_gpus(hgx, env)
+    assert (v.gpus, v.host) == ((3, 5), (3, 5))
+
+
+def test_uuids_in_a_container_view_leave_host_indices_unknown(hgx: GpuGraph) -> None:
+    uuids = ",".join(hgx.gpu(i).uuid or "" for i in range(8))
+    v = visible_gpus(hgx, {"NVIDIA_VISIBLE_DEVICES": uuids})
+    assert v.host is None
+    report = run_checks(hgx, v, Promise(gpus=tuple(range(8))), cpus=SOCKET0_H100)
+    assert report.checks[0].ok and "host indices not visible here" in report.checks[0].detail
+    short = run_checks(hgx, v, Promise(gpus=(0, 1)), cpus=SOCKET0_H100)
+    assert not short.ok and short.reason == "gpus: 8 GPUs visible, 2 promised (0,1)"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"NVIDIA_VISIBLE_DEVICES": "9"}, "lists GPU 9, which NVML does not see"),
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-nope"}, "matches no visible GPUs"),
+        ({"NVIDIA_VISIBLE_DEVICES": "0,GPU-nope"}, "mixes indices and UUIDs"),
+        ({"NVIDIA_VISIBLE_DEVICES": "MIG-1234"}, "MIG device"),
+        ({"NVIDIA_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "2"}, "ordinal 2 is past the 2 GPUs"),
+    ],
+)
+def test_unreadable_visibility_is_an_error(hgx: GpuGraph, env: dict[str, str], message: str) -> None:
+    with pytest.raises(PreflightError, match=message):
+        visible_gpus(hgx, env)
+
+
+def test_no_visible_gpus_fails(hgx: GpuGraph) -> None:
+    v = visible_gpus(hgx, {"NVIDIA_VISIBLE_DEVICES": "none"})
+    report = run_checks(hgx, v, Promise(), cpus=SOCKET0_H100)
+    assert not report.ok and report.reason == "gpus: no GPUs visible to this process"
+
+
+def test_cpus_spilling_over_to_another_node_pass_with_a_hint(hgx: GpuGraph) -> None:
+    report = run_checks(hgx, Visible((0, 1), (0, 1), "test"), Promise(), cpus=frozenset(range(104)))
+    assert report.ok
+    numa = next(c for c in report.checks if c.name == "numa")
+    assert "may also run on CPUs 52-103" in numa.detail
+
+
+def test_a_nic_on_another_numa_node_fails(pcie: GpuGraph) -> None:
+    from dataclasses import replace
+
+    nics = tuple(replace(n, numa_node=1 - (n.numa_node or 0)) for n in pcie.nics)  # swap the NICs' sockets
+    swapped = replace(pcie, nics=nics)
+    report = run_checks(
+        swapped, Visible((0, 1), (0, 1), "test"), Promise(), cpus=SOCKET0_L40S, allow_pcie=True
+    )
+    assert not report.ok
+    assert report.reason == "nic: nearest NIC mlx5_0 of GPU0 is on NUMA node 1, the GPU on 0"
+
+
+def test_a_pair_of_pix_gpus_passes_with_allow_pcie_and_fails_without(pcie: GpuGraph) -> None:
+    v = Visible((0, 1), (0, 1), "test")
+    assert run_checks(pcie, v, Promise(), cpus=SOCKET0_L40S, allow_pcie=True).ok
+    strict = run_checks(pcie, v, Promise(), cpus=SOCKET0_L40S)
+    assert strict.reason == "tp-links: tensor-parallel pair GPU0-GPU1 is PIX, needs NVLink (NV#)"
