@@ -1,0 +1,262 @@
+"""The run's results as a terminal table, and the report folder (report.md, results.json, plots)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.sim.metrics import gang_rows
+from extender.sim.runner import Outcome
+
+_DASH = "-"
+
+
+def _num(x: Any, digits: int = 0) -> str:
+    if x is None:
+        return _DASH
+    return f"{x:,.{digits}f}"
+
+
+def _pct(x: Any) -> str:
+    return _DASH if x is None else f"{100 * x:.1f}%"
+
+
+def _ratio(x: Any) -> str:
+    return _DASH if x is None else f"{x:.2f}x"
+
+
+#: (group, header, cell) for the summary table; neighbours with the same group share its title.
+_COLUMNS: tuple[tuple[str, str, Any], ...] = (
+    ("", "policy", lambda r: ""),
+    ("gangs", "placed", lambda r: _num(r["gangs"]["placed"])),
+    ("never", "placed", lambda r: _num(r["gangs"]["neverPlaced"])),
+    ("coherent", "share", lambda r: _pct(r["gangs"]["coherentShare"])),
+    ("comm us/layer", "p50", lambda r: _num(r["perLayerMicros"]["median"], 1)),
+    ("comm us/layer", "p99", lambda r: _num(r["perLayerMicros"]["p99"], 1)),
+    ("TTFT comm vs best", "p50", lambda r: _ratio(r["ttft"]["vsBest"]["ratio"]["median"])),
+    ("TTFT comm vs best", "p99", lambda r: _ratio(r["ttft"]["vsBest"]["ratio"]["p99"])),
+    ("TTFT comm vs best", "+ms p99", lambda r: _num(r["ttft"]["vsBest"]["extraMillis"]["p99"], 1)),
+    ("vs same hw", "p50", lambda r: _ratio(r["ttft"]["vsSameHardware"]["ratio"]["median"])),
+    ("vs same hw", "p99", lambda r: _ratio(r["ttft"]["vsSameHardware"]["ratio"]["p99"])),
+    ("wait s", "p50", lambda r: _num(r["waitSeconds"]["median"])),
+    ("wait s", "p99", lambda r: _num(r["waitSeconds"]["p99"])),
+    ("GPUs", "in use", lambda r: _pct(r["allocation"]["meanShare"])),
+    ("whole free", "nodes", lambda r: _num(r["fragmentation"]["meanWholeFreeNodes"], 1)),
+    ("decisions", "per s", lambda r: _num(r["timing"]["decisionsPerSecond"])),
+)
+
+
+def _rows(results: dict[str, Any]) -> list[list[str]]:
+    return [[name, *(cell(r) for _, _, cell in _COLUMNS[1:])] for name, r in results["policies"].items()]
+
+
+def table(results: dict[str, Any]) -> str:
+    """The summary table for a terminal: one row per policy."""
+    heads = [h for _, h, _ in _COLUMNS]
+    rows = _rows(results)
+    widths = [max(len(r[k]) for r in [heads, *rows]) for k in range(len(_COLUMNS))]
+    spans: list[tuple[str, int]] = []
+    for group, _, _ in _COLUMNS:
+        if spans and group and spans[-1][0] == group:
+            spans[-1] = (group, spans[-1][1] + 1)
+        else:
+            spans.append((group, 1))
+    k = 0
+    titles = []
+    for group, span in spans:
+        needed = len(group) - (sum(widths[k : k + span]) + 2 * (span - 1))
+        if needed > 0:  # widen the group's last column so the title fits
+            widths[k + span - 1] += needed
+        titles.append(group.center(sum(widths[k : k + span]) + 2 * (span - 1)))
+        k += span
+
+    def fmt(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
+        return "  ".join([first, *rest])
+
+    return "\n".join(["  ".join(titles).rstrip(), fmt(heads), *(fmt(r) for r in rows)])
+
+
+def headline(results: dict[str, Any]) -> str:
+    c, t = results["cluster"], results["trace"]
+    hours = t["durationSeconds"] / 3600
+    queue = "no waiting (--no-wait)" if results["noWait"] else "FIFO with backfill"
+    return (
+        f"cluster: {c['source']} ({c['nodes']} nodes, {c['gpus']} GPUs); trace: {t['source']} "
+        f"({t['deployments']} deployments, {t['scaleEvents']} scale events, {t['gangs']} gangs, "
+        f"{hours:.1f} h); queue: {queue}"
+    )
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out.extend("| " + " | ".join(r) + " |" for r in rows)
+    return out
+
+
+def _template_tables(results: dict[str, Any]) -> list[str]:
+    policies = list(results["policies"])
+    names = sorted({t for r in results["policies"].values() for t in r["byTemplate"]})
+    views: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+        ("Never placed (of arrived)", lambda t: f"{t['neverPlaced']}/{t['arrived']}"),
+        ("Coherent share of placed", lambda t: _pct(t["coherentShare"])),
+        ("Waiting time p99 (s)", lambda t: _num(t["waitSeconds"]["p99"])),
+        (
+            "TTFT communication vs the best slice on the empty cluster, median",
+            lambda t: _ratio(t["ttftRatioMedian"]),
+        ),
+        (
+            "TTFT communication vs the best slice on the same node types, median",
+            lambda t: _ratio(t["ttftSameHardwareRatioMedian"]),
+        ),
+    )
+    out: list[str] = []
+    for title, cell in views:
+        out += ["", f"### {title}", ""]
+        rows = []
+        for name in names:
+            gpus = next(
+                r["byTemplate"][name]["gpus"] for r in results["policies"].values() if name in r["byTemplate"]
+            )
+            row = [f"{name} ({gpus} GPUs)"]
+            for p in policies:
+                t = results["policies"][p]["byTemplate"].get(name)
+                row.append(cell(t) if t else _DASH)
+            rows.append(row)
+        out += _md_table(["template", *policies], rows)
+    return out
+
+
+PLOTS = (
+    ("allocation.png", "GPUs allocated over time"),
+    ("wait-cdf.png", "Waiting time of placed gangs (CDF)"),
+    ("comm-cdf.png", "Predicted per-layer communication time of placed gangs (CDF)"),
+    (
+        "fragmentation.png",
+        "Fragmentation over time: whole free nodes, and the largest free block under one leaf",
+    ),
+)
+
+DEFINITIONS = """\
+- **placed / never placed**: gangs (one per replica) that started / that were rejected (the
+  policy cannot place them even on the cluster with no simulated gang, or, with `--no-wait`,
+  not when they arrive) or withdrawn (their deployment ended or scaled down while they waited).
+- **coherent**: the share of placed gangs whose slice breaks no rule of
+  `scoring.violations`, gives every pod GPUs at its node type's tightest tier (one NVLink
+  island, one PCIe switch, one socket, as the node type allows for that many GPUs), keeps
+  every pod set whose pods talk to each other (all-reduce, all-to-all, pipeline) inside one
+  leaf or one NVLink clique, and meets every `colocateWith`.
+- **comm us/layer**: predicted per-layer communication time of a placed gang (the sum over its
+  pod sets of `scoring.pod_set_micros`, the yardstick every policy is judged by), over gangs
+  that communicate at all.
+- **TTFT comm vs best**: a prefill step's communication time (per-layer time x the model's
+  layers, summed over pod sets) relative to the same for the gang's *best* slice, the one the
+  gangslice solver picks on the cluster with no simulated gang; `+ms` is the difference in
+  milliseconds. Compute is not modelled, so this is the communication part of time to first
+  token. Over placed gangs whose reference slice communicates. On a mixed fleet the best slice
+  is often on faster hardware (a GB200 tray's NVLink 5) than the gang could get under load.
+- **vs same hw**: the same ratio against the solver's slice on the empty cluster cut down to the
+  node types the gang actually got: what placement *within* that hardware costs (an NVLink
+  island or socket split, a leaf crossed, prefill and decode apart).
+- **wait s**: seconds from a gang's arrival to its start, over placed gangs.
+- **GPUs in use**: time-averaged share of the cluster's schedulable GPUs held by gangs.
+- **whole free nodes**: time-averaged number of nodes with every GPU free (for every built-in
+  node type, a free NVLink island or whole PCIe box: what a full-node pod or a wide gang needs);
+  the fragmentation plot also shows the most GPUs on whole free nodes under one leaf.
+- **decisions per s**: policy calls per second of wall time spent inside the policy (not
+  simulator time); the only figures that change between runs, with the machine's load.
+- Quantiles interpolate linearly between nearest ranks; time averages weigh each state by how
+  long it held. The queue: FIFO; behind the first gang the policy cannot place, only gangs asking
+  for no more GPUs than it are tried (backfill of smaller gangs).
+"""
+
+
+def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
+    r = outcome.results
+    lines = [
+        "# gangslice simulate: report",
+        "",
+        headline(r),
+        "",
+        f"Policies: {', '.join(r['policies'])}. Seed {r['seed']}. "
+        f"Wall time {r['timing']['wallSeconds']:.1f} s.",
+        "",
+        "## Summary",
+        "",
+        "```",
+        table(r),
+        "```",
+        "",
+        "## Definitions",
+        "",
+        DEFINITIONS,
+        "## Per template",
+        *_template_tables(r),
+        "",
+    ]
+    if plots:
+        lines += ["## Plots", ""]
+        titles = dict(PLOTS)
+        for name in plots:
+            lines += [f"### {titles.get(name, name)}", "", f"![{titles.get(name, name)}]({name})", ""]
+    errors = {p: x["decisions"] for p, x in r["policies"].items() if x["decisions"]["errors"]}
+    if errors:
+        lines += ["## Policy errors", ""]
+        for p, d in errors.items():
+            lines.append(f"- {p}: {d['errors']} errors; first ones:")
+            lines.extend(f"  - t={e['at']:g} s, gang {e['gang']}: {e['error']}" for e in d["errorSamples"])
+        lines.append("")
+    if r["referenceErrors"]:
+        lines += ["## Errors of the reference solver", ""]
+        lines.extend(f"- gang {e['gang']}: {e['error']}" for e in r["referenceErrors"])
+        lines.append("")
+    lines += [
+        "## Files",
+        "",
+        "- `results.json`: every figure above, per policy (schema: `extender/sim/SCHEMA.md`).",
+        "- `gangs.jsonl`: one line per policy and gang.",
+        "- `trace.yaml`: the trace that ran, as a trace file (`gangslice simulate --trace trace.yaml`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+_NUMBER_LIST = re.compile(r"\[\s+((?:-?[0-9][0-9.e+-]*,\s+)*-?[0-9][0-9.e+-]*)\s+\]")
+
+
+def dumps(results: dict[str, Any]) -> str:
+    """Indented JSON with lists of numbers (timeline points) kept on one line each."""
+    text = json.dumps(results, indent=1)
+    return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.write_text(dumps(results) + "\n")
+
+
+def write_folder(outcome: Outcome, out: Path, with_plots: bool = True) -> list[Path]:
+    """Write the report folder; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    plots: list[str] = []
+    if with_plots:
+        from extender.sim.plots import draw_all
+
+        plots = draw_all(outcome.runs, out)
+        written += [out / p for p in plots]
+    write_json(outcome.results, out / "results.json")
+    with (out / "gangs.jsonl").open("w") as f:
+        for run in outcome.runs:
+            for row in gang_rows(run):
+                f.write(json.dumps(row) + "\n")
+    header = f"# The trace of this run ({outcome.trace.source}).\n"
+    (out / "trace.yaml").write_text(header + yaml.safe_dump(outcome.trace.to_data(), sort_keys=False))
+    (out / "report.md").write_text(markdown(outcome, plots))
+    written += [out / n for n in ("results.json", "gangs.jsonl", "trace.yaml", "report.md")]
+    return written

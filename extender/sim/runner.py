@@ -1,0 +1,83 @@
+"""One simulation run: every chosen policy on the same cluster and trace, and results.json's content."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extender import __version__
+from extender.placement.snapshot import ClusterSnapshot
+from extender.sim.engine import Policy, PolicyRun, Progress, Reference, simulate
+from extender.sim.metrics import policy_results
+from extender.sim.trace import Trace
+
+SCHEMA_VERSION = 1
+QUEUE = "fifo-backfill"
+
+
+@dataclass
+class Outcome:
+    results: dict[str, Any]
+    runs: list[PolicyRun]
+    trace: Trace
+    cluster: ClusterSnapshot
+
+
+def _node_types(cluster: ClusterSnapshot) -> dict[str, int]:
+    kinds = Counter(
+        f"{n.graph.model or 'unnamed'} x{n.shape.size}" + (" (NVLink clique)" if _clique(cluster, k) else "")
+        for k, n in enumerate(cluster.nodes)
+    )
+    return dict(sorted(kinds.items()))
+
+
+def _clique(cluster: ClusterSnapshot, i: int) -> bool:
+    from extender.placement.scoring import fabric_domain
+
+    return fabric_domain(cluster, i) is not None
+
+
+def run_simulation(
+    cluster: ClusterSnapshot,
+    trace: Trace,
+    policies: Mapping[str, Policy],
+    *,
+    seed: int,
+    no_wait: bool = False,
+    cluster_source: str = "default",
+    progress: Callable[[str], Progress] | None = None,
+) -> Outcome:
+    """Simulate each policy in turn; ``progress(policy)`` gives that run's progress callback."""
+    started = time.perf_counter()
+    reference = Reference(cluster)
+    runs = [
+        simulate(cluster, trace, name, policy, reference, no_wait, progress(name) if progress else None)
+        for name, policy in policies.items()
+    ]
+    results: dict[str, Any] = {
+        "schemaVersion": SCHEMA_VERSION,
+        "tool": f"gangslice simulate {__version__}",
+        "seed": seed,
+        "noWait": no_wait,
+        "queue": "reject" if no_wait else QUEUE,
+        "cluster": {
+            "source": cluster_source,
+            "nodes": len(cluster.nodes),
+            "gpus": runs[0].total_gpus if runs else cluster.total_gpus,
+            "nodeTypes": _node_types(cluster),
+        },
+        "trace": {
+            "source": trace.source,
+            "deployments": len(trace.deployments),
+            "scaleEvents": len(trace.scales),
+            "gangs": len(runs[0].gangs) if runs else 0,
+            "durationSeconds": trace.end,
+        },
+        "policies": {run.policy: policy_results(run) for run in runs},
+        "referenceErrors": reference.errors,
+        "timing": {"wallSeconds": round(time.perf_counter() - started, 3)},
+    }
+    return Outcome(results, runs, trace, cluster)

@@ -1,0 +1,288 @@
+"""A simulation trace: deployments of gangs that arrive, scale and go away.
+
+Trace file (YAML, or JSON Lines with one event per line)::
+
+    templates:                       # optional: named gangs, added to the built-in ones
+      my-model: {name: my-model, podSets: [{name: server, count: 1, gpusPerPod: 8}]}
+    events:
+      - at: 0                        # seconds from the start of the trace
+        deployment: chat             # optional name; unique
+        template: llama-70b-tp8      # a named template, or
+        # gang: {podSets: [...]}     # inline gang-file content
+        replicas: 2                  # optional, default 1: gangs started at once
+        lifetime: 7200               # seconds until the deployment and all its replicas go
+      - at: 3600
+        scale: chat                  # scale a running deployment
+        replicas: 4                  # to this many replicas
+
+A bare list of events is accepted too. In JSON Lines, a line ``{"templates": {...}}``
+defines templates. Every replica is one gang, named ``<deployment>-<n>``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.placement.files import FileError, gang_from_data
+from extender.placement.request import GangRequest
+from extender.sim.templates import builtin_template_data, builtin_templates, gang_to_data
+
+MAX_REPLICAS = 10_000
+
+
+class TraceError(FileError):
+    """A trace that cannot be used; the message names the file, the event, the field."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str
+    at: float
+    lifetime: float
+    replicas: int
+    #: The gang every replica runs (its name is replaced by the replica's).
+    gang: GangRequest
+    template: str | None = None
+    #: Where it was defined, as the prefix of a field in error messages (``trace.yaml: events[3].``).
+    origin: str = field(default="", compare=False)
+
+    @property
+    def end(self) -> float:
+        return self.at + self.lifetime
+
+
+@dataclass(frozen=True)
+class Scale:
+    at: float
+    deployment: str
+    replicas: int
+    origin: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Trace:
+    deployments: tuple[Deployment, ...]
+    scales: tuple[Scale, ...] = ()
+    source: str = "trace"
+    #: Templates the trace defined itself (not the built-in ones), by name.
+    templates: Mapping[str, GangRequest] = field(default_factory=dict)
+
+    @property
+    def end(self) -> float:
+        return max((d.end for d in self.deployments), default=0.0)
+
+    def to_data(self) -> dict[str, Any]:
+        """The trace as a trace file's content (reads back to the same trace)."""
+        events: list[tuple[float, int, dict[str, Any]]] = []
+        for k, d in enumerate(self.deployments):
+            ev: dict[str, Any] = {"at": d.at, "deployment": d.name}
+            if d.template is not None:
+                ev["template"] = d.template
+            else:
+                ev["gang"] = gang_to_data(d.gang)
+            ev["replicas"] = d.replicas
+            ev["lifetime"] = d.lifetime
+            events.append((d.at, k, ev))
+        n = len(events)
+        for k, s in enumerate(self.scales):
+            events.append((s.at, n + k, {"at": s.at, "scale": s.deployment, "replicas": s.replicas}))
+        events.sort(key=lambda e: (e[0], e[1]))
+        out: dict[str, Any] = {}
+        if self.templates:
+            out["templates"] = {name: gang_to_data(g) for name, g in self.templates.items()}
+        out["events"] = [e for _, _, e in events]
+        return out
+
+
+def _label(where: str) -> str:
+    return where.rstrip(". :")
+
+
+_DEPLOYMENT_FIELDS = ("at", "deployment", "template", "gang", "replicas", "lifetime")
+_SCALE_FIELDS = ("at", "scale", "replicas")
+
+
+def _number(ev: Mapping[str, Any], key: str, where: str, minimum: float, strict: bool) -> float:
+    value = ev.get(key)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok:
+        assert isinstance(value, int | float)
+        ok = value > minimum if strict else value >= minimum
+    if not ok:
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        got = "missing" if key not in ev else f"got {value!r}"
+        raise TraceError(f"{where}{key}: expected a number {bound}, {got}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _count(ev: Mapping[str, Any], key: str, where: str, default: int | None) -> int:
+    if key not in ev and default is not None:
+        return default
+    value = ev.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_REPLICAS:
+        got = "missing" if key not in ev else f"got {value!r}"
+        raise TraceError(f"{where}{key}: expected a whole number from 0 to {MAX_REPLICAS}, {got}")
+    return value
+
+
+def _name(ev: Mapping[str, Any], key: str, where: str) -> str:
+    value = ev.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise TraceError(f"{where}{key}: expected a non-empty name, got {value!r}")
+    return value
+
+
+def _templates(data: Any, where: str) -> dict[str, GangRequest]:
+    if not isinstance(data, dict):
+        raise TraceError(f"{where}: expected a mapping of template name to gang")
+    out = {}
+    for name, spec in data.items():
+        if isinstance(spec, dict) and "name" not in spec:
+            spec = {"name": str(name), **spec}
+        out[str(name)] = gang_from_data(spec, f"{where}.{name}")
+    return out
+
+
+class _Builder:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.templates: dict[str, GangRequest] = {}
+        self.deployments: list[Deployment] = []
+        self.scales: list[Scale] = []
+
+    def add_templates(self, data: Any, where: str) -> None:
+        try:
+            self.templates.update(_templates(data, where))
+        except TraceError:
+            raise
+        except FileError as exc:
+            raise TraceError(str(exc)) from None
+
+    def add_event(self, ev: Any, where: str) -> None:
+        """``where`` ends with the separator before a field name (``events[3].``)."""
+        if not isinstance(ev, dict):
+            raise TraceError(f"{_label(where)}: expected a mapping (an event), got {type(ev).__name__}")
+        kind = _SCALE_FIELDS if "scale" in ev else _DEPLOYMENT_FIELDS
+        for key in ev:
+            if key not in kind:
+                what = "a scale event" if "scale" in ev else "a deployment event"
+                raise TraceError(f"{where}{key}: unknown field in {what}; known: {', '.join(kind)}")
+        at = _number(ev, "at", where, 0, strict=False)
+        if "scale" in ev:
+            self.scales.append(
+                Scale(at, _name(ev, "scale", where), _count(ev, "replicas", where, None), where)
+            )
+            return
+        lifetime = _number(ev, "lifetime", where, 0, strict=True)
+        replicas = _count(ev, "replicas", where, 1)
+        if ("template" in ev) == ("gang" in ev):
+            raise TraceError(f"{where}gang: give exactly one of template (a name) or gang (inline)")
+        template: str | None = None
+        if "template" in ev:
+            template = _name(ev, "template", where)
+            gang = self.templates.get(template) or builtin_templates().get(template)
+            if gang is None:
+                known = sorted({*self.templates, *builtin_template_data()})
+                raise TraceError(f"{where}template: unknown template {template!r}; known: {', '.join(known)}")
+        else:
+            spec = ev["gang"]
+            if isinstance(spec, dict) and "name" not in spec:
+                spec = {"name": str(ev.get("deployment", "gang")), **spec}
+            try:
+                gang = gang_from_data(spec, f"{where}gang")
+            except FileError as exc:
+                raise TraceError(str(exc)) from None
+        name = ev.get("deployment")
+        if name is None:
+            name = f"{template or gang.name}-{len(self.deployments)}"
+        else:
+            name = _name(ev, "deployment", where)
+        self.deployments.append(Deployment(name, at, lifetime, replicas, gang, template, where))
+
+    def build(self) -> Trace:
+        by_name: dict[str, Deployment] = {}
+        for d in self.deployments:
+            if d.name in by_name:
+                raise TraceError(
+                    f"{d.origin}deployment: name {d.name!r} already used by {_label(by_name[d.name].origin)}"
+                )
+            by_name[d.name] = d
+        for s in self.scales:
+            target = by_name.get(s.deployment)
+            if target is None:
+                raise TraceError(f"{s.origin}scale: no deployment named {s.deployment!r} in the trace")
+            if not target.at <= s.at < target.end:
+                raise TraceError(
+                    f"{s.origin}at: deployment {target.name} runs from {target.at:g} s to {target.end:g} s, "
+                    f"not at {s.at:g} s"
+                )
+        if not self.deployments:
+            raise TraceError(f"{self.source}: events: the trace has no deployments")
+        order = sorted(range(len(self.deployments)), key=lambda k: (self.deployments[k].at, k))
+        scales = sorted(range(len(self.scales)), key=lambda k: (self.scales[k].at, k))
+        return Trace(
+            tuple(self.deployments[k] for k in order),
+            tuple(self.scales[k] for k in scales),
+            self.source,
+            dict(self.templates),
+        )
+
+
+def trace_from_data(data: Any, source: str = "trace") -> Trace:
+    """A trace from a trace file's parsed YAML content."""
+    b = _Builder(source)
+    if isinstance(data, dict):
+        unknown = sorted(set(data) - {"templates", "events"})
+        if unknown:
+            raise TraceError(f"{source}: {unknown[0]}: unknown top-level field; known: templates, events")
+        if "templates" in data:
+            b.add_templates(data["templates"], f"{source}: templates")
+        events = data.get("events")
+        if not isinstance(events, list):
+            raise TraceError(f"{source}: events: expected a list of events")
+    elif isinstance(data, list):
+        events = data
+    else:
+        raise TraceError(f"{source}: expected a mapping with events, or a list of events")
+    for i, ev in enumerate(events):
+        b.add_event(ev, f"{source}: events[{i}].")
+    return b.build()
+
+
+def trace_from_lines(lines: Sequence[str], source: str = "trace") -> Trace:
+    b = _Builder(source)
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{source}: line {n}: not valid JSON: {exc.msg}") from None
+        if isinstance(ev, dict) and set(ev) == {"templates"}:
+            b.add_templates(ev["templates"], f"{source}: line {n}: templates")
+        else:
+            b.add_event(ev, f"{source}: line {n}: ")
+    return b.build()
+
+
+def load_trace(path: str | Path) -> Trace:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if p.suffix.lower() in (".jsonl", ".ndjson"):
+        return trace_from_lines(text.splitlines(), str(p))
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}:" if mark is not None else ""
+        raise TraceError(f"{p}:{at} not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return trace_from_data(data, str(p))

@@ -1,0 +1,200 @@
+"""``gangslice simulate`` end to end: files in, table, report folder and results.json out."""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from extender.cli import main
+from extender.sim.generate import TraceShape, generate_trace
+from extender.sim.inputs import default_cluster
+from extender.sim.policies import available_policies
+from extender.sim.runner import run_simulation
+
+LEAF = "fabric.topograph.run/tier-0"
+
+
+def schema() -> dict[str, Any]:
+    text = resources.files("extender.sim").joinpath("results.schema.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def validate(results: Any) -> None:
+    jsonschema.Draft202012Validator.check_schema(schema())
+    jsonschema.Draft202012Validator(schema()).validate(results)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {"name": "h", "count": 2, "gpuTopology": "hgx-h100", "labels": {LEAF: "leaf-1"}},
+                    {"name": "p", "count": 2, "gpuTopology": "pcie-8gpu-2socket", "labels": {LEAF: "leaf-2"}},
+                ]
+            }
+        )
+    )
+    trace = tmp_path / "trace.yaml"
+    trace.write_text(
+        yaml.safe_dump(
+            {
+                "events": [
+                    {
+                        "at": 0,
+                        "deployment": "tp8",
+                        "template": "llama-70b-tp8",
+                        "replicas": 3,
+                        "lifetime": 600,
+                    },
+                    {
+                        "at": 10,
+                        "deployment": "small",
+                        "template": "qwen-14b-tp2",
+                        "replicas": 4,
+                        "lifetime": 900,
+                    },
+                    {"at": 20, "deployment": "pp", "template": "llama-405b-tp8-pp2", "lifetime": 300},
+                    {"at": 100, "scale": "small", "replicas": 9},
+                    {"at": 400, "scale": "tp8", "replicas": 1},
+                ]
+            }
+        )
+    )
+    return cluster, trace
+
+
+def test_report_folder(files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster, trace = files
+    out = tmp_path / "out"
+    code = main(["simulate", "--cluster", str(cluster), "--trace", str(trace), "--out", str(out), "--quiet"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""  # --quiet
+    for name in available_policies():
+        assert f"\n{name} " in captured.out
+    assert "coherent" in captured.out and "report:" in captured.out
+    results = json.loads((out / "results.json").read_text())
+    validate(results)
+    assert list(results["policies"]) == list(available_policies())
+    assert results["cluster"] == {
+        "source": str(cluster),
+        "nodes": 4,
+        "gpus": 32,
+        "nodeTypes": {"H100-SXM x8": 2, "L40S x8": 2},
+    }
+    assert results["trace"]["gangs"] == 3 + 9 + 1
+    for png in ("allocation.png", "wait-cdf.png", "comm-cdf.png", "fragmentation.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (out / "report.md").read_text()
+    assert "![GPUs allocated over time](allocation.png)" in report
+    assert "## Definitions" in report and "gangslice" in report
+    rows = [json.loads(line) for line in (out / "gangs.jsonl").read_text().splitlines()]
+    assert len(rows) == 13 * len(results["policies"])
+    replay = main(
+        ["simulate", "--cluster", str(cluster), "--trace", str(out / "trace.yaml"), "--json", "--quiet"]
+    )
+    assert replay == 0
+    again = json.loads(capsys.readouterr().out)
+    assert strip_timing(again)["policies"] == strip_timing(results)["policies"]
+
+
+def test_json_and_no_wait(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    cluster, trace = files
+    args = ["simulate", "--cluster", str(cluster), "--trace", str(trace), "--json", "--quiet"]
+    assert main([*args, "--policies", "gangslice,spread"]) == 0
+    waiting = json.loads(capsys.readouterr().out)
+    assert main([*args, "--policies", "gangslice,spread", "--no-wait"]) == 0
+    rejecting = json.loads(capsys.readouterr().out)
+    validate(waiting)
+    validate(rejecting)
+    assert (rejecting["noWait"], rejecting["queue"]) == (True, "reject")
+    for name in ("gangslice", "spread"):
+        w, r = waiting["policies"][name]["gangs"], rejecting["policies"][name]["gangs"]
+        assert w["rejected"] == 0
+        assert r["rejected"] > 0 and r["withdrawn"] == 0
+        assert r["placed"] + r["rejected"] == r["arrived"]
+        assert rejecting["policies"][name]["waitSeconds"]["max"] == 0
+
+
+def test_progress_goes_to_stderr(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    cluster, trace = files
+    assert main(["simulate", "--cluster", str(cluster), "--trace", str(trace), "--policies", "binpack"]) == 0
+    err = capsys.readouterr().err
+    assert "simulate binpack" in err and "done in" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("events:\n  - {at: 0, template: llama-70b-tp8}\n", "events[0].lifetime: expected a number > 0"),
+        (
+            "events:\n  - {at: 0, template: what, lifetime: 5}\n",
+            "events[0].template: unknown template 'what'",
+        ),
+        ("events: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_trace_exits_2_naming_file_and_field(
+    files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, words: str
+) -> None:
+    cluster, _ = files
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(content)
+    assert main(["simulate", "--cluster", str(cluster), "--trace", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err.startswith(f"gangslice simulate: {bad}")
+    assert words in err
+
+
+def test_bad_cluster_and_unknown_policy_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("nodes:\n  - {name: x, gpuTopology: no-such-machine}\n")
+    assert main(["simulate", "--cluster", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "gpuTopology" in err
+    assert main(["simulate", "--policies", "gangslice,nope", "--quiet"]) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+def strip_timing(results: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(results)
+    out.pop("timing")
+    for p in out["policies"].values():
+        p.pop("timing")
+    return out
+
+
+def test_same_seed_same_results_except_wall_time() -> None:
+    snap = default_cluster()
+    shape = TraceShape(base_deployments=6, arrivals=25)
+    policies = available_policies()
+
+    def once(seed: int) -> dict[str, Any]:
+        return run_simulation(snap, generate_trace(seed, shape), policies, seed=seed).results
+
+    first, second, other = once(3), once(3), once(4)
+    validate(first)
+    assert strip_timing(first) == strip_timing(second)
+    assert strip_timing(first)["policies"] != strip_timing(other)["policies"]
+    assert first["policies"]["gangslice"]["gangs"]["placed"] > 0
+
+
+def test_results_json_keeps_number_rows_on_one_line() -> None:
+    from extender.sim.report import dumps
+
+    data = {"points": [[0.0, 1, 2], [1.5e-05, -3, 4]], "names": ["a", "b"], "empty": []}
+    text = dumps(data)
+    assert json.loads(text) == data
+    assert "[1.5e-05, -3, 4]" in text.splitlines()[3]

@@ -1,0 +1,324 @@
+"""The simulation on clusters and traces small enough to check every figure by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extender import cost
+from extender.cost import ModelDims
+from extender.placement.files import cluster_from_data
+from extender.placement.request import GangRequest
+from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.solver import place
+from extender.sim.engine import PLACED, REJECTED, WITHDRAWN, Point, PolicyRun, Reference, simulate
+from extender.sim.metrics import policy_results, quantile, step_mean
+from extender.sim.trace import Trace, trace_from_data
+
+LEAF = "fabric.topograph.run/tier-0"
+
+
+def cluster(*nodes: tuple[str, str], leaf: str = "leaf-1") -> ClusterSnapshot:
+    data = {"nodes": [{"name": n, "gpuTopology": t, "labels": {LEAF: leaf}} for n, t in nodes]}
+    return cluster_from_data(data, Path("."))
+
+
+def two_hgx() -> ClusterSnapshot:
+    return cluster(("a", "hgx-h100"), ("b", "hgx-h100"))
+
+
+def tp(gpus: int, count: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"podSets": [{"name": "server", "count": count, "gpusPerPod": gpus, **extra}]}
+
+
+def deploy(at: float, name: str, gang: dict[str, Any], lifetime: float, replicas: int = 1) -> dict[str, Any]:
+    return {"at": at, "deployment": name, "gang": gang, "lifetime": lifetime, "replicas": replicas}
+
+
+def run(snap: ClusterSnapshot, events: list[dict[str, Any]], policy: Any = place, **kw: Any) -> PolicyRun:
+    trace = trace_from_data({"events": events}, "test")
+    return simulate(snap, trace, "p", policy, Reference(snap), **kw)
+
+
+def points(r: PolicyRun) -> list[tuple[float, int, int, int, int]]:
+    return [
+        (p.t, p.allocated_gpus, p.waiting_gangs, p.whole_free_nodes, p.largest_free_leaf_gpus)
+        for p in r.timeline
+    ]
+
+
+def by_name(r: PolicyRun) -> dict[str, Any]:
+    return {g.name: g for g in r.gangs}
+
+
+# -- a policy simple enough to predict: first node with room, lowest free GPUs ------------
+
+
+def first_fit(snap: ClusterSnapshot, gang: GangRequest) -> Placement:
+    taken: dict[int, int] = {}
+    slots = []
+    for ps in gang.pod_sets:
+        for k in range(ps.count):
+            for i, node in enumerate(snap.nodes):
+                free = snap.free_mask(i) & ~taken.get(i, 0)
+                if free.bit_count() >= ps.gpus_per_pod:
+                    mask = 0
+                    for _ in range(ps.gpus_per_pod):
+                        low = free & -free
+                        mask |= low
+                        free &= ~low
+                    taken[i] = taken.get(i, 0) | mask
+                    slots.append(PodSlot(ps.name, k, node.name, node.shape.gpus_of(mask)))
+                    break
+            else:
+                return Unplaceable(gang.name, "no room")
+    return Slice(gang.name, tuple(slots), {})
+
+
+def stubborn(snap: ClusterSnapshot, gang: GangRequest) -> Placement:
+    """first_fit, except that gangs of deployment ``stuck`` are refused unless the cluster is empty."""
+    busy = any(snap.free_mask(i) != n.shape.full_mask for i, n in enumerate(snap.nodes))
+    if gang.name.startswith("stuck") and busy:
+        return Unplaceable(gang.name, "refused")
+    return first_fit(snap, gang)
+
+
+# -- 2 nodes, 3 gangs, the gangslice solver -------------------------------------------------
+
+
+def test_two_nodes_three_gangs_every_metric() -> None:
+    snap = two_hgx()
+    r = run(
+        snap,
+        [
+            deploy(0, "a", tp(8, comm="allreduce"), 100),
+            deploy(10, "b", tp(8, comm="allreduce"), 100),
+            deploy(20, "c", tp(8, comm="allreduce"), 200),
+        ],
+    )
+    g = by_name(r)
+    assert [g[n].outcome for n in ("a-0", "b-0", "c-0")] == [PLACED] * 3
+    assert [g[n].waited for n in ("a-0", "b-0", "c-0")] == [0, 0, 80]
+    assert g["c-0"].placed_at == 100 and g["c-0"].ended_at == 220
+    # C gets the node A left.
+    assert g["c-0"].held == g["a-0"].held
+    assert points(r) == [
+        (0, 8, 0, 1, 8),
+        (10, 16, 0, 0, 0),
+        (20, 16, 1, 0, 0),
+        (100, 16, 0, 0, 0),
+        (110, 8, 0, 1, 8),
+        (220, 0, 0, 2, 16),
+    ]
+    res = policy_results(r)
+    assert res["gangs"] | {"incoherentBy": None} == {
+        "arrived": 3,
+        "placed": 3,
+        "rejected": 0,
+        "withdrawn": 0,
+        "neverPlaced": 0,
+        "coherent": 3,
+        "coherentShare": 1.0,
+        "coherentShareOfArrived": 1.0,
+        "incoherentBy": None,
+    }
+    assert res["waitSeconds"]["median"] == 0
+    assert res["waitSeconds"]["p99"] == pytest.approx(78.4)  # 0.98 of the way from 0 to 80
+    assert res["waitSeconds"]["max"] == 80
+    # A TP=8 ring on NVSwitch: NV18 x 50 GB/s between every pair, the seed formula.
+    one = cost.tp_layer_us(8, ModelDims(), 900.0, cost.ALPHA_NVLINK_US)
+    assert res["perLayerMicros"]["count"] == 3
+    assert res["perLayerMicros"]["median"] == pytest.approx(one, rel=1e-5)
+    assert res["ttft"]["vsBest"]["ratio"]["max"] == pytest.approx(1.0)
+    assert res["ttft"]["vsBest"]["extraMillis"]["max"] == pytest.approx(0.0, abs=1e-9)
+    assert res["ttft"]["vsSameHardware"]["ratio"]["median"] == pytest.approx(1.0)
+    assert res["allocation"]["meanGpus"] == pytest.approx(2560 / 220, rel=1e-5)
+    assert res["allocation"]["peakGpus"] == 16
+    assert res["allocation"]["gpuHours"] == pytest.approx(2560 / 3600, rel=1e-5)
+    assert res["fragmentation"]["minWholeFreeNodes"] == 0
+    assert res["fragmentation"]["meanWholeFreeNodes"] == pytest.approx((10 + 110) / 220, rel=1e-5)
+    assert res["decisions"]["errors"] == 0
+
+
+def test_no_wait_rejects_what_does_not_fit_on_arrival() -> None:
+    r = run(
+        two_hgx(),
+        [deploy(0, "a", tp(8), 100), deploy(10, "b", tp(8), 100), deploy(20, "c", tp(8), 200)],
+        no_wait=True,
+    )
+    g = by_name(r)
+    assert g["c-0"].outcome == REJECTED and g["c-0"].ended_at == 20 and g["c-0"].placed_at is None
+    res = policy_results(r)["gangs"]
+    assert (res["placed"], res["rejected"], res["neverPlaced"]) == (2, 1, 1)
+    assert [p[:3] for p in points(r)] == [(0, 8, 0), (10, 16, 0), (100, 8, 0), (110, 0, 0)]
+
+
+def test_a_gang_that_can_never_fit_is_rejected_on_arrival() -> None:
+    r = run(two_hgx(), [deploy(0, "huge", tp(16), 100), deploy(5, "ok", tp(1), 10)])
+    g = by_name(r)
+    assert g["huge-0"].outcome == REJECTED and g["huge-0"].ended_at == 0
+    assert g["ok-0"].outcome == PLACED
+    assert r.decision_seconds and len(r.decision_seconds) == 1  # only "ok" was asked in a pass
+
+
+def test_waiting_gang_is_withdrawn_when_its_deployment_ends() -> None:
+    r = run(two_hgx(), [deploy(0, "big", tp(8), 100, replicas=2), deploy(10, "late", tp(8), 30)])
+    g = by_name(r)
+    assert g["late-0"].outcome == WITHDRAWN and g["late-0"].ended_at == 40
+    assert policy_results(r)["gangs"]["withdrawn"] == 1
+    assert policy_results(r)["waitSeconds"]["count"] == 2
+
+
+# -- queue semantics with predictable policies -------------------------------------------
+
+
+def four_gpu_nodes() -> ClusterSnapshot:
+    return cluster(("n0", "l40s-4gpu"), ("n1", "l40s-4gpu"))
+
+
+def test_backfill_lets_smaller_gangs_pass_a_blocked_head_but_not_larger_ones() -> None:
+    r = run(
+        four_gpu_nodes(),
+        [
+            deploy(0, "one", tp(1), 1000),  # n0 GPU 0
+            # Refused while anything runs: the blocked head (its own request: the simulator
+            # remembers refusals per request, and this policy judges by name).
+            deploy(1, "stuck", tp(1, model={"layers": 1}), 99),
+            deploy(2, "wide", tp(4), 1000),  # would fit n1, but asks for more than the head
+            deploy(3, "small", tp(1), 1000),  # no larger than the head: backfilled
+        ],
+        policy=stubborn,
+    )
+    g = by_name(r)
+    assert g["small-0"].placed_at == 3
+    assert g["stuck-0"].outcome == WITHDRAWN and g["stuck-0"].ended_at == 100
+    # Once the head is gone, "wide" is tried at the next pass and fits n1.
+    assert g["wide-0"].placed_at == 100
+    assert g["wide-0"].held == {1: 0b1111}
+
+
+def test_scale_up_and_down_removes_waiting_replicas_first_newest_first() -> None:
+    events = [
+        deploy(0, "web", tp(4), 1000, replicas=1),
+        {"at": 10, "scale": "web", "replicas": 4},  # two more fit, one waits
+        {"at": 20, "scale": "web", "replicas": 1},  # the waiting ones go, then the newest running
+    ]
+    r = run(four_gpu_nodes(), events, policy=first_fit)
+    g = by_name(r)
+    assert [g[f"web-{k}"].outcome for k in range(4)] == [PLACED, PLACED, WITHDRAWN, WITHDRAWN]
+    assert g["web-2"].placed_at is None and g["web-2"].ended_at == 20  # was waiting
+    assert g["web-1"].placed_at == 10 and g["web-1"].ended_at == 20  # newest running
+    assert g["web-0"].ended_at == 1000
+    assert [p[:3] for p in points(r)] == [(0, 4, 0), (10, 8, 2), (20, 4, 0), (1000, 0, 0)]
+
+
+def test_refused_request_is_not_asked_again_until_gpus_come_free() -> None:
+    calls: list[str] = []
+
+    def counting(snap: ClusterSnapshot, gang: GangRequest) -> Placement:
+        calls.append(gang.name)
+        return first_fit(snap, gang)
+
+    r = run(
+        four_gpu_nodes(),
+        [
+            deploy(0, "full", tp(4), 100, replicas=2),
+            deploy(10, "x", tp(4), 200, replicas=3),  # same request three times
+        ],
+        policy=counting,
+    )
+    # One arrival check (full and x ask the same). Passes: full-0, full-1 at 0; x-0 at 10
+    # (x-1, x-2 skipped: the same request was refused and nothing came free); at 100: x-0,
+    # x-1 placed, x-2 asked and refused.
+    assert calls == ["full-0", "full-0", "full-1", "x-0", "x-0", "x-1", "x-2"]
+    assert len(r.decision_seconds) == 6
+    assert policy_results(r)["decisions"]["refusals"] == 2
+
+
+def test_unusable_slice_is_refused_and_reported() -> None:
+    def liar(snap: ClusterSnapshot, gang: GangRequest) -> Placement:
+        node = snap.nodes[0]
+        return Slice(gang.name, (PodSlot("server", 0, node.name, (0,)),), {})
+
+    r = run(four_gpu_nodes(), [deploy(0, "a", tp(2), 10)], policy=liar)
+    assert r.gangs[0].outcome == REJECTED  # even the empty cluster got no usable answer
+    assert r.error_count == 1
+    assert "1 GPUs for a pod of 2" in str(r.errors[0]["error"])
+
+
+def test_policy_exception_is_reported_not_raised() -> None:
+    calls = [0]
+
+    def flaky(snap: ClusterSnapshot, gang: GangRequest) -> Placement:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise RuntimeError("boom")
+        return first_fit(snap, gang)
+
+    r = run(four_gpu_nodes(), [deploy(0, "a", tp(1), 10)], policy=flaky)
+    assert r.error_count == 1 and r.errors[0]["error"] == "RuntimeError: boom"
+    assert policy_results(r)["decisions"]["errors"] == 1
+
+
+def test_incoherent_slice_is_counted_with_its_reason() -> None:
+    # pcie-8gpu-2socket: pairs (0,1) (2,3) share a PCIe switch; first fit puts a TP=2 pod
+    # after a TP=1 pod on GPUs 1 and 2, across two switches.
+    snap = cluster(("n0", "pcie-8gpu-2socket"))
+    r = run(snap, [deploy(0, "a", tp(1), 10), deploy(1, "b", tp(2), 10)], policy=first_fit)
+    g = by_name(r)
+    assert g["a-0"].coherent is True
+    assert g["b-0"].coherent is False and "tier" in g["b-0"].incoherent
+    res = policy_results(r)
+    assert res["gangs"]["coherentShare"] == 0.5
+    assert res["gangs"]["coherentShareOfArrived"] == 0.5
+    assert res["gangs"]["incoherentBy"]["tier"] == 1
+    # The ideal slice keeps the pair on one switch; crossing switches costs more.
+    assert res["ttft"]["vsBest"]["ratio"]["max"] > 1.0
+    assert res["ttft"]["vsSameHardware"]["ratio"]["max"] > 1.0
+
+
+# -- statistics -------------------------------------------------------------------------
+
+
+def test_quantile_interpolates_between_ranks() -> None:
+    assert quantile([3, 1, 2], 0.99) == pytest.approx(2.98)
+    assert quantile([5], 0.5) == 5
+    assert quantile([1, 2, 3, 4], 0.5) == 2.5
+
+
+def test_step_mean_weighs_states_by_duration() -> None:
+    pts = [Point(0, 4, 0, 0, 0), Point(10, 8, 0, 0, 0), Point(30, 0, 0, 0, 0)]
+    assert step_mean(pts, lambda p: p.allocated_gpus, 40) == pytest.approx((4 * 10 + 8 * 20) / 40)
+
+
+def test_same_trace_twice_gives_the_same_run() -> None:
+    snap = two_hgx()
+    events = [deploy(0, "a", tp(4), 100, replicas=3), deploy(5, "b", tp(8), 50)]
+    trace: Trace = trace_from_data({"events": events}, "t")
+    first = policy_results(simulate(snap, trace, "p", place, Reference(snap)))
+    second = policy_results(simulate(snap, trace, "p", place, Reference(snap)))
+    first.pop("timing")
+    second.pop("timing")
+    assert first == second
+
+
+def test_reference_solver_crash_is_reported_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import extender.placement.solver as solver
+
+    def broken(snap: ClusterSnapshot, gang: GangRequest) -> Placement:
+        raise ValueError("solver bug")
+
+    monkeypatch.setattr(solver, "place", broken)
+    snap = four_gpu_nodes()
+    ref = Reference(snap)
+    trace = trace_from_data({"events": [deploy(0, "a", tp(2, comm="allreduce"), 10)]}, "t")
+    r = simulate(snap, trace, "p", first_fit, ref)
+    assert r.gangs[0].outcome == PLACED and r.gangs[0].ideal is None
+    assert ref.errors == [
+        {"gang": "a-0", "error": "ValueError: solver bug"},
+        {"gang": "a-0", "error": "ValueError: solver bug"},
+    ]
+    assert policy_results(r)["ttft"]["vsBest"]["ratio"]["count"] == 0
