@@ -1,0 +1,115 @@
+"""SliceReservation objects for reservations the controller makes for a Workload or PodGroup.
+
+The spec format is :func:`extender.kube.crd_models.reservation_object`'s (the ledger's
+``Reservation.to_dict()``), so the cluster cache and this controller read each other's
+objects; this module adds what an owned reservation needs on top: the owner reference
+(``controller: true``, so deleting the gang's Workload deletes its reservation), a label
+for the owner, and a ``status`` mirror (phase, bound pods, nodes, GPU count, a condition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from extender.kube import names
+from extender.kube.crd_models import reservation_from_object, reservation_object
+from extender.placement.ledger import Reservation
+
+__all__ = [
+    "OWNER_KIND_LABEL",
+    "OWNER_NAME_LABEL",
+    "owner_reference",
+    "reservation_from_object",
+    "reservation_status",
+    "reservation_to_object",
+    "rfc3339",
+]
+
+OWNER_KIND_LABEL = "gangslice.io/owner-kind"
+OWNER_NAME_LABEL = "gangslice.io/owner-name"
+
+#: Meta keys (``Reservation.meta``) this controller keeps with a reservation.
+META_OWNER_KIND = "ownerKind"
+META_OWNER_NAME = "ownerName"
+META_OWNER_UID = "ownerUid"
+#: When the owner's quota was reserved (Kueue's QuotaReserved transition time): a reservation
+#: made for an earlier admission attempt is stale once the Workload has been requeued.
+META_ATTEMPT = "attempt"
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("z", "Z")).timestamp()
+    except ValueError:
+        return None
+
+
+def owner_reference(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``ownerReferences`` entry that makes ``obj`` (a Workload, a PodGroup) the controller."""
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": str(obj["apiVersion"]),
+        "kind": str(obj["kind"]),
+        "name": str(meta["name"]),
+        "uid": str(meta.get("uid", "")),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _label_value(text: str) -> str:
+    """A label value: at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
+    return cleaned.strip("._-")
+
+
+def reservation_status(r: Reservation, now: float) -> dict[str, Any]:
+    nodes = r.slice.nodes
+    message = f"{len(r.slice.slots)} pods on {len(nodes)} node(s), {r.slice.per_layer_micros:.1f} us/layer"
+    return {
+        "phase": r.phase.value,
+        "boundPods": dict(r.bound),
+        "nodes": ",".join(nodes),
+        "gpus": sum(len(s.gpus) for s in r.slice.slots),
+        "conditions": [
+            {
+                "type": "Held",
+                "status": "True" if r.phase.value in ("Reserved", "Bound") else "False",
+                "reason": r.phase.value,
+                "message": message,
+                "lastTransitionTime": rfc3339(now),
+            }
+        ],
+    }
+
+
+def reservation_to_object(
+    r: Reservation, namespace: str, name: str, owner: Mapping[str, Any] | None, now: float | None = None
+) -> dict[str, Any]:
+    """The SliceReservation for ``r``; ``owner`` is an ``ownerReferences`` entry (see
+    :func:`owner_reference`) or None for an unowned reservation. ``status`` is included for
+    stores that write it; the API server ignores it on create (status subresource)."""
+    meta = {k: v for k, v in r.meta.items() if k not in ("namespace", "name")}
+    obj = reservation_object(
+        Reservation(
+            r.gang, r.slice, r.expires_at, r.bound, r.phase, {**meta, "namespace": namespace, "name": name}
+        )
+    )
+    obj["spec"]["meta"] = meta
+    labels = dict(obj["metadata"].get("labels") or {})
+    if owner is not None:
+        obj["metadata"]["ownerReferences"] = [dict(owner)]
+        labels[OWNER_KIND_LABEL] = _label_value(str(owner["kind"]).lower())
+        labels[OWNER_NAME_LABEL] = _label_value(str(owner["name"]))
+    labels[names.GANG] = _label_value(str(labels.get(names.GANG, name)))
+    obj["metadata"]["labels"] = labels
+    obj["status"] = reservation_status(r, now if now is not None else r.expires_at)
+    return obj

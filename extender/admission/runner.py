@@ -1,0 +1,114 @@
+"""``run_controller``: the admission controller as tasks on the caller's asyncio loop.
+
+``gangslice serve`` runs it next to the extender HTTP server, on the same loop and over the
+same :class:`~extender.kube.cache.ClusterCache`, so the extender and the admission check
+read and change one ledger and no two decisions race::
+
+    cache = ClusterCache(store=...)                  # fed by the kube watches
+    stop = asyncio.Event()
+    leading = {"now": False}
+    controller = asyncio.create_task(run_controller(
+        cache, kubeconfig=args.kubeconfig, stop=stop,
+        on_leadership=lambda yes: leading.update(now=yes)))   # /readyz reads leading["now"]
+    ...                                               # start the aiohttp site
+    await stop.wait()  # or: await controller (it returns when kopf sees SIGINT/SIGTERM)
+
+It runs three tasks: the Lease election (only the leader decides; becoming leader first
+rebuilds the ledger from the SliceReservation objects), the periodic resync of waiting
+Workloads, and kopf's watches of AdmissionChecks and Workloads. It returns when ``stop`` is
+set or when kopf stops (kopf installs SIGINT/SIGTERM handlers on the main thread); on the
+way out it gives the Lease up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from extender.admission.api import ClientControllerApi, ControllerApi, load_api_client
+from extender.admission.controller import AdmissionController, Cache
+from extender.admission.kueue import CheckConfig
+from extender.admission.leader import LeaderElector, LeaseConfig, default_identity
+
+log = logging.getLogger(__name__)
+
+
+async def run_controller(
+    cache: Cache,
+    *,
+    kubeconfig: str | None = None,
+    api: ControllerApi | None = None,
+    api_client: Any | None = None,
+    config: CheckConfig | None = None,
+    lease: LeaseConfig | None = None,
+    identity: str | None = None,
+    on_leadership: Callable[[bool], None] | None = None,
+    stop: asyncio.Event | None = None,
+    watch: bool = True,
+) -> None:
+    """Run the Kueue admission check controller until ``stop`` is set.
+
+    ``cache``: the cluster cache the extender uses (its ledger is the one reservations go
+    to). The API is ``api`` if given, else a client for ``api_client`` or ``kubeconfig``
+    (None: in-cluster service account, then the default kubeconfig). ``watch=False`` leaves
+    kopf out (events are then fed to the controller by the caller, as tests do).
+    ``on_leadership(True/False)`` is called as leadership comes and goes (for ``/readyz``).
+    """
+    stop = stop if stop is not None else asyncio.Event()
+    if api is None:
+        api_client = api_client if api_client is not None else load_api_client(kubeconfig)
+        api = ClientControllerApi(api_client)
+    ident = identity or default_identity()
+    controller = AdmissionController(api, cache, config, identity=ident)
+
+    async def started() -> None:
+        await controller.become_leader()
+        if on_leadership is not None:
+            on_leadership(True)
+
+    def stopped() -> None:
+        controller.lose_leadership()
+        if on_leadership is not None:
+            on_leadership(False)
+
+    elector = LeaderElector(api, lease or LeaseConfig(), ident, started, stopped)
+    tasks = [
+        asyncio.create_task(elector.run(stop), name="gangslice-lease"),
+        asyncio.create_task(controller.run_resync(stop), name="gangslice-resync"),
+    ]
+    if watch:
+        tasks.append(asyncio.create_task(_run_kopf(controller, api_client, stop), name="gangslice-kopf"))
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t.exception() is not None:
+                log.error("controller task %s failed: %s", t.get_name(), t.exception())
+    finally:
+        stop.set()
+        for t in tasks:
+            if not t.done():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(t), 10)
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+
+async def _run_kopf(controller: AdmissionController, api_client: Any | None, stop: asyncio.Event) -> None:
+    import kopf
+
+    from extender.admission.handlers import operator_settings, register
+
+    registry = kopf.OperatorRegistry()
+    register(registry, controller, api_client)
+    await kopf.operator(
+        registry=registry,
+        settings=operator_settings(),
+        clusterwide=True,
+        standalone=True,
+        stop_flag=stop,
+    )
