@@ -16,7 +16,7 @@ from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot
 from extender.topology.hierarchy import Hierarchy
-from extender.topology.model import IN_NODE_LEVELS, Tier
+from extender.topology.model import IN_NODE_LEVELS, GpuGraph, Tier
 
 
 class LevelError(ValueError):
@@ -82,72 +82,100 @@ def resolve_need(ps: PodSet, h: Hierarchy) -> Need:
 def pod_tier(
     snap: ClusterSnapshot, node_index: int, ps: PodSet, need: Need, preferred: bool = False
 ) -> Tier | None:
+    """The in-node tier each pod of ``ps`` must reach on this node (None: a pod cannot fit it).
+    With ``preferred``, the preferred tier where it is tighter than the requirement; a preferred
+    tier looser than the requirement never loosens it."""
     fit = fit_for(snap.nodes[node_index].shape)
-    if preferred and need.preferred_tier is not None:
-        return need.preferred_tier
-    return need.tier_on(fit.tightest(ps.gpus_per_pod))
+    base = need.tier_on(fit.tightest(ps.gpus_per_pod))
+    if preferred and need.preferred_tier is not None and base is not None:
+        return min(base, need.preferred_tier)
+    return base
 
 
-def _span_gbps(snap: ClusterSnapshot, slots: Sequence[PodSlot]) -> tuple[float, bool, bool]:
-    """Bandwidth available to traffic among these slots: (GB/s, crosses nodes, over NVLink)."""
+@dataclass(frozen=True, slots=True)
+class Span:
+    """What traffic among a group of pods runs over: its bottleneck bandwidth (GB/s), whether
+    it leaves a node, and whether it stays on NVLink (one node's NVLink or a multi-node clique)."""
+
+    gbps: float
+    crosses_nodes: bool
+    nvlink: bool
+
+    @property
+    def alpha_us(self) -> float:
+        if self.nvlink:
+            return cost.ALPHA_NVLINK_US
+        return cost.ALPHA_NETWORK_US if self.crosses_nodes else cost.ALPHA_PCIE_US
+
+
+def in_node_span(gbps: float) -> Span:
+    return Span(gbps, False, gbps >= 300)
+
+
+def span_of(snap: ClusterSnapshot, slots: Sequence[PodSlot]) -> Span:
+    """The span of traffic among these slots: the GPUs' ring on one node, a multi-node NVLink
+    clique, or the network under the finest switch level the nodes share."""
     nodes = sorted({s.node for s in slots})
     if len(nodes) == 1:
         node = snap.node(nodes[0])
         mask = node.shape.mask_of(g for s in slots for g in s.gpus)
-        gbps = fit_for(node.shape).gbps(mask)
-        return gbps, False, gbps >= 300
+        return in_node_span(fit_for(node.shape).gbps(mask))
     h = snap.hierarchy
     level = h.common_level([snap.path_of(n) for n in nodes])
     if level >= 0 and h.levels[level].fabric:
-        per_gpu = min(
-            max((lk.nvlinks for lk in snap.node(n).graph.links.values()), default=0)
-            * snap.node(n).graph.nvlink_gbps
-            for n in nodes
-        )
+        per_gpu = min(clique_gbps(snap.node(n).graph) for n in nodes)
         if per_gpu > 0:
-            return per_gpu, True, True
-    return h.switch_gbps(level), True, False
+            return Span(per_gpu, True, True)
+    return Span(h.switch_gbps(level), True, False)
 
 
-def _alpha(crosses: bool, nvlink: bool) -> float:
-    if nvlink:
-        return cost.ALPHA_NVLINK_US
-    return cost.ALPHA_NETWORK_US if crosses else cost.ALPHA_PCIE_US
+def clique_gbps(graph: GpuGraph) -> float:
+    """A GPU's bandwidth into a multi-node NVLink fabric: its widest NVLink bond."""
+    return max((lk.nvlinks for lk in graph.links.values()), default=0) * graph.nvlink_gbps
+
+
+def pod_set_cost(ps: PodSet, pod_gbps: Sequence[float], span: Span | None, kv: Span | None = None) -> float:
+    """Predicted per-layer communication time of a pod set from what its placement offers:
+    each pod's ring bandwidth (``pod_gbps``, one per pod), the ``span`` of traffic among its
+    pods (needed when it has more than one) and the ``kv`` span to its colocateWith set.
+
+    Each pod's own GPUs run tensor parallel (the seed formula). Across pods: ``allreduce``
+    makes one ring of every GPU of the set, ``alltoall`` one expert-parallel group,
+    ``pipeline`` adds stage-boundary sends, ``kv-transfer`` adds moving the KV cache from the
+    partner pod set.
+    """
+    dims = ps.model
+    worst_intra = min(pod_gbps, default=float("inf"))
+    intra_cost = max(
+        (cost.tp_layer_us(ps.gpus_per_pod, dims, b, in_node_span(b).alpha_us) for b in pod_gbps), default=0.0
+    )
+    total = intra_cost
+    if ps.comm == Comm.KV_TRANSFER and kv is not None:
+        total += cost.kv_layer_us(dims, kv.gbps, kv.alpha_us)
+    if len(pod_gbps) <= 1 or ps.comm in (Comm.NONE, Comm.KV_TRANSFER):
+        return total
+    assert span is not None, "a pod set of several pods needs the span among them"
+    ranks = ps.gpus_per_pod * len(pod_gbps)
+    bottleneck = min(span.gbps, worst_intra)
+    if ps.comm == Comm.ALLREDUCE:
+        return cost.tp_layer_us(ranks, dims, bottleneck, span.alpha_us)
+    if ps.comm == Comm.ALLTOALL:
+        return cost.ep_layer_us(ranks, dims, bottleneck, span.alpha_us)
+    return intra_cost + cost.pipeline_layer_us(len(pod_gbps), dims, span.gbps, span.alpha_us)
 
 
 def pod_set_micros(
     snap: ClusterSnapshot, ps: PodSet, slots: Sequence[PodSlot], partner: Sequence[PodSlot] = ()
 ) -> float:
-    """Predicted per-layer communication time of one pod set placed on ``slots``.
-
-    Each pod's own GPUs run tensor parallel (the seed formula). Across pods: ``allreduce``
-    makes one ring of every GPU of the set, ``alltoall`` one expert-parallel group,
-    ``pipeline`` adds stage-boundary sends, ``kv-transfer`` adds moving the KV cache from the
-    ``partner`` pod set (its colocateWith set).
-    """
-    dims = ps.model
-    intra: list[float] = []
+    """Predicted per-layer communication time of one pod set placed on ``slots``, with its
+    KV cache coming from ``partner`` (its colocateWith set) when it is a kv-transfer set."""
+    pod_gbps = []
     for s in slots:
         node = snap.node(s.node)
-        intra.append(fit_for(node.shape).gbps(node.shape.mask_of(s.gpus)))
-    worst_intra = min(intra, default=float("inf"))
-    intra_cost = max(
-        (cost.tp_layer_us(ps.gpus_per_pod, dims, b, _alpha(False, b >= 300)) for b in intra), default=0.0
-    )
-    total = intra_cost
-    if ps.comm == Comm.KV_TRANSFER and partner:
-        gbps, crosses, nvl = _span_gbps(snap, [*slots, *partner])
-        total += cost.kv_layer_us(dims, gbps, _alpha(crosses, nvl))
-    if len(slots) <= 1 or ps.comm in (Comm.NONE, Comm.KV_TRANSFER):
-        return total
-    gbps, crosses, nvl = _span_gbps(snap, slots)
-    ranks = ps.gpus_per_pod * len(slots)
-    bottleneck = min(gbps, worst_intra)
-    if ps.comm == Comm.ALLREDUCE:
-        return cost.tp_layer_us(ranks, dims, bottleneck, _alpha(crosses, nvl))
-    if ps.comm == Comm.ALLTOALL:
-        return cost.ep_layer_us(ranks, dims, bottleneck, _alpha(crosses, nvl))
-    return intra_cost + cost.pipeline_layer_us(len(slots), dims, gbps, _alpha(crosses, nvl))
+        pod_gbps.append(fit_for(node.shape).gbps(node.shape.mask_of(s.gpus)))
+    span = span_of(snap, slots) if len(slots) > 1 and ps.comm not in (Comm.NONE, Comm.KV_TRANSFER) else None
+    kv = span_of(snap, [*slots, *partner]) if ps.comm == Comm.KV_TRANSFER and partner else None
+    return pod_set_cost(ps, pod_gbps, span, kv)
 
 
 def gang_micros(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> dict[str, float]:
@@ -192,12 +220,16 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
             if len(s.gpus) != ps.gpus_per_pod or not snap.has_node(s.node):
                 problems.append(f"slot {s.key}: {len(s.gpus)} GPUs for a pod of {ps.gpus_per_pod}")
                 continue
+            if ps.gpus_per_pod == 0:
+                continue  # a pod without GPUs has no in-node tier to keep
             i = snap.index(s.node)
             tier = pod_tier(snap, i, ps, need)
             actual = snap.nodes[i].shape.tier_of(snap.nodes[i].shape.mask_of(s.gpus))
-            if tier is None or actual > tier:
+            if tier is None:
+                problems.append(f"slot {s.key}: {s.node} has no set of {ps.gpus_per_pod} GPUs for a pod")
+            elif actual > tier:
                 problems.append(
-                    f"slot {s.key}: GPUs {list(s.gpus)} on {s.node} are {actual.name}, need {tier}"
+                    f"slot {s.key}: GPUs {list(s.gpus)} on {s.node} are {actual.name}, need {tier.name}"
                 )
         nodes = sorted({s.node for s in got if snap.has_node(s.node)})
         if len(nodes) > 1:

@@ -1,41 +1,80 @@
 """The gangslice solver: a slice for the whole gang, from rack down to GPU index, or a reason.
 
-For each pod set: find the finest level of the hierarchy (node, clique, leaf, spine, ...)
-where one domain can hold every pod, pick among those domains the cheapest and then the
-tightest fit (so large blocks stay whole), walk down that domain filling the best-fitting
-children, and inside each node take the GPU sets that are tightest and leave the largest
-coherent remainder. Pod sets are placed one after another on a shared view of what is taken;
-if an order fails, other orders are tried, and small gangs fall back to an exact search, so
-the solver does not call a gang unplaceable while a slice exists.
+For each pod set the solver weighs a few candidate placements by the objective itself
+(:func:`~extender.placement.scoring.pod_set_micros`, the predicted per-layer communication
+time): the best single nodes, and at each level of the hierarchy (clique, leaf, spine, ...)
+the best-fitting domains that can hold every pod, filled from their fastest nodes. It climbs
+to coarser levels only while a coarser level could still be cheaper. Among equally cheap
+candidates it keeps the soft wishes (preferred level, colocation), then the finer domain,
+then the tightest fit, so large blocks stay whole; inside a node it takes the GPU sets that
+are tightest and leave the largest coherent remainder.
+
+Pod sets are placed one after another on a shared view of what is taken, the few best
+placements of each early pod set are each carried forward, and every order of the pod sets
+is tried, so a gang's total cost and its colocations are judged as a whole. Small gangs that
+no order places fall back to an exact search, so the solver does not call a gang
+unplaceable while a slice exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from extender.placement.node_fit import fit_for
+from extender.cost import Comm
+from extender.placement.node_fit import NodeFit, fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
     ANYWHERE,
     Need,
+    Span,
+    clique_gbps,
     fabric_domain,
     gang_micros,
+    in_node_span,
     node_scope,
+    pod_set_cost,
     pod_set_micros,
     pod_tier,
+    resolve_level,
     resolve_need,
     violations,
 )
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.hierarchy import DomainKey
 from extender.topology.model import Tier
 
-#: How many candidate domains at the chosen level are evaluated in full.
+#: How many candidate domains per level are evaluated in full.
 CANDIDATES = 4
-#: Exact-search budget (node/GPU-set choices tried) for small gangs the greedy cannot place.
+#: How many placements of an early pod set are carried forward (gangs of up to 3 pod sets).
+BEAM = 3
+#: Gangs of more pod sets are placed in one order first, trying others only on failure.
+ALL_ORDERS_UP_TO = 3
+#: Once the candidate search of one gang has looked at this many nodes (summed over its pod
+#: set placements), it stops widening: no further beam branches or pod set orders, only
+#: what completes the slice. Small clusters never reach it; a P/D gang on 5,000 nodes does.
+WORK_BUDGET = 50_000
+#: Exact-search budget (partial assignments tried) for small gangs the greedy cannot place.
 EXACT_BUDGET = 20_000
+EXACT_MAX_PODS = 8
+EXACT_MAX_NODES = 16
+#: Room for colocated pod sets is checked on domains of at most this many nodes (larger ones
+#: count as roomy), and on at most this many candidate nodes of each node type.
+ROOM_CHECK_NODES = 64
+
+PREFERRED = "preferred level"
+COLOCATE = "colocation"
+
+#: node index -> (pods of the pod set that fit, at most its count; free mask; tier per pod)
+Caps = dict[int, tuple[int, int, Tier]]
+
+
+def _q(micros: float) -> float:
+    """Costs this close are ties (float noise between equal placements)."""
+    return round(micros, 6)
 
 
 @dataclass
@@ -57,26 +96,97 @@ class _State:
         return _State(dict(self.taken), set(self.mnnvl))
 
 
-class Solver:
-    """Places gangs on a snapshot. Stateless between calls apart from memo tables."""
+@dataclass(frozen=True)
+class _Option:
+    """One way to place one pod set."""
 
-    def __init__(self, snapshot: ClusterSnapshot) -> None:
+    slots: tuple[PodSlot, ...]
+    masks: Mapping[int, int]  # node index -> GPUs taken there
+    level: int  # node_scope for one node, else the level index of the domain (ANYWHERE: cluster)
+    where: str
+    cost: float
+    fit: tuple[float, ...]  # fragmentation, lower is better
+    misses: tuple[str, ...] = ()  # soft wishes not met: PREFERRED, COLOCATE
+    notes: tuple[str, ...] = ()  # the misses said plainly
+    no_room: bool = False  # a pod set that colocates with this one has no room next to it
+    kinds: frozenset[str] = frozenset()  # the node types it uses
+
+    def key(self) -> tuple[float, ...]:
+        return (_q(self.cost), len(self.misses), float(self.no_room), -self.level, *self.fit)
+
+
+@dataclass(frozen=True)
+class _Links:
+    """The KV hand-offs a pod set's placement decides: from its partner, when it is a
+    kv-transfer set whose colocateWith set is placed, and to the kv-transfer sets already
+    placed that colocate with it."""
+
+    partner: tuple[PodSlot, ...] = ()
+    dependents: tuple[tuple[PodSet, tuple[PodSlot, ...]], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.partner or self.dependents)
+
+    def groups(self) -> list[tuple[PodSlot, ...]]:
+        return [g for g in (self.partner, *(slots for _, slots in self.dependents)) if g]
+
+
+@dataclass(frozen=True)
+class _NodePick:
+    """A pod set's GPU sets on one node, with what the choice costs and leaves behind."""
+
+    masks: tuple[int, ...]
+    cost: float
+    leftover: int
+    coherent: int
+
+
+class Solver:
+    """Places gangs on a snapshot. Stateless between calls apart from memo tables.
+
+    ``exact_fallback`` turns the exact search for small gangs on (the default) or off (to
+    measure the normal path on its own).
+    """
+
+    def __init__(self, snapshot: ClusterSnapshot, exact_fallback: bool = True) -> None:
         self.snap = snapshot
         self.h = snapshot.hierarchy
+        self.exact_fallback = exact_fallback
+        self._base_caps: dict[tuple[str, bool], Caps] = {}
+        self._entries: dict[tuple[str, bool, str, int], tuple[int, int, Tier] | None] = {}
+        self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
+        self._gbps: dict[tuple[int, str, int, Tier], float] = {}
+        self._has_fabric = any(lv.fabric for lv in self.h.levels)
+        self._fabric: dict[int, tuple[str | None, ...] | None] = {}
+        self._work = 0
 
     # -- entry point ---------------------------------------------------------------------
     def place(self, gang: GangRequest) -> Placement:
+        # Memo tables keyed by pod set name belong to one gang.
+        self._base_caps.clear()
+        self._entries.clear()
+        self._picks.clear()
+        self._work = 0
         needs = {ps.name: resolve_need(ps, self.h) for ps in gang.pod_sets}
+        best: Slice | None = None
         first_failure: _Shortfall | None = None
+        try_all = len(gang.pod_sets) <= ALL_ORDERS_UP_TO
         for order in self._orders(gang):
-            result = self._place_in_order(gang, order, needs)
+            result = self._search(gang, order, needs, BEAM if try_all else 1)
             if isinstance(result, Slice):
-                return result
-            first_failure = first_failure or result
+                if best is None or _slice_key(result) < _slice_key(best):
+                    best = result
+                if not try_all or self._work > WORK_BUDGET:
+                    break
+            elif first_failure is None:
+                first_failure = result
+        if best is not None:
+            return best
         assert first_failure is not None
-        exact = self._exact(gang, needs)
-        if exact is not None:
-            return exact
+        if self.exact_fallback and self._each_fits_alone(gang, needs):
+            exact = self._exact(gang, needs)
+            if exact is not None:
+                return exact
         return Unplaceable(
             gang=gang.name,
             reason=first_failure.reason,
@@ -87,68 +197,576 @@ class Solver:
         )
 
     def _orders(self, gang: GangRequest) -> Iterable[Sequence[PodSet]]:
+        """Pod sets others colocate with first, then the largest; then every other order."""
         anchors = {ps.colocate_with.pod_set for ps in gang.pod_sets if ps.colocate_with}
         default = sorted(gang.pod_sets, key=lambda ps: (ps.name not in anchors, -ps.gpus, ps.name))
         yield default
-        if len(gang.pod_sets) > 1:
-            for i, perm in enumerate(itertools.permutations(default)):
-                if i >= 24:
-                    break
-                if list(perm) != default:
-                    yield perm
+        for i, perm in enumerate(itertools.permutations(default)):
+            if i >= 24:
+                break
+            if list(perm) != default:
+                yield perm
 
-    def _place_in_order(
-        self, gang: GangRequest, order: Sequence[PodSet], needs: dict[str, Need]
+    def _search(
+        self, gang: GangRequest, order: Sequence[PodSet], needs: dict[str, Need], beam: int
     ) -> Slice | _Shortfall:
-        state = _State()
-        slots: dict[str, list[PodSlot]] = {}
-        domains: dict[str, str] = {}
-        notes: list[str] = []
-        for ps in order:
-            within: set[int] | None = None
-            if ps.colocate_with and ps.colocate_with.pod_set in slots:
-                within = self._colocation_nodes(slots[ps.colocate_with.pod_set], ps.colocate_with.level)
-            got = self._place_pod_set(gang, ps, needs[ps.name], state, within)
-            if isinstance(got, _Shortfall) and within is not None:
-                assert ps.colocate_with is not None
-                got = self._place_pod_set(gang, ps, needs[ps.name], state, None)
-                if not isinstance(got, _Shortfall):
-                    notes.append(
-                        f"pod set {ps.name}: could not share a {ps.colocate_with.level} with "
-                        f"{ps.colocate_with.pod_set}; placed apart"
-                    )
-            if isinstance(got, _Shortfall):
-                return got
-            placed, where, note = got
-            slots[ps.name] = placed
-            domains[ps.name] = where
-            if note:
-                notes.append(note)
-        return self._finish(gang, [s for ps in gang.pod_sets for s in slots[ps.name]], domains, notes, state)
+        """Place the pod sets in ``order``, carrying the ``beam`` best placements of every pod
+        set but the last forward; the cheapest complete slice wins."""
+        best: list[Slice] = []
+        failure: list[_Shortfall] = []
 
-    def _finish(
-        self,
-        gang: GangRequest,
-        slots: list[PodSlot],
-        domains: dict[str, str],
-        notes: list[str],
-        state: _State,
-    ) -> Slice:
+        def go(k: int, state: _State, placed: dict[str, _Option]) -> None:
+            if k == len(order):
+                sl = self._finish(gang, placed, state)
+                if not best or _slice_key(sl) < _slice_key(best[0]):
+                    best[:] = [sl]
+                return
+            ps = order[k]
+            got = self._options(gang, ps, needs[ps.name], state, placed)
+            if isinstance(got, _Shortfall):
+                if not failure:
+                    failure.append(got)
+                return
+            for n, opt in enumerate(_beam(got, beam if k < len(order) - 1 else 1)):
+                if n and self._work > WORK_BUDGET:
+                    break
+                trial = state.copy()
+                self._commit(opt, trial)
+                go(k + 1, trial, {**placed, ps.name: opt})
+
+        go(0, _State(), {})
+        if best:
+            return best[0]
+        return failure[0]
+
+    def _commit(self, opt: _Option, state: _State) -> None:
+        for i, mask in opt.masks.items():
+            state.taken[i] = state.taken.get(i, 0) | mask
+        if len(opt.masks) > 1:
+            state.mnnvl.update(i for i in opt.masks if self._fabric_of(i) is not None)
+
+    def _finish(self, gang: GangRequest, placed: dict[str, _Option], state: _State) -> Slice:
+        slots = [s for ps in gang.pod_sets for s in placed[ps.name].slots]
         micros = gang_micros(self.snap, gang, slots)
+        notes = [n for ps in gang.pod_sets for n in placed[ps.name].notes]
+        for ps in gang.pod_sets:
+            # A pod set placed before its colocateWith set was not judged against it: say so
+            # here when the two ended up apart.
+            c = ps.colocate_with
+            if c is None or COLOCATE in placed[ps.name].misses or not placed[ps.name].masks:
+                continue
+            together = self._colocation_nodes(placed[c.pod_set].slots, c.level)
+            if together is not None and not set(placed[ps.name].masks) <= together:
+                notes.append(
+                    f"pod set {ps.name}: not sharing a {c.level} with {c.pod_set}; "
+                    f"placed within {placed[ps.name].where}"
+                )
         mnnvl = tuple(sorted(self.snap.nodes[i].name for i in state.mnnvl))
         return Slice(
             gang=gang.name,
             slots=tuple(slots),
             pod_set_micros=micros,
             score=round(sum(micros.values()), 3),
-            domains=domains,
+            domains={ps.name: placed[ps.name].where for ps in gang.pod_sets},
             notes=tuple(notes),
             mnnvl_nodes=mnnvl,
         )
 
-    def _colocation_nodes(self, partner: Sequence[PodSlot], level: str) -> set[int] | None:
-        from extender.placement.scoring import resolve_level
+    # -- one pod set: candidates ---------------------------------------------------------
+    def _options(
+        self, gang: GangRequest, ps: PodSet, need: Need, state: _State, placed: dict[str, _Option]
+    ) -> list[_Option] | _Shortfall:
+        """Every candidate placement of ``ps`` found, best first; or why there is none."""
+        if ps.gpus_per_pod == 0:
+            return [self._gpuless(ps, state)]
+        colo = ps.colocate_with
+        partner: tuple[PodSlot, ...] = placed[colo.pod_set].slots if colo and colo.pod_set in placed else ()
+        within = self._colocation_nodes(partner, colo.level) if colo and partner else None
+        links = _Links(
+            partner if ps.comm == Comm.KV_TRANSFER else (),
+            tuple(
+                (d, placed[d.name].slots)
+                for d in gang.pod_sets
+                if d.comm == Comm.KV_TRANSFER
+                and d.colocate_with
+                and d.colocate_with.pod_set == ps.name
+                and d.name in placed
+            ),
+        )
+        dependents = [
+            d
+            for d in gang.pod_sets
+            if d.colocate_with and d.colocate_with.pod_set == ps.name and d.name not in placed
+        ]
+        found: dict[tuple[tuple[int, int], ...], _Option] = {}
+        shortfall: _Shortfall | None = None
+        within_found = False
+        for preferred in (True, False) if need.preferred_tier is not None else (False,):
+            every = self._caps(gang, ps, need, state, preferred)
+            for restrict in (within, None) if within is not None else (None,):
+                caps = every if restrict is None else {i: c for i, c in every.items() if i in restrict}
+                opts = self._pass(gang, ps, need, caps, state, links, dependents)
+                if not opts and not preferred and restrict is None:
+                    shortfall = self._shortfall(gang, ps, need, caps)
+                within_found = within_found or (restrict is not None and bool(opts))
+                for o in opts:
+                    found.setdefault(tuple(sorted(o.masks.items())), o)
+        if not found:
+            assert shortfall is not None
+            return shortfall
+        opts = [self._judge(ps, need, o, within, dependents, state) for o in found.values()]
+        opts.sort(key=_Option.key)
+        return [dataclasses.replace(o, notes=self._explain(ps, o, opts, within_found)) for o in opts]
 
+    def _gpuless(self, ps: PodSet, state: _State) -> _Option:
+        """Pods without GPUs go to a node the gang already uses (or the first node)."""
+        i = min(state.taken, default=0)
+        name = self.snap.nodes[i].name
+        slots = tuple(PodSlot(ps.name, k, name, ()) for k in range(ps.count))
+        return _Option(
+            slots, {}, node_scope(self.h), f"node {name}", pod_set_micros(self.snap, ps, slots), ()
+        )
+
+    def _judge(
+        self,
+        ps: PodSet,
+        need: Need,
+        o: _Option,
+        within: set[int] | None,
+        dependents: Sequence[PodSet],
+        state: _State,
+    ) -> _Option:
+        """The soft wishes an option misses, and whether it leaves room for colocated sets."""
+        misses: list[str] = []
+        nodes = sorted(o.masks) or [self.snap.index(s.node) for s in o.slots]
+        if need.preferred_tier is not None:
+            shapes = [(self.snap.nodes[self.snap.index(s.node)].shape, s.gpus) for s in o.slots]
+            if any(sh.tier_of(sh.mask_of(g)) > need.preferred_tier for sh, g in shapes):
+                misses.append(PREFERRED)
+        if need.preferred_scope is not None and len(nodes) > 1:
+            level = self.h.common_level([self.snap.path(i) for i in nodes])
+            if need.preferred_scope >= node_scope(self.h) or level < need.preferred_scope:
+                misses.append(PREFERRED)
+        if within is not None and not set(nodes) <= within:
+            misses.append(COLOCATE)
+        no_room = bool(dependents) and not self._room_for(dependents, o, state)
+        return dataclasses.replace(o, misses=tuple(dict.fromkeys(misses)), no_room=no_room)
+
+    def _explain(
+        self, ps: PodSet, chosen: _Option, opts: Sequence[_Option], within_found: bool
+    ) -> tuple[str, ...]:
+        """Say where a pod set went when it missed a wish, and what keeping the wish would cost."""
+        out = []
+        where = chosen.where
+        for miss in chosen.misses:
+            kept = next((o for o in opts if miss not in o.misses), None)
+            cost = f" would cost {kept.cost:.1f} us/layer, not {chosen.cost:.1f}" if kept else ""
+            if miss == PREFERRED:
+                text = (
+                    f"pod set {ps.name}: preferred level {ps.preferred_level} not met; placed within {where}"
+                )
+                if kept:
+                    text += f" (keeping it{cost})"
+            else:
+                assert ps.colocate_with is not None
+                partner, level = ps.colocate_with.pod_set, ps.colocate_with.level
+                if within_found and kept:
+                    text = (
+                        f"pod set {ps.name}: placed apart from {partner}, within {where}: sharing a {level}"
+                    )
+                    text += cost
+                else:
+                    text = (
+                        f"pod set {ps.name}: could not share a {level} with {partner}; placed within {where}"
+                    )
+            out.append(text)
+        return tuple(out)
+
+    def _caps(self, gang: GangRequest, ps: PodSet, need: Need, state: _State, preferred: bool) -> Caps:
+        """Nodes that fit at least one pod of ``ps`` given what this gang already took."""
+        key = (ps.name, preferred)
+        base = self._base_caps.get(key)
+        if base is None:
+            base = self._base_caps[key] = {}
+            for i in range(len(self.snap.nodes)):
+                entry = self._cap_entry(ps, need, i, self.snap.free_mask(i), preferred)
+                if entry is not None:
+                    base[i] = entry
+        if not state.taken:
+            return base
+        caps = dict(base)
+        for i, taken in state.taken.items():
+            caps.pop(i, None)
+            entry = self._cap_entry(ps, need, i, self.snap.free_mask(i) & ~taken, preferred)
+            if entry is not None:
+                caps[i] = entry
+        return caps
+
+    def _cap_entry(
+        self, ps: PodSet, need: Need, i: int, free: int, preferred: bool
+    ) -> tuple[int, int, Tier] | None:
+        """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits;
+        the same for every node of one type with the same free GPUs."""
+        if free.bit_count() < ps.gpus_per_pod:
+            return None
+        shape = self.snap.nodes[i].shape
+        key = (ps.name, preferred, shape.key, free)
+        if key in self._entries:
+            return self._entries[key]
+        entry = None
+        tier = pod_tier(self.snap, i, ps, need, preferred)
+        if tier is not None:
+            cap = fit_for(shape).capacity(free, ps.gpus_per_pod, tier)
+            entry = (min(cap, ps.count), free, tier) if cap else None
+        self._entries[key] = entry
+        return entry
+
+    def _pass(
+        self,
+        gang: GangRequest,
+        ps: PodSet,
+        need: Need,
+        caps: Caps,
+        state: _State,
+        links: _Links,
+        dependents: Sequence[PodSet],
+    ) -> list[_Option]:
+        self._work += len(caps)
+        opts = self._single_options(ps, caps, links, dependents, state)
+        if ps.count > 1 and need.scope < node_scope(self.h) and caps:
+            best = min((o.cost for o in opts), default=float("inf"))
+            opts.extend(self._multi_options(gang, ps, need, caps, state, links, best))
+        return opts
+
+    def _cost(self, ps: PodSet, slots: Sequence[PodSlot], links: _Links, own: float | None = None) -> float:
+        """What placing ``ps`` on ``slots`` adds to the gang's cost: its own communication
+        (``own`` when already known) and the KV hand-offs to its placed dependents."""
+        if own is None or links.partner:
+            own = pod_set_micros(self.snap, ps, slots, links.partner)
+        return own + sum(pod_set_micros(self.snap, d, d_slots, slots) for d, d_slots in links.dependents)
+
+    # -- one node ------------------------------------------------------------------------
+    def _node_pick(self, ps: PodSet, i: int, free: int, tier: Tier) -> _NodePick:
+        """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free mask)."""
+        shape = self.snap.nodes[i].shape
+        key = (ps.name, shape.key, free, tier)
+        got = self._picks.get(key)
+        if got is None:
+            fit = fit_for(shape)
+            masks = fit.pick(free, ps.gpus_per_pod, tier, ps.count)
+            assert masks is not None, "capacity said the pods fit; pick must agree"
+            got = self._node_pick_of(ps, fit, free, masks)
+            if ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
+                # The pods talk over the links among all their GPUs: try every set of GPUs
+                # they could share and keep the cheapest, then the most coherent remainder.
+                for union in fit.subsets(ps.count * ps.gpus_per_pod, Tier.NODE):
+                    if union & free != union:
+                        continue
+                    inside = fit.pick(union, ps.gpus_per_pod, tier, ps.count)
+                    if inside is None:
+                        continue
+                    other = self._node_pick_of(ps, fit, free, inside)
+                    if (_q(other.cost), -other.coherent) < (_q(got.cost), -got.coherent):
+                        got = other
+            self._picks[key] = got
+        return got
+
+    @staticmethod
+    def _node_pick_of(ps: PodSet, fit: NodeFit, free: int, masks: tuple[int, ...]) -> _NodePick:
+        union = 0
+        for m in masks:
+            union |= m
+        span = in_node_span(fit.gbps(union)) if ps.count > 1 else None
+        cost = pod_set_cost(ps, [fit.gbps(m) for m in masks], span)
+        rest = free & ~union
+        return _NodePick(masks, cost, rest.bit_count(), fit.coherent_block(rest))
+
+    def _single_options(
+        self,
+        ps: PodSet,
+        caps: Caps,
+        links: _Links,
+        dependents: Sequence[PodSet],
+        state: _State,
+    ) -> list[_Option]:
+        """The best nodes that hold every pod alone: the cheapest and tightest fits, the best
+        one per relation to the pod sets it hands a KV cache to or from, and the best one
+        that leaves room for pod sets colocating with this one."""
+        ranked: list[tuple[float, int, int, int]] = []
+        for i, (cap, free, tier) in caps.items():
+            if cap >= ps.count:
+                pick = self._node_pick(ps, i, free, tier)
+                ranked.append((_q(pick.cost), pick.leftover, -pick.coherent, i))
+        if not ranked:
+            return []
+        ranked.sort()
+        chosen = dict.fromkeys(r[3] for r in ranked[: BEAM + 1])
+        if links:
+            classes: dict[object, int] = {}
+            relations = [
+                _Relation(self, sorted({self.snap.index(s.node) for s in g})) for g in links.groups()
+            ]
+            for *_, i in ranked:
+                classes.setdefault(tuple(rel(i) for rel in relations), i)
+            chosen.update(dict.fromkeys(classes.values()))
+        if dependents:
+            # Where the colocated sets will go matters as much as this set's own fit: the best
+            # node of each node type that leaves room for them.
+            kinds: dict[str, list[int]] = {}
+            for *_, i in ranked:
+                kinds.setdefault(self.snap.nodes[i].shape.key, []).append(i)
+            for nodes in kinds.values():
+                for i in nodes[:ROOM_CHECK_NODES]:
+                    if self._room_for(dependents, self._single(ps, i, caps), state):
+                        chosen[i] = None
+                        break
+        return [self._single(ps, i, caps, links) for i in chosen]
+
+    def _single(self, ps: PodSet, i: int, caps: Caps, links: _Links = _Links()) -> _Option:
+        _, free, tier = caps[i]
+        pick = self._node_pick(ps, i, free, tier)
+        slots = self._slots(ps, [(i, m) for m in pick.masks])
+        union = 0
+        for m in pick.masks:
+            union |= m
+        cost = self._cost(ps, slots, links, pick.cost)
+        name = self.snap.nodes[i].name
+        fit = (pick.leftover, -pick.coherent, i)
+        kinds = frozenset({self.snap.nodes[i].shape.key})
+        return _Option(slots, {i: union}, node_scope(self.h), f"node {name}", cost, fit, kinds=kinds)
+
+    # -- several nodes -------------------------------------------------------------------
+    def _fabric_of(self, i: int) -> tuple[str | None, ...] | None:
+        if not self._has_fabric:
+            return None
+        if i not in self._fabric:
+            self._fabric[i] = fabric_domain(self.snap, i)
+        return self._fabric[i]
+
+    def _owns_mnnvl(self, gang: str, i: int) -> bool:
+        owner = self.snap.mnnvl_owner(i)
+        return owner is None or owner == gang
+
+    def _multi_usable(self, gang: str, i: int, level: int) -> bool:
+        """May node ``i`` be one of several nodes of a pod set that spans a domain at ``level``?
+        A clique node only inside its own clique (all-or-nothing), and only while no other
+        gang holds its NVLink (IMEX) channel."""
+        fd = self._fabric_of(i)
+        if fd is None:
+            return True
+        return level >= len(fd) - 1 and self._owns_mnnvl(gang, i)
+
+    def _pod_gbps(self, ps: PodSet, i: int, entry: tuple[int, int, Tier]) -> float:
+        """The best ring bandwidth one pod of ``ps`` gets on node ``i`` now."""
+        _, free, tier = entry
+        shape = self.snap.nodes[i].shape
+        key = (ps.gpus_per_pod, shape.key, free, tier)
+        got = self._gbps.get(key)
+        if got is None:
+            fit = fit_for(shape)
+            picked = fit.pick(free, ps.gpus_per_pod, tier, 1)
+            got = self._gbps[key] = fit.gbps(picked[0]) if picked else 0.0
+        return got
+
+    def _top_gbps(self, ps: PodSet, caps: Caps) -> float:
+        """At least the best ring bandwidth a pod of ``ps`` gets on any of these nodes: the
+        fastest GPU set its tier allows on each node type."""
+        kinds = {(self.snap.nodes[i].shape.key, entry[2]): i for i, entry in caps.items()}
+        best = 0.0
+        for (_, tier), i in kinds.items():
+            fit = fit_for(self.snap.nodes[i].shape)
+            best = max(best, *(fit.gbps(m) for m in fit.subsets(ps.gpus_per_pod, tier)))
+        return best
+
+    def _span_cap(self, ps: PodSet, level: int) -> float:
+        """Above this pod bandwidth, a faster node no longer helps a pod set spanning ``level``:
+        an all-reduce or all-to-all ring is as slow as the network between the nodes."""
+        if ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL) and not (level >= 0 and self.h.levels[level].fabric):
+            return self.h.switch_gbps(level)
+        return float("inf")
+
+    def _bound(self, ps: PodSet, level: int, pod_gbps: float, links: _Links) -> float:
+        """The least any placement of ``ps`` across nodes of a domain at ``level`` can cost."""
+        span = Span(self.h.switch_gbps(level), True, False)
+        kv = Span(float("inf"), False, True) if links.partner else None
+        return pod_set_cost(ps, [pod_gbps] * ps.count, span, kv)
+
+    def _multi_options(
+        self,
+        gang: GangRequest,
+        ps: PodSet,
+        need: Need,
+        caps: Caps,
+        state: _State,
+        links: _Links,
+        best: float,
+    ) -> list[_Option]:
+        """Placements across several nodes: at each level from the finest up to the required
+        one, the best-fitting domains that hold every pod, while a coarser level could still
+        beat the cheapest candidate so far."""
+        h = self.h
+        # Pods sharing one node are priced by that node's own links (single-node options);
+        # these options span two nodes at least, so no node takes every pod.
+        limit = ps.count - 1
+        gbps: dict[int, float] = {}
+
+        def pod_gbps(i: int) -> float:
+            got = gbps.get(i)
+            if got is None:
+                got = gbps[i] = self._pod_gbps(ps, i, caps[i])
+            return got
+
+        top_gbps = self._top_gbps(ps, caps)
+        by_level: dict[int, list[list[int]]] = {}
+        for key, members in self.snap.domains().items():
+            by_level.setdefault(key[0], []).append(members)
+        opts: list[_Option] = []
+        for level in range(len(h.levels) - 1, max(need.scope, ANYWHERE) - 1, -1):
+            fabric = level >= 0 and h.levels[level].fabric
+            if not fabric and _q(self._bound(ps, level, top_gbps, links)) >= _q(best):
+                break
+            domains = [list(caps)] if level == ANYWHERE else by_level.get(level, [])
+            cap_gbps = self._span_cap(ps, level)
+            found: list[tuple[tuple[float, ...], list[int]]] = []
+            for members in domains:
+                if self._has_fabric:
+                    usable = [i for i in members if i in caps and self._multi_usable(gang.name, i, level)]
+                else:
+                    usable = [i for i in members if i in caps]
+                if sum(min(caps[i][0], limit) for i in usable) < ps.count:
+                    continue
+                # The fastest nodes that together hold every pod; a faster node than the
+                # network between them buys nothing, so those count as equal.
+                speed = {i: min(pod_gbps(i), cap_gbps) for i in usable}
+                usable.sort(key=lambda i: -speed[i])
+                held, threshold = 0, 0.0
+                for i in usable:
+                    held += min(caps[i][0], limit)
+                    threshold = speed[i]
+                    if held >= ps.count:
+                        break
+                fast = [i for i in usable if speed[i] >= threshold]
+                spare = sum(caps[i][1].bit_count() for i in fast) - ps.count * ps.gpus_per_pod
+                found.append(((-threshold, float(spare), float(len(fast))), fast))
+            found.sort(key=lambda f: f[0])
+            for rank, fast in found[:CANDIDATES]:
+                capped = {i: (min(caps[i][0], limit), caps[i][1], caps[i][2]) for i in fast}
+                assignment = self._fill(fast, level + 1, ps.count, capped, ps, gbps)
+                opt = self._realise(ps, assignment, capped, links, level, rank)
+                opts.append(opt)
+                best = min(best, opt.cost)
+        return opts
+
+    def _fill(
+        self,
+        nodes: list[int],
+        level: int,
+        need: int,
+        caps: Caps,
+        ps: PodSet,
+        gbps: Mapping[int, float],
+    ) -> dict[int, int]:
+        """Spread ``need`` pods over ``nodes`` (all in one domain above ``level``): the
+        best-fitting child domain that holds them all, else the roomiest children first."""
+        if level >= len(self.h.levels):
+            return self._fill_nodes(nodes, need, caps, gbps)
+        groups: dict[object, list[int]] = {}
+        for i in nodes:
+            label = self.snap.path(i)[level]
+            groups.setdefault(label if label is not None else ("unlabelled", i), []).append(i)
+        if len(groups) == 1:
+            return self._fill(nodes, level + 1, need, caps, ps, gbps)
+        cap_of = {k: sum(caps[i][0] for i in v) for k, v in groups.items()}
+        out: dict[int, int] = {}
+        pool = sorted(groups, key=lambda k: (-cap_of[k], str(k)))
+        remaining = need
+        while remaining > 0:
+            fitting = [k for k in pool if cap_of[k] >= remaining]
+            if fitting:
+                k = min(fitting, key=lambda k: (cap_of[k], str(k)))
+                out.update(self._fill(groups[k], level + 1, remaining, caps, ps, gbps))
+                return out
+            k = pool.pop(0)
+            out.update(self._fill(groups[k], level + 1, cap_of[k], caps, ps, gbps))
+            remaining -= cap_of[k]
+        return out
+
+    def _fill_nodes(
+        self, nodes: list[int], need: int, caps: Caps, gbps: Mapping[int, float]
+    ) -> dict[int, int]:
+        out: dict[int, int] = {}
+        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], i))
+        remaining = need
+        while remaining > 0:
+            fitting = [i for i in pool if caps[i][0] >= remaining]
+            if fitting:
+                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], i))
+                out[i] = remaining
+                return out
+            i = pool.pop(0)
+            out[i] = caps[i][0]
+            remaining -= caps[i][0]
+        return out
+
+    def _realise(
+        self,
+        ps: PodSet,
+        assignment: dict[int, int],
+        caps: Caps,
+        links: _Links,
+        level: int,
+        rank: tuple[float, ...],
+    ) -> _Option:
+        placed: list[tuple[int, int]] = []
+        masks: dict[int, int] = {}
+        for i in sorted(assignment, key=lambda j: self.snap.nodes[j].name):
+            _, free, tier = caps[i]
+            picked = fit_for(self.snap.nodes[i].shape).pick(free, ps.gpus_per_pod, tier, assignment[i])
+            if picked is None:  # capacity said it fits; pick must agree
+                raise AssertionError(f"node {self.snap.nodes[i].name}: cannot pick {assignment[i]} pods")
+            for m in picked:
+                placed.append((i, m))
+                masks[i] = masks.get(i, 0) | m
+        slots = self._slots(ps, placed)
+        cost = self._cost(ps, slots, links)
+        if len(masks) == 1:
+            (i,) = masks
+            where, level = f"node {self.snap.nodes[i].name}", node_scope(self.h)
+        else:
+            common = self.h.common_level([self.snap.path(i) for i in masks])
+            level = max(level, common)
+            where = (
+                "cluster"
+                if level == ANYWHERE
+                else self.h.describe(self._domain_key(next(iter(masks)), level))
+            )
+        kinds = frozenset(self.snap.nodes[i].shape.key for i in masks)
+        return _Option(slots, masks, level, where, cost, rank[1:], kinds=kinds)
+
+    def _domain_key(self, i: int, level: int) -> DomainKey:
+        key = self.h.domain(self.snap.path(i), level)
+        assert key is not None
+        return key
+
+    def _slots(self, ps: PodSet, placed: Sequence[tuple[int, int]]) -> tuple[PodSlot, ...]:
+        out = []
+        for index, (i, mask) in enumerate(placed):
+            node = self.snap.nodes[i]
+            gpus = node.shape.gpus_of(mask)
+            out.append(
+                PodSlot(
+                    pod_set=ps.name,
+                    index=index,
+                    node=node.name,
+                    gpus=gpus,
+                    numa_nodes=node.shape.numa_of(mask),
+                    nic=node.shape.best_nic.get(gpus[0]),
+                )
+            )
+        return tuple(out)
+
+    # -- colocation ----------------------------------------------------------------------
+    def _colocation_nodes(self, partner: Sequence[PodSlot], level: str) -> set[int] | None:
         scope, _ = resolve_level(level, self.h)
         if scope is None:
             return None
@@ -161,261 +779,25 @@ class Solver:
         domains = self.snap.domains()
         return {i for k in keys if k is not None for i in domains.get(k, ())}
 
-    # -- one pod set ---------------------------------------------------------------------
-    def _capacities(
-        self, gang: str, ps: PodSet, need: Need, state: _State, within: set[int] | None, preferred: bool
-    ) -> dict[int, tuple[int, int, Tier]]:
-        """node index -> (pods that fit, free mask, tier) for every node that fits one pod."""
-        caps: dict[int, tuple[int, int, Tier]] = {}
-        snap = self.snap
-        candidates: Iterable[int] = within if within is not None else range(len(snap.nodes))
-        for i in candidates:
-            free = snap.free_mask(i) & ~state.taken.get(i, 0)
-            if free.bit_count() < ps.gpus_per_pod:
+    def _room_for(self, dependents: Sequence[PodSet], o: _Option, state: _State) -> bool:
+        """Whether every pod set colocating with ``o``'s pod set still fits next to it."""
+        for d in dependents:
+            assert d.colocate_with is not None
+            domain = self._colocation_nodes(o.slots, d.colocate_with.level)
+            if domain is None or len(domain) > ROOM_CHECK_NODES:
                 continue
-            tier = pod_tier(snap, i, ps, need, preferred)
-            if tier is None:
-                continue
-            cap = fit_for(snap.nodes[i].shape).capacity(free, ps.gpus_per_pod, tier)
-            if cap:
-                caps[i] = (min(cap, ps.count), free, tier)
-        return caps
-
-    def _place_pod_set(
-        self, gang: GangRequest, ps: PodSet, need: Need, state: _State, within: set[int] | None
-    ) -> tuple[list[PodSlot], str, str | None] | _Shortfall:
-        if ps.gpus_per_pod == 0:
-            node = next(iter(state.taken), 0)
-            slots = [PodSlot(ps.name, k, self.snap.nodes[node].name, ()) for k in range(ps.count)]
-            return slots, f"node {self.snap.nodes[node].name}", None
-        attempts: list[tuple[bool, int]] = []
-        if need.preferred_tier is not None:
-            attempts.append((True, need.preferred_scope if need.preferred_scope is not None else need.scope))
-        if need.preferred_scope is not None:
-            attempts.append((False, need.preferred_scope))
-        attempts.append((False, need.scope))
-        shortfall: _Shortfall | None = None
-        for preferred_tier, scope in attempts:
-            caps = self._capacities(gang.name, ps, need, state, within, preferred_tier)
-            got = self._place_in_scope(gang.name, ps, caps, scope, state)
-            if isinstance(got, _Shortfall):
-                shortfall = got  # the last attempt is the required level: its reason binds
-                continue
-            slots, where = got
-            note = None
-            if (preferred_tier, scope) != attempts[0]:
-                note = (
-                    f"pod set {ps.name}: preferred level {ps.preferred_level} not met; placed within {where}"
-                )
-            return slots, where, note
-        assert shortfall is not None
-        return shortfall
-
-    def _place_in_scope(
-        self, gang: str, ps: PodSet, caps: dict[int, tuple[int, int, Tier]], scope: int, state: _State
-    ) -> tuple[list[PodSlot], str] | _Shortfall:
-        """Try scopes from one node up to ``scope``; the finest that fits wins."""
-        n_levels = len(self.h.levels)
-        need = ps.count
-        best_short: tuple[int, str] | None = None
-        # One node.
-        single = [i for i, (cap, _, _) in caps.items() if cap >= need]
-        if single:
-            i = min(single, key=lambda j: (*self._node_rank(ps, j, caps[j]), j))
-            return self._realise(gang, ps, {i: need}, caps, state), f"node {self.snap.nodes[i].name}"
-        if scope >= node_scope(self.h):
-            best = max(caps.items(), key=lambda kv: kv[1][0], default=None)
-            if best is not None:
-                best_short = (best[1][0], f"node {self.snap.nodes[best[0]].name}")
-            return self._shortfall(ps, "node", best_short)
-        if need > 1:
-            multi = self._multi_node_caps(gang, caps)
-            domains = self.snap.domains()
-            for level in range(n_levels - 1, max(scope, ANYWHERE) - 1, -1):
-                fabric = self.h.levels[level].fabric
-                found: list[tuple[tuple[float, ...], list[int]]] = []
-                for key, members in domains.items():
-                    if key[0] != level:
-                        continue
-                    usable = [i for i in members if i in caps and (fabric or i in multi)]
-                    if not usable:
-                        continue
-                    if fabric:
-                        usable = [i for i in usable if multi.get(i, True) or self._owns_mnnvl(gang, i)]
-                    total = sum(caps[i][0] for i in usable)
-                    if total >= need:
-                        found.append((self._domain_rank(ps, usable, caps, need), usable))
-                    elif best_short is None or total > best_short[0]:
-                        best_short = (total, self.h.describe(key))
-                if found:
-                    found.sort(key=lambda f: f[0])
-                    return self._best_domain(gang, ps, found[:CANDIDATES], caps, state, level)
-            if scope == ANYWHERE:
-                usable = [i for i in caps if i in multi]
-                total = sum(caps[i][0] for i in usable)
-                if total >= need:
-                    assignment = self._fill(usable, 0, need, caps, ps)
-                    return self._realise(gang, ps, assignment, caps, state), "cluster"
-                return self._shortfall(ps, None, (total, "cluster"))
-        level_name = self.h.levels[scope].name if 0 <= scope < n_levels else None
-        return self._shortfall(ps, level_name, best_short)
-
-    def _owns_mnnvl(self, gang: str, i: int) -> bool:
-        owner = self.snap.mnnvl_owner(i)
-        return owner is None or owner == gang
-
-    def _multi_node_caps(self, gang: str, caps: dict[int, tuple[int, int, Tier]]) -> dict[int, bool]:
-        """Nodes a multi-node pod set may use outside a clique scope: those with no clique
-        (a clique is all-or-nothing); inside a clique scope, nodes whose IMEX channel is free."""
-        out: dict[int, bool] = {}
-        for i in caps:
-            if fabric_domain(self.snap, i) is None:
-                out[i] = True
-            elif not self._owns_mnnvl(gang, i):
-                out[i] = False
-        return {i: v for i, v in out.items() if v}
-
-    def _node_rank(self, ps: PodSet, i: int, entry: tuple[int, int, Tier]) -> tuple[float, ...]:
-        """Single-node choice: fastest GPU sets first, then the tightest fit, then the node
-        whose remainder stays most coherent."""
-        _, free, tier = entry
-        fit = fit_for(self.snap.nodes[i].shape)
-        picked = fit.pick(free, ps.gpus_per_pod, tier, ps.count) or ()
-        gbps = min((fit.gbps(m) for m in picked), default=0.0)
-        rest = free
-        for m in picked:
-            rest &= ~m
-        return (-gbps, float(free.bit_count() - ps.gpus), float(-fit.coherent_block(rest)))
-
-    def _domain_rank(
-        self, ps: PodSet, usable: list[int], caps: dict[int, tuple[int, int, Tier]], need: int
-    ) -> tuple[float, ...]:
-        gbps = max(self._best_pod_gbps(ps, i, caps[i]) for i in usable)
-        free = sum(caps[i][1].bit_count() for i in usable)
-        return (-gbps, float(free - need * ps.gpus_per_pod), float(len(usable)))
-
-    def _best_pod_gbps(self, ps: PodSet, i: int, entry: tuple[int, int, Tier]) -> float:
-        _, free, tier = entry
-        fit = fit_for(self.snap.nodes[i].shape)
-        picked = fit.pick(free, ps.gpus_per_pod, tier, 1)
-        return fit.gbps(picked[0]) if picked else 0.0
-
-    def _best_domain(
-        self,
-        gang: str,
-        ps: PodSet,
-        found: list[tuple[tuple[float, ...], list[int]]],
-        caps: dict[int, tuple[int, int, Tier]],
-        state: _State,
-        level: int,
-    ) -> tuple[list[PodSlot], str]:
-        best: tuple[tuple[float, ...], list[PodSlot], str] | None = None
-        for rank, usable in found:
-            assignment = self._fill(usable, level + 1, ps.count, caps, ps)
-            trial = state.copy()
-            slots = self._realise(gang, ps, assignment, caps, trial)
-            micros = pod_set_micros(self.snap, ps, slots)
-            key = (round(micros, 6), *rank[1:])
-            if best is None or key < best[0]:
-                where = self.h.describe((level, tuple(self.snap.path(usable[0])[: level + 1])))
-                best = (key, slots, where)
-        assert best is not None
-        # Commit the winner's GPUs to the shared state.
-        for s in best[1]:
-            i = self.snap.index(s.node)
-            shape = self.snap.nodes[i].shape
-            state.taken[i] = state.taken.get(i, 0) | shape.mask_of(s.gpus)
-        if len({s.node for s in best[1]}) > 1:
-            state.mnnvl.update(
-                self.snap.index(s.node) for s in best[1] if fabric_domain(self.snap, self.snap.index(s.node))
-            )
-        return best[1], best[2]
-
-    def _fill(
-        self, nodes: list[int], level: int, need: int, caps: dict[int, tuple[int, int, Tier]], ps: PodSet
-    ) -> dict[int, int]:
-        """Spread ``need`` pods over ``nodes`` (all in one domain above ``level``), preferring
-        the fewest, best-fitting children at each level down to single nodes."""
-        n_levels = len(self.h.levels)
-        if level >= n_levels:
-            return self._fill_nodes(nodes, need, caps, ps)
-        groups: dict[object, list[int]] = {}
-        for i in nodes:
-            label = self.snap.path(i)[level]
-            groups.setdefault(label if label is not None else ("unlabelled", i), []).append(i)
-        if len(groups) == 1:
-            return self._fill(nodes, level + 1, need, caps, ps)
-        cap_of = {k: sum(caps[i][0] for i in v) for k, v in groups.items()}
-        out: dict[int, int] = {}
-        pool = sorted(groups, key=lambda k: (-cap_of[k], str(k)))
-        remaining = need
-        while remaining > 0:
-            fitting = [k for k in pool if cap_of[k] >= remaining]
-            if fitting:
-                k = min(fitting, key=lambda k: (cap_of[k], str(k)))
-                out.update(self._fill(groups[k], level + 1, remaining, caps, ps))
-                return out
-            k = pool.pop(0)
-            out.update(self._fill(groups[k], level + 1, cap_of[k], caps, ps))
-            remaining -= cap_of[k]
-        return out
-
-    def _fill_nodes(
-        self, nodes: list[int], need: int, caps: dict[int, tuple[int, int, Tier]], ps: PodSet
-    ) -> dict[int, int]:
-        out: dict[int, int] = {}
-        pool = sorted(nodes, key=lambda i: (-caps[i][0], -self._best_pod_gbps(ps, i, caps[i]), i))
-        remaining = need
-        while remaining > 0:
-            fitting = [i for i in pool if caps[i][0] >= remaining]
-            if fitting:
-                i = min(fitting, key=lambda i: (caps[i][0], -self._best_pod_gbps(ps, i, caps[i]), i))
-                out[i] = remaining
-                return out
-            i = pool.pop(0)
-            out[i] = caps[i][0]
-            remaining -= caps[i][0]
-        return out
-
-    def _realise(
-        self,
-        gang: str,
-        ps: PodSet,
-        assignment: dict[int, int],
-        caps: dict[int, tuple[int, int, Tier]],
-        state: _State,
-    ) -> list[PodSlot]:
-        slots: list[PodSlot] = []
-        index = 0
-        for i in sorted(assignment, key=lambda j: self.snap.nodes[j].name):
-            count = assignment[i]
-            _, free, tier = caps[i]
-            free &= ~state.taken.get(i, 0)
-            node = self.snap.nodes[i]
-            fit = fit_for(node.shape)
-            picked = fit.pick(free, ps.gpus_per_pod, tier, count)
-            if picked is None:  # capacity said it fits; pick must agree
-                raise AssertionError(f"node {node.name}: cannot pick {count} x {ps.gpus_per_pod} GPUs")
-            for mask in picked:
-                state.taken[i] = state.taken.get(i, 0) | mask
-                gpus = node.shape.gpus_of(mask)
-                slots.append(
-                    PodSlot(
-                        pod_set=ps.name,
-                        index=index,
-                        node=node.name,
-                        gpus=gpus,
-                        numa_nodes=node.shape.numa_of(mask),
-                        nic=node.shape.best_nic.get(gpus[0]),
-                    )
-                )
-                index += 1
-        if len(assignment) > 1:
-            state.mnnvl.update(i for i in assignment if fabric_domain(self.snap, i) is not None)
-        return slots
+            need = resolve_need(d, self.h)
+            room = 0
+            for i in domain:
+                free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~o.masks.get(i, 0)
+                entry = self._cap_entry(d, need, i, free, False)
+                room += entry[0] if entry else 0
+            if room < d.count:
+                return False
+        return True
 
     # -- reasons -------------------------------------------------------------------------
-    def _shortfall(self, ps: PodSet, level: str | None, best: tuple[int, str] | None) -> _Shortfall:
+    def _shortfall(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> _Shortfall:
         words = self._tier_words(ps)
         what = f"{ps.count} pods of {ps.gpus_per_pod} free {words}GPU{'s' if ps.gpus_per_pod != 1 else ''}"
         largest = max((n.shape.size for n in self.snap.nodes), default=0)
@@ -426,6 +808,46 @@ class Solver:
                 None,
                 ps.count,
             )
+        if need.scope >= node_scope(self.h):
+            single = max(((c[0], i) for i, c in caps.items()), default=None)
+            roomiest = (single[0], f"node {self.snap.nodes[single[1]].name}") if single else None
+            return self._shortfall_reason(ps, "node", what, roomiest)
+        if need.scope == ANYWHERE:
+            have, where = self._room_in(gang.name, list(caps), caps)
+            if not any(self._fabric_of(i) for i in caps):
+                return self._shortfall_reason(ps, None, what, (have, "cluster"))
+            return self._shortfall_reason(ps, "clique, nor the nodes outside cliques,", what, (have, where))
+        best: tuple[int, str] | None = None
+        for key, members in self.snap.domains().items():
+            if key[0] == need.scope:
+                have, _ = self._room_in(gang.name, [i for i in members if i in caps], caps)
+                if have and (best is None or have > best[0]):
+                    best = (have, self.h.describe(key))
+        return self._shortfall_reason(ps, self.h.levels[need.scope].name, what, best)
+
+    def _room_in(self, gang: str, nodes: Sequence[int], caps: Caps) -> tuple[int, str]:
+        """How many pods of a pod set these nodes hold at most, under the clique rules: one
+        node, one clique, or the nodes outside cliques together; and which of those it is."""
+        best = (0, "cluster")
+        groups: dict[tuple[str | None, ...] | None, int] = {}
+        for i in nodes:
+            cap = caps[i][0]
+            if cap > best[0]:
+                best = (cap, f"node {self.snap.nodes[i].name}")
+            fd = self._fabric_of(i)
+            if fd is None or self._owns_mnnvl(gang, i):
+                groups[fd] = groups.get(fd, 0) + cap
+        for fd, cap in groups.items():
+            if cap > best[0]:
+                best = (
+                    cap,
+                    "the nodes outside cliques" if fd is None else self.h.describe((len(fd) - 1, fd)),
+                )
+        return best
+
+    def _shortfall_reason(
+        self, ps: PodSet, level: str | None, what: str, best: tuple[int, str] | None
+    ) -> _Shortfall:
         have, where = best if best is not None else (0, None)
         need_more = ps.count - have
         if level is None:
@@ -445,93 +867,173 @@ class Solver:
             words = need.tier.words
         else:
             tiers = {fit_for(n.shape).tightest(ps.gpus_per_pod) for n in self.snap.nodes}
-            tiers.discard(None)
-            words = min(t for t in tiers if t is not None).words if tiers else ""
+            found = [t for t in tiers if t is not None]
+            words = min(found).words if found else ""
         return f"{words} " if words else ""
 
     def _fits_empty(self, gang: GangRequest) -> bool:
+        """Whether the gang would fit this cluster with nothing allocated or reserved."""
+        if (
+            all(not (n.allocated or n.mnnvl_gang) for n in self.snap.nodes)
+            and not any(self.snap.reserved.values())
+            and not self.snap.reserved_mnnvl
+        ):
+            return False
         empty_nodes = [
-            type(n)(n.name, n.labels, n.graph, frozenset(), n.unhealthy, None) for n in self.snap.nodes
+            NodeState(n.name, n.labels, n.graph, frozenset(), n.unhealthy, None) for n in self.snap.nodes
         ]
         empty = ClusterSnapshot(empty_nodes, self.h)
-        if all(not (n.allocated or n.mnnvl_gang) for n in self.snap.nodes) and not self.snap.reserved:
-            return False
-        solver = Solver(empty)
-        needs = {ps.name: resolve_need(ps, self.h) for ps in gang.pod_sets}
-        return any(isinstance(solver._place_in_order(gang, o, needs), Slice) for o in solver._orders(gang))
+        return isinstance(Solver(empty, self.exact_fallback).place(gang), Slice)
 
     # -- exact fallback ------------------------------------------------------------------
+    def _each_fits_alone(self, gang: GangRequest, needs: dict[str, Need]) -> bool:
+        """Whether every pod set has a placement on its own. The candidate search is complete
+        for one pod set alone (node capacities are exact, and every domain at every level
+        from the node up to the required one is looked at until one fits), so when a pod set
+        does not fit alone the gang does not fit, and the exact search is spared."""
+        return all(
+            isinstance(self._options(gang, ps, needs[ps.name], _State(), {}), list) for ps in gang.pod_sets
+        )
+
     def _exact(self, gang: GangRequest, needs: dict[str, Need]) -> Slice | None:
-        """Depth-first search over (node, GPU set) per pod for small gangs, cheapest first."""
-        if gang.pods > 8 or len(self.snap.nodes) > 16:
+        """Depth-first search over (node, GPU set) per pod for small gangs, cheapest sets first.
+
+        Pods of one pod set take their options in increasing order (they are interchangeable),
+        and a pod set's own rules (scope, cliques) are checked as its pods are added, so a
+        dead branch is cut at once. Returns the cheapest valid slice found within the budget.
+        """
+        if gang.pods > EXACT_MAX_PODS or len(self.snap.nodes) > EXACT_MAX_NODES:
             return None
-        pods = [(ps, k) for ps in gang.pod_sets for k in range(ps.count)]
+        order = sorted(gang.pod_sets, key=lambda ps: -ps.gpus)
+        options: dict[str, list[tuple[int, int]]] = {}
+        for ps in order:
+            found: list[tuple[Tier, float, int, int]] = []
+            for i, node in enumerate(self.snap.nodes):
+                tier = pod_tier(self.snap, i, ps, needs[ps.name])
+                if tier is None and ps.gpus_per_pod:
+                    continue
+                fit = fit_for(node.shape)
+                free = self.snap.free_mask(i)
+                subs = fit.subsets(ps.gpus_per_pod, tier) if tier is not None and ps.gpus_per_pod else (0,)
+                found.extend((node.shape.tier_of(m), -fit.gbps(m), i, m) for m in subs if m & free == m)
+            found.sort()
+            options[ps.name] = [(i, m) for *_, i, m in found]
+        pods = [(ps, k) for ps in order for k in range(ps.count)]
         budget = [EXACT_BUDGET]
         best: list[tuple[float, list[PodSlot]]] = []
         chosen: list[PodSlot] = []
         taken: dict[int, int] = {}
+        alone = {
+            (ps.name, k): GangRequest(gang.name, (dataclasses.replace(ps, count=k, colocate_with=None),))
+            for ps in order
+            for k in range(1, ps.count + 1)
+        }
 
-        def options(ps: PodSet) -> list[tuple[int, int]]:
-            out: list[tuple[int, int]] = []
-            for i, node in enumerate(self.snap.nodes):
-                tier = pod_tier(self.snap, i, ps, needs[ps.name])
-                if tier is None:
-                    continue
-                free = self.snap.free_mask(i) & ~taken.get(i, 0)
-                out.extend(
-                    (i, sub)
-                    for sub in fit_for(node.shape).subsets(ps.gpus_per_pod, tier)
-                    if sub & free == sub
-                )
-            return out
-
-        def search(k: int) -> None:
-            if budget[0] <= 0:
-                return
+        def search(k: int, start: int) -> None:
             if k == len(pods):
-                if not violations(self.snap, gang, chosen):
-                    micros = sum(gang_micros(self.snap, gang, chosen).values())
-                    if not best or micros < best[0][0]:
-                        best[:] = [(micros, list(chosen))]
+                # Every rule was kept on the way down (the whole slice is checked once below).
+                micros = sum(gang_micros(self.snap, gang, chosen).values())
+                if not best or micros < best[0][0]:
+                    best[:] = [(micros, list(chosen))]
                 return
             ps, index = pods[k]
-            for i, sub in options(ps):
-                budget[0] -= 1
+            opts = options[ps.name]
+            for j in range(start if index else 0, len(opts)):
                 if budget[0] <= 0:
                     return
+                budget[0] -= 1
+                i, mask = opts[j]
+                if taken.get(i, 0) & mask:
+                    continue
                 node = self.snap.nodes[i]
-                gpus = node.shape.gpus_of(sub)
-                chosen.append(
-                    PodSlot(
-                        ps.name,
-                        index,
-                        node.name,
-                        gpus,
-                        node.shape.numa_of(sub),
-                        node.shape.best_nic.get(gpus[0]),
-                    )
+                gpus = node.shape.gpus_of(mask)
+                slot = PodSlot(
+                    ps.name,
+                    index,
+                    node.name,
+                    gpus,
+                    node.shape.numa_of(mask),
+                    node.shape.best_nic.get(gpus[0]),
                 )
-                taken[i] = taken.get(i, 0) | sub
-                search(k + 1)
-                taken[i] &= ~sub
+                chosen.append(slot)
+                mine = [s for s in chosen if s.pod_set == ps.name]
+                # Options already keep each pod's own rules (free GPUs at its tier); what a new
+                # pod can break is its pod set's span, and only when it adds a node.
+                spans = len({s.node for s in mine}) > len({s.node for s in mine[:-1]}) > 0
+                if not spans or not violations(self.snap, alone[(ps.name, index + 1)], mine):
+                    taken[i] = taken.get(i, 0) | mask
+                    search(k + 1, j if ps.gpus_per_pod == 0 else j + 1)
+                    taken[i] &= ~mask
                 chosen.pop()
 
-        search(0)
-        if not best:
+        search(0, 0)
+        if not best or violations(self.snap, gang, best[0][1]):
             return None
-        slots = best[0][1]
+        slots = sorted(best[0][1], key=lambda s: ([p.name for p in gang.pod_sets].index(s.pod_set), s.index))
         state = _State()
+        by_set: dict[str, set[int]] = {}
         for s in slots:
             i = self.snap.index(s.node)
             state.taken[i] = state.taken.get(i, 0) | self.snap.nodes[i].shape.mask_of(s.gpus)
-        by_set: dict[str, set[int]] = {}
-        for s in slots:
-            by_set.setdefault(s.pod_set, set()).add(self.snap.index(s.node))
+            by_set.setdefault(s.pod_set, set()).add(i)
         for nodes in by_set.values():
             if len(nodes) > 1:
-                state.mnnvl.update(i for i in nodes if fabric_domain(self.snap, i) is not None)
-        domains = {name: "exact search" for name in by_set}
-        return self._finish(gang, slots, domains, ["placed by exact search"], state)
+                state.mnnvl.update(i for i in nodes if self._fabric_of(i) is not None)
+        micros = gang_micros(self.snap, gang, slots)
+        return Slice(
+            gang=gang.name,
+            slots=tuple(slots),
+            pod_set_micros=micros,
+            score=round(sum(micros.values()), 3),
+            domains=dict.fromkeys(by_set, "exact search"),
+            notes=("placed by exact search",),
+            mnnvl_nodes=tuple(sorted(self.snap.nodes[i].name for i in state.mnnvl)),
+        )
+
+
+class _Relation:
+    """How a node relates to the nodes of a pod set it exchanges a KV cache with, as far as
+    the hand-off's bandwidth goes: one of that set's own nodes, or the finest level it shares
+    with them (and, inside a clique, its NVLink bandwidth)."""
+
+    def __init__(self, solver: Solver, partner_nodes: Sequence[int]) -> None:
+        self.solver = solver
+        self.partner = set(partner_nodes)
+        paths = [solver.snap.path(i) for i in partner_nodes]
+        self.first = paths[0]
+        self.shared = solver.h.common_level(paths) if len(paths) > 1 else len(self.first) - 1
+
+    def __call__(self, i: int) -> object:
+        if i in self.partner:
+            return ("node", i)
+        path = self.solver.snap.path(i)
+        for level in range(self.shared, -1, -1):
+            if self.first[level] is not None and tuple(path[: level + 1]) == tuple(self.first[: level + 1]):
+                if self.solver.h.levels[level].fabric:
+                    return ("fabric", level, clique_gbps(self.solver.snap.nodes[i].graph))
+                return ("level", level)
+        return ("level", ANYWHERE)
+
+
+def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
+    """The ``width`` best options, skipping those that only repeat a better one (same cost on
+    the same node types), plus the best one that leaves room for colocated pod sets."""
+    out: list[_Option] = []
+    seen: set[tuple[float, frozenset[str]]] = set()
+    for o in opts:
+        if len(out) < width and (_q(o.cost), o.kinds) not in seen:
+            out.append(o)
+            seen.add((_q(o.cost), o.kinds))
+    out.extend([o for o in opts if o not in out][: width - len(out)])
+    out.sort(key=_Option.key)
+    if width > 1 and all(o.no_room for o in out):
+        out.extend(o for o in opts if not o.no_room)
+        out = out[: width + 1]
+    return out
+
+
+def _slice_key(sl: Slice) -> tuple[float, int]:
+    return (_q(sl.per_layer_micros), len(sl.notes))
 
 
 def place(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:

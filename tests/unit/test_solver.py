@@ -1,0 +1,361 @@
+"""The placement rules on hand-built clusters of real machine types (the topology presets)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from extender.cost import Comm
+from extender.placement import scoring
+from extender.placement.ledger import Ledger
+from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.slice import PodSlot, Slice, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.solver import Solver, place
+from extender.topology.hierarchy import Hierarchy, Level
+from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel, Tier
+from extender.topology.presets import preset_graph
+
+SPINE = "fabric.topograph.run/tier-1"
+LEAF = "fabric.topograph.run/tier-0"
+CLIQUE = "nvidia.com/gpu.clique"
+HIERARCHY = Hierarchy((Level("spine", SPINE), Level("leaf", LEAF), Level("clique", CLIQUE, kind="fabric")))
+
+
+def node(
+    name: str,
+    preset: str = "hgx-h100",
+    leaf: str | None = "leaf-1",
+    clique: str | None = None,
+    allocated: Iterable[int] = (),
+    unhealthy: Iterable[int] = (),
+    graph: GpuGraph | None = None,
+) -> NodeState:
+    labels = {SPINE: "spine-1"}
+    if leaf is not None:
+        labels[LEAF] = leaf
+    if clique is not None:
+        labels[CLIQUE] = clique
+    return NodeState(name, labels, graph or preset_graph(preset), frozenset(allocated), frozenset(unhealthy))
+
+
+def cluster(*nodes: NodeState) -> ClusterSnapshot:
+    return ClusterSnapshot(list(nodes), HIERARCHY)
+
+
+def gang(*pod_sets: PodSet, name: str = "g") -> GangRequest:
+    return GangRequest(name, pod_sets)
+
+
+def tp(count: int, gpus: int, comm: Comm = Comm.ALLREDUCE, name: str = "p", **kw: Any) -> PodSet:
+    return PodSet(name, count, gpus, comm, **kw)
+
+
+def placed(snap: ClusterSnapshot, g: GangRequest) -> Slice:
+    got = Solver(snap).place(g)
+    assert isinstance(got, Slice), got
+    assert scoring.violations(snap, g, got.slots) == []
+    return got
+
+
+def unplaceable(snap: ClusterSnapshot, g: GangRequest) -> Unplaceable:
+    got = Solver(snap).place(g)
+    assert isinstance(got, Unplaceable), got
+    return got
+
+
+def tier(snap: ClusterSnapshot, slot: PodSlot) -> Tier:
+    shape = snap.node(slot.node).shape
+    return shape.tier_of(shape.mask_of(slot.gpus))
+
+
+def two_island_graph() -> GpuGraph:
+    """8 GPUs in two NVLink islands of 4 (NV6 inside), PCIe SYS between the islands."""
+    gpus = tuple(Gpu(i, numa_node=i // 4) for i in range(8))
+    links = {
+        (a, b): Link(nvlinks=6) if a // 4 == b // 4 else Link(pcie=PcieLevel.SYS)
+        for a in range(8)
+        for b in range(a + 1, 8)
+    }
+    return GpuGraph(gpus, links, model="two-islands")
+
+
+# --- inside one node --------------------------------------------------------------------------
+
+
+def test_tp8_on_hgx_gets_one_nvlink_island() -> None:
+    snap = cluster(node("n1"))
+    sl = placed(snap, gang(tp(1, 8)))
+    (slot,) = sl.slots
+    assert slot.gpus == tuple(range(8))
+    assert tier(snap, slot) == Tier.NVLINK
+    assert slot.numa_nodes == (0, 1)
+
+
+def test_tp4_stays_inside_one_nvlink_island() -> None:
+    snap = cluster(node("n1", graph=two_island_graph(), allocated=[0]))
+    sl = placed(snap, gang(tp(1, 4)))
+    assert sl.slots[0].gpus == (4, 5, 6, 7)
+    assert tier(snap, sl.slots[0]) == Tier.NVLINK
+
+
+@pytest.mark.parametrize(
+    ("gpus", "expected_tier", "sockets"),
+    [(2, Tier.PIX, 1), (4, Tier.NUMA, 1), (8, Tier.NODE, 2)],
+)
+def test_tp_on_dual_socket_pcie_box(gpus: int, expected_tier: Tier, sockets: int) -> None:
+    snap = cluster(node("pcie", "pcie-8gpu-2socket"))
+    sl = placed(snap, gang(tp(1, gpus)))
+    (slot,) = sl.slots
+    assert tier(snap, slot) == expected_tier
+    assert len(slot.numa_nodes) == sockets
+    if gpus == 2:
+        assert set(slot.gpus) in ({0, 1}, {2, 3}, {4, 5}, {6, 7})  # a PIX pair behind one switch
+
+
+def test_tp_group_never_crosses_a_socket_when_one_socket_could_hold_it() -> None:
+    # GPU 0 is taken: socket 0 has 3 free, socket 1 has 4; a TP=4 pod takes socket 1 whole.
+    snap = cluster(node("pcie", "pcie-8gpu-2socket", allocated=[0]))
+    sl = placed(snap, gang(tp(1, 4)))
+    assert sl.slots[0].gpus == (4, 5, 6, 7)
+    # With one GPU taken on each socket no socket holds 4: unplaceable rather than split over SYS.
+    snap = cluster(node("pcie", "pcie-8gpu-2socket", allocated=[0, 4]))
+    reason = unplaceable(snap, gang(tp(1, 4))).reason
+    assert "NUMA-local" in reason
+    # Relaxing the requirement explicitly (requiredLevel: node) lets it cross.
+    sl = placed(snap, gang(tp(1, 4, required_level="node")))
+    assert len(sl.slots[0].numa_nodes) == 2
+
+
+def test_unhealthy_gpus_are_never_chosen() -> None:
+    snap = cluster(node("n1", unhealthy=[3]))
+    sl = placed(snap, gang(tp(1, 4)))
+    assert 3 not in sl.slots[0].gpus
+    sl = placed(snap, gang(tp(7, 1, Comm.NONE)))
+    assert all(3 not in s.gpus for s in sl.slots)
+    assert isinstance(place(snap, gang(tp(1, 8))), Unplaceable)
+
+
+def test_remainder_stays_coherent_inside_a_pcie_box() -> None:
+    snap = cluster(node("pcie", "pcie-8gpu-2socket"))
+    for comm in (Comm.NONE, Comm.ALLREDUCE):
+        sl = placed(snap, gang(tp(2, 2, comm)))
+        used = {g for s in sl.slots for g in s.gpus}
+        assert used in ({0, 1, 2, 3}, {4, 5, 6, 7}), (comm, used)  # both pairs of one socket
+        assert all(tier(snap, s) == Tier.PIX for s in sl.slots)
+
+
+def test_a_single_gpu_pod_fills_a_broken_pair_first() -> None:
+    snap = cluster(node("pcie", "pcie-8gpu-2socket", allocated=[0]))
+    sl = placed(snap, gang(tp(1, 1, Comm.NONE)))
+    assert sl.slots[0].gpus == (1,)  # keeps every whole PIX pair free
+
+
+# --- across nodes -----------------------------------------------------------------------------
+
+
+def test_allreduce_gang_of_4_by_8_lands_in_one_leaf() -> None:
+    nodes = [node(f"a{i}", leaf="leaf-1") for i in range(3)]
+    nodes += [node(f"b{i}", leaf="leaf-2") for i in range(4)]
+    nodes += [node(f"c{i}", leaf="leaf-3") for i in range(6)]
+    snap = cluster(*nodes)
+    sl = placed(snap, gang(tp(4, 8)))
+    assert {snap.path_of(n)[1] for n in sl.nodes} == {"leaf-2"}  # the leaf it fills exactly
+    assert sl.domains["p"] == "leaf leaf-2"
+
+
+def test_best_fit_keeps_a_free_node_whole() -> None:
+    snap = cluster(node("free"), node("half", allocated=[0, 1, 2, 3]))
+    assert placed(snap, gang(tp(1, 4))).slots[0].node == "half"
+
+
+def test_best_fit_keeps_a_free_leaf_whole() -> None:
+    nodes = [node(f"a{i}", leaf="leaf-1") for i in range(4)]
+    nodes += [node(f"b{i}", leaf="leaf-2", allocated=range(8) if i < 2 else ()) for i in range(4)]
+    snap = cluster(*nodes)
+    sl = placed(snap, gang(tp(2, 8)))
+    assert set(sl.nodes) == {"b2", "b3"}
+
+
+def test_required_level_is_hard_and_the_reason_names_the_binding_domain() -> None:
+    nodes = [node(f"a{i}", leaf="leaf-1", allocated=range(8) if i else ()) for i in range(4)]
+    nodes += [node(f"b{i}", leaf="leaf-2", allocated=range(8) if i > 1 else ()) for i in range(4)]
+    nodes += [node(f"c{i}", leaf="leaf-3", allocated=range(8) if i == 3 else ()) for i in range(4)]
+    snap = cluster(*nodes)
+    got = unplaceable(snap, gang(tp(4, 8, required_level="leaf")))
+    assert re.search(
+        r"no leaf has room for 4 pods of 8 free NVLink-connected GPUs; "
+        r"best is leaf leaf-3 with 3 \(needs 1 more\)$",
+        got.reason,
+    ), got.reason
+    assert (got.pod_set, got.closest, got.short_by) == ("p", "leaf leaf-3", 1)
+    assert got.feasible_when_empty
+    # Without the requirement the same gang spans leaves.
+    assert len({snap.path_of(n)[1] for n in placed(snap, gang(tp(4, 8))).nodes}) > 1
+
+
+def test_preferred_level_is_soft_and_says_so() -> None:
+    nodes = [node(f"a{i}", leaf="leaf-1") for i in range(2)]
+    nodes += [node(f"b{i}", leaf="leaf-2") for i in range(2)]
+    snap = cluster(*nodes)
+    sl = placed(snap, gang(tp(4, 8, preferred_level="leaf")))
+    assert sl.domains["p"] == "spine spine-1"
+    assert any("preferred level leaf not met; placed within spine spine-1" in n for n in sl.notes), sl.notes
+    # When it fits, the preference is kept and nothing is noted.
+    sl = placed(snap, gang(tp(2, 8, preferred_level="leaf")))
+    assert len({snap.path_of(n)[1] for n in sl.nodes}) == 1
+    assert sl.notes == ()
+
+
+def test_preferred_tier_is_soft() -> None:
+    snap = cluster(node("pcie", "pcie-8gpu-2socket"))
+    sl = placed(snap, gang(tp(1, 2, preferred_level="nvlink")))
+    assert tier(snap, sl.slots[0]) == Tier.PIX
+    assert any("preferred level nvlink not met" in n for n in sl.notes)
+    assert isinstance(place(snap, gang(tp(1, 2, required_level="nvlink"))), Unplaceable)
+
+
+def test_gpus_per_pod_larger_than_any_node() -> None:
+    snap = cluster(node("n1"), node("n2", "l40s-4gpu"))
+    got = unplaceable(snap, gang(tp(1, 16)))
+    assert got.reason == "pod set p: no node has 16 GPUs (the largest has 8)"
+    assert not got.feasible_when_empty
+
+
+def test_feasible_when_empty() -> None:
+    # Larger than the biggest leaf: never fits, whatever is allocated.
+    nodes = [node(f"a{i}", leaf="leaf-1", allocated=[0] if i == 0 else ()) for i in range(3)]
+    nodes += [node(f"b{i}", leaf="leaf-2") for i in range(3)]
+    got = unplaceable(cluster(*nodes), gang(tp(4, 8, required_level="leaf")))
+    assert not got.feasible_when_empty
+    # Fails only because of what is allocated now.
+    nodes = [node(f"a{i}", leaf="leaf-1", allocated=[0] if i == 0 else ()) for i in range(4)]
+    nodes += [node(f"b{i}", leaf="leaf-2", allocated=[7] if i == 3 else ()) for i in range(4)]
+    got = unplaceable(cluster(*nodes), gang(tp(4, 8, required_level="leaf")))
+    assert got.feasible_when_empty
+
+
+# --- gangs of several pod sets ----------------------------------------------------------------
+
+
+def test_all_or_nothing_when_a_later_pod_set_fails() -> None:
+    snap = cluster(node("n1"), node("n2"))
+    before = [snap.free_mask(i) for i in range(len(snap.nodes))]
+    ledger = Ledger()
+    g = gang(tp(2, 8, name="big"), tp(1, 4, name="extra"))
+    got = Solver(snap).place(g)
+    assert isinstance(got, Unplaceable)
+    assert got.pod_set in ("big", "extra")
+    assert [snap.free_mask(i) for i in range(len(snap.nodes))] == before
+    assert ledger.held() == {}
+    # Everything is still free for the next gang.
+    assert len(placed(ledger.view(snap), gang(tp(2, 8))).slots) == 2
+
+
+def test_colocate_with_puts_decode_in_the_prefill_leaf_and_kv_is_cheaper_there() -> None:
+    nodes = [node(f"a{i}", leaf="leaf-1", allocated=range(4) if i == 0 else ()) for i in range(2)]
+    nodes += [node(f"b{i}", leaf="leaf-2") for i in range(2)]
+    snap = cluster(*nodes)
+    prefill = tp(1, 8, name="prefill")
+    decode = tp(1, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
+    g = gang(prefill, decode)
+    sl = placed(snap, g)
+    leaf_of = {s.pod_set: snap.path_of(s.node)[1] for s in sl.slots}
+    assert leaf_of["decode"] == leaf_of["prefill"]
+    # The same decode pod moved to the other leaf hands its KV cache over a slower path.
+    other_leaf = "leaf-2" if leaf_of["prefill"] == "leaf-1" else "leaf-1"
+    apart = next(n.name for n in snap.nodes if snap.path_of(n.name)[1] == other_leaf)
+    moved = PodSlot("decode", 0, apart, (4, 5, 6, 7))
+    prefill_slots = [s for s in sl.slots if s.pod_set == "prefill"]
+    here = scoring.pod_set_micros(snap, decode, [sl.slot("decode/0")], prefill_slots)
+    there = scoring.pod_set_micros(snap, decode, [moved], prefill_slots)
+    assert here < there
+    assert sl.pod_set_micros["decode"] == pytest.approx(here)
+
+
+def test_colocate_with_in_a_clique_and_kv_over_nvlink() -> None:
+    trays = [node(f"x{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.0") for i in range(2)]
+    trays += [node(f"y{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.1") for i in range(2)]
+    prefill = tp(2, 4, name="prefill")
+    decode = tp(1, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "clique"))
+    # The prefill set needs two trays of one clique; decode needs a third: only a clique of 3 works.
+    snap = cluster(*trays, node("x2", "gb200-tray", leaf="leaf-1", clique="nvl72.0"))
+    sl = placed(snap, gang(prefill, decode))
+    cliques = {snap.path_of(s.node)[2] for s in sl.slots}
+    assert cliques == {"nvl72.0"}
+    assert set(sl.mnnvl_nodes) == {s.node for s in sl.slots if s.pod_set == "prefill"}
+    span = scoring.span_of(snap, sl.slots)
+    assert span.nvlink and span.crosses_nodes
+
+
+def test_colocation_that_cannot_be_met_is_a_note() -> None:
+    snap = cluster(node("a0", leaf="leaf-1"), node("b0", leaf="leaf-2"))
+    prefill = tp(1, 8, name="prefill")
+    decode = tp(1, 8, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
+    sl = placed(snap, gang(prefill, decode))
+    assert any("share a leaf with prefill" in n for n in sl.notes), sl.notes
+
+
+# --- multi-node NVLink cliques ------------------------------------------------------------------
+
+
+def test_clique_is_all_or_nothing() -> None:
+    trays = [node(f"x{i}", "gb200-tray", clique="nvl72.0", allocated=[0, 1] if i else ()) for i in range(2)]
+    trays.append(node("y0", "gb200-tray", clique="nvl72.1"))
+    snap = cluster(*trays, node("h0", "hgx-h100", allocated=range(4)))
+    # 3 pods of 2 GPUs: x0 holds 2 and x1 one more, inside clique nvl72.0.
+    sl = placed(snap, gang(tp(3, 2)))
+    assert {snap.path_of(n)[2] for n in sl.nodes} == {"nvl72.0"}
+    assert sl.mnnvl_nodes == sl.nodes
+    # 4 pods of 2: clique nvl72.0 holds 3, and a pod set may not mix cliques or add the HGX
+    # node outside them; no node holds 4 alone: unplaceable, and the reason says why.
+    got = unplaceable(snap, gang(tp(4, 2)))
+    assert got.reason.endswith(
+        "no clique, nor the nodes outside cliques, has room for 4 pods of 2 free NVLink-connected GPUs; "
+        "best is clique nvl72.0 with 3 (needs 1 more)"
+    ), got.reason
+    # A slice that mixes cliques is refused by the rules themselves.
+    mixed = [PodSlot("p", 0, "x0", (0, 1)), PodSlot("p", 1, "y0", (0, 1))]
+    assert any("cliques" in v for v in scoring.violations(snap, gang(tp(2, 2)), mixed))
+
+
+def test_one_multi_node_nvlink_gang_per_node_through_the_ledger() -> None:
+    trays = [node(f"x{i}", "gb200-tray", clique="nvl72.0") for i in range(3)]
+    snap = cluster(*trays)
+    ledger = Ledger()
+    first = placed(snap, gang(tp(3, 2), name="first"))  # two trays: 2 pods + 1 pod
+    assert len(first.mnnvl_nodes) == 2
+    ledger.reserve(first, now=0.0)
+    view = ledger.view(snap)
+    half = next(n for n in first.mnnvl_nodes if len(view.free_gpus(n)) == 2)
+    free_tray = next(n.name for n in snap.nodes if n.name not in first.mnnvl_nodes)
+    # 6 GPUs are free in the clique (2 on a tray of the first gang, 4 on the third tray), but the
+    # first gang holds that tray's NVLink channel: a second multi-node gang cannot use it.
+    second = gang(tp(3, 2), name="second")
+    got = Solver(view).place(second)
+    assert isinstance(got, Unplaceable), got
+    crossing = [
+        PodSlot("p", 0, half, tuple(sorted(view.free_gpus(half)))),
+        PodSlot("p", 1, free_tray, (0, 1)),
+        PodSlot("p", 2, free_tray, (2, 3)),
+    ]
+    assert any(
+        "NVLink channel is held by gang first" in v for v in scoring.violations(view, second, crossing)
+    )
+    # A pod on one node does not use the channel: that tray's two free GPUs still serve it.
+    sl = placed(view, gang(tp(1, 2), name="third"))
+    assert sl.mnnvl_nodes == ()
+    # Once the first gang is released, the second fits.
+    ledger.release("first")
+    assert isinstance(Solver(ledger.view(snap)).place(second), Slice)
+
+
+def test_held_channel_from_node_state_blocks_multi_node_use() -> None:
+    trays = [node(f"x{i}", "gb200-tray", clique="nvl72.0") for i in range(2)]
+    trays[1].mnnvl_gang = "other"
+    snap = cluster(*trays)
+    assert isinstance(place(snap, gang(tp(2, 4))), Unplaceable)
+    assert len(placed(snap, gang(tp(1, 4))).slots) == 1
