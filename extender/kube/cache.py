@@ -1,0 +1,648 @@
+"""The cluster cache: one in-memory snapshot of the cluster plus the reservation ledger.
+
+It is the only mutable object of the service. Watch events (or a cluster file) change it;
+decisions read :meth:`ClusterCache.view` (the snapshot with every reservation's GPUs taken
+out) and change the ledger through the methods here, which keep the snapshot, the ledger
+and the persisted reservations in step. Everything runs on one asyncio loop; mutations are
+synchronous, so no decision sees a half-applied event. Decisions that span an ``await``
+take :attr:`ClusterCache.lock`.
+
+GPUs taken on a node: the cluster file's ``allocatedGpus``, plus every bound, unfinished
+pod's ``gangslice.io/gpus`` annotation, or else the GPUs the node agent reports the kubelet
+gave it (NodeTopology ``devicesInUse``); a bound pod with neither takes as many of the
+lowest free GPU indices as it requests (pods in name order).
+
+Persisting: ledger changes are queued; ``await cache.flush()`` writes them to the
+:class:`~extender.kube.store.ReservationStore` (the housekeeping loop also flushes, and
+retries what failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from extender.kube.api import ALL_KINDS, Kind
+from extender.kube.crd_models import (
+    CrdError,
+    NodeTopology,
+    gang_namespace,
+    object_name,
+    parse_node_topology,
+    reservation_from_object,
+)
+from extender.kube.incremental import updated
+from extender.kube.names import GPUS as GPUS_ANNOTATION
+from extender.kube.node_graphs import NodeRecord, fallback_graph
+from extender.kube.pods import PodInfo
+from extender.kube.store import InMemoryReservationStore, ReservationStore
+from extender.placement.files import load_cluster
+from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
+from extender.placement.request import GangRequest
+from extender.placement.slice import Placement, Slice, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.solver import place
+from extender.topology.hierarchy import Hierarchy
+from extender.topology.model import GpuGraph
+
+log = logging.getLogger(__name__)
+
+#: How many pods seen in requests are remembered for a later bind (file mode has no pod watch).
+RECENT_PODS = 10_000
+#: How many node changes are remembered for decision memos to catch up on (beyond: start over).
+CHANGE_LOG = 50_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _StaticNode:
+    labels: Mapping[str, str]
+    graph: GpuGraph
+    allocated: frozenset[int]
+    unhealthy: frozenset[int]
+
+
+class ClusterCache:
+    """Nodes, their GPU graphs, pods and reservations; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        hierarchy: Hierarchy | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        store: ReservationStore | None = None,
+        clock: Callable[[], float] = time.time,
+        awaiting: Iterable[Kind] = ALL_KINDS,
+    ) -> None:
+        self.hierarchy = hierarchy or Hierarchy()
+        self.store: ReservationStore = store if store is not None else InMemoryReservationStore()
+        self.clock = clock
+        self._ledger = Ledger(ttl_s)
+        self._awaiting = set(awaiting)
+        #: Pods are watched: a pod missing from the cache is gone (not so in file mode).
+        self._pods_watched = Kind.PODS in self._awaiting
+        self._static: dict[str, _StaticNode] = {}
+        self._records: dict[str, NodeRecord] = {}
+        self._topologies: dict[str, NodeTopology] = {}
+        self._pods: dict[str, PodInfo] = {}
+        self._by_uid: dict[str, str] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._pod_gpus: dict[str, frozenset[int]] = {}
+        self._states: dict[str, NodeState] = {}
+        self._dirty_nodes: set[str] = set()
+        self._snap: ClusterSnapshot | None = None
+        self._view: ClusterSnapshot | None = None
+        #: Nodes whose reserved GPUs changed since the view was last brought up to date.
+        self._held_dirty: set[str] = set()
+        self._version = 0
+        self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
+        self._named: dict[tuple[str, str], str] | None = None
+        self._pending: dict[str, Reservation | None] = {}
+        self._recent: OrderedDict[str, PodInfo] = OrderedDict()
+        self._lock: asyncio.Lock | None = None
+        self._flush_lock: asyncio.Lock | None = None
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def from_snapshot(
+        cls,
+        snap: ClusterSnapshot,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        store: ReservationStore | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> ClusterCache:
+        """A cache over a fixed set of nodes (no API server); ready at once."""
+        cache = cls(hierarchy=snap.hierarchy, ttl_s=ttl_s, store=store, clock=clock, awaiting=())
+        for n in snap.nodes:
+            cache._static[n.name] = _StaticNode(dict(n.labels), n.graph, n.allocated, n.unhealthy)
+            cache._dirty_nodes.add(n.name)
+        return cache
+
+    @classmethod
+    def from_cluster_file(
+        cls,
+        path: str | Path,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        store: ReservationStore | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> ClusterCache:
+        """A cache over a cluster file (``gangslice serve --cluster FILE``); raises FileError."""
+        return cls.from_snapshot(load_cluster(path), ttl_s=ttl_s, store=store, clock=clock)
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """True once the first full list of every watched kind is in."""
+        return not self._awaiting
+
+    @property
+    def awaiting(self) -> frozenset[Kind]:
+        return frozenset(self._awaiting)
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """The one lock around decisions (created on first use, inside the running loop)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger, for reading; change it only through this cache."""
+        return self._ledger
+
+    @property
+    def version(self) -> int:
+        """Grows with every change to what a node offers (its GPUs, pods or reservations)."""
+        return self._version
+
+    def changes_since(self, version: int) -> set[str] | None:
+        """Nodes changed after ``version``, or None when that is too far back to tell."""
+        if version == self._version:
+            return set()
+        if not self._changes or self._changes[0][0] > version + 1:
+            return None
+        return {node for v, node in self._changes if v > version}
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Nodes and what pods (and the cluster file) take; reservations not applied.
+        Updated in place of rebuilt when only some nodes' states changed."""
+        if self._snap is None or self._dirty_nodes:
+            changed: dict[str, NodeState] = {}
+            membership = False
+            for name in self._dirty_nodes:
+                state = self._build_state(name)
+                if state is None:
+                    membership |= self._states.pop(name, None) is not None
+                else:
+                    membership |= name not in self._states
+                    self._states[name] = state
+                    changed[name] = state
+            self._dirty_nodes.clear()
+            if self._snap is None or membership:
+                self._snap = ClusterSnapshot([self._states[n] for n in sorted(self._states)], self.hierarchy)
+                self._view = None
+            elif changed:
+                self._snap = updated(self._snap, changed)
+                if self._view is not None:
+                    self._view = updated(self._view, changed)
+        return self._snap
+
+    def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot:
+        """The snapshot decisions read: every reservation's GPUs (but ``exclude``'s) taken out."""
+        ex = list(exclude)
+        snap = self.snapshot()
+        if ex:
+            return self._ledger.view(snap, ex)
+        if self._view is None:
+            self._view = self._ledger.view(snap)
+        elif self._held_dirty:
+            held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
+            self._view = updated(self._view, {}, held, mnnvl, self._held_dirty)
+        self._held_dirty.clear()
+        return self._view
+
+    def node_names(self) -> list[str]:
+        return [n.name for n in self.snapshot().nodes]
+
+    # -- pods ----------------------------------------------------------------------------
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        key = f"{namespace}/{name}"
+        return self._pods.get(key) or self._recent.get(key)
+
+    def pod_by_uid(self, uid: str) -> PodInfo | None:
+        key = self._by_uid.get(uid)
+        return self._pods.get(key) if key else None
+
+    def pods(self) -> list[PodInfo]:
+        return list(self._pods.values())
+
+    def gpus_of(self, pod_key: str) -> frozenset[int]:
+        """The GPUs a bound pod holds (annotated, or counted as lowest free indices)."""
+        pod = self._pods.get(pod_key)
+        if pod is None or not pod.holds_gpus or pod.node is None:
+            return frozenset()
+        self.snapshot()
+        return self._pod_gpus.get(pod_key, frozenset())
+
+    def remember(self, pod: PodInfo) -> None:
+        """Keep a pod seen in a request, so a later bind knows it without an API call."""
+        self._recent[pod.key] = pod
+        self._recent.move_to_end(pod.key)
+        while len(self._recent) > RECENT_PODS:
+            self._recent.popitem(last=False)
+
+    def note_bound(self, pod: PodInfo) -> PodInfo | None:
+        """Record a pod as bound (``pod.node`` and its GPU annotation set) before the API
+        confirms it; returns what was there, for :meth:`restore_pod` if the bind fails."""
+        before = self._pods.get(pod.key)
+        self._put_pod(pod)
+        return before
+
+    def restore_pod(self, key: str, before: PodInfo | None) -> None:
+        if before is None:
+            self._drop_pod(key)
+        else:
+            self._put_pod(before)
+
+    # -- reservations ----------------------------------------------------------------------
+    def reservation(self, gang: str) -> Reservation | None:
+        return self._ledger.get(gang)
+
+    def reservation_named(self, namespace: str, name: str) -> Reservation | None:
+        """The reservation whose SliceReservation is ``namespace/name`` (the Kueue path's
+        ``gangslice.io/reservation`` annotation), or whose gang key is ``namespace/name``."""
+        if self._named is None:
+            self._named = {}
+            for r in self._ledger.reservations():
+                ns = r.meta.get("namespace") or gang_namespace(r.gang)
+                self._named[(ns, r.meta.get("name") or object_name(r.gang))] = r.gang
+        gang = self._named.get((namespace, name))
+        if gang is None:
+            return self._ledger.get(f"{namespace}/{name}")
+        return self._ledger.get(gang)
+
+    def hold(self, gang: str, request: GangRequest, meta: Mapping[str, str] | None = None) -> Placement:
+        """Place ``request`` for gang key ``gang`` on the view and reserve the slice (sync;
+        call under :attr:`lock`, then :meth:`flush`). An existing reservation is returned."""
+        existing = self._ledger.get(gang)
+        if existing is not None:
+            return existing.slice
+        if request.name != gang:
+            request = dataclasses.replace(request, name=gang)
+        view = self.view()
+        if request.gpus > sum(n.shape.size for n in view.nodes):
+            return Unplaceable(
+                gang,
+                f"the gang needs {request.gpus} GPUs; the cluster has {view.total_gpus}",
+                feasible_when_empty=False,
+            )
+        result = place(view, request)
+        if isinstance(result, Slice):
+            full_meta = {"namespace": gang_namespace(gang), "name": object_name(gang), **(meta or {})}
+            self._ledger.reserve(result, self.clock(), full_meta)
+            self._ledger_changed(gang, result.nodes)
+        return result
+
+    async def reserve_gang(
+        self, gang: str, request: GangRequest, meta: Mapping[str, str] | None = None
+    ) -> Placement:
+        """Place and reserve a gang, then persist the reservation: the entry point for
+        controllers (Kueue admission, Volcano PodGroups). Returns the slice or why not."""
+        async with self.lock:
+            result = self.hold(gang, request, meta)
+        await self.flush()
+        return result
+
+    def drop(self, gang: str) -> Reservation | None:
+        """Release a gang's reservation (sync; :meth:`flush` deletes the persisted object)."""
+        r = self._ledger.release(gang)
+        if r is not None:
+            self._ledger_changed(gang, r.slice.nodes, deleted=r)
+        return r
+
+    async def release_gang(self, gang: str) -> Reservation | None:
+        async with self.lock:
+            r = self.drop(gang)
+        await self.flush()
+        return r
+
+    def bind_slot(self, gang: str, slot_key: str, pod: str) -> Reservation:
+        """Mark a slot taken by ``pod`` (refreshes the hold); LedgerError/KeyError if not possible."""
+        r = self._ledger.bind(gang, slot_key, pod, self.clock())
+        self._ledger_changed(gang)
+        return r
+
+    def unbind_slot(self, gang: str, slot_key: str) -> Reservation:
+        """Free a slot again, refreshing the hold so a replacement pod has time to come."""
+        r = self._ledger.unbind(gang, slot_key)
+        released = self._ledger.release(gang)
+        assert released is not None
+        r = dataclasses.replace(r, phase=Phase.RESERVED, expires_at=self.clock() + self._ledger.ttl_s)
+        self._ledger.restore(r)
+        self._ledger_changed(gang)
+        return r
+
+    def expire(self) -> list[Reservation]:
+        """Drop holds past their TTL that are not fully bound."""
+        gone = self._ledger.expire(self.clock())
+        for r in gone:
+            self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
+        return gone
+
+    def restore(self, r: Reservation) -> bool:
+        """Put back a persisted reservation; False when it is already there or refused."""
+        if r.gang in self._ledger or r.phase in (Phase.RELEASED, Phase.EXPIRED):
+            return False
+        try:
+            self._ledger.restore(r)
+        except LedgerError as exc:
+            log.warning("not restoring reservation: %s", exc)
+            return False
+        self._named = None
+        self._held_changed(r.slice.nodes)
+        return True
+
+    async def load_reservations(self) -> int:
+        """Rebuild the ledger from the store (after a restart); returns how many came back."""
+        return sum(self.restore(r) for r in await self.store.load())
+
+    async def flush(self) -> None:
+        """Write queued ledger changes to the store; a failed write stays queued."""
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        async with self._flush_lock:
+            for gang in list(self._pending):
+                if gang not in self._pending:
+                    continue
+                deleted = self._pending.pop(gang)
+                current = self._ledger.get(gang)
+                try:
+                    if current is not None:
+                        await self.store.save(current)
+                    elif deleted is not None:
+                        await self.store.delete(deleted)
+                except Exception as exc:
+                    log.warning("persisting reservation of gang %s failed: %s", gang, exc)
+                    self._pending.setdefault(gang, deleted)
+
+    @property
+    def unflushed(self) -> int:
+        return len(self._pending)
+
+    # -- watch events ----------------------------------------------------------------------
+    def replace(self, kind: Kind, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full list of one kind: the new truth for it (a relist after 410 Gone lands here,
+        and nothing is dropped before it arrives)."""
+        items = list(objs)
+        if kind is Kind.NODES:
+            fresh = {}
+            for obj in items:
+                rec = NodeRecord.from_obj(obj)
+                if rec.name:
+                    fresh[rec.name] = rec
+            for name in set(self._records) | set(fresh):
+                if self._records.get(name) != fresh.get(name):
+                    self._mark(name)
+            self._records = fresh
+        elif kind is Kind.NODE_TOPOLOGIES:
+            topologies = {}
+            for obj in items:
+                try:
+                    topo = parse_node_topology(obj)
+                except CrdError as exc:
+                    log.warning("ignoring %s", exc)
+                    continue
+                topologies[topo.node] = topo
+            for name in set(self._topologies) | set(topologies):
+                if self._topologies.get(name) != topologies.get(name):
+                    self._mark(name)
+            self._topologies = topologies
+        elif kind is Kind.PODS:
+            fresh_pods = {p.key: p for p in (PodInfo.from_obj(o) for o in items) if p.name}
+            for key in [k for k in self._pods if k not in fresh_pods]:
+                self._drop_pod(key)
+            for pod in fresh_pods.values():
+                self._put_pod(pod)
+        else:
+            for obj in items:
+                try:
+                    self.restore(reservation_from_object(obj))
+                except CrdError as exc:
+                    log.warning("ignoring %s", exc)
+        was_awaiting = kind in self._awaiting
+        self._awaiting.discard(kind)
+        if was_awaiting and kind in (Kind.PODS, Kind.SLICE_RESERVATIONS):
+            self._reconcile_bindings()
+
+    def apply(self, kind: Kind, event_type: str, obj: Mapping[str, Any]) -> None:
+        """One watch event (ADDED, MODIFIED or DELETED)."""
+        deleted = event_type == "DELETED"
+        if kind is Kind.NODES:
+            rec = NodeRecord.from_obj(obj)
+            if not rec.name:
+                return
+            if deleted:
+                self._records.pop(rec.name, None)
+            elif self._records.get(rec.name) == rec:
+                return
+            else:
+                self._records[rec.name] = rec
+            self._mark(rec.name)
+        elif kind is Kind.NODE_TOPOLOGIES:
+            meta = obj.get("metadata")
+            name = meta.get("name") if isinstance(meta, Mapping) else None
+            if not isinstance(name, str) or not name:
+                return
+            if deleted:
+                self._topologies.pop(name, None)
+            else:
+                try:
+                    self._topologies[name] = parse_node_topology(obj)
+                except CrdError as exc:
+                    log.warning("ignoring %s", exc)
+                    return
+            self._mark(name)
+        elif kind is Kind.PODS:
+            pod = PodInfo.from_obj(obj)
+            if not pod.name:
+                return
+            if deleted:
+                self._drop_pod(pod.key)
+            else:
+                self._put_pod(pod)
+        else:
+            self._apply_reservation(event_type, obj)
+
+    # -- internals -----------------------------------------------------------------------
+    def _mark(self, node: str) -> None:
+        """A node's state must be rebuilt (its labels, graph or pods changed)."""
+        self._dirty_nodes.add(node)
+        self._log_change(node)
+
+    def _held_changed(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            self._held_dirty.add(node)
+            self._log_change(node)
+
+    def _log_change(self, node: str) -> None:
+        self._version += 1
+        self._changes.append((self._version, node))
+
+    def _ledger_changed(
+        self, gang: str, nodes: Iterable[str] = (), deleted: Reservation | None = None
+    ) -> None:
+        """``nodes``: where the reserved GPUs changed (none for a bind or unbind)."""
+        self._named = None
+        self._held_changed(nodes)
+        if deleted is not None:
+            self._pending[gang] = deleted
+        else:
+            self._pending.setdefault(gang, None)
+            if self._pending[gang] is not None and gang in self._ledger:
+                self._pending[gang] = None
+
+    def _apply_reservation(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        try:
+            r = reservation_from_object(obj)
+        except CrdError as exc:
+            log.warning("ignoring %s", exc)
+            return
+        if event_type != "DELETED":
+            self.restore(r)
+            return
+        mine = self._ledger.get(r.gang)
+        # Someone else deleted the object: release, unless it is an older hold than ours.
+        if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and r.gang not in self._pending:
+            self._ledger.release(r.gang)
+            self._named = None
+            self._held_changed(mine.slice.nodes)
+
+    def _put_pod(self, pod: PodInfo) -> None:
+        old = self._pods.get(pod.key)
+        self._pods[pod.key] = pod
+        if pod.uid:
+            self._by_uid[pod.uid] = pod.key
+        self._recent.pop(pod.key, None)
+        for p in (old, pod):
+            if p is not None and p.node is not None:
+                if old is None or _gpu_facts(old) != _gpu_facts(pod):
+                    self._mark(p.node)
+                self._by_node.setdefault(p.node, set())
+        if old is not None and old.node is not None and old.node != pod.node:
+            self._by_node[old.node].discard(pod.key)
+        if pod.node is not None:
+            self._by_node[pod.node].add(pod.key)
+        if self._pods_watched and not self._awaiting:
+            if pod.terminal or pod.deleting:
+                self._pod_gone(pod)
+            elif pod.holds_gpus:
+                self._pod_bound(pod)
+
+    def _drop_pod(self, key: str) -> None:
+        pod = self._pods.pop(key, None)
+        if pod is None:
+            return
+        if pod.uid and self._by_uid.get(pod.uid) == key:
+            del self._by_uid[pod.uid]
+        if pod.node is not None:
+            self._by_node.get(pod.node, set()).discard(key)
+            self._mark(pod.node)
+        self._pod_gpus.pop(key, None)
+        if self._pods_watched and not self._awaiting:
+            self._pod_gone(pod)
+
+    def _alive(self, namespace: str, name: str) -> bool:
+        p = self._pods.get(f"{namespace}/{name}")
+        return p is not None and not p.terminal and not p.deleting
+
+    def _pod_gone(self, pod: PodInfo) -> None:
+        """A pod that held a slot finished or was deleted: free its slot for a replacement
+        (with a fresh TTL), or release the reservation when no pod of the gang is left."""
+        for r in self._ledger.reservations():
+            ns = r.meta.get("namespace") or gang_namespace(r.gang)
+            if ns != pod.namespace:
+                continue
+            slot = r.slot_of(pod.name)
+            if slot is None:
+                continue
+            others = [name for key, name in r.bound.items() if key != slot.key and self._alive(ns, name)]
+            if not others:
+                # Nothing of the gang runs any more: done, or being recreated (a plain gang
+                # is then placed afresh on first sight; a controller re-reserves its own).
+                self.drop(r.gang)
+            else:
+                self.unbind_slot(r.gang, slot.key)
+
+    def _pod_bound(self, pod: PodInfo) -> None:
+        """A gang pod that shows up bound but is not in the ledger (bound by someone else, or
+        before a restart): take the matching slot so it is not handed out twice."""
+        r = self._reservation_of(pod)
+        if r is None or r.slot_of(pod.name) is not None:
+            return
+        assigned = set(pod.assigned_gpus or ())
+        pod_sets = {s.pod_set for s in r.slice.slots}
+        candidates = [
+            s
+            for s in r.free_slots()
+            if s.node == pod.node and (pod.pod_set not in pod_sets or s.pod_set == pod.pod_set)
+        ]
+        candidates.sort(key=lambda s: (set(s.gpus) != assigned, s.key))
+        if candidates:
+            self.bind_slot(r.gang, candidates[0].key, pod.name)
+
+    def _reservation_of(self, pod: PodInfo) -> Reservation | None:
+        if pod.reservation_name:
+            return self.reservation_named(pod.namespace, pod.reservation_name)
+        for key in (pod.gang, pod.volcano_group):
+            if key is not None and key in self._ledger:
+                return self._ledger.get(key)
+        return None
+
+    def _reconcile_bindings(self) -> None:
+        if not self._pods_watched or self._awaiting:
+            return
+        for r in self._ledger.reservations():
+            ns = r.meta.get("namespace") or gang_namespace(r.gang)
+            for name in list(r.bound.values()):
+                if not self._alive(ns, name):
+                    info = self._pods.get(f"{ns}/{name}") or PodInfo(namespace=ns, name=name)
+                    self._pod_gone(info)
+        for pod in self._pods.values():
+            if pod.holds_gpus and not pod.deleting:
+                self._pod_bound(pod)
+
+    def _source(self, name: str) -> _StaticNode | None:
+        static = self._static.get(name)
+        if static is not None:
+            return static
+        rec = self._records.get(name)
+        if rec is None or not rec.schedulable:
+            return None
+        topo = self._topologies.get(name)
+        graph = topo.graph if topo is not None else None
+        if graph is None:
+            if rec.gpu_count <= 0:
+                return None
+            graph = fallback_graph(rec.gpu_count, rec.product)
+        return _StaticNode(rec.labels, graph, frozenset(), frozenset())
+
+    def _build_state(self, name: str) -> NodeState | None:
+        src = self._source(name)
+        if src is None:
+            return None
+        known = set(src.graph.indices)
+        sick = {g for g in src.graph.indices if not src.graph.healthy(g)} | set(src.unhealthy)
+        taken = set(src.allocated)
+        topo = self._topologies.get(name)
+        in_use = topo.in_use if topo is not None else {}
+        keys = sorted(k for k in self._by_node.get(name, ()) if k in self._pods)
+        holding = [self._pods[k] for k in keys if self._pods[k].holds_gpus]
+        guessed = []
+        # Exact first (our annotation, then what the kubelet reports), guesses last.
+        for p in holding:
+            exact = p.assigned_gpus or in_use.get(p.key)
+            if not exact:
+                guessed.append(p)
+                continue
+            mine = frozenset(g for g in exact if g in known)
+            self._pod_gpus[p.key] = mine
+            taken |= mine
+        order = sorted(known, key=lambda g: (g in sick, g))
+        for p in guessed:
+            free = [g for g in order if g not in taken][: p.gpus]
+            self._pod_gpus[p.key] = frozenset(free)
+            taken.update(free)
+        return NodeState(name, src.labels, src.graph, frozenset(taken), frozenset(sick & known))
+
+
+def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:
+    """What of a pod decides the GPUs it takes (a status-only update changes none of it)."""
+    return pod.node, pod.holds_gpus, pod.gpus, pod.annotations.get(GPUS_ANNOTATION)

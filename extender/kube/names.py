@@ -1,0 +1,34 @@
+"""Label, annotation and API names gangslice reads and writes on Kubernetes objects."""
+
+from __future__ import annotations
+
+GROUP = "gangslice.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+NODE_TOPOLOGIES = "nodetopologies"
+SLICE_RESERVATIONS = "slicereservations"
+
+#: Pod label: the plain gang this pod belongs to (gang key ``<namespace>/<value>``).
+GANG = "gangslice.io/gang"
+#: Pod annotation: how many pods the plain gang has (lets the extender place it on first sight).
+GANG_SIZE = "gangslice.io/gang-size"
+REQUIRED_LEVEL = "gangslice.io/required-level"
+PREFERRED_LEVEL = "gangslice.io/preferred-level"
+COMM = "gangslice.io/comm"
+#: Pod label or annotation: which pod set of the gang this pod is.
+POD_SET = "gangslice.io/pod-set"
+#: Pod annotation: the SliceReservation (same namespace) that holds this pod's slot (Kueue path).
+RESERVATION = "gangslice.io/reservation"
+#: Pod annotations written at bind: the GPU indices and NUMA node(s) the pod was given.
+GPUS = "gangslice.io/gpus"
+NUMA_NODE = "gangslice.io/numa-node"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+#: GPU Feature Discovery node labels.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+
+#: Volcano: the PodGroup a pod belongs to (same namespace).
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"
+#: Kueue: the pod set a pod was admitted as.
+KUEUE_PODSET = "kueue.x-k8s.io/podset"

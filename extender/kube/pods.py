@@ -1,0 +1,206 @@
+"""A pod as gangslice sees it: parsed once from the API object, never a raw dict past here.
+
+Parsing is lenient: a pod the cache watches must never break the cache, so a value that
+cannot be read (a gang size that is not a number, a GPU list that is not one) is recorded in
+``problems`` and left unset; a decision about that pod reports the problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.kube import names
+
+#: Larger gangs are refused before any search (a typo such as ``gang-size: 1000000``).
+MAX_GANG_SIZE = 100_000
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class PodError(ValueError):
+    """A pod whose gangslice labels or annotations cannot be used; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str = ""
+    node: str | None = None
+    phase: str = "Pending"
+    gpus: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    deleting: bool = False
+    problems: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Bound to a node and not finished: its GPUs are taken."""
+        return self.node is not None and not self.terminal
+
+    def _value(self, key: str) -> str | None:
+        got = self.labels.get(key)
+        if got is None:
+            got = self.annotations.get(key)
+        return got or None
+
+    @property
+    def gang(self) -> str | None:
+        """The plain gang key ``<namespace>/<gang>`` from the ``gangslice.io/gang`` label."""
+        value = self.labels.get(names.GANG)
+        return f"{self.namespace}/{value}" if value else None
+
+    @property
+    def reservation_name(self) -> str | None:
+        return self.annotations.get(names.RESERVATION) or None
+
+    @property
+    def volcano_group(self) -> str | None:
+        value = self.annotations.get(names.VOLCANO_GROUP)
+        return f"{self.namespace}/{value}" if value else None
+
+    @property
+    def pod_set(self) -> str | None:
+        return self._value(names.POD_SET) or self.labels.get(names.KUEUE_PODSET) or None
+
+    @property
+    def gang_size(self) -> int | None:
+        raw = self.annotations.get(names.GANG_SIZE)
+        if raw is None:
+            return None
+        size = _int_or_none(raw)
+        if size is None or not 1 <= size <= MAX_GANG_SIZE:
+            raise PodError(
+                f"pod {self.key}: annotation {names.GANG_SIZE}={raw!r} is not a pod count "
+                f"between 1 and {MAX_GANG_SIZE}"
+            )
+        return size
+
+    @property
+    def required_level(self) -> str | None:
+        return self._value(names.REQUIRED_LEVEL)
+
+    @property
+    def preferred_level(self) -> str | None:
+        return self._value(names.PREFERRED_LEVEL)
+
+    @property
+    def comm(self) -> str | None:
+        return self._value(names.COMM)
+
+    @property
+    def assigned_gpus(self) -> tuple[int, ...] | None:
+        """The GPU indices written at bind (``gangslice.io/gpus``), None when absent or unreadable."""
+        raw = self.annotations.get(names.GPUS)
+        if raw is None:
+            return None
+        return parse_gpu_list(raw)
+
+    @classmethod
+    def from_obj(cls, obj: Mapping[str, Any]) -> PodInfo:
+        meta = _mapping(obj.get("metadata"))
+        spec = _mapping(obj.get("spec"))
+        status = _mapping(obj.get("status"))
+        problems: list[str] = []
+        gpus = 0
+        try:
+            gpus = gpu_request(spec)
+        except PodError as exc:
+            problems.append(str(exc))
+        node = spec.get("nodeName")
+        return cls(
+            namespace=_str(meta.get("namespace")) or "default",
+            name=_str(meta.get("name")),
+            uid=_str(meta.get("uid")),
+            node=node if isinstance(node, str) and node else None,
+            phase=_str(status.get("phase")) or "Pending",
+            gpus=gpus,
+            labels=_str_map(meta.get("labels")),
+            annotations=_str_map(meta.get("annotations")),
+            deleting=meta.get("deletionTimestamp") is not None,
+            problems=tuple(problems),
+        )
+
+
+def parse_gpu_list(raw: str) -> tuple[int, ...] | None:
+    """``"0,1,2,3"`` -> (0, 1, 2, 3); None for anything else."""
+    out: list[int] = []
+    for part in raw.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            return None
+        out.append(int(part))
+    return tuple(out) if len(set(out)) == len(out) else None
+
+
+def quantity(value: Any) -> int:
+    """An extended-resource quantity as a whole count (``8``, ``"8"``, ``"8000m"``)."""
+    if isinstance(value, bool):
+        raise PodError(f"quantity {value!r} is not a number")
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            return int(text)
+        if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) % 1000 == 0:
+            return int(text[:-1]) // 1000
+    raise PodError(f"quantity {value!r} is not a whole number")
+
+
+def _container_gpus(container: Mapping[str, Any]) -> int:
+    resources = _mapping(container.get("resources"))
+    counts = [0]
+    for part in ("limits", "requests"):
+        got = _mapping(resources.get(part)).get(names.GPU_RESOURCE)
+        if got is not None:
+            counts.append(quantity(got))
+    return max(counts)
+
+
+def gpu_request(spec: Mapping[str, Any]) -> int:
+    """GPUs the pod needs: the sum over its containers, or the largest init container if more."""
+    containers = [c for c in _list(spec.get("containers")) if isinstance(c, Mapping)]
+    inits = [c for c in _list(spec.get("initContainers")) if isinstance(c, Mapping)]
+    try:
+        main = sum(_container_gpus(c) for c in containers)
+        init = max((_container_gpus(c) for c in inits), default=0)
+    except PodError as exc:
+        raise PodError(f"{names.GPU_RESOURCE}: {exc}") from None
+    return max(main, init)
+
+
+def _int_or_none(raw: str) -> int | None:
+    text = raw.strip()
+    return int(text) if text.isdigit() else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, str)}

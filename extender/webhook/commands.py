@@ -1,0 +1,105 @@
+"""``gangslice serve`` (the scheduler extender service) and ``gangslice bench extender``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+from extender.placement.bench import bench_subparsers
+from extender.placement.ledger import DEFAULT_TTL_S
+
+EXIT_BAD_INPUT = 2
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="run the scheduler extender (kube-scheduler extender v1 and Volcano extender plugin)"
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--cluster", metavar="FILE", help="serve a cluster file (YAML); no API server")
+    source.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig of the cluster (default: in-cluster, then ~/.kube/config)",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8888, help="port (default 8888)")
+    p.add_argument("--prefix", default="/gangslice", help="URL prefix of the verbs (default /gangslice)")
+    p.add_argument(
+        "--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (reloaded on change)"
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
+    p.add_argument(
+        "--reservation-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        metavar="SECONDS",
+        help=f"how long a slice is held for pods that have not bound (default {DEFAULT_TTL_S:g})",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run_serve)
+
+    b: argparse.ArgumentParser = bench_subparsers(sub).add_parser(
+        "extender", help="latency and throughput of the extender's filter and prioritize over loopback"
+    )
+    b.add_argument("--nodes", type=int, default=5000, help="node names per request (default 5000)")
+    b.add_argument("--full-nodes", type=int, default=500, help="full Node objects per request (default 500)")
+    b.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
+    b.add_argument("--requests", type=int, default=2000, help="timed requests per case (default 2000)")
+    b.add_argument("--gpus", type=int, default=4, help="GPUs the benchmark pod asks for (default 4)")
+    b.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    b.set_defaults(func=run_bench)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from extender.cli import UsageError
+    from extender.kube.cache import ClusterCache
+    from extender.kube.store import KubeReservationStore
+    from extender.placement.files import FileError
+    from extender.webhook.server import ServeOptions, serve
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port {args.port}: not a port number")
+    if args.reservation_ttl <= 0:
+        raise UsageError("--reservation-ttl must be positive")
+    options = ServeOptions(args.host, args.port, args.prefix, args.tls_cert, args.tls_key)
+    if args.cluster:
+        try:
+            cache = ClusterCache.from_cluster_file(args.cluster, ttl_s=args.reservation_ttl)
+        except FileError as exc:
+            raise UsageError(str(exc)) from None
+        asyncio.run(serve(cache, options))
+        return 0
+    from extender.kube.client import RealKubeApi
+
+    try:
+        api = RealKubeApi(args.kubeconfig)
+    except Exception as exc:
+        raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
+    cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
+    asyncio.run(serve(cache, options, api))
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from extender.cli import UsageError
+    from extender.webhook.bench import BenchOptions, render, run_extender_bench, to_json
+
+    if args.nodes < 1 or args.full_nodes < 1 or args.concurrency < 1 or args.requests < 1 or args.gpus < 1:
+        raise UsageError("--nodes, --full-nodes, --concurrency, --requests and --gpus must be positive")
+    options = BenchOptions(args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus)
+    results = asyncio.run(run_extender_bench(options))
+    if args.json:
+        import json
+
+        print(json.dumps(to_json(options, results), indent=2))
+    else:
+        print(render(options, results))
+    return 0

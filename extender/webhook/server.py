@@ -1,0 +1,66 @@
+"""Running the extender service: the HTTP(S) site, the watches, TLS reloads, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from extender.kube.api import KubeApi
+from extender.kube.cache import ClusterCache
+from extender.kube.watch import Watcher
+from extender.webhook.app import build_app
+from extender.webhook.tls import ReloadingTls
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "0.0.0.0"
+    port: int = 8888
+    prefix: str = "/gangslice"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+async def serve(cache: ClusterCache, options: ServeOptions, api: KubeApi | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (or cancellation)."""
+    app = build_app(cache, api=api, prefix=options.prefix)
+    tls = ReloadingTls(options.tls_cert, options.tls_key) if options.tls_cert and options.tls_key else None
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port, ssl_context=tls.context if tls else None)
+    await site.start()
+    scheme = "https" if tls else "http"
+    log.info("serving on %s://%s:%d%s", scheme, options.host, options.port, options.prefix)
+    print(
+        f"gangslice serve: listening on {scheme}://{options.host}:{options.port}{options.prefix}", flush=True
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    background = []
+    watcher = Watcher(api, cache) if api is not None else None
+    if watcher is not None:
+        background.append(asyncio.create_task(watcher.run()))
+    if tls is not None:
+        background.append(asyncio.create_task(tls.watch()))
+    try:
+        await stop.wait()
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await cache.flush()
+        await runner.cleanup()

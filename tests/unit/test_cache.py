@@ -1,0 +1,256 @@
+"""The cluster cache: what it takes from a cluster file, from Nodes, Pods and NodeTopologies,
+how it keeps the ledger, and its reservation bookkeeping as pods come and go."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from extender.kube import names as keys
+from extender.kube.api import Kind
+from extender.kube.cache import ClusterCache
+from extender.kube.crd_models import NodeTopologySpec, node_topology_object, reservation_object
+from extender.kube.gangs import plain_gang_request
+from extender.kube.node_graphs import UNIFORM, fallback_preset
+from extender.kube.pods import PodInfo
+from extender.placement.ledger import Phase
+from extender.placement.slice import Slice, Unplaceable
+from extender.topology.presets import preset_graph
+from extender.webhook.testing import gang_pod, node_obj, pod_obj, write_cluster
+
+
+def kube_cache(**kw: object) -> ClusterCache:
+    cache = ClusterCache(**kw)  # type: ignore[arg-type]
+    for kind in Kind:
+        cache.replace(kind, [])
+    return cache
+
+
+def test_cluster_file_gives_the_file_nodes_and_allocations(tmp_path: Path) -> None:
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+    assert cache.ready
+    assert cache.node_names() == ["h-0", "h-1", "h-2", "h-3", "l-0", "p-0", "p-1"]
+    assert cache.snapshot().free_gpus("h-3") == frozenset({4, 5, 6, 7})
+    assert cache.snapshot().hierarchy.levels[-1].label == "fabric.topograph.run/tier-0"
+
+
+def test_not_ready_until_every_kind_is_listed() -> None:
+    cache = ClusterCache()
+    for kind in (Kind.NODES, Kind.PODS, Kind.NODE_TOPOLOGIES):
+        cache.replace(kind, [])
+        assert not cache.ready
+    assert cache.awaiting == {Kind.SLICE_RESERVATIONS}
+    cache.replace(Kind.SLICE_RESERVATIONS, [])
+    assert cache.ready
+
+
+@pytest.mark.parametrize(
+    ("count", "product", "preset"),
+    [
+        (8, "NVIDIA-H100-80GB-HBM3", "hgx-h100"),
+        (8, "NVIDIA-A100-SXM4-80GB", "dgx-a100"),
+        (8, "NVIDIA-L40S", "pcie-8gpu-2socket"),
+        (8, "NVIDIA-H100-PCIe", "pcie-8gpu-2socket"),
+        (4, "NVIDIA-GB200", "gb200-tray"),
+        (4, "NVIDIA-L40S", "l40s-4gpu"),
+        (2, "NVIDIA-H100-80GB-HBM3", UNIFORM),
+        (8, None, UNIFORM),
+    ],
+)
+def test_fallback_preset_by_count_and_product(count: int, product: str | None, preset: str) -> None:
+    assert fallback_preset(count, product) == preset
+
+
+def test_gpu_node_without_node_topology_gets_its_fallback_graph() -> None:
+    cache = kube_cache()
+    cache.apply(Kind.NODES, "ADDED", node_obj("a", gpus=8, product="NVIDIA-H100-80GB-HBM3"))
+    cache.apply(Kind.NODES, "ADDED", node_obj("b", gpus=2, product=None))
+    cache.apply(Kind.NODES, "ADDED", node_obj("cpu", gpus=0))
+    snap = cache.snapshot()
+    assert [n.name for n in snap.nodes] == ["a", "b"]
+    assert snap.node("a").graph == preset_graph("hgx-h100")
+    assert snap.node("b").graph.model == "uniform-2"
+
+
+def test_node_topology_wins_over_the_fallback_and_its_removal_restores_it() -> None:
+    cache = kube_cache()
+    cache.apply(Kind.NODES, "ADDED", node_obj("a", gpus=8, product="NVIDIA-H100-80GB-HBM3"))
+    pcie = preset_graph("pcie-8gpu-2socket")
+    topo = node_topology_object(NodeTopologySpec.from_graph(pcie), "a")
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", topo)
+    assert cache.snapshot().node("a").graph == pcie
+    cache.apply(Kind.NODE_TOPOLOGIES, "DELETED", topo)
+    assert cache.snapshot().node("a").graph == preset_graph("hgx-h100")
+
+
+def test_cordoned_and_not_ready_nodes_are_left_out() -> None:
+    cache = kube_cache()
+    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    cache.apply(Kind.NODES, "ADDED", node_obj("b", unschedulable=True))
+    cache.apply(Kind.NODES, "ADDED", node_obj("c", ready=False))
+    assert cache.node_names() == ["a"]
+
+
+def test_bound_pods_take_annotated_gpus_then_first_free_for_the_rest() -> None:
+    cache = kube_cache()
+    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    annotated = pod_obj("x", gpus=2, node="a", annotations={keys.GPUS: "0,1"}, phase="Running")
+    plain = pod_obj("y", gpus=3, node="a", phase="Running")
+    done = pod_obj("z", gpus=2, node="a", phase="Succeeded")
+    pending = pod_obj("w", gpus=2)
+    for p in (annotated, plain, done, pending):
+        cache.apply(Kind.PODS, "ADDED", p)
+    assert cache.snapshot().node("a").allocated == frozenset({0, 1, 2, 3, 4})
+    assert cache.gpus_of("llm/y") == frozenset({2, 3, 4})
+    cache.apply(Kind.PODS, "DELETED", annotated)
+    assert cache.snapshot().node("a").allocated == frozenset({0, 1, 2})
+
+
+def test_devices_the_kubelet_reports_in_use_beat_the_first_free_guess() -> None:
+    cache = kube_cache()
+    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    spec = NodeTopologySpec.from_graph(preset_graph("hgx-h100"))
+    spec.devices_in_use = NodeTopologySpec.model_validate(
+        {"gpus": [], "devicesInUse": [{"deviceId": "GPU-6", "index": 6, "namespace": "llm", "pod": "y"}]}
+    ).devices_in_use
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", node_topology_object(spec, "a"))
+    cache.apply(Kind.PODS, "ADDED", pod_obj("y", gpus=1, node="a", phase="Running"))
+    cache.apply(Kind.PODS, "ADDED", pod_obj("v", gpus=1, node="a", phase="Running"))
+    assert cache.gpus_of("llm/y") == frozenset({6})
+    assert cache.gpus_of("llm/v") == frozenset({0})
+
+
+def test_view_hides_reserved_gpus_and_hold_is_idempotent(tmp_path: Path) -> None:
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 2, 8)))
+    assert request is not None
+    first = cache.hold("llm/g", request)
+    assert isinstance(first, Slice)
+    assert first.gang == "llm/g"
+    again = cache.hold("llm/g", request)
+    assert again == first
+    assert len(cache.ledger) == 1
+    for node, gpus in first.held().items():
+        assert not cache.view().free_gpus(node) & gpus
+        assert cache.snapshot().free_gpus(node) >= gpus
+    assert cache.reservation_named("llm", "g") is cache.reservation("llm/g")
+
+
+def test_hold_too_big_for_the_cluster_is_unplaceable_forever(tmp_path: Path) -> None:
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 100, 8)))
+    assert request is not None
+    got = cache.hold("llm/g", request)
+    assert isinstance(got, Unplaceable)
+    assert not got.feasible_when_empty
+    assert len(cache.ledger) == 0
+
+
+def test_flush_persists_and_a_new_cache_rebuilds_the_same_ledger(tmp_path: Path) -> None:
+    from extender.kube.store import InMemoryReservationStore
+
+    store = InMemoryReservationStore()
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
+    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 2, 8)))
+    assert request is not None
+
+    async def go() -> ClusterCache:
+        placed = await cache.reserve_gang("llm/g", request)
+        assert isinstance(placed, Slice)
+        cache.bind_slot("llm/g", placed.slots[0].key, "g-0")
+        await cache.flush()
+        again = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
+        assert await again.load_reservations() == 1
+        assert await again.load_reservations() == 0
+        return again
+
+    rebuilt = asyncio.run(go())
+    assert rebuilt.ledger.to_dict() == cache.ledger.to_dict()
+    assert len(store.objects) == 1
+
+
+def test_release_deletes_the_persisted_object(tmp_path: Path) -> None:
+    from extender.kube.store import InMemoryReservationStore
+
+    store = InMemoryReservationStore()
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
+    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 1, 8)))
+    assert request is not None
+
+    async def go() -> None:
+        await cache.reserve_gang("llm/g", request)
+        assert len(store.objects) == 1
+        released = await cache.release_gang("llm/g")
+        assert released is not None and released.phase is Phase.RELEASED
+
+    asyncio.run(go())
+    assert store.objects == {}
+    assert cache.reservation("llm/g") is None
+
+
+def test_expired_holds_are_dropped_but_fully_bound_ones_stay(tmp_path: Path) -> None:
+    now = [1000.0]
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), ttl_s=10, clock=lambda: now[0])
+    for gang in ("a", "b"):
+        request = plain_gang_request(PodInfo.from_obj(gang_pod(f"{gang}-0", gang, 1, 4)))
+        assert request is not None
+        assert isinstance(cache.hold(f"llm/{gang}", request), Slice)
+    cache.bind_slot("llm/b", "pods/0", "b-0")
+    now[0] += 11
+    gone = cache.expire()
+    assert [r.gang for r in gone] == ["llm/a"]
+    assert cache.reservation("llm/b") is not None
+
+
+def _reserved_kube_cache() -> tuple[ClusterCache, Slice]:
+    cache = kube_cache()
+    for name in ("a", "b"):
+        cache.apply(Kind.NODES, "ADDED", node_obj(name))
+    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 2, 8)))
+    assert request is not None
+    placed = cache.hold("llm/g", request)
+    assert isinstance(placed, Slice)
+    return cache, placed
+
+
+def test_a_gang_pod_seen_bound_takes_its_slot() -> None:
+    cache, placed = _reserved_kube_cache()
+    slot = placed.slots[1]
+    pod = gang_pod("g-1", "g", 2, 8, node=slot.node, phase="Running")
+    cache.apply(Kind.PODS, "ADDED", pod)
+    r = cache.reservation("llm/g")
+    assert r is not None and r.bound == {slot.key: "g-1"}
+
+
+def test_a_deleted_gang_pod_frees_its_slot_and_the_last_one_releases_the_gang() -> None:
+    cache, placed = _reserved_kube_cache()
+    pods = [gang_pod(f"g-{i}", "g", 2, 8, node=s.node, phase="Running") for i, s in enumerate(placed.slots)]
+    for p in pods:
+        cache.apply(Kind.PODS, "ADDED", p)
+    r = cache.reservation("llm/g")
+    assert r is not None and r.phase is Phase.BOUND
+    cache.apply(Kind.PODS, "DELETED", pods[0])
+    r = cache.reservation("llm/g")
+    assert r is not None and len(r.bound) == 1 and r.phase is Phase.RESERVED
+    cache.apply(Kind.PODS, "MODIFIED", {**pods[1], "status": {"phase": "Succeeded"}})
+    assert cache.reservation("llm/g") is None
+
+
+def test_reservations_listed_from_the_api_are_restored_once() -> None:
+    cache, _ = _reserved_kube_cache()
+    r = cache.reservation("llm/g")
+    assert r is not None
+    other = ClusterCache()
+    for kind in (Kind.NODES, Kind.PODS, Kind.NODE_TOPOLOGIES):
+        other.replace(kind, [])
+    for name in ("a", "b"):
+        other.apply(Kind.NODES, "ADDED", node_obj(name))
+    obj = reservation_object(r)
+    other.replace(Kind.SLICE_RESERVATIONS, [obj, obj])
+    other.apply(Kind.SLICE_RESERVATIONS, "MODIFIED", obj)
+    assert other.ledger.to_dict()["reservations"] == cache.ledger.to_dict()["reservations"]
+    # deleted by someone else: released here too
+    other.apply(Kind.SLICE_RESERVATIONS, "DELETED", obj)
+    assert other.reservation("llm/g") is None

@@ -1,0 +1,332 @@
+"""What the kube-scheduler verbs decide, on the small cluster of ``extender.webhook.testing``:
+h-0..h-2 HGX H100 (8 free), h-3 HGX H100 (GPUs 4-7 free), p-0/p-1 dual-socket PCIe (8 free),
+l-0 four L40S."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from extender.kube import names as keys
+from extender.kube.api import ApiError, Kind
+from extender.kube.binder import LocalBinder
+from extender.kube.cache import ClusterCache
+from extender.kube.fake import FakeKubeApi
+from extender.placement.request import GangRequest, PodSet
+from extender.placement.slice import Slice
+from extender.webhook.app import build_app
+from extender.webhook.handling import DECIDER
+from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
+
+ALL = list(SMALL_CLUSTER_NODES)
+Client = TestClient[Any, Any]
+Body = Callable[[Client, ClusterCache], Awaitable[None]]
+
+
+def run(tmp_path: Path, body: Body, api: FakeKubeApi | None = None) -> ClusterCache:
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+
+    async def go() -> None:
+        app = build_app(cache, api=api, housekeeping_s=None)
+        async with client_for(app) as client:
+            await body(client, cache)
+
+    asyncio.run(go())
+    return cache
+
+
+async def post(client: Client, verb: str, body: dict[str, Any]) -> Any:
+    resp = await client.post(f"/gangslice/{verb}", json=body)
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+async def filter_(client: Client, pod: dict[str, Any], names: list[str] = ALL) -> dict[str, Any]:
+    reply: dict[str, Any] = await post(client, "filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+    return reply
+
+
+async def scores(client: Client, pod: dict[str, Any], names: list[str] = ALL) -> dict[str, int]:
+    reply = await post(client, "prioritize", {"Pod": pod, "Nodes": None, "NodeNames": names})
+    return {h["Host"]: h["Score"] for h in reply}
+
+
+async def bind(client: Client, pod: dict[str, Any], node: str) -> str:
+    meta = pod["metadata"]
+    reply = await post(
+        client,
+        "bind",
+        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node},
+    )
+    return str(reply["Error"])
+
+
+def test_a_pod_without_gpus_passes_everywhere(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        got = await filter_(client, pod_obj("web"), [*ALL, "cpu-node"])
+        assert got["NodeNames"] == [*ALL, "cpu-node"]
+        assert got["FailedNodes"] == {} and got["FailedAndUnresolvableNodes"] == {}
+        assert set((await scores(client, pod_obj("web"))).values()) == {0}
+
+    run(tmp_path, body)
+
+
+def test_a_gpu_pod_passes_where_free_gpus_meet_the_in_node_rule(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        got = await filter_(client, pod_obj("eight", gpus=8), [*ALL, "ghost"])
+        assert got["NodeNames"] == ["h-0", "h-1", "h-2", "p-0", "p-1"]
+        assert set(got["FailedNodes"]) == {"h-3", "ghost"}
+        assert "4 free GPUs" in got["FailedNodes"]["h-3"]
+        assert set(got["FailedAndUnresolvableNodes"]) == {"l-0"}
+        nvlink = pod_obj("tp2", gpus=2, annotations={keys.REQUIRED_LEVEL: "nvlink"})
+        got = await filter_(client, nvlink)
+        assert got["NodeNames"] == ["h-0", "h-1", "h-2", "h-3"]
+        assert set(got["FailedAndUnresolvableNodes"]) == {"l-0", "p-0", "p-1"}
+        assert "NVLink" in got["FailedAndUnresolvableNodes"]["p-0"]
+
+    run(tmp_path, body)
+
+
+def test_an_unknown_level_makes_every_node_unresolvable(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        got = await filter_(client, pod_obj("x", gpus=2, annotations={keys.REQUIRED_LEVEL: "galaxy"}))
+        assert got["NodeNames"] == [] and set(got["FailedAndUnresolvableNodes"]) == set(ALL)
+        assert "galaxy" in got["FailedAndUnresolvableNodes"]["h-0"]
+
+    run(tmp_path, body)
+
+
+def test_a_plain_gang_is_reserved_on_first_sight_and_pinned_to_its_slots(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        first = gang_pod("g-0", "g", 3, 8, extra={keys.COMM: "allreduce"})
+        got = await filter_(client, first)
+        r = cache.reservation("llm/g")
+        assert r is not None and len(r.slice.slots) == 3
+        slot_nodes = sorted({s.node for s in r.slice.slots})
+        assert got["NodeNames"] == slot_nodes
+        assert set(got["FailedNodes"]) == set(ALL) - set(slot_nodes)
+        assert all("reservation llm/g" in why for why in got["FailedNodes"].values())
+        # a second member sees the same slice, nothing new is reserved
+        again = await filter_(client, gang_pod("g-1", "g", 3, 8, extra={keys.COMM: "allreduce"}))
+        assert again["NodeNames"] == slot_nodes
+        assert len(cache.ledger) == 1
+        assert await scores(client, first) == {n: (10 if n in slot_nodes else 0) for n in ALL}
+        # the reserved GPUs are invisible to everyone else
+        other = await filter_(client, pod_obj("solo", gpus=8))
+        assert not set(other["NodeNames"]) & set(slot_nodes)
+
+    run(tmp_path, body)
+
+
+def test_unplaceable_gangs_fail_every_node_with_the_engines_reason(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        never = await filter_(client, gang_pod("big-0", "big", 50, 8))
+        assert never["NodeNames"] == [] and set(never["FailedAndUnresolvableNodes"]) == set(ALL)
+        assert "gang llm/big" in never["FailedAndUnresolvableNodes"]["h-0"]
+        # four whole HGX nodes in one leaf: leaf-1 has four, but h-3 is half taken
+        later = await filter_(client, gang_pod("leafy-0", "leafy", 4, 8, extra={keys.REQUIRED_LEVEL: "leaf"}))
+        assert later["NodeNames"] == [] and set(later["FailedNodes"]) == set(ALL)
+        assert later["FailedAndUnresolvableNodes"] == {}
+        assert len(cache.ledger) == 0
+
+    run(tmp_path, body)
+
+
+def test_a_gang_label_without_size_waits_for_a_reservation(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        got = await filter_(client, pod_obj("w-0", gpus=8, labels={keys.GANG: "w"}))
+        assert got["NodeNames"] == [] and "no reservation yet" in got["FailedNodes"]["h-0"]
+        missing = pod_obj("k-0", gpus=8, annotations={keys.RESERVATION: "nope"})
+        got = await filter_(client, missing)
+        assert "reservation llm/nope does not exist" in got["FailedNodes"]["h-0"]
+
+    run(tmp_path, body)
+
+
+def test_the_kueue_path_matches_the_pods_reservation_and_pod_set(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        request = GangRequest(
+            "llm/wl-1", (PodSet("leader", 1, 4), PodSet("workers", 2, 8, required_level="leaf"))
+        )
+        placed = await cache.reserve_gang("llm/wl-1", request, {"name": "wl-1-abcde"})
+        assert isinstance(placed, Slice)
+        workers = sorted({s.node for s in placed.slots if s.pod_set == "workers"})
+        pod = pod_obj(
+            "w-0", gpus=8, annotations={keys.RESERVATION: "wl-1-abcde"}, labels={keys.POD_SET: "workers"}
+        )
+        got = await filter_(client, pod)
+        assert got["NodeNames"] == workers
+        assert "reservation llm/wl-1-abcde" in next(iter(got["FailedNodes"].values()))
+
+    run(tmp_path, body)
+
+
+def test_prioritize_prefers_the_best_fit_node(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        got = await scores(client, pod_obj("tp4", gpus=4))
+        assert got["h-3"] == 10  # exactly its four free NVLink GPUs: nothing left over
+        assert got["h-3"] > got["h-0"] > got["p-0"] > 0
+        assert got["h-0"] == got["h-1"] == got["h-2"]
+        assert all(0 <= s <= 10 for s in got.values())
+        eight = await scores(client, pod_obj("tp8", gpus=8))
+        assert eight["h-3"] == 0 and eight["l-0"] == 0 and eight["h-0"] == 10
+
+    run(tmp_path, body)
+
+
+def test_bind_picks_the_gpu_set_and_records_it(tmp_path: Path) -> None:
+    binder = LocalBinder()
+
+    async def body(client: Client, cache: ClusterCache) -> None:
+        client.app[DECIDER]  # app built
+        pod = pod_obj("tp4", gpus=4)
+        await filter_(client, pod)
+        assert await bind(client, pod, "h-3") == ""
+        assert cache.snapshot().free_gpus("h-3") == frozenset()
+        pod2 = pod_obj("tp4b", gpus=4)
+        await filter_(client, pod2)
+        assert "no longer has 4 free GPUs" in await bind(client, pod2, "h-3")
+        assert "not known" in await bind(client, pod_obj("never-seen"), "h-0")
+
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+
+    async def go() -> None:
+        app = build_app(cache, binder=binder, housekeeping_s=None)
+        async with client_for(app) as client:
+            await body(client, cache)
+
+    asyncio.run(go())
+    assert binder.bound == [("llm/tp4", "h-3", {keys.GPUS: "4,5,6,7", keys.NUMA_NODE: "1"})]
+
+
+def test_bind_through_the_api_writes_annotations_and_the_binding(tmp_path: Path) -> None:
+    api = FakeKubeApi()
+    pod = gang_pod("g-0", "g", 2, 8)
+    api.put(Kind.PODS, pod)
+
+    async def body(client: Client, cache: ClusterCache) -> None:
+        got = await filter_(client, pod)
+        node = got["NodeNames"][0]
+        assert await bind(client, pod, node) == ""
+        r = cache.reservation("llm/g")
+        assert r is not None and list(r.bound.values()) == ["g-0"]
+        slot = r.slot_of("g-0")
+        assert slot is not None and slot.node == node
+        stored = api.get(Kind.PODS, "g-0", "llm")
+        assert stored is not None and stored["spec"]["nodeName"] == node
+        assert stored["metadata"]["annotations"][keys.GPUS] == ",".join(map(str, slot.gpus))
+        assert stored["metadata"]["annotations"][keys.NUMA_NODE] == ",".join(map(str, slot.numa_nodes))
+
+    run(tmp_path, body, api)
+
+
+def test_a_failed_bind_releases_the_slot_and_says_why(tmp_path: Path) -> None:
+    api = FakeKubeApi()
+    pod = gang_pod("g-0", "g", 2, 8)
+    api.put(Kind.PODS, pod)
+    api.fail_next("bind_pod", ApiError(409, "pod is being deleted"))
+
+    async def body(client: Client, cache: ClusterCache) -> None:
+        got = await filter_(client, pod)
+        error = await bind(client, pod, got["NodeNames"][0])
+        assert "pod is being deleted" in error
+        r = cache.reservation("llm/g")
+        assert r is not None and r.bound == {}
+        assert cache.pod("llm", "g-0") is not None
+        assert cache.snapshot().free_gpus(got["NodeNames"][0]) == frozenset(range(8))
+        # and the retry succeeds on the same slot
+        assert await bind(client, pod, got["NodeNames"][0]) == ""
+
+    run(tmp_path, body, api)
+
+
+def test_bind_to_a_node_without_a_free_slot_is_refused(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        pod = gang_pod("g-0", "g", 1, 8)
+        got = await filter_(client, pod)
+        elsewhere = next(n for n in ALL if n not in got["NodeNames"])
+        assert "no free slot" in await bind(client, pod, elsewhere)
+        r = cache.reservation("llm/g")
+        assert r is not None and r.bound == {}
+
+    run(tmp_path, body)
+
+
+def test_preempt_keeps_only_nodes_where_the_victims_make_room(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        a, b = pod_obj("a", gpus=4), pod_obj("b", gpus=4)
+        for p in (a, b):
+            await filter_(client, p, ["h-0"])
+            assert await bind(client, p, "h-0") == ""
+        uid_a, uid_b = a["metadata"]["uid"], b["metadata"]["uid"]
+        request = {
+            "Pod": pod_obj("big", gpus=8),
+            "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": {
+                "h-0": {"Pods": [{"UID": uid_a}, {"UID": uid_b}], "NumPDBViolations": 1},
+                "h-3": {"Pods": [{"UID": uid_a}], "NumPDBViolations": 0},
+            },
+        }
+        got = await post(client, "preempt", request)
+        assert got == {
+            "NodeNameToMetaVictims": {
+                "h-0": {"Pods": [{"UID": uid_a}, {"UID": uid_b}], "NumPDBViolations": 1}
+            }
+        }
+        one = {**request, "NodeNameToMetaVictims": {"h-0": {"Pods": [{"UID": uid_a}], "NumPDBViolations": 0}}}
+        assert await post(client, "preempt", one) == {"NodeNameToMetaVictims": {}}
+        cpu = {**request, "Pod": pod_obj("web")}
+        assert set((await post(client, "preempt", cpu))["NodeNameToMetaVictims"]) == {"h-0", "h-3"}
+
+    run(tmp_path, body)
+
+
+def test_an_internal_error_is_a_200_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from extender.webhook.decide import Decider
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("the solver caught fire")
+
+    monkeypatch.setattr(Decider, "filter", boom)
+
+    async def body(client: Client, cache: ClusterCache) -> None:
+        got = await filter_(client, pod_obj("x", gpus=1))
+        assert "internal error" in got["Error"] and "the solver caught fire" in got["Error"]
+        assert got["NodeNames"] == []
+        health = await client.get("/healthz")
+        assert health.status == 200
+
+    run(tmp_path, body)
+
+
+def test_a_restart_rebuilds_the_same_reservation_and_doubles_nothing(tmp_path: Path) -> None:
+    from extender.kube.store import InMemoryReservationStore
+
+    store = InMemoryReservationStore()
+    path = write_cluster(tmp_path)
+    first_pod = gang_pod("g-0", "g", 3, 8, extra={keys.COMM: "allreduce"})
+    second_pod = gang_pod("g-1", "g", 3, 8, extra={keys.COMM: "allreduce"})
+
+    async def life(pod: dict[str, Any], bind_it: bool) -> tuple[list[str], dict[str, Any]]:
+        cache = ClusterCache.from_cluster_file(path, store=store)
+        await cache.load_reservations()
+        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+            got = await filter_(client, pod)
+            if bind_it:
+                assert await bind(client, pod, got["NodeNames"][0]) == ""
+        return got["NodeNames"], cache.ledger.to_dict()
+
+    before, ledger_before = asyncio.run(life(first_pod, bind_it=True))
+    after, ledger_after = asyncio.run(life(second_pod, bind_it=False))
+    assert len(store.objects) == 1
+    assert ledger_after["reservations"] == ledger_before["reservations"]
+    r = ledger_after["reservations"][0]
+    bound_node = r["slice"]["pods"][int(next(iter(r["bound"])).split("/")[1])]["node"]
+    # the restarted service still knows g-0 holds its slot, so g-1 is offered the other two
+    assert list(r["bound"].values()) == ["g-0"]
+    assert after == sorted(set(before) - {bound_node})
