@@ -14,6 +14,10 @@ COMMAND_MODULES = (
     "extender.topology.commands",
     "extender.placement.commands",
     "extender.placement.bench",
+    "extender.sim.commands",
+    "extender.agent.commands",
+    "extender.webhook.commands",
+    "extender.admission.commands",
 )
 
 

@@ -25,7 +25,7 @@ from extender.kube.binder import ApiBinder, Binder, LocalBinder
 from extender.kube.cache import ClusterCache
 from extender.webhook import kube_routes, volcano_routes
 from extender.webhook.decide import Decider
-from extender.webhook.handling import API, BINDER, CACHE, DECIDER, METRICS
+from extender.webhook.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS
 from extender.webhook.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     cache = request.app[CACHE]
+    leading = request.app.get(LEADING)
+    if cache.ready and leading is not None and not leading["now"]:
+        return web.Response(status=503, text="standby: another replica holds the leader lease\n")
     if cache.ready:
         return web.Response(text="ready\n")
     waiting = ", ".join(sorted(k.value for k in cache.awaiting))

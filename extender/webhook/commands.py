@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from extender.placement.bench import bench_subparsers
@@ -37,6 +38,11 @@ def register(sub: Any) -> None:
         default=DEFAULT_TTL_S,
         metavar="SECONDS",
         help=f"how long a slice is held for pods that have not bound (default {DEFAULT_TTL_S:g})",
+    )
+    p.add_argument(
+        "--no-controller",
+        action="store_true",
+        help="with --kubeconfig: run only the extender, without the admission controller and leader lease",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
@@ -84,7 +90,15 @@ def run_serve(args: argparse.Namespace) -> int:
     except Exception as exc:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
     cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
-    asyncio.run(serve(cache, options, api))
+    if args.no_controller:
+        asyncio.run(serve(cache, options, api))
+        return 0
+    from extender.admission.runner import run_controller
+
+    async def controller(stop: asyncio.Event, on_leadership: Callable[[bool], None]) -> None:
+        await run_controller(cache, kubeconfig=args.kubeconfig, stop=stop, on_leadership=on_leadership)
+
+    asyncio.run(serve(cache, options, api, controller))
     return 0
 
 

@@ -31,6 +31,8 @@ BINDER = web.AppKey("binder", Binder)
 METRICS = web.AppKey("metrics", Metrics)
 #: The API server, when there is one (to fetch a pod the cache has not seen at bind).
 API: web.AppKey[KubeApi | None] = web.AppKey("api")
+#: Set when a controller runs beside the extender: True only while this replica leads.
+LEADING: web.AppKey[dict[str, bool]] = web.AppKey("leading")
 
 M = TypeVar("M", bound=BaseModel)
 Handle = Callable[[web.Request, M], Awaitable[Any]]

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -14,6 +16,7 @@ from extender.kube.api import KubeApi
 from extender.kube.cache import ClusterCache
 from extender.kube.watch import Watcher
 from extender.webhook.app import build_app
+from extender.webhook.handling import LEADING
 from extender.webhook.tls import ReloadingTls
 
 log = logging.getLogger(__name__)
@@ -28,9 +31,23 @@ class ServeOptions:
     tls_key: str | None = None
 
 
-async def serve(cache: ClusterCache, options: ServeOptions, api: KubeApi | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (or cancellation)."""
+#: Runs the admission controller beside the server: ``controller(stop, on_leadership)``.
+Controller = Callable[[asyncio.Event, Callable[[bool], None]], Coroutine[Any, Any, None]]
+
+
+async def serve(
+    cache: ClusterCache,
+    options: ServeOptions,
+    api: KubeApi | None = None,
+    controller: Controller | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
+    controller runs on the same loop over the same cache, and ``/readyz`` is true only on the
+    replica that holds the leader lease."""
     app = build_app(cache, api=api, prefix=options.prefix)
+    leading = {"now": False}
+    if controller is not None:
+        app[LEADING] = leading
     tls = ReloadingTls(options.tls_cert, options.tls_key) if options.tls_cert and options.tls_key else None
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -52,6 +69,14 @@ async def serve(cache: ClusterCache, options: ServeOptions, api: KubeApi | None 
         background.append(asyncio.create_task(watcher.run()))
     if tls is not None:
         background.append(asyncio.create_task(tls.watch()))
+    if controller is not None:
+
+        def on_leadership(yes: bool) -> None:
+            leading["now"] = yes
+
+        ctl = asyncio.create_task(controller(stop, on_leadership), name="gangslice-controller")
+        ctl.add_done_callback(lambda _: stop.set())
+        background.append(ctl)
     try:
         await stop.wait()
     finally:
