@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
@@ -61,7 +62,7 @@ class Encoded(bytes):
 def dumps(reply: Any) -> bytes:
     if isinstance(reply, Encoded):
         return reply
-    return json.dumps(reply, separators=(",", ":")).encode()
+    return orjson.dumps(reply)
 
 
 def json_endpoint(
@@ -79,7 +80,7 @@ def json_endpoint(
         try:
             raw = await request.read()
             try:
-                args = model.model_validate(json.loads(raw))
+                args = model.model_validate(orjson.loads(raw))
             except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and validation errors
                 status = 400
                 return web.Response(status=400, text=one_line(exc) + "\n")
