@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e bench venv clean
+.PHONY: demo test lint typecheck unit e2e bench reference venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,11 +15,14 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/gangslice place --cluster examples/clusters/hgx-h100-4leaf.yaml --gang examples/gangs/llama-70b-tp8.yaml
+	$(BIN)/gangslice simulate --out out/simulate
 
 lint: $(STAMP)
 	$(BIN)/ruff check extender tests
 	$(BIN)/ruff format --check extender tests
+
+reference: $(STAMP)
+	$(BIN)/python -m extender.docs --output docs/reference.md
 
 typecheck: $(STAMP)
 	$(BIN)/mypy extender

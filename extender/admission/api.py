@@ -27,6 +27,9 @@ ADMISSION_CHECKS = "admissionchecks"
 RESOURCE_FLAVORS = "resourceflavors"
 FIELD_MANAGER = "gangslice"
 APPLY_PATCH = "application/apply-patch+yaml"
+PODGROUP_GROUP = "scheduling.volcano.sh"
+PODGROUP_VERSION = "v1beta1"
+PODGROUPS = "podgroups"
 
 
 class ControllerApi(Protocol):
@@ -63,6 +66,22 @@ class ControllerApi(Protocol):
     async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Replace guarded by ``metadata.resourceVersion`` in ``body`` (409 when stale)."""
         ...
+
+
+class PodGroupApi(Protocol):
+    """Volcano PodGroups (``scheduling.volcano.sh/v1beta1``) and Events: what the PodGroup
+    controller calls. PodGroup has no status subresource, so our writes are a replace of the
+    whole object guarded by its ``metadata.resourceVersion`` (409 when stale)."""
+
+    async def podgroups_served(self) -> bool: ...
+
+    async def get_podgroup(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def replace_podgroup(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]: ...
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
 
 
 class ClientControllerApi:
@@ -192,6 +211,45 @@ class ClientControllerApi:
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         await self._call(self._core.create_namespaced_event, namespace, dict(event))
+
+    async def podgroups_served(self) -> bool:
+        path = f"/apis/{PODGROUP_GROUP}/{PODGROUP_VERSION}"
+        try:
+            got = await self._call(
+                self._api_client.call_api,
+                path,
+                "GET",
+                auth_settings=["BearerToken"],
+                response_type="object",
+                _return_http_data_only=True,
+            )
+        except ApiError:
+            return False
+        resources = got.get("resources", []) if isinstance(got, dict) else []
+        return any(r.get("name") == PODGROUPS for r in resources if isinstance(r, dict))
+
+    async def get_podgroup(self, namespace: str, name: str) -> dict[str, Any]:
+        got = await self._call(
+            self._custom.get_namespaced_custom_object,
+            PODGROUP_GROUP,
+            PODGROUP_VERSION,
+            namespace,
+            PODGROUPS,
+            name,
+        )
+        return dict(got)
+
+    async def replace_podgroup(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        got = await self._call(
+            self._custom.replace_namespaced_custom_object,
+            PODGROUP_GROUP,
+            PODGROUP_VERSION,
+            namespace,
+            PODGROUPS,
+            name,
+            dict(body),
+        )
+        return dict(got)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
         got = await self._call(self._coord.read_namespaced_lease, name, namespace)

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from extender.admission import assignment, kueue, workload_gang
+from extender.admission import assignment, hypernodes, kueue, workload_gang
 from extender.admission.api import ControllerApi
 from extender.admission.controller import Cache
 from extender.admission.explain import CheckState, Facts, render, to_json
@@ -59,6 +59,7 @@ def register(sub: Any) -> None:
     p.add_argument("--check", help="offline: the name of our AdmissionCheck on the Workload")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     p.set_defaults(func=run)
+    hypernodes.register(sub)
 
 
 def parse_target(text: str) -> tuple[str, str, str]:

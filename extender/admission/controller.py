@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from extender.admission import assignment, kueue, workload_gang
+from extender.admission import assignment, joint, kueue, workload_gang
 from extender.admission.api import ControllerApi
 from extender.admission.kueue import Action, CheckConfig, Stage
 from extender.admission.objects import (
@@ -99,6 +99,8 @@ class AdmissionController:
         #: The latest Workload object seen, by gang key.
         self.workloads: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        #: When each joint gang began waiting for missing members (joint key -> time).
+        self._joint_since: dict[str, float] = {}
 
     # -- events ------------------------------------------------------------------------------
     async def on_admission_check(self, event_type: str | None, ac: Mapping[str, Any]) -> None:
@@ -265,6 +267,14 @@ class AdmissionController:
             await self._keep(key, wl)
 
     async def _place(self, key: str, wl: dict[str, Any]) -> None:
+        try:
+            member = _membership(wl)
+        except joint.JointError as exc:
+            await self._write(wl, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+            return
+        if member is not None:
+            await self._place_joint(wl, member)
+            return
         now = self.clock()
         held = self.cache.reservation(key)
         if held is not None:
@@ -302,6 +312,134 @@ class AdmissionController:
         updates = assignment.pod_set_updates(wl, held.slice, self.cache.snapshot(), object_name(key), allowed)
         message = self._ready_message(held)
         await self._write(wl, "Ready", message, pod_set_updates=updates)
+
+    # -- joint gangs ---------------------------------------------------------------------------
+    async def _place_joint(self, wl: Mapping[str, Any], member: joint.Membership) -> None:
+        """Place every Workload of ``member``'s joint gang as one request once all of them
+        have quota, hold one reservation per Workload (all or none), then set every one's
+        check Ready in one pass. Members with quota wait for the others up to
+        ``member_wait_s``, then give their quota back naming the missing ones."""
+        ns, _ = kueue.workload_ref(wl)
+        jkey = f"{ns}/{member.gang}"
+        wls: dict[str, dict[str, Any]] = {}
+        declared: dict[str, joint.Membership] = {}
+        for w in self.workloads.values():
+            wns, wname = kueue.workload_ref(w)
+            try:
+                m = _membership(w)
+            except joint.JointError:
+                continue
+            if wns == ns and m is not None and m.gang == member.gang:
+                action, _ = kueue.decide(
+                    w, self.checks, self.cache.reservation(kueue.gang_key(w)) is not None
+                )
+                if action in (Action.PLACE, Action.KEEP):
+                    wls[wname], declared[wname] = w, m
+        try:
+            expected = joint.expected_members(list(declared.values()))
+        except joint.JointError as exc:
+            for w in wls.values():
+                await self._write(w, "Rejected", f"joint gang {jkey}: {exc}")
+            return
+        now = self.clock()
+        keys = {name: kueue.gang_key(w) for name, w in wls.items()}
+        held = {n: self.cache.reservation(k) for n, k in keys.items()}
+        if len(wls) < expected:
+            since = self._joint_since.setdefault(jkey, now)
+            absent = joint.missing(declared, expected)
+            if now - since < self.config.member_wait_s:
+                message = (
+                    f"joint gang {jkey}: waiting for member(s) {absent} ({len(wls)} of {expected} have quota)"
+                )
+                for w in wls.values():
+                    await self._write(w, "Pending", message)
+                return
+            self._joint_since.pop(jkey, None)
+            message = (
+                f"joint gang {jkey}: member(s) {absent} did not get quota within "
+                f"{int(self.config.member_wait_s)}s; giving the quota back"
+            )
+            for name, w in wls.items():
+                await self._release(keys[name], w, message)
+                await self._write(
+                    w,
+                    "Retry",
+                    message,
+                    requeue_after_s=self.config.requeue_after_s,
+                    event=("Warning", "MemberMissing", message),
+                )
+            return
+        self._joint_since.pop(jkey, None)
+        if any(r is None for r in held.values()):
+            for name, r in held.items():
+                if r is not None:
+                    await self._release(keys[name], None, f"re-placing joint gang {jkey}")
+            if not await self._hold_joint(jkey, wls, declared, now):
+                return
+        for name, w in wls.items():
+            r = self.cache.reservation(keys[name])
+            if r is None or not await self._persist(r, w, now):
+                for k in keys.values():
+                    await self._release(k, None, f"persisting joint gang {jkey} failed")
+                return
+        snap = self.cache.snapshot()
+        for name in sorted(wls):
+            w = self.workloads.get(keys[name], wls[name])
+            r = self.cache.reservation(keys[name])
+            assert r is not None
+            allowed = assignment.pod_set_nodes(w, await self._flavor_labels(w))
+            updates = assignment.pod_set_updates(w, r.slice, snap, object_name(keys[name]), allowed)
+            await self._write(
+                w, "Ready", self._ready_message(r) + f" (joint gang {jkey})", pod_set_updates=updates
+            )
+
+    async def _hold_joint(
+        self,
+        jkey: str,
+        wls: Mapping[str, dict[str, Any]],
+        declared: Mapping[str, joint.Membership],
+        now: float,
+    ) -> bool:
+        h = self.cache.snapshot().hierarchy
+        requests = {}
+        allowed: dict[str, assignment.PodSetNodes] = {}
+        started = now
+        for name, w in wls.items():
+            try:
+                requests[name] = workload_gang.gang_from_workload(w, h).request
+            except WorkloadError as exc:
+                await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+                return False
+            for ps, rule in assignment.pod_set_nodes(w, await self._flavor_labels(w)).items():
+                allowed[f"{name}{joint.SEP}{ps}"] = rule
+            started = min(started, parse_rfc3339(kueue.wait_started(w)) or now)
+        colocate = {n: m.colocate_with for n, m in declared.items() if m.colocate_with}
+        try:
+            request = joint.joint_request(jkey, requests, colocate, h)
+        except joint.JointError as exc:
+            for w in wls.values():
+                await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+            return False
+        stage = kueue.wait_stage(now - started, self.config)
+        keys = {name: kueue.gang_key(w) for name, w in wls.items()}
+        async with self.cache.lock:
+            view = self.cache.view(list(keys.values()))
+            until = rfc3339(started + self.config.widen_after_s)
+            result = assignment.solve(view, request, stage, allowed, until)
+            if isinstance(result, Slice):
+                done: list[str] = []
+                for name, part in joint.split(result, keys).items():
+                    if self._hold(keys[name], part, wls[name], now) is None:
+                        for k in done:
+                            self.cache.drop(k)
+                        result = Unplaceable(jkey, "the slice was taken while it was being reserved")
+                        break
+                    done.append(keys[name])
+        if isinstance(result, Unplaceable):
+            for w in wls.values():
+                await self._wait(w, result, stage)
+            return False
+        return True
 
     def _hold(self, key: str, sl: Slice, wl: Mapping[str, Any], now: float) -> Reservation | None:
         meta = wl.get("metadata") or {}
@@ -509,3 +647,11 @@ class AdmissionController:
             await self.api.create_event(ns, event)
         except ApiError as exc:
             log.debug("event for %s/%s: %s", ns, name, exc)
+
+
+def _membership(wl: Mapping[str, Any]) -> joint.Membership | None:
+    """The joint gang a Workload belongs to (its own labels and annotations), or None."""
+    meta = wl.get("metadata") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    return joint.membership(labels, annotations)

@@ -4,7 +4,8 @@ It keeps objects with resource versions and emulates what the controller relies 
 server-side apply to ``/status`` merges list-map entries by key (``admissionChecks`` by
 ``name``, ``conditions`` by ``type``) and leaves other managers' entries alone; an apply or
 replace carrying a stale ``metadata.resourceVersion`` fails with 409; ``create`` of a
-SliceReservation ignores ``status`` (status subresource). Every apply body is recorded in
+SliceReservation ignores ``status`` (status subresource); a PodGroup replace with a stale
+resourceVersion fails with 409. Every apply body is recorded in
 ``applies``; ``fail_next(call, error)`` makes the next call of a method raise.
 """
 
@@ -106,6 +107,23 @@ class FakeControllerApi:
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         self._enter("create_event")
         self.events.append({**copy.deepcopy(dict(event)), "namespace": namespace})
+
+    async def podgroups_served(self) -> bool:
+        self._enter("podgroups_served")
+        return True
+
+    async def get_podgroup(self, namespace: str, name: str) -> dict[str, Any]:
+        self._enter("get_podgroup")
+        return self._require(("podgroups", namespace, name))
+
+    async def replace_podgroup(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._enter("replace_podgroup")
+        key = ("podgroups", namespace, name)
+        current = self._require(key)
+        self._check_version(current, body)
+        stored = copy.deepcopy(dict(body))
+        self._store(key, stored)
+        return copy.deepcopy(stored)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
         self._enter("get_lease")

@@ -1,5 +1,7 @@
 """kopf wiring: watch AdmissionChecks and Workloads (``kueue.x-k8s.io/v1beta2``) and hand
-every event to the :class:`~extender.admission.controller.AdmissionController`.
+every event to the :class:`~extender.admission.controller.AdmissionController`; where Volcano
+is installed, also PodGroups and the pods that name one, for the
+:class:`~extender.admission.podgroup_controller.PodGroupController`.
 
 Only ``@kopf.on.event`` handlers: they keep no progress on the object (no annotations,
 no finalizers, no status writes by kopf, each of which would trigger Kueue's reconcile and
@@ -15,8 +17,18 @@ from typing import Any
 
 import kopf
 
-from extender.admission.api import ADMISSION_CHECKS, KUEUE_GROUP, KUEUE_VERSION, WORKLOADS
+from extender.admission.api import (
+    ADMISSION_CHECKS,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    PODGROUP_GROUP,
+    PODGROUP_VERSION,
+    PODGROUPS,
+    WORKLOADS,
+)
 from extender.admission.controller import AdmissionController
+from extender.admission.podgroup_controller import PodGroupController
+from extender.kube import names
 
 
 def operator_settings() -> kopf.OperatorSettings:
@@ -35,9 +47,13 @@ def _event_type(event: Mapping[str, Any]) -> str | None:
 
 
 def register(
-    registry: kopf.OperatorRegistry, controller: AdmissionController, api_client: Any | None
+    registry: kopf.OperatorRegistry,
+    controller: AdmissionController,
+    api_client: Any | None,
+    podgroups: PodGroupController | None = None,
 ) -> None:
-    """Add the handlers (and, with ``api_client``, a login from its configuration) to ``registry``."""
+    """Add the handlers (and, with ``api_client``, a login from its configuration) to ``registry``;
+    with ``podgroups``, also Volcano PodGroups and the pods that name one."""
 
     @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, ADMISSION_CHECKS, registry=registry)
     async def admission_check_event(event: Mapping[str, Any], **_: Any) -> None:
@@ -46,6 +62,17 @@ def register(
     @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, registry=registry)
     async def workload_event(event: Mapping[str, Any], **_: Any) -> None:
         await controller.on_workload(_event_type(event), dict(event["object"]))
+
+    if podgroups is not None:
+        pg = podgroups
+
+        @kopf.on.event(PODGROUP_GROUP, PODGROUP_VERSION, PODGROUPS, registry=registry)
+        async def podgroup_event(event: Mapping[str, Any], **_: Any) -> None:
+            await pg.on_podgroup(_event_type(event), dict(event["object"]))
+
+        @kopf.on.event("", "v1", "pods", annotations={names.VOLCANO_GROUP: kopf.PRESENT}, registry=registry)
+        async def pod_event(event: Mapping[str, Any], **_: Any) -> None:
+            await pg.on_pod(_event_type(event), dict(event["object"]))
 
     if api_client is not None:
 

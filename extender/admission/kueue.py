@@ -37,6 +37,9 @@ class CheckConfig:
     resync_s: float = 10.0
     #: How long a new reservation is held before its pods must start binding.
     hold_ttl_s: float = 600.0
+    #: How long the Workloads of a joint gang (``gangslice.io/gang-members``) that have quota
+    #: wait for the missing members before they give their quota back (Retry).
+    member_wait_s: float = 300.0
 
 
 # -- conditions --------------------------------------------------------------------------------

@@ -28,10 +28,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from extender.admission.api import ClientControllerApi, ControllerApi, load_api_client
+from extender.admission.api import ClientControllerApi, load_api_client
 from extender.admission.controller import AdmissionController, Cache
 from extender.admission.kueue import CheckConfig
 from extender.admission.leader import LeaderElector, LeaseConfig, default_identity
+from extender.admission.podgroup_controller import PodGroupConfig, PodGroupController, VolcanoApi
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ async def run_controller(
     cache: Cache,
     *,
     kubeconfig: str | None = None,
-    api: ControllerApi | None = None,
+    api: VolcanoApi | None = None,
     api_client: Any | None = None,
     config: CheckConfig | None = None,
     lease: LeaseConfig | None = None,
@@ -48,6 +49,8 @@ async def run_controller(
     on_leadership: Callable[[bool], None] | None = None,
     stop: asyncio.Event | None = None,
     watch: bool = True,
+    volcano: bool | None = None,
+    podgroup_config: PodGroupConfig | None = None,
 ) -> None:
     """Run the Kueue admission check controller until ``stop`` is set.
 
@@ -56,6 +59,7 @@ async def run_controller(
     (None: in-cluster service account, then the default kubeconfig). ``watch=False`` leaves
     kopf out (events are then fed to the controller by the caller, as tests do).
     ``on_leadership(True/False)`` is called as leadership comes and goes (for ``/readyz``).
+    ``volcano``: also run the PodGroup controller (None: when the API serves PodGroups).
     """
     stop = stop if stop is not None else asyncio.Event()
     if api is None:
@@ -63,14 +67,25 @@ async def run_controller(
         api = ClientControllerApi(api_client)
     ident = identity or default_identity()
     controller = AdmissionController(api, cache, config, identity=ident)
+    if volcano is None:
+        try:
+            volcano = await api.podgroups_served()
+        except Exception as exc:
+            log.warning("could not tell whether Volcano PodGroups are served: %s", exc)
+            volcano = False
+    podgroups = PodGroupController(api, cache, podgroup_config, identity=ident) if volcano else None
 
     async def started() -> None:
         await controller.become_leader()
+        if podgroups is not None:
+            await podgroups.become_leader()
         if on_leadership is not None:
             on_leadership(True)
 
     def stopped() -> None:
         controller.lose_leadership()
+        if podgroups is not None:
+            podgroups.lose_leadership()
         if on_leadership is not None:
             on_leadership(False)
 
@@ -79,8 +94,12 @@ async def run_controller(
         asyncio.create_task(elector.run(stop), name="gangslice-lease"),
         asyncio.create_task(controller.run_resync(stop), name="gangslice-resync"),
     ]
+    if podgroups is not None:
+        tasks.append(asyncio.create_task(podgroups.run_resync(stop), name="gangslice-podgroup-resync"))
     if watch:
-        tasks.append(asyncio.create_task(_run_kopf(controller, api_client, stop), name="gangslice-kopf"))
+        tasks.append(
+            asyncio.create_task(_run_kopf(controller, api_client, stop, podgroups), name="gangslice-kopf")
+        )
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in done:
@@ -98,13 +117,18 @@ async def run_controller(
                     await t
 
 
-async def _run_kopf(controller: AdmissionController, api_client: Any | None, stop: asyncio.Event) -> None:
+async def _run_kopf(
+    controller: AdmissionController,
+    api_client: Any | None,
+    stop: asyncio.Event,
+    podgroups: PodGroupController | None = None,
+) -> None:
     import kopf
 
     from extender.admission.handlers import operator_settings, register
 
     registry = kopf.OperatorRegistry()
-    register(registry, controller, api_client)
+    register(registry, controller, api_client, podgroups)
     await kopf.operator(
         registry=registry,
         settings=operator_settings(),

@@ -111,7 +111,13 @@ class RealKubeApi:
             raise _raise(exc) from exc
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        body = {"metadata": {"annotations": dict(annotations)}}
+        self._patch_pod_metadata(namespace, name, {"annotations": dict(annotations)})
+
+    def patch_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
+        self._patch_pod_metadata(namespace, name, {"labels": dict(labels)})
+
+    def _patch_pod_metadata(self, namespace: str, name: str, metadata: Mapping[str, Any]) -> None:
+        body = {"metadata": dict(metadata)}
         try:
             self._core.patch_namespaced_pod(
                 name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False

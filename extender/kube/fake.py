@@ -126,6 +126,13 @@ class FakeKubeApi:
             pod["metadata"].setdefault("annotations", {}).update(annotations)
             self._store(Kind.PODS, (namespace, name), pod, "MODIFIED")
 
+    def patch_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
+        with self._cond:
+            self._enter("patch_pod_labels", namespace, name, dict(labels))
+            pod = self._pod(namespace, name)
+            pod["metadata"].setdefault("labels", {}).update(labels)
+            self._store(Kind.PODS, (namespace, name), pod, "MODIFIED")
+
     def bind_pod(self, namespace: str, name: str, uid: str | None, node: str) -> None:
         with self._cond:
             self._enter("bind_pod", namespace, name, uid, node)

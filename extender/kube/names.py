@@ -30,5 +30,13 @@ GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 
 #: Volcano: the PodGroup a pod belongs to (same namespace).
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
+#: Volcano: a task's role (label or annotation); the pod set of a PodGroup gang.
+VOLCANO_TASK_SPEC = "volcano.sh/task-spec"
+#: LeaderWorkerSet: the replica group a pod belongs to (a plain gang per group).
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 #: Kueue: the pod set a pod was admitted as.
 KUEUE_PODSET = "kueue.x-k8s.io/podset"
+
+#: On the controller pod that holds the leader lease: "true". The Service selects it, so
+#: kube-scheduler and Volcano reach the one replica that decides.
+LEADER_LABEL = "gangslice.io/leader"

@@ -57,9 +57,14 @@ class PodInfo:
 
     @property
     def gang(self) -> str | None:
-        """The plain gang key ``<namespace>/<gang>`` from the ``gangslice.io/gang`` label."""
+        """The plain gang key ``<namespace>/<gang>`` from the ``gangslice.io/gang`` label; a
+        LeaderWorkerSet's pods (the label in its templates) get ``<gang>-<group index>``, one
+        gang per replica group."""
         value = self.labels.get(names.GANG)
-        return f"{self.namespace}/{value}" if value else None
+        if not value:
+            return None
+        group = self.labels.get(names.LWS_GROUP_INDEX)
+        return f"{self.namespace}/{value}-{group}" if group else f"{self.namespace}/{value}"
 
     @property
     def reservation_name(self) -> str | None:
@@ -72,7 +77,12 @@ class PodInfo:
 
     @property
     def pod_set(self) -> str | None:
-        return self._value(names.POD_SET) or self.labels.get(names.KUEUE_PODSET) or None
+        return (
+            self._value(names.POD_SET)
+            or self.labels.get(names.KUEUE_PODSET)
+            or self._value(names.VOLCANO_TASK_SPEC)
+            or None
+        )
 
     @property
     def gang_size(self) -> int | None:

@@ -2,8 +2,10 @@
 
 Keyed by gang. Reserving a gang twice returns the same reservation; a hold expires after
 its TTL unless pods keep binding (each bind refreshes it); a fully bound reservation does
-not expire. The ledger serialises to plain dicts so an adapter can persist each reservation
-(as a ``SliceReservation`` object) and rebuild the same ledger after a restart.
+not expire. No two reservations share a GPU, nor a node's multi-node NVLink (IMEX) channel.
+The ledger serialises to plain dicts so an adapter can persist each reservation (as a
+``SliceReservation`` object) and rebuild the same ledger after a restart; an entry that
+would break those rules is left out and reported, never double-booked.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ class Phase(enum.StrEnum):
 
 class LedgerError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A persisted reservation :meth:`Ledger.from_dict` left out, and why."""
+
+    gang: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,8 @@ class Ledger:
     def __init__(self, ttl_s: float = DEFAULT_TTL_S) -> None:
         self.ttl_s = ttl_s
         self._by_gang: dict[str, Reservation] = {}
+        #: Entries the last :meth:`from_dict` left out (conflicting, duplicated, unreadable).
+        self.skipped: tuple[Skipped, ...] = ()
 
     def __len__(self) -> int:
         return len(self._by_gang)
@@ -95,18 +107,31 @@ class Ledger:
 
     def reserve(self, sl: Slice, now: float, meta: Mapping[str, str] | None = None) -> Reservation:
         """Hold ``sl`` for its gang. Idempotent: an existing reservation is returned as is.
-        Refuses a slice that overlaps GPUs another reservation holds."""
+        Refuses a slice that overlaps GPUs another reservation holds, or that uses the
+        multi-node NVLink channel of a node another reservation uses."""
         existing = self._by_gang.get(sl.gang)
         if existing is not None:
             return existing
-        held = self.held()
-        for node, gpus in sl.held().items():
-            clash = gpus & held.get(node, frozenset())
-            if clash:
-                raise LedgerError(f"gang {sl.gang}: GPUs {sorted(clash)} on {node} are already reserved")
+        clash = self._conflict(sl)
+        if clash is not None:
+            raise LedgerError(f"gang {sl.gang}: {clash}")
         r = Reservation(sl.gang, sl, now + self.ttl_s, {}, Phase.RESERVED, dict(meta or {}))
         self._by_gang[sl.gang] = r
         return r
+
+    def _conflict(self, sl: Slice) -> str | None:
+        """What another gang's reservation already holds of ``sl``, in words (None: nothing)."""
+        held = self.held(exclude=[sl.gang])
+        for node, gpus in sl.held().items():
+            clash = gpus & held.get(node, frozenset())
+            if clash:
+                return f"GPUs {sorted(clash)} on {node} are already reserved"
+        channels = self.mnnvl(exclude=[sl.gang])
+        for node in sl.mnnvl_nodes:
+            owner = channels.get(node)
+            if owner is not None:
+                return f"the NVLink (IMEX) channel of {node} is already reserved by gang {owner}"
+        return None
 
     def bind(self, gang: str, slot_key: str, pod: str, now: float) -> Reservation:
         """Record that ``pod`` took ``slot_key``; refreshes the TTL. Re-binding the same pod
@@ -167,21 +192,37 @@ class Ledger:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Ledger:
+        """Rebuild a ledger. Entries are restored in order; one that cannot be read, repeats a
+        gang already restored, or conflicts with one restored before it is left out and
+        listed in the new ledger's :attr:`skipped`, and the rest still come back."""
         ledger = cls(float(d.get("ttlSeconds", DEFAULT_TTL_S)))
-        for item in d.get("reservations", ()):
-            ledger.restore(Reservation.from_dict(item))
+        skipped: list[Skipped] = []
+        for k, item in enumerate(d.get("reservations", ())):
+            try:
+                r = Reservation.from_dict(item)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                gang = str(item.get("gang", f"#{k}")) if isinstance(item, Mapping) else f"#{k}"
+                skipped.append(Skipped(gang, f"entry {k} cannot be read: {type(exc).__name__}: {exc}"))
+                continue
+            if r.gang in ledger._by_gang:
+                skipped.append(Skipped(r.gang, f"entry {k} repeats gang {r.gang}; the first one is kept"))
+                continue
+            try:
+                ledger.restore(r)
+            except LedgerError as exc:
+                skipped.append(Skipped(r.gang, f"entry {k}: {exc}"))
+        ledger.skipped = tuple(skipped)
         return ledger
 
     def restore(self, r: Reservation) -> None:
         """Put back a persisted reservation (after a restart). The same gang twice keeps the
-        first; one that overlaps a reservation already restored is refused, so nothing is
-        ever double-booked."""
+        first; one that overlaps GPUs or NVLink channels of a reservation already restored
+        raises LedgerError and is not restored, so nothing is ever double-booked."""
         if r.gang in self._by_gang or r.phase in (Phase.RELEASED, Phase.EXPIRED):
             return
-        held = self.held()
-        for node, gpus in r.slice.held().items():
-            if gpus & held.get(node, frozenset()):
-                raise LedgerError(f"gang {r.gang}: persisted reservation overlaps another on {node}")
+        clash = self._conflict(r.slice)
+        if clash is not None:
+            raise LedgerError(f"gang {r.gang}: persisted reservation conflicts with another: {clash}")
         self._by_gang[r.gang] = r
 
     def _require(self, gang: str) -> Reservation:

@@ -8,6 +8,7 @@ small tables, not 5,000 searches.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from extender.topology.model import NodeShape, Tier
@@ -24,6 +25,8 @@ class NodeFit:
     _coherent: dict[int, int] = field(default_factory=dict)
     _tightest: dict[int, Tier | None] = field(default_factory=dict)
     _gbps: dict[int, float] = field(default_factory=dict)
+    _masks: dict[tuple[int, ...], int] = field(default_factory=dict)
+    _slots: dict[int, tuple[tuple[int, ...], tuple[int, ...], str | None]] = field(default_factory=dict)
 
     def tightest(self, gpus: int) -> Tier | None:
         """The tightest tier this node type offers for a pod of ``gpus`` GPUs: the default rule."""
@@ -35,6 +38,23 @@ class NodeFit:
         got = self._gbps.get(mask)
         if got is None:
             got = self._gbps[mask] = self.shape.gbps_of(mask)
+        return got
+
+    def mask_of(self, gpus: Sequence[int]) -> int:
+        """The mask of a sequence of GPU indices."""
+        key = gpus if isinstance(gpus, tuple) else tuple(gpus)
+        got = self._masks.get(key)
+        if got is None:
+            got = self._masks[key] = self.shape.mask_of(key)
+        return got
+
+    def slot_of(self, mask: int) -> tuple[tuple[int, ...], tuple[int, ...], str | None]:
+        """A pod's GPU indices, NUMA nodes and nearest NIC for a GPU mask."""
+        got = self._slots.get(mask)
+        if got is None:
+            gpus = self.shape.gpus_of(mask)
+            nic = self.shape.best_nic.get(gpus[0]) if gpus else None
+            got = self._slots[mask] = (gpus, self.shape.numa_of(mask), nic)
         return got
 
     def subsets(self, gpus: int, tier: Tier) -> tuple[int, ...]:

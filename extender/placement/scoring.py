@@ -1,4 +1,13 @@
-"""The objective: predicted per-layer communication time of a slice, and the rules a slice obeys.
+"""The objective of a slice and the rules a slice obeys.
+
+The objective (:func:`objective`) is lexicographic, lower is better:
+
+1. **clique GPUs taken off the fabric** (:func:`fabric_waste`): GPUs on nodes of a
+   multi-node NVLink clique given to pod sets that do not use multi-node NVLink. Cliques
+   (GB200 NVL72 racks) are a scarce resource kept for the pod sets that span nodes over
+   them; a pod set that does not prefers nodes outside cliques and falls back to clique
+   nodes only when nothing else fits.
+2. **predicted per-layer communication time** (:func:`gang_micros`), microseconds.
 
 Shared by the solver, the baselines, the simulator and the tests, so every policy is judged
 by one yardstick.
@@ -147,7 +156,8 @@ def pod_set_cost(ps: PodSet, pod_gbps: Sequence[float], span: Span | None, kv: S
     dims = ps.model
     worst_intra = min(pod_gbps, default=float("inf"))
     intra_cost = max(
-        (cost.tp_layer_us(ps.gpus_per_pod, dims, b, in_node_span(b).alpha_us) for b in pod_gbps), default=0.0
+        (cost.tp_layer_us(ps.gpus_per_pod, dims, b, in_node_span(b).alpha_us) for b in set(pod_gbps)),
+        default=0.0,
     )
     total = intra_cost
     if ps.comm == Comm.KV_TRANSFER and kv is not None:
@@ -171,22 +181,138 @@ def pod_set_micros(
     KV cache coming from ``partner`` (its colocateWith set) when it is a kv-transfer set."""
     pod_gbps = []
     for s in slots:
-        node = snap.node(s.node)
-        pod_gbps.append(fit_for(node.shape).gbps(node.shape.mask_of(s.gpus)))
+        fit = fit_for(snap.node(s.node).shape)
+        pod_gbps.append(fit.gbps(fit.mask_of(s.gpus)))
     span = span_of(snap, slots) if len(slots) > 1 and ps.comm not in (Comm.NONE, Comm.KV_TRANSFER) else None
     kv = span_of(snap, [*slots, *partner]) if ps.comm == Comm.KV_TRANSFER and partner else None
     return pod_set_cost(ps, pod_gbps, span, kv)
 
 
 def gang_micros(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> dict[str, float]:
-    by_set: dict[str, list[PodSlot]] = {ps.name: [] for ps in gang.pod_sets}
-    for s in slots:
-        by_set[s.pod_set].append(s)
+    by_set = _by_set(gang, slots)
     out = {}
     for ps in gang.pod_sets:
         partner = by_set[ps.colocate_with.pod_set] if ps.colocate_with else []
         out[ps.name] = pod_set_micros(snap, ps, by_set[ps.name], partner)
     return out
+
+
+def _by_set(gang: GangRequest, slots: Sequence[PodSlot]) -> dict[str, list[PodSlot]]:
+    by_set: dict[str, list[PodSlot]] = {ps.name: [] for ps in gang.pod_sets}
+    for s in slots:
+        by_set[s.pod_set].append(s)
+    return by_set
+
+
+# -- multi-node NVLink cliques -----------------------------------------------------------------
+
+
+def pods_talk(ps: PodSet) -> bool:
+    """Whether the pods of a pod set exchange data among themselves or with their colocateWith
+    set (a kv-transfer set); only such a pod set uses a multi-node NVLink clique it spans, and
+    its IMEX channels."""
+    if ps.comm == Comm.KV_TRANSFER:
+        return ps.colocate_with is not None
+    return ps.comm != Comm.NONE
+
+
+def uses_mnnvl(
+    snap: ClusterSnapshot, ps: PodSet, slots: Sequence[PodSlot], partner: Sequence[PodSlot] = ()
+) -> bool:
+    """Whether the pod set's traffic runs over multi-node NVLink: its pods talk, and they (with
+    ``partner``, the colocateWith set, for a kv-transfer set) sit on several nodes of one clique."""
+    if not pods_talk(ps) or not snap.has_cliques:
+        return False
+    group = [*slots, *partner] if ps.comm == Comm.KV_TRANSFER else slots
+    nodes = {s.node for s in group}
+    if len(nodes) < 2:
+        return False
+    cliques = {snap.clique(snap.index(n)) for n in nodes}
+    return len(cliques) == 1 and None not in cliques
+
+
+def pod_set_fabric_waste(
+    snap: ClusterSnapshot, ps: PodSet, slots: Sequence[PodSlot], partner: Sequence[PodSlot] = ()
+) -> int:
+    """GPUs the pod set takes on clique nodes without using multi-node NVLink."""
+    if not snap.has_cliques:
+        return 0
+    on_cliques = sum(len(s.gpus) for s in slots if snap.clique(snap.index(s.node)) is not None)
+    if on_cliques and uses_mnnvl(snap, ps, slots, partner):
+        return 0
+    return on_cliques
+
+
+def fabric_waste(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> int:
+    """GPUs of multi-node NVLink cliques the slice gives to pod sets that do not use multi-node
+    NVLink: the first term of the objective."""
+    if not snap.has_cliques:
+        return 0
+    by_set = _by_set(gang, slots)
+    return sum(
+        pod_set_fabric_waste(
+            snap, ps, by_set[ps.name], by_set[ps.colocate_with.pod_set] if ps.colocate_with else ()
+        )
+        for ps in gang.pod_sets
+    )
+
+
+def objective(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> tuple[int, float]:
+    """THE objective, lexicographic, lower is better: (:func:`fabric_waste`, the predicted
+    per-layer communication time of the gang in microseconds)."""
+    return fabric_waste(snap, gang, slots), sum(gang_micros(snap, gang, slots).values())
+
+
+def mnnvl_nodes(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> tuple[str, ...]:
+    """Nodes whose multi-node NVLink (IMEX) channel the slice claims: the clique nodes of every
+    pod set that spans several nodes and whose pods talk (a ``comm: none`` pod set claims none)."""
+    if not snap.has_cliques:
+        return ()
+    out: set[str] = set()
+    for ps in gang.pod_sets:
+        if not pods_talk(ps):
+            continue
+        nodes = {s.node for s in slots if s.pod_set == ps.name}
+        if len(nodes) > 1:
+            out.update(n for n in nodes if snap.clique(snap.index(n)) is not None)
+    return tuple(sorted(out))
+
+
+# -- colocation --------------------------------------------------------------------------------
+
+
+def colocation_misses(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> dict[str, str]:
+    """Pod sets whose colocateWith wish the slots do not meet, each with what is wrong in words
+    (``not sharing a leaf with prefill``). A wish is met when every pod of the pod set and of
+    its colocateWith set share one domain at the named level; in-node levels are not judged."""
+    h = snap.hierarchy
+    by_set = _by_set(gang, slots)
+    out: dict[str, str] = {}
+    for ps in gang.pod_sets:
+        c = ps.colocate_with
+        if c is None or not by_set[ps.name]:
+            continue
+        scope, _ = resolve_level(c.level, h)
+        if scope is None:
+            continue
+        partner = {s.node for s in by_set[c.pod_set]}
+        if _share(snap, {s.node for s in by_set[ps.name]} | partner, scope):
+            continue
+        why = f"not sharing a {c.level} with {c.pod_set}"
+        if len(partner) > 1 and not _share(snap, partner, scope):
+            why += f" ({c.pod_set} itself spans more than one {c.level})"
+        out[ps.name] = why
+    return out
+
+
+def _share(snap: ClusterSnapshot, nodes: set[str], scope: int) -> bool:
+    """Do these nodes share one domain at ``scope`` (a level index or the node scope)?"""
+    if len(nodes) <= 1:
+        return True
+    h = snap.hierarchy
+    if scope >= node_scope(h):
+        return False
+    return h.common_level([snap.path_of(n) for n in nodes]) >= scope
 
 
 def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> list[str]:
@@ -237,22 +363,20 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
                 problems.append(f"pod set {ps.name}: spans {len(nodes)} nodes, required one node")
             elif need.scope != ANYWHERE and h.common_level([snap.path_of(n) for n in nodes]) < need.scope:
                 problems.append(f"pod set {ps.name}: spans more than one {h.levels[need.scope].name}")
-            problems.extend(_mnnvl_violations(snap, gang.name, ps.name, nodes))
+            if pods_talk(ps):
+                problems.extend(_mnnvl_violations(snap, gang.name, ps.name, nodes))
     return problems
 
 
 def fabric_domain(snap: ClusterSnapshot, node_index: int) -> tuple[str | None, ...] | None:
     """The multi-node NVLink clique a node belongs to (its path down to the fabric level)."""
-    h = snap.hierarchy
-    path = snap.path(node_index)
-    for level, lv in enumerate(h.levels):
-        if lv.fabric and path[level] is not None:
-            return tuple(path[: level + 1])
-    return None
+    return snap.clique(node_index)
 
 
 def _mnnvl_violations(snap: ClusterSnapshot, gang: str, pod_set: str, nodes: Sequence[str]) -> list[str]:
-    cliques = {fabric_domain(snap, snap.index(n)) for n in nodes}
+    """A pod set whose pods talk and that spans several nodes stays inside one clique or off
+    cliques altogether, and uses no node whose IMEX channel another gang holds."""
+    cliques = {snap.clique(snap.index(n)) for n in nodes}
     if cliques == {None}:
         return []
     problems = []

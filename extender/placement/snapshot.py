@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from extender.topology.hierarchy import DomainKey, Hierarchy
 from extender.topology.model import GpuGraph, NodeShape
+
+#: A multi-node NVLink clique: a node's label path down to the fabric level.
+Clique = tuple[str | None, ...]
 
 
 @dataclass
@@ -55,6 +59,11 @@ class ClusterSnapshot:
         self._paths = [self.hierarchy.path(n.labels) for n in self.nodes]
         self._domains: dict[DomainKey, list[int]] | None = None
         self._free = [self._compute_free(n) for n in self.nodes]
+        # Derived tables, each kept with the table it was derived from (``_paths`` or ``nodes``)
+        # so a copy whose tables were swapped (``extender.kube.incremental``) recomputes them.
+        self._cliques: tuple[list[tuple[str | None, ...]], list[Clique | None]] | None = None
+        self._topology: tuple[list[NodeState], TopologyKey] | None = None
+        self._kinds: tuple[list[NodeState], list[str]] | None = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -71,7 +80,7 @@ class ClusterSnapshot:
         return self._paths[i]
 
     def path_of(self, name: str) -> tuple[str | None, ...]:
-        return self.hierarchy.path(self._by_name[name].labels)
+        return self._paths[self._index[name]]
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -79,6 +88,16 @@ class ClusterSnapshot:
     def free_mask(self, i: int) -> int:
         """Free GPUs of node ``i`` as a mask: not allocated, not unhealthy, not reserved."""
         return self._free[i]
+
+    def free_masks(self) -> list[int]:
+        """Every node's free mask, by node index (do not modify)."""
+        return self._free
+
+    def kinds(self) -> list[str]:
+        """Every node's type (its GPU graph shape's key), by node index (cached; do not modify)."""
+        if self._kinds is None or self._kinds[0] is not self.nodes:
+            self._kinds = (self.nodes, [n.shape.key for n in self.nodes])
+        return self._kinds[1]
 
     def free_gpus(self, name: str) -> frozenset[int]:
         i = self._index[name]
@@ -100,12 +119,68 @@ class ClusterSnapshot:
             self._domains = out
         return self._domains
 
+    @property
+    def has_cliques(self) -> bool:
+        """Whether the hierarchy has a multi-node NVLink (fabric) level at all."""
+        return any(lv.fabric for lv in self.hierarchy.levels)
+
+    def clique(self, i: int) -> Clique | None:
+        """The multi-node NVLink clique node ``i`` belongs to (its path down to the fabric
+        level), or None (cached per snapshot)."""
+        if self._cliques is None or self._cliques[0] is not self._paths:
+            fabric = [level for level, lv in enumerate(self.hierarchy.levels) if lv.fabric]
+            found: list[Clique | None] = []
+            for path in self._paths:
+                level = next((lv for lv in fabric if path[lv] is not None), None)
+                found.append(None if level is None else tuple(path[: level + 1]))
+            self._cliques = (self._paths, found)
+        return self._cliques[1][i]
+
+    def topology(self) -> TopologyKey:
+        """What placement sees of this cluster apart from what is taken: the hierarchy, and
+        each node's name, GPU graph shape, label path and unhealthy GPUs. Two snapshots with
+        equal keys give every gang the same slice once nothing is allocated or reserved."""
+        if self._topology is None or self._topology[0] is not self.nodes:
+            parts = tuple(
+                (n.name, n.shape.key, self._paths[i], n.unhealthy) for i, n in enumerate(self.nodes)
+            )
+            self._topology = (self.nodes, TopologyKey((self.hierarchy, parts)))
+        return self._topology[1]
+
+    def emptied(self) -> ClusterSnapshot:
+        """The same cluster with nothing allocated, reserved or holding an NVLink channel."""
+        nodes = [NodeState(n.name, n.labels, n.graph, frozenset(), n.unhealthy, None) for n in self.nodes]
+        snap = ClusterSnapshot(nodes, self.hierarchy)
+        snap._domains = self._domains
+        return snap
+
     def with_held(self, held: Mapping[str, frozenset[int]], mnnvl: Mapping[str, str]) -> ClusterSnapshot:
         """The same cluster with reservations' capacity taken out."""
         snap = ClusterSnapshot(self.nodes, self.hierarchy, dict(held), dict(mnnvl))
         snap._domains = self._domains
+        snap._cliques = self._cliques
+        snap._topology = self._topology
+        snap._kinds = self._kinds
         return snap
 
     @property
     def total_gpus(self) -> int:
         return sum(n.shape.size for n in self.nodes)
+
+
+class TopologyKey:
+    """A hashable cluster topology (see :meth:`ClusterSnapshot.topology`) that hashes once."""
+
+    __slots__ = ("_hash", "parts")
+
+    def __init__(self, parts: tuple[Any, ...]) -> None:
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TopologyKey) and (
+            other is self or (self._hash == other._hash and self.parts == other.parts)
+        )

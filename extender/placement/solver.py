@@ -1,29 +1,37 @@
 """The gangslice solver: a slice for the whole gang, from rack down to GPU index, or a reason.
 
 For each pod set the solver weighs a few candidate placements by the objective itself
-(:func:`~extender.placement.scoring.pod_set_micros`, the predicted per-layer communication
-time): the best single nodes, and at each level of the hierarchy (clique, leaf, spine, ...)
-the best-fitting domains that can hold every pod, filled from their fastest nodes. It climbs
-to coarser levels only while a coarser level could still be cheaper. Among equally cheap
-candidates it keeps the soft wishes (preferred level, colocation), then the finer domain,
-then the tightest fit, so large blocks stay whole; inside a node it takes the GPU sets that
-are tightest and leave the largest coherent remainder.
+(:func:`~extender.placement.scoring.objective`, lexicographic: first the GPUs of multi-node
+NVLink cliques taken by pod sets that do not use multi-node NVLink, then the predicted
+per-layer communication time): the best single nodes, and at each level of the hierarchy
+(clique, leaf, spine, ...) the best-fitting domains that can hold every pod, filled from
+their fastest nodes. It climbs to coarser levels only while a coarser level could still be
+better. Among equally good candidates it keeps the soft wishes (preferred level,
+colocation), then the finer domain, then the tightest fit, so large blocks stay whole;
+inside a node it takes the GPU sets that are tightest and leave the largest coherent
+remainder.
+
+Cliques are kept for the pod sets that span nodes over them: a pod set that does not (one
+that fits on one node, or whose pods do not talk) goes to nodes outside cliques, and to
+clique nodes only when nothing else fits.
 
 Pod sets are placed one after another on a shared view of what is taken, the few best
 placements of each early pod set are each carried forward, and every order of the pod sets
 is tried, so a gang's total cost and its colocations are judged as a whole. Small gangs that
-no order places fall back to an exact search, so the solver does not call a gang
-unplaceable while a slice exists.
+no order places fall back to an exact search (:mod:`extender.placement.exact`), so the
+solver does not call a gang unplaceable while a slice exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.cost import Comm
+from extender.placement.exact import exact_slice
 from extender.placement.node_fit import NodeFit, fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
@@ -31,19 +39,22 @@ from extender.placement.scoring import (
     Need,
     Span,
     clique_gbps,
-    fabric_domain,
+    colocation_misses,
+    fabric_waste,
     gang_micros,
     in_node_span,
+    mnnvl_nodes,
     node_scope,
     pod_set_cost,
+    pod_set_fabric_waste,
     pod_set_micros,
     pod_tier,
+    pods_talk,
     resolve_level,
     resolve_need,
-    violations,
 )
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.snapshot import ClusterSnapshot, TopologyKey
 from extender.topology.hierarchy import DomainKey
 from extender.topology.model import Tier
 
@@ -57,10 +68,6 @@ ALL_ORDERS_UP_TO = 3
 #: set placements), it stops widening: no further beam branches or pod set orders, only
 #: what completes the slice. Small clusters never reach it; a P/D gang on 5,000 nodes does.
 WORK_BUDGET = 50_000
-#: Exact-search budget (partial assignments tried) for small gangs the greedy cannot place.
-EXACT_BUDGET = 20_000
-EXACT_MAX_PODS = 8
-EXACT_MAX_NODES = 16
 #: Room for colocated pod sets is checked on domains of at most this many nodes (larger ones
 #: count as roomy), and on at most this many candidate nodes of each node type.
 ROOM_CHECK_NODES = 64
@@ -69,7 +76,15 @@ PREFERRED = "preferred level"
 COLOCATE = "colocation"
 
 #: node index -> (pods of the pod set that fit, at most its count; free mask; tier per pod)
-Caps = dict[int, tuple[int, int, Tier]]
+Entry = tuple[int, int, Tier]
+Caps = dict[int, Entry]
+#: How a finished slice ranks: (clique GPUs off the fabric, cost, notes), lower is better.
+SliceKey = tuple[int, float, int]
+#: (clique GPUs off the fabric, cost) of a placement: the objective, lexicographic.
+Price = tuple[int, float]
+
+
+_MISSING: Entry | None = (-1, -1, Tier.NODE)  # a memo miss (no capacity entry looks like it)
 
 
 def _q(micros: float) -> float:
@@ -79,10 +94,17 @@ def _q(micros: float) -> float:
 
 @dataclass
 class _Shortfall:
+    """Why a pod set has no placement. The reason text is built only for the failure that is
+    finally reported (``explain`` returns the reason, the closest domain and the pods short)."""
+
     pod_set: str
-    reason: str
-    closest: str | None
-    short_by: int
+    explain: Callable[[], tuple[str, str | None, int]]
+
+
+@dataclass(frozen=True)
+class _Done:
+    key: SliceKey
+    slice: Slice
 
 
 @dataclass
@@ -90,10 +112,9 @@ class _State:
     """GPUs taken by pod sets of this gang placed so far, per node index."""
 
     taken: dict[int, int] = field(default_factory=dict)
-    mnnvl: set[int] = field(default_factory=set)
 
     def copy(self) -> _State:
-        return _State(dict(self.taken), set(self.mnnvl))
+        return _State(dict(self.taken))
 
 
 @dataclass(frozen=True)
@@ -104,6 +125,7 @@ class _Option:
     masks: Mapping[int, int]  # node index -> GPUs taken there
     level: int  # node_scope for one node, else the level index of the domain (ANYWHERE: cluster)
     where: str
+    waste: int  # clique GPUs taken off the fabric (scoring.pod_set_fabric_waste)
     cost: float
     fit: tuple[float, ...]  # fragmentation, lower is better
     misses: tuple[str, ...] = ()  # soft wishes not met: PREFERRED, COLOCATE
@@ -111,8 +133,12 @@ class _Option:
     no_room: bool = False  # a pod set that colocates with this one has no room next to it
     kinds: frozenset[str] = frozenset()  # the node types it uses
 
+    @property
+    def price(self) -> Price:
+        return (self.waste, _q(self.cost))
+
     def key(self) -> tuple[float, ...]:
-        return (_q(self.cost), len(self.misses), float(self.no_room), -self.level, *self.fit)
+        return (self.waste, _q(self.cost), len(self.misses), float(self.no_room), -self.level, *self.fit)
 
 
 @dataclass(frozen=True)
@@ -152,48 +178,50 @@ class Solver:
         self.snap = snapshot
         self.h = snapshot.hierarchy
         self.exact_fallback = exact_fallback
-        self._base_caps: dict[tuple[str, bool], Caps] = {}
-        self._entries: dict[tuple[str, bool, str, int], tuple[int, int, Tier] | None] = {}
+        # Capacity tables per (pod set, preferred tier, GPUs this gang took so far).
+        self._caps_memo: dict[tuple[str, bool, tuple[tuple[int, int], ...]], Caps] = {}
+        # Capacity entries per (pod set, preferred tier), then per (node type, free mask).
+        self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
         self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
         self._gbps: dict[tuple[int, str, int, Tier], float] = {}
-        self._has_fabric = any(lv.fabric for lv in self.h.levels)
-        self._fabric: dict[int, tuple[str | None, ...] | None] = {}
+        self._has_fabric = snapshot.has_cliques
         self._work = 0
 
     # -- entry point ---------------------------------------------------------------------
     def place(self, gang: GangRequest) -> Placement:
         # Memo tables keyed by pod set name belong to one gang.
-        self._base_caps.clear()
+        self._caps_memo.clear()
         self._entries.clear()
         self._picks.clear()
         self._work = 0
         needs = {ps.name: resolve_need(ps, self.h) for ps in gang.pod_sets}
-        best: Slice | None = None
+        best: _Done | None = None
         first_failure: _Shortfall | None = None
         try_all = len(gang.pod_sets) <= ALL_ORDERS_UP_TO
         for order in self._orders(gang):
             result = self._search(gang, order, needs, BEAM if try_all else 1)
-            if isinstance(result, Slice):
-                if best is None or _slice_key(result) < _slice_key(best):
+            if isinstance(result, _Done):
+                if best is None or result.key < best.key:
                     best = result
                 if not try_all or self._work > WORK_BUDGET:
                     break
             elif first_failure is None:
                 first_failure = result
         if best is not None:
-            return best
+            return best.slice
         assert first_failure is not None
         if self.exact_fallback and self._each_fits_alone(gang, needs):
-            exact = self._exact(gang, needs)
+            exact = exact_slice(self.snap, gang, needs)
             if exact is not None:
                 return exact
+        reason, closest, short_by = first_failure.explain()
         return Unplaceable(
             gang=gang.name,
-            reason=first_failure.reason,
+            reason=reason,
             pod_set=first_failure.pod_set,
-            closest=first_failure.closest,
-            short_by=first_failure.short_by,
-            feasible_when_empty=self._fits_empty(gang),
+            closest=closest,
+            short_by=short_by,
+            feasible_when_empty=_EMPTY_FITS.fits(self.snap, gang, self.exact_fallback),
         )
 
     def _orders(self, gang: GangRequest) -> Iterable[Sequence[PodSet]]:
@@ -209,17 +237,17 @@ class Solver:
 
     def _search(
         self, gang: GangRequest, order: Sequence[PodSet], needs: dict[str, Need], beam: int
-    ) -> Slice | _Shortfall:
+    ) -> _Done | _Shortfall:
         """Place the pod sets in ``order``, carrying the ``beam`` best placements of every pod
-        set but the last forward; the cheapest complete slice wins."""
-        best: list[Slice] = []
+        set but the last forward; the best complete slice by the objective wins."""
+        best: list[_Done] = []
         failure: list[_Shortfall] = []
 
         def go(k: int, state: _State, placed: dict[str, _Option]) -> None:
             if k == len(order):
-                sl = self._finish(gang, placed, state)
-                if not best or _slice_key(sl) < _slice_key(best[0]):
-                    best[:] = [sl]
+                done = self._finish(gang, placed)
+                if not best or done.key < best[0].key:
+                    best[:] = [done]
                 return
             ps = order[k]
             got = self._options(gang, ps, needs[ps.name], state, placed)
@@ -242,35 +270,27 @@ class Solver:
     def _commit(self, opt: _Option, state: _State) -> None:
         for i, mask in opt.masks.items():
             state.taken[i] = state.taken.get(i, 0) | mask
-        if len(opt.masks) > 1:
-            state.mnnvl.update(i for i in opt.masks if self._fabric_of(i) is not None)
 
-    def _finish(self, gang: GangRequest, placed: dict[str, _Option], state: _State) -> Slice:
+    def _finish(self, gang: GangRequest, placed: dict[str, _Option]) -> _Done:
         slots = [s for ps in gang.pod_sets for s in placed[ps.name].slots]
         micros = gang_micros(self.snap, gang, slots)
         notes = [n for ps in gang.pod_sets for n in placed[ps.name].notes]
-        for ps in gang.pod_sets:
-            # A pod set placed before its colocateWith set was not judged against it: say so
-            # here when the two ended up apart.
-            c = ps.colocate_with
-            if c is None or COLOCATE in placed[ps.name].misses or not placed[ps.name].masks:
-                continue
-            together = self._colocation_nodes(placed[c.pod_set].slots, c.level)
-            if together is not None and not set(placed[ps.name].masks) <= together:
-                notes.append(
-                    f"pod set {ps.name}: not sharing a {c.level} with {c.pod_set}; "
-                    f"placed within {placed[ps.name].where}"
-                )
-        mnnvl = tuple(sorted(self.snap.nodes[i].name for i in state.mnnvl))
-        return Slice(
+        # Every colocation the slice misses carries a note: one placed before its colocateWith
+        # set was not judged against it, and one judged against a set spread over several
+        # domains may sit next to some of its pods only.
+        for name, why in colocation_misses(self.snap, gang, slots).items():
+            if COLOCATE not in placed[name].misses:
+                notes.append(f"pod set {name}: {why}; placed within {placed[name].where}")
+        sl = Slice(
             gang=gang.name,
             slots=tuple(slots),
             pod_set_micros=micros,
             score=round(sum(micros.values()), 3),
             domains={ps.name: placed[ps.name].where for ps in gang.pod_sets},
             notes=tuple(notes),
-            mnnvl_nodes=mnnvl,
+            mnnvl_nodes=mnnvl_nodes(self.snap, gang, slots),
         )
+        return _Done((fabric_waste(self.snap, gang, slots), _q(sl.per_layer_micros), len(notes)), sl)
 
     # -- one pod set: candidates ---------------------------------------------------------
     def _options(
@@ -278,7 +298,7 @@ class Solver:
     ) -> list[_Option] | _Shortfall:
         """Every candidate placement of ``ps`` found, best first; or why there is none."""
         if ps.gpus_per_pod == 0:
-            return [self._gpuless(ps, state)]
+            return [self._gpuless(ps, state, placed)]
         colo = ps.colocate_with
         partner: tuple[PodSlot, ...] = placed[colo.pod_set].slots if colo and colo.pod_set in placed else ()
         within = self._colocation_nodes(partner, colo.level) if colo and partner else None
@@ -318,14 +338,17 @@ class Solver:
         opts.sort(key=_Option.key)
         return [dataclasses.replace(o, notes=self._explain(ps, o, opts, within_found)) for o in opts]
 
-    def _gpuless(self, ps: PodSet, state: _State) -> _Option:
-        """Pods without GPUs go to a node the gang already uses (or the first node)."""
-        i = min(state.taken, default=0)
-        name = self.snap.nodes[i].name
+    def _gpuless(self, ps: PodSet, state: _State, placed: Mapping[str, _Option]) -> _Option:
+        """Pods without GPUs go next to their colocateWith set when it is placed, else to a
+        node the gang already uses (or the first node)."""
+        c = ps.colocate_with
+        if c is not None and c.pod_set in placed and placed[c.pod_set].slots:
+            name = placed[c.pod_set].slots[0].node
+        else:
+            name = self.snap.nodes[min(state.taken, default=0)].name
         slots = tuple(PodSlot(ps.name, k, name, ()) for k in range(ps.count))
-        return _Option(
-            slots, {}, node_scope(self.h), f"node {name}", pod_set_micros(self.snap, ps, slots), ()
-        )
+        cost = pod_set_micros(self.snap, ps, slots)
+        return _Option(slots, {}, node_scope(self.h), f"node {name}", 0, cost, ())
 
     def _judge(
         self,
@@ -340,8 +363,11 @@ class Solver:
         misses: list[str] = []
         nodes = sorted(o.masks) or [self.snap.index(s.node) for s in o.slots]
         if need.preferred_tier is not None:
-            shapes = [(self.snap.nodes[self.snap.index(s.node)].shape, s.gpus) for s in o.slots]
-            if any(sh.tier_of(sh.mask_of(g)) > need.preferred_tier for sh, g in shapes):
+            shapes = [self.snap.node(s.node).shape for s in o.slots]
+            if any(
+                sh.tier_of(fit_for(sh).mask_of(s.gpus)) > need.preferred_tier
+                for sh, s in zip(shapes, o.slots, strict=True)
+            ):
                 misses.append(PREFERRED)
         if need.preferred_scope is not None and len(nodes) > 1:
             level = self.h.common_level([self.snap.path(i) for i in nodes])
@@ -360,7 +386,11 @@ class Solver:
         where = chosen.where
         for miss in chosen.misses:
             kept = next((o for o in opts if miss not in o.misses), None)
-            cost = f" would cost {kept.cost:.1f} us/layer, not {chosen.cost:.1f}" if kept else ""
+            cost = ""
+            if kept is not None and kept.waste > chosen.waste:
+                cost = f" would take {kept.waste} GPUs of a multi-node NVLink clique without using its NVLink"
+            elif kept is not None:
+                cost = f" would cost {kept.cost:.1f} us/layer, not {chosen.cost:.1f}"
             if miss == PREFERRED:
                 text = (
                     f"pod set {ps.name}: preferred level {ps.preferred_level} not met; placed within {where}"
@@ -383,43 +413,57 @@ class Solver:
         return tuple(out)
 
     def _caps(self, gang: GangRequest, ps: PodSet, need: Need, state: _State, preferred: bool) -> Caps:
-        """Nodes that fit at least one pod of ``ps`` given what this gang already took."""
-        key = (ps.name, preferred)
-        base = self._base_caps.get(key)
-        if base is None:
-            base = self._base_caps[key] = {}
-            for i in range(len(self.snap.nodes)):
-                entry = self._cap_entry(ps, need, i, self.snap.free_mask(i), preferred)
+        """Nodes that fit at least one pod of ``ps`` given what this gang already took (the
+        same table for every order and beam branch that took the same GPUs)."""
+        key = (ps.name, preferred, tuple(sorted(state.taken.items())))
+        got = self._caps_memo.get(key)
+        if got is not None:
+            return got
+        if state.taken:
+            caps = dict(self._caps(gang, ps, need, _State(), preferred))
+            for i, taken in state.taken.items():
+                caps.pop(i, None)
+                entry = self._cap_entry(ps, need, i, self.snap.free_mask(i) & ~taken, preferred)
                 if entry is not None:
-                    base[i] = entry
-        if not state.taken:
-            return base
-        caps = dict(base)
-        for i, taken in state.taken.items():
-            caps.pop(i, None)
-            entry = self._cap_entry(ps, need, i, self.snap.free_mask(i) & ~taken, preferred)
+                    caps[i] = entry
+        else:
+            caps = self._scan(ps, need, preferred)
+        self._caps_memo[key] = caps
+        return caps
+
+    def _scan(self, ps: PodSet, need: Need, preferred: bool) -> Caps:
+        """Every node's capacity for ``ps``: one capacity search per node type and free mask,
+        one tier per node type."""
+        memo = self._entries.setdefault((ps.name, preferred), {})
+        gpus = ps.gpus_per_pod
+        caps: Caps = {}
+        for i, k in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
+            if k[1].bit_count() < gpus:
+                continue
+            entry = memo.get(k, _MISSING)
+            if entry is _MISSING:
+                entry = memo[k] = self._entry(ps, need, i, k[1], preferred)
             if entry is not None:
                 caps[i] = entry
         return caps
 
-    def _cap_entry(
-        self, ps: PodSet, need: Need, i: int, free: int, preferred: bool
-    ) -> tuple[int, int, Tier] | None:
+    def _cap_entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
         """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits;
         the same for every node of one type with the same free GPUs."""
         if free.bit_count() < ps.gpus_per_pod:
             return None
-        shape = self.snap.nodes[i].shape
-        key = (ps.name, preferred, shape.key, free)
-        if key in self._entries:
-            return self._entries[key]
-        entry = None
+        memo = self._entries.setdefault((ps.name, preferred), {})
+        k = (self.snap.kinds()[i], free)
+        if k not in memo:
+            memo[k] = self._entry(ps, need, i, free, preferred)
+        return memo[k]
+
+    def _entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
         tier = pod_tier(self.snap, i, ps, need, preferred)
-        if tier is not None:
-            cap = fit_for(shape).capacity(free, ps.gpus_per_pod, tier)
-            entry = (min(cap, ps.count), free, tier) if cap else None
-        self._entries[key] = entry
-        return entry
+        if tier is None:
+            return None
+        cap = fit_for(self.snap.nodes[i].shape).capacity(free, ps.gpus_per_pod, tier)
+        return (min(cap, ps.count), free, tier) if cap else None
 
     def _pass(
         self,
@@ -434,16 +478,23 @@ class Solver:
         self._work += len(caps)
         opts = self._single_options(ps, caps, links, dependents, state)
         if ps.count > 1 and need.scope < node_scope(self.h) and caps:
-            best = min((o.cost for o in opts), default=float("inf"))
+            best = min((o.price for o in opts), default=(0, float("inf")))
             opts.extend(self._multi_options(gang, ps, need, caps, state, links, best))
         return opts
 
-    def _cost(self, ps: PodSet, slots: Sequence[PodSlot], links: _Links, own: float | None = None) -> float:
-        """What placing ``ps`` on ``slots`` adds to the gang's cost: its own communication
-        (``own`` when already known) and the KV hand-offs to its placed dependents."""
+    def _price(self, ps: PodSet, slots: Sequence[PodSlot], links: _Links, own: float | None = None) -> Price:
+        """What placing ``ps`` on ``slots`` adds to the gang's objective: clique GPUs taken off
+        the fabric, and cost: its own communication (``own`` when already known) and the KV
+        hand-offs to its placed dependents."""
         if own is None or links.partner:
             own = pod_set_micros(self.snap, ps, slots, links.partner)
-        return own + sum(pod_set_micros(self.snap, d, d_slots, slots) for d, d_slots in links.dependents)
+        cost = own + sum(pod_set_micros(self.snap, d, d_slots, slots) for d, d_slots in links.dependents)
+        waste = 0
+        if self._has_fabric:
+            waste = pod_set_fabric_waste(self.snap, ps, slots, links.partner) + sum(
+                pod_set_fabric_waste(self.snap, d, d_slots, slots) for d, d_slots in links.dependents
+            )
+        return waste, cost
 
     # -- one node ------------------------------------------------------------------------
     def _node_pick(self, ps: PodSet, i: int, free: int, tier: Tier) -> _NodePick:
@@ -492,15 +543,18 @@ class Solver:
         """The best nodes that hold every pod alone: the cheapest and tightest fits, the best
         one per relation to the pod sets it hands a KV cache to or from, and the best one
         that leaves room for pod sets colocating with this one."""
-        ranked: list[tuple[float, int, int, int]] = []
+        ranked: list[tuple[int, float, int, int, int]] = []
         for i, (cap, free, tier) in caps.items():
             if cap >= ps.count:
                 pick = self._node_pick(ps, i, free, tier)
-                ranked.append((_q(pick.cost), pick.leftover, -pick.coherent, i))
+                # One node's pods do not talk over the fabric (a KV hand-off to a partner in
+                # the same clique may: the relation classes below offer that node too).
+                waste = ps.gpus if self._fabric_of(i) is not None else 0
+                ranked.append((waste, _q(pick.cost), pick.leftover, -pick.coherent, i))
         if not ranked:
             return []
         ranked.sort()
-        chosen = dict.fromkeys(r[3] for r in ranked[: BEAM + 1])
+        chosen = dict.fromkeys(r[-1] for r in ranked[: BEAM + 1])
         if links:
             classes: dict[object, int] = {}
             relations = [
@@ -529,41 +583,37 @@ class Solver:
         union = 0
         for m in pick.masks:
             union |= m
-        cost = self._cost(ps, slots, links, pick.cost)
+        waste, cost = self._price(ps, slots, links, pick.cost)
         name = self.snap.nodes[i].name
         fit = (pick.leftover, -pick.coherent, i)
         kinds = frozenset({self.snap.nodes[i].shape.key})
-        return _Option(slots, {i: union}, node_scope(self.h), f"node {name}", cost, fit, kinds=kinds)
+        return _Option(slots, {i: union}, node_scope(self.h), f"node {name}", waste, cost, fit, kinds=kinds)
 
     # -- several nodes -------------------------------------------------------------------
     def _fabric_of(self, i: int) -> tuple[str | None, ...] | None:
-        if not self._has_fabric:
-            return None
-        if i not in self._fabric:
-            self._fabric[i] = fabric_domain(self.snap, i)
-        return self._fabric[i]
+        return self.snap.clique(i) if self._has_fabric else None
 
     def _owns_mnnvl(self, gang: str, i: int) -> bool:
         owner = self.snap.mnnvl_owner(i)
         return owner is None or owner == gang
 
-    def _multi_usable(self, gang: str, i: int, level: int) -> bool:
-        """May node ``i`` be one of several nodes of a pod set that spans a domain at ``level``?
-        A clique node only inside its own clique (all-or-nothing), and only while no other
-        gang holds its NVLink (IMEX) channel."""
+    def _multi_usable(self, gang: str, ps: PodSet, i: int, level: int) -> bool:
+        """May node ``i`` be one of several nodes of ``ps`` spanning a domain at ``level``?
+        For a pod set whose pods talk, a clique node only inside its own clique
+        (all-or-nothing), and only while no other gang holds its NVLink (IMEX) channel; a pod
+        set whose pods do not talk uses no NVLink across nodes and may take any node."""
         fd = self._fabric_of(i)
-        if fd is None:
+        if fd is None or not pods_talk(ps):
             return True
         return level >= len(fd) - 1 and self._owns_mnnvl(gang, i)
 
     def _pod_gbps(self, ps: PodSet, i: int, entry: tuple[int, int, Tier]) -> float:
         """The best ring bandwidth one pod of ``ps`` gets on node ``i`` now."""
         _, free, tier = entry
-        shape = self.snap.nodes[i].shape
-        key = (ps.gpus_per_pod, shape.key, free, tier)
+        key = (ps.gpus_per_pod, self.snap.kinds()[i], free, tier)
         got = self._gbps.get(key)
         if got is None:
-            fit = fit_for(shape)
+            fit = fit_for(self.snap.nodes[i].shape)
             picked = fit.pick(free, ps.gpus_per_pod, tier, 1)
             got = self._gbps[key] = fit.gbps(picked[0]) if picked else 0.0
         return got
@@ -571,7 +621,8 @@ class Solver:
     def _top_gbps(self, ps: PodSet, caps: Caps) -> float:
         """At least the best ring bandwidth a pod of ``ps`` gets on any of these nodes: the
         fastest GPU set its tier allows on each node type."""
-        kinds = {(self.snap.nodes[i].shape.key, entry[2]): i for i, entry in caps.items()}
+        names = self.snap.kinds()
+        kinds = {(names[i], entry[2]): i for i, entry in caps.items()}
         best = 0.0
         for (_, tier), i in kinds.items():
             fit = fit_for(self.snap.nodes[i].shape)
@@ -599,11 +650,11 @@ class Solver:
         caps: Caps,
         state: _State,
         links: _Links,
-        best: float,
+        best: Price,
     ) -> list[_Option]:
         """Placements across several nodes: at each level from the finest up to the required
         one, the best-fitting domains that hold every pod, while a coarser level could still
-        beat the cheapest candidate so far."""
+        beat the best candidate so far."""
         h = self.h
         # Pods sharing one node are priced by that node's own links (single-node options);
         # these options span two nodes at least, so no node takes every pod.
@@ -620,41 +671,52 @@ class Solver:
         by_level: dict[int, list[list[int]]] = {}
         for key, members in self.snap.domains().items():
             by_level.setdefault(key[0], []).append(members)
+        # A pod set whose pods do not talk takes clique nodes last (they are off the fabric).
+        quiet = self._has_fabric and not pods_talk(ps)
         opts: list[_Option] = []
         for level in range(len(h.levels) - 1, max(need.scope, ANYWHERE) - 1, -1):
             fabric = level >= 0 and h.levels[level].fabric
-            if not fabric and _q(self._bound(ps, level, top_gbps, links)) >= _q(best):
+            if not fabric and (0, _q(self._bound(ps, level, top_gbps, links))) >= best:
                 break
             domains = [list(caps)] if level == ANYWHERE else by_level.get(level, [])
             cap_gbps = self._span_cap(ps, level)
-            found: list[tuple[tuple[float, ...], list[int]]] = []
+            found: list[tuple[tuple[float, ...], list[int], list[int]]] = []
             for members in domains:
                 if self._has_fabric:
-                    usable = [i for i in members if i in caps and self._multi_usable(gang.name, i, level)]
+                    usable = [i for i in members if i in caps and self._multi_usable(gang.name, ps, i, level)]
                 else:
                     usable = [i for i in members if i in caps]
                 if sum(min(caps[i][0], limit) for i in usable) < ps.count:
                     continue
                 # The fastest nodes that together hold every pod; a faster node than the
                 # network between them buys nothing, so those count as equal.
-                speed = {i: min(pod_gbps(i), cap_gbps) for i in usable}
-                usable.sort(key=lambda i: -speed[i])
-                held, threshold = 0, 0.0
+                rank = {
+                    i: (1 if quiet and self._fabric_of(i) is not None else 0, -min(pod_gbps(i), cap_gbps))
+                    for i in usable
+                }
+                usable.sort(key=rank.__getitem__)
+                held, threshold = 0, (0, 0.0)
                 for i in usable:
                     held += min(caps[i][0], limit)
-                    threshold = speed[i]
+                    threshold = rank[i]
                     if held >= ps.count:
                         break
-                fast = [i for i in usable if speed[i] >= threshold]
+                fast = [i for i in usable if rank[i] <= threshold]
                 spare = sum(caps[i][1].bit_count() for i in fast) - ps.count * ps.gpus_per_pod
-                found.append(((-threshold, float(spare), float(len(fast))), fast))
+                # Off-fabric nodes first: every non-clique node is used before any clique node.
+                first = [i for i in fast if rank[i][0] < threshold[0]]
+                found.append(((threshold[0], threshold[1], float(spare), float(len(fast))), fast, first))
             found.sort(key=lambda f: f[0])
-            for rank, fast in found[:CANDIDATES]:
+            for rank_, fast, first in found[:CANDIDATES]:
                 capped = {i: (min(caps[i][0], limit), caps[i][1], caps[i][2]) for i in fast}
-                assignment = self._fill(fast, level + 1, ps.count, capped, ps, gbps)
-                opt = self._realise(ps, assignment, capped, links, level, rank)
+                assignment = {i: capped[i][0] for i in first}
+                rest = [i for i in fast if i not in assignment]
+                need_rest = ps.count - sum(assignment.values())
+                if need_rest > 0:
+                    assignment.update(self._fill(rest, level + 1, need_rest, capped, ps, gbps))
+                opt = self._realise(ps, assignment, capped, links, level, rank_[2:])
                 opts.append(opt)
-                best = min(best, opt.cost)
+                best = min(best, opt.price)
         return opts
 
     def _fill(
@@ -715,7 +777,7 @@ class Solver:
         caps: Caps,
         links: _Links,
         level: int,
-        rank: tuple[float, ...],
+        fit: tuple[float, ...],
     ) -> _Option:
         placed: list[tuple[int, int]] = []
         masks: dict[int, int] = {}
@@ -728,7 +790,7 @@ class Solver:
                 placed.append((i, m))
                 masks[i] = masks.get(i, 0) | m
         slots = self._slots(ps, placed)
-        cost = self._cost(ps, slots, links)
+        waste, cost = self._price(ps, slots, links)
         if len(masks) == 1:
             (i,) = masks
             where, level = f"node {self.snap.nodes[i].name}", node_scope(self.h)
@@ -741,7 +803,7 @@ class Solver:
                 else self.h.describe(self._domain_key(next(iter(masks)), level))
             )
         kinds = frozenset(self.snap.nodes[i].shape.key for i in masks)
-        return _Option(slots, masks, level, where, cost, rank[1:], kinds=kinds)
+        return _Option(slots, masks, level, where, waste, cost, fit, kinds=kinds)
 
     def _domain_key(self, i: int, level: int) -> DomainKey:
         key = self.h.domain(self.snap.path(i), level)
@@ -752,21 +814,14 @@ class Solver:
         out = []
         for index, (i, mask) in enumerate(placed):
             node = self.snap.nodes[i]
-            gpus = node.shape.gpus_of(mask)
-            out.append(
-                PodSlot(
-                    pod_set=ps.name,
-                    index=index,
-                    node=node.name,
-                    gpus=gpus,
-                    numa_nodes=node.shape.numa_of(mask),
-                    nic=node.shape.best_nic.get(gpus[0]),
-                )
-            )
+            gpus, numa, nic = fit_for(node.shape).slot_of(mask)
+            out.append(PodSlot(ps.name, index, node.name, gpus, numa, nic))
         return tuple(out)
 
     # -- colocation ----------------------------------------------------------------------
     def _colocation_nodes(self, partner: Sequence[PodSlot], level: str) -> set[int] | None:
+        """The nodes that share a domain at ``level`` with some pod of ``partner`` (None: the
+        level is an in-node one, not judged)."""
         scope, _ = resolve_level(level, self.h)
         if scope is None:
             return None
@@ -798,12 +853,15 @@ class Solver:
 
     # -- reasons -------------------------------------------------------------------------
     def _shortfall(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> _Shortfall:
+        return _Shortfall(ps.name, lambda: self._reason(gang, ps, need, caps))
+
+    def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
+        """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
         words = self._tier_words(ps)
         what = f"{ps.count} pods of {ps.gpus_per_pod} free {words}GPU{'s' if ps.gpus_per_pod != 1 else ''}"
         largest = max((n.shape.size for n in self.snap.nodes), default=0)
         if ps.gpus_per_pod > largest:
-            return _Shortfall(
-                ps.name,
+            return (
                 f"pod set {ps.name}: no node has {ps.gpus_per_pod} GPUs (the largest has {largest})",
                 None,
                 ps.count,
@@ -813,21 +871,24 @@ class Solver:
             roomiest = (single[0], f"node {self.snap.nodes[single[1]].name}") if single else None
             return self._shortfall_reason(ps, "node", what, roomiest)
         if need.scope == ANYWHERE:
-            have, where = self._room_in(gang.name, list(caps), caps)
-            if not any(self._fabric_of(i) for i in caps):
+            have, where = self._room_in(gang.name, ps, list(caps), caps)
+            if not pods_talk(ps) or not any(self._fabric_of(i) for i in caps):
                 return self._shortfall_reason(ps, None, what, (have, "cluster"))
             return self._shortfall_reason(ps, "clique, nor the nodes outside cliques,", what, (have, where))
         best: tuple[int, str] | None = None
         for key, members in self.snap.domains().items():
             if key[0] == need.scope:
-                have, _ = self._room_in(gang.name, [i for i in members if i in caps], caps)
+                have, _ = self._room_in(gang.name, ps, [i for i in members if i in caps], caps)
                 if have and (best is None or have > best[0]):
                     best = (have, self.h.describe(key))
         return self._shortfall_reason(ps, self.h.levels[need.scope].name, what, best)
 
-    def _room_in(self, gang: str, nodes: Sequence[int], caps: Caps) -> tuple[int, str]:
+    def _room_in(self, gang: str, ps: PodSet, nodes: Sequence[int], caps: Caps) -> tuple[int, str]:
         """How many pods of a pod set these nodes hold at most, under the clique rules: one
-        node, one clique, or the nodes outside cliques together; and which of those it is."""
+        node, one clique, or the nodes outside cliques together; and which of those it is.
+        A pod set whose pods do not talk is under no clique rule: all of them together."""
+        if not pods_talk(ps):
+            return (sum(caps[i][0] for i in nodes), "cluster")
         best = (0, "cluster")
         groups: dict[tuple[str | None, ...] | None, int] = {}
         for i in nodes:
@@ -847,7 +908,7 @@ class Solver:
 
     def _shortfall_reason(
         self, ps: PodSet, level: str | None, what: str, best: tuple[int, str] | None
-    ) -> _Shortfall:
+    ) -> tuple[str, str | None, int]:
         have, where = best if best is not None else (0, None)
         need_more = ps.count - have
         if level is None:
@@ -859,7 +920,7 @@ class Solver:
                 f"pod set {ps.name}: no {level} has room for {what}; best is {where} "
                 f"with {have} (needs {need_more} more)"
             )
-        return _Shortfall(ps.name, reason, where, need_more)
+        return reason, where, need_more
 
     def _tier_words(self, ps: PodSet) -> str:
         need = resolve_need(ps, self.h)
@@ -871,20 +932,6 @@ class Solver:
             words = min(found).words if found else ""
         return f"{words} " if words else ""
 
-    def _fits_empty(self, gang: GangRequest) -> bool:
-        """Whether the gang would fit this cluster with nothing allocated or reserved."""
-        if (
-            all(not (n.allocated or n.mnnvl_gang) for n in self.snap.nodes)
-            and not any(self.snap.reserved.values())
-            and not self.snap.reserved_mnnvl
-        ):
-            return False
-        empty_nodes = [
-            NodeState(n.name, n.labels, n.graph, frozenset(), n.unhealthy, None) for n in self.snap.nodes
-        ]
-        empty = ClusterSnapshot(empty_nodes, self.h)
-        return isinstance(Solver(empty, self.exact_fallback).place(gang), Slice)
-
     # -- exact fallback ------------------------------------------------------------------
     def _each_fits_alone(self, gang: GangRequest, needs: dict[str, Need]) -> bool:
         """Whether every pod set has a placement on its own. The candidate search is complete
@@ -893,101 +940,6 @@ class Solver:
         does not fit alone the gang does not fit, and the exact search is spared."""
         return all(
             isinstance(self._options(gang, ps, needs[ps.name], _State(), {}), list) for ps in gang.pod_sets
-        )
-
-    def _exact(self, gang: GangRequest, needs: dict[str, Need]) -> Slice | None:
-        """Depth-first search over (node, GPU set) per pod for small gangs, cheapest sets first.
-
-        Pods of one pod set take their options in increasing order (they are interchangeable),
-        and a pod set's own rules (scope, cliques) are checked as its pods are added, so a
-        dead branch is cut at once. Returns the cheapest valid slice found within the budget.
-        """
-        if gang.pods > EXACT_MAX_PODS or len(self.snap.nodes) > EXACT_MAX_NODES:
-            return None
-        order = sorted(gang.pod_sets, key=lambda ps: -ps.gpus)
-        options: dict[str, list[tuple[int, int]]] = {}
-        for ps in order:
-            found: list[tuple[Tier, float, int, int]] = []
-            for i, node in enumerate(self.snap.nodes):
-                tier = pod_tier(self.snap, i, ps, needs[ps.name])
-                if tier is None and ps.gpus_per_pod:
-                    continue
-                fit = fit_for(node.shape)
-                free = self.snap.free_mask(i)
-                subs = fit.subsets(ps.gpus_per_pod, tier) if tier is not None and ps.gpus_per_pod else (0,)
-                found.extend((node.shape.tier_of(m), -fit.gbps(m), i, m) for m in subs if m & free == m)
-            found.sort()
-            options[ps.name] = [(i, m) for *_, i, m in found]
-        pods = [(ps, k) for ps in order for k in range(ps.count)]
-        budget = [EXACT_BUDGET]
-        best: list[tuple[float, list[PodSlot]]] = []
-        chosen: list[PodSlot] = []
-        taken: dict[int, int] = {}
-        alone = {
-            (ps.name, k): GangRequest(gang.name, (dataclasses.replace(ps, count=k, colocate_with=None),))
-            for ps in order
-            for k in range(1, ps.count + 1)
-        }
-
-        def search(k: int, start: int) -> None:
-            if k == len(pods):
-                # Every rule was kept on the way down (the whole slice is checked once below).
-                micros = sum(gang_micros(self.snap, gang, chosen).values())
-                if not best or micros < best[0][0]:
-                    best[:] = [(micros, list(chosen))]
-                return
-            ps, index = pods[k]
-            opts = options[ps.name]
-            for j in range(start if index else 0, len(opts)):
-                if budget[0] <= 0:
-                    return
-                budget[0] -= 1
-                i, mask = opts[j]
-                if taken.get(i, 0) & mask:
-                    continue
-                node = self.snap.nodes[i]
-                gpus = node.shape.gpus_of(mask)
-                slot = PodSlot(
-                    ps.name,
-                    index,
-                    node.name,
-                    gpus,
-                    node.shape.numa_of(mask),
-                    node.shape.best_nic.get(gpus[0]),
-                )
-                chosen.append(slot)
-                mine = [s for s in chosen if s.pod_set == ps.name]
-                # Options already keep each pod's own rules (free GPUs at its tier); what a new
-                # pod can break is its pod set's span, and only when it adds a node.
-                spans = len({s.node for s in mine}) > len({s.node for s in mine[:-1]}) > 0
-                if not spans or not violations(self.snap, alone[(ps.name, index + 1)], mine):
-                    taken[i] = taken.get(i, 0) | mask
-                    search(k + 1, j if ps.gpus_per_pod == 0 else j + 1)
-                    taken[i] &= ~mask
-                chosen.pop()
-
-        search(0, 0)
-        if not best or violations(self.snap, gang, best[0][1]):
-            return None
-        slots = sorted(best[0][1], key=lambda s: ([p.name for p in gang.pod_sets].index(s.pod_set), s.index))
-        state = _State()
-        by_set: dict[str, set[int]] = {}
-        for s in slots:
-            i = self.snap.index(s.node)
-            state.taken[i] = state.taken.get(i, 0) | self.snap.nodes[i].shape.mask_of(s.gpus)
-            by_set.setdefault(s.pod_set, set()).add(i)
-        for nodes in by_set.values():
-            if len(nodes) > 1:
-                state.mnnvl.update(i for i in nodes if self._fabric_of(i) is not None)
-        micros = gang_micros(self.snap, gang, slots)
-        return Slice(
-            gang=gang.name,
-            slots=tuple(slots),
-            pod_set_micros=micros,
-            score=round(sum(micros.values()), 3),
-            domains=dict.fromkeys(by_set, "exact search"),
-            notes=("placed by exact search",),
-            mnnvl_nodes=tuple(sorted(self.snap.nodes[i].name for i in state.mnnvl)),
         )
 
 
@@ -1016,14 +968,14 @@ class _Relation:
 
 
 def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
-    """The ``width`` best options, skipping those that only repeat a better one (same cost on
+    """The ``width`` best options, skipping those that only repeat a better one (same price on
     the same node types), plus the best one that leaves room for colocated pod sets."""
     out: list[_Option] = []
-    seen: set[tuple[float, frozenset[str]]] = set()
+    seen: set[tuple[Price, frozenset[str]]] = set()
     for o in opts:
-        if len(out) < width and (_q(o.cost), o.kinds) not in seen:
+        if len(out) < width and (o.price, o.kinds) not in seen:
             out.append(o)
-            seen.add((_q(o.cost), o.kinds))
+            seen.add((o.price, o.kinds))
     out.extend([o for o in opts if o not in out][: width - len(out)])
     out.sort(key=_Option.key)
     if width > 1 and all(o.no_room for o in out):
@@ -1032,8 +984,45 @@ def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
     return out
 
 
-def _slice_key(sl: Slice) -> tuple[float, int]:
-    return (_q(sl.per_layer_micros), len(sl.notes))
+class _EmptyFits:
+    """Whether a gang fits a cluster with nothing allocated or reserved, memoised per cluster
+    topology (:meth:`ClusterSnapshot.topology`: what allocation does not change) and pod sets.
+    A refusal asks it every time; the solve on the emptied cluster runs once per kind of gang.
+    Bounded: the last few topologies, and that many gangs each."""
+
+    TOPOLOGIES = 4
+    GANGS = 1024
+
+    def __init__(self) -> None:
+        self._by_topology: OrderedDict[TopologyKey, tuple[ClusterSnapshot, dict[object, bool]]] = (
+            OrderedDict()
+        )
+
+    def fits(self, snap: ClusterSnapshot, gang: GangRequest, exact_fallback: bool) -> bool:
+        if (
+            all(not (n.allocated or n.mnnvl_gang) for n in snap.nodes)
+            and not any(snap.reserved.values())
+            and not snap.reserved_mnnvl
+        ):
+            return False  # the snapshot is empty already, and the gang did not fit it
+        topology = snap.topology()
+        got = self._by_topology.get(topology)
+        if got is None:
+            got = self._by_topology[topology] = (snap.emptied(), {})
+            while len(self._by_topology) > self.TOPOLOGIES:
+                self._by_topology.popitem(last=False)
+        else:
+            self._by_topology.move_to_end(topology)
+        empty, answers = got
+        key = (gang.pod_sets, exact_fallback)
+        if key not in answers:
+            if len(answers) >= self.GANGS:
+                answers.pop(next(iter(answers)))
+            answers[key] = isinstance(Solver(empty, exact_fallback).place(gang), Slice)
+        return answers[key]
+
+
+_EMPTY_FITS = _EmptyFits()
 
 
 def place(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:

@@ -43,11 +43,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     cache = request.app[CACHE]
-    leading = request.app.get(LEADING)
-    if cache.ready and leading is not None and not leading["now"]:
-        return web.Response(status=503, text="standby: another replica holds the leader lease\n")
     if cache.ready:
-        return web.Response(text="ready\n")
+        # Both replicas are ready once listed (either can take over at once); only the
+        # leader carries the label the Service selects, so only it gets the scheduler's calls.
+        leading = request.app.get(LEADING)
+        role = "" if leading is None else (" (leader)" if leading["now"] else " (standby)")
+        return web.Response(text=f"ready{role}\n")
     waiting = ", ".join(sorted(k.value for k in cache.awaiting))
     return web.Response(status=503, text=f"waiting for the first list of: {waiting}\n")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from aiohttp import web
 
 from extender.kube.api import KubeApi
 from extender.kube.cache import ClusterCache
+from extender.kube.names import LEADER_LABEL
 from extender.kube.watch import Watcher
 from extender.webhook.app import build_app
 from extender.webhook.handling import LEADING
@@ -31,6 +33,20 @@ class ServeOptions:
     tls_key: str | None = None
 
 
+async def label_own_pod(api: KubeApi, leader: bool) -> None:
+    """Mark this replica's pod as the leader (or not) for the Service's selector; outside a
+    pod (no ``POD_NAME``/``POD_NAMESPACE``) there is nothing to mark."""
+    name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    if not name or not namespace:
+        return
+    try:
+        await asyncio.to_thread(
+            api.patch_pod_labels, namespace, name, {LEADER_LABEL: "true" if leader else "false"}
+        )
+    except Exception as exc:
+        log.warning("could not label pod %s/%s leader=%s: %s", namespace, name, leader, exc)
+
+
 #: Runs the admission controller beside the server: ``controller(stop, on_leadership)``.
 Controller = Callable[[asyncio.Event, Callable[[bool], None]], Coroutine[Any, Any, None]]
 
@@ -42,8 +58,8 @@ async def serve(
     controller: Controller | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
-    controller runs on the same loop over the same cache, and ``/readyz`` is true only on the
-    replica that holds the leader lease."""
+    controller runs on the same loop over the same cache; the replica holding the leader
+    lease labels its pod ``gangslice.io/leader=true`` and says so on ``/readyz``."""
     app = build_app(cache, api=api, prefix=options.prefix)
     leading = {"now": False}
     if controller is not None:
@@ -73,6 +89,8 @@ async def serve(
 
         def on_leadership(yes: bool) -> None:
             leading["now"] = yes
+            if api is not None:
+                background.append(asyncio.create_task(label_own_pod(api, yes)))
 
         ctl = asyncio.create_task(controller(stop, on_leadership), name="gangslice-controller")
         ctl.add_done_callback(lambda _: stop.set())

@@ -470,6 +470,26 @@ class ControlPlane:
             token=self.admin_token,
         )
 
+    def restart_apiserver(self, down_s: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGTERM), stay down ``down_s`` seconds, start it again with the same
+        flags on the same port, and wait for ``/readyz``. etcd keeps the data."""
+        proc = self.processes.get("kube-apiserver")
+        if proc is None:
+            raise ControlPlaneError("kube-apiserver is not running")
+        argv = proc.argv
+        self.stop_process("kube-apiserver")
+        if down_s > 0:
+            time.sleep(down_s)
+        self.start_process("kube-apiserver", argv)
+        assert self.ca_file is not None
+        self._wait_ready(
+            "kube-apiserver",
+            f"{self.server}/readyz",
+            lambda body: body.strip() == b"ok",
+            ssl_context=ssl.create_default_context(cafile=str(self.ca_file)),
+            token=self.admin_token,
+        )
+
     def start_scheduler(self, config: str | os.PathLike | Mapping[str, Any] | None = None) -> ManagedProcess:
         """(Re)start kube-scheduler with ``config`` (see the class doc); waits for its /healthz."""
         assert self.workdir is not None and self.kubeconfig is not None

@@ -150,7 +150,7 @@ def test_restore_never_double_books() -> None:
     ledger.restore(a)
     ledger.restore(Reservation("a", sl("a", ("h1", (0, 1))), expires_at=99.0))  # duplicate: first kept
     assert ledger.get("a") == a
-    with pytest.raises(LedgerError, match="overlaps another on h0"):
+    with pytest.raises(LedgerError, match=r"conflicts with another: GPUs \[1\] on h0 are already reserved"):
         ledger.restore(Reservation("b", sl("b", ("h0", (1, 2))), expires_at=10.0))
     assert "b" not in ledger
     # Reservations that ended before the restart are not brought back.
@@ -165,6 +165,55 @@ def test_from_dict_with_duplicated_and_overlapping_entries() -> None:
     a_again = Reservation("a", sl("a", ("h1", (0, 1))), expires_at=20.0).to_dict()
     rebuilt = Ledger.from_dict({"ttlSeconds": 5, "reservations": [a, a_again]})
     assert rebuilt.held() == {"h0": frozenset({0, 1})}
+    assert [(s.gang, s.reason) for s in rebuilt.skipped] == [
+        ("a", "entry 1 repeats gang a; the first one is kept")
+    ]
+
+
+def test_from_dict_skips_a_conflicting_entry_and_keeps_the_rest() -> None:
+    """One bad entry costs that entry only: the reservations after it still come back, the
+    conflicting one is reported with why, and nothing is booked twice."""
+    a = Reservation("a", sl("a", ("h0", (0, 1))), expires_at=10.0).to_dict()
     clash = Reservation("b", sl("b", ("h0", (1,))), expires_at=10.0).to_dict()
-    with pytest.raises(LedgerError):
-        Ledger.from_dict({"reservations": [a, clash]})
+    imex = Reservation("c", sl("c", ("t0", (0,)), ("t1", (0,)), mnnvl=("t0", "t1")), 10.0).to_dict()
+    imex_clash = Reservation("d", sl("d", ("t1", (1,)), ("t0", (1,)), mnnvl=("t0", "t1")), 10.0).to_dict()
+    after = Reservation("e", sl("e", ("h1", (0,))), expires_at=10.0).to_dict()
+    unreadable = {"gang": "f", "slice": {"gang": "f"}}  # no expiresAt
+    rebuilt = Ledger.from_dict({"reservations": [a, clash, imex, imex_clash, unreadable, after]})
+    assert sorted(r.gang for r in rebuilt.reservations()) == ["a", "c", "e"]
+    assert rebuilt.held() == {
+        "h0": frozenset({0, 1}),
+        "h1": frozenset({0}),
+        "t0": frozenset({0}),
+        "t1": frozenset({0}),
+    }
+    assert rebuilt.mnnvl() == {"t0": "c", "t1": "c"}
+    assert [s.gang for s in rebuilt.skipped] == ["b", "d", "f"]
+    reasons = [s.reason for s in rebuilt.skipped]
+    assert reasons[0] == (
+        "entry 1: gang b: persisted reservation conflicts with another: GPUs [1] on h0 are already reserved"
+    )
+    assert reasons[1].endswith("the NVLink (IMEX) channel of t0 is already reserved by gang c"), reasons[1]
+    assert reasons[2].startswith("entry 4 cannot be read: KeyError"), reasons[2]
+    # A clean rebuild reports nothing.
+    assert Ledger.from_dict(rebuilt.to_dict()).skipped == ()
+
+
+def test_reserve_refuses_a_second_multi_node_nvlink_gang_on_a_node() -> None:
+    """One IMEX channel per node: two reservations whose slices use multi-node NVLink on a
+    shared node are never both held, even on disjoint GPUs."""
+    ledger = Ledger()
+    ledger.reserve(sl("a", ("t0", (0, 1)), ("t1", (0, 1)), mnnvl=("t0", "t1")), now=0.0)
+    second = sl("b", ("t1", (2, 3)), ("t0", (2, 3)), mnnvl=("t0", "t1"))
+    with pytest.raises(LedgerError, match="NVLink \\(IMEX\\) channel of t0 is already reserved by gang a"):
+        ledger.reserve(second, now=0.0)
+    assert "b" not in ledger and ledger.mnnvl() == {"t0": "a", "t1": "a"}
+    with pytest.raises(LedgerError, match="channel of t0"):
+        ledger.restore(Reservation("b", second, expires_at=10.0))
+    assert "b" not in ledger
+    # The same GPUs without a multi-node NVLink claim (one pod per node, say) are fine.
+    ledger.reserve(sl("c", ("t1", (2, 3))), now=0.0)
+    # Once the first is released the second fits.
+    ledger.release("a")
+    ledger.release("c")
+    assert ledger.reserve(second, now=1.0).gang == "b"

@@ -203,8 +203,16 @@ def test_a_valid_slice_has_no_violations() -> None:
             [slot("h1", (0,)), slot("h3", (0,), 1)],
             "more than one leaf",
         ),
-        (PodSet("p", 2, 1), [slot("t1", (0,)), slot("t3", (0,), 1)], "several NVLink cliques"),
-        (PodSet("p", 2, 1), [slot("t1", (0,)), slot("h3", (0,), 1)], "mixes clique and non-clique"),
+        (
+            PodSet("p", 2, 1, Comm.ALLREDUCE),
+            [slot("t1", (0,)), slot("t3", (0,), 1)],
+            "several NVLink cliques",
+        ),
+        (
+            PodSet("p", 2, 1, Comm.ALLTOALL),
+            [slot("t1", (0,)), slot("h3", (0,), 1)],
+            "mixes clique and non-clique",
+        ),
         (PodSet("p", 2, 1), [slot("h1", (0,)), slot("nowhere", (0,), 1)], "unknown node nowhere"),
     ],
 )
@@ -220,7 +228,7 @@ def test_held_nvlink_channel_blocks_only_multi_node_use() -> None:
         [*snap.nodes, NodeState("t4", {SPINE: "s1", LEAF: "l2", CLIQUE: "c.1"}, preset_graph("gb200-tray"))],
         H,
     )
-    ps = PodSet("p", 2, 2)
+    ps = PodSet("p", 2, 2, Comm.ALLREDUCE)
     problems = scoring.violations(three, one(ps), [slot("t3", (0, 1)), slot("t4", (0, 1), 1)])
     assert problems == ["pod set p: node t3's NVLink channel is held by gang other"]
     assert scoring.violations(three, one(dataclasses.replace(ps, count=1)), [slot("t3", (0, 1))]) == []
@@ -239,3 +247,87 @@ def test_unknown_pod_set_and_gpuless_pods() -> None:
     )
     # A pod without GPUs (a launcher, say) has no in-node tier to keep.
     assert scoring.violations(snap, one(PodSet("p", 1, 0)), [slot("h1", ())]) == []
+
+
+def test_pods_that_do_not_talk_are_under_no_clique_rule() -> None:
+    """A pod set whose pods do not talk (comm none, or kv-transfer with no colocateWith set)
+    uses no NVLink across nodes: it may mix cliques, and another gang's IMEX channel is no
+    obstacle; it claims no channel either."""
+    snap = snapshot()
+    mixed = [slot("t1", (0,)), slot("t3", (0,), 1), slot("h3", (0,), 2)]
+    for comm in (Comm.NONE, Comm.KV_TRANSFER):
+        ps = PodSet("p", 3, 1, comm)
+        assert not scoring.pods_talk(ps)
+        assert scoring.violations(snap, one(ps), mixed) == []
+        assert scoring.mnnvl_nodes(snap, one(ps), mixed) == ()
+    talking = PodSet("p", 2, 1, Comm.PIPELINE)
+    pair = [slot("t1", (0,)), slot("t2", (0,), 1)]
+    assert scoring.pods_talk(talking)
+    assert scoring.mnnvl_nodes(snap, one(talking), pair) == ("t1", "t2")
+    assert scoring.mnnvl_nodes(snap, one(talking), pair[:1]) == ()  # one node: no channel
+
+
+def test_fabric_waste_counts_clique_gpus_of_pod_sets_off_the_fabric() -> None:
+    snap = snapshot()
+    # One pod on one tray: its GPUs do not use the fabric.
+    assert scoring.fabric_waste(snap, one(PodSet("p", 1, 2)), [slot("t1", (0, 1))]) == 2
+    assert scoring.fabric_waste(snap, one(PodSet("p", 1, 2)), [slot("h2", (0, 1))]) == 0
+    # Pods that talk across two trays of one clique use it; pods that do not, do not.
+    pair = [slot("t1", (0, 1)), slot("t2", (0, 1), 1)]
+    assert scoring.fabric_waste(snap, one(PodSet("p", 2, 2, Comm.ALLTOALL)), pair) == 0
+    assert scoring.fabric_waste(snap, one(PodSet("p", 2, 2)), pair) == 4
+    # Mixed: only the clique node's GPUs count.
+    assert (
+        scoring.fabric_waste(snap, one(PodSet("p", 2, 2)), [slot("t1", (0, 1)), slot("h2", (0, 1), 1)]) == 2
+    )
+    # A kv-transfer pod on one tray takes its KV cache over the fabric from a partner on another
+    # tray of the clique, not from one on the same tray or outside the clique.
+    prefill = PodSet("prefill", 1, 2, Comm.ALLREDUCE)
+    decode = PodSet("decode", 1, 2, Comm.KV_TRANSFER, colocate_with=Colocation("prefill", "clique"))
+    gang = GangRequest("g", (prefill, decode))
+    over = [slot("t1", (0, 1), pod_set="prefill"), slot("t2", (0, 1), pod_set="decode")]
+    same = [slot("t1", (0, 1), pod_set="prefill"), slot("t1", (2, 3), pod_set="decode")]
+    assert scoring.fabric_waste(snap, gang, over) == 2  # prefill's own pod is off the fabric
+    assert scoring.fabric_waste(snap, gang, same) == 4
+    # The objective puts it first, then the cost.
+    waste, micros = scoring.objective(snap, gang, over)
+    assert waste == 2
+    assert micros == pytest.approx(sum(scoring.gang_micros(snap, gang, over).values()))
+    assert scoring.objective(snap, gang, over) < scoring.objective(snap, gang, same)
+    # Without a fabric level nothing is ever wasted.
+    flat = ClusterSnapshot(list(snap.nodes), Hierarchy((Level("leaf", LEAF),)))
+    assert scoring.fabric_waste(flat, one(PodSet("p", 1, 2)), [slot("t1", (0, 1))]) == 0
+
+
+def test_colocation_misses_need_every_pod_in_one_domain() -> None:
+    snap = snapshot()
+    prefill = PodSet("prefill", 2, 2)
+    decode = PodSet("decode", 1, 2, Comm.KV_TRANSFER, colocate_with=Colocation("prefill", "leaf"))
+    gang = GangRequest("g", (prefill, decode))
+
+    def misses(prefill_nodes: tuple[str, str], decode_node: str) -> dict[str, str]:
+        slots = [slot(n, (0, 1), k, "prefill") for k, n in enumerate(prefill_nodes)]
+        return scoring.colocation_misses(snap, gang, [*slots, slot(decode_node, (2, 3), pod_set="decode")])
+
+    assert misses(("h2", "p1"), "h1") == {}  # all in leaf l1
+    assert misses(("h2", "p1"), "h3") == {"decode": "not sharing a leaf with prefill"}
+    # Prefill spans two leaves: decode next to one of its pods does not meet the wish.
+    assert misses(("h2", "h3"), "h1") == {
+        "decode": "not sharing a leaf with prefill (prefill itself spans more than one leaf)"
+    }
+    # An in-node level is not judged.
+    nvlink = GangRequest(
+        "g", (prefill, dataclasses.replace(decode, colocate_with=Colocation("prefill", "nvlink")))
+    )
+    assert (
+        scoring.colocation_misses(
+            snap,
+            nvlink,
+            [
+                slot("h2", (0, 1), 0, "prefill"),
+                slot("h3", (0, 1), 1, "prefill"),
+                slot("h4", (0, 1), pod_set="decode"),
+            ],
+        )
+        == {}
+    )

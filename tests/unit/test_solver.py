@@ -10,6 +10,7 @@ import pytest
 
 from extender.cost import Comm
 from extender.placement import scoring
+from extender.placement import solver as solver_module
 from extender.placement.ledger import Ledger
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import PodSlot, Slice, Unplaceable
@@ -238,6 +239,71 @@ def test_feasible_when_empty() -> None:
     assert got.feasible_when_empty
 
 
+def test_feasible_when_empty_is_solved_once_per_topology_and_pod_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refusal asks whether the gang fits the emptied cluster; the answer depends on the
+    topology (graphs, labels, unhealthy GPUs) and the pod sets only, so it is solved once and
+    remembered, whatever is allocated and whatever the gang is called."""
+    monkeypatch.setattr(solver_module, "_EMPTY_FITS", solver_module._EmptyFits())
+    solved: list[ClusterSnapshot] = []
+    real = Solver.place
+
+    def counting(self: Solver, g: GangRequest) -> Any:
+        solved.append(self.snap)
+        return real(self, g)
+
+    monkeypatch.setattr(Solver, "place", counting)
+
+    def leaves(
+        allocated: dict[str, list[int]], unhealthy: dict[str, list[int]] | None = None
+    ) -> ClusterSnapshot:
+        sick = unhealthy or {}
+        names = [f"a{i}" for i in range(4)] + [f"b{i}" for i in range(4)]
+        return cluster(
+            *(
+                node(n, leaf=f"leaf-{n[0]}", allocated=allocated.get(n, ()), unhealthy=sick.get(n, ()))
+                for n in names
+            )
+        )
+
+    wide = tp(4, 8, required_level="leaf")
+    first = unplaceable(leaves({"a0": [0], "b3": [7]}), gang(wide, name="first"))
+    assert first.feasible_when_empty
+    assert len(solved) == 2  # the refusal, then the emptied cluster
+    # Other allocations and another gang name, same topology and pod sets: remembered.
+    again = unplaceable(leaves({"a1": [0, 1], "b0": [2]}), gang(wide, name="second"))
+    assert again.feasible_when_empty and len(solved) == 3
+    # A reservation view of the same cluster is the same topology too.
+    view = Ledger().view(leaves({"a2": [3], "b1": [3]}))
+    assert unplaceable(view, gang(wide, name="third")).feasible_when_empty and len(solved) == 4
+    # Other pod sets: solved afresh.
+    assert unplaceable(leaves({"a0": [0], "b3": [7]}), gang(tp(4, 8, Comm.ALLTOALL, required_level="leaf")))
+    assert len(solved) == 6
+    # A GPU gone bad on each leaf changes the topology: now it never fits.
+    sick = leaves({}, unhealthy={"a0": [0], "b3": [7]})
+    never = unplaceable(sick, gang(wide, name="fourth"))
+    assert not never.feasible_when_empty
+    assert isinstance(real(Solver(sick.emptied()), gang(wide)), Unplaceable)
+
+
+def test_topology_ignores_allocation_and_sees_graphs_labels_and_health() -> None:
+    base = cluster(node("n1"), node("n2", leaf="leaf-2"))
+    same = cluster(node("n1", allocated=[0, 1]), node("n2", leaf="leaf-2"))
+    assert base.topology() == same.topology() and hash(base.topology()) == hash(same.topology())
+    assert Ledger().view(same).topology() == base.topology()
+    for other in (
+        cluster(node("n1", unhealthy=[2]), node("n2", leaf="leaf-2")),
+        cluster(node("n1"), node("n2", leaf="leaf-3")),
+        cluster(node("n1"), node("n2", "dgx-a100", leaf="leaf-2")),
+        cluster(node("n1"), node("n3", leaf="leaf-2")),
+    ):
+        assert other.topology() != base.topology()
+    emptied = same.emptied()
+    assert [emptied.free_mask(i) for i in range(2)] == [base.free_mask(i) for i in range(2)]
+    assert emptied.topology() == base.topology()
+
+
 # --- gangs of several pod sets ----------------------------------------------------------------
 
 
@@ -297,6 +363,29 @@ def test_colocation_that_cannot_be_met_is_a_note() -> None:
     decode = tp(1, 8, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
     sl = placed(snap, gang(prefill, decode))
     assert any("share a leaf with prefill" in n for n in sl.notes), sl.notes
+
+
+def test_colocation_with_a_pod_set_spread_over_two_leaves_is_a_note() -> None:
+    """Decode next to one of prefill's pods but not the other does not share a leaf with
+    prefill; the simulator found this silent before."""
+    snap = cluster(
+        node("h1", leaf="leaf-1", allocated=range(4)),
+        node("h2", leaf="leaf-1"),
+        node("p1", "pcie-8gpu-2socket", leaf="leaf-2", allocated=range(4, 8)),
+    )
+    prefill = tp(2, 4, Comm.NONE, name="prefill")
+    decode = tp(1, 8, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
+    g = gang(prefill, decode)
+    sl = placed(snap, g)
+    assert sl.slot("decode/0").node == "h2"  # the only whole node
+    assert {s.node for s in sl.slots if s.pod_set == "prefill"} == {"h1", "p1"}
+    assert scoring.colocation_misses(snap, g, sl.slots) == {
+        "decode": "not sharing a leaf with prefill (prefill itself spans more than one leaf)"
+    }
+    assert any(
+        n.startswith("pod set decode: not sharing a leaf with prefill (prefill itself spans")
+        for n in sl.notes
+    ), sl.notes
 
 
 # --- multi-node NVLink cliques ------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""Reservations owned by a Kubernetes object (a PodGroup, a Workload): hold one in the cache's
+ledger, persist it as a SliceReservation owned by that object, and post Events about it.
+Shared by the PodGroup controller and joint gangs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from extender.admission.objects import (
+    META_OWNER_KIND,
+    META_OWNER_NAME,
+    META_OWNER_UID,
+    owner_reference,
+    reservation_from_object,
+    reservation_to_object,
+    rfc3339,
+)
+from extender.kube.api import ApiError, Conflict, NotFound
+from extender.kube.crd_models import CrdError, object_name
+from extender.placement.ledger import Phase, Reservation
+from extender.placement.slice import Slice
+
+log = logging.getLogger(__name__)
+
+
+class OwnedApi(Protocol):
+    async def get_reservation(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def create_reservation(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def delete_reservation(self, namespace: str, name: str) -> None: ...
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
+
+
+def ref(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+
+
+def owned_reservation(sl: Slice, owner: Mapping[str, Any], expires_at: float) -> Reservation:
+    """A fresh hold of ``sl`` whose meta names ``owner`` (restore it into the cache's ledger)."""
+    ns, name = ref(owner)
+    return Reservation(
+        gang=sl.gang,
+        slice=sl,
+        expires_at=expires_at,
+        phase=Phase.RESERVED,
+        meta={
+            "namespace": ns,
+            "name": object_name(sl.gang),
+            "ownerApiVersion": str(owner.get("apiVersion") or ""),
+            META_OWNER_KIND: str(owner.get("kind") or ""),
+            META_OWNER_NAME: name,
+            META_OWNER_UID: str((owner.get("metadata") or {}).get("uid") or ""),
+        },
+    )
+
+
+async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: float) -> bool:
+    """Create the SliceReservation of ``r`` owned by ``owner``; an object left from an earlier
+    hold of the same gang is replaced. False when it could not be written."""
+    ns, _ = ref(owner)
+    name = object_name(r.gang)
+    obj = reservation_to_object(r, ns, name, owner_reference(owner), now)
+    try:
+        await api.create_reservation(obj)
+        return True
+    except Conflict:
+        pass
+    except ApiError as exc:
+        log.warning("creating SliceReservation %s/%s failed: %s", ns, name, exc)
+        return False
+    try:
+        existing = reservation_from_object(await api.get_reservation(ns, name))
+        if existing.gang == r.gang and existing.slice.to_dict() == r.slice.to_dict():
+            return True
+        await delete_object(api, existing)
+        await api.create_reservation(obj)
+        return True
+    except (ApiError, CrdError) as exc:
+        log.warning("SliceReservation %s/%s: %s", ns, name, exc)
+        return False
+
+
+async def delete_object(api: OwnedApi, r: Reservation) -> None:
+    ns = r.meta.get("namespace") or r.gang.split("/", 1)[0]
+    name = r.meta.get("name") or object_name(r.gang)
+    try:
+        await api.delete_reservation(ns, name)
+    except NotFound:
+        pass
+    except ApiError as exc:
+        log.warning("deleting SliceReservation %s/%s failed: %s", ns, name, exc)
+
+
+async def post_event(
+    api: OwnedApi,
+    obj: Mapping[str, Any],
+    kind: str,
+    reason: str,
+    message: str,
+    now: float,
+    identity: str,
+) -> None:
+    """A core/v1 Event about ``obj`` (a PodGroup, a Pod, a Workload); failures are logged."""
+    meta = obj.get("metadata") or {}
+    ns, name = ref(obj)
+    stamp = rfc3339(now)
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name}.", "namespace": ns},
+        "involvedObject": {
+            "apiVersion": str(obj.get("apiVersion") or "v1"),
+            "kind": str(obj.get("kind") or ""),
+            "name": name,
+            "namespace": ns,
+            "uid": str(meta.get("uid") or ""),
+        },
+        "type": kind,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "gangslice"},
+        "reportingComponent": "gangslice.io/controller",
+        "reportingInstance": identity,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    try:
+        await api.create_event(ns, event)
+    except ApiError as exc:
+        log.debug("event for %s/%s: %s", ns, name, exc)

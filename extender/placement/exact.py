@@ -1,0 +1,128 @@
+"""The exact search small gangs fall back on when the solver's candidate search places none.
+
+A depth-first search over (node, GPU set) per pod, best options first, that keeps every hard
+rule on the way down and returns the best valid slice by the objective
+(:func:`~extender.placement.scoring.objective`) found within a budget. It only runs on small
+gangs and small clusters, where it is cheap and where it makes the solver complete: the
+solver does not call a gang unplaceable while a slice exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from extender.cost import Comm
+from extender.placement.node_fit import fit_for
+from extender.placement.request import GangRequest, PodSet
+from extender.placement.scoring import (
+    Need,
+    colocation_misses,
+    gang_micros,
+    mnnvl_nodes,
+    objective,
+    pod_tier,
+    pods_talk,
+    violations,
+)
+from extender.placement.slice import PodSlot, Slice
+from extender.placement.snapshot import ClusterSnapshot
+
+#: Partial assignments tried at most.
+EXACT_BUDGET = 20_000
+#: Gangs of more pods, or clusters of more nodes, are not searched.
+EXACT_MAX_PODS = 8
+EXACT_MAX_NODES = 16
+
+NOTE = "placed by exact search"
+
+
+def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]) -> Slice | None:
+    """The best valid slice for a small gang found within the budget, or None.
+
+    Pods of one pod set take their options in increasing order (they are interchangeable),
+    and a pod set's own rules (scope, cliques) are checked as its pods are added, so a dead
+    branch is cut at once.
+    """
+    if gang.pods > EXACT_MAX_PODS or len(snap.nodes) > EXACT_MAX_NODES:
+        return None
+    order = sorted(gang.pod_sets, key=lambda ps: -ps.gpus)
+    options = {ps.name: _options(snap, ps, needs[ps.name]) for ps in order}
+    pods = [(ps, k) for ps in order for k in range(ps.count)]
+    budget = [EXACT_BUDGET]
+    best: list[tuple[tuple[int, float], list[PodSlot]]] = []
+    chosen: list[PodSlot] = []
+    taken: dict[int, int] = {}
+    alone = {
+        (ps.name, k): GangRequest(gang.name, (_alone(ps, k),)) for ps in order for k in range(1, ps.count + 1)
+    }
+
+    def search(k: int, start: int) -> None:
+        if k == len(pods):
+            # Every rule was kept on the way down (the whole slice is checked once below).
+            key = objective(snap, gang, chosen)
+            if not best or key < best[0][0]:
+                best[:] = [(key, list(chosen))]
+            return
+        ps, index = pods[k]
+        opts = options[ps.name]
+        for j in range(start if index else 0, len(opts)):
+            if budget[0] <= 0:
+                return
+            budget[0] -= 1
+            i, mask = opts[j]
+            if taken.get(i, 0) & mask:
+                continue
+            node = snap.nodes[i]
+            gpus, numa, nic = fit_for(node.shape).slot_of(mask)
+            chosen.append(PodSlot(ps.name, index, node.name, gpus, numa, nic))
+            mine = [s for s in chosen if s.pod_set == ps.name]
+            # Options already keep each pod's own rules (free GPUs at its tier); what a new
+            # pod can break is its pod set's span, and only when it adds a node.
+            spans = len({s.node for s in mine}) > len({s.node for s in mine[:-1]}) > 0
+            if not spans or not violations(snap, alone[(ps.name, index + 1)], mine):
+                taken[i] = taken.get(i, 0) | mask
+                search(k + 1, j if ps.gpus_per_pod == 0 else j + 1)
+                taken[i] &= ~mask
+            chosen.pop()
+
+    search(0, 0)
+    if not best or violations(snap, gang, best[0][1]):
+        return None
+    names = [p.name for p in gang.pod_sets]
+    slots = sorted(best[0][1], key=lambda s: (names.index(s.pod_set), s.index))
+    micros = gang_micros(snap, gang, slots)
+    misses = colocation_misses(snap, gang, slots)
+    return Slice(
+        gang=gang.name,
+        slots=tuple(slots),
+        pod_set_micros=micros,
+        score=round(sum(micros.values()), 3),
+        domains=dict.fromkeys((s.pod_set for s in slots), "exact search"),
+        notes=(NOTE, *(f"pod set {name}: {why}" for name, why in misses.items())),
+        mnnvl_nodes=mnnvl_nodes(snap, gang, slots),
+    )
+
+
+def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, int]]:
+    """(node index, GPU mask) for one pod of ``ps``: free, at its tier; nodes outside cliques
+    first for a pod set whose pods do not talk, then the tightest and fastest sets."""
+    found: list[tuple[bool, int, float, int, int]] = []
+    quiet = not pods_talk(ps)
+    for i, node in enumerate(snap.nodes):
+        tier = pod_tier(snap, i, ps, need)
+        if tier is None and ps.gpus_per_pod:
+            continue
+        fit = fit_for(node.shape)
+        free = snap.free_mask(i)
+        subs = fit.subsets(ps.gpus_per_pod, tier) if tier is not None and ps.gpus_per_pod else (0,)
+        off = quiet and snap.clique(i) is not None
+        found.extend((off, node.shape.tier_of(m), -fit.gbps(m), i, m) for m in subs if m & free == m)
+    found.sort()
+    return [(i, m) for *_, i, m in found]
+
+
+def _alone(ps: PodSet, count: int) -> PodSet:
+    """The first ``count`` pods of ``ps`` as a gang of their own, for checking its own rules:
+    without the colocateWith set, but under the same clique rules."""
+    comm = ps.comm if ps.comm != Comm.KV_TRANSFER else Comm.ALLTOALL if pods_talk(ps) else Comm.NONE
+    return dataclasses.replace(ps, count=count, colocate_with=None, comm=comm)

@@ -1,0 +1,412 @@
+"""Helpers for the e2e tests that run gangslice itself: objects over plain REST, the shipped RBAC, fake
+GPU nodes with NodeTopology objects, and the ``gangslice serve`` process.
+
+Everything talks JSON through :meth:`ControlPlane.request` (admin), except gangslice, which runs under
+the ServiceAccount and ClusterRole from ``manifests/controller/rbac.yaml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from controlplane import ControlPlane, ManagedProcess, free_ports
+
+from extender.topology.presets import preset_graph
+from extender.topology.serialize import graph_to_dict
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+SYSTEM_NS = "gangslice-system"
+SERVICE_ACCOUNT = "gangslice-controller"
+GPU = "nvidia.com/gpu"
+SPINE = "fabric.topograph.run/tier-1"
+LEAF = "fabric.topograph.run/tier-0"
+#: Every node a test module creates carries this label with the module's pool name; its pods select it,
+#: so modules (and the smoke test's bare node) never see each other's nodes.
+POOL = "e2e.gangslice.io/pool"
+
+T = TypeVar("T")
+
+#: kind -> (API path prefix, plural, namespaced)
+_KINDS: dict[str, tuple[str, str, bool]] = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "Node": ("/api/v1", "nodes", False),
+    "Pod": ("/api/v1", "pods", True),
+    "Event": ("/api/v1", "events", True),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "NodeTopology": ("/apis/gangslice.io/v1alpha1", "nodetopologies", False),
+    "SliceReservation": ("/apis/gangslice.io/v1alpha1", "slicereservations", True),
+    "ResourceFlavor": ("/apis/kueue.x-k8s.io/v1beta2", "resourceflavors", False),
+    "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False),
+    "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta2", "localqueues", True),
+    "AdmissionCheck": ("/apis/kueue.x-k8s.io/v1beta2", "admissionchecks", False),
+    "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads", True),
+    "PodGroup": ("/apis/scheduling.volcano.sh/v1beta1", "podgroups", True),
+    "Queue": ("/apis/scheduling.volcano.sh/v1beta1", "queues", False),
+}
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.25) -> T:
+    """Poll ``fn`` until it returns something truthy; fail naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {value!r})")
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------------------------- REST
+def path_of(kind: str, name: str | None = None, namespace: str | None = None, sub: str | None = None) -> str:
+    prefix, plural, namespaced = _KINDS[kind]
+    path = prefix + (f"/namespaces/{namespace}" if namespaced and namespace else "") + f"/{plural}"
+    if name:
+        path += f"/{name}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+def create(cp: ControlPlane, obj: Mapping[str, Any], *, exist_ok: bool = False) -> dict[str, Any]:
+    meta = obj["metadata"]
+    try:
+        created: dict[str, Any] = cp.request("POST", path_of(obj["kind"], namespace=meta.get("namespace")), obj)
+        return created
+    except urllib.error.HTTPError as e:
+        if e.code == 409 and exist_ok:
+            return get(cp, obj["kind"], meta["name"], meta.get("namespace")) or {}
+        raise AssertionError(f"creating {obj['kind']} {meta['name']}: HTTP {e.code} {e.read()[:400]!r}") from e
+
+
+def get(cp: ControlPlane, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = cp.request("GET", path_of(kind, name, namespace))
+        return found
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+def items(
+    cp: ControlPlane, kind: str, namespace: str | None = None, label_selector: str | None = None
+) -> list[dict[str, Any]]:
+    path = path_of(kind, namespace=namespace)
+    if label_selector:
+        path += "?labelSelector=" + urllib.parse.quote(label_selector)
+    listed: list[dict[str, Any]] = cp.request("GET", path)["items"]
+    return listed
+
+
+def merge_patch(
+    cp: ControlPlane, kind: str, name: str, patch: Any, namespace: str | None = None, sub: str | None = None
+) -> dict[str, Any]:
+    patched: dict[str, Any] = cp.request(
+        "PATCH", path_of(kind, name, namespace, sub), patch, content_type="application/merge-patch+json"
+    )
+    return patched
+
+
+def delete(cp: ControlPlane, kind: str, name: str, namespace: str | None = None) -> None:
+    # No kubelet runs: a bound pod deleted with a grace period would stay Terminating forever.
+    try:
+        cp.request("DELETE", path_of(kind, name, namespace), {"gracePeriodSeconds": 0})
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+
+
+def events_for(cp: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in items(cp, "Event", namespace) if e["involvedObject"].get("name") == name]
+
+
+# ---------------------------------------------------------------------------------------------- RBAC
+def install_gangslice(cp: ControlPlane) -> None:
+    """Our CRDs, the gangslice-system namespace and the controller's RBAC exactly as shipped."""
+    cp.install_crds(MANIFESTS / "crds")
+    for doc in yaml.safe_load_all((MANIFESTS / "namespace.yaml").read_text()):
+        create(cp, doc, exist_ok=True)
+    for doc in yaml.safe_load_all((MANIFESTS / "controller" / "rbac.yaml").read_text()):
+        if doc:
+            create(cp, doc, exist_ok=True)
+
+
+def service_account_kubeconfig(cp: ControlPlane, path: Path) -> Path:
+    """A kubeconfig with a token minted for gangslice-system/gangslice-controller (TokenRequest API)."""
+    review = cp.request(
+        "POST",
+        path_of("ServiceAccount", SERVICE_ACCOUNT, SYSTEM_NS, "token"),
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
+    )
+    token = review["status"]["token"]
+    return cp.write_kubeconfig(path, token=token, namespace=SYSTEM_NS)
+
+
+# ---------------------------------------------------------------------------------------------- nodes
+@dataclass(frozen=True)
+class FakeNode:
+    name: str
+    preset: str
+    spine: str
+    leaf: str
+    gpus: int = 8
+
+
+def make_node(cp: ControlPlane, node: FakeNode, pool: str) -> None:
+    """A Ready Node with ``nvidia.com/gpu`` and topograph labels, plus its NodeTopology from a preset."""
+    labels = {"kubernetes.io/hostname": node.name, SPINE: node.spine, LEAF: node.leaf, POOL: pool}
+    create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": labels}})
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "110", GPU: str(node.gpus)}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "fake node for e2e",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+    merge_patch(
+        cp,
+        "Node",
+        node.name,
+        {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
+        sub="status",
+    )
+    spec = graph_to_dict(preset_graph(node.preset))
+    spec["source"] = "nvml"
+    create(
+        cp,
+        {
+            "apiVersion": "gangslice.io/v1alpha1",
+            "kind": "NodeTopology",
+            "metadata": {"name": node.name},
+            "spec": spec,
+        },
+    )
+
+
+def remove_node(cp: ControlPlane, name: str) -> None:
+    delete(cp, "NodeTopology", name)
+    delete(cp, "Node", name)
+
+
+# ---------------------------------------------------------------------------------------------- pods
+def gpu_pod(
+    name: str,
+    gpus: int,
+    pool: str,
+    *,
+    scheduler: str = "gangslice-scheduler",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    limits = {GPU: str(gpus)} if gpus else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations or {})},
+        "spec": {
+            "schedulerName": scheduler,
+            "nodeSelector": {POOL: pool},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": limits, "requests": {"cpu": "10m", **limits}},
+                }
+            ],
+        },
+    }
+
+
+def gang_pods(
+    gang: str, size: int, gpus: int, pool: str, *, extra: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    annotations = {"gangslice.io/gang-size": str(size), **(extra or {})}
+    return [
+        gpu_pod(f"{gang}-{i}", gpus, pool, labels={"gangslice.io/gang": gang}, annotations=annotations)
+        for i in range(size)
+    ]
+
+
+def node_of(cp: ControlPlane, namespace: str, name: str) -> str | None:
+    pod = get(cp, "Pod", name, namespace)
+    return (pod or {}).get("spec", {}).get("nodeName")
+
+
+def gpus_of(pod: Mapping[str, Any]) -> list[int]:
+    raw = (pod["metadata"].get("annotations") or {}).get("gangslice.io/gpus", "")
+    return [int(x) for x in raw.split(",") if x.strip()]
+
+
+def scheduled_condition(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c["type"] == "PodScheduled":
+            return dict(c)
+    return None
+
+
+def double_booked(cp: ControlPlane, nodes: Iterable[str]) -> dict[str, list[int]]:
+    """GPU indices claimed by more than one bound pod, per node (empty when none)."""
+    wanted = set(nodes)
+    claimed: dict[str, list[int]] = {}
+    for pod in items(cp, "Pod"):
+        node = pod["spec"].get("nodeName")
+        if node in wanted:
+            claimed.setdefault(node, []).extend(gpus_of(pod))
+    return {n: g for n, g in claimed.items() if len(g) != len(set(g))}
+
+
+def new_namespace(cp: ControlPlane, name: str) -> str:
+    create(cp, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    return name
+
+
+def clean_namespace(cp: ControlPlane, namespace: str) -> None:
+    """Delete the namespace's pods (immediately: no kubelet), reservations, then the namespace itself.
+
+    No controller-manager runs, so the namespace stays Terminating; nothing in it is left behind.
+    """
+    for pod in items(cp, "Pod", namespace):
+        delete(cp, "Pod", pod["metadata"]["name"], namespace)
+    for kind in ("Workload", "LocalQueue", "PodGroup", "SliceReservation"):
+        try:
+            for obj in items(cp, kind, namespace):
+                delete(cp, kind, obj["metadata"]["name"], namespace)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:  # that API is not installed in this run
+                raise
+    delete(cp, "Namespace", namespace)
+
+
+# ---------------------------------------------------------------------------------------------- serve
+@dataclass
+class Gangslice:
+    """``gangslice serve`` run under the shipped ServiceAccount, on a fixed loopback port."""
+
+    cp: ControlPlane
+    kubeconfig: Path
+    controller: bool = False
+    port: int = field(default_factory=lambda: free_ports(1)[0])
+    name: str = "gangslice"
+    extra_args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def process(self) -> ManagedProcess:
+        return self.cp.processes[self.name]
+
+    def start(self, timeout: float = 60.0) -> None:
+        exe = Path(sys.executable).parent / "gangslice"
+        argv = [
+            str(exe),
+            "serve",
+            f"--kubeconfig={self.kubeconfig}",
+            "--host=127.0.0.1",
+            f"--port={self.port}",
+            "--log-level=debug",
+            *self.extra_args,
+        ]
+        if not self.controller:
+            argv.append("--no-controller")
+        self.cp.start_process(self.name, argv, env=dict(self.env))
+        self.wait_ready(timeout)
+
+    def readyz(self) -> int:
+        try:
+            with urllib.request.urlopen(self.url + "/readyz", timeout=3) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+        except (urllib.error.URLError, OSError):
+            return 0
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        def ready() -> bool:
+            if not self.process.alive():
+                raise AssertionError(f"gangslice serve exited:\n{self.process.log_tail(60)}")
+            return self.readyz() == 200
+
+        wait_for(f"gangslice /readyz on {self.url}", ready, timeout, 0.3)
+
+    def kill9(self) -> None:
+        proc = self.process
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.popen.wait(10)
+
+    def stop(self) -> None:
+        self.cp.stop_process(self.name)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=3) as resp:
+            return str(resp.read().decode())
+
+
+def extender_scheduler_config(extender_url: str) -> dict[str, Any]:
+    """The shipped KubeSchedulerConfiguration, pointed at ``extender_url`` on loopback."""
+    cfg: dict[str, Any] = yaml.safe_load((MANIFESTS / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    cfg["leaderElection"] = {"leaderElect": False}
+    # Short back-off so a pod retried after an extender outage comes back within seconds, not 10 s.
+    cfg["podInitialBackoffSeconds"] = 1
+    cfg["podMaxBackoffSeconds"] = 2
+    (ext,) = cfg["extenders"]
+    ext["urlPrefix"] = f"{extender_url}/gangslice"
+    ext["enableHTTPS"] = False
+    return cfg
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)[:3000]
+
+
+@contextlib.contextmanager
+def extender_stack(
+    cp: ControlPlane, pool: str, nodes: Sequence[FakeNode], *, controller: bool = False, name: str = "gangslice"
+) -> Iterator[Gangslice]:
+    """Fake nodes of ``pool`` + ``gangslice serve`` under the shipped RBAC + kube-scheduler with the shipped
+    extender config. On exit: gangslice stopped, kube-scheduler back to its default config, nodes removed."""
+    install_gangslice(cp)
+    assert cp.workdir is not None
+    kubeconfig = service_account_kubeconfig(cp, cp.workdir / f"{name}.kubeconfig")
+    for node in nodes:
+        make_node(cp, node, pool)
+    server = Gangslice(cp, kubeconfig, controller=controller, name=name)
+    try:
+        server.start()
+        cp.start_scheduler(extender_scheduler_config(server.url))
+        yield server
+    finally:
+        server.stop()
+        cp.start_scheduler(None)
+        for node in nodes:
+            remove_node(cp, node.name)
+
+
+def reserved_nodes(reservation: Mapping[str, Any]) -> list[str]:
+    """The nodes of a SliceReservation's slots."""
+    return [str(slot["node"]) for slot in reservation["spec"]["slice"]["pods"]]

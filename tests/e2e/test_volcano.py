@@ -1,0 +1,174 @@
+"""Volcano's scheduler (v1.14.1) with the shipped ``volcano-scheduler.conf`` (extender plugin) calling
+``gangslice serve`` with the controller, whose PodGroup controller reserves each PodGroup's slice.
+
+No Volcano controller-manager or admission webhook runs: the test creates the ``default`` Queue (and opens
+it, as the queue controller would), the PodGroup and its pods itself.
+
+Nodes (pool ``vc``): spine s1, leaves a and b of four HGX H100 nodes each.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from cluster import (
+    MANIFESTS,
+    FakeNode,
+    Gangslice,
+    clean_namespace,
+    create,
+    delete,
+    double_booked,
+    extender_stack,
+    get,
+    gpu_pod,
+    items,
+    merge_patch,
+    new_namespace,
+    node_of,
+    reserved_nodes,
+    wait_for,
+)
+from controlplane import ControlPlane, free_ports
+
+pytestmark = pytest.mark.e2e
+
+POOL = "vc"
+NODES = [FakeNode(f"vc-{leaf}{i}", "hgx-h100", "s1", f"vc-leaf-{leaf}") for leaf in "ab" for i in range(4)]
+LEAF_OF = {n.name: n.leaf for n in NODES}
+
+
+def start_volcano(cp: ControlPlane, extender_url: str) -> None:
+    assert cp.workdir is not None and cp.kubeconfig is not None
+    conf = yaml.safe_load((MANIFESTS / "scheduler" / "volcano-scheduler.conf").read_text())
+    for tier in conf["tiers"]:
+        for plugin in tier["plugins"]:
+            if plugin["name"] == "extender":
+                plugin["arguments"]["extender.urlPrefix"] = f"{extender_url}/gangslice/volcano"
+    conf_file = cp.workdir / "volcano-scheduler.conf"
+    conf_file.write_text(yaml.safe_dump(conf))
+    listen, healthz = free_ports(2)
+    cp.start_process(
+        "vc-scheduler",
+        [
+            cp.bin_dir / "vc-scheduler",
+            f"--kubeconfig={cp.kubeconfig}",
+            f"--scheduler-conf={conf_file}",
+            "--schedule-period=1s",
+            "--leader-elect=false",
+            f"--listen-address=127.0.0.1:{listen}",
+            "--enable-healthz=true",
+            f"--healthz-address=127.0.0.1:{healthz}",
+            f"--cache-dump-dir={cp.workdir}",
+            "--v=3",
+        ],
+    )
+    cp._wait_ready("vc-scheduler", f"http://127.0.0.1:{healthz}/healthz", lambda body: True)
+
+
+@pytest.fixture(scope="module")
+def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
+    cp = control_plane
+    # Before gangslice starts: it looks for the PodGroup API once, at start-up.
+    cp.install_crds(cp.crd_dir / "volcano")
+    queue = create(
+        cp,
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "Queue",
+            "metadata": {"name": "default"},
+            "spec": {"weight": 1, "reclaimable": True},
+        },
+        exist_ok=True,
+    )
+    merge_patch(cp, "Queue", queue["metadata"]["name"], {"status": {"state": "Open"}}, sub="status")
+    with extender_stack(cp, POOL, NODES, controller=True, name="gangslice-volcano") as server:
+        start_volcano(cp, server.url)
+        try:
+            yield server
+        finally:
+            cp.stop_process("vc-scheduler")
+
+
+@pytest.fixture
+def ns(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[str]:
+    name = new_namespace(control_plane, f"vc-{uuid.uuid4().hex[:6]}")
+    try:
+        yield name
+    finally:
+        clean_namespace(control_plane, name)
+
+
+def podgroup(ns: str, name: str, min_member: int, gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "minMember": min_member,
+            "queue": "default",
+            "minResources": {"nvidia.com/gpu": str(min_member * gpus)},
+        },
+    }
+
+
+def volcano_pod(ns: str, group: str, i: int, gpus: int) -> dict[str, Any]:
+    pod = gpu_pod(f"{group}-{i}", gpus, POOL, scheduler="volcano")
+    pod["metadata"]["namespace"] = ns
+    pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = group
+    return pod
+
+
+def phase(cp: ControlPlane, ns: str, name: str) -> str:
+    return str(((get(cp, "PodGroup", name, ns) or {}).get("status") or {}).get("phase") or "")
+
+
+def test_podgroup_enqueued_only_once_its_slice_is_reserved_and_lands_on_one_leaf(
+    control_plane: ControlPlane, ns: str
+) -> None:
+    cp = control_plane
+    # One 8-GPU pod (kube-scheduler + extender) on a node of each leaf: no leaf has four free nodes.
+    for node in ("vc-a0", "vc-b0"):
+        blocker = gpu_pod(f"blocker-{node}", 8, POOL)
+        blocker["metadata"]["namespace"] = ns
+        blocker["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
+        create(cp, blocker)
+        wait_for(f"blocker on {node} bound", lambda n=blocker["metadata"]["name"]: node_of(cp, ns, n), 60)
+
+    create(cp, podgroup(ns, "llm", 4, 8))
+    names = [f"llm-{i}" for i in range(4)]
+    for i in range(4):
+        create(cp, volcano_pod(ns, "llm", i, 8))
+
+    def waiting_annotation() -> str | None:
+        annotations = (get(cp, "PodGroup", "llm", ns) or {})["metadata"].get("annotations") or {}
+        return annotations.get("gangslice.io/status")
+
+    status = wait_for("gangslice's status annotation on the PodGroup", waiting_annotation, 60)
+    assert not items(cp, "SliceReservation", ns), status
+    # Volcano has looked at the group (it sets the phase) but keeps it out of the queue.
+    wait_for("Volcano to record the PodGroup's phase", lambda: phase(cp, ns, "llm"), 60)
+    assert phase(cp, ns, "llm") == "Pending", get(cp, "PodGroup", "llm", ns)
+    assert all(node_of(cp, ns, n) is None for n in names)
+
+    for node in ("vc-a0", "vc-b0"):
+        delete(cp, "Pod", f"blocker-{node}", ns)
+
+    (reservation,) = wait_for(
+        "the PodGroup's SliceReservation", lambda: items(cp, "SliceReservation", ns), 60
+    )
+    slot_nodes = reserved_nodes(reservation)
+    assert len(set(slot_nodes)) == 4 and len({LEAF_OF[n] for n in slot_nodes}) == 1, slot_nodes
+
+    def all_bound() -> list[str] | None:
+        nodes = [node_of(cp, ns, n) for n in names]
+        return [n for n in nodes if n] if all(nodes) else None
+
+    nodes = wait_for("every member bound by vc-scheduler", all_bound, 90)
+    assert sorted(nodes) == sorted(slot_nodes), (nodes, slot_nodes)
+    assert phase(cp, ns, "llm") in ("Inqueue", "Running"), get(cp, "PodGroup", "llm", ns)
+    assert not double_booked(cp, LEAF_OF)

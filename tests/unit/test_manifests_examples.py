@@ -1,0 +1,190 @@
+"""The worked examples (examples/k8s) read by the code that reads them in a cluster: every
+pod template of a plain example through the extender's pod parsing and plain-gang rule,
+every Kueue example through the Workload it becomes and the admission check's gang builder;
+then each gang is placed by the solver on the example cluster of its GPU type."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_manifests import EXAMPLES, K8S_EXAMPLES, load_all, pod_templates, yaml_files
+
+from extender.admission.workload_gang import gang_from_workload
+from extender.kube import names
+from extender.kube.gangs import plain_gang_request
+from extender.kube.pods import PodInfo
+from extender.placement.files import load_cluster
+from extender.placement.request import GangRequest, PodSet
+from extender.placement.scoring import resolve_level
+from extender.placement.slice import Slice
+from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.solver import place
+
+PLAIN = yaml_files(K8S_EXAMPLES / "plain")
+KUEUE = yaml_files(K8S_EXAMPLES / "kueue")
+LEVEL_KEYS = (names.REQUIRED_LEVEL, names.PREFERRED_LEVEL)
+
+
+@cache
+def cluster_for(product: str | None) -> ClusterSnapshot:
+    name = "gb200-nvl72-pair.yaml" if product == "NVIDIA-GB200" else "hgx-h100-4leaf.yaml"
+    return load_cluster(EXAMPLES / "clusters" / name)
+
+
+def _product(template: Mapping[str, Any]) -> str | None:
+    got = template["spec"].get("nodeSelector", {}).get("nvidia.com/gpu.product")
+    return str(got) if got else None
+
+
+def pod_object(obj: Mapping[str, Any], which: str, template: Mapping[str, Any]) -> dict[str, Any]:
+    meta = template.get("metadata", {})
+    return {
+        "metadata": {
+            "namespace": obj["metadata"]["namespace"],
+            "name": f"{obj['metadata']['name']}-{which}-0",
+            "labels": dict(meta.get("labels", {})),
+            "annotations": dict(meta.get("annotations", {})),
+        },
+        "spec": template["spec"],
+    }
+
+
+def assert_places(gang: GangRequest, snap: ClusterSnapshot, where: str) -> Slice:
+    for ps in gang.pod_sets:
+        for level in (ps.required_level, ps.preferred_level):
+            if level:
+                resolve_level(level, snap.hierarchy)
+    got = place(snap, gang)
+    assert isinstance(got, Slice), f"{where}: {got.reason}"
+    assert len(got.slots) == gang.pods
+    return got
+
+
+def test_there_are_four_shapes_in_each_flavour() -> None:
+    assert [p.name for p in PLAIN] == [p.name for p in KUEUE]
+    assert len(PLAIN) == 4
+
+
+# -- plain labels ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PLAIN, ids=lambda p: p.stem)
+def test_plain_examples_become_the_gangs_they_describe(path: Path) -> None:
+    gangs: dict[str, list[tuple[GangRequest, str | None]]] = defaultdict(list)
+    pods = 0
+    for obj in load_all(path):
+        for which, template in pod_templates(obj):
+            pod = PodInfo.from_obj(pod_object(obj, which, template))
+            assert not pod.problems and pod.gpus > 0, f"{path.name}: {pod.problems}"
+            assert pod.reservation_name is None and pod.volcano_group is None
+            count = obj["spec"].get("leaderWorkerTemplate", {}).get("size", 1) - 1 if which == "worker" else 1
+            replicas = obj["spec"].get("replicas", 1) if obj["kind"] != "Pod" else 1
+            pods += count * replicas if obj["kind"] == "LeaderWorkerSet" else replicas
+            request = plain_gang_request(pod)
+            if pod.gang is None:
+                # A pod outside any gang: placed as a gang of one with its own levels.
+                alone = GangRequest(pod.key, (PodSet("pod", 1, pod.gpus, required_level=pod.required_level),))
+                assert_places(alone, cluster_for(_product(template)), path.name)
+                continue
+            assert request is not None, f"{path.name}: a gang pod needs {names.GANG_SIZE}"
+            gangs[pod.gang].append((request, _product(template)))
+    for key, requests in gangs.items():
+        # Every pod of a gang implies the same request but for the pod set's name (the role
+        # a pod names; a slot of the gang takes any role): the first pod seen decides it.
+        shapes = {tuple(replace(ps, name="pods") for ps in r.pod_sets) for r, _ in requests}
+        assert len(shapes) == 1, f"{path.name}: pods of {key} disagree"
+        request, product = requests[0]
+        assert request.pods == pods, (
+            f"{path.name}: {names.GANG_SIZE} is {request.pods}, the objects make {pods}"
+        )
+        assert_places(request, cluster_for(product), path.name)
+
+
+# -- Kueue -------------------------------------------------------------------------------------
+
+
+def workloads_of(path: Path) -> list[tuple[dict[str, Any], str | None]]:
+    """The Workloads Kueue builds for the objects in ``path`` (one per Deployment pod, one
+    per LeaderWorkerSet group, one per pod group with a pod set per pod shape)."""
+    out: list[tuple[dict[str, Any], str | None]] = []
+    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for obj in load_all(path):
+        labels = obj["metadata"].get("labels", {})
+        assert labels.get("kueue.x-k8s.io/queue-name"), f"{path.name}: {obj['metadata']['name']} has no queue"
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        if obj["kind"] == "Pod":
+            groups[labels["kueue.x-k8s.io/pod-group-name"]].append(obj)
+            continue
+        sets = []
+        for which, template in pod_templates(obj):
+            size = obj["spec"].get("leaderWorkerTemplate", {}).get("size", 1)
+            count = size - 1 if which == "worker" else 1
+            sets.append(
+                {
+                    "name": which if obj["kind"] == "LeaderWorkerSet" else "main",
+                    "count": count,
+                    "template": template,
+                }
+            )
+        wl = {
+            "metadata": {"namespace": ns, "name": f"{obj['kind'].lower()}-{name}"},
+            "spec": {"podSets": sets},
+        }
+        out.append((wl, _product(sets[0]["template"])))
+    for group, pods in groups.items():
+        total = {int(p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"]) for p in pods}
+        assert total == {len(pods)}, f"{path.name}: pod group {group} expects {total}, has {len(pods)}"
+        shapes: dict[str, dict[str, Any]] = {}
+        for p in pods:
+            shape = repr([c.get("resources") for c in p["spec"]["containers"]])
+            entry = shapes.setdefault(shape, {"name": f"role-{len(shapes)}", "count": 0, "template": p})
+            entry["count"] += 1
+        wl = {
+            "metadata": {"namespace": pods[0]["metadata"]["namespace"], "name": group},
+            "spec": {"podSets": list(shapes.values())},
+        }
+        out.append((wl, _product(pods[0])))
+    return out
+
+
+@pytest.mark.parametrize("path", KUEUE, ids=lambda p: p.stem)
+def test_kueue_examples_become_the_gangs_they_describe(path: Path) -> None:
+    workloads = workloads_of(path)
+    assert workloads
+    for wl, product in workloads:
+        snap = cluster_for(product)
+        wg = gang_from_workload(wl, snap.hierarchy)
+        assert not wg.notes, f"{path.name}: {wg.notes}"
+        assert wg.request.gpus > 0
+        assert_places(wg.request, snap, path.name)
+
+
+def test_the_kueue_lws_examples_keep_workers_with_their_leader() -> None:
+    for path in KUEUE:
+        for wl, product in workloads_of(path):
+            sets = {
+                ps.name: ps for ps in gang_from_workload(wl, cluster_for(product).hierarchy).request.pod_sets
+            }
+            if "worker" in sets and "leader" in sets:
+                colo = sets["worker"].colocate_with
+                assert colo is not None and colo.pod_set == "leader", path.name
+
+
+def test_the_plain_and_kueue_flavours_ask_for_the_same_gpus() -> None:
+    def gpus(path: Path) -> int:
+        total = 0
+        for obj in load_all(path):
+            for which, template in pod_templates(obj):
+                pod = PodInfo.from_obj(pod_object(obj, which, template))
+                size = obj["spec"].get("leaderWorkerTemplate", {}).get("size", 1)
+                total += pod.gpus * (size - 1 if which == "worker" else 1)
+        return total
+
+    for plain, kueue in zip(PLAIN, KUEUE, strict=True):
+        assert gpus(plain) == gpus(kueue), plain.name

@@ -1,0 +1,176 @@
+"""Multi-node NVLink cliques (GB200 NVL72 racks) are kept for the pod sets that use them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from extender.cost import Comm
+from extender.placement import scoring
+from extender.placement.ledger import Ledger
+from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.slice import Slice, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.solver import Solver
+from extender.sim.inputs import default_cluster
+from extender.sim.templates import builtin_templates
+from extender.topology.hierarchy import Hierarchy, Level
+from extender.topology.presets import preset_graph
+
+LEAF = "fabric.topograph.run/tier-0"
+CLIQUE = "nvidia.com/gpu.clique"
+HIERARCHY = Hierarchy((Level("leaf", LEAF), Level("clique", CLIQUE, kind="fabric")))
+
+
+def node(
+    name: str, preset: str, clique: str | None = None, allocated: range | tuple[int, ...] = ()
+) -> NodeState:
+    labels = {LEAF: "leaf-c" if clique else "leaf-1"}
+    if clique is not None:
+        labels[CLIQUE] = clique
+    return NodeState(name, labels, preset_graph(preset), frozenset(allocated))
+
+
+def mixed(**allocated: range) -> ClusterSnapshot:
+    """One HGX H100 node, one dual-socket PCIe box and four GB200 trays in one clique."""
+    nodes = [node("hgx", "hgx-h100", allocated=allocated.get("hgx", ())), node("pcie", "pcie-8gpu-2socket")]
+    nodes += [node(f"tray{i}", "gb200-tray", "nvl72.0") for i in range(4)]
+    return ClusterSnapshot(nodes, HIERARCHY)
+
+
+def one(
+    name: str, count: int, gpus: int, comm: Comm = Comm.ALLREDUCE, required_level: str | None = None
+) -> GangRequest:
+    return GangRequest(name, (PodSet("p", count, gpus, comm, required_level=required_level),))
+
+
+def placed(snap: ClusterSnapshot, gang: GangRequest) -> Slice:
+    got = Solver(snap).place(gang)
+    assert isinstance(got, Slice), got
+    assert scoring.violations(snap, gang, got.slots) == []
+    return got
+
+
+def on_cliques(snap: ClusterSnapshot, sl: Slice) -> set[str]:
+    return {n for n in sl.nodes if snap.clique(snap.index(n)) is not None}
+
+
+def test_single_node_pods_stay_off_the_default_clusters_nvl72_racks() -> None:
+    """The simulator's finding: 1-, 2- and 4-GPU servers took GB200 trays (the fastest
+    NVLink) until no rack was whole, and every gang needing a whole NVL72 clique starved."""
+    snap = default_cluster()
+    templates = builtin_templates()
+    for name in ("llama-8b-tp1", "qwen-14b-tp2", "llama-70b-fp8-tp4", "llama-70b-tp8"):
+        sl = placed(snap, templates[name])
+        assert on_cliques(snap, sl) == set(), (name, sl.nodes)
+        assert scoring.fabric_waste(snap, templates[name], sl.slots) == 0
+    for name in ("deepseek-v3-wideep-nvl72-8", "deepseek-v3-wideep-nvl72-16", "deepseek-v3-pd-nvl72"):
+        gang = templates[name]
+        sl = placed(snap, gang)
+        assert on_cliques(snap, sl) == set(sl.nodes), name
+        assert scoring.fabric_waste(snap, gang, sl.slots) == 0
+        assert set(sl.mnnvl_nodes) == set(sl.nodes)
+
+
+def test_clique_nodes_are_the_last_resort_and_a_whole_rack_stays_free() -> None:
+    """Small servers fill every node outside the clique first (even slow PCIe GPUs), take
+    trays only when nothing else fits, and a gang needing the whole clique then still fits."""
+    snap = mixed()
+    ledger = Ledger()
+    order: list[str] = []
+    for k in range(8):  # 16 GPUs outside the clique, 2 at a time
+        sl = placed(ledger.view(snap), one(f"s{k}", 1, 2, Comm.NONE))
+        ledger.reserve(sl, now=0.0)
+        order.append(sl.slots[0].node)
+    assert set(order) == {"hgx", "pcie"}
+    wide = one("wide", 4, 4, Comm.ALLTOALL, required_level="clique")
+    sl = placed(ledger.view(snap), wide)
+    assert set(sl.nodes) == {f"tray{i}" for i in range(4)}
+    # With nothing left outside, a small server takes a tray rather than wait.
+    last = placed(ledger.view(snap), one("last", 1, 2, Comm.NONE))
+    assert on_cliques(snap, last) == {last.slots[0].node}
+
+
+def test_fabric_waste_comes_before_cost() -> None:
+    # TP=4 on a tray is faster than on one socket of a PCIe box; it still goes to the box.
+    snap = mixed(hgx=range(8))
+    gang = one("tp4", 1, 4)
+    sl = placed(snap, gang)
+    assert sl.nodes == ("pcie",)
+    tray = placed(ClusterSnapshot([n for n in snap.nodes if n.name.startswith("tray")], HIERARCHY), gang)
+    assert tray.per_layer_micros < sl.per_layer_micros
+
+
+def test_a_wish_given_up_for_the_clique_says_why() -> None:
+    snap = mixed(hgx=range(8))
+    sl = placed(snap, GangRequest("g", (PodSet("p", 1, 2, Comm.ALLREDUCE, preferred_level="nvlink"),)))
+    assert sl.nodes == ("pcie",)
+    assert sl.notes == (
+        "pod set p: preferred level nvlink not met; placed within node pcie (keeping it would take "
+        "2 GPUs of a multi-node NVLink clique without using its NVLink)",
+    )
+
+
+def test_a_kv_transfer_set_next_to_its_partner_in_the_clique_uses_the_fabric() -> None:
+    """Decode that takes its KV cache over NVLink from prefill on other trays of the clique
+    is on the fabric: it goes into the clique with prefill, not off it."""
+    snap = mixed()
+    prefill = PodSet("prefill", 2, 4, Comm.ALLTOALL, required_level="clique")
+    decode = PodSet("decode", 1, 4, Comm.KV_TRANSFER, colocate_with=Colocation("prefill", "clique"))
+    gang = GangRequest("pd", (prefill, decode))
+    sl = placed(snap, gang)
+    assert on_cliques(snap, sl) == set(sl.nodes)
+    assert scoring.fabric_waste(snap, gang, sl.slots) == 0
+    assert sl.notes == ()
+
+
+# --- pods that do not talk claim no IMEX channel ------------------------------------------------
+
+
+def trays_only(imex_owner: str | None = None) -> ClusterSnapshot:
+    nodes = [node(f"tray{i}", "gb200-tray", "nvl72.0") for i in range(3)]
+    nodes[0] = replace(nodes[0], mnnvl_gang=imex_owner)
+    return ClusterSnapshot(nodes, HIERARCHY)
+
+
+def test_pods_that_do_not_talk_claim_no_nvlink_channel() -> None:
+    snap = trays_only()
+    quiet = one("quiet", 3, 4, Comm.NONE)
+    sl = placed(snap, quiet)
+    assert len(sl.nodes) == 3
+    assert sl.mnnvl_nodes == ()
+    # The same spread with pods that talk claims every tray it spans.
+    loud = placed(snap, one("loud", 3, 4, Comm.ALLREDUCE))
+    assert loud.mnnvl_nodes == loud.nodes
+
+
+@pytest.mark.parametrize("comm", [Comm.NONE, Comm.KV_TRANSFER])
+def test_pods_that_do_not_talk_may_use_a_node_whose_channel_another_gang_holds(comm: Comm) -> None:
+    """One multi-node NVLink gang per node binds only gangs that use the channel: a pod set
+    whose pods do not talk (comm none, or kv-transfer with no partner) spans the trays anyway,
+    and both reservations are held side by side."""
+    snap = trays_only(imex_owner="other")
+    quiet = one("quiet", 3, 4, comm)
+    sl = placed(snap, quiet)
+    assert "tray0" in sl.nodes and sl.mnnvl_nodes == ()
+    ledger = Ledger()
+    ledger.reserve(Slice("other", (), {}, mnnvl_nodes=("tray0",)), now=0.0)
+    ledger.reserve(sl, now=0.0)
+    assert ledger.mnnvl() == {"tray0": "other"}
+    # Pods that talk may not use tray0, and 3 pods of 4 GPUs do not fit the two others.
+    got = Solver(snap).place(one("loud", 3, 4, Comm.ALLREDUCE))
+    assert isinstance(got, Unplaceable), got
+
+
+def test_pods_that_do_not_talk_may_mix_clique_and_other_nodes() -> None:
+    snap = mixed(hgx=range(4))
+    # Room for 4-GPU pods: 1 on the HGX node, 2 on the PCIe box, 4 on the trays; 6 pods need
+    # trays too, and take as few as they can.
+    quiet = one("quiet", 6, 4, Comm.NONE)
+    sl = placed(snap, quiet)
+    assert {"hgx", "pcie"} <= set(sl.nodes)
+    assert scoring.fabric_waste(snap, quiet, sl.slots) == 12
+    assert sl.mnnvl_nodes == ()
+    # Pods that talk stay in the clique or out of it, and neither holds 6.
+    assert isinstance(Solver(snap).place(one("loud", 6, 4, Comm.ALLREDUCE)), Unplaceable)
