@@ -43,6 +43,11 @@ class ControllerApi(Protocol):
 
     async def list_admission_checks(self) -> list[dict[str, Any]]: ...
 
+    async def serves(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group/version`` (Kueue and Volcano
+        are optional: gangslice runs without either)."""
+        ...
+
     async def get_resource_flavor(self, name: str) -> dict[str, Any]: ...
 
     async def apply_admission_check_status(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
@@ -69,17 +74,20 @@ class ControllerApi(Protocol):
 
 
 class PodGroupApi(Protocol):
-    """Volcano PodGroups (``scheduling.volcano.sh/v1beta1``) and Events: what the PodGroup
-    controller calls. PodGroup has no status subresource, so our writes are a replace of the
-    whole object guarded by its ``metadata.resourceVersion`` (409 when stale)."""
-
-    async def podgroups_served(self) -> bool: ...
+    """Volcano PodGroups (``scheduling.volcano.sh/v1beta1``), pod annotations and Events: what
+    the PodGroup controller and the plain-gang reporter call. PodGroup has no status
+    subresource, so our writes are a replace of the whole object guarded by its
+    ``metadata.resourceVersion`` (409 when stale)."""
 
     async def get_podgroup(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     async def replace_podgroup(
         self, namespace: str, name: str, body: Mapping[str, Any]
     ) -> dict[str, Any]: ...
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None: ...
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
 
@@ -212,21 +220,12 @@ class ClientControllerApi:
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         await self._call(self._core.create_namespaced_event, namespace, dict(event))
 
-    async def podgroups_served(self) -> bool:
-        path = f"/apis/{PODGROUP_GROUP}/{PODGROUP_VERSION}"
+    async def serves(self, group: str, version: str, plural: str) -> bool:
         try:
-            got = await self._call(
-                self._api_client.call_api,
-                path,
-                "GET",
-                auth_settings=["BearerToken"],
-                response_type="object",
-                _return_http_data_only=True,
-            )
+            got = await self._call(self._custom.get_api_resources, group, version)
         except ApiError:
             return False
-        resources = got.get("resources", []) if isinstance(got, dict) else []
-        return any(r.get("name") == PODGROUPS for r in resources if isinstance(r, dict))
+        return any(r.name == plural for r in (got.resources or []))
 
     async def get_podgroup(self, namespace: str, name: str) -> dict[str, Any]:
         got = await self._call(
@@ -250,6 +249,10 @@ class ClientControllerApi:
             dict(body),
         )
         return dict(got)
+
+    async def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        body = {"metadata": {"annotations": dict(annotations)}}
+        await self._call(self._core.patch_namespaced_pod, name, namespace, body)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
         got = await self._call(self._coord.read_namespaced_lease, name, namespace)

@@ -87,7 +87,11 @@ class AdmissionController:
         config: CheckConfig | None = None,
         clock: Callable[[], float] = time.time,
         identity: str = "gangslice",
+        kueue: bool = True,
     ) -> None:
+        #: False on a cluster without Kueue: the ledger is still rebuilt on becoming leader
+        #: (the extender and the PodGroup controller rely on it), nothing of Kueue is read.
+        self.kueue = kueue
         self.api = api
         self.cache = cache
         self.config = config or CheckConfig()
@@ -131,11 +135,15 @@ class AdmissionController:
     async def become_leader(self) -> None:
         """Rebuild what this controller decides from: our AdmissionChecks and the ledger
         (from the SliceReservation objects); only then start deciding."""
-        self.checks = {
-            str(ac["metadata"]["name"]): ac
-            for ac in await self.api.list_admission_checks()
-            if kueue.is_our_check(ac)
-        }
+        self.checks = (
+            {
+                str(ac["metadata"]["name"]): ac
+                for ac in await self.api.list_admission_checks()
+                if kueue.is_our_check(ac)
+            }
+            if self.kueue
+            else {}
+        )
         await self.rebuild_ledger()
         self.leader = True
         for ac in list(self.checks.values()):

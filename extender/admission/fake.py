@@ -108,9 +108,12 @@ class FakeControllerApi:
         self._enter("create_event")
         self.events.append({**copy.deepcopy(dict(event)), "namespace": namespace})
 
-    async def podgroups_served(self) -> bool:
-        self._enter("podgroups_served")
-        return True
+    #: Groups the fake API does not serve (tests of a cluster without Kueue or Volcano).
+    unserved: frozenset[str] = frozenset()
+
+    async def serves(self, group: str, version: str, plural: str) -> bool:
+        self._enter("serves")
+        return group not in self.unserved
 
     async def get_podgroup(self, namespace: str, name: str) -> dict[str, Any]:
         self._enter("get_podgroup")
@@ -124,6 +127,13 @@ class FakeControllerApi:
         stored = copy.deepcopy(dict(body))
         self._store(key, stored)
         return copy.deepcopy(stored)
+
+    async def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        self._enter("patch_pod_annotations")
+        key = ("pods", namespace, name)
+        current = self._require(key)
+        current["metadata"].setdefault("annotations", {}).update(annotations)
+        self._store(key, current)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
         self._enter("get_lease")

@@ -27,6 +27,7 @@ from extender.admission.api import (
     WORKLOADS,
 )
 from extender.admission.controller import AdmissionController
+from extender.admission.plain_gangs import PlainGangReporter
 from extender.admission.podgroup_controller import PodGroupController
 from extender.kube import names
 
@@ -51,17 +52,21 @@ def register(
     controller: AdmissionController,
     api_client: Any | None,
     podgroups: PodGroupController | None = None,
+    plain: PlainGangReporter | None = None,
 ) -> None:
     """Add the handlers (and, with ``api_client``, a login from its configuration) to ``registry``;
-    with ``podgroups``, also Volcano PodGroups and the pods that name one."""
+    with ``podgroups``, also Volcano PodGroups and the pods that name one; with ``plain``, the
+    pods of plain gangs."""
 
-    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, ADMISSION_CHECKS, registry=registry)
-    async def admission_check_event(event: Mapping[str, Any], **_: Any) -> None:
-        await controller.on_admission_check(_event_type(event), dict(event["object"]))
+    if controller.kueue:
 
-    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, registry=registry)
-    async def workload_event(event: Mapping[str, Any], **_: Any) -> None:
-        await controller.on_workload(_event_type(event), dict(event["object"]))
+        @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, ADMISSION_CHECKS, registry=registry)
+        async def admission_check_event(event: Mapping[str, Any], **_: Any) -> None:
+            await controller.on_admission_check(_event_type(event), dict(event["object"]))
+
+        @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, registry=registry)
+        async def workload_event(event: Mapping[str, Any], **_: Any) -> None:
+            await controller.on_workload(_event_type(event), dict(event["object"]))
 
     if podgroups is not None:
         pg = podgroups
@@ -73,6 +78,13 @@ def register(
         @kopf.on.event("", "v1", "pods", annotations={names.VOLCANO_GROUP: kopf.PRESENT}, registry=registry)
         async def pod_event(event: Mapping[str, Any], **_: Any) -> None:
             await pg.on_pod(_event_type(event), dict(event["object"]))
+
+    if plain is not None:
+        reporter = plain
+
+        @kopf.on.event("", "v1", "pods", labels={names.GANG: kopf.PRESENT}, registry=registry)
+        async def plain_gang_pod_event(event: Mapping[str, Any], **_: Any) -> None:
+            await reporter.on_pod(_event_type(event), dict(event["object"]))
 
     if api_client is not None:
 

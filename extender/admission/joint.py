@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from extender.kube import names
 from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.scoring import resolve_level
 from extender.placement.slice import PodSlot, Slice
 from extender.topology.hierarchy import Hierarchy
 
@@ -118,6 +119,10 @@ def joint_request(
         wish: Colocation | None = None
         if member in colocate:
             target, level = parse_colocate(colocate[member])
+            try:
+                resolve_level(level or finest, h)
+            except ValueError as exc:
+                raise JointError(f"member {member}: {COLOCATE_WITH}: {exc}") from None
             wish = Colocation(_target_pod_set(target, requests, member), level or finest)
         for ps in requests[member].pod_sets:
             own = ps.colocate_with

@@ -25,14 +25,16 @@ from extender.placement.slice import Slice
 log = logging.getLogger(__name__)
 
 
-class OwnedApi(Protocol):
+class EventApi(Protocol):
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
+
+
+class OwnedApi(EventApi, Protocol):
     async def get_reservation(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     async def create_reservation(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
 
     async def delete_reservation(self, namespace: str, name: str) -> None: ...
-
-    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
 
 
 def ref(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -97,7 +99,7 @@ async def delete_object(api: OwnedApi, r: Reservation) -> None:
 
 
 async def post_event(
-    api: OwnedApi,
+    api: EventApi,
     obj: Mapping[str, Any],
     kind: str,
     reason: str,

@@ -47,6 +47,7 @@ from extender.kube.api import ApiError, Conflict, NotFound
 from extender.kube.crd_models import object_name
 from extender.kube.pods import PodInfo
 from extender.placement.request import GangRequest
+from extender.placement.scoring import resolve_need
 from extender.placement.slice import Slice, Unplaceable
 from extender.placement.solver import place
 
@@ -214,7 +215,11 @@ class PodGroupController:
             await self._status(key, "Waiting", f"waiting for {short} more member pod(s) of {pg.min_member}")
             return None
         try:
-            return gang_request(pg, pods, self.cache.snapshot())
+            snap = self.cache.snapshot()
+            request = gang_request(pg, pods, snap)
+            for ps in request.pod_sets:
+                resolve_need(ps, snap.hierarchy)  # an unknown level name is the user's to fix
+            return request
         except (PodGroupError, ValueError) as exc:
             await self._status(key, "Invalid", str(exc), event=("Warning", "InvalidGang"))
             return None
@@ -225,8 +230,11 @@ class PodGroupController:
         declared: dict[str, joint.Membership] = {}
         keys: dict[str, str] = {}
         for key, obj in sorted(self.groups.items()):
-            pg = PodGroup.from_obj(obj)
-            m = joint.membership(pg.labels, pg.annotations)
+            try:
+                pg = PodGroup.from_obj(obj)
+                m = joint.membership(pg.labels, pg.annotations)
+            except (PodGroupError, joint.JointError):
+                continue  # said on that group by its own reconcile
             if pg.namespace == namespace and m is not None and m.gang == gang and not pg.completed:
                 declared[pg.name] = m
                 keys[pg.name] = key

@@ -28,10 +28,21 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from extender.admission.api import ClientControllerApi, load_api_client
+from extender.admission.api import (
+    ADMISSION_CHECKS,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    PODGROUP_GROUP,
+    PODGROUP_VERSION,
+    PODGROUPS,
+    ClientControllerApi,
+    ControllerApi,
+    load_api_client,
+)
 from extender.admission.controller import AdmissionController, Cache
 from extender.admission.kueue import CheckConfig
 from extender.admission.leader import LeaderElector, LeaseConfig, default_identity
+from extender.admission.plain_gangs import PlainGangReporter
 from extender.admission.podgroup_controller import PodGroupConfig, PodGroupController, VolcanoApi
 
 log = logging.getLogger(__name__)
@@ -49,6 +60,7 @@ async def run_controller(
     on_leadership: Callable[[bool], None] | None = None,
     stop: asyncio.Event | None = None,
     watch: bool = True,
+    kueue: bool | None = None,
     volcano: bool | None = None,
     podgroup_config: PodGroupConfig | None = None,
 ) -> None:
@@ -59,6 +71,7 @@ async def run_controller(
     (None: in-cluster service account, then the default kubeconfig). ``watch=False`` leaves
     kopf out (events are then fed to the controller by the caller, as tests do).
     ``on_leadership(True/False)`` is called as leadership comes and goes (for ``/readyz``).
+    ``kueue``: run the Kueue admission check (None: when the API serves AdmissionChecks).
     ``volcano``: also run the PodGroup controller (None: when the API serves PodGroups).
     """
     stop = stop if stop is not None else asyncio.Event()
@@ -66,19 +79,19 @@ async def run_controller(
         api_client = api_client if api_client is not None else load_api_client(kubeconfig)
         api = ClientControllerApi(api_client)
     ident = identity or default_identity()
-    controller = AdmissionController(api, cache, config, identity=ident)
+    if kueue is None:
+        kueue = await _served(api, KUEUE_GROUP, KUEUE_VERSION, ADMISSION_CHECKS, "Kueue")
     if volcano is None:
-        try:
-            volcano = await api.podgroups_served()
-        except Exception as exc:
-            log.warning("could not tell whether Volcano PodGroups are served: %s", exc)
-            volcano = False
+        volcano = await _served(api, PODGROUP_GROUP, PODGROUP_VERSION, PODGROUPS, "Volcano")
+    controller = AdmissionController(api, cache, config, identity=ident, kueue=kueue)
     podgroups = PodGroupController(api, cache, podgroup_config, identity=ident) if volcano else None
+    plain = PlainGangReporter(api, cache, identity=ident)
 
     async def started() -> None:
         await controller.become_leader()
         if podgroups is not None:
             await podgroups.become_leader()
+        plain.leader = True
         if on_leadership is not None:
             on_leadership(True)
 
@@ -86,6 +99,7 @@ async def run_controller(
         controller.lose_leadership()
         if podgroups is not None:
             podgroups.lose_leadership()
+        plain.leader = False
         if on_leadership is not None:
             on_leadership(False)
 
@@ -98,7 +112,9 @@ async def run_controller(
         tasks.append(asyncio.create_task(podgroups.run_resync(stop), name="gangslice-podgroup-resync"))
     if watch:
         tasks.append(
-            asyncio.create_task(_run_kopf(controller, api_client, stop, podgroups), name="gangslice-kopf")
+            asyncio.create_task(
+                _run_kopf(controller, api_client, stop, podgroups, plain), name="gangslice-kopf"
+            )
         )
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -117,18 +133,30 @@ async def run_controller(
                     await t
 
 
+async def _served(api: ControllerApi, group: str, version: str, plural: str, what: str) -> bool:
+    try:
+        served = await api.serves(group, version, plural)
+    except Exception as exc:
+        log.warning("could not tell whether %s (%s/%s) is served: %s", what, group, version, exc)
+        return False
+    if not served:
+        log.info("%s (%s/%s %s) is not served: its integration is off", what, group, version, plural)
+    return served
+
+
 async def _run_kopf(
     controller: AdmissionController,
     api_client: Any | None,
     stop: asyncio.Event,
     podgroups: PodGroupController | None = None,
+    plain: PlainGangReporter | None = None,
 ) -> None:
     import kopf
 
     from extender.admission.handlers import operator_settings, register
 
     registry = kopf.OperatorRegistry()
-    register(registry, controller, api_client, podgroups)
+    register(registry, controller, api_client, podgroups, plain)
     await kopf.operator(
         registry=registry,
         settings=operator_settings(),

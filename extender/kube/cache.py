@@ -277,6 +277,10 @@ class ClusterCache:
             return existing.slice
         if request.name != gang:
             request = dataclasses.replace(request, name=gang)
+        request_or_why = self._less_bound_members(gang, request)
+        if isinstance(request_or_why, Unplaceable):
+            return request_or_why
+        request = request_or_why
         view = self.view()
         if request.gpus > sum(n.shape.size for n in view.nodes):
             return Unplaceable(
@@ -290,6 +294,27 @@ class ClusterCache:
             self._ledger.reserve(result, self.clock(), full_meta)
             self._ledger_changed(gang, result.nodes)
         return result
+
+    def _less_bound_members(self, gang: str, request: GangRequest) -> GangRequest | Unplaceable:
+        """A plain gang placed again (its hold expired before every member bound) whose
+        members already run: place only the members still to come, so the new hold is one
+        the remaining pods can fill."""
+        if len(request.pod_sets) != 1 or not self._pods_watched or self._awaiting:
+            return request
+        running = sum(1 for p in self._pods.values() if p.gang == gang and p.holds_gpus and not p.deleting)
+        if not running:
+            return request
+        ps = request.pod_sets[0]
+        if running >= ps.count:
+            return Unplaceable(gang, f"all {ps.count} pods of gang {gang} are already bound", ps.name)
+        log.info(
+            "gang %s: %d of %d pods already bound; placing the other %d",
+            gang,
+            running,
+            ps.count,
+            ps.count - running,
+        )
+        return dataclasses.replace(request, pod_sets=(dataclasses.replace(ps, count=ps.count - running),))
 
     async def reserve_gang(
         self, gang: str, request: GangRequest, meta: Mapping[str, str] | None = None

@@ -89,8 +89,12 @@ def test_joint_placement_predicts_a_cheaper_kv_transfer_than_independent_placeme
     snap = load_cluster(FIXTURES / "gb200.yaml")
     prefill_pod, decode_pod = load("pods-disagg.yaml")
     requests = {
-        "disagg-prefill": gang_request(PodGroup.from_obj(load("podgroup-prefill.yaml")), pod_infos([prefill_pod]), snap),
-        "disagg-decode": gang_request(PodGroup.from_obj(load("podgroup-decode.yaml")), pod_infos([decode_pod]), snap),
+        "disagg-prefill": gang_request(
+            PodGroup.from_obj(load("podgroup-prefill.yaml")), pod_infos([prefill_pod]), snap
+        ),
+        "disagg-decode": gang_request(
+            PodGroup.from_obj(load("podgroup-decode.yaml")), pod_infos([decode_pod]), snap
+        ),
     }
     colocate = {"disagg-decode": "disagg-prefill@clique"}
     together = joint.joint_request("serve/disagg", requests, colocate, snap.hierarchy)
@@ -108,7 +112,9 @@ def test_joint_placement_predicts_a_cheaper_kv_transfer_than_independent_placeme
         got = place(ledger.view(snap), requests[member])
         assert isinstance(got, Slice)
         ledger.reserve(got, 0.0)
-        alone += [PodSlot(f"{member}.{s.pod_set}", s.index, s.node, s.gpus, s.numa_nodes, s.nic) for s in got.slots]
+        alone += [
+            PodSlot(f"{member}.{s.pod_set}", s.index, s.node, s.gpus, s.numa_nodes, s.nic) for s in got.slots
+        ]
     split_cliques = {snap.node(s.node).labels[CLIQUE] for s in alone}
     assert split_cliques == {"5e1a.1", "5e1a.2"}  # the construction: independent placement splits them
     independent_kv = gang_micros(snap, together, alone)[decode_set]
@@ -157,3 +163,9 @@ def test_colocate_with_a_pod_set_name_and_unknown_targets() -> None:
         assert "nothing" in str(exc)
     else:
         raise AssertionError("an unknown colocate-with target was accepted")
+    try:
+        joint.joint_request("serve/disagg", requests, {"dec": "pre@rack"}, snap.hierarchy)
+    except joint.JointError as exc:
+        assert "rack" in str(exc)
+    else:
+        raise AssertionError("an unknown colocate-with level was accepted")

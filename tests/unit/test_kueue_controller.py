@@ -19,7 +19,7 @@ from extender.admission import assignment, workload_gang
 from extender.admission.controller import AdmissionController
 from extender.admission.fake import FakeControllerApi
 from extender.admission.kueue import CheckConfig, Stage
-from extender.admission.objects import rfc3339
+from extender.admission.objects import reservation_to_object, rfc3339
 from extender.admission.openapi import load_crd, validate, version_schema
 from extender.kube.api import ApiError, Conflict
 from extender.kube.cache import ClusterCache
@@ -471,3 +471,20 @@ def test_a_standby_decides_nothing() -> None:
         assert w.cache.reservation(KEY) is not None
 
     run(body)
+
+
+def test_without_kueue_the_leader_rebuilds_the_ledger_and_reads_nothing_of_kueue() -> None:
+    """A cluster without Kueue's CRDs: becoming leader must not wait on AdmissionChecks
+    (a 404 there would keep the replica from ever leading), yet reservations come back."""
+    world = World()
+    ctl = AdmissionController(world.api, world.cache, CFG, clock=world.clock, kueue=False)
+    blocker = _blocker(["a-0"])
+    world.api.put("slicereservations", reservation_to_object(blocker, "default", "held", None))
+
+    async def body() -> None:
+        await ctl.become_leader()
+
+    run(body)
+    assert ctl.leader and ctl.checks == {}
+    assert "list_admission_checks" not in world.api.calls
+    assert world.cache.reservation(blocker.gang) is not None

@@ -18,6 +18,8 @@ from extender.placement.files import cluster_from_data
 
 
 class Recorder:
+    kueue = True
+
     def __init__(self) -> None:
         self.seen: list[tuple[str, str | None, str]] = []
 

@@ -73,6 +73,8 @@ def _resolve(expr: ast.expr, module: ModuleType, tree: ast.Module) -> set[str]:
 def _grants_of_call(
     method: str, client: str, args: list[ast.expr], module: ModuleType, tree: ast.Module
 ) -> set[Grant]:
+    if method == "get_api_resources":
+        return set()  # discovery: the system:discovery role lets every authenticated user read it
     verb_word, _, rest = method.partition("_")
     verb = VERBS[verb_word]
     status = rest.endswith("_status")

@@ -181,7 +181,11 @@ def test_the_controller_waits_for_min_member_pods_then_reserves_one_leaf_and_ann
     obj = w.api.get("slicereservations", "llama-70b", "llm")
     assert obj is not None
     owner = obj["metadata"]["ownerReferences"][0]
-    assert (owner["kind"], owner["name"], owner["uid"]) == ("PodGroup", "llama-70b", w.group()["metadata"]["uid"])
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "PodGroup",
+        "llama-70b",
+        w.group()["metadata"]["uid"],
+    )
     assert [e["reason"] for e in w.api.events] == ["SliceReserved"]
     # The annotations we did not write are kept.
     assert ann["gangslice.io/comm"] == "allreduce"
@@ -289,3 +293,14 @@ def test_a_pod_info_reads_the_volcano_role_as_its_pod_set() -> None:
     assert pod.pod_set == "worker"
     assert pod.volcano_group == KEY
 
+
+def test_an_unknown_level_annotation_makes_the_group_invalid_with_a_warning() -> None:
+    w = World()
+    obj = copy.deepcopy(load("podgroup-llama.yaml"))
+    obj["metadata"]["annotations"]["gangslice.io/preferred-level"] = "rack"
+    w.add_group(obj)
+    w.add_pods(load("pods-llama.yaml"))
+    assert w.cache.reservation(KEY) is None
+    status = w.group()["metadata"]["annotations"][STATUS_ANNOTATION]
+    assert status.startswith("Invalid:") and "rack" in status
+    assert [e["reason"] for e in w.api.events] == ["InvalidGang"]

@@ -1,0 +1,120 @@
+"""Plain gangs that can never fit: say so on their pods.
+
+The extender places a plain gang (``gangslice.io/gang`` + ``gangslice.io/gang-size``) on
+its first member's filter and answers "unresolvable" when no slice exists even on an empty
+cluster; kube-scheduler then only retries. This reporter, run by the controller's leader on
+the pod watch, checks an unbound member of a gang without a reservation against the empty
+cluster once per gang shape, and when the gang can never fit it puts the reason on every
+such pod: a Warning Event ``NeverFits`` and the annotation ``gangslice.io/status``.
+
+A gang that merely waits for capacity is left to the extender (its filter reason shows in
+kube-scheduler's own ``FailedScheduling`` Event); an expired hold is placed again on the
+next member's filter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from extender.admission import owned
+from extender.admission.controller import Cache
+from extender.admission.podgroups import STATUS_ANNOTATION
+from extender.kube.api import ApiError
+from extender.kube.gangs import plain_gang_request
+from extender.kube.pods import PodError, PodInfo
+from extender.placement.request import GangRequest
+from extender.placement.slice import Unplaceable
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.solver import place
+
+log = logging.getLogger(__name__)
+
+
+class PlainGangApi(Protocol):
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None: ...
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
+
+
+def empty(snap: ClusterSnapshot) -> ClusterSnapshot:
+    """The cluster with every GPU free (unhealthy ones stay out)."""
+    nodes = [NodeState(n.name, n.labels, n.graph, frozenset(), n.unhealthy) for n in snap.nodes]
+    return ClusterSnapshot(nodes, snap.hierarchy)
+
+
+def never_fits(request: GangRequest, snap: ClusterSnapshot) -> str | None:
+    """Why ``request`` can never be placed on this cluster, or None when it can be."""
+    try:
+        result = place(empty(snap), request)
+    except ValueError as exc:  # an unknown level name and the like
+        return str(exc)
+    return result.reason if isinstance(result, Unplaceable) else None
+
+
+class PlainGangReporter:
+    def __init__(
+        self,
+        api: PlainGangApi,
+        cache: Cache,
+        clock: Callable[[], float] = time.time,
+        identity: str = "gangslice",
+    ) -> None:
+        self.api = api
+        self.cache = cache
+        self.clock = clock
+        self.identity = identity
+        self.leader = False
+        #: Verdicts by (gang key, request): the reason it never fits, or None.
+        self._verdicts: dict[tuple[str, GangRequest], str | None] = {}
+
+    async def on_pod(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        if not self.leader or not self.cache.ready or event_type == "DELETED":
+            return
+        pod = PodInfo.from_obj(obj)
+        if pod.node is not None or pod.terminal or pod.deleting or pod.gang is None:
+            return
+        if self.cache.reservation(pod.gang) is not None:
+            return
+        try:
+            request = plain_gang_request(pod)
+        except PodError as exc:
+            await self._say(obj, pod, "Invalid", str(exc), "InvalidGang")
+            return
+        if request is None:
+            return
+        memo = (pod.gang, request)
+        if memo not in self._verdicts:
+            self._verdicts[memo] = never_fits(request, self.cache.snapshot())
+        reason = self._verdicts[memo]
+        if reason is not None:
+            await self._say(
+                obj, pod, "NeverFits", f"gang {pod.gang} can never fit this cluster: {reason}", "NeverFits"
+            )
+
+    def forget(self) -> None:
+        """Drop remembered verdicts (the cluster's nodes changed)."""
+        self._verdicts.clear()
+
+    async def _say(self, obj: Mapping[str, Any], pod: PodInfo, state: str, message: str, reason: str) -> None:
+        text = f"{state}: {message}"[:1024]
+        if pod.annotations.get(STATUS_ANNOTATION) == text:
+            return
+        try:
+            await self.api.patch_pod_annotations(pod.namespace, pod.name, {STATUS_ANNOTATION: text})
+        except ApiError as exc:
+            log.warning("pod %s: %s", pod.key, exc)
+            return
+        await owned.post_event(
+            self.api,
+            {"apiVersion": "v1", "kind": "Pod", **obj},
+            "Warning",
+            reason,
+            message,
+            self.clock(),
+            self.identity,
+        )

@@ -1,0 +1,172 @@
+"""Plain gangs (kube-scheduler + the extender only): a hold that expires before its members
+bind is released and placed again on the next member's filter; a gang that can never fit
+gets a Warning Event and a status annotation on its pods; a LeaderWorkerSet whose templates
+carry the labels works unchanged, one gang per replica group."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.admission.fake import FakeControllerApi
+from extender.admission.plain_gangs import PlainGangReporter, never_fits
+from extender.admission.podgroups import STATUS_ANNOTATION
+from extender.kube.api import Kind
+from extender.kube.cache import ClusterCache
+from extender.kube.gangs import plain_gang_request
+from extender.kube.pods import PodInfo
+from extender.kube.store import InMemoryReservationStore
+from extender.placement.files import load_cluster
+from extender.webhook.decide import Decider
+from extender.webhook.testing import gang_pod, node_obj
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "volcano"
+GANG = "serving/vllm-0"
+
+
+def lws_pods() -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((FIXTURES / "lws-pods.yaml").read_text()))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cache_with(ttl_s: float = 30.0) -> tuple[ClusterCache, Clock, InMemoryReservationStore]:
+    clock = Clock()
+    store = InMemoryReservationStore()
+    cache = ClusterCache.from_snapshot(
+        load_cluster(FIXTURES / "cluster.yaml"), ttl_s=ttl_s, store=store, clock=clock
+    )
+    return cache, clock, store
+
+
+def test_lws_pods_form_one_gang_per_group_placed_on_first_sight_and_pinned() -> None:
+    cache, _, _ = cache_with()
+    leader, worker = (PodInfo.from_obj(p) for p in lws_pods())
+    assert leader.gang == worker.gang == GANG
+    decider = Decider(cache)
+    names = cache.node_names()
+    got = decider.filter(leader, names)
+    assert got.outcome == "reserved"
+    r = cache.reservation(GANG)
+    assert r is not None and len(r.slice.slots) == 2
+    assert set(got.passed) <= set(r.slice.nodes)
+    decider.plan_bind(leader, got.passed[0])
+    w = decider.filter(worker, names)
+    r = cache.reservation(GANG)
+    assert r is not None and r.slot_of(leader.name) is not None
+    free = {s.node for s in r.free_slots()}
+    assert set(w.passed) == free and w.passed
+    # Group 1 of the same LeaderWorkerSet is a gang of its own.
+    other = copy.deepcopy(lws_pods()[0])
+    other["metadata"]["name"] = "vllm-1"
+    other["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"] = "1"
+    assert PodInfo.from_obj(other).gang == "serving/vllm-1"
+
+
+def test_an_expired_hold_is_released_and_placed_again_on_the_next_members_filter() -> None:
+    cache, clock, store = cache_with(ttl_s=30)
+    leader, worker = (PodInfo.from_obj(p) for p in lws_pods())
+    decider = Decider(cache)
+    names = cache.node_names()
+    assert decider.filter(leader, names).outcome == "reserved"
+    asyncio.run(cache.flush())
+    assert ("serving", "vllm-0") in store.objects
+    clock.now += 31
+    assert [r.gang for r in cache.expire()] == [GANG]
+    asyncio.run(cache.flush())
+    assert cache.reservation(GANG) is None and ("serving", "vllm-0") not in store.objects
+    again = decider.filter(worker, names)
+    assert again.outcome == "reserved"
+    r = cache.reservation(GANG)
+    assert r is not None and r.expires_at == clock.now + 30
+    asyncio.run(cache.flush())
+    assert ("serving", "vllm-0") in store.objects
+
+
+def huge(pod: dict[str, Any]) -> dict[str, Any]:
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["annotations"]["gangslice.io/gang-size"] = "9"  # 72 GPUs; the cluster has 64
+    return pod
+
+
+def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once() -> None:
+    cache, clock, _ = cache_with()
+    api = FakeControllerApi()
+    reporter = PlainGangReporter(api, cache, clock=clock)
+    reporter.leader = True
+    pods = [huge(p) for p in lws_pods()]
+    for p in pods:
+        api.put("pods", p)
+    for p in pods:
+        asyncio.run(reporter.on_pod("ADDED", p))
+    for p in pods:
+        got = api.get("pods", p["metadata"]["name"], "serving")
+        assert got is not None
+        assert got["metadata"]["annotations"][STATUS_ANNOTATION].startswith(
+            f"NeverFits: gang {GANG} can never fit"
+        )
+    assert [(e["type"], e["reason"], e["involvedObject"]["kind"]) for e in api.events] == [
+        ("Warning", "NeverFits", "Pod")
+    ] * 2
+    # The watch delivers the annotated pod again: nothing new is said.
+    again = api.get("pods", pods[0]["metadata"]["name"], "serving")
+    assert again is not None
+    asyncio.run(reporter.on_pod("MODIFIED", again))
+    assert len(api.events) == 2
+    # The extender answers the same gang unresolvable everywhere.
+    out = Decider(cache).filter(PodInfo.from_obj(pods[0]), cache.node_names())
+    assert not out.passed and set(out.unresolvable) == set(cache.node_names())
+
+
+def test_a_gang_that_only_waits_for_capacity_is_not_reported() -> None:
+    cache, clock, _ = cache_with()
+    api = FakeControllerApi()
+    reporter = PlainGangReporter(api, cache, clock=clock)
+    reporter.leader = True
+    pod = lws_pods()[0]
+    api.put("pods", pod)
+    asyncio.run(reporter.on_pod("ADDED", pod))
+    assert api.events == []
+    request = plain_gang_request(PodInfo.from_obj(pod))
+    assert request is not None
+    assert never_fits(request, cache.snapshot()) is None
+    assert never_fits(plain_gang_request(PodInfo.from_obj(huge(pod))), cache.snapshot()) is not None  # type: ignore[arg-type]
+
+
+def test_a_hold_that_expires_after_some_members_bound_is_placed_again_for_the_rest_only() -> None:
+    clock = Clock()
+    cache = ClusterCache(ttl_s=30, clock=clock)
+    for kind in Kind:
+        cache.replace(kind, [])
+    for name in ("a", "b", "c"):
+        cache.apply(Kind.NODES, "ADDED", node_obj(name))
+    pods = [gang_pod(f"g-{i}", "g", 3, 8) for i in range(3)]
+    decider = Decider(cache)
+    names = cache.node_names()
+    first = decider.filter(PodInfo.from_obj(pods[0]), names)
+    assert first.outcome == "reserved"
+    r = cache.reservation("llm/g")
+    assert r is not None
+    slot = r.slice.slots[0]
+    # g-0 binds and runs; the other two do not come within the TTL.
+    decider.plan_bind(PodInfo.from_obj(pods[0]), slot.node)
+    cache.apply(Kind.PODS, "ADDED", gang_pod("g-0", "g", 3, 8, node=slot.node, phase="Running"))
+    clock.now += 31
+    assert [x.gang for x in cache.expire()] == ["llm/g"]
+    # The next member's filter places the two members still to come, not three.
+    again = decider.filter(PodInfo.from_obj(pods[1]), names)
+    assert again.outcome == "reserved"
+    r = cache.reservation("llm/g")
+    assert r is not None and len(r.slice.slots) == 2
+    assert slot.node not in r.slice.nodes  # g-0's node is full
