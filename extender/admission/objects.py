@@ -31,7 +31,7 @@ OWNER_KIND_LABEL = "gangslice.io/owner-kind"
 OWNER_NAME_LABEL = "gangslice.io/owner-name"
 
 #: Meta keys (``Reservation.meta``) this controller keeps with a reservation.
-META_OWNER_KIND = "ownerKind"
+META_OWNER_KIND = names.META_OWNER_KIND
 META_OWNER_NAME = "ownerName"
 META_OWNER_UID = "ownerUid"
 #: When the owner's quota was reserved (Kueue's QuotaReserved transition time): a reservation

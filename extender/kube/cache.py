@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from extender.kube import names
 from extender.kube.api import ALL_KINDS, Kind
 from extender.kube.crd_models import (
     CrdError,
@@ -356,8 +357,11 @@ class ClusterCache:
         return r
 
     def expire(self) -> list[Reservation]:
-        """Drop holds past their TTL that are not fully bound."""
-        gone = self._ledger.expire(self.clock())
+        """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
+        PodGroup stay until their controller releases them."""
+        gone = self._ledger.expire(
+            self.clock(), keep=lambda r: r.meta.get(names.META_OWNER_KIND) in names.OWNER_MANAGED_KINDS
+        )
         for r in gone:
             self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
         return gone

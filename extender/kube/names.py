@@ -40,3 +40,8 @@ KUEUE_PODSET = "kueue.x-k8s.io/podset"
 #: On the controller pod that holds the leader lease: "true". The Service selects it, so
 #: kube-scheduler and Volcano reach the one replica that decides.
 LEADER_LABEL = "gangslice.io/leader"
+
+#: Reservation meta: the kind of object that owns it (written by the controllers). Holds
+#: owned by these kinds live as long as their owner, not for a TTL.
+META_OWNER_KIND = "ownerKind"
+OWNER_MANAGED_KINDS = frozenset({"Workload", "PodGroup"})

@@ -11,7 +11,7 @@ would break those rules is left out and reported, never double-booked.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -160,9 +160,15 @@ class Ledger:
         r = self._by_gang.pop(gang, None)
         return replace(r, phase=Phase.RELEASED) if r is not None else None
 
-    def expire(self, now: float) -> list[Reservation]:
-        """Drop holds past their TTL that are not fully bound; returns them as Expired."""
-        gone = [r for r in self._by_gang.values() if r.phase != Phase.BOUND and r.expires_at <= now]
+    def expire(self, now: float, keep: Callable[[Reservation], bool] | None = None) -> list[Reservation]:
+        """Drop holds past their TTL that are not fully bound; returns them as Expired.
+        ``keep`` spares holds whose lifetime an owner manages (an admitted Workload, a live
+        PodGroup): their controller releases them, the clock does not."""
+        gone = [
+            r
+            for r in self._by_gang.values()
+            if r.phase != Phase.BOUND and r.expires_at <= now and not (keep and keep(r))
+        ]
         for r in gone:
             del self._by_gang[r.gang]
         return [replace(r, phase=Phase.EXPIRED) for r in gone]

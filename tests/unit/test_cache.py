@@ -254,3 +254,21 @@ def test_reservations_listed_from_the_api_are_restored_once() -> None:
     # deleted by someone else: released here too
     other.apply(Kind.SLICE_RESERVATIONS, "DELETED", obj)
     assert other.reservation("llm/g") is None
+
+
+def test_cache_expiry_keeps_workload_and_podgroup_holds(tmp_path: Path) -> None:
+    """Holds of an admitted Workload or a live PodGroup are released by their controller,
+    never by the TTL; a plain gang's hold expires."""
+    from extender.placement.ledger import Reservation
+    from extender.placement.slice import PodSlot, Slice
+
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+    cache.clock = lambda: 1_000.0
+    node = cache.snapshot().nodes[0].name
+    for gang, gpu, kind in (("ns/wl", 0, "Workload"), ("ns/pg", 1, "PodGroup"), ("ns/plain", 2, None)):
+        meta = {"ownerKind": kind} if kind else {}
+        r = Reservation(gang, Slice(gang, (PodSlot("p", 0, node, (gpu,)),), {"p": 0.0}), 10.0, meta=meta)
+        assert cache.restore(r)
+    gone = cache.expire()
+    assert [r.gang for r in gone] == ["ns/plain"]
+    assert cache.reservation("ns/wl") is not None and cache.reservation("ns/pg") is not None

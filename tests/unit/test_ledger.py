@@ -217,3 +217,12 @@ def test_reserve_refuses_a_second_multi_node_nvlink_gang_on_a_node() -> None:
     ledger.release("a")
     ledger.release("c")
     assert ledger.reserve(second, now=1.0).gang == "b"
+
+
+def test_expire_spares_holds_whose_owner_manages_them() -> None:
+    ledger = Ledger(ttl_s=10)
+    ledger.reserve(sl("ns/kueue", ("n0", (0, 1))), now=0, meta={"ownerKind": "Workload"})
+    ledger.reserve(sl("ns/plain", ("n0", (2, 3))), now=0)
+    gone = ledger.expire(100, keep=lambda r: r.meta.get("ownerKind") == "Workload")
+    assert [r.gang for r in gone] == ["ns/plain"]
+    assert "ns/kueue" in ledger
