@@ -21,14 +21,6 @@ from pathlib import Path
 #: "defined in" column lists every one that defines a key.
 CONSTANT_MODULES = (
     "extender.kube.names",
-    "extender.admission.workload_gang",
-    "extender.admission.objects",
-    "extender.admission.kueue",
-    "extender.admission.podgroups",
-    "extender.admission.joint",
-    "extender.admission.hypernodes",
-    "extender.agent.preflight",
-    "extender.agent.podresources",
     "extender.topology.hierarchy",
 )
 
@@ -56,7 +48,6 @@ class Key:
 
 
 NAMES = "extender.kube.names"
-GANG_DOCS = "extender.admission.workload_gang"
 
 #: What users set on their pods and pod templates.
 USER_KEYS = (
@@ -99,7 +90,7 @@ USER_KEYS = (
         "How the pods of the pod set talk (see Communication patterns); it weighs the cost model.",
     ),
     Key(
-        "extender.admission.joint:GANG_MEMBERS",
+        f"{NAMES}:GANG_MEMBERS",
         "annotation",
         "Workload, PodGroup, plain gang objects",
         "read by the controller",
@@ -115,7 +106,7 @@ USER_KEYS = (
         "Which pod set of the gang the pod is; it takes a slot of that pod set.",
     ),
     Key(
-        f"{GANG_DOCS}:COLOCATE_WITH",
+        f"{NAMES}:COLOCATE_WITH",
         "annotation",
         "pod template (Kueue)",
         "read by the admission check",
@@ -156,14 +147,14 @@ WRITTEN_KEYS = (
         "`true` on the replica that holds the leader lease, `false` on the standby.",
     ),
     Key(
-        "extender.admission.podgroups:STATUS_ANNOTATION",
+        f"{NAMES}:STATUS",
         "annotation",
         "PodGroup",
         "written by the PodGroup controller",
         "gangslice's state for the PodGroup (a PodGroup has no status subresource).",
     ),
     Key(
-        "extender.admission.hypernodes:SOURCE_LABEL",
+        f"{NAMES}:HYPERNODE_SOURCE_LABEL",
         "label",
         "HyperNode (from `gangslice hypernodes`)",
         "written by `gangslice hypernodes`",
@@ -171,21 +162,21 @@ WRITTEN_KEYS = (
         "discovery uses the same key with its source name.",
     ),
     Key(
-        "literal:gangslice.io/level",
+        f"{NAMES}:HYPERNODE_LEVEL_LABEL",
         "label",
         "HyperNode (from `gangslice hypernodes`)",
         "written by `gangslice hypernodes`",
         "The gangslice level the HyperNode stands for.",
     ),
     Key(
-        "extender.admission.objects:OWNER_KIND_LABEL",
+        f"{NAMES}:OWNER_KIND_LABEL",
         "label",
         "SliceReservation",
         "written by the admission check",
         "The kind of the object the reservation is for (Workload, PodGroup).",
     ),
     Key(
-        "extender.admission.objects:OWNER_NAME_LABEL",
+        f"{NAMES}:OWNER_NAME_LABEL",
         "label",
         "SliceReservation",
         "written by the admission check",
@@ -203,7 +194,7 @@ FOREIGN_KEYS = (
         "Which replica group of a LeaderWorkerSet a pod belongs to.",
     ),
     Key(
-        f"{GANG_DOCS}:REQUIRED_TOPOLOGY",
+        f"{NAMES}:KUEUE_REQUIRED_TOPOLOGY",
         "annotation",
         "pod template (Kueue TAS)",
         "read by the admission check",
@@ -211,14 +202,14 @@ FOREIGN_KEYS = (
         "it is a level of gangslice's hierarchy.",
     ),
     Key(
-        f"{GANG_DOCS}:PREFERRED_TOPOLOGY",
+        f"{NAMES}:KUEUE_PREFERRED_TOPOLOGY",
         "annotation",
         "pod template (Kueue TAS)",
         "read by the admission check",
         "Kueue's preferred topology, likewise.",
     ),
     Key(
-        f"{GANG_DOCS}:GROUP_NAME",
+        f"{NAMES}:KUEUE_PODSET_GROUP_NAME",
         "annotation",
         "pod template (Kueue TAS)",
         "read by the admission check",
@@ -438,7 +429,6 @@ def _enum_comments(enum_cls: type) -> dict[str, str]:
 
 def api_section() -> list[str]:
     from extender.admission import api as admission_api
-    from extender.admission.kueue import CONTROLLER_NAME
     from extender.admission.leader import LeaseConfig
     from extender.agent import publish
     from extender.kube import names
@@ -449,14 +439,14 @@ def api_section() -> list[str]:
         ("Kinds", f"`NodeTopology` (`{names.NODE_TOPOLOGIES}`, cluster-scoped, one per node), "
          f"`SliceReservation` (`{names.SLICE_RESERVATIONS}`, namespaced)"),
         ("GPU resource", f"`{names.GPU_RESOURCE}`"),
-        ("Kueue AdmissionCheck controllerName", f"`{CONTROLLER_NAME}`"),
+        ("Kueue AdmissionCheck controllerName", f"`{names.CHECK_CONTROLLER}`"),
         ("Kueue API version", f"`{admission_api.KUEUE_API_VERSION}`"),
         ("Leader Lease", f"`{lease.namespace}/{lease.name}` (duration {lease.duration_s:g} s, "
          f"renew deadline {lease.renew_deadline_s:g} s, retry {lease.retry_period_s:g} s)"),
         ("Field managers (server-side apply)", f"`{admission_api.FIELD_MANAGER}` (controller), "
          f"`{publish.FIELD_MANAGER}` (node agent)"),
-        ("Events' reportingComponent", f"`{CONTROLLER_NAME}` (on Workloads), `gangslice.io/controller` "
-         "(on PodGroups and joint gangs); source component `gangslice`"),
+        ("Events' reportingComponent", f"`{names.CHECK_CONTROLLER}` (on Workloads), "
+         f"`{names.EVENT_COMPONENT}` (on PodGroups and joint gangs); source component `gangslice`"),
     ]  # fmt: skip
     lines = ["## API names", "", "| what | value |", "|---|---|"]
     lines += [f"| {what} | {value} |" for what, value in rows]

@@ -17,7 +17,7 @@ from extender.admission.kueue import Stage, assignments, mapping, pod_sets
 from extender.admission.workload_gang import describe_request, strict_gang
 from extender.kube import names
 from extender.placement.request import GangRequest
-from extender.placement.scoring import fabric_domain, gang_micros
+from extender.placement.scoring import gang_micros, mnnvl_nodes
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import place
@@ -213,17 +213,12 @@ def place_in_assignment(
                 slots.append(replace(s, pod_set=ps.name, index=index))
                 held.setdefault(s.node, set()).update(s.gpus)
                 index += 1
-    mnnvl: set[str] = set()
-    for ps in gang.pod_sets:
-        nodes = {s.node for s in slots if s.pod_set == ps.name}
-        if len(nodes) > 1:
-            mnnvl.update(n for n in nodes if fabric_domain(view, view.index(n)) is not None)
     return Slice(
         gang=gang.name,
         slots=tuple(slots),
         pod_set_micros=gang_micros(view, gang, slots),
         domains={ps.name: "Kueue's topology assignment" for ps in gang.pod_sets},
-        mnnvl_nodes=tuple(sorted(mnnvl)),
+        mnnvl_nodes=mnnvl_nodes(view, gang, slots),
     )
 
 

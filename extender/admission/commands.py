@@ -22,10 +22,11 @@ from typing import Any
 import yaml
 
 from extender.admission import assignment, hypernodes, kueue, workload_gang
-from extender.admission.api import ControllerApi
+from extender.admission.api import PODGROUP_GROUP, PODGROUP_VERSION, PODGROUPS, ControllerApi
 from extender.admission.controller import Cache
 from extender.admission.explain import CheckState, Facts, render, to_json
-from extender.admission.objects import reservation_from_object
+from extender.admission.objects import object_ref, reservation_from_object
+from extender.kube import names
 from extender.kube.api import ApiError, NotFound
 from extender.kube.crd_models import CrdError, object_name
 from extender.placement.files import FileError, load_cluster, load_gang
@@ -40,8 +41,6 @@ EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 4
 
 KINDS = ("workload", "podgroup", "gang")
-VOLCANO_GROUP = "scheduling.volcano.sh"
-VOLCANO_VERSION = "v1beta1"
 
 
 def register(sub: Any) -> None:
@@ -84,7 +83,7 @@ def explain_gang_file(snap: ClusterSnapshot, gang: GangRequest, where: str) -> F
 def explain_workload_object(snap: ClusterSnapshot, wl: Mapping[str, Any], checks: set[str] | None) -> Facts:
     """A Workload as it stands (its check state) plus a dry run on ``snap``. ``checks``: the
     names of our AdmissionChecks; None takes the Workload's only entry, if it has one."""
-    ns, name = kueue.workload_ref(wl)
+    ns, name = object_ref(wl)
     facts = Facts(target=f"workload {ns}/{name}")
     entries = list((wl.get("status") or {}).get("admissionChecks") or ())
     if checks is None:
@@ -144,7 +143,7 @@ async def explain_workload(api: ControllerApi, cache: Cache, namespace: str, nam
             str(e.get("state")), str(e.get("message") or ""), e.get("lastTransitionTime")
         )
     else:
-        facts.notes.append(f"no admission check of controller {kueue.CONTROLLER_NAME} on this Workload")
+        facts.notes.append(f"no admission check of controller {names.CHECK_CONTROLLER} on this Workload")
     _, why = kueue.decide(wl, checks, cache.reservation(key) is not None)
     facts.notes.append(f"controller's view: {why}")
     facts.reservation = cache.reservation(key)
@@ -220,7 +219,7 @@ def _podgroup_state(api_client: Any, namespace: str, name: str) -> CheckState | 
 
     try:
         pg: Any = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            VOLCANO_GROUP, VOLCANO_VERSION, namespace, "podgroups", name
+            PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUPS, name
         )
     except Exception:
         return None

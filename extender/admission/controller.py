@@ -24,17 +24,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from extender.admission import assignment, joint, kueue, workload_gang
-from extender.admission.api import ControllerApi
+from extender.admission import assignment, joint, kueue, owned, workload_gang
+from extender.admission.api import KUEUE_API_VERSION, ControllerApi
 from extender.admission.kueue import Action, CheckConfig, Stage
 from extender.admission.objects import (
     META_ATTEMPT,
     META_OWNER_KIND,
     META_OWNER_NAME,
     META_OWNER_UID,
+    object_ref,
     owner_reference,
     parse_rfc3339,
     reservation_from_object,
@@ -43,6 +44,7 @@ from extender.admission.objects import (
     rfc3339,
 )
 from extender.admission.workload_gang import WorkloadError
+from extender.kube import names
 from extender.kube.api import ApiError, Conflict, NotFound
 from extender.kube.crd_models import CrdError, object_name
 from extender.placement.ledger import Ledger, Phase, Reservation
@@ -206,14 +208,7 @@ class AdmissionController:
                 await self.reconcile(key)
 
     async def run_resync(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.resync_s)
-            if not stop.is_set():
-                try:
-                    await self.resync()
-                except Exception:
-                    log.exception("resync failed")
+        await resync_until(stop, self.config.resync_s, self.resync, "resync")
 
     # -- AdmissionChecks -----------------------------------------------------------------------
     async def reconcile_check(self, ac: Mapping[str, Any]) -> None:
@@ -251,7 +246,7 @@ class AdmissionController:
                 await self._reconcile(key, wl)
             except Conflict:
                 # Someone (Kueue) wrote the Workload after we read it: read it again, once.
-                ns, name = kueue.workload_ref(wl)
+                ns, name = object_ref(wl)
                 try:
                     fresh = await self.api.get_workload(ns, name)
                 except NotFound:
@@ -327,12 +322,12 @@ class AdmissionController:
         have quota, hold one reservation per Workload (all or none), then set every one's
         check Ready in one pass. Members with quota wait for the others up to
         ``member_wait_s``, then give their quota back naming the missing ones."""
-        ns, _ = kueue.workload_ref(wl)
+        ns, _ = object_ref(wl)
         jkey = f"{ns}/{member.gang}"
         wls: dict[str, dict[str, Any]] = {}
         declared: dict[str, joint.Membership] = {}
         for w in self.workloads.values():
-            wns, wname = kueue.workload_ref(w)
+            wns, wname = object_ref(w)
             try:
                 m = _membership(w)
             except joint.JointError:
@@ -451,7 +446,7 @@ class AdmissionController:
 
     def _hold(self, key: str, sl: Slice, wl: Mapping[str, Any], now: float) -> Reservation | None:
         meta = wl.get("metadata") or {}
-        ns, name = kueue.workload_ref(wl)
+        ns, name = object_ref(wl)
         r = Reservation(
             gang=key,
             slice=sl,
@@ -460,7 +455,7 @@ class AdmissionController:
             meta={
                 "namespace": ns,
                 "name": object_name(key),
-                "ownerApiVersion": str(wl.get("apiVersion") or kueue.KUEUE_API_VERSION),
+                "ownerApiVersion": str(wl.get("apiVersion") or KUEUE_API_VERSION),
                 META_OWNER_KIND: WORKLOAD_KIND,
                 META_OWNER_NAME: name,
                 META_OWNER_UID: str(meta.get("uid") or ""),
@@ -485,7 +480,7 @@ class AdmissionController:
     async def _persist(self, r: Reservation, wl: Mapping[str, Any], now: float) -> bool:
         """Make sure the SliceReservation object exists (owned by the Workload); False when
         it could not be written (the hold is dropped, so nothing leaks; a resync retries)."""
-        ns, _ = kueue.workload_ref(wl)
+        ns, _ = object_ref(wl)
         obj_name = object_name(r.gang)
         obj = reservation_to_object(r, ns, obj_name, owner_reference(wl), now)
         try:
@@ -519,7 +514,7 @@ class AdmissionController:
     @staticmethod
     def _status_body(r: Reservation, ns: str, name: str, now: float) -> dict[str, Any]:
         return {
-            "apiVersion": "gangslice.io/v1alpha1",
+            "apiVersion": names.API_VERSION,
             "kind": "SliceReservation",
             "metadata": {"name": name, "namespace": ns},
             "status": reservation_status(r, now),
@@ -531,7 +526,7 @@ class AdmissionController:
         updates and the extender places them as they come."""
         if self.cache.reservation(key) is not None:
             return
-        ns, _ = kueue.workload_ref(wl)
+        ns, _ = object_ref(wl)
         try:
             r = reservation_from_object(await self.api.get_reservation(ns, object_name(key)))
         except NotFound:
@@ -586,7 +581,7 @@ class AdmissionController:
             entries.append(entry)
         if not entries or not changed:
             return
-        ns, name = kueue.workload_ref(wl)
+        ns, name = object_ref(wl)
         updated = await self.api.apply_workload_status(ns, name, kueue.workload_apply_body(wl, entries))
         self.workloads[kueue.gang_key(wl)] = updated
         if event is not None:
@@ -627,34 +622,24 @@ class AdmissionController:
         return out
 
     async def _event(self, wl: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        meta = wl.get("metadata") or {}
-        ns, name = kueue.workload_ref(wl)
-        now = rfc3339(self.clock())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": ns},
-            "involvedObject": {
-                "apiVersion": str(wl.get("apiVersion") or kueue.KUEUE_API_VERSION),
-                "kind": WORKLOAD_KIND,
-                "name": name,
-                "namespace": ns,
-                "uid": str(meta.get("uid") or ""),
-            },
-            "type": kind,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "gangslice"},
-            "reportingComponent": kueue.CONTROLLER_NAME,
-            "reportingInstance": self.identity,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            await self.api.create_event(ns, event)
-        except ApiError as exc:
-            log.debug("event for %s/%s: %s", ns, name, exc)
+        obj = {**wl, "apiVersion": wl.get("apiVersion") or KUEUE_API_VERSION, "kind": WORKLOAD_KIND}
+        now, component = self.clock(), names.CHECK_CONTROLLER
+        await owned.post_event(self.api, obj, kind, reason, message, now, self.identity, component)
+
+
+async def resync_until(
+    stop: asyncio.Event, period_s: float, resync: Callable[[], Awaitable[None]], what: str
+) -> None:
+    """Call ``resync`` every ``period_s`` seconds until ``stop`` is set; a failure is logged
+    (as ``<what> failed``) and the loop goes on."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period_s)
+        if not stop.is_set():
+            try:
+                await resync()
+            except Exception:
+                log.exception("%s failed", what)
 
 
 def _membership(wl: Mapping[str, Any]) -> joint.Membership | None:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
+from extender.kube.names import API_VERSION
 from extender.placement.ledger import Phase
 from extender.topology.model import GpuGraph
 from extender.topology.serialize import graph_from_dict, graph_to_dict
@@ -161,7 +162,7 @@ class NodeTopologyStatus(_Model):
 
 
 class NodeTopology(_Model):
-    api_version: str = Field("gangslice.io/v1alpha1", alias="apiVersion")
+    api_version: str = Field(API_VERSION, alias="apiVersion")
     kind: str = "NodeTopology"
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: NodeTopologySpec
@@ -213,7 +214,7 @@ class SliceReservationStatus(_Model):
 
 
 class SliceReservation(_Model):
-    api_version: str = Field("gangslice.io/v1alpha1", alias="apiVersion")
+    api_version: str = Field(API_VERSION, alias="apiVersion")
     kind: str = "SliceReservation"
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: SliceReservationSpec

@@ -10,6 +10,7 @@ from typing import Any
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, Slice, Unplaceable
+from extender.topology.serialize import index_ranges
 
 
 @dataclass(frozen=True)
@@ -34,18 +35,6 @@ class Facts:
     problems: list[str] = field(default_factory=list)
 
 
-def _gpus(gpus: tuple[int, ...]) -> str:
-    if not gpus:
-        return "-"
-    runs: list[list[int]] = []
-    for g in sorted(gpus):
-        if runs and runs[-1][1] == g - 1:
-            runs[-1][1] = g
-        else:
-            runs.append([g, g])
-    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
-
-
 def _ask_lines(gang: GangRequest) -> list[str]:
     lines = [f"asks for: {gang.pods} pod(s), {gang.gpus} GPU(s)"]
     for ps in gang.pod_sets:
@@ -66,7 +55,8 @@ def _slots(sl: Slice, limit: int = 12) -> list[str]:
     out = []
     for s in sl.slots[:limit]:
         numa = ",".join(map(str, s.numa_nodes)) or "-"
-        out.append(f"    {s.key:<16} {s.node:<20} gpus {_gpus(s.gpus):<10} numa {numa}")
+        gpus = index_ranges(s.gpus) or "-"
+        out.append(f"    {s.key:<16} {s.node:<20} gpus {gpus:<10} numa {numa}")
     if len(sl.slots) > limit:
         out.append(f"    ... and {len(sl.slots) - limit} more pod(s)")
     return out

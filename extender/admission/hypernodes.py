@@ -22,13 +22,13 @@ from typing import Any
 import yaml
 
 from extender.admission.podgroups import present_levels
+from extender.kube import names as keys
 from extender.placement.files import FileError, load_cluster
 from extender.placement.snapshot import ClusterSnapshot
 from extender.topology.hierarchy import DomainKey, Hierarchy
 
 HYPERNODE_API_VERSION = "topology.volcano.sh/v1alpha1"
-#: Label on every object this command renders (Volcano's discovery uses the same key).
-SOURCE_LABEL = "volcano.sh/network-topology-source"
+#: The source label's value on every object this command renders.
 SOURCE = "gangslice"
 
 _INVALID = re.compile(r"[^a-z0-9-]+")
@@ -91,7 +91,10 @@ def hypernodes(nodes: Iterable[tuple[str, Mapping[str, str]]], h: Hierarchy) -> 
                 "kind": "HyperNode",
                 "metadata": {
                     "name": names[key],
-                    "labels": {SOURCE_LABEL: SOURCE, "gangslice.io/level": _dns_label(level.name)},
+                    "labels": {
+                        keys.HYPERNODE_SOURCE_LABEL: SOURCE,
+                        keys.HYPERNODE_LEVEL_LABEL: _dns_label(level.name),
+                    },
                     "annotations": {level.label: str(key[1][-1])},
                 },
                 "spec": {"tier": tier_of[key[0]], "tierName": level.name, "members": members},

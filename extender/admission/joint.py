@@ -24,8 +24,6 @@ from extender.placement.scoring import resolve_level
 from extender.placement.slice import PodSlot, Slice
 from extender.topology.hierarchy import Hierarchy
 
-GANG_MEMBERS = "gangslice.io/gang-members"
-COLOCATE_WITH = "gangslice.io/colocate-with"
 #: Between a member's name and its pod set's in the joint request.
 SEP = "."
 
@@ -47,19 +45,19 @@ def membership(labels: Mapping[str, str], annotations: Mapping[str, str]) -> Mem
     """The joint gang an object belongs to, or None when it is a lone gang. Raises JointError
     for a member count that is not a number of at least 2."""
     gang = labels.get(names.GANG)
-    raw = annotations.get(GANG_MEMBERS)
+    raw = annotations.get(names.GANG_MEMBERS)
     if not gang or raw is None:
         return None
     text = raw.strip()
     if not text.isdigit() or int(text) < 2:
-        raise JointError(f"{GANG_MEMBERS}={raw!r} is not a member count of at least 2")
-    return Membership(gang, int(text), annotations.get(COLOCATE_WITH) or None)
+        raise JointError(f"{names.GANG_MEMBERS}={raw!r} is not a member count of at least 2")
+    return Membership(gang, int(text), annotations.get(names.COLOCATE_WITH) or None)
 
 
 def expected_members(declared: Sequence[Membership]) -> int:
     counts = {m.members for m in declared}
     if len(counts) > 1:
-        raise JointError(f"members declare different {GANG_MEMBERS} counts: {sorted(counts)}")
+        raise JointError(f"members declare different {names.GANG_MEMBERS} counts: {sorted(counts)}")
     return counts.pop()
 
 
@@ -68,7 +66,7 @@ def parse_colocate(text: str) -> tuple[str, str | None]:
     target, _, level = text.partition("@")
     target, level = target.strip(), level.strip()
     if not target:
-        raise JointError(f"{COLOCATE_WITH}={text!r} names no member or pod set")
+        raise JointError(f"{names.COLOCATE_WITH}={text!r} names no member or pod set")
     return target, level or None
 
 
@@ -102,8 +100,12 @@ def _target_pod_set(target: str, requests: Mapping[str, GangRequest], member: st
     if len(owners) == 1:
         return f"{owners[0]}{SEP}{target}"
     if len(owners) > 1:
-        raise JointError(f"member {member}: {COLOCATE_WITH} {target!r} is a pod set of {sorted(owners)}")
-    raise JointError(f"member {member}: {COLOCATE_WITH} {target!r} names no member or pod set of the gang")
+        raise JointError(
+            f"member {member}: {names.COLOCATE_WITH} {target!r} is a pod set of {sorted(owners)}"
+        )
+    raise JointError(
+        f"member {member}: {names.COLOCATE_WITH} {target!r} names no member or pod set of the gang"
+    )
 
 
 def joint_request(
@@ -122,7 +124,7 @@ def joint_request(
             try:
                 resolve_level(level or finest, h)
             except ValueError as exc:
-                raise JointError(f"member {member}: {COLOCATE_WITH}: {exc}") from None
+                raise JointError(f"member {member}: {names.COLOCATE_WITH}: {exc}") from None
             wish = Colocation(_target_pod_set(target, requests, member), level or finest)
         for ps in requests[member].pod_sets:
             own = ps.colocate_with

@@ -15,8 +15,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-CONTROLLER_NAME = "gangslice.io/topology"
-KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+from extender.admission.api import KUEUE_API_VERSION
+from extender.admission.objects import object_ref
+from extender.kube import names
+
 MESSAGE_LIMIT = 32768
 
 
@@ -73,7 +75,7 @@ def check_controller(ac: Mapping[str, Any]) -> str | None:
 
 
 def is_our_check(ac: Mapping[str, Any]) -> bool:
-    return check_controller(ac) == CONTROLLER_NAME
+    return check_controller(ac) == names.CHECK_CONTROLLER
 
 
 def parameters_problem(ac: Mapping[str, Any]) -> str | None:
@@ -84,7 +86,7 @@ def parameters_problem(ac: Mapping[str, Any]) -> str | None:
     if not params:
         return None
     ref = f"{params.get('apiGroup', '')}/{params.get('kind', '')} {params.get('name', '')}".strip()
-    return f"{CONTROLLER_NAME} takes no parameters; remove spec.parameters ({ref})"
+    return f"{names.CHECK_CONTROLLER} takes no parameters; remove spec.parameters ({ref})"
 
 
 def active_condition(ac: Mapping[str, Any], now_text: str) -> dict[str, Any]:
@@ -122,14 +124,9 @@ def admission_check_apply_body(ac: Mapping[str, Any], now_text: str) -> dict[str
 # -- Workloads: is it ours, what to do ---------------------------------------------------------
 
 
-def workload_ref(wl: Mapping[str, Any]) -> tuple[str, str]:
-    meta = wl.get("metadata") or {}
-    return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-
-
 def gang_key(wl: Mapping[str, Any]) -> str:
     """The ledger key of a Workload's gang: ``<namespace>/<name>``."""
-    ns, name = workload_ref(wl)
+    ns, name = object_ref(wl)
     return f"{ns}/{name}"
 
 
@@ -250,7 +247,7 @@ def entry_unchanged(current: Mapping[str, Any], entry: Mapping[str, Any]) -> boo
 def workload_apply_body(wl: Mapping[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
     """The SSA body for ``/status``: identity, the resourceVersion read (a stale read fails
     with 409 instead of overwriting), and only our entries."""
-    ns, name = workload_ref(wl)
+    ns, name = object_ref(wl)
     meta: dict[str, Any] = {"name": name, "namespace": ns}
     rv = mapping(wl.get("metadata")).get("resourceVersion")
     if rv:

@@ -18,17 +18,13 @@ from extender.kube.crd_models import reservation_from_object, reservation_object
 from extender.placement.ledger import Reservation
 
 __all__ = [
-    "OWNER_KIND_LABEL",
-    "OWNER_NAME_LABEL",
+    "object_ref",
     "owner_reference",
     "reservation_from_object",
     "reservation_status",
     "reservation_to_object",
     "rfc3339",
 ]
-
-OWNER_KIND_LABEL = "gangslice.io/owner-kind"
-OWNER_NAME_LABEL = "gangslice.io/owner-name"
 
 #: Meta keys (``Reservation.meta``) this controller keeps with a reservation.
 META_OWNER_KIND = names.META_OWNER_KIND
@@ -50,6 +46,12 @@ def parse_rfc3339(text: object) -> float | None:
         return datetime.fromisoformat(text.replace("z", "Z")).timestamp()
     except ValueError:
         return None
+
+
+def object_ref(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """An object's (namespace, name); the namespace defaults to ``default``."""
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
 
 
 def owner_reference(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,8 +109,8 @@ def reservation_to_object(
     labels = dict(obj["metadata"].get("labels") or {})
     if owner is not None:
         obj["metadata"]["ownerReferences"] = [dict(owner)]
-        labels[OWNER_KIND_LABEL] = _label_value(str(owner["kind"]).lower())
-        labels[OWNER_NAME_LABEL] = _label_value(str(owner["name"]))
+        labels[names.OWNER_KIND_LABEL] = _label_value(str(owner["kind"]).lower())
+        labels[names.OWNER_NAME_LABEL] = _label_value(str(owner["name"]))
     labels[names.GANG] = _label_value(str(labels.get(names.GANG, name)))
     obj["metadata"]["labels"] = labels
     obj["status"] = reservation_status(r, now if now is not None else r.expires_at)

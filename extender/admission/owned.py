@@ -12,11 +12,13 @@ from extender.admission.objects import (
     META_OWNER_KIND,
     META_OWNER_NAME,
     META_OWNER_UID,
+    object_ref,
     owner_reference,
     reservation_from_object,
     reservation_to_object,
     rfc3339,
 )
+from extender.kube import names
 from extender.kube.api import ApiError, Conflict, NotFound
 from extender.kube.crd_models import CrdError, object_name
 from extender.placement.ledger import Phase, Reservation
@@ -37,14 +39,9 @@ class OwnedApi(EventApi, Protocol):
     async def delete_reservation(self, namespace: str, name: str) -> None: ...
 
 
-def ref(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-
-
 def owned_reservation(sl: Slice, owner: Mapping[str, Any], expires_at: float) -> Reservation:
     """A fresh hold of ``sl`` whose meta names ``owner`` (restore it into the cache's ledger)."""
-    ns, name = ref(owner)
+    ns, name = object_ref(owner)
     return Reservation(
         gang=sl.gang,
         slice=sl,
@@ -64,7 +61,7 @@ def owned_reservation(sl: Slice, owner: Mapping[str, Any], expires_at: float) ->
 async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: float) -> bool:
     """Create the SliceReservation of ``r`` owned by ``owner``; an object left from an earlier
     hold of the same gang is replaced. False when it could not be written."""
-    ns, _ = ref(owner)
+    ns, _ = object_ref(owner)
     name = object_name(r.gang)
     obj = reservation_to_object(r, ns, name, owner_reference(owner), now)
     try:
@@ -106,10 +103,12 @@ async def post_event(
     message: str,
     now: float,
     identity: str,
+    component: str = names.EVENT_COMPONENT,
 ) -> None:
-    """A core/v1 Event about ``obj`` (a PodGroup, a Pod, a Workload); failures are logged."""
+    """A core/v1 Event about ``obj`` (a PodGroup, a Pod, a Workload) from ``component`` (the
+    ``reportingComponent``); failures are logged."""
     meta = obj.get("metadata") or {}
-    ns, name = ref(obj)
+    ns, name = object_ref(obj)
     stamp = rfc3339(now)
     event = {
         "apiVersion": "v1",
@@ -126,7 +125,7 @@ async def post_event(
         "reason": reason,
         "message": message[:1024],
         "source": {"component": "gangslice"},
-        "reportingComponent": "gangslice.io/controller",
+        "reportingComponent": component,
         "reportingInstance": identity,
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,

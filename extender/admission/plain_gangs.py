@@ -21,13 +21,13 @@ from typing import Any, Protocol
 
 from extender.admission import owned
 from extender.admission.controller import Cache
-from extender.admission.podgroups import STATUS_ANNOTATION
+from extender.kube import names
 from extender.kube.api import ApiError
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.placement.request import GangRequest
 from extender.placement.slice import Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 
 log = logging.getLogger(__name__)
@@ -41,16 +41,10 @@ class PlainGangApi(Protocol):
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
 
 
-def empty(snap: ClusterSnapshot) -> ClusterSnapshot:
-    """The cluster with every GPU free (unhealthy ones stay out)."""
-    nodes = [NodeState(n.name, n.labels, n.graph, frozenset(), n.unhealthy) for n in snap.nodes]
-    return ClusterSnapshot(nodes, snap.hierarchy)
-
-
 def never_fits(request: GangRequest, snap: ClusterSnapshot) -> str | None:
     """Why ``request`` can never be placed on this cluster, or None when it can be."""
     try:
-        result = place(empty(snap), request)
+        result = place(snap.emptied(), request)
     except ValueError as exc:  # an unknown level name and the like
         return str(exc)
     return result.reason if isinstance(result, Unplaceable) else None
@@ -102,10 +96,10 @@ class PlainGangReporter:
 
     async def _say(self, obj: Mapping[str, Any], pod: PodInfo, state: str, message: str, reason: str) -> None:
         text = f"{state}: {message}"[:1024]
-        if pod.annotations.get(STATUS_ANNOTATION) == text:
+        if pod.annotations.get(names.STATUS) == text:
             return
         try:
-            await self.api.patch_pod_annotations(pod.namespace, pod.name, {STATUS_ANNOTATION: text})
+            await self.api.patch_pod_annotations(pod.namespace, pod.name, {names.STATUS: text})
         except ApiError as exc:
             log.warning("pod %s: %s", pod.key, exc)
             return

@@ -20,7 +20,6 @@ The reservation is released when the PodGroup is deleted or reaches phase Comple
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -30,12 +29,10 @@ from typing import Any, Protocol
 
 from extender.admission import joint, owned
 from extender.admission.api import ControllerApi, PodGroupApi
-from extender.admission.controller import Cache
-from extender.admission.objects import META_OWNER_KIND, META_OWNER_NAME, META_OWNER_UID
+from extender.admission.controller import Cache, resync_until
+from extender.admission.objects import META_OWNER_KIND, META_OWNER_NAME, META_OWNER_UID, object_ref
 from extender.admission.podgroups import (
     PODGROUP_KIND,
-    RESERVATION_ANNOTATION,
-    STATUS_ANNOTATION,
     PodGroup,
     PodGroupError,
     annotation_patch,
@@ -43,6 +40,7 @@ from extender.admission.podgroups import (
     member_of,
     missing_pods,
 )
+from extender.kube import names
 from extender.kube.api import ApiError, Conflict, NotFound
 from extender.kube.crd_models import object_name
 from extender.kube.pods import PodInfo
@@ -94,7 +92,7 @@ class PodGroupController:
 
     # -- events --------------------------------------------------------------------------------
     async def on_podgroup(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        ns, name = owned.ref(obj)
+        ns, name = object_ref(obj)
         key = f"{ns}/{name}"
         if event_type == "DELETED":
             self.groups.pop(key, None)
@@ -147,14 +145,7 @@ class PodGroupController:
             await self.reconcile(key)
 
     async def run_resync(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.resync_s)
-            if not stop.is_set():
-                try:
-                    await self.resync()
-                except Exception:
-                    log.exception("PodGroup resync failed")
+        await resync_until(stop, self.config.resync_s, self.resync, "PodGroup resync")
 
     # -- deciding ------------------------------------------------------------------------------
     async def reconcile(self, key: str) -> None:
@@ -362,13 +353,13 @@ class PodGroupController:
         """Set our annotations on the PodGroup (resourceVersion-guarded, retried on 409); an
         Event goes out only when the status text changes, so a resync does not repeat it."""
         wanted: dict[str, str | None] = {
-            STATUS_ANNOTATION: f"{state}: {message}"[:1024],
-            RESERVATION_ANNOTATION: reservation,
+            names.STATUS: f"{state}: {message}"[:1024],
+            names.RESERVATION: reservation,
         }
         obj = self.groups.get(key)
         if obj is None:
             return
-        ns, name = owned.ref(obj)
+        ns, name = object_ref(obj)
         for _ in range(self.config.write_attempts):
             body = annotation_patch(obj, wanted)
             if body is None:

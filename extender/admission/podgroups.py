@@ -35,13 +35,7 @@ from extender.topology.hierarchy import Hierarchy
 PODGROUP_API_VERSION = f"{PODGROUP_GROUP}/{PODGROUP_VERSION}"
 PODGROUP_KIND = "PodGroup"
 VOLCANO_SCHEDULER = "volcano"
-#: Volcano's task role of a pod (label or annotation).
-TASK_SPEC = names.VOLCANO_TASK_SPEC
 DEFAULT_ROLE = "pods"
-
-#: PodGroup annotations gangslice owns (PodGroup has no status subresource).
-RESERVATION_ANNOTATION = names.RESERVATION
-STATUS_ANNOTATION = "gangslice.io/status"
 
 
 class PodGroupError(ValueError):
@@ -233,7 +227,7 @@ def gang_request(pg: PodGroup, pods: Sequence[PodInfo], snap: ClusterSnapshot) -
             if p.gpus != first.gpus:
                 raise PodGroupError(
                     f"{where}: pods {first.name} and {p.name} ask for {first.gpus} and {p.gpus} GPUs; "
-                    f"give them different {TASK_SPEC} roles"
+                    f"give them different {names.VOLCANO_TASK_SPEC} roles"
                 )
         pod_sets.append(
             PodSet(

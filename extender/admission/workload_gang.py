@@ -22,12 +22,6 @@ from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.scoring import LevelError, resolve_level
 from extender.topology.hierarchy import Hierarchy
 
-REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
-PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
-GROUP_NAME = "kueue.x-k8s.io/podset-group-name"
-#: Pod template annotation: ``<pod set>`` or ``<pod set>@<level>`` (level defaults to node).
-COLOCATE_WITH = "gangslice.io/colocate-with"
-
 
 class WorkloadError(ValueError):
     """A Workload whose gangslice settings cannot be used; the message says which and why."""
@@ -106,12 +100,12 @@ def gang_from_workload(wl: Mapping[str, Any], h: Hierarchy) -> WorkloadGang:
         if required:
             required = _check_level(required, h, f"{where}: {names.REQUIRED_LEVEL}")
         else:
-            kueue_req = topo.get("required") or _template_value(template, REQUIRED_TOPOLOGY)
+            kueue_req = topo.get("required") or _template_value(template, names.KUEUE_REQUIRED_TOPOLOGY)
             required = _kueue_level(kueue_req, h, notes, where)
         if preferred:
             preferred = _check_level(preferred, h, f"{where}: {names.PREFERRED_LEVEL}")
         else:
-            kueue_pref = topo.get("preferred") or _template_value(template, PREFERRED_TOPOLOGY)
+            kueue_pref = topo.get("preferred") or _template_value(template, names.KUEUE_PREFERRED_TOPOLOGY)
             preferred = _kueue_level(kueue_pref, h, notes, where)
         comm_text = _template_value(template, names.COMM)
         try:
@@ -119,8 +113,8 @@ def gang_from_workload(wl: Mapping[str, Any], h: Hierarchy) -> WorkloadGang:
         except ValueError:
             known = ", ".join(c.value for c in Comm)
             raise WorkloadError(f"{where}: {names.COMM}={comm_text!r} is not one of {known}") from None
-        colocate = _colocation(_template_value(template, COLOCATE_WITH), h, where)
-        group = topo.get("podSetGroupName") or _template_value(template, GROUP_NAME)
+        colocate = _colocation(_template_value(template, names.COLOCATE_WITH), h, where)
+        group = topo.get("podSetGroupName") or _template_value(template, names.KUEUE_PODSET_GROUP_NAME)
         if isinstance(group, str) and group and colocate is None:
             groups.setdefault(group, []).append((name, count, required or preferred))
         wanted.append(PodSet(name, count, gpus, comm, required, preferred, colocate))
@@ -138,7 +132,7 @@ def _colocation(value: str | None, h: Hierarchy, where: str) -> Colocation | Non
         return None
     pod_set, _, level = value.partition("@")
     level = level or "node"
-    _check_level(level, h, f"{where}: {COLOCATE_WITH}")
+    _check_level(level, h, f"{where}: {names.COLOCATE_WITH}")
     return Colocation(pod_set, level)
 
 

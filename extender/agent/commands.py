@@ -18,7 +18,7 @@ import yaml
 from extender.agent.agent import Agent, AgentConfig, Outcome
 from extender.agent.discovery import Discovery, run_command
 from extender.agent.fakes import FAKES, fake_name, fake_node
-from extender.agent.podresources import DEFAULT_SOCKET, GPU_RESOURCE, PodResourcesClient
+from extender.agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from extender.agent.preflight import (
     DEFAULT_ANNOTATIONS,
     PreflightError,
@@ -29,6 +29,7 @@ from extender.agent.preflight import (
     visible_gpus,
 )
 from extender.agent.publish import KubeWriter
+from extender.kube.names import GPU_RESOURCE, GPUS, NUMA_NODE
 from extender.topology.model import GpuGraph
 from extender.topology.nvml import SYSFS, HealthThresholds, NvmlBackend, PynvmlBackend, discover
 
@@ -96,8 +97,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "preflight",
         help="inside a pod: check the visible GPUs against the placement promise; exit 1 on a mismatch",
-        description="Compare the GPUs this process sees with the pod's gangslice.io/gpus and "
-        "gangslice.io/numa-node annotations, check tensor-parallel links, NUMA and NIC locality, and "
+        description=f"Compare the GPUs this process sees with the pod's {GPUS} and "
+        f"{NUMA_NODE} annotations, check tensor-parallel links, NUMA and NIC locality, and "
         "print the numactl prefix that pins a server to its GPUs' NUMA node.",
     )
     p.add_argument(

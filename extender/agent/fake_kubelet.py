@@ -20,7 +20,7 @@ import grpc
 
 from extender.agent import podresources_pb2 as pb
 from extender.agent import podresources_pb2_grpc as pb_grpc
-from extender.agent.podresources import GPU_RESOURCE
+from extender.kube.names import GPU_RESOURCE
 
 
 @dataclass

@@ -25,9 +25,9 @@ import grpc
 
 from extender.agent import podresources_pb2 as pb
 from extender.agent import podresources_pb2_grpc as pb_grpc
+from extender.kube.names import GPU_RESOURCE
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-GPU_RESOURCE = "nvidia.com/gpu"
 #: Seconds between two calls of one method that actually reach the kubelet.
 MIN_INTERVAL_S = 1.0
 #: Seconds one call may take before it counts as failed.

@@ -30,13 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from extender.kube.names import GPUS, NUMA_NODE, REQUIRED_LEVEL
 from extender.topology.model import IN_NODE_LEVELS, GpuGraph, Tier
-from extender.topology.serialize import cpu_ranges
-
-#: Pod annotations (the same names as ``extender.kube.names``).
-GPUS_ANNOTATION = "gangslice.io/gpus"
-NUMA_ANNOTATION = "gangslice.io/numa-node"
-LEVEL_ANNOTATION = "gangslice.io/required-level"
+from extender.topology.serialize import index_ranges
 
 DEFAULT_ANNOTATIONS = Path("/etc/podinfo/annotations")
 
@@ -85,12 +81,12 @@ class Promise:
 
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str]) -> Promise:
-        gpus = annotations.get(GPUS_ANNOTATION)
-        numa = annotations.get(NUMA_ANNOTATION)
+        gpus = annotations.get(GPUS)
+        numa = annotations.get(NUMA_NODE)
         return cls(
-            gpus=_int_list(gpus, GPUS_ANNOTATION) if gpus is not None else None,
-            numa_nodes=_int_list(numa, NUMA_ANNOTATION) if numa is not None else None,
-            level=annotations.get(LEVEL_ANNOTATION),
+            gpus=_int_list(gpus, GPUS) if gpus is not None else None,
+            numa_nodes=_int_list(numa, NUMA_NODE) if numa is not None else None,
+            level=annotations.get(REQUIRED_LEVEL),
         )
 
     def allowed_tier(self, allow_pcie: bool) -> Tier:
@@ -226,7 +222,7 @@ def _names(visible: Visible, gpus: Sequence[int]) -> str:
 
 def _check_gpus(visible: Visible, promise: Promise) -> Check:
     if promise.gpus is None:
-        return Check("gpus", True, f"no {GPUS_ANNOTATION} annotation; not compared")
+        return Check("gpus", True, f"no {GPUS} annotation; not compared")
     promised = ",".join(map(str, promise.gpus))
     if visible.host is None:
         if len(visible.gpus) != len(promise.gpus):
@@ -272,7 +268,7 @@ def _check_numa(graph: GpuGraph, visible: Visible, promise: Promise, cpus: froze
     where = "NUMA node " + ",".join(map(str, nodes)) if nodes else "unknown NUMA nodes"
     if promise.numa_nodes is not None and nodes and nodes != promise.numa_nodes:
         promised = ",".join(map(str, promise.numa_nodes))
-        return Check("numa", False, f"GPUs are on {where}, promised NUMA node {promised} ({NUMA_ANNOTATION})")
+        return Check("numa", False, f"GPUs are on {where}, promised NUMA node {promised} ({NUMA_NODE})")
     local = frozenset().union(*(graph.gpu(g).cpu_affinity for g in visible.gpus))
     if not local or not cpus:
         return Check("numa", True, f"GPUs on {where}; CPU affinity unknown, not compared")
@@ -280,15 +276,15 @@ def _check_numa(graph: GpuGraph, visible: Visible, promise: Promise, cpus: froze
         return Check(
             "numa",
             False,
-            f"process CPUs {cpu_ranges(cpus)} share no NUMA node with the GPUs "
-            f"({where}, CPUs {cpu_ranges(local)})",
+            f"process CPUs {index_ranges(cpus)} share no NUMA node with the GPUs "
+            f"({where}, CPUs {index_ranges(local)})",
         )
     if cpus <= local:
-        return Check("numa", True, f"GPUs on {where}; process CPUs {cpu_ranges(cpus)} on it")
+        return Check("numa", True, f"GPUs on {where}; process CPUs {index_ranges(cpus)} on it")
     return Check(
         "numa",
         True,
-        f"GPUs on {where}; process may also run on CPUs {cpu_ranges(cpus - local)} of other nodes "
+        f"GPUs on {where}; process may also run on CPUs {index_ranges(cpus - local)} of other nodes "
         "(pin with the numactl prefix)",
     )
 

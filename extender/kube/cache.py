@@ -525,7 +525,8 @@ class ClusterCache:
             log.warning("ignoring %s", exc)
             return
         if event_type != "DELETED":
-            self.restore(r)
+            if r.gang not in self._pending:  # an echo of our own write must not undo a newer local change
+                self.restore(r)
             return
         mine = self._ledger.get(r.gang)
         # Someone else deleted the object: release, unless it is an older hold than ours.

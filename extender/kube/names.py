@@ -15,6 +15,12 @@ GANG_SIZE = "gangslice.io/gang-size"
 REQUIRED_LEVEL = "gangslice.io/required-level"
 PREFERRED_LEVEL = "gangslice.io/preferred-level"
 COMM = "gangslice.io/comm"
+#: Workload, PodGroup or plain gang object annotation: how many objects (members) carry the
+#: same gang label and form one joint gang.
+GANG_MEMBERS = "gangslice.io/gang-members"
+#: Pod template annotation: ``<pod set>[@level]`` (or ``<member>[@level]`` in a joint gang) to
+#: keep this pod set in one domain with.
+COLOCATE_WITH = "gangslice.io/colocate-with"
 #: Pod label or annotation: which pod set of the gang this pod is.
 POD_SET = "gangslice.io/pod-set"
 #: Pod annotation: the SliceReservation (same namespace) that holds this pod's slot (Kueue path).
@@ -22,6 +28,20 @@ RESERVATION = "gangslice.io/reservation"
 #: Pod annotations written at bind: the GPU indices and NUMA node(s) the pod was given.
 GPUS = "gangslice.io/gpus"
 NUMA_NODE = "gangslice.io/numa-node"
+#: PodGroup (and plain gang pod) annotation: gangslice's state for the gang (a PodGroup has no
+#: status subresource gangslice may write).
+STATUS = "gangslice.io/status"
+#: SliceReservation labels: the kind and name of the object the reservation is for.
+OWNER_KIND_LABEL = "gangslice.io/owner-kind"
+OWNER_NAME_LABEL = "gangslice.io/owner-name"
+#: Labels on the Volcano HyperNodes ``gangslice hypernodes`` renders: the source (Volcano's
+#: discovery uses the same key with its own source name) and the gangslice level.
+HYPERNODE_SOURCE_LABEL = "volcano.sh/network-topology-source"
+HYPERNODE_LEVEL_LABEL = "gangslice.io/level"
+#: The Kueue AdmissionCheck ``controllerName`` gangslice answers to.
+CHECK_CONTROLLER = "gangslice.io/topology"
+#: Events' ``reportingComponent`` on objects other than Workloads.
+EVENT_COMPONENT = "gangslice.io/controller"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 #: GPU Feature Discovery node labels.
@@ -36,6 +56,11 @@ VOLCANO_TASK_SPEC = "volcano.sh/task-spec"
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 #: Kueue: the pod set a pod was admitted as.
 KUEUE_PODSET = "kueue.x-k8s.io/podset"
+#: Kueue TAS pod template annotations: the required and preferred topology (node label keys)
+#: and the pod set group (leader + workers placed together).
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+KUEUE_PODSET_GROUP_NAME = "kueue.x-k8s.io/podset-group-name"
 
 #: On the controller pod that holds the leader lease: "true". The Service selects it, so
 #: kube-scheduler and Volcano reach the one replica that decides.

@@ -31,6 +31,7 @@ from typing import Any
 
 from extender.kube import names
 from extender.kube.pods import PodError, quantity
+from extender.topology.hierarchy import HOSTNAME_LABEL
 from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel
 
 UNIFORM = "uniform"
@@ -99,7 +100,7 @@ class NodeRecord:
         )
         name = meta.get("name") if isinstance(meta.get("name"), str) else ""
         assert isinstance(name, str)
-        labels.setdefault("kubernetes.io/hostname", name)
+        labels.setdefault(HOSTNAME_LABEL, name)
         capacity = status.get("capacity") if isinstance(status.get("capacity"), Mapping) else {}
         assert isinstance(capacity, Mapping)
         try:

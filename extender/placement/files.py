@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from extender.cost import Comm, ModelDims
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.snapshot import ClusterSnapshot, NodeState
-from extender.topology.hierarchy import Hierarchy, HierarchyError, NetworkModel, parse_levels
+from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, HierarchyError, NetworkModel, parse_levels
 from extender.topology.model import GpuGraph, TopologyError
 
 
@@ -210,7 +210,7 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
         names = [ns.name] if ns.count is None else [f"{ns.name}-{i}" for i in range(ns.count)]
         for name in names:
             labels = dict(ns.labels)
-            labels.setdefault("kubernetes.io/hostname", name)
+            labels.setdefault(HOSTNAME_LABEL, name)
             try:
                 nodes.append(
                     NodeState(name, labels, graph, frozenset(ns.allocated_gpus), frozenset(ns.unhealthy_gpus))

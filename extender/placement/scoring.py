@@ -15,7 +15,7 @@ by one yardstick.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from extender import cost
@@ -24,7 +24,7 @@ from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot
-from extender.topology.hierarchy import Hierarchy
+from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy
 from extender.topology.model import IN_NODE_LEVELS, GpuGraph, Tier
 
 
@@ -61,7 +61,7 @@ class Need:
 def resolve_level(name: str, h: Hierarchy) -> tuple[int | None, Tier | None]:
     """A level name as users write it: a hierarchy level (name or label key), ``node``, or an
     in-node level. Returns (scope, tier); exactly one is set, except ``node`` which sets both."""
-    if name == "node" or name == "kubernetes.io/hostname":
+    if name in ("node", HOSTNAME_LABEL):
         return node_scope(h), Tier.NODE
     if name in IN_NODE_LEVELS:
         return None, IN_NODE_LEVELS[name]
@@ -296,23 +296,24 @@ def colocation_misses(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[
         if scope is None:
             continue
         partner = {s.node for s in by_set[c.pod_set]}
-        if _share(snap, {s.node for s in by_set[ps.name]} | partner, scope):
+        if shares_domain(snap, {s.node for s in by_set[ps.name]} | partner, scope):
             continue
         why = f"not sharing a {c.level} with {c.pod_set}"
-        if len(partner) > 1 and not _share(snap, partner, scope):
+        if len(partner) > 1 and not shares_domain(snap, partner, scope):
             why += f" ({c.pod_set} itself spans more than one {c.level})"
         out[ps.name] = why
     return out
 
 
-def _share(snap: ClusterSnapshot, nodes: set[str], scope: int) -> bool:
+def shares_domain(snap: ClusterSnapshot, nodes: Iterable[str], scope: int) -> bool:
     """Do these nodes share one domain at ``scope`` (a level index or the node scope)?"""
-    if len(nodes) <= 1:
+    distinct = sorted(set(nodes))
+    if len(distinct) <= 1:
         return True
     h = snap.hierarchy
     if scope >= node_scope(h):
         return False
-    return h.common_level([snap.path_of(n) for n in nodes]) >= scope
+    return h.common_level([snap.path_of(n) for n in distinct]) >= scope
 
 
 def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> list[str]:

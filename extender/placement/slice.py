@@ -50,7 +50,9 @@ class Slice:
     slots: tuple[PodSlot, ...]
     #: Predicted per-layer communication time, microseconds, per pod set.
     pod_set_micros: Mapping[str, float]
-    #: Lower is better: the solver's objective (cost first, then fragmentation).
+    #: The gang's predicted per-layer communication time in microseconds, rounded (the second
+    #: term of :func:`extender.placement.scoring.objective`; the first, fabric waste, is not
+    #: stored). Lower is better.
     score: float = 0.0
     #: The domain each pod set landed in, in the user's words (``leaf leaf-3``, ``node n1``).
     domains: Mapping[str, str] = field(default_factory=dict)

@@ -24,12 +24,12 @@ same shortcut.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from extender.placement.request import GangRequest, PodSet
-from extender.placement.scoring import fabric_domain, gang_micros
-from extender.placement.slice import Placement, PodSlot, Slice
+from extender.placement.scoring import gang_micros, mnnvl_nodes
+from extender.placement.slice import Placement, Slice
 from extender.placement.snapshot import ClusterSnapshot
 from extender.sim.judge import coherent_level, incoherence, unusable
 from extender.sim.trace import Deployment, Scale, Trace
@@ -235,19 +235,6 @@ class _Cluster:
 
     def point(self, t: float, waiting: int) -> Point:
         return Point(t, self.allocated, waiting, sum(self.whole), max(self.leaf_free.values(), default=0))
-
-
-def _mnnvl_nodes(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> tuple[str, ...]:
-    """Nodes whose multi-node NVLink channel the slice uses: those of a clique that host a pod
-    set spanning several nodes (the solver's rule, applied to every policy's answer)."""
-    by_set: dict[str, set[str]] = {}
-    for s in slots:
-        by_set.setdefault(s.pod_set, set()).add(s.node)
-    out: set[str] = set()
-    for nodes in by_set.values():
-        if len(nodes) > 1:
-            out.update(n for n in nodes if fabric_domain(snap, snap.index(n)) is not None)
-    return tuple(sorted(out))
 
 
 # Order of actions at one instant: deployments that end go first (their GPUs come free), then
@@ -458,7 +445,8 @@ class Simulation:
         for s in got.slots:
             i = snap.index(s.node)
             rec.held[i] = rec.held.get(i, 0) | snap.nodes[i].shape.mask_of(s.gpus)
-        rec.mnnvl = _mnnvl_nodes(snap, rec.gang, got.slots)
+        # The solver's rule, applied to every policy's answer.
+        rec.mnnvl = mnnvl_nodes(snap, rec.gang, got.slots)
         self.cluster.take(rec)
         self.queue.remove(rec)
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from extender.cost import Comm
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest
-from extender.placement.scoring import LevelError, fabric_domain, node_scope, resolve_level, violations
+from extender.placement.scoring import LevelError, fabric_domain, resolve_level, shares_domain, violations
 from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot
 from extender.topology.hierarchy import Hierarchy
@@ -67,17 +67,6 @@ def unusable(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot])
     return None
 
 
-def _shares(snap: ClusterSnapshot, nodes: Sequence[str], level: int) -> bool:
-    """Do all these nodes share one domain at ``level`` (a level index or the node scope)?"""
-    distinct = sorted(set(nodes))
-    if len(distinct) <= 1:
-        return True
-    h = snap.hierarchy
-    if level >= node_scope(h):
-        return False
-    return h.common_level([snap.path_of(n) for n in distinct]) >= level
-
-
 def incoherence(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> tuple[str, ...]:
     """Why a usable slice is not coherent (empty when it is), in :data:`REASONS` order."""
     found: set[str] = set()
@@ -95,7 +84,7 @@ def incoherence(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlo
             found.add(TIER)
     for ps in gang.pod_sets:
         nodes = [s.node for s in by_set[ps.name]]
-        if ps.comm not in _QUIET and not _shares(snap, nodes, scope):
+        if ps.comm not in _QUIET and not shares_domain(snap, nodes, scope):
             # Pods of one NVLink clique talk over NVLink even across leaves of a custom hierarchy.
             cliques = {fabric_domain(snap, snap.index(n)) for n in nodes}
             if len(cliques) != 1 or None in cliques:
@@ -106,6 +95,6 @@ def incoherence(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlo
                 level, _ = resolve_level(ps.colocate_with.level, h)
             except LevelError:
                 level = None
-            if level is not None and not _shares(snap, [*nodes, *partner], level):
+            if level is not None and not shares_domain(snap, [*nodes, *partner], level):
                 found.add(COLOCATION)
     return tuple(r for r in REASONS if r in found)

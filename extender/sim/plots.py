@@ -61,39 +61,51 @@ def allocation(runs: Sequence[PolicyRun], out: Path) -> str:
     return _save(fig, out, "allocation.png")
 
 
-def wait_cdf(runs: Sequence[PolicyRun], out: Path) -> str:
+def _cdf(
+    runs: Sequence[PolicyRun],
+    out: Path,
+    values: Callable[[PolicyRun], list[float]],
+    xscale: tuple[str, dict[str, float]],
+    labels: tuple[str, str, str],
+    name: str,
+) -> str:
+    """One empirical CDF per policy of ``values(run)``; ``labels`` are x, y and title."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in runs:
-        waits = [g.waited / 60 for g in run.gangs if g.outcome == PLACED and g.waited is not None]
-        if waits:
-            xs, ys = _ecdf(waits)
+        got = values(run)
+        if got:
+            xs, ys = _ecdf(got)
             ax.step(xs, ys, where="post", label=run.policy)
-    ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_xlabel("waiting time (minutes, log scale above 1)")
-    ax.set_ylabel("share of placed gangs")
-    ax.set_title("Waiting time")
+    ax.set_xscale(xscale[0], **xscale[1])
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(labels[2])
     ax.legend(loc="lower right", fontsize="small")
-    return _save(fig, out, "wait-cdf.png")
+    return _save(fig, out, name)
+
+
+def wait_cdf(runs: Sequence[PolicyRun], out: Path) -> str:
+    def minutes(run: PolicyRun) -> list[float]:
+        return [g.waited / 60 for g in run.gangs if g.outcome == PLACED and g.waited is not None]
+
+    labels = ("waiting time (minutes, log scale above 1)", "share of placed gangs", "Waiting time")
+    return _cdf(runs, out, minutes, ("symlog", {"linthresh": 1.0}), labels, "wait-cdf.png")
 
 
 def comm_cdf(runs: Sequence[PolicyRun], out: Path) -> str:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in runs:
+    def positive_micros(run: PolicyRun) -> list[float]:
         micros = [
             g.micros for g in run.gangs if g.outcome == PLACED and g.micros is not None and communicates(g)
         ]
-        positive = [m for m in micros if m > 0]
-        if positive:
-            xs, ys = _ecdf(positive)
-            ax.step(xs, ys, where="post", label=run.policy)
-    ax.set_xscale("log")
-    ax.set_xlabel("predicted communication per layer (us, log scale)")
-    ax.set_ylabel("share of placed gangs that communicate")
-    ax.set_title("Per-layer communication time")
-    ax.legend(loc="lower right", fontsize="small")
-    return _save(fig, out, "comm-cdf.png")
+        return [m for m in micros if m > 0]
+
+    labels = (
+        "predicted communication per layer (us, log scale)",
+        "share of placed gangs that communicate",
+        "Per-layer communication time",
+    )
+    return _cdf(runs, out, positive_micros, ("log", {}), labels, "comm-cdf.png")
 
 
 def fragmentation(runs: Sequence[PolicyRun], out: Path) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from extender import cost
 from extender.topology.model import GpuGraph, TopologyError
-from extender.topology.serialize import cpu_ranges
+from extender.topology.serialize import index_ranges
 
 
 def register(sub: Any) -> None:
@@ -44,7 +44,7 @@ def graph_json(g: GpuGraph) -> dict[str, Any]:
                 "numaNode": x.numa_node,
                 "uuid": x.uuid,
                 "pciBusId": x.pci_bus_id,
-                "cpuAffinity": cpu_ranges(x.cpu_affinity),
+                "cpuAffinity": index_ranges(x.cpu_affinity),
                 "nic": shape.best_nic.get(x.index),
             }
             for x in g.gpus

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.topology.model import Gpu, GpuGraph, Link, Nic, PcieLevel, TopologyError
+from extender.topology.serialize import index_ranges
 
 __all__ = ["parse_topo", "render_topo"]
 
@@ -453,12 +454,4 @@ def _nic_pair(a: Nic, b: Nic) -> PcieLevel:
 
 
 def _cpu_text(cpus: Iterable[int]) -> str:
-    ranges: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if ranges and ranges[-1][1] == cpu - 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    if not ranges:
-        return _NOT_AVAILABLE
-    return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in ranges)
+    return index_ranges(cpus) or _NOT_AVAILABLE

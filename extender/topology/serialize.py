@@ -12,7 +12,7 @@ Shape::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from extender.topology.model import (
@@ -27,10 +27,10 @@ from extender.topology.model import (
 )
 
 
-def cpu_ranges(cpus: frozenset[int]) -> str:
-    """``{0,1,2,5}`` -> ``"0-2,5"``."""
+def index_ranges(indices: Iterable[int]) -> str:
+    """CPU or GPU indices as runs: ``{0,1,2,5}`` -> ``"0-2,5"``; ``""`` for none."""
     out: list[list[int]] = []
-    for c in sorted(cpus):
+    for c in sorted(indices):
         if out and out[-1][1] == c - 1:
             out[-1][1] = c
         else:
@@ -61,7 +61,7 @@ def graph_to_dict(g: GpuGraph) -> dict[str, Any]:
                     "uuid": x.uuid,
                     "pciBusId": x.pci_bus_id,
                     "numaNode": x.numa_node,
-                    "cpuAffinity": cpu_ranges(x.cpu_affinity) or None,
+                    "cpuAffinity": index_ranges(x.cpu_affinity) or None,
                     "name": x.name,
                 }.items()
                 if v is not None

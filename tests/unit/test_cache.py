@@ -15,7 +15,9 @@ from extender.kube.crd_models import NodeTopologySpec, node_topology_object, res
 from extender.kube.gangs import plain_gang_request
 from extender.kube.node_graphs import UNIFORM, fallback_preset
 from extender.kube.pods import PodInfo
+from extender.kube.store import InMemoryReservationStore
 from extender.placement.ledger import Phase
+from extender.placement.request import GangRequest
 from extender.placement.slice import Slice, Unplaceable
 from extender.topology.presets import preset_graph
 from extender.webhook.testing import gang_pod, node_obj, pod_obj, write_cluster
@@ -26,6 +28,13 @@ def kube_cache(**kw: object) -> ClusterCache:
     for kind in Kind:
         cache.replace(kind, [])
     return cache
+
+
+def gang_request(pod: str, gang: str, pods: int, gpus: int) -> GangRequest:
+    """The plain gang request pod ``pod`` of gang ``gang`` (``pods`` pods of ``gpus`` GPUs) makes."""
+    request = plain_gang_request(PodInfo.from_obj(gang_pod(pod, gang, pods, gpus)))
+    assert request is not None
+    return request
 
 
 def test_cluster_file_gives_the_file_nodes_and_allocations(tmp_path: Path) -> None:
@@ -124,8 +133,7 @@ def test_devices_the_kubelet_reports_in_use_beat_the_first_free_guess() -> None:
 
 def test_view_hides_reserved_gpus_and_hold_is_idempotent(tmp_path: Path) -> None:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
-    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 2, 8)))
-    assert request is not None
+    request = gang_request("g-0", "g", 2, 8)
     first = cache.hold("llm/g", request)
     assert isinstance(first, Slice)
     assert first.gang == "llm/g"
@@ -140,8 +148,7 @@ def test_view_hides_reserved_gpus_and_hold_is_idempotent(tmp_path: Path) -> None
 
 def test_hold_too_big_for_the_cluster_is_unplaceable_forever(tmp_path: Path) -> None:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
-    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 100, 8)))
-    assert request is not None
+    request = gang_request("g-0", "g", 100, 8)
     got = cache.hold("llm/g", request)
     assert isinstance(got, Unplaceable)
     assert not got.feasible_when_empty
@@ -149,12 +156,9 @@ def test_hold_too_big_for_the_cluster_is_unplaceable_forever(tmp_path: Path) -> 
 
 
 def test_flush_persists_and_a_new_cache_rebuilds_the_same_ledger(tmp_path: Path) -> None:
-    from extender.kube.store import InMemoryReservationStore
-
     store = InMemoryReservationStore()
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
-    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 2, 8)))
-    assert request is not None
+    request = gang_request("g-0", "g", 2, 8)
 
     async def go() -> ClusterCache:
         placed = await cache.reserve_gang("llm/g", request)
@@ -172,12 +176,9 @@ def test_flush_persists_and_a_new_cache_rebuilds_the_same_ledger(tmp_path: Path)
 
 
 def test_release_deletes_the_persisted_object(tmp_path: Path) -> None:
-    from extender.kube.store import InMemoryReservationStore
-
     store = InMemoryReservationStore()
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
-    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 1, 8)))
-    assert request is not None
+    request = gang_request("g-0", "g", 1, 8)
 
     async def go() -> None:
         await cache.reserve_gang("llm/g", request)
@@ -194,8 +195,7 @@ def test_expired_holds_are_dropped_but_fully_bound_ones_stay(tmp_path: Path) -> 
     now = [1000.0]
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), ttl_s=10, clock=lambda: now[0])
     for gang in ("a", "b"):
-        request = plain_gang_request(PodInfo.from_obj(gang_pod(f"{gang}-0", gang, 1, 4)))
-        assert request is not None
+        request = gang_request(f"{gang}-0", gang, 1, 4)
         assert isinstance(cache.hold(f"llm/{gang}", request), Slice)
     cache.bind_slot("llm/b", "pods/0", "b-0")
     now[0] += 11
@@ -208,8 +208,7 @@ def _reserved_kube_cache() -> tuple[ClusterCache, Slice]:
     cache = kube_cache()
     for name in ("a", "b"):
         cache.apply(Kind.NODES, "ADDED", node_obj(name))
-    request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 2, 8)))
-    assert request is not None
+    request = gang_request("g-0", "g", 2, 8)
     placed = cache.hold("llm/g", request)
     assert isinstance(placed, Slice)
     return cache, placed

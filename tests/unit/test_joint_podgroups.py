@@ -15,8 +15,9 @@ import yaml
 from extender.admission import joint
 from extender.admission.fake import FakeControllerApi
 from extender.admission.podgroup_controller import PodGroupConfig, PodGroupController
-from extender.admission.podgroups import STATUS_ANNOTATION, PodGroup, gang_request, pod_infos
+from extender.admission.podgroups import PodGroup, gang_request, pod_infos
 from extender.kube.cache import ClusterCache
+from extender.kube.names import STATUS
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
@@ -59,7 +60,7 @@ def add(ctl: PodGroupController, api: FakeControllerApi, group: str, pod: dict[s
 def status(api: FakeControllerApi, name: str) -> str:
     got = api.get("podgroups", name, "serve")
     assert got is not None
-    return str(got["metadata"]["annotations"].get(STATUS_ANNOTATION, ""))
+    return str(got["metadata"]["annotations"].get(STATUS, ""))
 
 
 def cliques(cache: ClusterCache, slots: list[PodSlot]) -> set[str]:

@@ -294,9 +294,9 @@ def test_kueue_objects_use_v1beta2_and_the_queue_runs_our_check() -> None:
     kueue = build("kueue")
     assert {o["apiVersion"] for o in kueue.objects if o["kind"] != "Namespace"} == {"kueue.x-k8s.io/v1beta2"}
     (check,) = kueue.of_kind("AdmissionCheck")
-    from extender.admission.kueue import CONTROLLER_NAME
+    from extender.kube.names import CHECK_CONTROLLER
 
-    assert check["spec"]["controllerName"] == CONTROLLER_NAME
+    assert check["spec"]["controllerName"] == CHECK_CONTROLLER
     flavors = {o["metadata"]["name"] for o in kueue.of_kind("ResourceFlavor")}
     for cq in kueue.of_kind("ClusterQueue"):
         named = [c["name"] for c in cq["spec"]["admissionChecksStrategy"]["admissionChecks"]]

@@ -14,10 +14,10 @@ import yaml
 
 from extender.admission.fake import FakeControllerApi
 from extender.admission.plain_gangs import PlainGangReporter, never_fits
-from extender.admission.podgroups import STATUS_ANNOTATION
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.gangs import plain_gang_request
+from extender.kube.names import STATUS
 from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore
 from extender.placement.files import load_cluster
@@ -113,9 +113,7 @@ def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once()
     for p in pods:
         got = api.get("pods", p["metadata"]["name"], "serving")
         assert got is not None
-        assert got["metadata"]["annotations"][STATUS_ANNOTATION].startswith(
-            f"NeverFits: gang {GANG} can never fit"
-        )
+        assert got["metadata"]["annotations"][STATUS].startswith(f"NeverFits: gang {GANG} can never fit")
     assert [(e["type"], e["reason"], e["involvedObject"]["kind"]) for e in api.events] == [
         ("Warning", "NeverFits", "Pod")
     ] * 2

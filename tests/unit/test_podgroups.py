@@ -18,8 +18,6 @@ from extender.admission.fake import FakeControllerApi
 from extender.admission.openapi import load_crd, validate, version_schema
 from extender.admission.podgroup_controller import PodGroupConfig, PodGroupController
 from extender.admission.podgroups import (
-    RESERVATION_ANNOTATION,
-    STATUS_ANNOTATION,
     PodGroup,
     PodGroupError,
     Topology,
@@ -31,6 +29,7 @@ from extender.admission.podgroups import (
 )
 from extender.kube.api import Conflict
 from extender.kube.cache import ClusterCache
+from extender.kube.names import RESERVATION, STATUS
 from extender.kube.pods import PodInfo
 from extender.placement.files import load_cluster
 from extender.placement.snapshot import ClusterSnapshot
@@ -169,14 +168,14 @@ def test_the_controller_waits_for_min_member_pods_then_reserves_one_leaf_and_ann
     pods = load("pods-llama.yaml")
     w.add_pods(pods[:3])
     assert w.cache.reservation(KEY) is None
-    assert w.group()["metadata"]["annotations"][STATUS_ANNOTATION].startswith("Waiting: waiting for 1 more")
+    assert w.group()["metadata"]["annotations"][STATUS].startswith("Waiting: waiting for 1 more")
     w.add_pods(pods[3:])
     r = w.cache.reservation(KEY)
     assert r is not None
     assert len({n[0] for n in r.slice.nodes}) == 1  # all four nodes under one leaf
     ann = w.group()["metadata"]["annotations"]
-    assert ann[RESERVATION_ANNOTATION] == "llama-70b"
-    assert ann[STATUS_ANNOTATION].startswith("Reserved: slice llama-70b: 4 pods, 32 GPUs")
+    assert ann[RESERVATION] == "llama-70b"
+    assert ann[STATUS].startswith("Reserved: slice llama-70b: 4 pods, 32 GPUs")
     # The SliceReservation is owned by the PodGroup (deleting the group deletes it).
     obj = w.api.get("slicereservations", "llama-70b", "llm")
     assert obj is not None
@@ -215,7 +214,7 @@ def test_an_annotation_write_that_meets_409_reads_again_and_retries() -> None:
     w.api.fail_next("replace_podgroup", Conflict(409, "the object has been modified"))
     w.add_pods(load("pods-llama.yaml"))
     ann = w.group()["metadata"]["annotations"]
-    assert ann[RESERVATION_ANNOTATION] == "llama-70b"
+    assert ann[RESERVATION] == "llama-70b"
     assert w.api.calls.count("get_podgroup") >= 2
 
 
@@ -229,7 +228,7 @@ def test_a_stale_resource_version_is_refused_by_the_api_and_then_written_fresh()
     w.add_pods(load("pods-llama.yaml"))
     got = w.group()
     assert got["status"]["phase"] == "Inqueue"  # Volcano's write survived ours
-    assert got["metadata"]["annotations"][RESERVATION_ANNOTATION] == "llama-70b"
+    assert got["metadata"]["annotations"][RESERVATION] == "llama-70b"
 
 
 def test_completed_or_deleted_podgroups_release_their_slice() -> None:
@@ -258,7 +257,7 @@ def test_a_gang_that_can_never_fit_says_so_with_a_warning_event() -> None:
         p["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "16"}}
     w.add_pods(pods)
     assert w.cache.reservation(KEY) is None
-    status = w.group()["metadata"]["annotations"][STATUS_ANNOTATION]
+    status = w.group()["metadata"]["annotations"][STATUS]
     assert status.startswith("NeverFits:")
     assert [(e["type"], e["reason"]) for e in w.api.events] == [("Warning", "NeverFits")]
     # A resync says nothing new.
@@ -266,16 +265,19 @@ def test_a_gang_that_can_never_fit_says_so_with_a_warning_event() -> None:
     assert len(w.api.events) == 1
 
 
-def test_an_expired_hold_is_placed_again_on_resync() -> None:
+def test_a_podgroup_hold_outlives_its_ttl_while_the_podgroup_lives() -> None:
+    """The PodGroup controller, not the clock, ends a PodGroup's hold: past the TTL the cache
+    keeps it and a resync leaves the same slice in place."""
     w = World(config=PodGroupConfig(hold_ttl_s=60))
     w.add_group(load("podgroup-llama.yaml"))
     w.add_pods(load("pods-llama.yaml"))
-    assert w.cache.reservation(KEY) is not None
+    before = w.cache.reservation(KEY)
+    assert before is not None
     w.clock.now += 61
-    assert [r.gang for r in w.cache.expire()] == [KEY]
+    assert w.cache.expire() == []
     w.run(w.ctl.resync())
-    r = w.cache.reservation(KEY)
-    assert r is not None and r.expires_at == w.clock.now + 60
+    after = w.cache.reservation(KEY)
+    assert after is not None and after.slice == before.slice
 
 
 def test_leadership_releases_reservations_whose_podgroup_is_gone() -> None:
@@ -301,6 +303,6 @@ def test_an_unknown_level_annotation_makes_the_group_invalid_with_a_warning() ->
     w.add_group(obj)
     w.add_pods(load("pods-llama.yaml"))
     assert w.cache.reservation(KEY) is None
-    status = w.group()["metadata"]["annotations"][STATUS_ANNOTATION]
+    status = w.group()["metadata"]["annotations"][STATUS]
     assert status.startswith("Invalid:") and "rack" in status
     assert [e["reason"] for e in w.api.events] == ["InvalidGang"]

@@ -13,6 +13,8 @@ from extender.admission.handlers import register
 
 
 class Recorder:
+    kueue = True
+
     def __init__(self) -> None:
         self.seen: list[tuple[str, str | None, str]] = []
 

@@ -99,6 +99,16 @@ def held_gpus(cache: ClusterCache) -> list[tuple[str, int]]:
     return [(s.node, g) for r in cache.ledger.reservations() for s in r.slice.slots for g in s.gpus]
 
 
+async def lws_leader() -> tuple[Clock, FakeControllerApi, Process]:
+    """The LWS Workload in a fresh fake API and a first controller process, made leader."""
+    clock = Clock(T0 + 5)
+    api = kueue_api()
+    api.put("workloads", load("workload-lws.yaml"))
+    first = Process(api, clock, "first")
+    await first.ctl.become_leader()
+    return clock, api, first
+
+
 def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -> None:
     async def body() -> None:
         clock = Clock(T0 + 5)
@@ -173,11 +183,7 @@ def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -
 
 def test_stop_before_the_object_is_written_places_afresh_after_restart() -> None:
     async def body() -> None:
-        clock = Clock(T0 + 5)
-        api = kueue_api()
-        api.put("workloads", load("workload-lws.yaml"))
-        first = Process(api, clock, "first")
-        await first.ctl.become_leader()
+        clock, api, first = await lws_leader()
         api.fail_next("create_reservation", Crash())
         with pytest.raises(Crash):
             await first.watch_all(api)
@@ -195,11 +201,7 @@ def test_stop_before_the_object_is_written_places_afresh_after_restart() -> None
 
 def test_a_workload_deleted_while_down_has_its_reservation_released_on_restart() -> None:
     async def body() -> None:
-        clock = Clock(T0 + 5)
-        api = kueue_api()
-        api.put("workloads", load("workload-lws.yaml"))
-        first = Process(api, clock, "first")
-        await first.ctl.become_leader()
+        clock, api, first = await lws_leader()
         await first.watch_all(api)
         assert len(api.objects("slicereservations")) == 1
 
@@ -215,11 +217,7 @@ def test_a_workload_deleted_while_down_has_its_reservation_released_on_restart()
 
 def test_overlapping_stored_reservations_are_never_both_restored() -> None:
     async def body() -> None:
-        clock = Clock(T0 + 5)
-        api = kueue_api()
-        api.put("workloads", load("workload-lws.yaml"))
-        first = Process(api, clock, "first")
-        await first.ctl.become_leader()
+        clock, api, first = await lws_leader()
         await first.watch_all(api)
         (obj,) = api.objects("slicereservations")
         # A second object claiming the same GPUs (a bug, or a hand edit) for another gang.
