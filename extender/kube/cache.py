@@ -485,8 +485,14 @@ class ClusterCache:
                 return
             if deleted:
                 self._drop_pod(pod.key)
-            else:
-                self._put_pod(pod)
+                return
+            known = self._pods.get(pod.key)
+            if pod.node is None and known is not None and known.node is not None and known.uid == pod.uid:
+                # A pod's nodeName is never unset. An event without it for a pod we know is
+                # bound is older than that bind (e.g. the echo of the GPU-annotation patch we
+                # send just before the Binding): keep the node, or its GPUs look free.
+                pod = dataclasses.replace(pod, node=known.node)
+            self._put_pod(pod)
         else:
             self._apply_reservation(event_type, obj)
 

@@ -55,6 +55,11 @@ def register(sub: Any) -> None:
     b.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
     b.add_argument("--requests", type=int, default=2000, help="timed requests per case (default 2000)")
     b.add_argument("--gpus", type=int, default=4, help="GPUs the benchmark pod asks for (default 4)")
+    b.add_argument(
+        "--same-process",
+        action="store_true",
+        help="run the load generator on the server's event loop instead of in a separate process",
+    )
     b.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     b.set_defaults(func=run_bench)
 
@@ -108,7 +113,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.nodes < 1 or args.full_nodes < 1 or args.concurrency < 1 or args.requests < 1 or args.gpus < 1:
         raise UsageError("--nodes, --full-nodes, --concurrency, --requests and --gpus must be positive")
-    options = BenchOptions(args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus)
+    options = BenchOptions(
+        args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.same_process
+    )
     results = asyncio.run(run_extender_bench(options))
     if args.json:
         import json

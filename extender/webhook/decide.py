@@ -21,7 +21,7 @@ import enum
 import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from extender.kube import names as keys
@@ -36,6 +36,7 @@ from extender.placement.scoring import pod_set_micros, resolve_need
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot
 from extender.topology.model import NodeShape, Tier
+from extender.webhook.memo import NamesKey, NamesMemo
 from extender.webhook.wire import MAX_EXTENDER_PRIORITY
 
 
@@ -65,6 +66,9 @@ class FilterOutcome:
     unresolvable: dict[str, str]
     #: Metric label: fit, no-fit, reserved, unplaceable, waiting, invalid.
     outcome: str
+    #: Encoded replies of this outcome by wire form, filled by the routes: a remembered
+    #: outcome (see :mod:`extender.webhook.memo`) is then answered without encoding again.
+    replies: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -114,6 +118,9 @@ class Decider:
         self._raw_values: list[Raw] = []
         self._raw_ids: dict[Raw, int] = {}
         self._micros: dict[tuple[str, int, int], float] = {}
+        #: Whole answers per (rule, node list), for the same list sent again and again.
+        self._filtered: NamesMemo[FilterOutcome] = NamesMemo()
+        self._scored: NamesMemo[list[int]] = NamesMemo()
 
     # -- who the pod is ------------------------------------------------------------------
     def gang_of(self, pod: PodInfo, job: str | None = None) -> GangRef | None:
@@ -161,11 +168,19 @@ class Decider:
                 outcome = "reserved"
             if r is not None:
                 nodes, reason = self._slot_nodes(pod, ref)
-                elsewhere = Verdict(Code.UNSCHEDULABLE, reason)
-                got = _split(names, [PASS if n in nodes else elsewhere for n in names])
-                if got.outcome == "fit":
-                    got.outcome = outcome
-                return got
+                if outcome == "reserved":
+                    got = self._slot_split(names, nodes, reason)
+                    if got.outcome == "fit":
+                        got.outcome = outcome
+                    return got
+                # The answer is a function of the slot nodes and the reason alone.
+                key = NamesKey(names)
+                rule = ("slots", frozenset(nodes), reason)
+                version = self.cache.version
+                memo = self._filtered.get(version, rule, key)
+                if memo is None:
+                    memo = self._filtered.put(version, rule, key, self._slot_split(key.names, nodes, reason))
+                return memo
             if pod.gpus > 0:
                 return _all(names, Code.UNSCHEDULABLE, ref.waiting, "waiting")
         if pod.gpus <= 0:
@@ -175,14 +190,24 @@ class Decider:
         except ValueError as exc:
             return _all(names, Code.UNRESOLVABLE, f"pod {pod.key}: {exc}", "invalid")
         table = self._fit_table(pod.gpus, tier)
+        # After _fit_table: the version its verdicts describe.
+        version = self.cache.version
+        key = NamesKey(names)
+        remembered = self._filtered.get(version, ("fit", pod.gpus, tier), key)
+        if remembered is not None:
+            return remembered
         try:
-            verdicts = lookup(table, names)
+            verdicts = lookup(table, key.names)
         except KeyError:
-            for n in names:
+            for n in key.names:
                 if n not in table:
                     self._node_verdict(n, pod.gpus, tier, table)
-            verdicts = lookup(table, names)
-        return _split(names, verdicts)
+            verdicts = lookup(table, key.names)
+        return self._filtered.put(version, ("fit", pod.gpus, tier), key, _split(key.names, verdicts))
+
+    def _slot_split(self, names: Sequence[str], nodes: set[str], reason: str) -> FilterOutcome:
+        elsewhere = Verdict(Code.UNSCHEDULABLE, reason)
+        return _split(names, [PASS if n in nodes else elsewhere for n in names])
 
     def _slot_nodes(self, pod: PodInfo, ref: GangRef) -> tuple[set[str], str]:
         r = self.cache.reservation(ref.key)
@@ -275,7 +300,14 @@ class Decider:
             if self.cache.reservation(ref.key) is None:
                 return zeros
             nodes, _ = self._slot_nodes(pod, ref)
-            return [MAX_EXTENDER_PRIORITY if n in nodes else 0 for n in names]
+            key = NamesKey(names)
+            rule: tuple[object, ...] = ("slots", frozenset(nodes))
+            version = self.cache.version
+            got = self._scored.get(version, rule, key)
+            if got is None:
+                got = [MAX_EXTENDER_PRIORITY if n in nodes else 0 for n in key.names]
+                self._scored.put(version, rule, key, got)
+            return got
         if pod.gpus <= 0:
             return zeros
         try:
@@ -283,17 +315,25 @@ class Decider:
         except ValueError:
             return zeros
         self._fresh()
+        version = self.cache.version
+        key = NamesKey(names)
+        rule = ("score", pod.gpus, need.tier, need.preferred_tier)
+        got = self._scored.get(version, rule, key)
+        if got is not None:
+            return got
         table = self._raw.setdefault((pod.gpus, need.tier, need.preferred_tier), {})
         try:
-            ids = lookup(table, names)
+            ids = lookup(table, key.names)
         except KeyError:
-            for n in names:
+            for n in key.names:
                 if n not in table:
                     self._raw_score(n, pod.gpus, need.tier, need.preferred_tier, table)
-            ids = lookup(table, names)
+            ids = lookup(table, key.names)
         distinct = list(set(ids))
         scores = normalise([self._raw_values[i] for i in distinct])
-        return list(map(dict(zip(distinct, scores, strict=True)).__getitem__, ids))
+        return self._scored.put(
+            version, rule, key, list(map(dict(zip(distinct, scores, strict=True)).__getitem__, ids))
+        )
 
     def _raw_score(
         self,

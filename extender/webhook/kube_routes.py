@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from aiohttp import web
 from extender.kube.api import ApiError
 from extender.kube.pods import PodInfo
 from extender.webhook.decide import Refused, lookup
-from extender.webhook.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, json_endpoint
+from extender.webhook.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.webhook.wire import (
     MAX_EXTENDER_PRIORITY,
     ExtenderArgs,
@@ -28,11 +29,14 @@ from extender.webhook.wire import (
 
 log = logging.getLogger(__name__)
 
+#: ``FilterOutcome.replies`` key of the nodeCacheCapable reply (NodeNames, no Node objects).
+NAMES_FORM = "names"
+
 
 def _names(args: ExtenderArgs) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """Node names in request order, and the Node objects by name (non-cache mode)."""
     if args.node_names is not None:
-        return list(args.node_names), {}
+        return args.node_names, {}
     items: dict[str, dict[str, Any]] = {}
     names = []
     for item in (args.nodes.items if args.nodes is not None else None) or []:
@@ -44,7 +48,7 @@ def _names(args: ExtenderArgs) -> tuple[list[str], dict[str, dict[str, Any]]]:
     return names, items
 
 
-async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, Any]:
+async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, Any] | Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod = PodInfo.from_obj(args.pod)
     cache.remember(pod)
@@ -54,6 +58,11 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
     if cache.unflushed:
         await cache.flush()
     request.app[METRICS].decisions.labels(out.outcome).inc()
+    names_only = args.nodes is None and args.node_names is not None
+    if names_only:
+        encoded = out.replies.get(NAMES_FORM)
+        if isinstance(encoded, Encoded):
+            return encoded
     reply: dict[str, Any] = {
         "Nodes": None,
         "NodeNames": None,
@@ -65,6 +74,10 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
         reply["Nodes"] = {"metadata": {}, "items": [items[n] for n in out.passed if n in items]}
     if args.node_names is not None or args.nodes is None:
         reply["NodeNames"] = out.passed
+    if names_only:
+        # The reply is then a function of the outcome alone (no Node objects echoed).
+        out.replies[NAMES_FORM] = encoded = Encoded(dumps(reply))
+        return encoded
     return reply
 
 
@@ -98,6 +111,24 @@ def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> Encoded:
     return Encoded(("[" + ",".join(parts) + "]").encode())
 
 
+#: The last few encoded prioritize replies, by the score list they encode. The decider
+#: hands out the same list object for the same (rule, node list) while nothing changes, so
+#: the same object means the same names; holding the list keeps its id from being reused.
+_ENCODED_SCORES: OrderedDict[int, tuple[list[int], Encoded]] = OrderedDict()
+ENCODED_SCORES_KEPT = 16
+
+
+def _encoded_scores(names: Sequence[str], scores: list[int]) -> Encoded:
+    got = _ENCODED_SCORES.get(id(scores))
+    if got is not None and got[0] is scores and len(scores) == len(names):
+        return got[1]
+    encoded = encode_priorities(names, scores)
+    _ENCODED_SCORES[id(scores)] = (scores, encoded)
+    while len(_ENCODED_SCORES) > ENCODED_SCORES_KEPT:
+        _ENCODED_SCORES.popitem(last=False)
+    return encoded
+
+
 async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod = PodInfo.from_obj(args.pod)
@@ -106,7 +137,7 @@ async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     async with cache.lock:
         scores = decider.prioritize(pod, names)
     request.app[METRICS].decisions.labels("scored").inc()
-    return encode_priorities(names, scores)
+    return _encoded_scores(names, scores)
 
 
 def prioritize_error(message: str) -> list[dict[str, Any]]:

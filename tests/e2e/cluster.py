@@ -2,7 +2,8 @@
 GPU nodes with NodeTopology objects, and the ``gangslice serve`` process.
 
 Everything talks JSON through :meth:`ControlPlane.request` (admin), except gangslice, which runs under
-the ServiceAccount and ClusterRole from ``manifests/controller/rbac.yaml``.
+the ServiceAccount and ClusterRole from ``manifests/controller/rbac.yaml``. Its log level is
+``$GANGSLICE_E2E_LOG_LEVEL`` (default ``info``; ``debug`` logs every API call it makes).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import sys
 import time
 import urllib.error
@@ -89,12 +91,16 @@ def path_of(kind: str, name: str | None = None, namespace: str | None = None, su
 def create(cp: ControlPlane, obj: Mapping[str, Any], *, exist_ok: bool = False) -> dict[str, Any]:
     meta = obj["metadata"]
     try:
-        created: dict[str, Any] = cp.request("POST", path_of(obj["kind"], namespace=meta.get("namespace")), obj)
+        created: dict[str, Any] = cp.request(
+            "POST", path_of(obj["kind"], namespace=meta.get("namespace")), obj
+        )
         return created
     except urllib.error.HTTPError as e:
         if e.code == 409 and exist_ok:
             return get(cp, obj["kind"], meta["name"], meta.get("namespace")) or {}
-        raise AssertionError(f"creating {obj['kind']} {meta['name']}: HTTP {e.code} {e.read()[:400]!r}") from e
+        raise AssertionError(
+            f"creating {obj['kind']} {meta['name']}: HTTP {e.code} {e.read()[:400]!r}"
+        ) from e
 
 
 def get(cp: ControlPlane, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
@@ -155,7 +161,11 @@ def service_account_kubeconfig(cp: ControlPlane, path: Path) -> Path:
     review = cp.request(
         "POST",
         path_of("ServiceAccount", SERVICE_ACCOUNT, SYSTEM_NS, "token"),
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 7200},
+        },
     )
     token = review["status"]["token"]
     return cp.write_kubeconfig(path, token=token, namespace=SYSTEM_NS)
@@ -252,7 +262,8 @@ def gang_pods(
 
 def node_of(cp: ControlPlane, namespace: str, name: str) -> str | None:
     pod = get(cp, "Pod", name, namespace)
-    return (pod or {}).get("spec", {}).get("nodeName")
+    node = (pod or {}).get("spec", {}).get("nodeName")
+    return str(node) if node else None
 
 
 def gpus_of(pod: Mapping[str, Any]) -> list[int]:
@@ -312,10 +323,18 @@ class Gangslice:
     name: str = "gangslice"
     extra_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Serve HTTPS with a certificate for 127.0.0.1 from the cluster CA.
+    tls: bool = False
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        assert self.cp.ca_file is not None
+        return ssl.create_default_context(cafile=str(self.cp.ca_file))
 
     @property
     def process(self) -> ManagedProcess:
@@ -329,9 +348,12 @@ class Gangslice:
             f"--kubeconfig={self.kubeconfig}",
             "--host=127.0.0.1",
             f"--port={self.port}",
-            "--log-level=debug",
+            f"--log-level={os.environ.get('GANGSLICE_E2E_LOG_LEVEL', 'info')}",
             *self.extra_args,
         ]
+        if self.tls:
+            crt, key = self.cp.issue_cert(self.name, ["127.0.0.1"])
+            argv += [f"--tls-cert={crt}", f"--tls-key={key}"]
         if not self.controller:
             argv.append("--no-controller")
         self.cp.start_process(self.name, argv, env=dict(self.env))
@@ -339,7 +361,7 @@ class Gangslice:
 
     def readyz(self) -> int:
         try:
-            with urllib.request.urlopen(self.url + "/readyz", timeout=3) as resp:
+            with urllib.request.urlopen(self.url + "/readyz", timeout=3, context=self._ssl()) as resp:
                 return int(resp.status)
         except urllib.error.HTTPError as e:
             return int(e.code)
@@ -363,20 +385,24 @@ class Gangslice:
         self.cp.stop_process(self.name)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=3) as resp:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=3, context=self._ssl()) as resp:
             return str(resp.read().decode())
 
 
-def extender_scheduler_config(extender_url: str) -> dict[str, Any]:
-    """The shipped KubeSchedulerConfiguration, pointed at ``extender_url`` on loopback."""
-    cfg: dict[str, Any] = yaml.safe_load((MANIFESTS / "scheduler" / "kube-scheduler-config.yaml").read_text())
+def extender_scheduler_config(extender_url: str, ca_file: Path | None = None) -> dict[str, Any]:
+    """The shipped KubeSchedulerConfiguration, pointed at ``extender_url`` on loopback; with ``ca_file`` the
+    shipped HTTPS variant (``kube-scheduler-config-tls.yaml``) trusting that CA."""
+    name = "kube-scheduler-config-tls.yaml" if ca_file else "kube-scheduler-config.yaml"
+    cfg: dict[str, Any] = yaml.safe_load((MANIFESTS / "scheduler" / name).read_text())
     cfg["leaderElection"] = {"leaderElect": False}
     # Short back-off so a pod retried after an extender outage comes back within seconds, not 10 s.
     cfg["podInitialBackoffSeconds"] = 1
     cfg["podMaxBackoffSeconds"] = 2
     (ext,) = cfg["extenders"]
     ext["urlPrefix"] = f"{extender_url}/gangslice"
-    ext["enableHTTPS"] = False
+    assert ext["enableHTTPS"] is bool(ca_file)
+    if ca_file:
+        ext["tlsConfig"]["caFile"] = str(ca_file)
     return cfg
 
 
@@ -386,7 +412,13 @@ def dump(obj: Any) -> str:
 
 @contextlib.contextmanager
 def extender_stack(
-    cp: ControlPlane, pool: str, nodes: Sequence[FakeNode], *, controller: bool = False, name: str = "gangslice"
+    cp: ControlPlane,
+    pool: str,
+    nodes: Sequence[FakeNode],
+    *,
+    controller: bool = False,
+    name: str = "gangslice",
+    tls: bool = False,
 ) -> Iterator[Gangslice]:
     """Fake nodes of ``pool`` + ``gangslice serve`` under the shipped RBAC + kube-scheduler with the shipped
     extender config. On exit: gangslice stopped, kube-scheduler back to its default config, nodes removed."""
@@ -395,10 +427,10 @@ def extender_stack(
     kubeconfig = service_account_kubeconfig(cp, cp.workdir / f"{name}.kubeconfig")
     for node in nodes:
         make_node(cp, node, pool)
-    server = Gangslice(cp, kubeconfig, controller=controller, name=name)
+    server = Gangslice(cp, kubeconfig, controller=controller, name=name, tls=tls)
     try:
         server.start()
-        cp.start_scheduler(extender_scheduler_config(server.url))
+        cp.start_scheduler(extender_scheduler_config(server.url, cp.ca_file if tls else None))
         yield server
     finally:
         server.stop()
@@ -410,3 +442,37 @@ def extender_stack(
 def reserved_nodes(reservation: Mapping[str, Any]) -> list[str]:
     """The nodes of a SliceReservation's slots."""
     return [str(slot["node"]) for slot in reservation["spec"]["slice"]["pods"]]
+
+
+def remove_crds(cp: ControlPlane, names: Iterable[str], timeout: float = 60.0) -> None:
+    """Delete CRDs (and so every object of them) and wait until they are gone."""
+    base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    names = list(names)
+    for name in names:
+        try:
+            cp.request("DELETE", f"{base}/{name}")
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+
+    def gone() -> bool:
+        for name in names:
+            try:
+                cp.request("GET", f"{base}/{name}")
+                return False
+            except urllib.error.HTTPError as e:
+                if e.code != 404:
+                    raise
+        return True
+
+    wait_for(f"CRDs {names} deleted", gone, timeout, 0.5)
+
+
+def wait_for_or_false(fn: Callable[[], bool], timeout: float, interval: float = 0.25) -> bool:
+    """Poll ``fn`` until it is true (True) or ``timeout`` passes (False): for a message of its own."""
+    deadline = time.monotonic() + timeout
+    while not fn():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True

@@ -34,8 +34,10 @@ def e2e_bin_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
-    """etcd + kube-apiserver + kube-scheduler (default config), shared by the whole session."""
-    cp = ControlPlane(e2e_bin_dir, scheduler=True)
+    """etcd + kube-apiserver + kube-scheduler (default config), shared by the whole session.
+
+    ``GANGSLICE_E2E_KEEP=1`` keeps the temp folder (logs, configs, certificates) after the run."""
+    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
     cp.start()
     try:
         yield cp

@@ -587,8 +587,16 @@ class ControlPlane:
         if data is not None:
             req.add_header("Content-Type", content_type)
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
-        with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
-            raw = resp.read()
+        # 429 "storage is (re)initializing" comes briefly after a CRD is created or the apiserver restarts.
+        for attempt in range(20):
+            try:
+                with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
+                    raw = resp.read()
+                break
+            except urllib.error.HTTPError as e:
+                if e.code != 429 or attempt == 19:
+                    raise
+                time.sleep(0.5)
         return json.loads(raw) if raw else None
 
     def install_crds(self, *paths: str | os.PathLike, timeout: float = 30.0) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from cluster import (
@@ -18,6 +19,7 @@ from cluster import (
     create,
     delete,
     double_booked,
+    dump,
     extender_stack,
     gang_pods,
     get,
@@ -29,6 +31,7 @@ from cluster import (
     reserved_nodes,
     scheduled_condition,
     wait_for,
+    wait_for_or_false,
 )
 from controlplane import ControlPlane
 
@@ -54,7 +57,7 @@ def ns(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[str]:
         clean_namespace(control_plane, name)
 
 
-def in_ns(pod: dict, ns: str) -> dict:
+def in_ns(pod: dict[str, Any], ns: str) -> dict[str, Any]:
     return {**pod, "metadata": {**pod["metadata"], "namespace": ns}}
 
 
@@ -96,7 +99,15 @@ def test_kill9_between_reservation_and_binding_double_books_nothing_and_leaks_no
     # The gang ends: its reservation goes away, and the rival can have the node.
     for name in ("llm-0", "llm-1"):
         delete(cp, "Pod", name, ns)
-    wait_for("the gang's SliceReservation to be deleted", lambda: not items(cp, "SliceReservation", ns), 60)
+    left: list[dict[str, Any]] = []
+
+    def reservation_gone() -> bool:
+        left[:] = items(cp, "SliceReservation", ns)
+        return not left
+
+    assert wait_for_or_false(reservation_gone, 60), (
+        f"SliceReservation leaked: {dump([r['spec'] for r in left])}"
+    )
     assert wait_for("rival bound once the gang is gone", lambda: node_of(cp, ns, "rival"), 60) in LEAF_OF
     assert not double_booked(cp, LEAF_OF)
 

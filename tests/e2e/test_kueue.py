@@ -14,10 +14,13 @@ Nodes (pool ``kq``): spine s1, leaves a and b of two HGX H100 nodes each.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -37,6 +40,7 @@ from cluster import (
     items,
     new_namespace,
     node_of,
+    remove_crds,
     reserved_nodes,
     wait_for,
 )
@@ -53,11 +57,12 @@ CLUSTER_QUEUE = "kq-gpu"
 LOCAL_QUEUE = "gpu"
 
 
-def start_kueue(cp: ControlPlane) -> None:
+def start_kueue(cp: ControlPlane) -> list[str]:
+    """Install Kueue's CRDs, start its manager, wait for /readyz; returns the CRD names."""
     if shutil.which("unshare") is None:
         raise ControlPlaneError("unshare (util-linux) is needed to give Kueue its metrics certificate")
     assert cp.workdir is not None and cp.kubeconfig is not None
-    cp.install_crds(cp.crd_dir / "kueue")
+    crds = cp.install_crds(cp.crd_dir / "kueue")
     create(cp, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}, exist_ok=True)
     home = cp.workdir / "kueue"
     certs = home / "webhook-certs"
@@ -91,14 +96,24 @@ def start_kueue(cp: ControlPlane) -> None:
             f" --kubeconfig={shlex.quote(str(cp.kubeconfig))} --zap-log-level=2",
         ]
     )
-    cp.start_process("kueue", ["unshare", "-m", "--propagation", "private", "sh", "-c", script])
+    # Not root: a user namespace (-r) owns the new mount namespace, so the tmpfs mount is allowed too.
+    unshare = ["unshare", "-m", "--propagation", "private"] + (["-r"] if os.geteuid() != 0 else [])
+    probe = subprocess.run([*unshare, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise ControlPlaneError(
+            f"`{' '.join(unshare)} true` failed ({probe.stderr.strip()}): Kueue v0.19 reads its metrics "
+            "certificate from /etc/kueue/metrics/certs, which the e2e tier provides in a private mount "
+            "namespace; run as root or enable unprivileged user namespaces"
+        )
+    cp.start_process("kueue", [*unshare, "sh", "-c", script])
     cp._wait_ready("kueue", f"http://127.0.0.1:{health_port}/readyz", lambda body: True)
+    return crds
 
 
 @pytest.fixture(scope="module")
 def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     cp = control_plane
-    start_kueue(cp)
+    crds = start_kueue(cp)
     try:
         with extender_stack(cp, POOL, NODES, controller=True, name="gangslice-kueue") as server:
             create(
@@ -170,6 +185,8 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
                     cp.request("DELETE", f"/apis/kueue.x-k8s.io/v1beta2/{kind.lower()}s/{name}")
     finally:
         cp.stop_process("kueue")
+        # Leave the cluster as this module found it: later modules run without Kueue installed.
+        remove_crds(cp, crds)
 
 
 @pytest.fixture
@@ -245,7 +262,8 @@ def test_workload_held_until_its_slice_is_reserved_then_admitted_and_pods_land_o
         blocker["metadata"]["namespace"] = ns
         blocker["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
         create(cp, blocker)
-        wait_for(f"blocker on {node} bound", lambda n=blocker["metadata"]["name"]: node_of(cp, ns, n), 60)
+        name = str(blocker["metadata"]["name"])
+        wait_for(f"{name} bound", partial(node_of, cp, ns, name), 60)
 
     create(cp, workload(ns, "llm", 2))
     check = wait_for(
@@ -265,13 +283,13 @@ def test_workload_held_until_its_slice_is_reserved_then_admitted_and_pods_land_o
         wl = get(cp, "Workload", "llm", ns)
         return wl if is_true(wl, "Admitted") else None
 
-    wl = wait_for("Kueue to admit the Workload once our check is Ready", admitted, 60)
-    check = our_check(wl)
-    assert check and check["state"] == "Ready", check
+    admitted_wl = wait_for("Kueue to admit the Workload once our check is Ready", admitted, 60)
+    ready = our_check(admitted_wl)
+    assert ready and ready["state"] == "Ready", ready
     (reservation,) = items(cp, "SliceReservation", ns)
     slot_nodes = reserved_nodes(reservation)
     assert len(set(slot_nodes)) == 2 and len({LEAF_OF[n] for n in slot_nodes}) == 1, slot_nodes
-    updates = {u["name"]: u for u in check.get("podSetUpdates") or []}
+    updates = {u["name"]: u for u in ready.get("podSetUpdates") or []}
     annotations = (updates.get("workers") or {}).get("annotations") or {}
     assert annotations.get("gangslice.io/reservation") == reservation["metadata"]["name"], updates
 
@@ -282,7 +300,7 @@ def test_workload_held_until_its_slice_is_reserved_then_admitted_and_pods_land_o
         pod["metadata"]["namespace"] = ns
         pod["spec"]["nodeSelector"].update(update.get("nodeSelector") or {})
         create(cp, pod)
-    nodes = [wait_for(f"llm-{i} bound", lambda i=i: node_of(cp, ns, f"llm-{i}"), 60) for i in range(2)]
+    nodes = [wait_for(f"{name} bound", partial(node_of, cp, ns, name), 60) for name in ("llm-0", "llm-1")]
     assert sorted(nodes) == sorted(slot_nodes), (nodes, slot_nodes)
     for i in range(2):
         assert sorted(gpus_of(get(cp, "Pod", f"llm-{i}", ns) or {})) == list(range(8))

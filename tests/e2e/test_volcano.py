@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -21,7 +22,6 @@ from cluster import (
     Gangslice,
     clean_namespace,
     create,
-    delete,
     double_booked,
     extender_stack,
     get,
@@ -55,7 +55,7 @@ def start_volcano(cp: ControlPlane, extender_url: str) -> None:
     cp.start_process(
         "vc-scheduler",
         [
-            cp.bin_dir / "vc-scheduler",
+            str(cp.bin_dir / "vc-scheduler"),
             f"--kubeconfig={cp.kubeconfig}",
             f"--scheduler-conf={conf_file}",
             "--schedule-period=1s",
@@ -127,42 +127,59 @@ def phase(cp: ControlPlane, ns: str, name: str) -> str:
     return str(((get(cp, "PodGroup", name, ns) or {}).get("status") or {}).get("phase") or "")
 
 
-def test_podgroup_enqueued_only_once_its_slice_is_reserved_and_lands_on_one_leaf(
-    control_plane: ControlPlane, ns: str
-) -> None:
-    cp = control_plane
-    # One 8-GPU pod (kube-scheduler + extender) on a node of each leaf: no leaf has four free nodes.
+def block_one_node_per_leaf(cp: ControlPlane, ns: str) -> None:
+    """One 8-GPU pod (kube-scheduler + extender) on a node of each leaf: no leaf has four free nodes."""
     for node in ("vc-a0", "vc-b0"):
         blocker = gpu_pod(f"blocker-{node}", 8, POOL)
         blocker["metadata"]["namespace"] = ns
         blocker["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
         create(cp, blocker)
-        wait_for(f"blocker on {node} bound", lambda n=blocker["metadata"]["name"]: node_of(cp, ns, n), 60)
+        name = str(blocker["metadata"]["name"])
+        wait_for(f"{name} bound", partial(node_of, cp, ns, name), 60)
 
-    create(cp, podgroup(ns, "llm", 4, 8))
-    names = [f"llm-{i}" for i in range(4)]
-    for i in range(4):
-        create(cp, volcano_pod(ns, "llm", i, 8))
 
-    def waiting_annotation() -> str | None:
-        annotations = (get(cp, "PodGroup", "llm", ns) or {})["metadata"].get("annotations") or {}
-        return annotations.get("gangslice.io/status")
+def submit(cp: ControlPlane, ns: str, group: str, size: int) -> list[str]:
+    create(cp, podgroup(ns, group, size, 8))
+    for i in range(size):
+        create(cp, volcano_pod(ns, group, i, 8))
+    return [f"{group}-{i}" for i in range(size)]
 
-    status = wait_for("gangslice's status annotation on the PodGroup", waiting_annotation, 60)
-    assert not items(cp, "SliceReservation", ns), status
-    # Volcano has looked at the group (it sets the phase) but keeps it out of the queue.
+
+def test_podgroup_is_not_enqueued_while_no_slice_is_reserved(control_plane: ControlPlane, ns: str) -> None:
+    cp = control_plane
+    block_one_node_per_leaf(cp, ns)
+    names = submit(cp, ns, "llm", 4)
+    # Volcano has looked at the group (it records the phase) and keeps it out of the queue: the extender's
+    # jobEnqueueable says no while the group has no SliceReservation.
     wait_for("Volcano to record the PodGroup's phase", lambda: phase(cp, ns, "llm"), 60)
-    assert phase(cp, ns, "llm") == "Pending", get(cp, "PodGroup", "llm", ns)
+    unschedulable = wait_for(
+        "Volcano to record why the PodGroup waits",
+        lambda: [
+            c
+            for c in ((get(cp, "PodGroup", "llm", ns) or {}).get("status") or {}).get("conditions") or []
+            if c.get("type") == "Unschedulable"
+        ],
+        60,
+    )
+    assert phase(cp, ns, "llm") == "Pending", (get(cp, "PodGroup", "llm", ns), unschedulable)
     assert all(node_of(cp, ns, n) is None for n in names)
+    assert not items(cp, "SliceReservation", ns)
 
-    for node in ("vc-a0", "vc-b0"):
-        delete(cp, "Pod", f"blocker-{node}", ns)
 
+def test_podgroup_enqueued_once_its_slice_is_reserved_and_lands_on_one_leaf(
+    control_plane: ControlPlane, ns: str
+) -> None:
+    cp = control_plane
+    names = submit(cp, ns, "llm", 4)
     (reservation,) = wait_for(
-        "the PodGroup's SliceReservation", lambda: items(cp, "SliceReservation", ns), 60
+        "the PodGroup controller to reserve the group's slice",
+        lambda: items(cp, "SliceReservation", ns),
+        60,
     )
     slot_nodes = reserved_nodes(reservation)
     assert len(set(slot_nodes)) == 4 and len({LEAF_OF[n] for n in slot_nodes}) == 1, slot_nodes
+    annotations = (get(cp, "PodGroup", "llm", ns) or {})["metadata"].get("annotations") or {}
+    assert annotations.get("gangslice.io/reservation") == reservation["metadata"]["name"], annotations
 
     def all_bound() -> list[str] | None:
         nodes = [node_of(cp, ns, n) for n in names]

@@ -117,6 +117,26 @@ def test_bound_pods_take_annotated_gpus_then_first_free_for_the_rest() -> None:
     assert cache.snapshot().node("a").allocated == frozenset({0, 1, 2})
 
 
+def test_the_echo_of_our_annotation_patch_does_not_unbind_a_noted_pod() -> None:
+    """bind patches the GPU annotation, then posts the Binding; the watch delivers the patch
+    (no nodeName yet) after ``note_bound``. The pod must stay on its node, or its GPUs look
+    free and the next pod is given the same ones."""
+    cache = kube_cache()
+    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    pending = pod_obj("x", gpus=2, uid="u-x")
+    cache.apply(Kind.PODS, "ADDED", pending)
+    cache.note_bound(
+        PodInfo.from_obj(pod_obj("x", gpus=2, uid="u-x", node="a", annotations={keys.GPUS: "0,1"}))
+    )
+    assert cache.snapshot().node("a").allocated == frozenset({0, 1})
+    echo = pod_obj("x", gpus=2, uid="u-x", annotations={keys.GPUS: "0,1"})
+    cache.apply(Kind.PODS, "MODIFIED", echo)
+    assert cache.snapshot().node("a").allocated == frozenset({0, 1})
+    # A different pod of the same name (a new uid) is not bound by the old record.
+    cache.apply(Kind.PODS, "MODIFIED", pod_obj("x", gpus=2, uid="u-x2"))
+    assert cache.snapshot().node("a").allocated == frozenset()
+
+
 def test_devices_the_kubelet_reports_in_use_beat_the_first_free_guess() -> None:
     cache = kube_cache()
     cache.apply(Kind.NODES, "ADDED", node_obj("a"))
