@@ -459,9 +459,13 @@ def test_unreadable_counters_make_the_gpu_unhealthy() -> None:
 # --- the real backend ------------------------------------------------------------------
 
 
-def test_pynvml_backend_without_a_driver_raises_nvml_unavailable() -> None:
-    if ctypes.util.find_library("nvidia-ml"):
-        pytest.skip("an NVIDIA driver library is installed here")
+def test_pynvml_backend_without_a_driver_raises_nvml_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    def no_library() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_library)
     with pytest.raises(NvmlUnavailable, match="NVIDIA driver") as info:
         PynvmlBackend()
     assert isinstance(info.value, RuntimeError)
