@@ -455,16 +455,21 @@ def api_section() -> list[str]:
 
 
 def metrics_section() -> list[str]:
+    from extender.agent.metrics import AgentMetrics
     from extender.kube.cache import ClusterCache
     from extender.webhook.metrics import Metrics
 
-    metrics = Metrics(ClusterCache())
-    lines = ["## Metrics", "", "Served by `gangslice serve` on `/metrics`.", ""]
-    lines += ["| metric | type | meaning |", "|---|---|---|"]
-    for family in sorted(metrics.registry.collect(), key=lambda f: f.name):
-        name = f"{family.name}_total" if family.type == "counter" else family.name
-        lines.append(f"| `{name}` | {family.type} | {_cell(family.documentation)} |")
-    lines.append("")
+    lines = ["## Metrics", ""]
+    for where, registry in (
+        ("`gangslice serve`", Metrics(ClusterCache()).registry),
+        ("`gangslice agent --metrics-port`", AgentMetrics().registry),
+    ):
+        lines += [f"Served by {where} on `/metrics`.", ""]
+        lines += ["| metric | type | meaning |", "|---|---|---|"]
+        for family in sorted(registry.collect(), key=lambda f: f.name):
+            name = f"{family.name}_total" if family.type == "counter" else family.name
+            lines.append(f"| `{name}` | {family.type} | {_cell(family.documentation)} |")
+        lines.append("")
     return lines
 
 

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from extender.agent.discovery import Observation
+from extender.agent.metrics import AgentMetrics
 from extender.agent.podresources import DeviceUse, PodResourcesUnavailable
 from extender.agent.publish import (
     POD_RESOURCES_AVAILABLE,
@@ -75,6 +76,10 @@ class Outcome(enum.Enum):
     FAILED = "failed"
 
 
+#: ``gangslice_agent_publishes_total{result}`` of each outcome.
+_RESULTS = {Outcome.PUBLISHED: "applied", Outcome.UNCHANGED: "unchanged", Outcome.FAILED: "error"}
+
+
 @dataclass
 class _Published:
     key: str
@@ -90,6 +95,7 @@ class Agent:
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     rng: random.Random = field(default_factory=random.Random)
+    metrics: AgentMetrics = field(default_factory=AgentMetrics)
 
     def __post_init__(self) -> None:
         self._conditions = ConditionClock()
@@ -103,6 +109,8 @@ class Agent:
     def build(self, *, with_owner: bool = False) -> dict[str, Any]:
         """Observe the node and return the object to publish (never raises)."""
         seen = self.observer.observe()
+        for source in seen.failed:
+            self.metrics.discovery_errors.labels(source).inc()
         try:
             uses = self.pod_resources.devices_in_use()
             allocatable = self.pod_resources.allocatable()
@@ -118,9 +126,11 @@ class Agent:
         except PodResourcesUnavailable as exc:
             in_use, allocatable = [], []
             pr = Condition(POD_RESOURCES_AVAILABLE, False, exc.reason, str(exc))
+            self.metrics.discovery_errors.labels("pod-resources").inc()
         except Exception as exc:
             in_use, allocatable = [], []
             pr = Condition(POD_RESOURCES_AVAILABLE, False, "Error", f"{type(exc).__name__}: {exc}")
+            self.metrics.discovery_errors.labels("pod-resources").inc()
         spec = build_spec(seen.graph, seen.source, in_use, allocatable)
         now = self.wall()
         conditions = self._conditions.stamp([seen.condition, pr], now)
@@ -129,6 +139,11 @@ class Agent:
 
     def cycle(self) -> Outcome:
         """One observation; a write when something changed (or a resync is due)."""
+        outcome = self._cycle()
+        self.metrics.publishes.labels(_RESULTS[outcome]).inc()
+        return outcome
+
+    def _cycle(self) -> Outcome:
         now = self.clock()
         resync = self._last is not None and now - self._last.at >= self.config.resync_s
         if resync and self._node_uid is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client import start_http_server
 
 from extender.agent.agent import Agent, AgentConfig, Outcome
 from extender.agent.discovery import Discovery, run_command
@@ -91,6 +92,15 @@ def register(sub: Any) -> None:
         f"(default {_LIMITS.pcie_replays_per_s:g})",
     )
     a.add_argument("--nvml-fake", choices=sorted(FAKES), help=_FAKE_HELP)
+    a.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics (gangslice_agent_publishes_total{result}, "
+        "gangslice_agent_discovery_errors_total{source}) on this port, all interfaces, "
+        "path /metrics (default 0: off)",
+    )
     a.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     a.set_defaults(func=run_agent)
 
@@ -174,6 +184,8 @@ def run_agent(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be 0 (off) or a TCP port, got {args.metrics_port}")
     try:
         writer = _PrintWriter() if args.dry_run else KubeWriter.connect(args.kubeconfig)
     except Exception as exc:  # kubernetes.config.ConfigException, unreadable kubeconfig
@@ -184,6 +196,8 @@ def run_agent(args: argparse.Namespace) -> int:
         PodResourcesClient(args.pod_resources_socket, resource=args.resource) as pod_resources,
     ):
         agent = Agent(config, discovery, pod_resources, writer)
+        if args.metrics_port:
+            start_http_server(args.metrics_port, registry=agent.metrics.registry)
         if args.once and args.dry_run:
             sys.stdout.write(_yaml(agent.build()))
             return 0

@@ -73,6 +73,8 @@ class Observation:
     graph: GpuGraph
     source: str  # nvml | nvidia-smi | none
     condition: Condition  # Discovered
+    #: Sources that failed during this observation (``nvml``, ``nvidia-smi``), for metrics.
+    failed: tuple[str, ...] = ()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -134,11 +136,11 @@ class Discovery:
             if not isinstance(exc, NvmlUnavailable):
                 log.warning("NVML discovery failed: %s", nvml_error)
         if self._run is None:
-            return self._nothing(nvml_error, "no fallback configured")
+            return self._nothing(nvml_error, "no fallback configured", ("nvml",))
         try:
             return self._from_nvidia_smi(nvml_error)
         except Exception as exc:
-            return self._nothing(nvml_error, _one_line(exc))
+            return self._nothing(nvml_error, _one_line(exc), ("nvml", "nvidia-smi"))
 
     def _from_nvml(self) -> Observation:
         if self._backend is None:
@@ -173,9 +175,11 @@ class Discovery:
         message = (
             f"{len(graph.gpus)} GPUs read from nvidia-smi topo -m (no health counters); NVML: {nvml_error}"
         )
-        return Observation(graph, "nvidia-smi", Condition(DISCOVERED, True, "NvidiaSmiFallback", message))
+        condition = Condition(DISCOVERED, True, "NvidiaSmiFallback", message)
+        return Observation(graph, "nvidia-smi", condition, failed=("nvml",))
 
     @staticmethod
-    def _nothing(nvml_error: str, smi_error: str) -> Observation:
+    def _nothing(nvml_error: str, smi_error: str, failed: tuple[str, ...]) -> Observation:
         message = f"no GPU topology: NVML: {nvml_error}; nvidia-smi: {smi_error}"
-        return Observation(EMPTY_GRAPH, "none", Condition(DISCOVERED, False, "NoTopologySource", message))
+        condition = Condition(DISCOVERED, False, "NoTopologySource", message)
+        return Observation(EMPTY_GRAPH, "none", condition, failed=failed)

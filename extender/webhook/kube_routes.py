@@ -54,7 +54,8 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
     cache.remember(pod)
     names, items = _names(args)
     async with cache.lock:
-        out = decider.filter(pod, names)
+        with request.app[METRICS].decision_duration.labels("filter").time():
+            out = decider.filter(pod, names)
     if cache.unflushed:
         await cache.flush()
     request.app[METRICS].decisions.labels(out.outcome).inc()
@@ -135,7 +136,8 @@ async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     cache.remember(pod)
     names, _ = _names(args)
     async with cache.lock:
-        scores = decider.prioritize(pod, names)
+        with request.app[METRICS].decision_duration.labels("prioritize").time():
+            scores = decider.prioritize(pod, names)
     request.app[METRICS].decisions.labels("scored").inc()
     return _encoded_scores(names, scores)
 
@@ -170,7 +172,8 @@ async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any
         pod = dataclasses.replace(pod, uid=args.pod_uid)
     async with cache.lock:
         try:
-            plan = decider.plan_bind(pod, args.node)
+            with metrics.decision_duration.labels("bind").time():
+                plan = decider.plan_bind(pod, args.node)
         except Refused as exc:
             metrics.decisions.labels("bind-failed").inc()
             return {"Error": f"cannot bind {pod.key} to {args.node}: {exc}"}
@@ -204,7 +207,8 @@ async def preempt(request: web.Request, args: ExtenderPreemptionArgs) -> dict[st
         victims[node] = [(i.uid, i) for i in infos]
         pdb[node] = v.num_pdb_violations
     async with cache.lock:
-        keep = decider.preempt(pod, victims)
+        with request.app[METRICS].decision_duration.labels("preempt").time():
+            keep = decider.preempt(pod, victims)
     request.app[METRICS].decisions.labels("preempt").inc()
     return {
         "NodeNameToMetaVictims": {

@@ -61,7 +61,8 @@ async def predicate(request: web.Request, args: PredicateRequest) -> dict[str, A
     pod, job = task_pod(args.task)
     node = args.node.node_name()
     async with cache.lock:
-        out = decider.filter(pod, [node], job)
+        with request.app[METRICS].decision_duration.labels("volcano-predicate").time():
+            out = decider.filter(pod, [node], job)
     if cache.unflushed:
         await cache.flush()
     request.app[METRICS].decisions.labels(out.outcome).inc()
@@ -82,7 +83,8 @@ async def prioritize(request: web.Request, args: PrioritizeRequest) -> dict[str,
     pod, job = task_pod(args.task)
     names = [name for n in args.nodes or [] if (name := n.node_name())]
     async with cache.lock:
-        scores = decider.prioritize(pod, names, job)
+        with request.app[METRICS].decision_duration.labels("volcano-prioritize").time():
+            scores = decider.prioritize(pod, names, job)
     request.app[METRICS].decisions.labels("scored").inc()
     return {"nodeScore": {n: s * SCORE_SCALE for n, s in zip(names, scores, strict=True)}, "errorMessage": ""}
 
@@ -131,7 +133,8 @@ async def allocate(request: web.Request, args: EventHandlerRequest) -> dict[str,
     pod, job = task_pod(args.task)
     async with cache.lock:
         try:
-            decider.allocate(pod, args.task.node_name, job)
+            with request.app[METRICS].decision_duration.labels("volcano-allocate").time():
+                decider.allocate(pod, args.task.node_name, job)
         except Refused as exc:
             return {"errorMessage": str(exc)}
     await cache.flush()
@@ -143,7 +146,8 @@ async def deallocate(request: web.Request, args: EventHandlerRequest) -> dict[st
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod, job = task_pod(args.task)
     async with cache.lock:
-        decider.deallocate(pod, job)
+        with request.app[METRICS].decision_duration.labels("volcano-deallocate").time():
+            decider.deallocate(pod, job)
     await cache.flush()
     return {"errorMessage": ""}
 
