@@ -47,6 +47,7 @@ from extender.admission.workload_gang import WorkloadError
 from extender.kube import names
 from extender.kube.api import ApiError, Conflict, NotFound
 from extender.kube.crd_models import CrdError, object_name
+from extender.logs import fields
 from extender.placement.ledger import Ledger, Phase, Reservation
 from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
@@ -176,7 +177,11 @@ class AdmissionController:
                 restored += 1
             elif r.phase not in (Phase.RELEASED, Phase.EXPIRED):
                 # Overlaps a reservation restored before it: never double-book, drop it.
-                log.error("SliceReservation of gang %s overlaps another; deleting it", r.gang)
+                log.error(
+                    "SliceReservation of gang %s overlaps another; deleting it",
+                    r.gang,
+                    extra=fields(gang=r.gang),
+                )
                 await self._delete_object(r)
         released = 0
         for r in self.cache.ledger.reservations():
@@ -530,7 +535,9 @@ class AdmissionController:
         try:
             r = reservation_from_object(await self.api.get_reservation(ns, object_name(key)))
         except NotFound:
-            log.warning("workload %s is Ready but its SliceReservation is gone", key)
+            log.warning(
+                "workload %s is Ready but its SliceReservation is gone", key, extra=fields(workload=key)
+            )
             return
         except CrdError as exc:
             log.warning("workload %s: %s", key, exc)
@@ -593,7 +600,7 @@ class AdmissionController:
             return
         await self._delete_object(r)
         await self.cache.flush()
-        log.info("released the reservation of %s: %s", key, why)
+        log.info("released the reservation of %s: %s", key, why, extra=fields(gang=key, workload=key))
         if wl is not None:
             await self._event(wl, "Normal", "SliceReleased", f"released {object_name(key)}: {why}")
 

@@ -44,6 +44,7 @@ from extender.kube import names
 from extender.kube.api import ApiError, Conflict, NotFound
 from extender.kube.crd_models import object_name
 from extender.kube.pods import PodInfo
+from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.scoring import resolve_need
 from extender.placement.slice import Slice, Unplaceable
@@ -388,7 +389,9 @@ class PodGroupController:
             return
         await owned.delete_object(self.api, r)
         await self.cache.flush()
-        log.info("released the reservation of PodGroup %s: %s", key, why)
+        log.info(
+            "released the reservation of PodGroup %s: %s", key, why, extra=fields(gang=key, podgroup=key)
+        )
         if obj is not None:
             await owned.post_event(
                 self.api, obj, "Normal", "SliceReleased", f"released: {why}", self.clock(), self.identity

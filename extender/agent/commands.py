@@ -31,6 +31,7 @@ from extender.agent.preflight import (
 )
 from extender.agent.publish import KubeWriter
 from extender.kube.names import GPU_RESOURCE, GPUS, NUMA_NODE
+from extender.logs import FORMATS, configure
 from extender.topology.model import GpuGraph
 from extender.topology.nvml import SYSFS, HealthThresholds, NvmlBackend, PynvmlBackend, discover
 
@@ -102,6 +103,9 @@ def register(sub: Any) -> None:
         "path /metrics (default 0: off)",
     )
     a.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    a.add_argument(
+        "--log-format", default="text", choices=FORMATS, help="text (default) or json: one object per line"
+    )
     a.set_defaults(func=run_agent)
 
     p = sub.add_parser(
@@ -170,10 +174,8 @@ def _yaml(obj: Mapping[str, Any]) -> str:
 def run_agent(args: argparse.Namespace) -> int:
     from extender.cli import UsageError
 
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = str(args.log_level).upper()
+    configure(level if level in logging.getLevelNamesMapping() else "INFO", args.log_format)
     try:
         config = AgentConfig(
             node=args.node or "",

@@ -43,6 +43,7 @@ from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore, ReservationStore
+from extender.logs import fields
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
 from extender.placement.request import GangRequest
@@ -294,6 +295,13 @@ class ClusterCache:
             full_meta = {"namespace": gang_namespace(gang), "name": object_name(gang), **(meta or {})}
             self._ledger.reserve(result, self.clock(), full_meta)
             self._ledger_changed(gang, result.nodes)
+            log.info(
+                "reserved %d pods on %s, %.1f us/layer",
+                len(result.slots),
+                ",".join(result.nodes),
+                result.per_layer_micros,
+                extra=fields(gang=gang, reservation=f"{full_meta['namespace']}/{full_meta['name']}"),
+            )
         return result
 
     def _less_bound_members(self, gang: str, request: GangRequest) -> GangRequest | Unplaceable:
@@ -314,6 +322,7 @@ class ClusterCache:
             running,
             ps.count,
             ps.count - running,
+            extra=fields(gang=gang),
         )
         return dataclasses.replace(request, pod_sets=(dataclasses.replace(ps, count=ps.count - running),))
 
@@ -399,7 +408,9 @@ class ClusterCache:
                     elif deleted is not None:
                         await self.store.delete(deleted)
                 except Exception as exc:
-                    log.warning("persisting reservation of gang %s failed: %s", gang, exc)
+                    log.warning(
+                        "persisting reservation of gang %s failed: %s", gang, exc, extra=fields(gang=gang)
+                    )
                     self._pending.setdefault(gang, deleted)
 
     @property

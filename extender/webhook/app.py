@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from extender.kube.api import KubeApi
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
 from extender.kube.cache import ClusterCache
+from extender.logs import fields
 from extender.webhook import kube_routes, volcano_routes
 from extender.webhook.decide import Decider
 from extender.webhook.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS
@@ -65,7 +66,7 @@ async def housekeeping(cache: ClusterCache, every_s: float = HOUSEKEEPING_S) -> 
             async with cache.lock:
                 gone = cache.expire()
             for r in gone:
-                log.info("reservation of gang %s expired", r.gang)
+                log.info("reservation of gang %s expired", r.gang, extra=fields(gang=r.gang))
             await cache.flush()
         except Exception:
             log.exception("housekeeping failed; continuing")
