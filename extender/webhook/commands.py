@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
+from extender.admission.kueue import CheckConfig
+from extender.admission.podgroup_controller import PodGroupConfig
+from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
 
@@ -44,7 +47,14 @@ def register(sub: Any) -> None:
         action="store_true",
         help="with --kubeconfig: run only the extender, without the admission controller and leader lease",
     )
+    add_wait_flags(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=FORMATS,
+        help="text (default) or json: one object per line with the gang and reservation as fields",
+    )
     p.set_defaults(func=run_serve)
 
     b: argparse.ArgumentParser = bench_subparsers(sub).add_parser(
@@ -64,6 +74,64 @@ def register(sub: Any) -> None:
     b.set_defaults(func=run_bench)
 
 
+#: The admission controller's waits: flag, CheckConfig field, help. Every one is in seconds.
+_WAITS = (
+    (
+        "--widen-after",
+        "widen_after_s",
+        "Kueue: how long a pod set waits for its preferred level before it is placed within its "
+        "required level, counted from the quota reservation",
+    ),
+    (
+        "--retry-after",
+        "retry_after_s",
+        "Kueue: how much longer a Workload waits for a slice before the check goes to Retry "
+        "and Kueue releases its quota",
+    ),
+    ("--requeue-after", "requeue_after_s", "Kueue: the Retry's requeueAfterSeconds (whole seconds)"),
+    ("--resync", "resync_s", "how often Workloads and PodGroups still waiting are looked at again"),
+    ("--hold-ttl", "hold_ttl_s", "how long a slice the controller reserves is held before its pods bind"),
+    ("--member-wait", "member_wait_s", "how long the members of a joint gang wait for the missing ones"),
+)
+
+
+def add_wait_flags(p: argparse.ArgumentParser) -> None:
+    defaults = CheckConfig()
+    group = p.add_argument_group("admission controller waits (with --kubeconfig, without --no-controller)")
+    for flag, field, help_text in _WAITS:
+        default = getattr(defaults, field)
+        group.add_argument(
+            flag,
+            dest=field,
+            type=int if isinstance(default, int) else float,
+            default=default,
+            metavar="SECONDS",
+            help=f"{help_text} (default {default:g})",
+        )
+
+
+def controller_configs(args: argparse.Namespace) -> tuple[CheckConfig, PodGroupConfig]:
+    """The Kueue check's and the PodGroup controller's configuration from the ``serve`` flags."""
+    from extender.cli import UsageError
+
+    for flag, field, _ in _WAITS:
+        value = getattr(args, field)
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{flag} {value:g}: must be a positive number of seconds")
+    check = CheckConfig(
+        widen_after_s=args.widen_after_s,
+        retry_after_s=args.retry_after_s,
+        requeue_after_s=args.requeue_after_s,
+        resync_s=args.resync_s,
+        hold_ttl_s=args.hold_ttl_s,
+        member_wait_s=args.member_wait_s,
+    )
+    podgroups = PodGroupConfig(
+        hold_ttl_s=args.hold_ttl_s, member_wait_s=args.member_wait_s, resync_s=args.resync_s
+    )
+    return check, podgroups
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from extender.cli import UsageError
     from extender.kube.cache import ClusterCache
@@ -71,15 +139,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from extender.placement.files import FileError
     from extender.webhook.server import ServeOptions, serve
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(args.log_level, args.log_format)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: not a port number")
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
+    check_config, podgroup_config = controller_configs(args)
     options = ServeOptions(args.host, args.port, args.prefix, args.tls_cert, args.tls_key)
     if args.cluster:
         try:
@@ -101,7 +168,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from extender.admission.runner import run_controller
 
     async def controller(stop: asyncio.Event, on_leadership: Callable[[bool], None]) -> None:
-        await run_controller(cache, kubeconfig=args.kubeconfig, stop=stop, on_leadership=on_leadership)
+        await run_controller(
+            cache,
+            kubeconfig=args.kubeconfig,
+            stop=stop,
+            on_leadership=on_leadership,
+            config=check_config,
+            podgroup_config=podgroup_config,
+        )
 
     asyncio.run(serve(cache, options, api, controller))
     return 0

@@ -1,25 +1,31 @@
 """Kueue's manager (v0.19.2) with a ClusterQueue whose admission check is gangslice's.
 
 Kueue runs out of cluster with the admin kubeconfig: internal cert management off, no webhook
-configurations registered (Workloads are created directly, the path that needs no webhook; its webhook
-server still starts on loopback with a certificate from the cluster CA). Kueue v0.19 reads its metrics
-certificate from the hard-coded ``/etc/kueue/metrics/certs``, so it runs in a private mount namespace
-(``unshare -m``) with a tmpfs on ``/etc`` holding that certificate; nothing on the machine changes.
+configurations registered (Workloads are created directly, or from a Job created already suspended, the
+paths that need no webhook; its webhook server still starts on loopback with a certificate from the
+cluster CA). Kueue v0.19 reads its metrics certificate from the hard-coded ``/etc/kueue/metrics/certs``,
+so it runs in a private mount namespace (``unshare -m``) with a tmpfs on ``/etc`` holding that
+certificate; nothing on the machine changes.
 
-gangslice runs with the controller (Lease in gangslice-system) under the shipped RBAC.
+gangslice runs with the controller (Lease in gangslice-system) under the shipped RBAC; the Retry test
+restarts it with short waits (``--widen-after``, ``--retry-after``, ``--requeue-after``, ``--resync``).
 
 Nodes (pool ``kq``): spine s1, leaves a and b of two HGX H100 nodes each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import ssl
 import subprocess
+import urllib.parse
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -307,20 +313,134 @@ def test_workload_held_until_its_slice_is_reserved_then_admitted_and_pods_land_o
     assert not double_booked(cp, LEAF_OF)
 
 
-def test_gang_that_cannot_fit_stays_pending_with_our_message(control_plane: ControlPlane, ns: str) -> None:
+@contextlib.contextmanager
+def serving_with(server: Gangslice, extra_args: Sequence[str]) -> Iterator[None]:
+    """Restart the module's ``gangslice serve`` with ``extra_args``; back to the plain one on exit."""
+    server.stop()
+    server.extra_args = tuple(extra_args)
+    try:
+        server.start()
+        yield
+    finally:
+        server.stop()
+        server.extra_args = ()
+        server.start()
+
+
+def workload_writes(
+    cp: ControlPlane, ns: str, name: str, since: str, timeout: int
+) -> Iterator[dict[str, Any]]:
+    """Every version of the Workload written after resourceVersion ``since`` (a watch, so none is missed)."""
+    assert cp.ca_file is not None
+    query = urllib.parse.urlencode(
+        {
+            "watch": "true",
+            "fieldSelector": f"metadata.name={name}",
+            "resourceVersion": since,
+            "timeoutSeconds": str(timeout),
+        }
+    )
+    req = urllib.request.Request(f"{cp.server}/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads?{query}")
+    req.add_header("Authorization", f"Bearer {cp.admin_token}")
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    with urllib.request.urlopen(req, context=ctx, timeout=timeout + 10) as resp:
+        for line in resp:
+            event = json.loads(line)
+            assert event["type"] in ("ADDED", "MODIFIED"), event
+            yield event["object"]
+
+
+def quota_released(wl: dict[str, Any]) -> bool:
+    return not is_true(wl, "QuotaReserved") and not (wl.get("status") or {}).get("admission")
+
+
+def suspended_job(ns: str, name: str, count: int, required_level: str) -> dict[str, Any]:
+    """A batch/v1 Job in our LocalQueue, created suspended (the part of Kueue's webhook this tier lacks).
+
+    A job, not a bare Workload: on eviction it is Kueue's job reconciler that stops the job and clears
+    the Workload's quota reservation; a Workload with no job stays QuotaReserved and Evicted."""
+    template = gpu_pod("worker", 8, POOL, annotations={"gangslice.io/required-level": required_level})
+    template.pop("apiVersion")
+    template.pop("kind")
+    template["metadata"].pop("name")
+    template["spec"]["restartPolicy"] = "Never"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": ns, "labels": {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE}},
+        "spec": {"suspend": True, "parallelism": count, "completions": count, "template": template},
+    }
+
+
+def test_gang_that_cannot_fit_stays_pending_with_our_message_then_retries_and_gives_its_quota_back(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
     cp = control_plane
-    # Three 8-GPU pods within one leaf: no leaf has three nodes. Kueue's quota (64 GPUs) is not the limit.
-    create(cp, workload(ns, "huge", 3))
+    requeue_after = 3
+    short_waits = ["--widen-after=1", "--retry-after=4", f"--requeue-after={requeue_after}", "--resync=1"]
+    jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
+    with serving_with(gangslice, short_waits):
+        # Three 8-GPU pods within one leaf: no leaf has three nodes. Kueue's quota (64 GPUs) is not the limit.
+        cp.request("POST", jobs, suspended_job(ns, "huge", 3, "leaf"))
+        try:
+            retry_then_release(cp, ns, requeue_after)
+        finally:
+            # Before clean_namespace deletes the Workload, or Kueue makes the job a new one.
+            cp.request("DELETE", f"{jobs}/huge?propagationPolicy=Background")
+
+
+def retry_then_release(cp: ControlPlane, ns: str, requeue_after: int) -> None:
+    def the_workload() -> str | None:
+        found = items(cp, "Workload", ns)
+        return str(found[0]["metadata"]["name"]) if found else None
+
+    name = wait_for("Kueue to create the job's Workload", the_workload, 60)
     check = wait_for(
         "Workload quota-reserved with our check Pending and a message",
-        lambda: pending_with_message(cp, ns, "huge"),
+        lambda: pending_with_message(cp, ns, name),
         60,
     )
     assert "waiting for a slice" in check["message"], check
-    wl = get(cp, "Workload", "huge", ns)
+    wl = get(cp, "Workload", name, ns)
     assert not is_true(wl, "Admitted"), wl
     assert not items(cp, "SliceReservation", ns)
-    reasons = {e["reason"] for e in events_for(cp, ns, "huge")}
+    reasons = {e["reason"] for e in events_for(cp, ns, name)}
     assert "WaitingForSlice" in reasons, reasons
-    # Retry (quota released) comes only after CheckConfig.widen_after_s + retry_after_s (120 s + 600 s),
-    # which `gangslice serve` does not let a caller shorten; see the e2e report.
+
+    def in_retry() -> dict[str, Any] | None:
+        wl = get(cp, "Workload", name, ns)
+        check = our_check(wl)
+        return wl if check and check["state"] == "Retry" else None
+
+    retrying = wait_for("our check in Retry after --widen-after + --retry-after", in_retry, 60)
+    retry = our_check(retrying)
+    assert retry is not None
+    assert retry["message"].startswith("no slice after 5s, giving the quota back: "), retry
+    assert retry.get("requeueAfterSeconds") == requeue_after, retry
+    # Kueue holds the quota until requeueAfterSeconds has passed since the Retry, then evicts the
+    # Workload: the quota and the admission are released and every check goes back to Pending.
+    seen: list[dict[str, Any]] = []
+    released = None
+    for version in workload_writes(cp, ns, name, retrying["metadata"]["resourceVersion"], 60):
+        seen.append(version)
+        if quota_released(version):
+            released = version
+            break
+    history = [
+        (
+            (condition(v, "QuotaReserved") or {}).get("status"),
+            bool((v.get("status") or {}).get("admission")),
+            (our_check(v) or {}).get("state"),
+            (condition(v, "Evicted") or {}).get("reason"),
+        )
+        for v in seen
+    ]
+    assert released is not None, f"Kueue never released the quota; writes seen: {history}"
+    evicted = condition(released, "Evicted")
+    assert evicted and evicted["status"] == "True" and evicted["reason"] == "AdmissionCheck", released
+    reset = our_check(released)
+    assert reset and reset["state"] == "Pending", reset
+    assert "Previously: Retry" in reset["message"], reset
+    assert not items(cp, "SliceReservation", ns)
+    reasons = {e["reason"] for e in events_for(cp, ns, name)}
+    assert "SliceRetry" in reasons, reasons

@@ -1,0 +1,106 @@
+"""``gangslice serve``'s admission controller wait flags: parsing, validation, the configs they build."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import pytest
+
+from extender import cli
+from extender.admission.kueue import CheckConfig
+from extender.admission.podgroup_controller import PodGroupConfig
+from extender.cli import UsageError, build_parser
+from extender.webhook import commands
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", "--kubeconfig", "kc", *argv])
+
+
+def test_without_flags_the_configs_are_the_defaults() -> None:
+    check, podgroups = commands.controller_configs(parse())
+    assert check == CheckConfig()
+    assert podgroups == PodGroupConfig()
+
+
+def test_flags_reach_both_configs() -> None:
+    args = parse(
+        "--widen-after",
+        "1",
+        "--retry-after",
+        "5.5",
+        "--requeue-after",
+        "30",
+        "--resync",
+        "0.5",
+        "--hold-ttl",
+        "90",
+        "--member-wait",
+        "7",
+    )
+    check, podgroups = commands.controller_configs(args)
+    assert check == CheckConfig(
+        widen_after_s=1.0,
+        retry_after_s=5.5,
+        requeue_after_s=30,
+        resync_s=0.5,
+        hold_ttl_s=90.0,
+        member_wait_s=7.0,
+    )
+    assert isinstance(check.requeue_after_s, int)
+    assert podgroups == PodGroupConfig(hold_ttl_s=90.0, member_wait_s=7.0, resync_s=0.5)
+
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--widen-after", "0"),
+        ("--retry-after", "-1"),
+        ("--requeue-after", "0"),
+        ("--resync", "nan"),
+        ("--hold-ttl", "inf"),
+        ("--member-wait", "-0.5"),
+    ],
+)
+def test_non_positive_waits_are_a_usage_error_naming_the_flag(flag: str, value: str) -> None:
+    with pytest.raises(UsageError, match=f"^{flag} .*must be a positive number of seconds$"):
+        commands.controller_configs(parse(flag, value))
+
+
+def test_bad_wait_exits_2_with_one_line_before_connecting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_api(*a: Any, **k: Any) -> None:
+        raise AssertionError("the API must not be reached with a bad flag")
+
+    monkeypatch.setattr("extender.kube.client.RealKubeApi", no_api)
+    assert cli.main(["serve", "--kubeconfig", "kc", "--retry-after", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "gangslice serve: --retry-after 0: must be a positive number of seconds\n", err
+
+
+def test_fractional_requeue_after_is_rejected_by_the_parser() -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse("--requeue-after", "1.5")
+    assert exc.value.code == 2
+
+
+def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    async def fake_run_controller(cache: Any, **kwargs: Any) -> None:
+        seen.update(kwargs)
+
+    async def fake_serve(cache: Any, options: Any, api: Any = None, controller: Any = None) -> None:
+        await controller(asyncio.Event(), lambda leading: None)
+
+    monkeypatch.setattr("extender.kube.client.RealKubeApi", lambda kubeconfig: object())
+    monkeypatch.setattr("extender.admission.runner.run_controller", fake_run_controller)
+    monkeypatch.setattr("extender.webhook.server.serve", fake_serve)
+    args = parse("--widen-after", "2", "--retry-after", "3", "--requeue-after", "4", "--member-wait", "6")
+    assert commands.run_serve(args) == 0
+    assert seen["config"] == CheckConfig(widen_after_s=2, retry_after_s=3, requeue_after_s=4, member_wait_s=6)
+    assert seen["podgroup_config"] == PodGroupConfig(member_wait_s=6)
+    assert seen["kubeconfig"] == "kc"
