@@ -377,7 +377,7 @@ def test_gang_that_cannot_fit_stays_pending_with_our_message_then_retries_and_gi
 ) -> None:
     cp = control_plane
     requeue_after = 3
-    short_waits = ["--widen-after=1", "--retry-after=4", f"--requeue-after={requeue_after}", "--resync=1"]
+    short_waits = ["--widen-after=1", "--retry-after=20", f"--requeue-after={requeue_after}", "--resync=1"]
     jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
     with serving_with(gangslice, short_waits):
         # Three 8-GPU pods within one leaf: no leaf has three nodes. Kueue's quota (64 GPUs) is not the limit.
@@ -415,7 +415,7 @@ def retry_then_release(cp: ControlPlane, ns: str, requeue_after: int) -> None:
     retrying = wait_for("our check in Retry after --widen-after + --retry-after", in_retry, 60)
     retry = our_check(retrying)
     assert retry is not None
-    assert retry["message"].startswith("no slice after 5s, giving the quota back: "), retry
+    assert retry["message"].startswith("no slice after 21s, giving the quota back: "), retry
     assert retry.get("requeueAfterSeconds") == requeue_after, retry
     # Kueue holds the quota until requeueAfterSeconds has passed since the Retry, then evicts the
     # Workload: the quota and the admission are released and every check goes back to Pending.
