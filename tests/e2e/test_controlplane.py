@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from cluster import wait_for
 from controlplane import ControlPlane
 from kubernetes import client
 
 pytestmark = pytest.mark.e2e
 
-T = TypeVar("T")
 GPU = "nvidia.com/gpu"
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.25) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture
