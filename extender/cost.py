@@ -48,6 +48,9 @@ IB_NDR_GBPS = 100.0
 ALPHA_NVLINK_US = 8.0
 ALPHA_PCIE_US = 12.0
 ALPHA_NETWORK_US = 25.0
+#: Ring bandwidth (GB/s) from which traffic inside a node is taken to run over NVLink, for
+#: its launch latency: well above any PCIe slot (PCIE_GEN5_X16_GBPS).
+NVLINK_RING_MIN_GBPS = 300.0
 
 
 class Comm(enum.StrEnum):
@@ -154,7 +157,7 @@ def kv_layer_us(dims: ModelDims, gbps: float, alpha_us: float) -> float:
 def alpha_for_gbps(gbps: float, crosses_nodes: bool) -> float:
     if crosses_nodes:
         return ALPHA_NETWORK_US
-    return ALPHA_NVLINK_US if gbps >= 300 else ALPHA_PCIE_US
+    return ALPHA_NVLINK_US if gbps >= NVLINK_RING_MIN_GBPS else ALPHA_PCIE_US
 
 
 def link_class_gbps(name: str) -> float:

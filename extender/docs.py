@@ -446,7 +446,7 @@ def api_section() -> list[str]:
         ("Field managers (server-side apply)", f"`{admission_api.FIELD_MANAGER}` (controller), "
          f"`{publish.FIELD_MANAGER}` (node agent)"),
         ("Events' reportingComponent", f"`{names.CHECK_CONTROLLER}` (on Workloads), "
-         f"`{names.EVENT_COMPONENT}` (on PodGroups and joint gangs); source component `gangslice`"),
+         f"`{names.EVENT_COMPONENT}` (on PodGroups and on plain gangs' pods); source component `gangslice`"),
     ]  # fmt: skip
     lines = ["## API names", "", "| what | value |", "|---|---|"]
     lines += [f"| {what} | {value} |" for what, value in rows]

@@ -103,11 +103,6 @@ class ClientControllerApi:
         self._coord = client.CoordinationV1Api(api_client)
         self._api_client = api_client
 
-    @classmethod
-    def from_kubeconfig(cls, path: str | None = None) -> ClientControllerApi:
-        """In-cluster service account when ``path`` is None and one is mounted, else kubeconfig."""
-        return cls(load_api_client(path))
-
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
 

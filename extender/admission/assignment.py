@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.admission.kueue import Stage, assignments, mapping, pod_sets
+from extender.admission.kueue import Stage, assignments, pod_sets
+from extender.admission.objects import mapping
 from extender.admission.workload_gang import describe_request, strict_gang
 from extender.kube import names
 from extender.placement.request import GangRequest

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -36,11 +37,9 @@ from extender.admission.objects import (
     META_OWNER_NAME,
     META_OWNER_UID,
     object_ref,
-    owner_reference,
     parse_rfc3339,
     reservation_from_object,
     reservation_status,
-    reservation_to_object,
     rfc3339,
 )
 from extender.admission.workload_gang import WorkloadError
@@ -182,7 +181,7 @@ class AdmissionController:
                     r.gang,
                     extra=fields(gang=r.gang),
                 )
-                await self._delete_object(r)
+                await owned.delete_object(self.api, r)
         released = 0
         for r in self.cache.ledger.reservations():
             if r.meta.get(META_OWNER_KIND) != WORKLOAD_KIND:
@@ -195,7 +194,7 @@ class AdmissionController:
                 wl = await self.api.get_workload(ns, name)
             except NotFound:
                 wl = None
-            if wl is None or str((wl.get("metadata") or {}).get("uid", "")) != r.meta.get(META_OWNER_UID, ""):
+            if not owned.owned_by(r, wl):
                 await self._release(r.gang, None, "its Workload is gone")
                 released += 1
         await self.cache.flush()
@@ -304,8 +303,10 @@ class AdmissionController:
                 until = rfc3339(started + self.config.widen_after_s)
                 result = assignment.solve(view, gang.request, stage, allowed, until)
                 if isinstance(result, Slice):
-                    held = self._hold(key, result, wl, now)
-                    if held is None:
+                    r = self._reservation(result, wl, now)
+                    if self.cache.restore(r):
+                        held = r
+                    else:
                         result = Unplaceable(key, "the slice was taken while it was being reserved")
             if held is None:
                 assert isinstance(result, Unplaceable)
@@ -435,39 +436,19 @@ class AdmissionController:
             until = rfc3339(started + self.config.widen_after_s)
             result = assignment.solve(view, request, stage, allowed, until)
             if isinstance(result, Slice):
-                done: list[str] = []
-                for name, part in joint.split(result, keys).items():
-                    if self._hold(keys[name], part, wls[name], now) is None:
-                        for k in done:
-                            self.cache.drop(k)
-                        result = Unplaceable(jkey, "the slice was taken while it was being reserved")
-                        break
-                    done.append(keys[name])
+                parts = joint.split(result, keys)
+                rs = [self._reservation(part, wls[name], now) for name, part in parts.items()]
+                if not owned.hold_all(self.cache, rs):
+                    result = Unplaceable(jkey, "the slice was taken while it was being reserved")
         if isinstance(result, Unplaceable):
             for w in wls.values():
                 await self._wait(w, result, stage)
             return False
         return True
 
-    def _hold(self, key: str, sl: Slice, wl: Mapping[str, Any], now: float) -> Reservation | None:
-        meta = wl.get("metadata") or {}
-        ns, name = object_ref(wl)
-        r = Reservation(
-            gang=key,
-            slice=sl,
-            expires_at=now + self.config.hold_ttl_s,
-            phase=Phase.RESERVED,
-            meta={
-                "namespace": ns,
-                "name": object_name(key),
-                "ownerApiVersion": str(wl.get("apiVersion") or KUEUE_API_VERSION),
-                META_OWNER_KIND: WORKLOAD_KIND,
-                META_OWNER_NAME: name,
-                META_OWNER_UID: str(meta.get("uid") or ""),
-                META_ATTEMPT: kueue.wait_started(wl) or "",
-            },
-        )
-        return r if self.cache.restore(r) else None
+    def _reservation(self, sl: Slice, wl: Mapping[str, Any], now: float) -> Reservation:
+        r = owned.owned_reservation(sl, _owner(wl), now + self.config.hold_ttl_s)
+        return dataclasses.replace(r, meta={**r.meta, META_ATTEMPT: kueue.wait_started(wl) or ""})
 
     def _stale(self, r: Reservation, wl: Mapping[str, Any]) -> str | None:
         uid = str((wl.get("metadata") or {}).get("uid") or "")
@@ -485,31 +466,11 @@ class AdmissionController:
     async def _persist(self, r: Reservation, wl: Mapping[str, Any], now: float) -> bool:
         """Make sure the SliceReservation object exists (owned by the Workload); False when
         it could not be written (the hold is dropped, so nothing leaks; a resync retries)."""
-        ns, _ = object_ref(wl)
-        obj_name = object_name(r.gang)
-        obj = reservation_to_object(r, ns, obj_name, owner_reference(wl), now)
-        try:
-            await self.api.create_reservation(obj)
-        except Conflict:
-            try:
-                existing = reservation_from_object(await self.api.get_reservation(ns, obj_name))
-            except (ApiError, CrdError) as exc:
-                log.warning("reservation %s/%s: %s", ns, obj_name, exc)
-                self.cache.drop(r.gang)
-                return False
-            if existing.gang != r.gang or existing.slice.to_dict() != r.slice.to_dict():
-                log.warning("replacing SliceReservation %s/%s left from an earlier hold", ns, obj_name)
-                await self._delete_object(existing)
-                try:
-                    await self.api.create_reservation(obj)
-                except ApiError as exc:
-                    log.warning("creating SliceReservation %s/%s failed: %s", ns, obj_name, exc)
-                    self.cache.drop(r.gang)
-                    return False
-        except ApiError as exc:
-            log.warning("creating SliceReservation %s/%s failed: %s", ns, obj_name, exc)
+        if not await owned.persist(self.api, r, wl, now):
             self.cache.drop(r.gang)
             return False
+        ns, _ = object_ref(wl)
+        obj_name = object_name(r.gang)
         try:
             await self.api.apply_reservation_status(ns, obj_name, self._status_body(r, ns, obj_name, now))
         except ApiError as exc:
@@ -561,7 +522,7 @@ class AdmissionController:
 
     def _ready_message(self, r: Reservation) -> str:
         sl = r.slice
-        gpus = sum(len(s.gpus) for s in sl.slots)
+        gpus = sl.gpus
         where = "; ".join(f"{k} in {v}" for k, v in sl.domains.items())
         return (
             f"slice {object_name(r.gang)}: {len(sl.slots)} pods, {gpus} GPUs on {', '.join(sl.nodes)}"
@@ -598,21 +559,11 @@ class AdmissionController:
         r = self.cache.drop(key)
         if r is None:
             return
-        await self._delete_object(r)
+        await owned.delete_object(self.api, r)
         await self.cache.flush()
         log.info("released the reservation of %s: %s", key, why, extra=fields(gang=key, workload=key))
         if wl is not None:
             await self._event(wl, "Normal", "SliceReleased", f"released {object_name(key)}: {why}")
-
-    async def _delete_object(self, r: Reservation) -> None:
-        ns = r.meta.get("namespace") or r.gang.split("/", 1)[0]
-        name = r.meta.get("name") or object_name(r.gang)
-        try:
-            await self.api.delete_reservation(ns, name)
-        except NotFound:
-            pass
-        except ApiError as exc:
-            log.warning("deleting SliceReservation %s/%s failed: %s", ns, name, exc)
 
     async def _flavor_labels(self, wl: Mapping[str, Any]) -> dict[str, dict[str, str]]:
         flavors: set[str] = set()
@@ -629,9 +580,8 @@ class AdmissionController:
         return out
 
     async def _event(self, wl: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        obj = {**wl, "apiVersion": wl.get("apiVersion") or KUEUE_API_VERSION, "kind": WORKLOAD_KIND}
         now, component = self.clock(), names.CHECK_CONTROLLER
-        await owned.post_event(self.api, obj, kind, reason, message, now, self.identity, component)
+        await owned.post_event(self.api, _owner(wl), kind, reason, message, now, self.identity, component)
 
 
 async def resync_until(
@@ -655,3 +605,8 @@ def _membership(wl: Mapping[str, Any]) -> joint.Membership | None:
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     return joint.membership(labels, annotations)
+
+
+def _owner(wl: Mapping[str, Any]) -> dict[str, Any]:
+    """The Workload with its apiVersion and kind filled in (a watch object may lack them)."""
+    return {**wl, "apiVersion": wl.get("apiVersion") or KUEUE_API_VERSION, "kind": WORKLOAD_KIND}

@@ -2,7 +2,9 @@
 ``manifests/crds/`` declare them (a unit test holds the two together).
 
 ``NodeTopology.spec`` is :func:`extender.topology.serialize.graph_to_dict` plus
-``devicesInUse``, ``allocatableDevices`` and ``source``. ``SliceReservation.spec`` is the
+``devicesInUse``, ``allocatableDevices`` and ``source`` (the node agent's
+:func:`extender.agent.publish.build_spec`; the cluster cache reads it with the lenient
+:mod:`extender.kube.crd_models`). ``SliceReservation.spec`` is the
 ledger's ``Reservation.to_dict()``; its ``status`` is a mirror for people and kubectl.
 """
 
@@ -16,8 +18,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 
 from extender.kube.names import API_VERSION
 from extender.placement.ledger import Phase
-from extender.topology.model import GpuGraph
-from extender.topology.serialize import graph_from_dict, graph_to_dict
 
 
 class _Model(BaseModel):
@@ -130,29 +130,6 @@ class NodeTopologySpec(_Model):
     devices_in_use: list[DeviceInUse] = Field(default_factory=list, alias="devicesInUse")
     allocatable_devices: list[str] = Field(default_factory=list, alias="allocatableDevices")
     source: Source
-
-    @classmethod
-    def from_graph(
-        cls,
-        graph: GpuGraph,
-        source: Source,
-        devices_in_use: list[DeviceInUse] | None = None,
-        allocatable_devices: list[str] | None = None,
-    ) -> NodeTopologySpec:
-        return cls.model_validate(
-            {
-                **graph_to_dict(graph),
-                "devicesInUse": [d.to_dict() for d in devices_in_use or ()],
-                "allocatableDevices": list(allocatable_devices or ()),
-                "source": source.value,
-            }
-        )
-
-    def to_graph(self, where: str = "NodeTopology") -> GpuGraph:
-        d = self.to_dict()
-        for key in ("devicesInUse", "allocatableDevices", "source"):
-            d.pop(key, None)
-        return graph_from_dict(d, where)
 
 
 class NodeTopologyStatus(_Model):

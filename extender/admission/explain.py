@@ -66,7 +66,7 @@ def _reservation_lines(r: Reservation | None) -> list[str]:
     if r is None:
         return ["reservation: none"]
     sl = r.slice
-    gpus = sum(len(s.gpus) for s in sl.slots)
+    gpus = sl.gpus
     name = r.meta.get("name", r.gang)
     lines = [
         f"reservation: {name} ({r.phase.value}, {len(r.bound)}/{len(sl.slots)} pods bound)",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.admission.api import KUEUE_API_VERSION
-from extender.admission.objects import object_ref
+from extender.admission.objects import mapping, object_ref
 from extender.kube import names
 
 MESSAGE_LIMIT = 32768
@@ -170,10 +170,6 @@ def decide(wl: Mapping[str, Any], our_checks: Collection[str], holds: bool) -> t
     if states == {"Ready"}:
         return Action.KEEP, "our check is Ready"
     return Action.PLACE, "quota reserved, our check is Pending"
-
-
-def mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def pod_sets(wl: Mapping[str, Any]) -> list[Mapping[str, Any]]:

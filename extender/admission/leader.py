@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from extender.admission.api import ControllerApi
+from extender.admission.objects import parse_rfc3339
 from extender.kube.api import ApiError, NotFound
 
 log = logging.getLogger(__name__)
@@ -66,17 +67,6 @@ def _micro_time(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse_time(value: Any) -> float | None:
-    if isinstance(value, datetime):
-        return value.timestamp()
-    if isinstance(value, str) and value:
-        try:
-            return datetime.fromisoformat(value.replace("z", "Z")).timestamp()
-        except ValueError:
-            return None
-    return None
-
-
 def lease_from_object(obj: Mapping[str, Any]) -> LeaseRecord:
     spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
@@ -86,8 +76,8 @@ def lease_from_object(obj: Mapping[str, Any]) -> LeaseRecord:
     return LeaseRecord(
         holder=str(holder) if holder else None,
         duration_s=float(spec.get("leaseDurationSeconds") or 0),
-        acquired=_parse_time(spec.get("acquireTime")),
-        renewed=_parse_time(spec.get("renewTime")),
+        acquired=parse_rfc3339(spec.get("acquireTime")),
+        renewed=parse_rfc3339(spec.get("renewTime")),
         transitions=int(spec.get("leaseTransitions") or 0),
         resource_version=str(rv) if rv else None,
     )

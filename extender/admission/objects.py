@@ -40,12 +40,21 @@ def rfc3339(t: float) -> str:
 
 
 def parse_rfc3339(text: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 string (or a datetime, as a typed client gives
+    it); None for anything else."""
+    if isinstance(text, datetime):
+        return text.timestamp()
     if not isinstance(text, str) or not text:
         return None
     try:
         return datetime.fromisoformat(text.replace("z", "Z")).timestamp()
     except ValueError:
         return None
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (for fields of untrusted objects)."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def object_ref(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -80,7 +89,7 @@ def reservation_status(r: Reservation, now: float) -> dict[str, Any]:
         "phase": r.phase.value,
         "boundPods": dict(r.bound),
         "nodes": ",".join(nodes),
-        "gpus": sum(len(s.gpus) for s in r.slice.slots),
+        "gpus": r.slice.gpus,
         "conditions": [
             {
                 "type": "Held",

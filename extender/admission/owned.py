@@ -1,11 +1,12 @@
 """Reservations owned by a Kubernetes object (a PodGroup, a Workload): hold one in the cache's
 ledger, persist it as a SliceReservation owned by that object, and post Events about it.
-Shared by the PodGroup controller and joint gangs."""
+Shared by the Kueue check controller, the PodGroup controller (each for lone and joint gangs)
+and the plain-gang reporter (Events only)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from extender.admission.objects import (
@@ -39,6 +40,25 @@ class OwnedApi(EventApi, Protocol):
     async def delete_reservation(self, namespace: str, name: str) -> None: ...
 
 
+class Holds(Protocol):
+    def restore(self, r: Reservation) -> bool: ...
+
+    def drop(self, gang: str) -> Reservation | None: ...
+
+
+def hold_all(cache: Holds, rs: Iterable[Reservation]) -> bool:
+    """Hold every reservation of ``rs`` in the cache's ledger, or none: when one does not fit,
+    those already held are dropped again. Call it under the cache's lock."""
+    done: list[str] = []
+    for r in rs:
+        if not cache.restore(r):
+            for gang in done:
+                cache.drop(gang)
+            return False
+        done.append(r.gang)
+    return True
+
+
 def owned_reservation(sl: Slice, owner: Mapping[str, Any], expires_at: float) -> Reservation:
     """A fresh hold of ``sl`` whose meta names ``owner`` (restore it into the cache's ledger)."""
     ns, name = object_ref(owner)
@@ -56,6 +76,13 @@ def owned_reservation(sl: Slice, owner: Mapping[str, Any], expires_at: float) ->
             META_OWNER_UID: str((owner.get("metadata") or {}).get("uid") or ""),
         },
     )
+
+
+def owned_by(r: Reservation, owner: Mapping[str, Any] | None) -> bool:
+    """Whether ``owner`` (None: not found) is the very object ``r`` was made for (same UID),
+    not a later one of the same name."""
+    uid = str(((owner or {}).get("metadata") or {}).get("uid", ""))
+    return owner is not None and uid == r.meta.get(META_OWNER_UID, "")
 
 
 async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: float) -> bool:
@@ -76,6 +103,7 @@ async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: 
         existing = reservation_from_object(await api.get_reservation(ns, name))
         if existing.gang == r.gang and existing.slice.to_dict() == r.slice.to_dict():
             return True
+        log.warning("replacing SliceReservation %s/%s left from an earlier hold", ns, name)
         await delete_object(api, existing)
         await api.create_reservation(obj)
         return True

@@ -33,12 +33,10 @@ from extender.placement.solver import place
 log = logging.getLogger(__name__)
 
 
-class PlainGangApi(Protocol):
+class PlainGangApi(owned.EventApi, Protocol):
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> None: ...
-
-    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
 
 
 def never_fits(request: GangRequest, snap: ClusterSnapshot) -> str | None:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from extender.admission import joint, owned
 from extender.admission.api import ControllerApi, PodGroupApi
 from extender.admission.controller import Cache, resync_until
-from extender.admission.objects import META_OWNER_KIND, META_OWNER_NAME, META_OWNER_UID, object_ref
+from extender.admission.objects import META_OWNER_KIND, META_OWNER_NAME, object_ref
 from extender.admission.podgroups import (
     PODGROUP_KIND,
     PodGroup,
@@ -133,7 +133,7 @@ class PodGroupController:
             except ApiError as exc:
                 log.warning("PodGroup %s/%s: %s", ns, name, exc)
                 continue
-            if pg is None or str((pg.get("metadata") or {}).get("uid", "")) != r.meta.get(META_OWNER_UID, ""):
+            if not owned.owned_by(r, pg):
                 async with self._lock:
                     await self._release(r.gang, None, "its PodGroup is gone")
         await self.resync()
@@ -296,17 +296,12 @@ class PodGroupController:
             result = place(self.cache.view(list(keys.values())), request)
             if not isinstance(result, Slice):
                 return result
-            parts = joint.split(result, keys)
-            done: list[str] = []
-            for name, part in parts.items():
-                key = keys[name]
-                r = owned.owned_reservation(part, self.groups[key], now + self.config.hold_ttl_s)
-                r = dataclasses.replace(r, meta={**r.meta, "jointGang": jkey})
-                if not self.cache.restore(r):
-                    for k in done:
-                        self.cache.drop(k)
-                    return Unplaceable(jkey, "the slice was taken while it was being reserved")
-                done.append(key)
+            rs = []
+            for name, part in joint.split(result, keys).items():
+                r = owned.owned_reservation(part, self.groups[keys[name]], now + self.config.hold_ttl_s)
+                rs.append(dataclasses.replace(r, meta={**r.meta, "jointGang": jkey}))
+            if not owned.hold_all(self.cache, rs):
+                return Unplaceable(jkey, "the slice was taken while it was being reserved")
             return result
 
     # -- writing -------------------------------------------------------------------------------
@@ -316,7 +311,7 @@ class PodGroupController:
             if r is None:
                 continue
             sl = r.slice
-            gpus = sum(len(s.gpus) for s in sl.slots)
+            gpus = sl.gpus
             message = (
                 f"slice {object_name(key)}: {len(sl.slots)} pods, {gpus} GPUs on {', '.join(sl.nodes)}; "
                 f"predicted {sl.per_layer_micros:.1f} us/layer"

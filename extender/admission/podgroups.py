@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.admission.api import PODGROUP_GROUP, PODGROUP_VERSION
+from extender.admission.objects import mapping
 from extender.cost import Comm
 from extender.kube import names
 from extender.kube.pods import PodError, PodInfo
@@ -75,14 +76,14 @@ class PodGroup:
 
     @classmethod
     def from_obj(cls, obj: Mapping[str, Any]) -> PodGroup:
-        meta = _map(obj.get("metadata"))
-        spec = _map(obj.get("spec"))
-        status = _map(obj.get("status"))
+        meta = mapping(obj.get("metadata"))
+        spec = mapping(obj.get("spec"))
+        status = mapping(obj.get("status"))
         where = f"PodGroup {meta.get('namespace', '?')}/{meta.get('name', '?')}"
         min_member = spec.get("minMember", 1)
         if isinstance(min_member, bool) or not isinstance(min_member, int) or min_member < 0:
             raise PodGroupError(f"{where}: spec.minMember {min_member!r} is not a count")
-        per_task = {str(k): v for k, v in _map(spec.get("minTaskMember")).items() if isinstance(v, int)}
+        per_task = {str(k): v for k, v in mapping(spec.get("minTaskMember")).items() if isinstance(v, int)}
         topo: Topology | None = None
         nt = spec.get("networkTopology")
         if isinstance(nt, Mapping):
@@ -112,7 +113,7 @@ class PodGroup:
 
 def member_of(pod: Mapping[str, Any]) -> str | None:
     """The PodGroup key ``<namespace>/<name>`` a Volcano pod belongs to, or None."""
-    spec = _map(pod.get("spec"))
+    spec = mapping(pod.get("spec"))
     if spec.get("schedulerName") != VOLCANO_SCHEDULER:
         return None
     info = PodInfo.from_obj(pod)
@@ -258,7 +259,7 @@ def pod_infos(objs: Iterable[Mapping[str, Any]]) -> list[PodInfo]:
 def annotation_patch(obj: Mapping[str, Any], wanted: Mapping[str, str | None]) -> dict[str, Any] | None:
     """``obj`` with our annotations set (None removes one), keeping its resourceVersion; None
     when nothing would change."""
-    meta = dict(_map(obj.get("metadata")))
+    meta = dict(mapping(obj.get("metadata")))
     current = dict(_str_map(meta.get("annotations")))
     changed = False
     for k, v in wanted.items():
@@ -273,10 +274,6 @@ def annotation_patch(obj: Mapping[str, Any], wanted: Mapping[str, str | None]) -
     meta["annotations"] = current
     out["metadata"] = meta
     return out
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _str_map(value: Any) -> dict[str, str]:

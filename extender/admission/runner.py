@@ -13,9 +13,10 @@ read and change one ledger and no two decisions race::
     ...                                               # start the aiohttp site
     await stop.wait()  # or: await controller (it returns when kopf sees SIGINT/SIGTERM)
 
-It runs three tasks: the Lease election (only the leader decides; becoming leader first
-rebuilds the ledger from the SliceReservation objects), the periodic resync of waiting
-Workloads, and kopf's watches of AdmissionChecks and Workloads. It returns when ``stop`` is
+Its tasks: the Lease election (only the leader decides; becoming leader first rebuilds the
+ledger from the SliceReservation objects), the periodic resync of waiting Workloads (and of
+PodGroups where Volcano is served), and kopf's watches (AdmissionChecks and Workloads;
+PodGroups and their pods; the pods of plain gangs). It returns when ``stop`` is
 set or when kopf stops (kopf installs SIGINT/SIGTERM handlers on the main thread); on the
 way out it gives the Lease up.
 """
@@ -64,7 +65,7 @@ async def run_controller(
     volcano: bool | None = None,
     podgroup_config: PodGroupConfig | None = None,
 ) -> None:
-    """Run the Kueue admission check controller until ``stop`` is set.
+    """Run the controllers (Kueue admission check, PodGroups, plain gangs) until ``stop`` is set.
 
     ``cache``: the cluster cache the extender uses (its ledger is the one reservations go
     to). The API is ``api`` if given, else a client for ``api_client`` or ``kubeconfig``

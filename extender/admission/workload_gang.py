@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from extender.admission.kueue import assignments, gang_key, mapping, pod_sets
+from extender.admission.kueue import assignments, gang_key, pod_sets
+from extender.admission.objects import mapping
 from extender.cost import Comm
 from extender.kube import names
 from extender.kube.pods import PodError, gpu_request

@@ -58,14 +58,12 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from extender.agent.podresources import DeviceUse
+from extender.kube.names import API_VERSION, GROUP, VERSION
 from extender.topology.model import GpuGraph
 from extender.topology.serialize import graph_to_dict
 
 log = logging.getLogger(__name__)
 
-GROUP = "gangslice.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "NodeTopology"
 PLURAL = "nodetopologies"
 FIELD_MANAGER = "gangslice-agent"
@@ -227,18 +225,10 @@ class KubeWriter:
         The configuration is the writer's own, never the client library's global default.
         """
         from kubernetes import client
-        from kubernetes import config as kube_config
 
-        config: Any = kube_config  # untyped
-        configuration = client.Configuration()
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=configuration)
-            except config.ConfigException:
-                config.load_kube_config(client_configuration=configuration)
-        api = client.ApiClient(configuration)
+        from extender.admission.api import load_api_client
+
+        api = load_api_client(kubeconfig)
         return cls(client.CustomObjectsApi(api), client.CoreV1Api(api))
 
     def node_uid(self, node: str) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 from collections import OrderedDict, deque
@@ -171,7 +172,10 @@ class ClusterCache:
             return set()
         if not self._changes or self._changes[0][0] > version + 1:
             return None
-        return {node for v, node in self._changes if v > version}
+        # Newest first, stopping at ``version`` (versions grow along the log): the log holds
+        # up to CHANGE_LOG entries and a decision after one event needs only the last few.
+        newer = itertools.takewhile(lambda change: change[0] > version, reversed(self._changes))
+        return {node for _, node in newer}
 
     def snapshot(self) -> ClusterSnapshot:
         """Nodes and what pods (and the cluster file) take; reservations not applied.
@@ -284,7 +288,7 @@ class ClusterCache:
             return request_or_why
         request = request_or_why
         view = self.view()
-        if request.gpus > sum(n.shape.size for n in view.nodes):
+        if request.gpus > view.total_gpus:
             return Unplaceable(
                 gang,
                 f"the gang needs {request.gpus} GPUs; the cluster has {view.total_gpus}",

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from extender.kube import names
 from extender.placement.ledger import Reservation
 from extender.topology.model import GpuGraph, TopologyError
-from extender.topology.serialize import graph_from_dict, graph_to_dict
+from extender.topology.serialize import graph_from_dict
 
 
 class CrdError(ValueError):
@@ -115,22 +115,6 @@ class NodeTopologySpec(_Spec):
             if d.index is not None:
                 out.setdefault(f"{d.namespace}/{d.pod}", set()).add(d.index)
         return {k: frozenset(v) for k, v in out.items()}
-
-    @classmethod
-    def from_graph(cls, graph: GpuGraph, source: str = "nvml") -> NodeTopologySpec:
-        return cls.model_validate({**graph_to_dict(graph), "source": source})
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True)
-
-
-def node_topology_object(spec: NodeTopologySpec, node_name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": "NodeTopology",
-        "metadata": {"name": node_name},
-        "spec": spec.to_dict(),
-    }
 
 
 @dataclass(frozen=True)

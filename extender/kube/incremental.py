@@ -6,11 +6,12 @@ nodes. Building a :class:`ClusterSnapshot` from scratch costs tens of millisecon
 next decision after every event. :func:`updated` copies the old snapshot's per-node tables
 (plain list and dict copies, done in C) and recomputes only the changed nodes.
 
-It reads ClusterSnapshot's private tables (``_by_name``, ``_index``, ``_paths``, ``_free``,
-``_domains``); a snapshot it cannot patch (membership or labels changed, or those tables are
-not there) is built afresh, and ``tests/unit/test_cache_incremental.py`` checks every patch
-against a fresh build. It belongs in ``placement/snapshot.py`` as a method; it lives here
-until the owner of that module takes it.
+It replaces ClusterSnapshot's private ``_by_name`` and ``_free`` tables and shares the rest
+(``_index``, ``_paths``, ``_domains``, and the derived tables, which notice a new ``nodes``
+list); a snapshot it cannot patch (membership or labels changed) is built afresh, and
+``tests/unit/test_cache_incremental.py`` checks every patch against a fresh build. It
+belongs in ``placement/snapshot.py`` as a method; it lives here until the owner of that
+module takes it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import copy
 from collections.abc import Iterable, Mapping
 
 from extender.placement.snapshot import ClusterSnapshot, NodeState
-
-_TABLES = ("_by_name", "_index", "_paths", "_free", "_domains")
 
 
 def updated(
@@ -33,22 +32,22 @@ def updated(
     """``base`` with the node states in ``states`` replaced (same names, same labels) and,
     when given, new reservations (``held``/``mnnvl``); ``also`` names nodes whose free mask
     must be recomputed because their held GPUs changed."""
-    if not all(hasattr(base, t) for t in _TABLES) or any(
-        not base.has_node(name) or base.node(name).labels != s.labels for name, s in states.items()
-    ):
+    if any(not base.has_node(name) or base.node(name).labels != s.labels for name, s in states.items()):
         return _fresh(base, states, held, mnnvl)
     snap = copy.copy(base)
     if held is not None:
         snap.reserved = dict(held)
     if mnnvl is not None:
         snap.reserved_mnnvl = dict(mnnvl)
-    snap.nodes = list(base.nodes)
-    snap._by_name = dict(base._by_name)
+    if states:
+        # Only then a new node list: the per-node-list tables (kinds, topology) stay valid
+        # across a change of reservations alone.
+        snap.nodes = list(base.nodes)
+        snap._by_name = dict(base._by_name)
+        for name, state in states.items():
+            snap.nodes[base.index(name)] = state
+            snap._by_name[name] = state
     snap._free = list(base._free)
-    for name, state in states.items():
-        i = base.index(name)
-        snap.nodes[i] = state
-        snap._by_name[name] = state
     for name in {*states, *also}:
         if snap.has_node(name):
             i = snap.index(name)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from extender.placement import solver
+from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import ANYWHERE, gang_micros, node_scope, resolve_need
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
@@ -76,18 +77,9 @@ class _Work:
         assert mask is not None, f"node {i}: no room for {ps.gpus_per_pod} GPUs"
         self.taken[i] = self.taken.get(i, 0) | mask
         node = self.snap.nodes[i]
-        gpus = node.shape.gpus_of(mask)
+        gpus, numa, nic = fit_for(node.shape).slot_of(mask)
         placed = self.slots.setdefault(ps.name, [])
-        placed.append(
-            PodSlot(
-                pod_set=ps.name,
-                index=len(placed),
-                node=node.name,
-                gpus=gpus,
-                numa_nodes=node.shape.numa_of(mask),
-                nic=node.shape.best_nic.get(gpus[0]) if gpus else None,
-            )
-        )
+        placed.append(PodSlot(ps.name, len(placed), node.name, gpus, numa, nic))
 
 
 def first_free(free: int, gpus: int) -> int | None:
@@ -102,10 +94,6 @@ def first_free(free: int, gpus: int) -> int | None:
     return mask
 
 
-def _current_free(snap: ClusterSnapshot) -> list[int]:
-    return [snap.free_mask(i) for i in range(len(snap.nodes))]
-
-
 def _empty_free(snap: ClusterSnapshot) -> list[int]:
     out = []
     for node in snap.nodes:
@@ -118,7 +106,7 @@ _Core = Callable[[ClusterSnapshot, GangRequest, _Work], _Fail | None]
 
 
 def _run(snap: ClusterSnapshot, gang: GangRequest, core: _Core, policy: str) -> Placement:
-    work = _Work(snap, _current_free(snap))
+    work = _Work(snap, snap.free_masks())
     fail = core(snap, gang, work)
     if fail is None:
         return _finish(snap, gang, work, policy)

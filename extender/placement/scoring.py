@@ -118,7 +118,7 @@ class Span:
 
 
 def in_node_span(gbps: float) -> Span:
-    return Span(gbps, False, gbps >= 300)
+    return Span(gbps, False, gbps >= cost.NVLINK_RING_MIN_GBPS)
 
 
 def span_of(snap: ClusterSnapshot, slots: Sequence[PodSlot]) -> Span:
@@ -367,11 +367,6 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
             if pods_talk(ps):
                 problems.extend(_mnnvl_violations(snap, gang.name, ps.name, nodes))
     return problems
-
-
-def fabric_domain(snap: ClusterSnapshot, node_index: int) -> tuple[str | None, ...] | None:
-    """The multi-node NVLink clique a node belongs to (its path down to the fabric level)."""
-    return snap.clique(node_index)
 
 
 def _mnnvl_violations(snap: ClusterSnapshot, gang: str, pod_set: str, nodes: Sequence[str]) -> list[str]:

@@ -67,6 +67,11 @@ class Slice:
         return sum(self.pod_set_micros.values())
 
     @property
+    def gpus(self) -> int:
+        """GPUs the slice holds, over all its pods."""
+        return sum(len(s.gpus) for s in self.slots)
+
+    @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(sorted({s.node for s in self.slots}))
 

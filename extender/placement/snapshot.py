@@ -157,6 +157,9 @@ class ClusterSnapshot:
     def with_held(self, held: Mapping[str, frozenset[int]], mnnvl: Mapping[str, str]) -> ClusterSnapshot:
         """The same cluster with reservations' capacity taken out."""
         snap = ClusterSnapshot(self.nodes, self.hierarchy, dict(held), dict(mnnvl))
+        # Same nodes and hierarchy: share the label paths too, so the clique table (kept with
+        # the ``_paths`` it was derived from) is reused instead of rebuilt.
+        snap._paths = self._paths
         snap._domains = self._domains
         snap._cliques = self._cliques
         snap._topology = self._topology

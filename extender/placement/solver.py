@@ -25,6 +25,7 @@ solver does not call a gang unplaceable while a slice exists.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -162,6 +163,7 @@ class _NodePick:
     """A pod set's GPU sets on one node, with what the choice costs and leaves behind."""
 
     masks: tuple[int, ...]
+    union: int  # every GPU the pods take
     cost: float
     leftover: int
     coherent: int
@@ -186,6 +188,7 @@ class Solver:
         self._gbps: dict[tuple[int, str, int, Tier], float] = {}
         self._has_fabric = snapshot.has_cliques
         self._work = 0
+        self._needs: dict[str, Need] = {}  # the gang being placed: each pod set's resolved rules
 
     # -- entry point ---------------------------------------------------------------------
     def place(self, gang: GangRequest) -> Placement:
@@ -194,7 +197,7 @@ class Solver:
         self._entries.clear()
         self._picks.clear()
         self._work = 0
-        needs = {ps.name: resolve_need(ps, self.h) for ps in gang.pod_sets}
+        needs = self._needs = {ps.name: resolve_need(ps, self.h) for ps in gang.pod_sets}
         best: _Done | None = None
         first_failure: _Shortfall | None = None
         try_all = len(gang.pod_sets) <= ALL_ORDERS_UP_TO
@@ -301,7 +304,11 @@ class Solver:
             return [self._gpuless(ps, state, placed)]
         colo = ps.colocate_with
         partner: tuple[PodSlot, ...] = placed[colo.pod_set].slots if colo and colo.pod_set in placed else ()
-        within = self._colocation_nodes(partner, colo.level) if colo and partner else None
+        within = (
+            self._colocation_nodes({self.snap.index(s.node) for s in partner}, colo.level)
+            if colo and partner
+            else None
+        )
         links = _Links(
             partner if ps.comm == Comm.KV_TRANSFER else (),
             tuple(
@@ -375,7 +382,7 @@ class Solver:
                 misses.append(PREFERRED)
         if within is not None and not set(nodes) <= within:
             misses.append(COLOCATE)
-        no_room = bool(dependents) and not self._room_for(dependents, o, state)
+        no_room = bool(dependents) and not self._room_for(dependents, o.masks, state, nodes)
         return dataclasses.replace(o, misses=tuple(dict.fromkeys(misses)), no_room=no_room)
 
     def _explain(
@@ -530,7 +537,7 @@ class Solver:
         span = in_node_span(fit.gbps(union)) if ps.count > 1 else None
         cost = pod_set_cost(ps, [fit.gbps(m) for m in masks], span)
         rest = free & ~union
-        return _NodePick(masks, cost, rest.bit_count(), fit.coherent_block(rest))
+        return _NodePick(masks, union, cost, rest.bit_count(), fit.coherent_block(rest))
 
     def _single_options(
         self,
@@ -571,7 +578,8 @@ class Solver:
                 kinds.setdefault(self.snap.nodes[i].shape.key, []).append(i)
             for nodes in kinds.values():
                 for i in nodes[:ROOM_CHECK_NODES]:
-                    if self._room_for(dependents, self._single(ps, i, caps), state):
+                    _, free, tier = caps[i]
+                    if self._room_for(dependents, {i: self._node_pick(ps, i, free, tier).union}, state):
                         chosen[i] = None
                         break
         return [self._single(ps, i, caps, links) for i in chosen]
@@ -580,16 +588,23 @@ class Solver:
         _, free, tier = caps[i]
         pick = self._node_pick(ps, i, free, tier)
         slots = self._slots(ps, [(i, m) for m in pick.masks])
-        union = 0
-        for m in pick.masks:
-            union |= m
         waste, cost = self._price(ps, slots, links, pick.cost)
         name = self.snap.nodes[i].name
         fit = (pick.leftover, -pick.coherent, i)
         kinds = frozenset({self.snap.nodes[i].shape.key})
-        return _Option(slots, {i: union}, node_scope(self.h), f"node {name}", waste, cost, fit, kinds=kinds)
+        return _Option(
+            slots, {i: pick.union}, node_scope(self.h), f"node {name}", waste, cost, fit, kinds=kinds
+        )
 
     # -- several nodes -------------------------------------------------------------------
+    @functools.cached_property
+    def _domains_by_level(self) -> dict[int, list[list[int]]]:
+        """The snapshot's domains (their node indices), by level index."""
+        out: dict[int, list[list[int]]] = {}
+        for key, members in self.snap.domains().items():
+            out.setdefault(key[0], []).append(members)
+        return out
+
     def _fabric_of(self, i: int) -> tuple[str | None, ...] | None:
         return self.snap.clique(i) if self._has_fabric else None
 
@@ -668,9 +683,7 @@ class Solver:
             return got
 
         top_gbps = self._top_gbps(ps, caps)
-        by_level: dict[int, list[list[int]]] = {}
-        for key, members in self.snap.domains().items():
-            by_level.setdefault(key[0], []).append(members)
+        by_level = self._domains_by_level
         # A pod set whose pods do not talk takes clique nodes last (they are off the fabric).
         quiet = self._has_fabric and not pods_talk(ps)
         opts: list[_Option] = []
@@ -819,13 +832,12 @@ class Solver:
         return tuple(out)
 
     # -- colocation ----------------------------------------------------------------------
-    def _colocation_nodes(self, partner: Sequence[PodSlot], level: str) -> set[int] | None:
-        """The nodes that share a domain at ``level`` with some pod of ``partner`` (None: the
-        level is an in-node one, not judged)."""
+    def _colocation_nodes(self, nodes: set[int], level: str) -> set[int] | None:
+        """The nodes that share a domain at ``level`` with one of ``nodes`` (None: the level is
+        an in-node one, not judged)."""
         scope, _ = resolve_level(level, self.h)
         if scope is None:
             return None
-        nodes = {self.snap.index(s.node) for s in partner}
         if scope >= node_scope(self.h):
             return nodes
         keys = {self.h.domain(self.snap.path(i), scope) for i in nodes}
@@ -834,17 +846,25 @@ class Solver:
         domains = self.snap.domains()
         return {i for k in keys if k is not None for i in domains.get(k, ())}
 
-    def _room_for(self, dependents: Sequence[PodSet], o: _Option, state: _State) -> bool:
-        """Whether every pod set colocating with ``o``'s pod set still fits next to it."""
+    def _room_for(
+        self,
+        dependents: Sequence[PodSet],
+        masks: Mapping[int, int],
+        state: _State,
+        nodes: Iterable[int] | None = None,
+    ) -> bool:
+        """Whether every pod set colocating with a pod set placed on ``nodes`` (by default the
+        nodes of ``masks``, the GPUs it takes) still fits next to it."""
+        where = set(masks if nodes is None else nodes)
         for d in dependents:
             assert d.colocate_with is not None
-            domain = self._colocation_nodes(o.slots, d.colocate_with.level)
+            domain = self._colocation_nodes(where, d.colocate_with.level)
             if domain is None or len(domain) > ROOM_CHECK_NODES:
                 continue
-            need = resolve_need(d, self.h)
+            need = self._needs[d.name]
             room = 0
             for i in domain:
-                free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~o.masks.get(i, 0)
+                free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~masks.get(i, 0)
                 entry = self._cap_entry(d, need, i, free, False)
                 room += entry[0] if entry else 0
             if room < d.count:
@@ -857,7 +877,7 @@ class Solver:
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
-        words = self._tier_words(ps)
+        words = self._tier_words(ps, need)
         what = f"{ps.count} pods of {ps.gpus_per_pod} free {words}GPU{'s' if ps.gpus_per_pod != 1 else ''}"
         largest = max((n.shape.size for n in self.snap.nodes), default=0)
         if ps.gpus_per_pod > largest:
@@ -922,8 +942,7 @@ class Solver:
             )
         return reason, where, need_more
 
-    def _tier_words(self, ps: PodSet) -> str:
-        need = resolve_need(ps, self.h)
+    def _tier_words(self, ps: PodSet, need: Need) -> str:
         if need.tier is not None:
             words = need.tier.words
         else:

@@ -455,15 +455,3 @@ class Simulation:
         if len(self.errors) < MAX_ERRORS_KEPT:
             what = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
             self.errors.append({"at": t, "gang": rec.name, "error": what})
-
-
-def simulate(
-    base: ClusterSnapshot,
-    trace: Trace,
-    policy_name: str,
-    policy: Policy,
-    reference: Reference,
-    no_wait: bool = False,
-    progress: Progress | None = None,
-) -> PolicyRun:
-    return Simulation(base, trace, policy_name, policy, reference, no_wait, progress).run()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from extender.cost import Comm
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest
-from extender.placement.scoring import LevelError, fabric_domain, resolve_level, shares_domain, violations
+from extender.placement.scoring import LevelError, resolve_level, shares_domain, violations
 from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot
 from extender.topology.hierarchy import Hierarchy
@@ -86,7 +86,7 @@ def incoherence(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlo
         nodes = [s.node for s in by_set[ps.name]]
         if ps.comm not in _QUIET and not shares_domain(snap, nodes, scope):
             # Pods of one NVLink clique talk over NVLink even across leaves of a custom hierarchy.
-            cliques = {fabric_domain(snap, snap.index(n)) for n in nodes}
+            cliques = {snap.clique(snap.index(n)) for n in nodes}
             if len(cliques) != 1 or None in cliques:
                 found.add(SPREAD)
         if ps.colocate_with is not None:

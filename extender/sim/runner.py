@@ -10,7 +10,7 @@ from typing import Any
 
 from extender import __version__
 from extender.placement.snapshot import ClusterSnapshot
-from extender.sim.engine import Policy, PolicyRun, Progress, Reference, simulate
+from extender.sim.engine import Policy, PolicyRun, Progress, Reference, Simulation
 from extender.sim.metrics import policy_results
 from extender.sim.trace import Trace
 
@@ -28,16 +28,11 @@ class Outcome:
 
 def _node_types(cluster: ClusterSnapshot) -> dict[str, int]:
     kinds = Counter(
-        f"{n.graph.model or 'unnamed'} x{n.shape.size}" + (" (NVLink clique)" if _clique(cluster, k) else "")
+        f"{n.graph.model or 'unnamed'} x{n.shape.size}"
+        + (" (NVLink clique)" if cluster.clique(k) is not None else "")
         for k, n in enumerate(cluster.nodes)
     )
     return dict(sorted(kinds.items()))
-
-
-def _clique(cluster: ClusterSnapshot, i: int) -> bool:
-    from extender.placement.scoring import fabric_domain
-
-    return fabric_domain(cluster, i) is not None
 
 
 def run_simulation(
@@ -54,7 +49,9 @@ def run_simulation(
     started = time.perf_counter()
     reference = Reference(cluster)
     runs = [
-        simulate(cluster, trace, name, policy, reference, no_wait, progress(name) if progress else None)
+        Simulation(
+            cluster, trace, name, policy, reference, no_wait, progress(name) if progress else None
+        ).run()
         for name, policy in policies.items()
     ]
     results: dict[str, Any] = {

@@ -14,6 +14,12 @@ import functools
 from dataclasses import dataclass
 from importlib import resources
 
+from extender.cost import (
+    NVLINK4_PER_LINK_GBPS,
+    NVLINK5_PER_LINK_GBPS,
+    PCIE_GEN4_X16_GBPS,
+    PCIE_GEN5_X16_GBPS,
+)
 from extender.topology.model import GpuGraph, TopologyError
 from extender.topology.nvidia_smi import parse_topo
 
@@ -38,13 +44,6 @@ class Preset:
     def graph(self) -> GpuGraph:
         return preset_graph(self.name)
 
-
-# Bidirectional GB/s, the same figures as extender.cost (topology may not import cost): one
-# NVLink 3/4 link, one NVLink 5 link, a PCIe Gen4 and a Gen5 x16 slot.
-NVLINK4_PER_LINK_GBPS = 50.0
-NVLINK5_PER_LINK_GBPS = 100.0
-PCIE_GEN4_X16_GBPS = 64.0
-PCIE_GEN5_X16_GBPS = 128.0
 
 _SGLANG = "https://github.com/sgl-project/sglang/issues"
 

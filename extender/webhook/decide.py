@@ -189,8 +189,9 @@ class Decider:
             tier = self._required_tier(pod)
         except ValueError as exc:
             return _all(names, Code.UNRESOLVABLE, f"pod {pod.key}: {exc}", "invalid")
-        table = self._fit_table(pod.gpus, tier)
-        # After _fit_table: the version its verdicts describe.
+        view = self._fresh()
+        table = self._fit.setdefault((pod.gpus, tier), {})
+        # After _fresh: the version its verdicts describe.
         version = self.cache.version
         key = NamesKey(names)
         remembered = self._filtered.get(version, ("fit", pod.gpus, tier), key)
@@ -201,7 +202,7 @@ class Decider:
         except KeyError:
             for n in key.names:
                 if n not in table:
-                    self._node_verdict(n, pod.gpus, tier, table)
+                    self._node_verdict(view, n, pod.gpus, tier, table)
             verdicts = lookup(table, key.names)
         return self._filtered.put(version, ("fit", pod.gpus, tier), key, _split(key.names, verdicts))
 
@@ -259,12 +260,9 @@ class Decider:
             self._memo_version = version
         return view
 
-    def _fit_table(self, gpus: int, tier: Tier | None) -> dict[str, Verdict]:
-        self._fresh()
-        return self._fit.setdefault((gpus, tier), {})
-
-    def _node_verdict(self, name: str, gpus: int, tier: Tier | None, table: dict[str, Verdict]) -> Verdict:
-        view = self._fresh()
+    def _node_verdict(
+        self, view: ClusterSnapshot, name: str, gpus: int, tier: Tier | None, table: dict[str, Verdict]
+    ) -> Verdict:
         if not view.has_node(name):
             table[name] = UNKNOWN_NODE
             return UNKNOWN_NODE
@@ -314,7 +312,7 @@ class Decider:
             need = resolve_need(self._pod_set(pod), self.cache.hierarchy)
         except ValueError:
             return zeros
-        self._fresh()
+        view = self._fresh()
         version = self.cache.version
         key = NamesKey(names)
         rule = ("score", pod.gpus, need.tier, need.preferred_tier)
@@ -327,7 +325,7 @@ class Decider:
         except KeyError:
             for n in key.names:
                 if n not in table:
-                    self._raw_score(n, pod.gpus, need.tier, need.preferred_tier, table)
+                    self._raw_score(view, n, pod.gpus, need.tier, need.preferred_tier, table)
             ids = lookup(table, key.names)
         distinct = list(set(ids))
         scores = normalise([self._raw_values[i] for i in distinct])
@@ -337,6 +335,7 @@ class Decider:
 
     def _raw_score(
         self,
+        view: ClusterSnapshot,
         name: str,
         gpus: int,
         tier: Tier | None,
@@ -347,7 +346,6 @@ class Decider:
         the pod does not fit. Fragmentation = 2 x GPUs stranded outside the largest coherent
         block left + GPUs left free, both as fractions of the node: best fit leaves the node
         full, or leaves a block a later pod can use whole."""
-        view = self._fresh()
         got: Raw = None
         if view.has_node(name):
             i = view.index(name)

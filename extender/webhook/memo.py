@@ -4,8 +4,10 @@ kube-scheduler sends the same node list (every node that passed its own filters,
 same order) for pod after pod, and many pods ask the same thing (4 GPUs, no level): with
 nothing changed in between, the answer for a rule over that list is the one given last
 time. A memo entry is valid for one cache version only (the version grows with every
-change to what a node offers: a pod binding, a reservation made, bound or released, a
-node added), so a version change empties the memo; entries are also bounded in number.
+change to what a node offers: a pod binding, a reservation made or released, a node
+added), so a version change empties the memo; entries are also bounded in number. Binding
+a reservation's slot changes no version: answers that depend on slots carry their slot
+nodes (and reason) in the rule.
 Callers must treat the remembered values as read-only: they are shared between requests.
 """
 

@@ -1,9 +1,10 @@
 """Wire types of Volcano's scheduler ``extender`` plugin (``pkg/scheduler/plugins/extender``).
 
-Request and reply envelopes carry json tags (``task``, ``node``, ``nodes``, ``job``,
-``status``, ``code``, ``nodeScore``, ``errorMessage``); the scheduler objects inside them
-(TaskInfo, NodeInfo, JobInfo, Resource) have none, so their keys are capitalised Go names.
-All are matched in any case on input, as Go does. Scalar resources are in milli-units
+Requests only: the routes build replies as dicts. Request and reply envelopes carry json
+tags (``task``, ``node``, ``nodes``, ``job``, ``status``, ``code``, ``nodeScore``,
+``errorMessage``); the scheduler objects inside them (TaskInfo, NodeInfo, JobInfo,
+Resource) have none, so their keys are capitalised Go names. All are matched in any case
+on input, as Go does. Scalar resources are in milli-units
 (8 GPUs arrive as ``8000``).
 
 Codes and statuses: predicate ``code`` 0 Success, 1 Error, 2 Unschedulable,
@@ -91,19 +92,9 @@ class PredicateRequest(GoModel):
     node: NodeInfo = Field(alias="node")
 
 
-class PredicateResponse(GoModel):
-    status: str = Field("", alias="status")
-    code: int = Field(SUCCESS, alias="code")
-
-
 class PrioritizeRequest(GoModel):
     task: TaskInfo = Field(alias="task")
     nodes: list[NodeInfo] | None = Field(None, alias="nodes")
-
-
-class PrioritizeResponse(GoModel):
-    node_score: dict[str, float] = Field(default_factory=dict, alias="nodeScore")
-    error_message: str = Field("", alias="errorMessage")
 
 
 class JobRequest(GoModel):
@@ -112,15 +103,7 @@ class JobRequest(GoModel):
     job: JobInfo = Field(alias="job")
 
 
-class JobEnqueueableResponse(GoModel):
-    status: int = Field(ABSTAIN, alias="status")
-
-
 class EventHandlerRequest(GoModel):
     """allocateFunc / deallocateFunc request."""
 
     task: TaskInfo = Field(alias="task")
-
-
-class EventHandlerResponse(GoModel):
-    error_message: str = Field("", alias="errorMessage")

@@ -1,4 +1,6 @@
-"""Wire types of ``k8s.io/kube-scheduler/extender/v1``, one pydantic model per Go struct.
+"""Wire types of ``k8s.io/kube-scheduler/extender/v1``: one pydantic model per Go struct
+the extender reads. Replies are built directly as dicts or bytes by the routes (hot paths
+encode them by hand); ``tests/conformance/gowire.py`` decodes them as the Go side does.
 
 The Go structs carry no json tags, so the JSON keys are the capitalised Go field names
 (``Pod``, ``NodeNames``, ``FailedNodes``, ``Host``, ``Score``...). We emit exactly those.
@@ -16,7 +18,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    TypeAdapter,
     ValidatorFunctionWrapHandler,
     WrapValidator,
     model_validator,
@@ -56,9 +57,6 @@ class GoModel(BaseModel):
             if canonical is not None:
                 out[canonical] = v  # like encoding/json: the last matching key wins
         return out
-
-    def wire(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True)
 
 
 def _names_as_decoded(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -107,34 +105,11 @@ class ExtenderArgs(GoModel):
     node_names: NodeNames | None = Field(None, alias="NodeNames")
 
 
-class ExtenderFilterResult(GoModel):
-    nodes: NodeList | None = Field(None, alias="Nodes")
-    node_names: list[str] | None = Field(None, alias="NodeNames")
-    failed_nodes: dict[str, str] | None = Field(default_factory=dict, alias="FailedNodes")
-    failed_and_unresolvable_nodes: dict[str, str] | None = Field(
-        default_factory=dict, alias="FailedAndUnresolvableNodes"
-    )
-    error: str = Field("", alias="Error")
-
-
-class HostPriority(GoModel):
-    host: str = Field(alias="Host")
-    score: int = Field(alias="Score")
-
-
-#: The prioritize reply is a bare JSON array of HostPriority.
-HostPriorityList = TypeAdapter(list[HostPriority])
-
-
 class ExtenderBindingArgs(GoModel):
     pod_name: str = Field(alias="PodName")
     pod_namespace: str = Field("", alias="PodNamespace")
     pod_uid: str = Field("", alias="PodUID")
     node: str = Field(alias="Node")
-
-
-class ExtenderBindingResult(GoModel):
-    error: str = Field("", alias="Error")
 
 
 class MetaPod(GoModel):
@@ -156,10 +131,4 @@ class ExtenderPreemptionArgs(GoModel):
 
     pod: dict[str, Any] = Field(alias="Pod")
     node_name_to_victims: dict[str, Victims] | None = Field(None, alias="NodeNameToVictims")
-    node_name_to_meta_victims: dict[str, MetaVictims] | None = Field(None, alias="NodeNameToMetaVictims")
-
-
-class ExtenderPreemptionResult(GoModel):
-    """Always the meta form."""
-
     node_name_to_meta_victims: dict[str, MetaVictims] | None = Field(None, alias="NodeNameToMetaVictims")

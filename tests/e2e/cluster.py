@@ -181,6 +181,15 @@ class FakeNode:
     gpus: int = 8
 
 
+def hgx_leaves(pool: str, per_leaf: int) -> list[FakeNode]:
+    """Spine s1 with leaves ``<pool>-leaf-a`` and ``<pool>-leaf-b`` of ``per_leaf`` HGX H100 nodes each."""
+    return [
+        FakeNode(f"{pool}-{leaf}{i}", "hgx-h100", "s1", f"{pool}-leaf-{leaf}")
+        for leaf in "ab"
+        for i in range(per_leaf)
+    ]
+
+
 def make_node(cp: ControlPlane, node: FakeNode, pool: str) -> None:
     """A Ready Node with ``nvidia.com/gpu`` and topograph labels, plus its NodeTopology from a preset."""
     labels = {"kubernetes.io/hostname": node.name, SPINE: node.spine, LEAF: node.leaf, POOL: pool}

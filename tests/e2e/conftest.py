@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cluster import Gangslice, clean_namespace, new_namespace
 from controlplane import ControlPlane, build_binaries
 
 
@@ -45,6 +47,17 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
         if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
             cp.dump_logs(stream=sys.stderr)
         cp.stop()
+
+
+@pytest.fixture
+def ns(request: pytest.FixtureRequest, control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[str]:
+    """A fresh namespace ``<module's POOL>-<random>`` once the module's ``gangslice`` stack is up; its pods,
+    reservations and queue objects are deleted after the test."""
+    name = new_namespace(control_plane, f"{request.module.POOL}-{uuid.uuid4().hex[:6]}")
+    try:
+        yield name
+    finally:
+        clean_namespace(control_plane, name)
 
 
 @pytest.hookimpl(wrapper=True)

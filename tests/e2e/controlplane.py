@@ -33,22 +33,27 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 __all__ = ["REPO_ROOT", "ControlPlane", "ControlPlaneError", "ManagedProcess", "build_binaries", "free_ports"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "e2e" / "build.sh"
 
+StrPath = str | os.PathLike[str]
+
 
 class ControlPlaneError(RuntimeError):
     """A component failed to start or become ready (the message carries the tail of its log)."""
 
 
-def build_binaries(components: Sequence[str] = (), *, stream=None) -> Path:
+def build_binaries(components: Sequence[str] = (), *, stream: TextIO | None = None) -> Path:
     """Run ``hack/e2e/build.sh`` (idempotent) and return the bin dir it prints as ``GANGSLICE_E2E_BIN=...``.
 
     Raises :class:`ControlPlaneError` with the build output when the build fails (e.g. Go is missing).
@@ -97,7 +102,7 @@ class ManagedProcess:
     name: str
     argv: list[str]
     log_path: Path
-    popen: subprocess.Popen = field(repr=False)
+    popen: subprocess.Popen[bytes] = field(repr=False)
 
     @property
     def pid(self) -> int:
@@ -156,11 +161,11 @@ class ControlPlane:
 
     def __init__(
         self,
-        bin_dir: str | os.PathLike | None = None,
+        bin_dir: StrPath | None = None,
         *,
         scheduler: bool = True,
-        scheduler_config: str | os.PathLike | Mapping[str, Any] | None = None,
-        workdir_parent: str | os.PathLike | None = None,
+        scheduler_config: StrPath | Mapping[str, Any] | None = None,
+        workdir_parent: StrPath | None = None,
         keep_workdir: bool = False,
         extra_apiserver_args: Iterable[str] = (),
         startup_timeout: float = 90.0,
@@ -199,7 +204,7 @@ class ControlPlane:
     def __enter__(self) -> ControlPlane:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def start(self) -> ControlPlane:
@@ -245,7 +250,7 @@ class ControlPlane:
         argv: Sequence[str],
         *,
         env: Mapping[str, str] | None = None,
-        cwd: str | os.PathLike | None = None,
+        cwd: StrPath | None = None,
     ) -> ManagedProcess:
         """Start ``argv`` in its own process group, logging stdout+stderr to ``<workdir>/logs/<name>.log``.
 
@@ -287,7 +292,7 @@ class ControlPlane:
             out[path.stem] = path.read_text(errors="replace")
         return out
 
-    def dump_logs(self, tail_lines: int = 200, stream=None) -> str:
+    def dump_logs(self, tail_lines: int = 200, stream: TextIO | None = None) -> str:
         """Return (and write to ``stream`` if given) the last ``tail_lines`` lines of every component log."""
         parts = []
         for name, text in self.logs().items():
@@ -301,7 +306,9 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ PKI
     def _openssl(self, *args: str) -> None:
-        res = subprocess.run(["openssl", *args], capture_output=True, text=True)
+        res = subprocess.run(
+            ["openssl", *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+        )
         if res.returncode != 0:
             raise ControlPlaneError(f"openssl {' '.join(args)} failed: {res.stderr}")
 
@@ -405,7 +412,7 @@ class ControlPlane:
         self.start_process(
             "etcd",
             [
-                self.bin_dir / "etcd",
+                str(self.bin_dir / "etcd"),
                 "--name=e2e",
                 f"--data-dir={self.workdir / 'etcd'}",
                 f"--listen-client-urls={self.etcd_url}",
@@ -417,7 +424,7 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
-        self._wait_ready("etcd", f"{self.etcd_url}/health", lambda body: b'"health":"true"' in body)
+        self.wait_ready("etcd", f"{self.etcd_url}/health", lambda body: b'"health":"true"' in body)
 
     def _start_apiserver(self) -> None:
         assert self.workdir is not None
@@ -462,7 +469,7 @@ class ControlPlane:
             args[k] = v
         argv = [str(self.bin_dir / "kube-apiserver")] + [f"{k}={v}" for k, v in args.items()]
         self.start_process("kube-apiserver", argv)
-        self._wait_ready(
+        self.wait_ready(
             "kube-apiserver",
             f"{self.server}/readyz",
             lambda body: body.strip() == b"ok",
@@ -482,7 +489,7 @@ class ControlPlane:
             time.sleep(down_s)
         self.start_process("kube-apiserver", argv)
         assert self.ca_file is not None
-        self._wait_ready(
+        self.wait_ready(
             "kube-apiserver",
             f"{self.server}/readyz",
             lambda body: body.strip() == b"ok",
@@ -490,7 +497,7 @@ class ControlPlane:
             token=self.admin_token,
         )
 
-    def start_scheduler(self, config: str | os.PathLike | Mapping[str, Any] | None = None) -> ManagedProcess:
+    def start_scheduler(self, config: StrPath | Mapping[str, Any] | None = None) -> ManagedProcess:
         """(Re)start kube-scheduler with ``config`` (see the class doc); waits for its /healthz."""
         assert self.workdir is not None and self.kubeconfig is not None
         self.stop_process("kube-scheduler")
@@ -507,7 +514,7 @@ class ControlPlane:
         proc = self.start_process(
             "kube-scheduler",
             [
-                self.bin_dir / "kube-scheduler",
+                str(self.bin_dir / "kube-scheduler"),
                 f"--config={self.scheduler_config_file}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={self.scheduler_port}",
@@ -519,7 +526,7 @@ class ControlPlane:
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # the scheduler self-signs its serving cert
-        self._wait_ready(
+        self.wait_ready(
             "kube-scheduler",
             f"https://127.0.0.1:{self.scheduler_port}/healthz",
             lambda body: body.strip() == b"ok",
@@ -527,13 +534,10 @@ class ControlPlane:
         )
         return proc
 
-    def stop_scheduler(self) -> None:
-        self.stop_process("kube-scheduler")
-
     # ------------------------------------------------------------------ clients
     def write_kubeconfig(
         self,
-        path: str | os.PathLike,
+        path: StrPath,
         *,
         token: str | None = None,
         user: str | None = None,
@@ -599,7 +603,7 @@ class ControlPlane:
                 time.sleep(0.5)
         return json.loads(raw) if raw else None
 
-    def install_crds(self, *paths: str | os.PathLike, timeout: float = 30.0) -> list[str]:
+    def install_crds(self, *paths: StrPath, timeout: float = 30.0) -> list[str]:
         """Create the CRDs in the given YAML files/folders (existing ones are left as they are) and wait
         until each is Established. Returns the CRD names. E.g. ``cp.install_crds(cp.crd_dir / "volcano")``.
         """
@@ -633,14 +637,26 @@ class ControlPlane:
                 time.sleep(0.1)
         return names
 
-    def api_client(self):
+    def api_client(self) -> ApiClient:
         """A ``kubernetes.client.ApiClient`` for the admin kubeconfig (imports ``kubernetes`` lazily)."""
         from kubernetes import config as k8s_config
 
-        return k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
+        client: ApiClient = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig)
+        )
+        return client
 
     # ------------------------------------------------------------------ helpers
-    def _wait_ready(self, name, url, ok, *, ssl_context=None, token=None) -> None:
+    def wait_ready(
+        self,
+        name: str,
+        url: str,
+        ok: Callable[[bytes], bool],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
+    ) -> None:
+        """Poll ``url`` until ``ok(body)``; fail early with the log tail if process ``name`` exits."""
         deadline = time.monotonic() + self.startup_timeout
         last = "no answer yet"
         while time.monotonic() < deadline:
@@ -679,9 +695,10 @@ def _is_ip(host: str) -> bool:
         return False
 
 
-def _load_yaml_or_mapping(config: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+def _load_yaml_or_mapping(config: StrPath | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(config, Mapping):
-        return json.loads(json.dumps(config))  # deep copy
+        copied: dict[str, Any] = json.loads(json.dumps(config))  # deep copy
+        return copied
     import yaml  # only needed for config given as text or file
 
     text = str(config)

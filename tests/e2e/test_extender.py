@@ -7,7 +7,6 @@ dual-socket PCIe nodes (GPU pairs 0-1, 2-3, 4-5, 6-7 share a PCIe switch).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +15,6 @@ from cluster import (
     LEAF,
     FakeNode,
     Gangslice,
-    clean_namespace,
     create,
     double_booked,
     events_for,
@@ -25,8 +23,8 @@ from cluster import (
     get,
     gpu_pod,
     gpus_of,
+    hgx_leaves,
     items,
-    new_namespace,
     scheduled_condition,
     wait_for,
 )
@@ -38,7 +36,7 @@ from extender.topology.presets import preset_graph
 pytestmark = pytest.mark.e2e
 
 POOL = "ext"
-HGX = [FakeNode(f"ext-{leaf}{i}", "hgx-h100", "s1", f"ext-leaf-{leaf}") for leaf in "ab" for i in range(4)]
+HGX = hgx_leaves(POOL, 4)
 PCIE = [FakeNode(f"ext-c{i}", "pcie-8gpu-2socket", "s2", "ext-leaf-c") for i in range(2)]
 NODES = HGX + PCIE
 LEAF_OF = {n.name: n.leaf for n in NODES}
@@ -49,15 +47,6 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     # HTTPS with the shipped TLS variant of the scheduler config (the other modules use plain HTTP).
     with extender_stack(control_plane, POOL, NODES, tls=True) as server:
         yield server
-
-
-@pytest.fixture
-def ns(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[str]:
-    name = new_namespace(control_plane, f"ext-{uuid.uuid4().hex[:6]}")
-    try:
-        yield name
-    finally:
-        clean_namespace(control_plane, name)
 
 
 def bound_pods(cp: ControlPlane, ns: str, names: list[str], timeout: float = 60.0) -> list[dict[str, Any]]:

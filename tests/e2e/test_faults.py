@@ -6,16 +6,13 @@ leaf, so its reservation holds a whole node that nothing else may take.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from cluster import (
     LEAF,
-    FakeNode,
     Gangslice,
-    clean_namespace,
     create,
     delete,
     double_booked,
@@ -25,8 +22,8 @@ from cluster import (
     get,
     gpu_pod,
     gpus_of,
+    hgx_leaves,
     items,
-    new_namespace,
     node_of,
     reserved_nodes,
     scheduled_condition,
@@ -38,7 +35,7 @@ from controlplane import ControlPlane
 pytestmark = pytest.mark.e2e
 
 POOL = "flt"
-NODES = [FakeNode(f"flt-{leaf}{i}", "hgx-h100", "s1", f"flt-leaf-{leaf}") for leaf in "ab" for i in range(2)]
+NODES = hgx_leaves(POOL, 2)
 LEAF_OF = {n.name: n.leaf for n in NODES}
 
 
@@ -46,15 +43,6 @@ LEAF_OF = {n.name: n.leaf for n in NODES}
 def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     with extender_stack(control_plane, POOL, NODES, name="gangslice-faults") as server:
         yield server
-
-
-@pytest.fixture
-def ns(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[str]:
-    name = new_namespace(control_plane, f"flt-{uuid.uuid4().hex[:6]}")
-    try:
-        yield name
-    finally:
-        clean_namespace(control_plane, name)
 
 
 def in_ns(pod: dict[str, Any], ns: str) -> dict[str, Any]:

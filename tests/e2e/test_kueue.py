@@ -24,7 +24,6 @@ import ssl
 import subprocess
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -32,9 +31,7 @@ from typing import Any
 import pytest
 from cluster import POOL as POOL_LABEL
 from cluster import (
-    FakeNode,
     Gangslice,
-    clean_namespace,
     create,
     delete,
     double_booked,
@@ -43,8 +40,8 @@ from cluster import (
     get,
     gpu_pod,
     gpus_of,
+    hgx_leaves,
     items,
-    new_namespace,
     node_of,
     remove_crds,
     reserved_nodes,
@@ -55,7 +52,7 @@ from controlplane import ControlPlane, ControlPlaneError, free_ports
 pytestmark = pytest.mark.e2e
 
 POOL = "kq"
-NODES = [FakeNode(f"kq-{leaf}{i}", "hgx-h100", "s1", f"kq-leaf-{leaf}") for leaf in "ab" for i in range(2)]
+NODES = hgx_leaves(POOL, 2)
 LEAF_OF = {n.name: n.leaf for n in NODES}
 CHECK = "gangslice-e2e"
 FLAVOR = "kq-gpu"
@@ -112,7 +109,7 @@ def start_kueue(cp: ControlPlane) -> list[str]:
             "namespace; run as root or enable unprivileged user namespaces"
         )
     cp.start_process("kueue", [*unshare, "sh", "-c", script])
-    cp._wait_ready("kueue", f"http://127.0.0.1:{health_port}/readyz", lambda body: True)
+    cp.wait_ready("kueue", f"http://127.0.0.1:{health_port}/readyz", lambda body: True)
     return crds
 
 
@@ -196,21 +193,18 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
 
 
 @pytest.fixture
-def ns(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[str]:
-    name = new_namespace(control_plane, f"kq-{uuid.uuid4().hex[:6]}")
+def ns(ns: str, control_plane: ControlPlane) -> str:
+    """conftest's namespace, with the LocalQueue every Workload here names."""
     create(
         control_plane,
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "LocalQueue",
-            "metadata": {"name": LOCAL_QUEUE, "namespace": name},
+            "metadata": {"name": LOCAL_QUEUE, "namespace": ns},
             "spec": {"clusterQueue": CLUSTER_QUEUE},
         },
     )
-    try:
-        yield name
-    finally:
-        clean_namespace(control_plane, name)
+    return ns
 
 
 def workload(ns: str, name: str, count: int, required_level: str | None = "leaf") -> dict[str, Any]:

@@ -9,7 +9,6 @@ Nodes (pool ``vc``): spine s1, leaves a and b of four HGX H100 nodes each.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -18,17 +17,15 @@ import pytest
 import yaml
 from cluster import (
     MANIFESTS,
-    FakeNode,
     Gangslice,
-    clean_namespace,
     create,
     double_booked,
     extender_stack,
     get,
     gpu_pod,
+    hgx_leaves,
     items,
     merge_patch,
-    new_namespace,
     node_of,
     reserved_nodes,
     wait_for,
@@ -38,7 +35,7 @@ from controlplane import ControlPlane, free_ports
 pytestmark = pytest.mark.e2e
 
 POOL = "vc"
-NODES = [FakeNode(f"vc-{leaf}{i}", "hgx-h100", "s1", f"vc-leaf-{leaf}") for leaf in "ab" for i in range(4)]
+NODES = hgx_leaves(POOL, 4)
 LEAF_OF = {n.name: n.leaf for n in NODES}
 
 
@@ -67,7 +64,7 @@ def start_volcano(cp: ControlPlane, extender_url: str) -> None:
             "--v=3",
         ],
     )
-    cp._wait_ready("vc-scheduler", f"http://127.0.0.1:{healthz}/healthz", lambda body: True)
+    cp.wait_ready("vc-scheduler", f"http://127.0.0.1:{healthz}/healthz", lambda body: True)
 
 
 @pytest.fixture(scope="module")
@@ -94,25 +91,20 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
             cp.stop_process("vc-scheduler")
 
 
-@pytest.fixture
-def ns(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[str]:
-    name = new_namespace(control_plane, f"vc-{uuid.uuid4().hex[:6]}")
-    try:
-        yield name
-    finally:
-        clean_namespace(control_plane, name)
-
-
-def podgroup(ns: str, name: str, min_member: int, gpus: int) -> dict[str, Any]:
+def podgroup(ns: str, name: str, min_member: int, gpus: int, one_leaf: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "minMember": min_member,
+        "queue": "default",
+        "minResources": {"nvidia.com/gpu": str(min_member * gpus)},
+    }
+    if one_leaf:
+        # Volcano's own way to say "one leaf": hard network topology, tier 1 (the finest level).
+        spec["networkTopology"] = {"mode": "hard", "highestTierAllowed": 1}
     return {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "PodGroup",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "minMember": min_member,
-            "queue": "default",
-            "minResources": {"nvidia.com/gpu": str(min_member * gpus)},
-        },
+        "spec": spec,
     }
 
 
@@ -138,8 +130,8 @@ def block_one_node_per_leaf(cp: ControlPlane, ns: str) -> None:
         wait_for(f"{name} bound", partial(node_of, cp, ns, name), 60)
 
 
-def submit(cp: ControlPlane, ns: str, group: str, size: int) -> list[str]:
-    create(cp, podgroup(ns, group, size, 8))
+def submit(cp: ControlPlane, ns: str, group: str, size: int, one_leaf: bool = False) -> list[str]:
+    create(cp, podgroup(ns, group, size, 8, one_leaf))
     for i in range(size):
         create(cp, volcano_pod(ns, group, i, 8))
     return [f"{group}-{i}" for i in range(size)]
@@ -148,7 +140,8 @@ def submit(cp: ControlPlane, ns: str, group: str, size: int) -> list[str]:
 def test_podgroup_is_not_enqueued_while_no_slice_is_reserved(control_plane: ControlPlane, ns: str) -> None:
     cp = control_plane
     block_one_node_per_leaf(cp, ns)
-    names = submit(cp, ns, "llm", 4)
+    # Required within one leaf, and no leaf has four free nodes: no slice exists.
+    names = submit(cp, ns, "llm", 4, one_leaf=True)
     # Volcano has looked at the group (it records the phase) and keeps it out of the queue: the extender's
     # jobEnqueueable says no while the group has no SliceReservation.
     wait_for("Volcano to record the PodGroup's phase", lambda: phase(cp, ns, "llm"), 60)

@@ -4,14 +4,16 @@ how it keeps the ledger, and its reservation bookkeeping as pods come and go."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from extender.agent.publish import build_object, build_spec
 from extender.kube import names as keys
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
-from extender.kube.crd_models import NodeTopologySpec, node_topology_object, reservation_object
+from extender.kube.crd_models import reservation_object
 from extender.kube.gangs import plain_gang_request
 from extender.kube.node_graphs import UNIFORM, fallback_preset
 from extender.kube.pods import PodInfo
@@ -21,6 +23,9 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import Slice, Unplaceable
 from extender.topology.presets import preset_graph
 from extender.webhook.testing import gang_pod, node_obj, pod_obj, write_cluster
+
+#: When the NodeTopology objects below were published (the cache does not read it).
+PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def kube_cache(**kw: object) -> ClusterCache:
@@ -87,7 +92,8 @@ def test_node_topology_wins_over_the_fallback_and_its_removal_restores_it() -> N
     cache = kube_cache()
     cache.apply(Kind.NODES, "ADDED", node_obj("a", gpus=8, product="NVIDIA-H100-80GB-HBM3"))
     pcie = preset_graph("pcie-8gpu-2socket")
-    topo = node_topology_object(NodeTopologySpec.from_graph(pcie), "a")
+    # Written as the node agent writes it.
+    topo = build_object("a", build_spec(pcie, "nvml", [], []), [], PUBLISHED)
     cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", topo)
     assert cache.snapshot().node("a").graph == pcie
     cache.apply(Kind.NODE_TOPOLOGIES, "DELETED", topo)
@@ -140,11 +146,9 @@ def test_the_echo_of_our_annotation_patch_does_not_unbind_a_noted_pod() -> None:
 def test_devices_the_kubelet_reports_in_use_beat_the_first_free_guess() -> None:
     cache = kube_cache()
     cache.apply(Kind.NODES, "ADDED", node_obj("a"))
-    spec = NodeTopologySpec.from_graph(preset_graph("hgx-h100"))
-    spec.devices_in_use = NodeTopologySpec.model_validate(
-        {"gpus": [], "devicesInUse": [{"deviceId": "GPU-6", "index": 6, "namespace": "llm", "pod": "y"}]}
-    ).devices_in_use
-    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", node_topology_object(spec, "a"))
+    in_use = [{"deviceId": "GPU-6", "index": 6, "namespace": "llm", "pod": "y", "container": ""}]
+    spec = build_spec(preset_graph("hgx-h100"), "nvml", in_use, [])
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", build_object("a", spec, [], PUBLISHED))
     cache.apply(Kind.PODS, "ADDED", pod_obj("y", gpus=1, node="a", phase="Running"))
     cache.apply(Kind.PODS, "ADDED", pod_obj("v", gpus=1, node="a", phase="Running"))
     assert cache.gpus_of("llm/y") == frozenset({6})

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from extender.agent.publish import build_object, build_spec
 from extender.kube.crd_models import (
     CrdError,
-    NodeTopologySpec,
-    node_topology_object,
     object_name,
     parse_node_topology,
     reservation_from_object,
@@ -23,7 +23,8 @@ from extender.webhook.testing import gang_pod, pod_obj
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_node_topology_round_trips_every_preset(preset: str) -> None:
     graph = preset_graph(preset)
-    topo = parse_node_topology(node_topology_object(NodeTopologySpec.from_graph(graph), "n1"))
+    published = datetime(2026, 1, 1, tzinfo=UTC)
+    topo = parse_node_topology(build_object("n1", build_spec(graph, "nvml", [], []), [], published))
     assert topo.node == "n1"
     assert topo.graph == graph
 

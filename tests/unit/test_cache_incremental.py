@@ -90,7 +90,9 @@ def test_updated_falls_back_to_a_fresh_build_when_labels_change() -> None:
     )
     got = updated(base, {"n0": moved})
     assert got.node("n0").labels["fabric.topograph.run/tier-0"] == "leaf-9"
-    assert got.path_of("n0") == got.path(got.index("n0"))
+    # The label path is recomputed (a patched copy would keep n0's old path).
+    assert got.path_of("n0") == cache.hierarchy.path(moved.labels)
+    assert "leaf-9" in got.path_of("n0")
 
 
 def test_a_status_only_pod_update_changes_nothing() -> None:

@@ -3,6 +3,7 @@ with the objects the code writes (the controller's and the cluster cache's)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from pydantic import BaseModel, ValidationError
 from extender.admission import crd_types as ct
 from extender.admission.objects import reservation_from_object, reservation_to_object
 from extender.admission.openapi import SchemaError, load_crd, validate, version_schema
+from extender.agent.publish import build_spec
+from extender.kube import crd_models
 from extender.kube.crd_models import reservation_object
 from extender.placement.files import cluster_from_data, gang_from_data
 from extender.placement.ledger import Ledger, Phase
@@ -206,36 +209,24 @@ def _node_topology() -> dict[str, Any]:
         pcie_gbps=graph.pcie_gbps,
         model=graph.model,
     )
-    spec = ct.NodeTopologySpec.from_graph(
-        graph,
-        ct.Source.NVML,
-        [
-            ct.DeviceInUse.model_validate(
-                {
-                    "deviceId": "GPU-0",
-                    "index": 0,
-                    "namespace": "serving",
-                    "pod": "vllm-0",
-                    "container": "server",
-                }
-            )
-        ],
-        [f"GPU-{i}" for i in range(8)],
-    )
+    in_use = [
+        {"deviceId": "GPU-0", "index": 0, "namespace": "serving", "pod": "vllm-0", "container": "server"}
+    ]
+    spec = build_spec(graph, "nvml", in_use, [f"GPU-{i}" for i in range(8)])
     status = {
         "conditions": [{"type": "Published", "status": "True", "lastTransitionTime": "2026-08-25T10:00:00Z"}],
         "lastPublished": "2026-08-25T10:00:00Z",
     }
     obj = {"apiVersion": "gangslice.io/v1alpha1", "kind": "NodeTopology", "metadata": {"name": "gpu-a-01"}}
-    return ct.NodeTopology.model_validate({**obj, "spec": spec.to_dict(), "status": status}).to_dict()
+    return ct.NodeTopology.model_validate({**obj, "spec": spec, "status": status}).to_dict()
 
 
 def test_node_topology_sample_validates_and_round_trips() -> None:
     obj = _node_topology()
     validate(_schema("nodetopologies"), obj, "NodeTopology")
     assert obj["spec"]["source"] == "nvml"
-    spec = ct.NodeTopologySpec.model_validate(obj["spec"])
-    graph = spec.to_graph()
+    ct.NodeTopologySpec.model_validate(obj["spec"])
+    graph = crd_models.NodeTopologySpec.model_validate(obj["spec"]).to_graph()
     assert graph_to_dict(graph) == {k: v for k, v in obj["spec"].items() if k not in AGENT_FIELDS}
     assert not graph.healthy(2)
 
@@ -243,35 +234,12 @@ def test_node_topology_sample_validates_and_round_trips() -> None:
 def test_graph_to_dict_is_exactly_the_spec_without_the_agent_fields() -> None:
     """The contract: spec = graph_to_dict(graph) plus the three agent fields, nothing renamed."""
     graph = preset_graph("pcie-8gpu-2socket")
-    spec = ct.NodeTopologySpec.from_graph(graph, ct.Source.NVIDIA_SMI).to_dict()
+    spec = ct.NodeTopologySpec.model_validate(build_spec(graph, "nvidia-smi", [], [])).to_dict()
     assert {k: v for k, v in spec.items() if k not in AGENT_FIELDS} == graph_to_dict(graph)
     validate(
         _schema("nodetopologies"),
         {"apiVersion": "gangslice.io/v1alpha1", "kind": "NodeTopology", "spec": spec},
     )
-
-
-@pytest.mark.parametrize(
-    ("path", "value"),
-    [
-        (("spec", "source"), "dcgm"),
-        (("spec", "links", 0, "link"), "NVLINK"),
-        (("spec", "gpus", 0, "index"), -1),
-        (("spec", "nics", 0, "gpuLinks", "0"), "QPI"),
-        (("status", "conditions", 0, "status"), "Yes"),
-        (("status", "lastPublished"), "yesterday"),
-    ],
-)
-def test_node_topology_schema_and_model_reject(path: tuple[Any, ...], value: Any) -> None:
-    obj = _node_topology()
-    node: Any = obj
-    for p in path[:-1]:
-        node = node[p]
-    node[path[-1]] = value
-    with pytest.raises(SchemaError):
-        validate(_schema("nodetopologies"), obj)
-    with pytest.raises(ValidationError):
-        ct.NodeTopology.model_validate(obj)
 
 
 def test_the_node_agents_object_validates() -> None:
@@ -299,8 +267,6 @@ def test_the_node_agents_object_validates() -> None:
 def test_the_cluster_caches_reader_fields_exist_in_the_schema() -> None:
     """The cluster cache reads NodeTopology with its own (lenient) models: every field they
     read is one the CRD keeps, with the same type."""
-    from extender.kube import crd_models
-
     js = crd_models.NodeTopologySpec.model_json_schema(by_alias=True)
     defs = js.get("$defs", {})
     schema = _schema("nodetopologies")["properties"]["spec"]
@@ -388,34 +354,59 @@ def test_the_cluster_caches_reservation_object_validates_too() -> None:
     assert dumped == obj["spec"]
 
 
+def _reservation_object() -> dict[str, Any]:
+    r, _ = _reservation()
+    return reservation_to_object(r, "serving", "vllm", None, now=1.0)
+
+
 @pytest.mark.parametrize(
-    ("path", "value"),
+    ("plural", "sample", "model", "path", "value"),
     [
-        (("spec", "phase"), "Held"),
-        (("spec", "expiresAt"), "2026-08-25T10:00:00Z"),
-        (("spec", "slice", "pods", 0, "gpus", 0), -3),
-        (("status", "gpus"), -1),
+        *(
+            ("nodetopologies", _node_topology, ct.NodeTopology, path, value)
+            for path, value in [
+                (("spec", "source"), "dcgm"),
+                (("spec", "links", 0, "link"), "NVLINK"),
+                (("spec", "gpus", 0, "index"), -1),
+                (("spec", "nics", 0, "gpuLinks", "0"), "QPI"),
+                (("status", "conditions", 0, "status"), "Yes"),
+                (("status", "lastPublished"), "yesterday"),
+            ]
+        ),
+        *(
+            ("slicereservations", _reservation_object, ct.SliceReservation, path, value)
+            for path, value in [
+                (("spec", "phase"), "Held"),
+                (("spec", "expiresAt"), "2026-08-25T10:00:00Z"),
+                (("spec", "slice", "pods", 0, "gpus", 0), -3),
+                (("status", "gpus"), -1),
+            ]
+        ),
     ],
 )
-def test_reservation_schema_and_model_reject(path: tuple[Any, ...], value: Any) -> None:
-    r, _ = _reservation()
-    obj = reservation_to_object(r, "serving", "vllm", None, now=1.0)
+def test_schema_and_model_reject(
+    plural: str,
+    sample: Callable[[], dict[str, Any]],
+    model: type[BaseModel],
+    path: tuple[Any, ...],
+    value: Any,
+) -> None:
+    obj = sample()
     node: Any = obj
     for p in path[:-1]:
         node = node[p]
     node[path[-1]] = value
     with pytest.raises(SchemaError):
-        validate(_schema("slicereservations"), obj)
+        validate(_schema(plural), obj)
     with pytest.raises(ValidationError):
-        ct.SliceReservation.model_validate(obj)
+        model.model_validate(obj)
 
 
 def test_reservation_without_required_fields_is_rejected() -> None:
-    r, _ = _reservation()
-    obj = reservation_to_object(r, "serving", "vllm", None, now=1.0)
+    obj = _reservation_object()
     del obj["spec"]["gang"]
     with pytest.raises(SchemaError, match="gang"):
         validate(_schema("slicereservations"), obj)
-    obj = reservation_to_object(r, "serving", "vllm", None, now=1.0)
+    obj = _reservation_object()
     obj["spec"]["phase"] = Phase.EXPIRED.value
     validate(_schema("slicereservations"), obj)

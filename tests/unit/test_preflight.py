@@ -68,9 +68,8 @@ def _affinity(monkeypatch: pytest.MonkeyPatch, cpus: frozenset[int]) -> None:
 
 
 def test_passes_on_a_good_hgx_assignment(
-    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], hgx: GpuGraph
 ) -> None:
-    hgx = _graph("hgx-h100")
     uuids = ",".join(hgx.gpu(i).uuid or "" for i in (4, 5, 6, 7))
     cli.setenv("NVIDIA_VISIBLE_DEVICES", uuids)
     cli.setenv(FAKE_ENV, "hgx-h100")
@@ -105,47 +104,54 @@ def test_fails_when_a_tp_pair_crosses_sys_on_the_pcie_box(
     )
 
 
-def test_fails_on_a_numa_mismatch_with_the_process_cpus(
-    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("visible", "cpus", "promised", "check", "reason"),
+    [
+        pytest.param(
+            "0,1,2,3",
+            SOCKET1_H100,
+            {"gpus": "0,1,2,3", "numa": "0"},
+            "numa",
+            "process CPUs 52-103 share no NUMA node with the GPUs (NUMA node 0, CPUs 0-51)",
+            id="numa-vs-process-cpus",
+        ),
+        pytest.param(
+            "0,1",
+            SOCKET0_H100,
+            {"gpus": "0,1", "numa": "1"},
+            "numa",
+            "GPUs are on NUMA node 0, promised NUMA node 1 (gangslice.io/numa-node)",
+            id="numa-vs-promise",
+        ),
+        pytest.param(
+            "0,1,2,4",
+            SOCKET0_H100,
+            {"gpus": "0,1,2,3", "numa": "0"},
+            "gpus",
+            "visible GPUs 0,1,2,4 differ from the promised 0,1,2,3",
+            id="visible-vs-promise",
+        ),
+    ],
+)
+def test_fails_on_a_broken_promise_on_hgx(
+    cli: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    visible: str,
+    cpus: frozenset[int],
+    promised: dict[str, str],
+    check: str,
+    reason: str,
 ) -> None:
-    cli.setenv("NVIDIA_VISIBLE_DEVICES", "0,1,2,3")
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", visible)
     cli.setenv(FAKE_ENV, "hgx-h100")
-    _affinity(cli, SOCKET1_H100)
-    ann = _annotations(tmp_path, gpus="0,1,2,3", numa="0")
+    _affinity(cli, cpus)
+    ann = _annotations(tmp_path, **promised)
 
     assert main(["preflight", "--annotations", str(ann)]) == 1
     out = capsys.readouterr()
-    assert "FAIL  numa" in out.out
-    assert out.err.strip() == (
-        "gangslice preflight: FAIL: numa: process CPUs 52-103 share no NUMA node with the GPUs "
-        "(NUMA node 0, CPUs 0-51)"
-    )
-
-
-def test_fails_on_a_numa_mismatch_with_the_promise(
-    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    cli.setenv("NVIDIA_VISIBLE_DEVICES", "0,1")
-    cli.setenv(FAKE_ENV, "hgx-h100")
-    _affinity(cli, SOCKET0_H100)
-    ann = _annotations(tmp_path, gpus="0,1", numa="1")
-
-    assert main(["preflight", "--annotations", str(ann)]) == 1
-    assert "GPUs are on NUMA node 0, promised NUMA node 1" in capsys.readouterr().err
-
-
-def test_fails_when_the_visible_gpus_differ_from_the_annotation(
-    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    cli.setenv("NVIDIA_VISIBLE_DEVICES", "0,1,2,4")
-    cli.setenv(FAKE_ENV, "hgx-h100")
-    _affinity(cli, SOCKET0_H100)
-    ann = _annotations(tmp_path, gpus="0,1,2,3", numa="0")
-
-    assert main(["preflight", "--annotations", str(ann)]) == 1
-    assert capsys.readouterr().err.strip() == (
-        "gangslice preflight: FAIL: gpus: visible GPUs 0,1,2,4 differ from the promised 0,1,2,3"
-    )
+    assert f"FAIL  {check}" in out.out
+    assert out.err.strip() == f"gangslice preflight: FAIL: {check}: {reason}"
 
 
 def test_fails_when_expect_tp_does_not_match(
@@ -228,9 +234,8 @@ def test_visible_by_host_indices_when_nvml_sees_the_node(hgx: GpuGraph) -> None:
     assert (v.gpus, v.host) == ((6, 7), (6, 7))
 
 
-def test_visible_in_a_container_view_maps_nvml_order_to_host_indices() -> None:
-    two = _graph("hgx-h100")
-    two = GpuGraph(gpus=two.gpus[:2], links={(0, 1): two.link(0, 1)})  # NVML sees only 2 GPUs
+def test_visible_in_a_container_view_maps_nvml_order_to_host_indices(hgx: GpuGraph) -> None:
+    two = GpuGraph(gpus=hgx.gpus[:2], links={(0, 1): hgx.link(0, 1)})  # NVML sees only 2 GPUs
     v = visible_gpus(two, {"NVIDIA_VISIBLE_DEVICES": "7,5"})
     assert (v.gpus, v.host) == ((0, 1), (5, 7))
     assert v.name(1) == "GPU7"

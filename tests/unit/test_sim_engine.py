@@ -14,7 +14,7 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
-from extender.sim.engine import PLACED, REJECTED, WITHDRAWN, Point, PolicyRun, Reference, simulate
+from extender.sim.engine import PLACED, REJECTED, WITHDRAWN, Point, PolicyRun, Reference, Simulation
 from extender.sim.metrics import policy_results, quantile, step_mean
 from extender.sim.trace import Trace, trace_from_data
 
@@ -40,7 +40,7 @@ def deploy(at: float, name: str, gang: dict[str, Any], lifetime: float, replicas
 
 def run(snap: ClusterSnapshot, events: list[dict[str, Any]], policy: Any = place, **kw: Any) -> PolicyRun:
     trace = trace_from_data({"events": events}, "test")
-    return simulate(snap, trace, "p", policy, Reference(snap), **kw)
+    return Simulation(snap, trace, "p", policy, Reference(snap), **kw).run()
 
 
 def points(r: PolicyRun) -> list[tuple[float, int, int, int, int]]:
@@ -298,8 +298,8 @@ def test_same_trace_twice_gives_the_same_run() -> None:
     snap = two_hgx()
     events = [deploy(0, "a", tp(4), 100, replicas=3), deploy(5, "b", tp(8), 50)]
     trace: Trace = trace_from_data({"events": events}, "t")
-    first = policy_results(simulate(snap, trace, "p", place, Reference(snap)))
-    second = policy_results(simulate(snap, trace, "p", place, Reference(snap)))
+    first = policy_results(Simulation(snap, trace, "p", place, Reference(snap)).run())
+    second = policy_results(Simulation(snap, trace, "p", place, Reference(snap)).run())
     first.pop("timing")
     second.pop("timing")
     assert first == second
@@ -315,7 +315,7 @@ def test_reference_solver_crash_is_reported_and_the_run_goes_on(monkeypatch: pyt
     snap = four_gpu_nodes()
     ref = Reference(snap)
     trace = trace_from_data({"events": [deploy(0, "a", tp(2, comm="allreduce"), 10)]}, "t")
-    r = simulate(snap, trace, "p", first_fit, ref)
+    r = Simulation(snap, trace, "p", first_fit, ref).run()
     assert r.gangs[0].outcome == PLACED and r.gangs[0].ideal is None
     assert ref.errors == [
         {"gang": "a-0", "error": "ValueError: solver bug"},
