@@ -39,7 +39,6 @@ from extender.kube.crd_models import (
     parse_node_topology,
     reservation_from_object,
 )
-from extender.kube.incremental import updated
 from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
@@ -196,9 +195,9 @@ class ClusterCache:
                 self._snap = ClusterSnapshot([self._states[n] for n in sorted(self._states)], self.hierarchy)
                 self._view = None
             elif changed:
-                self._snap = updated(self._snap, changed)
+                self._snap = self._snap.updated(changed)
                 if self._view is not None:
-                    self._view = updated(self._view, changed)
+                    self._view = self._view.updated(changed)
         return self._snap
 
     def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot:
@@ -211,7 +210,7 @@ class ClusterCache:
             self._view = self._ledger.view(snap)
         elif self._held_dirty:
             held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
-            self._view = updated(self._view, {}, held, mnnvl, self._held_dirty)
+            self._view = self._view.updated({}, held, mnnvl, self._held_dirty)
         self._held_dirty.clear()
         return self._view
 

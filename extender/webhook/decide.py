@@ -72,6 +72,15 @@ class FilterOutcome:
 
 
 @dataclass
+class Scores:
+    """Prioritize's answer: one score 0-10 per node name asked about, in the same order."""
+
+    values: list[int]
+    #: Encoded replies by wire form, as :attr:`FilterOutcome.replies`.
+    replies: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass
 class GangRef:
     """A pod's gang: its key, its reservation if any, and what to do without one."""
 
@@ -120,7 +129,7 @@ class Decider:
         self._micros: dict[tuple[str, int, int], float] = {}
         #: Whole answers per (rule, node list), for the same list sent again and again.
         self._filtered: NamesMemo[FilterOutcome] = NamesMemo()
-        self._scored: NamesMemo[list[int]] = NamesMemo()
+        self._scored: NamesMemo[Scores] = NamesMemo()
 
     # -- who the pod is ------------------------------------------------------------------
     def gang_of(self, pod: PodInfo, job: str | None = None) -> GangRef | None:
@@ -286,32 +295,31 @@ class Decider:
         return v
 
     # -- prioritize ----------------------------------------------------------------------
-    def prioritize(self, pod: PodInfo, names: Sequence[str], job: str | None = None) -> list[int]:
+    def prioritize(self, pod: PodInfo, names: Sequence[str], job: str | None = None) -> Scores:
         """Scores 0-10, one per name: a gang pod gets 10 on nodes of its slots; a GPU pod
         outside gangs gets 10 on the best-fit node (see :meth:`_raw_score`); anything else 0."""
-        zeros = [0] * len(names)
         try:
             ref = self.gang_of(pod, job)
         except PodError:
-            return zeros
+            return Scores([0] * len(names))
         if ref is not None:
             if self.cache.reservation(ref.key) is None:
-                return zeros
+                return Scores([0] * len(names))
             nodes, _ = self._slot_nodes(pod, ref)
             key = NamesKey(names)
             rule: tuple[object, ...] = ("slots", frozenset(nodes))
             version = self.cache.version
             got = self._scored.get(version, rule, key)
             if got is None:
-                got = [MAX_EXTENDER_PRIORITY if n in nodes else 0 for n in key.names]
-                self._scored.put(version, rule, key, got)
+                values = [MAX_EXTENDER_PRIORITY if n in nodes else 0 for n in key.names]
+                got = self._scored.put(version, rule, key, Scores(values))
             return got
         if pod.gpus <= 0:
-            return zeros
+            return Scores([0] * len(names))
         try:
             need = resolve_need(self._pod_set(pod), self.cache.hierarchy)
         except ValueError:
-            return zeros
+            return Scores([0] * len(names))
         view = self._fresh()
         version = self.cache.version
         key = NamesKey(names)
@@ -330,7 +338,7 @@ class Decider:
         distinct = list(set(ids))
         scores = normalise([self._raw_values[i] for i in distinct])
         return self._scored.put(
-            version, rule, key, list(map(dict(zip(distinct, scores, strict=True)).__getitem__, ids))
+            version, rule, key, Scores(list(map(dict(zip(distinct, scores, strict=True)).__getitem__, ids)))
         )
 
     def _raw_score(

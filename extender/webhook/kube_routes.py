@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,24 +111,6 @@ def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> Encoded:
     return Encoded(("[" + ",".join(parts) + "]").encode())
 
 
-#: The last few encoded prioritize replies, by the score list they encode. The decider
-#: hands out the same list object for the same (rule, node list) while nothing changes, so
-#: the same object means the same names; holding the list keeps its id from being reused.
-_ENCODED_SCORES: OrderedDict[int, tuple[list[int], Encoded]] = OrderedDict()
-ENCODED_SCORES_KEPT = 16
-
-
-def _encoded_scores(names: Sequence[str], scores: list[int]) -> Encoded:
-    got = _ENCODED_SCORES.get(id(scores))
-    if got is not None and got[0] is scores and len(scores) == len(names):
-        return got[1]
-    encoded = encode_priorities(names, scores)
-    _ENCODED_SCORES[id(scores)] = (scores, encoded)
-    while len(_ENCODED_SCORES) > ENCODED_SCORES_KEPT:
-        _ENCODED_SCORES.popitem(last=False)
-    return encoded
-
-
 async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod = PodInfo.from_obj(args.pod)
@@ -139,7 +120,11 @@ async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
         with request.app[METRICS].decision_duration.labels("prioritize").time():
             scores = decider.prioritize(pod, names)
     request.app[METRICS].decisions.labels("scored").inc()
-    return _encoded_scores(names, scores)
+    # Both node modes get the same bare array for the same names: one encoded form.
+    encoded = scores.replies.get(NAMES_FORM)
+    if not isinstance(encoded, Encoded):
+        scores.replies[NAMES_FORM] = encoded = encode_priorities(names, scores.values)
+    return encoded
 
 
 def prioritize_error(message: str) -> list[dict[str, Any]]:

@@ -86,7 +86,8 @@ async def prioritize(request: web.Request, args: PrioritizeRequest) -> dict[str,
         with request.app[METRICS].decision_duration.labels("volcano-prioritize").time():
             scores = decider.prioritize(pod, names, job)
     request.app[METRICS].decisions.labels("scored").inc()
-    return {"nodeScore": {n: s * SCORE_SCALE for n, s in zip(names, scores, strict=True)}, "errorMessage": ""}
+    node_score = {n: s * SCORE_SCALE for n, s in zip(names, scores.values, strict=True)}
+    return {"nodeScore": node_score, "errorMessage": ""}
 
 
 def prioritize_error(message: str) -> dict[str, Any]:

@@ -171,8 +171,17 @@ def test_podgroup_enqueued_once_its_slice_is_reserved_and_lands_on_one_leaf(
     )
     slot_nodes = reserved_nodes(reservation)
     assert len(set(slot_nodes)) == 4 and len({LEAF_OF[n] for n in slot_nodes}) == 1, slot_nodes
-    annotations = (get(cp, "PodGroup", "llm", ns) or {})["metadata"].get("annotations") or {}
-    assert annotations.get("gangslice.io/reservation") == reservation["metadata"]["name"], annotations
+    # The reservation is written first and the PodGroup's annotations after it: wait for both.
+    wait_for(
+        "the PodGroup controller to name the reservation on the PodGroup",
+        lambda: (
+            (((get(cp, "PodGroup", "llm", ns) or {}).get("metadata") or {}).get("annotations") or {}).get(
+                "gangslice.io/reservation"
+            )
+            == reservation["metadata"]["name"]
+        ),
+        30,
+    )
 
     def all_bound() -> list[str] | None:
         nodes = [node_of(cp, ns, n) for n in names]

@@ -12,7 +12,6 @@ from extender.kube import names as keys
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.gangs import plain_gang_request
-from extender.kube.incremental import updated
 from extender.kube.pods import PodInfo
 from extender.placement.snapshot import ClusterSnapshot
 from extender.webhook.decide import Decider
@@ -88,7 +87,7 @@ def test_updated_falls_back_to_a_fresh_build_when_labels_change() -> None:
     moved = type(relabelled)(
         relabelled.name, {**relabelled.labels, "fabric.topograph.run/tier-0": "leaf-9"}, relabelled.graph
     )
-    got = updated(base, {"n0": moved})
+    got = base.updated({"n0": moved})
     assert got.node("n0").labels["fabric.topograph.run/tier-0"] == "leaf-9"
     # The label path is recomputed (a patched copy would keep n0's old path).
     assert got.path_of("n0") == cache.hierarchy.path(moved.labels)
