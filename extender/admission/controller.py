@@ -259,9 +259,9 @@ class AdmissionController:
                 try:
                     await self._reconcile(key, fresh)
                 except ApiError as exc:
-                    log.warning("workload %s: %s", key, exc)
+                    log.warning("workload %s: %s", key, exc, extra=fields(gang=key, workload=key))
             except ApiError as exc:
-                log.warning("workload %s: %s (will retry)", key, exc)
+                log.warning("workload %s: %s (will retry)", key, exc, extra=fields(gang=key, workload=key))
 
     async def _reconcile(self, key: str, wl: dict[str, Any]) -> None:
         held = self.cache.reservation(key)
@@ -497,11 +497,13 @@ class AdmissionController:
             r = reservation_from_object(await self.api.get_reservation(ns, object_name(key)))
         except NotFound:
             log.warning(
-                "workload %s is Ready but its SliceReservation is gone", key, extra=fields(workload=key)
+                "workload %s is Ready but its SliceReservation is gone",
+                key,
+                extra=fields(gang=key, workload=key),
             )
             return
         except CrdError as exc:
-            log.warning("workload %s: %s", key, exc)
+            log.warning("workload %s: %s", key, exc, extra=fields(gang=key, workload=key))
             return
         self.cache.restore(r)
 

@@ -22,6 +22,7 @@ from extender.admission.objects import (
 from extender.kube import names
 from extender.kube.api import ApiError, Conflict, NotFound
 from extender.kube.crd_models import CrdError, object_name
+from extender.logs import fields
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import Slice
 
@@ -91,24 +92,25 @@ async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: 
     ns, _ = object_ref(owner)
     name = object_name(r.gang)
     obj = reservation_to_object(r, ns, name, owner_reference(owner), now)
+    where = fields(gang=r.gang, reservation=f"{ns}/{name}")
     try:
         await api.create_reservation(obj)
         return True
     except Conflict:
         pass
     except ApiError as exc:
-        log.warning("creating SliceReservation %s/%s failed: %s", ns, name, exc)
+        log.warning("creating SliceReservation %s/%s failed: %s", ns, name, exc, extra=where)
         return False
     try:
         existing = reservation_from_object(await api.get_reservation(ns, name))
         if existing.gang == r.gang and existing.slice.to_dict() == r.slice.to_dict():
             return True
-        log.warning("replacing SliceReservation %s/%s left from an earlier hold", ns, name)
+        log.warning("replacing SliceReservation %s/%s left from an earlier hold", ns, name, extra=where)
         await delete_object(api, existing)
         await api.create_reservation(obj)
         return True
     except (ApiError, CrdError) as exc:
-        log.warning("SliceReservation %s/%s: %s", ns, name, exc)
+        log.warning("SliceReservation %s/%s: %s", ns, name, exc, extra=where)
         return False
 
 
@@ -120,7 +122,13 @@ async def delete_object(api: OwnedApi, r: Reservation) -> None:
     except NotFound:
         pass
     except ApiError as exc:
-        log.warning("deleting SliceReservation %s/%s failed: %s", ns, name, exc)
+        log.warning(
+            "deleting SliceReservation %s/%s failed: %s",
+            ns,
+            name,
+            exc,
+            extra=fields(gang=r.gang, reservation=f"{ns}/{name}"),
+        )
 
 
 async def post_event(

@@ -25,6 +25,7 @@ from extender.kube import names
 from extender.kube.api import ApiError
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
+from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
@@ -99,7 +100,7 @@ class PlainGangReporter:
         try:
             await self.api.patch_pod_annotations(pod.namespace, pod.name, {names.STATUS: text})
         except ApiError as exc:
-            log.warning("pod %s: %s", pod.key, exc)
+            log.warning("pod %s: %s", pod.key, exc, extra=fields(gang=pod.gang, pod=pod.key))
             return
         await owned.post_event(
             self.api,

@@ -131,7 +131,9 @@ class PodGroupController:
             except NotFound:
                 pg = None
             except ApiError as exc:
-                log.warning("PodGroup %s/%s: %s", ns, name, exc)
+                log.warning(
+                    "PodGroup %s/%s: %s", ns, name, exc, extra=fields(gang=r.gang, podgroup=f"{ns}/{name}")
+                )
                 continue
             if not owned.owned_by(r, pg):
                 async with self._lock:
@@ -159,7 +161,7 @@ class PodGroupController:
             try:
                 await self._reconcile(key, obj)
             except ApiError as exc:
-                log.warning("PodGroup %s: %s (will retry)", key, exc)
+                log.warning("PodGroup %s: %s (will retry)", key, exc, extra=fields(gang=key, podgroup=key))
 
     async def _reconcile(self, key: str, obj: dict[str, Any]) -> None:
         try:
@@ -372,7 +374,10 @@ class PodGroupController:
                 return
         else:
             log.warning(
-                "PodGroup %s: annotations not written after %d conflicts", key, self.config.write_attempts
+                "PodGroup %s: annotations not written after %d conflicts",
+                key,
+                self.config.write_attempts,
+                extra=fields(gang=key, podgroup=key),
             )
             return
         if event is not None:

@@ -13,6 +13,7 @@ from extender.admission.podgroup_controller import PodGroupConfig
 from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
+from extender.webhook.bench import TARGET_RPS
 
 EXIT_BAD_INPUT = 2
 
@@ -65,6 +66,12 @@ def register(sub: Any) -> None:
     b.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
     b.add_argument("--requests", type=int, default=2000, help="timed requests per case (default 2000)")
     b.add_argument("--gpus", type=int, default=4, help="GPUs the benchmark pod asks for (default 4)")
+    b.add_argument(
+        "--rate",
+        type=float,
+        default=TARGET_RPS,
+        help=f"requests per second of the open-loop case (default {TARGET_RPS:g})",
+    )
     b.add_argument(
         "--same-process",
         action="store_true",
@@ -185,10 +192,10 @@ def run_bench(args: argparse.Namespace) -> int:
     from extender.cli import UsageError
     from extender.webhook.bench import BenchOptions, render, run_extender_bench, to_json
 
-    if args.nodes < 1 or args.full_nodes < 1 or args.concurrency < 1 or args.requests < 1 or args.gpus < 1:
-        raise UsageError("--nodes, --full-nodes, --concurrency, --requests and --gpus must be positive")
+    if min(args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.rate) <= 0:
+        raise UsageError("--nodes, --full-nodes, --concurrency, --requests, --gpus and --rate must be > 0")
     options = BenchOptions(
-        args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.same_process
+        args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.rate, args.same_process
     )
     results = asyncio.run(run_extender_bench(options))
     if args.json:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from functools import cache
@@ -203,12 +204,17 @@ def test_a_conflicting_write_is_read_again_and_applied_once() -> None:
     run(body)
 
 
-def test_a_failed_create_leaves_no_hold_and_the_resync_retries() -> None:
+def test_a_failed_create_leaves_no_hold_and_the_resync_retries(caplog: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
         w = World()
         await w.start()
         w.api.fail_next("create_reservation", ApiError(500, "etcd timeout"))
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        with caplog.at_level(logging.WARNING, logger="extender.admission"):
+            await w.kueue_writes(load("workload-lws.yaml"), None)
+        (failed,) = [r for r in caplog.records if "etcd timeout" in r.getMessage()]
+        # The structured fields name the gang and its reservation object.
+        assert getattr(failed, "gang", None) == KEY
+        assert getattr(failed, "reservation", "").startswith("serving/")
         assert w.cache.reservation(KEY) is None
         assert w.api.applies_to("workloads") == []
         await w.ctl.resync()

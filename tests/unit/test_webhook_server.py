@@ -211,11 +211,29 @@ def test_serve_refuses_bad_options(argv: list[str], words: str, capsys: pytest.C
 def test_bench_extender_runs_a_small_load() -> None:
     options = BenchOptions(nodes=64, full_nodes=8, concurrency=4, requests=20, gpus=4)
     results = asyncio.run(run_extender_bench(options))
-    assert [(r.case, r.concurrency, r.verb) for r in results] == [
-        (case, inflight, verb)
-        for case, inflight in (("names", 4), ("names", 1), ("full", 1), ("full", 16))
+    assert [(r.case, r.concurrency, r.offered_rps, r.verb) for r in results] == [
+        (case, inflight, rate, verb)
+        for case, inflight, rate in (
+            ("names", 4, None),
+            ("names", 4, options.rate),
+            ("names", 1, None),
+            ("full", 1, None),
+            ("full", 16, None),
+        )
         for verb in ("filter", "prioritize")
     ]
     assert all(r.errors == 0 and r.passed_nodes > 0 and r.handler_ms > 0 for r in results)
-    assert [r.requests for r in results] == [20] * 4 + [4] * 4
-    assert "64 node names" in render(options, results)
+    assert [r.requests for r in results] == [20] * 6 + [4] * 4
+    table = render(options, results)
+    assert "64 node names" in table and "1000/s open" in table
+
+
+def test_bench_open_loop_keeps_to_its_schedule() -> None:
+    """20 requests on a schedule of 200/s take about 0.1 s however fast the server is: the
+    open loop sends on the clock, not as replies come back."""
+    options = BenchOptions(nodes=16, full_nodes=4, concurrency=2, requests=20, rate=200.0, same_process=True)
+    results = asyncio.run(run_extender_bench(options))
+    (open_loop, _) = [r for r in results if r.offered_rps is not None]
+    assert open_loop.rps <= 200.0 * 1.05, open_loop
+    closed = next(r for r in results if r.offered_rps is None and r.concurrency == 2)
+    assert closed.errors == open_loop.errors == 0
