@@ -30,7 +30,7 @@ from extender.kube import names
 from extender.kube.api import ApiError, NotFound
 from extender.kube.crd_models import CrdError, object_name
 from extender.placement.files import FileError, load_cluster, load_gang
-from extender.placement.request import GangRequest, PodSet
+from extender.placement.request import GangRequest
 from extender.placement.scoring import LevelError
 from extender.placement.slice import Slice
 from extender.placement.snapshot import ClusterSnapshot
@@ -168,28 +168,43 @@ async def explain_workload(api: ControllerApi, cache: Cache, namespace: str, nam
     return facts
 
 
-def explain_pods(cache: Any, kind: str, namespace: str, name: str, stored: CheckState | None) -> Facts:
-    """A plain gang (pods labelled ``gangslice.io/gang``) or a Volcano PodGroup (pods
-    annotated ``scheduling.k8s.io/group-name``): the request their pods imply."""
+def explain_pods(
+    cache: Any,
+    kind: str,
+    namespace: str,
+    name: str,
+    stored: CheckState | None,
+    podgroup: Mapping[str, Any] | None = None,
+) -> Facts:
+    """A plain gang (pods labelled ``gangslice.io/gang``) or a Volcano PodGroup (``podgroup``,
+    with its pods annotated ``scheduling.k8s.io/group-name``): the request the controller
+    would build from them, and a dry run of it."""
+    from extender.admission.podgroups import PodGroup, PodGroupError, gang_request
     from extender.kube.gangs import plain_gang_request
     from extender.kube.pods import PodError
 
     key = f"{namespace}/{name}"
     facts = Facts(target=f"{kind} {key}", check=stored, reservation=cache.reservation(key))
     pods = [p for p in cache.pods() if (p.gang if kind == "gang" else p.volcano_group) == key]
+    gang: GangRequest | None = None
+    if kind == "podgroup" and podgroup is None:
+        facts.problems.append(f"PodGroup {key} not found")
+        return facts
     if not pods:
         facts.problems.append(f"no pods of {kind} {key} in the cluster")
-    gang: GangRequest | None = None
-    for pod in pods:
+    elif podgroup is not None:
         try:
-            gang = plain_gang_request(pod) if kind == "gang" else None
-        except PodError as exc:
+            gang = gang_request(PodGroup.from_obj(podgroup), pods, cache.view([key]))
+        except PodGroupError as exc:
             facts.problems.append(str(exc))
-        if gang is not None:
-            break
-    if gang is None and pods and kind == "podgroup":
-        size = len(pods)
-        gang = GangRequest(key, (PodSet("pods", size, max(p.gpus for p in pods)),))
+    else:
+        for pod in pods:
+            try:
+                gang = plain_gang_request(pod)
+            except PodError as exc:
+                facts.problems.append(str(exc))
+            if gang is not None:
+                break
     if gang is not None:
         facts.gang = gang
         try:
@@ -214,7 +229,7 @@ def live_cache(kubeconfig: str | None, cluster: str | None) -> Any:
     return cache
 
 
-def _podgroup_state(api_client: Any, namespace: str, name: str) -> CheckState | None:
+def _podgroup(api_client: Any, namespace: str, name: str) -> dict[str, Any] | None:
     from kubernetes import client
 
     try:
@@ -223,6 +238,19 @@ def _podgroup_state(api_client: Any, namespace: str, name: str) -> CheckState | 
         )
     except Exception:
         return None
+    return dict(pg) if isinstance(pg, Mapping) else None
+
+
+def podgroup_state(pg: Mapping[str, Any] | None) -> CheckState | None:
+    """What gangslice last said of the PodGroup (its ``gangslice.io/status`` annotation,
+    ``State: message``), else Volcano's phase and last condition."""
+    if pg is None:
+        return None
+    meta = pg.get("metadata") or {}
+    ours = str((meta.get("annotations") or {}).get(names.STATUS) or "")
+    if ours:
+        state, _, message = ours.partition(": ")
+        return CheckState(state, message, None)
     status = pg.get("status") or {}
     conds = [c for c in status.get("conditions") or () if isinstance(c, Mapping)]
     last = conds[-1] if conds else {}
@@ -238,10 +266,8 @@ async def _online(args: argparse.Namespace, kind: str, namespace: str, name: str
     cache = await asyncio.to_thread(live_cache, args.kubeconfig, args.cluster)
     if kind == "workload":
         return await explain_workload(ClientControllerApi(api_client), cache, namespace, name)
-    stored = (
-        await asyncio.to_thread(_podgroup_state, api_client, namespace, name) if kind == "podgroup" else None
-    )
-    return explain_pods(cache, kind, namespace, name, stored)
+    pg = await asyncio.to_thread(_podgroup, api_client, namespace, name) if kind == "podgroup" else None
+    return explain_pods(cache, kind, namespace, name, podgroup_state(pg), pg)
 
 
 # -- the command -------------------------------------------------------------------------------

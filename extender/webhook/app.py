@@ -26,7 +26,7 @@ from extender.kube.cache import ClusterCache
 from extender.logs import fields
 from extender.webhook import kube_routes, volcano_routes
 from extender.webhook.decide import Decider
-from extender.webhook.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS
+from extender.webhook.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, leads
 from extender.webhook.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,14 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def housekeeping(cache: ClusterCache, every_s: float = HOUSEKEEPING_S) -> None:
+async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) -> None:
+    """Expire holds whose TTL ran out, on the leader only: a standby's copies of the
+    reservations are read-only (the leader may have refreshed them a moment ago)."""
+    cache = app[CACHE]
     while True:
         await asyncio.sleep(every_s)
+        if not leads(app):
+            continue
         try:
             async with cache.lock:
                 gone = cache.expire()
@@ -98,7 +103,7 @@ def build_app(
         period = housekeeping_s
 
         async def background(app: web.Application) -> AsyncIterator[None]:
-            task = asyncio.create_task(housekeeping(cache, period))
+            task = asyncio.create_task(housekeeping(app, period))
             yield
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -175,6 +175,11 @@ class Decider:
                 r = self.cache.reservation(ref.key)
                 ref.reservation_label = _label(ref.key, r.meta if r else None)
                 outcome = "reserved"
+            if r is not None and not _takes_a_slot(r, pod):
+                if pod.gpus <= 0:
+                    return FilterOutcome(list(names), {}, {}, outcome)
+                mismatch = _size_mismatch(ref.reservation_label, r, pod)
+                return _all(names, Code.UNRESOLVABLE, mismatch, "invalid")
             if r is not None:
                 nodes, reason = self._slot_nodes(pod, ref)
                 if outcome == "reserved":
@@ -226,7 +231,7 @@ class Decider:
         mine = r.slot_of(pod.name)
         if mine is not None:
             return {mine.node}, f"{label}: pod {pod.name} holds slot {mine.key} on {mine.node}"
-        free = _free_slots(r, pod.pod_set)
+        free = _free_slots(r, pod)
         which = f" for pod set {pod.pod_set}" if pod.pod_set else ""
         if not free:
             bound = f"{len(r.bound)}/{len(r.slice.slots)} bound"
@@ -397,9 +402,13 @@ class Decider:
         if ref is not None and self.cache.reservation(ref.key) is not None:
             r = self.cache.reservation(ref.key)
             assert r is not None
+            if not _takes_a_slot(r, pod):
+                if pod.gpus > 0:
+                    raise Refused(_size_mismatch(ref.reservation_label, r, pod))
+                return BindPlan(pod, node, (), ())
             slot = r.slot_of(pod.name)
             if slot is None or slot.node != node:
-                free = [s for s in _free_slots(r, pod.pod_set) if s.node == node]
+                free = [s for s in _free_slots(r, pod) if s.node == node]
                 if not free:
                     raise Refused(f"{ref.reservation_label} has no free slot for pod {pod.name} on {node}")
                 if slot is not None:
@@ -505,10 +514,14 @@ class Decider:
             return
         r = self.cache.reservation(ref.key)
         assert r is not None
+        if not _takes_a_slot(r, pod):
+            if pod.gpus > 0:
+                raise Refused(_size_mismatch(ref.reservation_label, r, pod))
+            return
         mine = r.slot_of(pod.name)
         if mine is not None and mine.node == node:
             return
-        free = [s for s in _free_slots(r, pod.pod_set) if s.node == node]
+        free = [s for s in _free_slots(r, pod) if s.node == node]
         if not free:
             raise Refused(f"{ref.reservation_label} has no free slot for task {pod.name} on {node}")
         if mine is not None:
@@ -571,14 +584,26 @@ def _split(names: Sequence[str], verdicts: Sequence[Verdict]) -> FilterOutcome:
     return FilterOutcome(passed, failed, unresolvable, "fit" if passed else "no-fit")
 
 
-def _free_slots(r: Reservation, pod_set: str | None) -> list[PodSlot]:
-    """Free slots for a pod of ``pod_set``: only that pod set's, when the reservation has
-    such a pod set; any free slot when the pod names none or one the slice does not know
+def _free_slots(r: Reservation, pod: PodInfo) -> list[PodSlot]:
+    """Free slots for ``pod``: of its GPU count, and only its pod set's when the reservation
+    has such a pod set; of any pod set when the pod names none or one the slice does not know
     (a Kueue or Volcano role name that the reservation did not use)."""
-    free = r.free_slots()
-    if pod_set is None or all(s.pod_set != pod_set for s in r.slice.slots):
+    free = [s for s in r.free_slots() if len(s.gpus) == pod.gpus]
+    if pod.pod_set is None or all(s.pod_set != pod.pod_set for s in r.slice.slots):
         return free
-    return [s for s in free if s.pod_set == pod_set]
+    return [s for s in free if s.pod_set == pod.pod_set]
+
+
+def _takes_a_slot(r: Reservation, pod: PodInfo) -> bool:
+    """Whether ``pod`` is one of the slice's pods: it holds a slot, or some slot has its GPU
+    count. A gang member without GPUs (a CPU-only leader or router) is outside the slice
+    unless the slice has slots without GPUs."""
+    return r.slot_of(pod.name) is not None or any(len(s.gpus) == pod.gpus for s in r.slice.slots)
+
+
+def _size_mismatch(label: str, r: Reservation, pod: PodInfo) -> str:
+    sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
+    return f"{label}: pod {pod.name} asks for {pod.gpus} GPUs; the reservation's slots have {sizes}"
 
 
 def _all(names: Iterable[str], code: Code, reason: str, outcome: str) -> FilterOutcome:

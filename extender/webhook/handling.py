@@ -8,7 +8,6 @@ nothing a client sends can take the server down.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import time
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from extender.kube.api import KubeApi
 from extender.kube.binder import Binder
 from extender.kube.cache import ClusterCache
+from extender.webhook.collector import CollectorPause
 from extender.webhook.decide import Decider
 from extender.webhook.metrics import Metrics
 
@@ -35,6 +35,19 @@ METRICS = web.AppKey("metrics", Metrics)
 API: web.AppKey[KubeApi | None] = web.AppKey("api")
 #: Set when a controller runs beside the extender: True only while this replica leads.
 LEADING: web.AppKey[dict[str, bool]] = web.AppKey("leading")
+
+STANDBY = "this gangslice replica is a standby (another holds the leader lease); retry"
+
+
+def leads(app: web.Application) -> bool:
+    """Whether this replica may decide: it holds the lease, or no controller runs beside
+    it (file mode, a single extender). Only the leader reserves, binds or releases."""
+    leading = app.get(LEADING)
+    return leading is None or leading["now"]
+
+
+#: One pause of the cycle collector shared by every request of the process.
+PAUSE = CollectorPause()
 
 M = TypeVar("M", bound=BaseModel)
 Handle = Callable[[web.Request, M], Awaitable[Any]]
@@ -60,19 +73,6 @@ class Encoded(bytes):
     """A reply already encoded as JSON (hot paths build their bytes directly)."""
 
 
-def loads(raw: bytes) -> Any:
-    """The body's JSON with the cycle collector paused: decoded JSON is a tree (nothing for
-    it to find), yet a 2 MiB NodeList makes ~10^5 containers, enough to set off several
-    collections mid-parse that each walk the whole cluster cache."""
-    if not gc.isenabled():
-        return orjson.loads(raw)
-    gc.disable()
-    try:
-        return orjson.loads(raw)
-    finally:
-        gc.enable()
-
-
 def dumps(reply: Any) -> bytes:
     if isinstance(reply, Encoded):
         return reply
@@ -87,24 +87,34 @@ def json_endpoint(
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """An aiohttp handler: decode ``model`` from the body, ``handle`` it, encode the reply."""
 
+    async def answer(request: web.Request, raw: bytes) -> web.Response:
+        try:
+            args = model.model_validate(orjson.loads(raw))
+        except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and validation errors
+            return web.Response(status=400, text=one_line(exc) + "\n")
+        try:
+            reply = await handle(request, args)
+        except Exception as exc:
+            log.exception("%s failed", verb)
+            request.app[METRICS].decisions.labels("error").inc()
+            reply = on_error(f"internal error in {verb}: {type(exc).__name__}: {one_line(exc)}")
+        return web.Response(body=dumps(reply), content_type="application/json")
+
     async def handler(request: web.Request) -> web.StreamResponse:
         metrics = request.app[METRICS]
         start = time.perf_counter()
         status = 200
         try:
             raw = await request.read()
-            try:
-                args = model.model_validate(loads(raw))
-            except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and validation errors
-                status = 400
-                return web.Response(status=400, text=one_line(exc) + "\n")
-            try:
-                reply = await handle(request, args)
-            except Exception as exc:
-                log.exception("%s failed", verb)
-                metrics.decisions.labels("error").inc()
-                reply = on_error(f"internal error in {verb}: {type(exc).__name__}: {one_line(exc)}")
-            return web.Response(body=dumps(reply), content_type="application/json")
+            if not leads(request.app):
+                metrics.decisions.labels("standby").inc()
+                return web.Response(body=dumps(on_error(STANDBY)), content_type="application/json")
+            # ``answer`` returns before the pause ends: its frame, and with it the decoded
+            # body, is gone by then (see extender.webhook.collector).
+            with PAUSE.held():
+                response = await answer(request, raw)
+            status = response.status
+            return response
         except web.HTTPException as exc:
             status = exc.status
             raise

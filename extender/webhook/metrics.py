@@ -6,16 +6,21 @@
   decider's call, without decoding the request or encoding the reply).
 - ``gangslice_decisions_total{outcome}``: decisions by outcome (``fit``, ``no-fit``,
   ``reserved``, ``unplaceable``, ``waiting``, ``invalid``, ``bound``, ``bind-failed``,
-  ``scored``, ``preempt``, ``permit``, ``reject``, ``abstain``, ``allocated``, ``error``).
+  ``scored``, ``preempt``, ``permit``, ``reject``, ``abstain``, ``allocated``, ``error``,
+  ``standby``: refused because another replica leads).
 - ``gangslice_reservations{phase}``: reservations held now, by phase (Reserved, Bound).
 - ``gangslice_gpus{state}``: GPUs by state (see :data:`GPU_STATES`).
 - ``gangslice_free_coherent_gpus{level}``: per hierarchy level (and ``node``), the largest
   coherent free block one domain offers (see :func:`free_coherent`).
+- ``gangslice_level_gpus{level,state}``: per hierarchy level (and ``node``), GPUs held by
+  reservations (``reserved``) and by bound slots (``bound``) on the nodes inside some domain
+  of that level (see :func:`level_gpus`).
 - ``gangslice_cache_ready``: 1 once the first full list of every watched kind is in.
 - ``gangslice_cache_nodes``: GPU nodes in the snapshot.
 
 The GPU gauges are computed from the cache at each scrape: O(nodes), with the per-node-type
-memo of :mod:`extender.placement.node_fit` doing the in-node work once per free mask.
+memo of :mod:`extender.placement.node_fit` doing the in-node work once per free mask; the
+per-level counts walk the reservations' slots only (O(slots x levels)).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 #: The ``level`` of ``gangslice_free_coherent_gpus`` for single nodes (below every level).
 NODE_LEVEL = "node"
+
+#: The ``state`` values of ``gangslice_level_gpus`` (a subset of :data:`GPU_STATES`).
+LEVEL_STATES = ("reserved", "bound")
 
 GPU_STATES = {
     "total": "every GPU of every node",
@@ -93,11 +101,37 @@ def free_coherent(view: ClusterSnapshot) -> dict[str, int]:
     return out
 
 
+def level_gpus(snap: ClusterSnapshot, reservations: list[Reservation]) -> dict[str, dict[str, int]]:
+    """Per level name (and ``node``): GPUs of unbound (``reserved``) and bound (``bound``)
+    reservation slots, summed over the domains of that level, i.e. over the slots whose node
+    carries that level's label. A slot on a node the snapshot no longer has counts nowhere."""
+    names = [lv.name for lv in snap.hierarchy.levels]
+    out = {name: dict.fromkeys(LEVEL_STATES, 0) for name in [*names, NODE_LEVEL]}
+    for r in reservations:
+        for slot in r.slice.slots:
+            if not snap.has_node(slot.node):
+                continue
+            counts = [out[NODE_LEVEL]]
+            counts += [out[name] for name, label in zip(names, snap.path_of(slot.node), strict=True) if label]
+            state = "bound" if slot.key in r.bound else "reserved"
+            for count in counts:
+                count[state] += len(slot.gpus)
+    return out
+
+
 _GPUS_HELP = "GPUs by state: " + "; ".join(f"{state}: {what}" for state, what in GPU_STATES.items()) + "."
 _COHERENT_HELP = (
     "Per hierarchy level (and node), the largest coherent free block one domain there offers: "
     "the sum over its nodes of the largest free GPU set each node holds at the tightest tier "
     "its type offers for that many GPUs (reservations taken out)."
+)
+
+_LEVEL_HELP = (
+    "Per hierarchy level (and node), GPUs held by reservation slots no pod is bound to yet "
+    "(state reserved) and by slots a pod is bound to (state bound), summed over the domains of "
+    "that level: the slots on nodes that carry the level's label. A level every node carries "
+    "repeats gangslice_gpus; a level only some nodes carry (an NVLink clique) counts just "
+    "theirs. Compare with gangslice_free_coherent_gpus of the same level."
 )
 
 
@@ -123,6 +157,11 @@ class _CacheCollector(Collector):
         for level, n in free_coherent(view).items():
             coherent.add_metric([level], n)
         yield coherent
+        by_level = GaugeMetricFamily("gangslice_level_gpus", _LEVEL_HELP, labels=["level", "state"])
+        for level, counts in level_gpus(snap, reservations).items():
+            for state, n in counts.items():
+                by_level.add_metric([level, state], n)
+        yield by_level
         yield GaugeMetricFamily(
             "gangslice_cache_ready", "1 once every watched kind is listed.", value=int(self.cache.ready)
         )

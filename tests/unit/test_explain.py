@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission.commands import explain_pods, explain_workload, parse_target
+from extender.admission.commands import explain_pods, explain_workload, parse_target, podgroup_state
 from extender.admission.controller import AdmissionController
 from extender.admission.explain import render
 from extender.admission.fake import FakeControllerApi
@@ -232,3 +232,28 @@ def test_online_plain_gang_from_its_pods() -> None:
     assert explain_pods(cache, "gang", "serving", "other", None).problems == [
         "no pods of gang serving/other in the cluster"
     ]
+
+
+def test_online_podgroup_uses_the_controllers_request_and_its_stored_state() -> None:
+    """The PodGroup's roles, minMember and network topology, as the PodGroup controller
+    reads them, not a request guessed from the pods present."""
+    volcano = Path(__file__).resolve().parents[1] / "fixtures" / "volcano"
+    pg = yaml.safe_load((volcano / "podgroup-llama.yaml").read_text())
+    pg["metadata"].setdefault("annotations", {})["gangslice.io/status"] = "Waiting: waiting for 1 more pod"
+    cache = ClusterCache.from_snapshot(load_cluster(volcano / "cluster.yaml"))
+    for pod in yaml.safe_load_all((volcano / "pods-llama.yaml").read_text()):
+        cache.apply(Kind.PODS, "ADDED", pod)
+    ns, name = pg["metadata"]["namespace"], pg["metadata"]["name"]
+    facts = explain_pods(cache, "podgroup", ns, name, podgroup_state(pg), pg)
+    assert facts.problems == []
+    assert facts.gang is not None
+    sets = {ps.name: ps for ps in facts.gang.pod_sets}
+    assert (sets["leader"].count, sets["worker"].count) == (1, 3)
+    assert sets["worker"].required_level == "leaf"  # spec.networkTopology, hard, tier 1
+    assert facts.check is not None and (facts.check.state, facts.check.message) == (
+        "Waiting",
+        "waiting for 1 more pod",
+    )
+    assert isinstance(facts.dry_run, Slice)
+    gone = explain_pods(cache, "podgroup", ns, "gone", None, None)
+    assert gone.problems == [f"PodGroup {ns}/gone not found"]

@@ -433,7 +433,7 @@ def _gangslice_args(relative: str) -> list[tuple[str, Obj, Mapping[str, Any]]]:
     out = []
     for obj in build(relative).of_kind("Deployment", "DaemonSet"):
         for _, template in pod_templates(obj):
-            for c in template["spec"]["containers"]:
+            for c in _containers(template):
                 if c["image"].startswith(GANGSLICE_IMAGE + ":"):
                     out.append((obj["metadata"]["name"], c, template))
     return out
@@ -458,6 +458,50 @@ def test_gangslice_containers_run_commands_the_cli_accepts() -> None:
                 folder, _, file = str(flag).rpartition("/")
                 (vol,) = [v for v, path in mounts.items() if path == folder]
                 assert vol in secrets and file == key, f"{name}: {flag}"
+
+
+def _annotations_volume(template: Mapping[str, Any], c: Mapping[str, Any], file: Path) -> Obj | None:
+    """The downward-API volume item that puts the pod's annotations at ``file`` in ``c``."""
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    volume = mounts.get(str(file.parent))
+    for v in template["spec"].get("volumes", []):
+        if v["name"] == volume and "downwardAPI" in v:
+            for item in v["downwardAPI"]["items"]:
+                if (
+                    item["path"] == file.name
+                    and item.get("fieldRef", {}).get("fieldPath") == "metadata.annotations"
+                ):
+                    return dict(item)
+    return None
+
+
+def test_example_gangslice_containers_run_a_preflight_the_cli_accepts() -> None:
+    """The gangslice containers of examples/k8s: init containers running `gangslice preflight`
+    on the pod's annotations (a downward-API file) and expecting the pod's GPU count."""
+    from extender import __version__
+    from extender.kube.pods import gpu_request
+
+    parser = build_parser()
+    found = set()
+    for path, obj in example_objects():
+        for which, template in pod_templates(obj):
+            where = f"{path.relative_to(K8S_EXAMPLES)}: {obj['kind']} {obj['metadata']['name']} {which}"
+            for c in _containers(template):
+                if not c["image"].startswith(GANGSLICE_IMAGE + ":"):
+                    continue
+                found.add(str(path.relative_to(K8S_EXAMPLES)))
+                assert c["image"] == f"{GANGSLICE_IMAGE}:{__version__}", where
+                assert "command" not in c, f"{where}: the image's entrypoint is gangslice"
+                args = parser.parse_args(c["args"])
+                assert callable(args.func) and args.command == "preflight", where
+                assert c in template["spec"].get("initContainers", []), f"{where}: preflight must run first"
+                assert args.expect_tp == gpu_request(template["spec"]), f"{where}: --expect-tp"
+                tp = [a for x in template["spec"]["containers"] for a in x.get("args", [])]
+                assert f"--tensor-parallel-size={args.expect_tp}" in tp, f"{where}: vLLM's TP differs"
+                assert _annotations_volume(template, c, args.annotations), (
+                    f"{where}: {args.annotations} is not the pod's annotations from a downward-API volume"
+                )
+    assert {"kueue/llama-70b-tp8.yaml", "plain/llama-70b-tp8.yaml"} <= found
 
 
 def test_the_image_tag_is_the_package_version() -> None:

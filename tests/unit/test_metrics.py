@@ -1,5 +1,6 @@
-"""The extender's /metrics, scraped through the app on a three-node cluster with one
-reservation (one slot bound, one not), one allocated pod, fragmented and unhealthy GPUs."""
+"""The extender's /metrics, scraped through the app on a four-node cluster with one
+reservation (one slot bound, one not), one allocated pod, fragmented and unhealthy GPUs; and
+on a two-node cluster where one node lacks the leaf label, for the per-level GPU counts."""
 
 from __future__ import annotations
 
@@ -34,7 +35,19 @@ nodes:
     allocatedGpus: [0, 2]
 """
 NODES = ["h-0", "h-1", "h-2", "p-0"]
+#: Two idle HGX H100 under spine-1; only h-0 carries a leaf label.
+PARTLY_LABELLED = """\
+levels: [fabric.topograph.run/tier-1, fabric.topograph.run/tier-0]
+nodes:
+  - name: h-0
+    labels: {fabric.topograph.run/tier-1: spine-1, fabric.topograph.run/tier-0: leaf-1}
+    gpuTopology: hgx-h100
+  - name: h-1
+    labels: {fabric.topograph.run/tier-1: spine-1}
+    gpuTopology: hgx-h100
+"""
 Client = TestClient[Any, Any]
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 async def _post(client: Client, verb: str, body: dict[str, Any]) -> Any:
@@ -43,15 +56,25 @@ async def _post(client: Client, verb: str, body: dict[str, Any]) -> Any:
     return await resp.json()
 
 
-async def _filter_and_bind(client: Client, pod: dict[str, Any], node: str) -> list[str]:
-    got = await _post(client, "filter", {"Pod": pod, "NodeNames": NODES})
+async def _filter_and_bind(
+    client: Client, pod: dict[str, Any], node: str, nodes: list[str] = NODES
+) -> list[str]:
+    got = await _post(client, "filter", {"Pod": pod, "NodeNames": nodes})
     meta = pod["metadata"]
     bound = {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
     assert (await _post(client, "bind", bound))["Error"] == ""
     return list(got["NodeNames"])
 
 
-def _scrape(tmp_path: Path) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], float], ClusterCache]:
+def _samples(text: str) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _scrape(tmp_path: Path) -> tuple[Samples, ClusterCache]:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path, CLUSTER))
 
     async def go() -> str:
@@ -64,19 +87,19 @@ def _scrape(tmp_path: Path) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]
             assert resp.status == 200
             return await resp.text()
 
-    text = asyncio.run(go())
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-    return samples, cache
+    return _samples(asyncio.run(go())), cache
 
 
-def _by(
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, label: str
-) -> dict[str, float]:
+def _by(samples: Samples, name: str, label: str) -> dict[str, float]:
     return {dict(labels)[label]: v for (n, labels), v in samples.items() if n == name}
+
+
+def _by_level(samples: Samples) -> dict[tuple[str, str], float]:
+    return {
+        (dict(labels)["level"], dict(labels)["state"]): v
+        for (n, labels), v in samples.items()
+        if n == "gangslice_level_gpus"
+    }
 
 
 def test_metrics_are_named_by_the_conventions_and_count_every_gpu_state(tmp_path: Path) -> None:
@@ -95,6 +118,7 @@ def test_metrics_are_named_by_the_conventions_and_count_every_gpu_state(tmp_path
         "gangslice_reservations",
         "gangslice_gpus",
         "gangslice_free_coherent_gpus",
+        "gangslice_level_gpus",
         "gangslice_cache_ready",
         "gangslice_cache_nodes",
     } <= names
@@ -124,7 +148,34 @@ def test_metrics_are_named_by_the_conventions_and_count_every_gpu_state(tmp_path
         "leaf": 2.0,  # leaf-1: 0 + 0 + 2; leaf-2: 1
         "spine": 3.0,  # spine-1: 2 + 1
     }
+    # Every node carries both labels: each level counts g's two slots, as gangslice_gpus does.
+    assert _by_level(samples) == {
+        (level, state): 8.0 for level in ("node", "leaf", "spine") for state in ("reserved", "bound")
+    }
     assert samples[("gangslice_cache_nodes", ())] == 4.0
+
+
+def test_level_gpus_count_only_the_slots_on_nodes_of_that_level(tmp_path: Path) -> None:
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path, PARTLY_LABELLED))
+
+    async def go() -> str:
+        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+            pod = gang_pod("g-0", "g", 2, 8)
+            assert await _filter_and_bind(client, pod, "h-0", ["h-0", "h-1"]) == ["h-0", "h-1"]
+            return await (await client.get("/metrics")).text()
+
+    samples = _samples(asyncio.run(go()))
+    r = cache.reservation("llm/g")
+    assert r is not None and {s.node: s.key in r.bound for s in r.slice.slots} == {"h-0": True, "h-1": False}
+    assert _by_level(samples) == {
+        ("node", "reserved"): 8.0,  # the unbound slot on h-1
+        ("node", "bound"): 8.0,  # g-0's slot on h-0
+        ("spine", "reserved"): 8.0,
+        ("spine", "bound"): 8.0,
+        ("leaf", "reserved"): 0.0,  # h-1 is under no leaf
+        ("leaf", "bound"): 8.0,
+    }
+    assert _by(samples, "gangslice_gpus", "state")["reserved"] == 8.0
 
 
 def test_an_empty_cache_scrapes_zeroes_for_every_level() -> None:
@@ -138,3 +189,7 @@ def test_an_empty_cache_scrapes_zeroes_for_every_level() -> None:
     assert {s.labels["state"]: s.value for s in families["gangslice_gpus"].samples} == dict.fromkeys(
         ["total", "allocated", "unhealthy", "reserved", "bound", "free"], 0
     )
+    by_level = {
+        (s.labels["level"], s.labels["state"]): s.value for s in families["gangslice_level_gpus"].samples
+    }
+    assert by_level == {(level, state): 0 for level in coherent for state in ("reserved", "bound")}

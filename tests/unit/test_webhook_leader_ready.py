@@ -11,10 +11,11 @@ from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.fake import FakeKubeApi
 from extender.kube.names import LEADER_LABEL
-from extender.webhook.app import build_app
+from extender.placement.request import GangRequest, PodSet
+from extender.webhook.app import build_app, housekeeping
 from extender.webhook.handling import LEADING
 from extender.webhook.server import label_own_pod
-from extender.webhook.testing import client_for, write_cluster
+from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, gang_pod, write_cluster
 
 
 def _status(tmp_path: Path, leading: dict[str, bool] | None) -> tuple[int, str]:
@@ -52,3 +53,49 @@ def test_leader_labels_its_own_pod(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_without_controller_readiness_is_the_cache(tmp_path: Path) -> None:
     assert _status(tmp_path, None)[0] == 200
+
+
+def test_a_standby_decides_nothing_and_says_why(tmp_path: Path) -> None:
+    """Only the leader reserves or binds: a standby answers every verb with its error reply."""
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+    app = build_app(cache, housekeeping_s=None)
+    leading = {"now": False}
+    app[LEADING] = leading
+    member = gang_pod("g-0", "g", 2, 8)
+
+    async def go() -> None:
+        async with client_for(app) as client:
+            body = {"Pod": member, "Nodes": None, "NodeNames": list(SMALL_CLUSTER_NODES)}
+            got = await (await client.post("/gangslice/filter", json=body)).json()
+            assert "standby" in got["Error"] and got["NodeNames"] == []
+            assert await (await client.post("/gangslice/prioritize", json=body)).json() == []
+            bind = {"PodName": "g-0", "PodNamespace": "llm", "PodUID": "", "Node": "h-0"}
+            assert "standby" in (await (await client.post("/gangslice/bind", json=bind)).json())["Error"]
+            assert cache.reservation("llm/g") is None
+            leading["now"] = True
+            got = await (await client.post("/gangslice/filter", json=body)).json()
+            assert got["Error"] == "" and got["NodeNames"]
+            assert cache.reservation("llm/g") is not None
+
+    asyncio.run(go())
+
+
+def test_housekeeping_expires_holds_on_the_leader_only(tmp_path: Path) -> None:
+    now = [0.0]
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), ttl_s=10.0, clock=lambda: now[0])
+    cache.hold("llm/g", GangRequest("g", (PodSet("w", 1, 8),)))
+    app = build_app(cache, housekeeping_s=None)
+    leading = {"now": False}
+    app[LEADING] = leading
+    now[0] = 100.0  # long past the TTL
+
+    async def two_rounds() -> None:
+        task = asyncio.create_task(housekeeping(app, 0.01))
+        await asyncio.sleep(0.1)
+        assert cache.reservation("llm/g") is not None  # the standby leaves it alone
+        leading["now"] = True
+        await asyncio.sleep(0.1)
+        task.cancel()
+
+    asyncio.run(two_rounds())
+    assert cache.reservation("llm/g") is None

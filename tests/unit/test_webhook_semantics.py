@@ -123,6 +123,29 @@ def test_a_plain_gang_is_reserved_on_first_sight_and_pinned_to_its_slots(tmp_pat
     run(tmp_path, body)
 
 
+def test_a_member_of_another_size_gets_no_slot_and_one_without_gpus_stays_outside(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        await filter_(client, gang_pod("g-0", "g", 2, 8))
+        r = cache.reservation("llm/g")
+        assert r is not None and {len(s.gpus) for s in r.slice.slots} == {8}
+        slot_nodes = {s.node for s in r.slice.slots}
+        # A member asking for 2 GPUs cannot take an 8-GPU slot: refused, naming both counts.
+        small = gang_pod("g-1", "g", 2, 2)
+        got = await filter_(client, small)
+        assert got["NodeNames"] == [] and set(got["FailedAndUnresolvableNodes"]) == set(ALL)
+        why = next(iter(got["FailedAndUnresolvableNodes"].values()))
+        assert "asks for 2 GPUs" in why and "slots have 8" in why, why
+        assert "asks for 2 GPUs" in await bind(client, small, sorted(slot_nodes)[0])
+        # A member without GPUs (a CPU-only leader) is outside the slice: any node, no slot.
+        leader = gang_pod("g-leader", "g", 2, 0)
+        assert (await filter_(client, leader))["NodeNames"] == ALL
+        assert await bind(client, leader, "l-0") == ""
+        after = cache.reservation("llm/g")
+        assert after is not None and after.bound == {} and len(after.free_slots()) == 2
+
+    run(tmp_path, body)
+
+
 def test_unplaceable_gangs_fail_every_node_with_the_engines_reason(tmp_path: Path) -> None:
     async def body(client: Client, cache: ClusterCache) -> None:
         never = await filter_(client, gang_pod("big-0", "big", 50, 8))
