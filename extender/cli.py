@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,10 @@ COMMAND_MODULES = (
     "extender.webhook.commands",
     "extender.admission.commands",
 )
+
+
+#: What a shell reports for a process the reader of its pipe went away from (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
 
 
 class UsageError(Exception):
@@ -42,12 +47,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows up here, not at interpreter exit
     except UsageError as exc:
         print(f"gangslice {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `gangslice ... | head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the flush at interpreter exit does not raise again
+    (the recipe in the Python docs' note on SIGPIPE)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a non-file stream (tests)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ HOST_BRIDGE_FACTOR = 0.5
 SYS_GBPS = 32.0
 #: InfiniBand NDR 400 Gb/s = 50 GB/s per direction per NIC, one NIC per GPU (DGX H100).
 IB_NDR_GBPS = 100.0
+#: RoCE v2 over 400 GbE (ConnectX-7 / BlueField-3 SuperNIC on Spectrum-X): the same 50 GB/s
+#: per direction line rate per NIC as NDR; congestion control and ECN cost some of it
+#: under load, which this table does not model.
+ROCE_400GBE_GBPS = 100.0
 
 # --- Launch latency (alpha) per collective, microseconds -------------------------------
 #: Small all-reduces on 8xB200 take ~48-51 us at 32 KiB..1 MiB through torch (stas00);
@@ -160,24 +164,27 @@ def alpha_for_gbps(gbps: float, crosses_nodes: bool) -> float:
     return ALPHA_NVLINK_US if gbps >= NVLINK_RING_MIN_GBPS else ALPHA_PCIE_US
 
 
+#: Named link classes for the ``gangslice cost`` command (GB/s, as above).
+_LINK_CLASS_GBPS = {
+    "nvlink3": 12 * NVLINK4_PER_LINK_GBPS,
+    "nvlink": 18 * NVLINK4_PER_LINK_GBPS,
+    "nvlink4": 18 * NVLINK4_PER_LINK_GBPS,
+    "nvlink5": 18 * NVLINK5_PER_LINK_GBPS,
+    "pcie": PCIE_GEN4_X16_GBPS,
+    "pcie4": PCIE_GEN4_X16_GBPS,
+    "pcie5": PCIE_GEN5_X16_GBPS,
+    "phb": PCIE_GEN4_X16_GBPS * HOST_BRIDGE_FACTOR,
+    "sys": SYS_GBPS,
+    "ib": IB_NDR_GBPS,
+    "roce": ROCE_400GBE_GBPS,
+}
+LINK_CLASSES = tuple(_LINK_CLASS_GBPS)
+
+
 def link_class_gbps(name: str) -> float:
-    """Named link classes for the ``gangslice cost`` command."""
-    table = {
-        "nvlink3": 12 * NVLINK4_PER_LINK_GBPS,
-        "nvlink": 18 * NVLINK4_PER_LINK_GBPS,
-        "nvlink4": 18 * NVLINK4_PER_LINK_GBPS,
-        "nvlink5": 18 * NVLINK5_PER_LINK_GBPS,
-        "pcie": PCIE_GEN4_X16_GBPS,
-        "pcie4": PCIE_GEN4_X16_GBPS,
-        "pcie5": PCIE_GEN5_X16_GBPS,
-        "phb": PCIE_GEN4_X16_GBPS * HOST_BRIDGE_FACTOR,
-        "sys": SYS_GBPS,
-        "ib": IB_NDR_GBPS,
-    }
+    """The bandwidth of a named link class (see :data:`LINK_CLASSES`)."""
     try:
-        return table[name.lower()]
+        return _LINK_CLASS_GBPS[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown link class {name!r}; known: {', '.join(sorted(table))}") from None
-
-
-LINK_CLASSES = ("nvlink3", "nvlink", "nvlink4", "nvlink5", "pcie", "pcie4", "pcie5", "phb", "sys", "ib")
+        known = ", ".join(sorted(_LINK_CLASS_GBPS))
+        raise ValueError(f"unknown link class {name!r}; known: {known}") from None

@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
                 return EXIT_BAD_INPUT
             snap = load_cluster(args.cluster)
             if args.gang:
-                facts = explain_gang_file(snap, load_gang(args.gang), args.gang)
+                facts = explain_gang_file(snap, load_gang(args.gang, snap.hierarchy), args.gang)
             else:
                 wl = _load_yaml(args.workload)
                 if not isinstance(wl, dict) or wl.get("kind") != "Workload":

@@ -39,7 +39,6 @@ from extender.admission.objects import (
     object_ref,
     parse_rfc3339,
     reservation_from_object,
-    reservation_status,
     rfc3339,
 )
 from extender.admission.workload_gang import WorkloadError
@@ -464,27 +463,13 @@ class AdmissionController:
         return None
 
     async def _persist(self, r: Reservation, wl: Mapping[str, Any], now: float) -> bool:
-        """Make sure the SliceReservation object exists (owned by the Workload); False when
-        it could not be written (the hold is dropped, so nothing leaks; a resync retries)."""
+        """Make sure the SliceReservation object exists (owned by the Workload) with its
+        status; False when it could not be written (the hold is dropped, so nothing leaks; a
+        resync retries)."""
         if not await owned.persist(self.api, r, wl, now):
             self.cache.drop(r.gang)
             return False
-        ns, _ = object_ref(wl)
-        obj_name = object_name(r.gang)
-        try:
-            await self.api.apply_reservation_status(ns, obj_name, self._status_body(r, ns, obj_name, now))
-        except ApiError as exc:
-            log.debug("SliceReservation %s/%s status: %s", ns, obj_name, exc)
         return True
-
-    @staticmethod
-    def _status_body(r: Reservation, ns: str, name: str, now: float) -> dict[str, Any]:
-        return {
-            "apiVersion": names.API_VERSION,
-            "kind": "SliceReservation",
-            "metadata": {"name": name, "namespace": ns},
-            "status": reservation_status(r, now),
-        }
 
     async def _keep(self, key: str, wl: Mapping[str, Any]) -> None:
         """Our check is Ready: the reservation should be in the ledger. After a restart it is

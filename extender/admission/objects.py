@@ -10,11 +10,11 @@ for the owner, and a ``status`` mirror (phase, bound pods, nodes, GPU count, a c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from extender.kube import names
-from extender.kube.crd_models import reservation_from_object, reservation_object
+from extender.kube.crd_models import reservation_from_object, reservation_object, reservation_status, rfc3339
 from extender.placement.ledger import Reservation
 
 __all__ = [
@@ -33,10 +33,6 @@ META_OWNER_UID = "ownerUid"
 #: When the owner's quota was reserved (Kueue's QuotaReserved transition time): a reservation
 #: made for an earlier admission attempt is stale once the Workload has been requeued.
 META_ATTEMPT = "attempt"
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_rfc3339(text: object) -> float | None:
@@ -80,26 +76,6 @@ def _label_value(text: str) -> str:
     """A label value: at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
     cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
     return cleaned.strip("._-")
-
-
-def reservation_status(r: Reservation, now: float) -> dict[str, Any]:
-    nodes = r.slice.nodes
-    message = f"{len(r.slice.slots)} pods on {len(nodes)} node(s), {r.slice.per_layer_micros:.1f} us/layer"
-    return {
-        "phase": r.phase.value,
-        "boundPods": dict(r.bound),
-        "nodes": ",".join(nodes),
-        "gpus": r.slice.gpus,
-        "conditions": [
-            {
-                "type": "Held",
-                "status": "True" if r.phase.value in ("Reserved", "Bound") else "False",
-                "reason": r.phase.value,
-                "message": message,
-                "lastTransitionTime": rfc3339(now),
-            }
-        ],
-    }
 
 
 def reservation_to_object(

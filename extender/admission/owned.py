@@ -1,5 +1,6 @@
 """Reservations owned by a Kubernetes object (a PodGroup, a Workload): hold one in the cache's
-ledger, persist it as a SliceReservation owned by that object, and post Events about it.
+ledger, persist it as a SliceReservation owned by that object (spec, then status; later binds
+rewrite both through the cache's store), and post Events about it.
 Shared by the Kueue check controller, the PodGroup controller (each for lone and joint gangs)
 and the plain-gang reporter (Events only)."""
 
@@ -21,7 +22,7 @@ from extender.admission.objects import (
 )
 from extender.kube import names
 from extender.kube.api import ApiError, Conflict, NotFound
-from extender.kube.crd_models import CrdError, object_name
+from extender.kube.crd_models import CrdError, object_name, reservation_status
 from extender.logs import fields
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import Slice
@@ -37,6 +38,8 @@ class OwnedApi(EventApi, Protocol):
     async def get_reservation(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     async def create_reservation(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def apply_reservation_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> None: ...
 
     async def delete_reservation(self, namespace: str, name: str) -> None: ...
 
@@ -87,10 +90,30 @@ def owned_by(r: Reservation, owner: Mapping[str, Any] | None) -> bool:
 
 
 async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: float) -> bool:
-    """Create the SliceReservation of ``r`` owned by ``owner``; an object left from an earlier
-    hold of the same gang is replaced. False when it could not be written."""
+    """Create the SliceReservation of ``r`` owned by ``owner`` (an object left from an earlier
+    hold of the same gang is replaced), then write its status. False when the object could not
+    be written; a failed status write is only logged (the cache's store writes it again on the
+    next bind)."""
     ns, _ = object_ref(owner)
     name = object_name(r.gang)
+    if not await _create(api, r, ns, name, owner, now):
+        return False
+    try:
+        await api.apply_reservation_status(ns, name, status_body(r, ns, name, now))
+    except ApiError as exc:
+        log.warning(
+            "SliceReservation %s/%s status: %s",
+            ns,
+            name,
+            exc,
+            extra=fields(gang=r.gang, reservation=f"{ns}/{name}"),
+        )
+    return True
+
+
+async def _create(
+    api: OwnedApi, r: Reservation, ns: str, name: str, owner: Mapping[str, Any], now: float
+) -> bool:
     obj = reservation_to_object(r, ns, name, owner_reference(owner), now)
     where = fields(gang=r.gang, reservation=f"{ns}/{name}")
     try:
@@ -112,6 +135,16 @@ async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: 
     except (ApiError, CrdError) as exc:
         log.warning("SliceReservation %s/%s: %s", ns, name, exc, extra=where)
         return False
+
+
+def status_body(r: Reservation, ns: str, name: str, now: float) -> dict[str, Any]:
+    """The server-side apply body that sets the status of ``r``'s SliceReservation."""
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": "SliceReservation",
+        "metadata": {"name": name, "namespace": ns},
+        "status": reservation_status(r, now),
+    }
 
 
 async def delete_object(api: OwnedApi, r: Reservation) -> None:

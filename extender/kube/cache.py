@@ -14,7 +14,8 @@ lowest free GPU indices as it requests (pods in name order).
 
 Persisting: ledger changes are queued; ``await cache.flush()`` writes them to the
 :class:`~extender.kube.store.ReservationStore` (the housekeeping loop also flushes, and
-retries what failed).
+retries what failed). A bind or a freed slot is such a change, so the object's status
+(phase, bound pods) follows the ledger for every reservation, owned ones included.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class ClusterCache:
         awaiting: Iterable[Kind] = ALL_KINDS,
     ) -> None:
         self.hierarchy = hierarchy or Hierarchy()
-        self.store: ReservationStore = store if store is not None else InMemoryReservationStore()
+        self.store: ReservationStore = store if store is not None else InMemoryReservationStore(clock)
         self.clock = clock
         self._ledger = Ledger(ttl_s)
         self._awaiting = set(awaiting)

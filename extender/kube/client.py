@@ -161,6 +161,23 @@ class RealKubeApi:
         except Exception as exc:
             raise _raise(exc) from exc
 
+    def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                names.GROUP,
+                names.VERSION,
+                namespace,
+                names.SLICE_RESERVATIONS,
+                name,
+                # ``add`` sets or replaces the whole status; a merge patch would keep the
+                # boundPods entries of slots freed since.
+                [{"op": "add", "path": "/status", "value": dict(status)}],
+                _content_type=JSON_PATCH,
+                _preload_content=False,
+            )
+        except Exception as exc:
+            raise _raise(exc) from exc
+
     def delete_reservation(self, namespace: str, name: str) -> None:
         try:
             self._custom.delete_namespaced_custom_object(

@@ -18,7 +18,11 @@ the full contract); its spec is the GPU graph in the shape of
 
 ``SliceReservation`` (``slicereservations.gangslice.io/v1alpha1``, namespaced) has as spec
 exactly the ledger's ``Reservation.to_dict()`` (``gang``, ``slice``, ``expiresAt``,
-``bound``, ``phase``, ``meta``), so ``Reservation.from_dict(obj["spec"])`` reads it back.
+``bound``, ``phase``, ``meta``), so ``Reservation.from_dict(obj["spec"])`` reads it back; a
+restart rebuilds the ledger from spec alone. Its ``status`` (:func:`reservation_status`) is what
+people and kubectl read: phase, which pod holds which slot, nodes, GPU count and a ``Held``
+condition. Whoever writes the object writes its status too, through the ``/status``
+subresource, and again whenever a slot binds or is freed.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from extender.kube import names
-from extender.placement.ledger import Reservation
+from extender.placement.ledger import Phase, Reservation
 from extender.topology.model import GpuGraph, TopologyError
 from extender.topology.serialize import graph_from_dict
 
@@ -195,3 +200,44 @@ def reservation_from_object(obj: Mapping[str, Any]) -> Reservation:
     if not extra:
         return r
     return Reservation(r.gang, r.slice, r.expires_at, r.bound, r.phase, {**r.meta, **extra})
+
+
+#: The condition every SliceReservation status carries: True while the slice is held.
+HELD_CONDITION = "Held"
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reservation_status(
+    r: Reservation, now: float, previous: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``status`` of ``r``'s SliceReservation. ``previous`` is the status written before:
+    the ``Held`` condition keeps its lastTransitionTime while its status does not change, so
+    an unchanged reservation yields an equal dict (and needs no write)."""
+    sl = r.slice
+    held = "True" if r.phase in (Phase.RESERVED, Phase.BOUND) else "False"
+    since = rfc3339(now)
+    for c in (previous or {}).get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == HELD_CONDITION and c.get("status") == held:
+            since = str(c.get("lastTransitionTime") or since)
+    message = (
+        f"{len(r.bound)} of {len(sl.slots)} pods bound on {len(sl.nodes)} node(s), "
+        f"{sl.per_layer_micros:.1f} us/layer"
+    )
+    return {
+        "phase": r.phase.value,
+        "boundPods": dict(r.bound),
+        "nodes": ",".join(sl.nodes),
+        "gpus": sl.gpus,
+        "conditions": [
+            {
+                "type": HELD_CONDITION,
+                "status": held,
+                "reason": r.phase.value,
+                "message": message,
+                "lastTransitionTime": since,
+            }
+        ],
+    }

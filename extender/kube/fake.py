@@ -162,6 +162,16 @@ class FakeKubeApi:
             got["spec"] = copy.deepcopy(dict(spec))
             self._store(Kind.SLICE_RESERVATIONS, (namespace, name), got, "MODIFIED")
 
+    def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        with self._cond:
+            self._enter("patch_reservation_status", namespace, name)
+            got = self._objects[Kind.SLICE_RESERVATIONS].get((namespace, name))
+            if got is None:
+                raise NotFound(404, f"slicereservation {namespace}/{name} not found")
+            got = copy.deepcopy(got)
+            got["status"] = copy.deepcopy(dict(status))
+            self._store(Kind.SLICE_RESERVATIONS, (namespace, name), got, "MODIFIED")
+
     def delete_reservation(self, namespace: str, name: str) -> None:
         with self._cond:
             self._enter("delete_reservation", namespace, name)

@@ -2,8 +2,10 @@
 
 Every store keeps reservations as ``SliceReservation`` objects (see
 :mod:`extender.kube.crd_models`): the in-memory store for file mode and tests, the
-Kubernetes store in a cluster. ``save`` creates or updates, ``delete`` forgets (a missing
-object is not an error), ``load`` returns everything persisted.
+Kubernetes store in a cluster. ``save`` creates or updates the object and writes its status
+(phase, bound pods, nodes, GPUs), ``delete`` forgets (a missing object is not an error),
+``load`` returns everything persisted. The ledger is rebuilt from spec alone; status is for
+people and kubectl.
 """
 
 from __future__ import annotations
@@ -11,11 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from extender.kube.api import Conflict, Kind, KubeApi, NotFound
-from extender.kube.crd_models import CrdError, reservation_from_object, reservation_object
+from extender.kube.crd_models import (
+    CrdError,
+    reservation_from_object,
+    reservation_object,
+    reservation_status,
+)
 from extender.placement.ledger import Reservation
+
+log = logging.getLogger(__name__)
+
+_Ref = tuple[str, str]
 
 
 class ReservationStore(Protocol):
@@ -26,20 +40,24 @@ class ReservationStore(Protocol):
     async def load(self) -> list[Reservation]: ...
 
 
-def _ref(obj: dict[str, Any]) -> tuple[str, str]:
+def _ref(obj: dict[str, Any]) -> _Ref:
     return obj["metadata"]["namespace"], obj["metadata"]["name"]
 
 
 class InMemoryReservationStore:
-    """SliceReservation objects in a dict, keyed (namespace, name)."""
+    """SliceReservation objects (spec and status) in a dict, keyed (namespace, name)."""
 
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.objects: dict[_Ref, dict[str, Any]] = {}
         self.writes = 0
+        self.clock = clock
 
     async def save(self, r: Reservation) -> None:
         obj = reservation_object(r)
-        self.objects[_ref(obj)] = copy.deepcopy(obj)
+        ref = _ref(obj)
+        previous = self.objects.get(ref, {}).get("status")
+        obj["status"] = reservation_status(r, self.clock(), previous)
+        self.objects[ref] = copy.deepcopy(obj)
         self.writes += 1
 
     async def delete(self, r: Reservation) -> None:
@@ -53,29 +71,48 @@ class InMemoryReservationStore:
 class KubeReservationStore:
     """SliceReservation objects in the API server, written through :class:`KubeApi` in a thread."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeApi, clock: Callable[[], float] = time.time) -> None:
         self.api = api
+        self.clock = clock
         #: Objects known to exist: updated with a patch first, created only when missing.
-        self._exists: set[tuple[str, str]] = set()
+        self._exists: set[_Ref] = set()
+        #: The status last written to each object: an unchanged one is not written again.
+        self._status: dict[_Ref, dict[str, Any]] = {}
 
     async def save(self, r: Reservation) -> None:
+        """Write spec, then status; an error from either propagates (the cache retries)."""
         obj = reservation_object(r)
         ref = _ref(obj)
+        await self._write_spec(ref, obj)
+        await self._write_status(ref, r)
+
+    async def _write_spec(self, ref: _Ref, obj: dict[str, Any]) -> None:
         if ref in self._exists:
             try:
                 await asyncio.to_thread(self.api.patch_reservation_spec, *ref, obj["spec"])
                 return
             except NotFound:
                 self._exists.discard(ref)
+                self._status.pop(ref, None)
         try:
             await asyncio.to_thread(self.api.create_reservation, obj)
         except Conflict:
             await asyncio.to_thread(self.api.patch_reservation_spec, *ref, obj["spec"])
         self._exists.add(ref)
 
+    async def _write_status(self, ref: _Ref, r: Reservation) -> None:
+        previous = self._status.get(ref)
+        status = reservation_status(r, self.clock(), previous)
+        if status == previous:
+            return
+        # A whole-status replace: a merge patch would keep boundPods of slots freed since.
+        await asyncio.to_thread(self.api.patch_reservation_status, *ref, status)
+        self._status[ref] = status
+
     async def delete(self, r: Reservation) -> None:
         ref = _ref(reservation_object(r))
         self._exists.discard(ref)
+        self._status.pop(ref, None)
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(self.api.delete_reservation, *ref)
 
@@ -85,6 +122,6 @@ class KubeReservationStore:
         for obj in listing.items:
             try:
                 out.append(reservation_from_object(obj))
-            except CrdError:
-                continue
+            except CrdError as exc:
+                log.warning("ignoring %s", exc)
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from extender.placement.files import FileError, load_cluster, load_gang
@@ -57,18 +58,15 @@ def run(args: argparse.Namespace) -> int:
 
     policy = POLICIES.get(args.policy)
     if policy is None:
-        print(f"gangslice place: --policy: unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
+        known = ", ".join(POLICIES)
+        print(f"gangslice place: --policy: unknown policy {args.policy!r}; known: {known}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         cluster = load_cluster(args.cluster)
-        gang = load_gang(args.gang)
+        gang = load_gang(args.gang, cluster.hierarchy)  # its level names checked against the cluster's
     except FileError as exc:
-        print(f"gangslice place: {exc}")
+        print(f"gangslice place: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        result = policy(cluster, gang)
-    except ValueError as exc:  # an unknown level name and the like: the gang file's fault
-        print(f"gangslice place: {args.gang}: {exc}")
-        return EXIT_BAD_INPUT
+    result = policy(cluster, gang)
     print(json.dumps(placement_json(result), indent=2) if args.json else render(result))
     return EXIT_PLACED if isinstance(result, Slice) else EXIT_UNPLACEABLE

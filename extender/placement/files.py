@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from extender.cost import Comm, ModelDims
 from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.scoring import LevelError, resolve_level
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, HierarchyError, NetworkModel, parse_levels
 from extender.topology.model import GpuGraph, TopologyError
@@ -147,7 +148,28 @@ def _load_yaml(path: Path) -> Any:
         raise FileError(f"{path}:{at} not valid YAML: {getattr(exc, 'problem', exc)}") from None
 
 
-def gang_from_data(data: Any, where: str = "gang") -> GangRequest:
+def _level_fields(ps: PodSet) -> list[tuple[str, str]]:
+    """The (field, level name) pairs of a pod set that name a level."""
+    named = [("requiredLevel", ps.required_level), ("preferredLevel", ps.preferred_level)]
+    if ps.colocate_with is not None:
+        named.append(("colocateWith.level", ps.colocate_with.level))
+    return [(field, level) for field, level in named if level is not None]
+
+
+def check_levels(gang: GangRequest, hierarchy: Hierarchy, where: str = "gang") -> None:
+    """Every level the gang names must be one of ``hierarchy``'s (or ``node``, or an in-node
+    level); the error names the field, which a solver's error cannot."""
+    for i, ps in enumerate(gang.pod_sets):
+        for field, level in _level_fields(ps):
+            try:
+                resolve_level(level, hierarchy)
+            except LevelError as exc:
+                raise FileError(f"{where}: podSets[{i}].{field}: {exc}") from None
+
+
+def gang_from_data(data: Any, where: str = "gang", hierarchy: Hierarchy | None = None) -> GangRequest:
+    """A gang from gang-file content; with ``hierarchy`` (the cluster's), its level names are
+    checked too."""
     if not isinstance(data, dict):
         raise FileError(f"{where}: expected a mapping with name and podSets")
     try:
@@ -155,14 +177,17 @@ def gang_from_data(data: Any, where: str = "gang") -> GangRequest:
     except ValidationError as err:
         raise _first_error(where, err) from None
     try:
-        return spec.request()
+        gang = spec.request()
     except ValueError as exc:
         raise FileError(f"{where}: {exc}") from None
+    if hierarchy is not None:
+        check_levels(gang, hierarchy, where)
+    return gang
 
 
-def load_gang(path: str | Path) -> GangRequest:
+def load_gang(path: str | Path, hierarchy: Hierarchy | None = None) -> GangRequest:
     p = Path(path)
-    return gang_from_data(_load_yaml(p), str(p))
+    return gang_from_data(_load_yaml(p), str(p), hierarchy)
 
 
 def _graph_for(topology: str, base: Path, cache: dict[str, GpuGraph], where: str) -> GpuGraph:

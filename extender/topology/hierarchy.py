@@ -37,13 +37,17 @@ class Level:
 
 
 #: Defaults follow NVIDIA topograph v1.0 (``fabric.topograph.run/tier-N``, tier-0 closest to
-#: the nodes; ``accelerator.topograph.run/domain`` for the NVLink domain) and GPU Feature
-#: Discovery (``nvidia.com/gpu.clique`` = ``<ClusterUUID>.<CliqueID>``).
+#: the nodes; ``accelerator.topograph.run/domain`` for the NVLink domain and the optional
+#: ``.../sub-domain`` inside it, e.g. a rack of a multi-rack domain) and GPU Feature
+#: Discovery (``nvidia.com/gpu.clique`` = ``<ClusterUUID>.<CliqueID>``). topograph's tier
+#: depth varies by fabric; a fabric deeper than three tiers names its levels in the cluster
+#: configuration (any ``tier-N`` label key is accepted there).
 DEFAULT_LEVELS: tuple[Level, ...] = (
     Level("core", "fabric.topograph.run/tier-2"),
     Level("spine", "fabric.topograph.run/tier-1"),
     Level("leaf", "fabric.topograph.run/tier-0"),
     Level("nvl-domain", "accelerator.topograph.run/domain", kind="group"),
+    Level("nvl-subdomain", "accelerator.topograph.run/sub-domain", kind="group"),
     Level("clique", "nvidia.com/gpu.clique", kind="fabric"),
 )
 

@@ -83,6 +83,19 @@ spec_of() {
 
 hash_files() { cat "$@" | sha256sum | cut -c1-16; }
 
+# A module download that fails is nearly always the module proxy: name the GOPROXY in use and what to check.
+mod_download_failed() { # <tools module dir>
+    local proxy first check
+    proxy="$(go env GOPROXY)"
+    first="${proxy%%[,|]*}"
+    case "${first}" in
+        off) check="GOPROXY=off forbids downloads and ${GOMODCACHE} lacks a module: set GOPROXY to a proxy this machine can reach" ;;
+        direct) check="'direct' fetches from each module's origin (github.com, go.googlesource.com, ...): they must be reachable, or set GOPROXY to a proxy this machine can reach" ;;
+        *) check="the proxy ${first} must be reachable from this machine (try: curl -sSI ${first}/k8s.io/kubernetes/@v/${KUBERNETES_VERSION}.info) and serve the versions pinned in hack/e2e/tools/versions.env; otherwise set GOPROXY to one that is" ;;
+    esac
+    die "go mod download failed in hack/e2e/tools/$1 (go's error is above) with GOPROXY=${proxy}. Check: ${check}. Modules already in ${GOMODCACHE} are not downloaded again."
+}
+
 log "Go ${GO_VERSION}; cache ${CACHE_ROOT}; output ${BIN_DIR}"
 total_start=$(date +%s)
 built=0
@@ -100,7 +113,7 @@ for comp in "${COMPONENTS[@]}"; do
     fi
     STEP="download modules for ${comp} (${moddir})"
     log "${comp}: downloading modules of hack/e2e/tools/${moddir}"
-    (cd "${mod}" && go mod download)
+    (cd "${mod}" && go mod download) || mod_download_failed "${moddir}"
     STEP="go build ${comp} (${pkg}@${version})"
     log "${comp}: building ${pkg}@${version} (nice ${NICE}, -p ${JOBS})"
     start=$(date +%s)
@@ -127,7 +140,12 @@ export_crds() { # name moddir module@version subdir
         return 0
     fi
     STEP="export CRDs of ${modver}"
-    dir="$(cd "${TOOLS_DIR}/${moddir}" && go mod download -json "${modver}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+    local json
+    if ! json="$(cd "${TOOLS_DIR}/${moddir}" && go mod download -json "${modver}")"; then
+        printf '%s\n' "${json}" >&2   # go reports the error inside its JSON
+        mod_download_failed "${moddir}"
+    fi
+    dir="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"${json}")"
     [[ -d "${dir}/${sub}" ]] || die "no ${sub} in ${modver} (module dir '${dir}')"
     rm -rf "${dest}"
     mkdir -p "${dest}"

@@ -2,7 +2,8 @@
 GPU nodes with NodeTopology objects, and the ``gangslice serve`` process.
 
 Everything talks JSON through :meth:`ControlPlane.request` (admin), except gangslice, which runs under
-the ServiceAccount and ClusterRole from ``manifests/controller/rbac.yaml``. Its log level is
+the ServiceAccount and ClusterRole from ``manifests/controller/rbac.yaml``. The kustomize base
+``manifests/`` is applied as shipped with the built kubectl (:func:`install_gangslice`). Its log level is
 ``$GANGSLICE_E2E_LOG_LEVEL`` (default ``info``; ``debug`` logs every API call it makes).
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 import signal
 import ssl
+import subprocess
 import sys
 import time
 import urllib.error
@@ -146,21 +148,33 @@ def events_for(cp: ControlPlane, namespace: str, name: str) -> list[dict[str, An
 
 
 # ---------------------------------------------------------------------------------------------- RBAC
+def kubectl(cp: ControlPlane, *args: str, kubeconfig: Path | None = None, timeout: float = 120.0) -> str:
+    """Run the built kubectl (as admin unless ``kubeconfig``) from the repository root; its stdout.
+
+    A non-zero exit fails with kubectl's own message (e.g. which object the API server rejected and why)."""
+    assert cp.kubeconfig is not None
+    argv = [str(cp.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig or cp.kubeconfig}", *args]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        said = f"{proc.stderr.strip()}\n{proc.stdout[-2000:]}"
+        raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}:\n{said}")
+    return proc.stdout
+
+
 def install_gangslice(cp: ControlPlane) -> None:
-    """Our CRDs, the gangslice-system namespace and the controller's RBAC exactly as shipped."""
-    cp.install_crds(MANIFESTS / "crds")
-    for doc in yaml.safe_load_all((MANIFESTS / "namespace.yaml").read_text()):
-        create(cp, doc, exist_ok=True)
-    for doc in yaml.safe_load_all((MANIFESTS / "controller" / "rbac.yaml").read_text()):
-        if doc:
-            create(cp, doc, exist_ok=True)
+    """The kustomize base ``manifests/`` exactly as shipped: ``kubectl apply -k manifests/ --server-side``.
+
+    Every object of the base must be accepted by the API server. No controller-manager runs, so the
+    Deployment and the DaemonSet start no pods. Safe to call again (server-side apply)."""
+    kubectl(cp, "apply", "--server-side", "--force-conflicts", "-k", str(MANIFESTS))
+    kubectl(cp, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(MANIFESTS / "crds"))
 
 
-def service_account_kubeconfig(cp: ControlPlane, path: Path) -> Path:
-    """A kubeconfig with a token minted for gangslice-system/gangslice-controller (TokenRequest API)."""
+def service_account_kubeconfig(cp: ControlPlane, path: Path, account: str = SERVICE_ACCOUNT) -> Path:
+    """A kubeconfig with a token minted for gangslice-system/``account`` (TokenRequest API)."""
     review = cp.request(
         "POST",
-        path_of("ServiceAccount", SERVICE_ACCOUNT, SYSTEM_NS, "token"),
+        path_of("ServiceAccount", account, SYSTEM_NS, "token"),
         {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
@@ -190,8 +204,9 @@ def hgx_leaves(pool: str, per_leaf: int) -> list[FakeNode]:
     ]
 
 
-def make_node(cp: ControlPlane, node: FakeNode, pool: str) -> None:
-    """A Ready Node with ``nvidia.com/gpu`` and topograph labels, plus its NodeTopology from a preset."""
+def make_node(cp: ControlPlane, node: FakeNode, pool: str, *, topology: bool = True) -> None:
+    """A Ready Node with ``nvidia.com/gpu`` and topograph labels, plus (unless ``topology`` is false, for
+    the node agent to publish) its NodeTopology from a preset."""
     labels = {"kubernetes.io/hostname": node.name, SPINE: node.spine, LEAF: node.leaf, POOL: pool}
     create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": labels}})
     resources = {"cpu": "128", "memory": "1Ti", "pods": "110", GPU: str(node.gpus)}
@@ -211,6 +226,8 @@ def make_node(cp: ControlPlane, node: FakeNode, pool: str) -> None:
         {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
         sub="status",
     )
+    if not topology:
+        return
     spec = graph_to_dict(preset_graph(node.preset))
     spec["source"] = "nvml"
     create(

@@ -1,7 +1,8 @@
 """Faults: ``gangslice serve`` killed with SIGKILL between reservation and binding; kube-apiserver restarted.
 
 Nodes (pool ``flt``): spine s1, leaves a and b of two HGX H100 nodes each. A gang of two 8-GPU pods fills one
-leaf, so its reservation holds a whole node that nothing else may take.
+leaf; with only its first member created, its reservation holds a whole node that kube-scheduler sees as free
+and nothing else may take. Both faults happen while that hold exists.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ def unschedulable(cp: ControlPlane, ns: str, name: str) -> bool:
     return bool(cond and cond["status"] == "False" and cond.get("reason") == "Unschedulable")
 
 
-def test_kill9_between_reservation_and_binding_double_books_nothing_and_leaks_nothing(
-    control_plane: ControlPlane, gangslice: Gangslice, ns: str
-) -> None:
-    cp = control_plane
-    first, second = gang_pods("llm", 2, 8, POOL)
-    # Only the first member exists: gangslice reserves the whole gang's slice and binds that one.
+def hold_one_member(cp: ControlPlane, ns: str) -> tuple[str, str]:
+    """Create only the first member of a 2 x 8-GPU plain gang: gangslice reserves the whole gang's slice and
+    binds that one. Returns (the first member's node, the node held for the second), both on one leaf.
+
+    The held node is free as far as kube-scheduler can tell; only gangslice's ledger keeps it."""
+    first, _ = gang_pods("llm", 2, 8, POOL)
     create(cp, in_ns(first, ns))
     first_node = wait_for("llm-0 bound", lambda: node_of(cp, ns, "llm-0"), 60)
     (reservation,) = wait_for("the gang's SliceReservation", lambda: items(cp, "SliceReservation", ns), 30)
@@ -67,24 +68,29 @@ def test_kill9_between_reservation_and_binding_double_books_nothing_and_leaks_no
     assert first_node in slot_nodes and len(set(slot_nodes)) == 2, slot_nodes
     (held,) = set(slot_nodes) - {first_node}
     assert LEAF_OF[held] == LEAF_OF[first_node]
+    return first_node, held
 
-    gangslice.kill9()
-    gangslice.start()
 
-    # A rival 8-GPU pod allowed only on the gang's leaf must not get the node held for llm-1.
+def rival_kept_off(cp: ControlPlane, ns: str, held: str) -> None:
+    """A rival 8-GPU pod allowed only on the gang's leaf must not get the node held for llm-1."""
     rival = gpu_pod("rival", 8, POOL)
     rival["spec"]["nodeSelector"][LEAF] = LEAF_OF[held]
     create(cp, in_ns(rival, ns))
     wait_for("rival marked Unschedulable", lambda: unschedulable(cp, ns, "rival"), 60)
-    assert node_of(cp, ns, "rival") is None
+    assert node_of(cp, ns, "rival") is None, f"rival bound to {node_of(cp, ns, 'rival')}, held {held}"
 
-    # The late member lands on the node its slot names, after the restart.
+
+def late_member_lands_on(cp: ControlPlane, ns: str, held: str) -> None:
+    _, second = gang_pods("llm", 2, 8, POOL)
     create(cp, in_ns(second, ns))
     assert wait_for("llm-1 bound", lambda: node_of(cp, ns, "llm-1"), 60) == held
     assert sorted(gpus_of(get(cp, "Pod", "llm-1", ns) or {})) == list(range(8))
     assert not double_booked(cp, LEAF_OF), double_booked(cp, LEAF_OF)
 
-    # The gang ends: its reservation goes away, and the rival can have the node.
+
+def gang_ends_and_rival_binds(cp: ControlPlane, ns: str) -> None:
+    """The gang's pods go: its reservation goes away (seen through gangslice's watches), and the rival
+    can have a node of the leaf."""
     for name in ("llm-0", "llm-1"):
         delete(cp, "Pod", name, ns)
     left: list[dict[str, Any]] = []
@@ -100,19 +106,31 @@ def test_kill9_between_reservation_and_binding_double_books_nothing_and_leaks_no
     assert not double_booked(cp, LEAF_OF)
 
 
+def test_kill9_between_reservation_and_binding_double_books_nothing_and_leaks_nothing(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    cp = control_plane
+    _, held = hold_one_member(cp, ns)
+
+    gangslice.kill9()
+    gangslice.start()
+
+    rival_kept_off(cp, ns, held)
+    late_member_lands_on(cp, ns, held)
+    gang_ends_and_rival_binds(cp, ns)
+
+
 def test_apiserver_restart_cache_recovers(control_plane: ControlPlane, gangslice: Gangslice, ns: str) -> None:
     cp = control_plane
-    create(cp, in_ns(gpu_pod("before", 8, POOL), ns))
-    before_node = wait_for("'before' bound", lambda: node_of(cp, ns, "before"), 60)
+    _, held = hold_one_member(cp, ns)
 
     cp.restart_apiserver(down_s=2.0)
-    # Every watch of gangslice broke; it must list again and be ready.
+    # Every watch of gangslice broke; it must list again, keep the hold and be ready.
     gangslice.wait_ready(90)
     assert gangslice.process.alive()
 
-    create(cp, in_ns(gpu_pod("after", 8, POOL), ns))
-    after_node = wait_for("'after' bound after the restart", lambda: node_of(cp, ns, "after"), 90)
-    # The cache still knows 'before' holds all eight GPUs of its node.
-    assert after_node != before_node
-    assert sorted(gpus_of(get(cp, "Pod", "after", ns) or {})) == list(range(8))
-    assert not double_booked(cp, LEAF_OF)
+    # Only gangslice knows the held node is taken: a cache that lost the hold would hand it to the rival.
+    rival_kept_off(cp, ns, held)
+    late_member_lands_on(cp, ns, held)
+    # Deletions after the restart reach the cache: the hold is released and the rival binds.
+    gang_ends_and_rival_binds(cp, ns)

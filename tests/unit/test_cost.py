@@ -115,6 +115,9 @@ def test_link_classes() -> None:
     assert cost.link_class_gbps("NVLink") == 900.0
     assert cost.link_class_gbps("nvlink5") == 1800.0
     assert cost.link_class_gbps("ib") == cost.IB_NDR_GBPS
+    # RoCE on 400 GbE runs at NDR's line rate, far below a node's NVLink.
+    assert cost.link_class_gbps("roce") == cost.ROCE_400GBE_GBPS == cost.IB_NDR_GBPS
+    assert "roce" in cost.LINK_CLASSES
     assert all(cost.link_class_gbps(c) > 0 for c in cost.LINK_CLASSES)
     with pytest.raises(ValueError, match="unknown link class 'token-ring'"):
         cost.link_class_gbps("token-ring")

@@ -28,6 +28,21 @@ def test_parse_levels_defaults_and_strings() -> None:
     ]
 
 
+def test_defaults_read_topographs_nvlink_sub_domain_and_deeper_tiers_are_configurable() -> None:
+    h = Hierarchy()
+    sub = h.index_of("accelerator.topograph.run/sub-domain")
+    assert sub is not None and h.levels[sub].name == "nvl-subdomain" and h.levels[sub].kind == "group"
+    domain = h.index_of("nvl-domain")
+    assert domain is not None and domain < sub < (h.index_of("clique") or 0)
+    # Two racks of one NVLink domain: same domain, different sub-domains.
+    a = h.path({"accelerator.topograph.run/domain": "d1", "accelerator.topograph.run/sub-domain": "r1"})
+    b = h.path({"accelerator.topograph.run/domain": "d1", "accelerator.topograph.run/sub-domain": "r2"})
+    assert h.domain(a, domain) == h.domain(b, domain) and h.domain(a, sub) != h.domain(b, sub)
+    # A five-tier fabric names its levels; any tier-N key is accepted and named after it.
+    deep = parse_levels([f"fabric.topograph.run/tier-{i}" for i in (4, 3, 2, 1, 0)])
+    assert [lv.name for lv in deep] == ["tier-4", "tier-3", "core", "spine", "leaf"]
+
+
 def test_parse_levels_mappings() -> None:
     levels = parse_levels(
         [

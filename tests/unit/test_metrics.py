@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from extender.kube.cache import ClusterCache
+from extender.topology.hierarchy import DEFAULT_LEVELS
 from extender.webhook.app import build_app
 from extender.webhook.testing import client_for, gang_pod, pod_obj, write_cluster
 
@@ -185,7 +186,8 @@ def test_an_empty_cache_scrapes_zeroes_for_every_level() -> None:
 
     families = {f.name: f for f in text_string_to_metric_families(asyncio.run(go()))}
     coherent = {s.labels["level"]: s.value for s in families["gangslice_free_coherent_gpus"].samples}
-    assert coherent == {"core": 0, "spine": 0, "leaf": 0, "nvl-domain": 0, "clique": 0, "node": 0}
+    levels = [lv.name for lv in DEFAULT_LEVELS]
+    assert coherent == dict.fromkeys([*levels, "node"], 0)
     assert {s.labels["state"]: s.value for s in families["gangslice_gpus"].samples} == dict.fromkeys(
         ["total", "allocated", "unhealthy", "reserved", "bound", "free"], 0
     )
