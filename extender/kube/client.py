@@ -146,32 +146,30 @@ class RealKubeApi:
             raise _raise(exc) from exc
 
     def patch_reservation_spec(self, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
-        try:
-            self._custom.patch_namespaced_custom_object(
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.SLICE_RESERVATIONS,
-                name,
-                # A JSON patch replacing the whole spec: a merge patch would keep unbound slots.
-                [{"op": "replace", "path": "/spec", "value": dict(spec)}],
-                _content_type=JSON_PATCH,
-                _preload_content=False,
-            )
-        except Exception as exc:
-            raise _raise(exc) from exc
+        # A JSON patch replacing the whole spec: a merge patch would keep unbound slots.
+        self._replace_reservation_part(namespace, name, "spec", spec)
 
     def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        # Through the status subresource; the whole status, so boundPods of freed slots go.
+        self._replace_reservation_part(namespace, name, "status", status)
+
+    def _replace_reservation_part(
+        self, namespace: str, name: str, part: str, value: Mapping[str, Any]
+    ) -> None:
+        patch = (
+            self._custom.patch_namespaced_custom_object_status
+            if part == "status"
+            else self._custom.patch_namespaced_custom_object
+        )
         try:
-            self._custom.patch_namespaced_custom_object_status(
+            patch(
                 names.GROUP,
                 names.VERSION,
                 namespace,
                 names.SLICE_RESERVATIONS,
                 name,
-                # ``add`` sets or replaces the whole status; a merge patch would keep the
-                # boundPods entries of slots freed since.
-                [{"op": "add", "path": "/status", "value": dict(status)}],
+                # ``add`` sets the member or replaces it (a status may not exist yet).
+                [{"op": "add", "path": f"/{part}", "value": dict(value)}],
                 _content_type=JSON_PATCH,
                 _preload_content=False,
             )

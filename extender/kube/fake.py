@@ -153,23 +153,21 @@ class FakeKubeApi:
             self._store(Kind.SLICE_RESERVATIONS, key, copy.deepcopy(dict(obj)), "ADDED")
 
     def patch_reservation_spec(self, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
-        with self._cond:
-            self._enter("patch_reservation_spec", namespace, name)
-            got = self._objects[Kind.SLICE_RESERVATIONS].get((namespace, name))
-            if got is None:
-                raise NotFound(404, f"slicereservation {namespace}/{name} not found")
-            got = copy.deepcopy(got)
-            got["spec"] = copy.deepcopy(dict(spec))
-            self._store(Kind.SLICE_RESERVATIONS, (namespace, name), got, "MODIFIED")
+        self._replace_reservation_part("patch_reservation_spec", namespace, name, "spec", spec)
 
     def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self._replace_reservation_part("patch_reservation_status", namespace, name, "status", status)
+
+    def _replace_reservation_part(
+        self, call: str, namespace: str, name: str, part: str, value: Mapping[str, Any]
+    ) -> None:
         with self._cond:
-            self._enter("patch_reservation_status", namespace, name)
+            self._enter(call, namespace, name)
             got = self._objects[Kind.SLICE_RESERVATIONS].get((namespace, name))
             if got is None:
                 raise NotFound(404, f"slicereservation {namespace}/{name} not found")
             got = copy.deepcopy(got)
-            got["status"] = copy.deepcopy(dict(status))
+            got[part] = copy.deepcopy(dict(value))
             self._store(Kind.SLICE_RESERVATIONS, (namespace, name), got, "MODIFIED")
 
     def delete_reservation(self, namespace: str, name: str) -> None:

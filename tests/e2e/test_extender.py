@@ -72,8 +72,19 @@ def test_plain_gang_of_four_lands_on_one_leaf_with_gpu_annotations(
     assert len({LEAF_OF[n] for n in nodes}) == 1, f"gang spread over leaves: {nodes}"
     for pod in bound:
         assert sorted(gpus_of(pod)) == list(range(8)), pod["metadata"].get("annotations")
-    # The plain gang's slice is persisted as a SliceReservation in its namespace.
-    assert items(control_plane, "SliceReservation", ns), "no SliceReservation for the gang"
+    # The plain gang's slice is persisted as a SliceReservation in its namespace, and its
+    # status (written through the status subresource) says every slot is bound.
+    names = {p["metadata"]["name"] for p in bound}
+
+    def bound_status() -> dict[str, Any] | None:
+        for r in items(control_plane, "SliceReservation", ns):
+            status = r.get("status") or {}
+            if status.get("phase") == "Bound" and set((status.get("boundPods") or {}).values()) == names:
+                return status
+        return None
+
+    status = wait_for("the SliceReservation status to say Bound", bound_status, 30)
+    assert status["nodes"] and status["gpus"] == 32, status
     assert not double_booked(control_plane, LEAF_OF)
 
 
