@@ -92,11 +92,12 @@ USER_KEYS = (
     Key(
         f"{NAMES}:GANG_MEMBERS",
         "annotation",
-        "Workload, PodGroup, plain gang objects",
+        "Workload, PodGroup",
         "read by the controller",
         "How many objects (members) carry the same `gangslice.io/gang` label and form one joint "
         "gang (prefill + decode): nothing is placed until all are present, then all are placed "
-        "as one gang. At least 2.",
+        "as one gang. At least 2. Members are all Workloads or all PodGroups; plain gang pods "
+        "with one `gangslice.io/gang` are one gang already (its pod sets: `pod-set-size`).",
     ),
     Key(
         f"{NAMES}:POD_SET",
@@ -106,13 +107,22 @@ USER_KEYS = (
         "Which pod set of the gang the pod is; it takes a slot of that pod set.",
     ),
     Key(
+        f"{NAMES}:POD_SET_SIZE",
+        "annotation",
+        "Pod (plain gang)",
+        "read by the extender",
+        "How many pods the pod's pod set has, in a plain gang of several pod sets (prefill + "
+        "decode, a leader + workers); the sizes add up to `gang-size`. The gang is placed once a "
+        "pod of every pod set has been seen, each pod set shaped like the first pod seen of it.",
+    ),
+    Key(
         f"{NAMES}:COLOCATE_WITH",
         "annotation",
-        "pod template (Kueue)",
-        "read by the admission check",
+        "pod template (Kueue), Pod (plain gang)",
+        "read by the admission check and the extender",
         "`<pod set>` or `<pod set>@<level>`: keep this pod set in one domain of that level with "
-        "the named pod set of the same Workload (level defaults to `node`); on a member of a joint "
-        "gang, `<member or pod set>[@level]` names another member.",
+        "the named pod set of the same Workload or plain gang (level defaults to `node`); on a "
+        "member of a joint gang, `<member or pod set>[@level]` names another member.",
     ),
 )
 

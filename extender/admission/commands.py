@@ -180,7 +180,7 @@ def explain_pods(
     with its pods annotated ``scheduling.k8s.io/group-name``): the request the controller
     would build from them, and a dry run of it."""
     from extender.admission.podgroups import PodGroup, PodGroupError, gang_request
-    from extender.kube.gangs import plain_gang_request
+    from extender.kube.gangs import Incomplete, plain_gang_request
     from extender.kube.pods import PodError
 
     key = f"{namespace}/{name}"
@@ -200,10 +200,15 @@ def explain_pods(
     else:
         for pod in pods:
             try:
-                gang = plain_gang_request(pod)
+                got = plain_gang_request(pod, pods)
             except PodError as exc:
                 facts.problems.append(str(exc))
-            if gang is not None:
+                break
+            if isinstance(got, Incomplete):
+                facts.problems.append(f"gang {key}: {got.reason}")
+                break
+            if got is not None:
+                gang = got
                 break
     if gang is not None:
         facts.gang = gang

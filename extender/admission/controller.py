@@ -45,6 +45,7 @@ from extender.admission.workload_gang import WorkloadError
 from extender.kube import names
 from extender.kube.api import ApiError, Conflict, NotFound
 from extender.kube.crd_models import CrdError, object_name
+from extender.kube.pods import PodInfo
 from extender.logs import fields
 from extender.placement.ledger import Ledger, Phase, Reservation
 from extender.placement.slice import Slice, Unplaceable
@@ -72,6 +73,8 @@ class Cache(Protocol):
     def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot: ...
 
     def reservation(self, gang: str) -> Reservation | None: ...
+
+    def pods_of_gang(self, gang: str) -> list[PodInfo]: ...
 
     def restore(self, r: Reservation) -> bool: ...
 

@@ -1,8 +1,10 @@
 """Gangs that span several objects (prefill + decode): the rules (no I/O).
 
-Two or more Workloads, PodGroups or plain gangs in one namespace that carry the same label
+Two or more Workloads (or two or more PodGroups) in one namespace that carry the same label
 ``gangslice.io/gang: NAME`` and the annotation ``gangslice.io/gang-members: N`` form one
-joint gang, key ``<namespace>/NAME``. Nothing is placed until all N members are present;
+joint gang, key ``<namespace>/NAME``. (Plain gang pods with one ``gangslice.io/gang`` label
+are one gang already, its pod sets sized by ``gangslice.io/pod-set-size``: see
+:mod:`extender.kube.gangs`.) Nothing is placed until all N members are present;
 then the members' requests are placed as ONE gang request whose pod sets are the members'
 pod sets named ``<member>.<pod set>``. A member may ask to sit next to another with
 ``gangslice.io/colocate-with: <member or pod set>[@level]`` (level default: the finest

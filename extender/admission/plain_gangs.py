@@ -74,11 +74,11 @@ class PlainGangReporter:
         if self.cache.reservation(pod.gang) is not None:
             return
         try:
-            request = plain_gang_request(pod)
+            request = plain_gang_request(pod, self.cache.pods_of_gang(pod.gang))
         except PodError as exc:
             await self._say(obj, pod, "Invalid", str(exc), "InvalidGang")
             return
-        if request is None:
+        if not isinstance(request, GangRequest):
             return
         memo = (pod.gang, request)
         if memo not in self._verdicts:

@@ -230,6 +230,10 @@ class ClusterCache:
     def pods(self) -> list[PodInfo]:
         return list(self._pods.values())
 
+    def pods_of_gang(self, gang: str) -> list[PodInfo]:
+        """The pods seen of plain gang ``gang``: watched, or so far only in a request."""
+        return [p for p in {**self._recent, **self._pods}.values() if p.gang == gang]
+
     def gpus_of(self, pod_key: str) -> frozenset[int]:
         """The GPUs a bound pod holds (annotated, or counted as lowest free indices)."""
         pod = self._pods.get(pod_key)

@@ -18,6 +18,11 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
+def _set_whole(member: str, value: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch that sets (or replaces) a top-level member of an object."""
+    return [{"op": "add", "path": f"/{member}", "value": dict(value)}]
+
+
 def _raise(exc: Exception) -> ApiError:
     from kubernetes.client.exceptions import ApiException
 
@@ -146,30 +151,31 @@ class RealKubeApi:
             raise _raise(exc) from exc
 
     def patch_reservation_spec(self, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
-        # A JSON patch replacing the whole spec: a merge patch would keep unbound slots.
-        self._replace_reservation_part(namespace, name, "spec", spec)
-
-    def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        # Through the status subresource; the whole status, so boundPods of freed slots go.
-        self._replace_reservation_part(namespace, name, "status", status)
-
-    def _replace_reservation_part(
-        self, namespace: str, name: str, part: str, value: Mapping[str, Any]
-    ) -> None:
-        patch = (
-            self._custom.patch_namespaced_custom_object_status
-            if part == "status"
-            else self._custom.patch_namespaced_custom_object
-        )
+        # The whole spec: a merge patch would keep unbound slots.
         try:
-            patch(
+            self._custom.patch_namespaced_custom_object(
                 names.GROUP,
                 names.VERSION,
                 namespace,
                 names.SLICE_RESERVATIONS,
                 name,
-                # ``add`` sets the member or replaces it (a status may not exist yet).
-                [{"op": "add", "path": f"/{part}", "value": dict(value)}],
+                _set_whole("spec", spec),
+                _content_type=JSON_PATCH,
+                _preload_content=False,
+            )
+        except Exception as exc:
+            raise _raise(exc) from exc
+
+    def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        # The whole status, through its subresource: boundPods of freed slots go.
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                names.GROUP,
+                names.VERSION,
+                namespace,
+                names.SLICE_RESERVATIONS,
+                name,
+                _set_whole("status", status),
                 _content_type=JSON_PATCH,
                 _preload_content=False,
             )

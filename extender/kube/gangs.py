@@ -1,24 +1,82 @@
-"""A plain gang as a gang request: N pods like the one in hand (``gangslice.io/gang`` +
-``gangslice.io/gang-size``), so the extender can place the whole gang on first sight."""
+"""A plain gang as a gang request: pods labelled ``gangslice.io/gang`` with the gang's size
+in ``gangslice.io/gang-size``, so the extender can place the whole gang on first sight.
+
+Every pod of a pod set is taken to look like the first one seen. Without
+``gangslice.io/pod-set-size`` the gang is N pods alike, placed on first sight (a
+``gangslice.io/pod-set`` role then only names pods). A gang of pod sets that differ
+(prefill and decode of other sizes, a leader and its workers) gives every pod its pod set's
+size and is placed once a pod of every pod set has been seen, that is once the sizes of the
+pod sets seen add up to ``gang-size``.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from extender.cost import Comm
 from extender.kube import names
 from extender.kube.pods import PodError, PodInfo
-from extender.placement.request import GangRequest, PodSet
+from extender.placement.request import Colocation, GangRequest, PodSet
 
 #: The pod set name of a plain gang whose pods name none.
 DEFAULT_POD_SET = "pods"
 
 
-def plain_gang_request(pod: PodInfo) -> GangRequest | None:
-    """The gang request a plain gang pod implies, or None when it carries no gang size.
-    Raises :class:`PodError` for a size or communication pattern that cannot be read."""
+@dataclass(frozen=True, slots=True)
+class Incomplete:
+    """A gang of several pod sets whose every pod set has not been seen yet."""
+
+    reason: str
+
+
+def plain_gang_request(pod: PodInfo, peers: Iterable[PodInfo] = ()) -> GangRequest | Incomplete | None:
+    """The gang request ``pod`` and the other pods seen of its gang (``peers``) imply; None
+    when the pod carries no gang size. Raises :class:`PodError` for a size, a communication
+    pattern or a colocation that cannot be read, or sizes that do not add up."""
     gang = pod.gang
     size = pod.gang_size
     if gang is None or size is None:
         return None
+    first: dict[str, PodInfo] = {pod.pod_set or DEFAULT_POD_SET: pod}
+    for p in sorted(peers, key=lambda p: p.name):
+        if p.gang == gang and not p.terminal and not p.deleting:
+            first.setdefault(p.pod_set or DEFAULT_POD_SET, p)
+    if all(p.pod_set_size is None for p in first.values()):
+        # No pod sizes its pod set: the gang is N pods alike (roles only name the pods).
+        return GangRequest(name=gang, pod_sets=(_pod_set(pod, pod.pod_set or DEFAULT_POD_SET, size),))
+    counts: dict[str, int] = {}
+    for role, p in first.items():
+        count = p.pod_set_size
+        if count is None:
+            raise PodError(
+                f"pod {p.key}: gang {gang} has pod sets {', '.join(sorted(first))}; "
+                f"each pod needs the annotation {names.POD_SET_SIZE}"
+            )
+        counts[role] = count
+    seen = sum(counts.values())
+    if seen > size:
+        raise PodError(
+            f"gang {gang}: its pod sets' sizes ({_sizes(counts)}) add up to {seen}, "
+            f"more than {names.GANG_SIZE}={size}"
+        )
+    if seen < size:
+        return Incomplete(
+            f"pod sets seen ({_sizes(counts)}) hold {seen} of {size} pods; "
+            "waiting for a pod of every other pod set"
+        )
+    pod_sets = tuple(_pod_set(first[role], role, counts[role]) for role in sorted(first))
+    try:
+        return GangRequest(name=gang, pod_sets=pod_sets)
+    except ValueError as exc:
+        raise PodError(f"gang {gang}: {exc}") from None
+
+
+def _sizes(counts: dict[str, int]) -> str:
+    return ", ".join(f"{role} {n}" for role, n in sorted(counts.items()))
+
+
+def _pod_set(pod: PodInfo, name: str, count: int) -> PodSet:
     comm = Comm.NONE
     if pod.comm is not None:
         try:
@@ -26,12 +84,16 @@ def plain_gang_request(pod: PodInfo) -> GangRequest | None:
         except ValueError:
             known = ", ".join(c.value for c in Comm)
             raise PodError(f"pod {pod.key}: {names.COMM}={pod.comm!r} is not one of {known}") from None
-    pod_set = PodSet(
-        name=pod.pod_set or DEFAULT_POD_SET,
-        count=size,
+    colocate = None
+    if pod.colocate_with:
+        target, _, level = pod.colocate_with.partition("@")
+        colocate = Colocation(target, level or "node")
+    return PodSet(
+        name=name,
+        count=count,
         gpus_per_pod=pod.gpus,
         comm=comm,
         required_level=pod.required_level,
         preferred_level=pod.preferred_level,
+        colocate_with=colocate,
     )
-    return GangRequest(name=gang, pod_sets=(pod_set,))

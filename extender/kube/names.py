@@ -23,6 +23,9 @@ GANG_MEMBERS = "gangslice.io/gang-members"
 COLOCATE_WITH = "gangslice.io/colocate-with"
 #: Pod label or annotation: which pod set of the gang this pod is.
 POD_SET = "gangslice.io/pod-set"
+#: Pod annotation: how many pods this pod's pod set has, in a plain gang of several pod sets
+#: (prefill + decode, leader + workers); the sizes add up to ``gang-size``.
+POD_SET_SIZE = "gangslice.io/pod-set-size"
 #: Pod annotation: the SliceReservation (same namespace) that holds this pod's slot (Kueue path).
 RESERVATION = "gangslice.io/reservation"
 #: Pod annotations written at bind: the GPU indices and NUMA node(s) the pod was given.

@@ -86,14 +86,24 @@ class PodInfo:
 
     @property
     def gang_size(self) -> int | None:
-        raw = self.annotations.get(names.GANG_SIZE)
+        return self._count(names.GANG_SIZE)
+
+    @property
+    def pod_set_size(self) -> int | None:
+        return self._count(names.POD_SET_SIZE)
+
+    @property
+    def colocate_with(self) -> str | None:
+        return self._value(names.COLOCATE_WITH)
+
+    def _count(self, key: str) -> int | None:
+        raw = self.annotations.get(key)
         if raw is None:
             return None
         size = _int_or_none(raw)
         if size is None or not 1 <= size <= MAX_GANG_SIZE:
             raise PodError(
-                f"pod {self.key}: annotation {names.GANG_SIZE}={raw!r} is not a pod count "
-                f"between 1 and {MAX_GANG_SIZE}"
+                f"pod {self.key}: annotation {key}={raw!r} is not a pod count between 1 and {MAX_GANG_SIZE}"
             )
         return size
 

@@ -27,7 +27,7 @@ from typing import TypeVar
 from extender.kube import names as keys
 from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import gang_namespace, object_name
-from extender.kube.gangs import plain_gang_request
+from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.placement.ledger import Reservation
 from extender.placement.node_fit import fit_for
@@ -151,9 +151,11 @@ class Decider:
         label = _label(key, r.meta if r else None)
         if r is not None:
             return GangRef(key, label)
-        request = plain_gang_request(pod) if pod.gang else None
         waiting = f"gang {key} has no reservation yet"
-        return GangRef(key, label, request, waiting)
+        got = plain_gang_request(pod, self.cache.pods_of_gang(key)) if pod.gang else None
+        if isinstance(got, Incomplete):
+            return GangRef(key, label, None, f"gang {key}: {got.reason}")
+        return GangRef(key, label, got, waiting)
 
     # -- filter --------------------------------------------------------------------------
     def filter(self, pod: PodInfo, names: Sequence[str], job: str | None = None) -> FilterOutcome:
@@ -603,7 +605,10 @@ def _takes_a_slot(r: Reservation, pod: PodInfo) -> bool:
 
 def _size_mismatch(label: str, r: Reservation, pod: PodInfo) -> str:
     sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
-    return f"{label}: pod {pod.name} asks for {pod.gpus} GPUs; the reservation's slots have {sizes}"
+    why = f"{label}: pod {pod.name} asks for {pod.gpus} GPUs; the reservation's slots have {sizes}"
+    if pod.pod_set and all(s.pod_set != pod.pod_set for s in r.slice.slots):
+        why += f" (a plain gang of several pod sets gives each pod {keys.POD_SET_SIZE})"
+    return why
 
 
 def _all(names: Iterable[str], code: Code, reason: str, outcome: str) -> FilterOutcome:

@@ -76,7 +76,7 @@ def test_there_are_four_shapes_in_each_flavour() -> None:
 
 @pytest.mark.parametrize("path", PLAIN, ids=lambda p: p.stem)
 def test_plain_examples_become_the_gangs_they_describe(path: Path) -> None:
-    gangs: dict[str, list[tuple[GangRequest, str | None]]] = defaultdict(list)
+    members: dict[str, list[tuple[PodInfo, str | None]]] = defaultdict(list)
     pods = 0
     for obj in load_all(path):
         for which, template in pod_templates(obj):
@@ -86,24 +86,31 @@ def test_plain_examples_become_the_gangs_they_describe(path: Path) -> None:
             count = obj["spec"].get("leaderWorkerTemplate", {}).get("size", 1) - 1 if which == "worker" else 1
             replicas = obj["spec"].get("replicas", 1) if obj["kind"] != "Pod" else 1
             pods += count * replicas if obj["kind"] == "LeaderWorkerSet" else replicas
-            request = plain_gang_request(pod)
             if pod.gang is None:
                 # A pod outside any gang: placed as a gang of one with its own levels.
                 alone = GangRequest(pod.key, (PodSet("pod", 1, pod.gpus, required_level=pod.required_level),))
                 assert_places(alone, cluster_for(_product(template)), path.name)
                 continue
-            assert request is not None, f"{path.name}: a gang pod needs {names.GANG_SIZE}"
-            gangs[pod.gang].append((request, _product(template)))
-    for key, requests in gangs.items():
-        # Every pod of a gang implies the same request but for the pod set's name (the role
-        # a pod names; a slot of the gang takes any role): the first pod seen decides it.
-        shapes = {tuple(replace(ps, name="pods") for ps in r.pod_sets) for r, _ in requests}
+            assert pod.gang_size is not None, f"{path.name}: a gang pod needs {names.GANG_SIZE}"
+            members[pod.gang].append((pod, _product(template)))
+    for key, seen in members.items():
+        # Whichever member is seen first, once every pod template has been seen the gang's
+        # request is the same (but for the name of a lone pod set, the role a pod names).
+        peers = [p for p, _ in seen]
+        requests = [plain_gang_request(p, peers) for p in peers]
+        assert all(isinstance(r, GangRequest) for r in requests), f"{path.name}: {requests}"
+        shapes = {
+            tuple(replace(ps, name="pods") if len(r.pod_sets) == 1 else ps for ps in r.pod_sets)
+            for r in requests
+            if isinstance(r, GangRequest)
+        }
         assert len(shapes) == 1, f"{path.name}: pods of {key} disagree"
-        request, product = requests[0]
+        request = requests[0]
+        assert isinstance(request, GangRequest)
         assert request.pods == pods, (
             f"{path.name}: {names.GANG_SIZE} is {request.pods}, the objects make {pods}"
         )
-        assert_places(request, cluster_for(product), path.name)
+        assert_places(request, cluster_for(seen[0][1]), path.name)
 
 
 # -- Kueue -------------------------------------------------------------------------------------

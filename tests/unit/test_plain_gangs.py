@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,12 @@ from extender.admission.fake import FakeControllerApi
 from extender.admission.plain_gangs import PlainGangReporter, never_fits
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
-from extender.kube.gangs import plain_gang_request
+from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.names import STATUS
 from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore
 from extender.placement.files import load_cluster
+from extender.placement.request import Colocation, GangRequest
 from extender.webhook.decide import Decider
 from extender.webhook.testing import gang_pod, node_obj
 
@@ -168,3 +170,29 @@ def test_a_hold_that_expires_after_some_members_bound_is_placed_again_for_the_re
     r = cache.reservation("llm/g")
     assert r is not None and len(r.slice.slots) == 2
     assert slot.node not in r.slice.nodes  # g-0's node is full
+
+
+def test_a_gang_of_several_pod_sets_is_built_from_the_first_pod_of_each() -> None:
+    def member(name: str, role: str, size: int, gpus: int, **extra: str) -> PodInfo:
+        annotations = {"gangslice.io/gang-size": "6", "gangslice.io/pod-set-size": str(size), **extra}
+        labels = {"gangslice.io/gang": "pd", "gangslice.io/pod-set": role}
+        obj = gang_pod(name, "pd", 6, gpus)
+        obj["metadata"]["labels"] = labels
+        obj["metadata"]["annotations"] = annotations
+        return PodInfo.from_obj(obj)
+
+    prefill = member("p-0", "prefill", 2, 4, **{"gangslice.io/colocate-with": "decode@leaf"})
+    waiting = plain_gang_request(prefill, [prefill])
+    assert isinstance(waiting, Incomplete) and "2 of 6 pods" in waiting.reason
+    decode = member("d-0", "decode", 4, 8, **{"gangslice.io/comm": "allreduce"})
+    request = plain_gang_request(prefill, [decode, member("p-1", "prefill", 2, 4)])
+    assert isinstance(request, GangRequest)
+    sets = {ps.name: ps for ps in request.pod_sets}
+    assert (sets["prefill"].count, sets["prefill"].gpus_per_pod) == (2, 4)
+    decode_set = sets["decode"]
+    assert (decode_set.count, decode_set.gpus_per_pod, decode_set.comm.value) == (4, 8, "allreduce")
+    assert sets["prefill"].colocate_with == Colocation("decode", "leaf")
+    # A finished pod of another pod set counts for nothing.
+    gone = member("d-9", "decode", 4, 8)
+    gone = dataclasses.replace(gone, phase="Succeeded")
+    assert isinstance(plain_gang_request(prefill, [gone]), Incomplete)

@@ -146,6 +146,93 @@ def test_a_member_of_another_size_gets_no_slot_and_one_without_gpus_stays_outsid
     run(tmp_path, body)
 
 
+def role_pod(name: str, role: str, role_size: int, gpus: int, **extra: str) -> dict[str, Any]:
+    """A pod of plain gang ``pd`` (3 pods): a prefill pod set and a decode pod set."""
+    labels = {keys.GANG: "pd", keys.POD_SET: role}
+    annotations = {keys.GANG_SIZE: "3", keys.POD_SET_SIZE: str(role_size), **extra}
+    return pod_obj(name, gpus=gpus, labels=labels, annotations=annotations)
+
+
+def test_a_plain_gang_of_two_pod_sets_is_placed_once_both_are_seen(tmp_path: Path) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        prefill = role_pod(
+            "pd-prefill-0",
+            "prefill",
+            1,
+            4,
+        )
+        waiting = await filter_(client, prefill)
+        assert waiting["NodeNames"] == [] and cache.reservation("llm/pd") is None
+        why = next(iter(waiting["FailedNodes"].values()))
+        assert "prefill 1" in why and "1 of 3 pods" in why and "every other pod set" in why, why
+        decode = role_pod("pd-decode-0", "decode", 2, 8)
+        got = await filter_(client, decode)
+        r = cache.reservation("llm/pd")
+        assert r is not None
+        by_set = {ps: [s for s in r.slice.slots if s.pod_set == ps] for ps in ("prefill", "decode")}
+        assert [len(s.gpus) for s in by_set["prefill"]] == [4]
+        assert [len(s.gpus) for s in by_set["decode"]] == [8, 8]
+        assert set(got["NodeNames"]) == {s.node for s in by_set["decode"]}
+        # The prefill pod now goes to its own slot, under the decode pods' leaf.
+        prefill_node = by_set["prefill"][0].node
+        assert (await filter_(client, prefill))["NodeNames"] == [prefill_node]
+        hgx = {"h-0", "h-1", "h-2", "h-3"}
+        assert {s.node for s in by_set["decode"]} <= hgx and prefill_node in hgx
+
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize(
+    ("pods", "words", "held"),
+    [
+        (
+            [
+                pod_obj(
+                    "a",
+                    gpus=4,
+                    labels={keys.GANG: "pd", keys.POD_SET: "prefill"},
+                    annotations={keys.GANG_SIZE: "3"},
+                ),
+                pod_obj(
+                    "b",
+                    gpus=8,
+                    labels={keys.GANG: "pd", keys.POD_SET: "decode"},
+                    annotations={keys.GANG_SIZE: "3"},
+                ),
+            ],
+            # The first pod alone looks like a gang of one pod set: the second cannot fit it.
+            "gives each pod gangslice.io/pod-set-size",
+            True,
+        ),
+        (
+            [
+                role_pod("a", "prefill", 1, 4),
+                pod_obj(
+                    "b",
+                    gpus=8,
+                    labels={keys.GANG: "pd", keys.POD_SET: "decode"},
+                    annotations={keys.GANG_SIZE: "3"},
+                ),
+            ],
+            "each pod needs the annotation gangslice.io/pod-set-size",
+            False,
+        ),
+        ([role_pod("a", "prefill", 2, 4), role_pod("b", "decode", 2, 8)], "add up to 4, more than", False),
+    ],
+)
+def test_pod_set_sizes_that_cannot_work_are_refused_with_the_reason(
+    tmp_path: Path, pods: list[dict[str, Any]], words: str, held: bool
+) -> None:
+    async def body(client: Client, cache: ClusterCache) -> None:
+        await filter_(client, pods[0])
+        got = await filter_(client, pods[1])
+        assert got["NodeNames"] == [] and set(got["FailedAndUnresolvableNodes"]) == set(ALL)
+        assert words in next(iter(got["FailedAndUnresolvableNodes"].values()))
+        assert (cache.reservation("llm/pd") is not None) is held
+
+    run(tmp_path, body)
+
+
 def test_unplaceable_gangs_fail_every_node_with_the_engines_reason(tmp_path: Path) -> None:
     async def body(client: Client, cache: ClusterCache) -> None:
         never = await filter_(client, gang_pod("big-0", "big", 50, 8))
