@@ -184,8 +184,22 @@ def pod_set_micros(
         fit = fit_for(snap.node(s.node).shape)
         pod_gbps.append(fit.gbps(fit.mask_of(s.gpus)))
     span = span_of(snap, slots) if len(slots) > 1 and ps.comm not in (Comm.NONE, Comm.KV_TRANSFER) else None
-    kv = span_of(snap, [*slots, *partner]) if ps.comm == Comm.KV_TRANSFER and partner else None
+    kv = kv_span(snap, ps, slots, partner) if ps.comm == Comm.KV_TRANSFER and partner else None
     return pod_set_cost(ps, pod_gbps, span, kv)
+
+
+def kv_span(snap: ClusterSnapshot, ps: PodSet, slots: Sequence[PodSlot], partner: Sequence[PodSlot]) -> Span:
+    """The span the KV hand-off runs at: each pod takes its KV cache from the partner pod
+    nearest to it (the transfers run side by side), so the slowest of those pairs sets the
+    pace; a decode pod on its prefill pod's node gets NVLink even when the pod sets span
+    several nodes."""
+    dims = ps.model
+
+    def pace(span: Span) -> float:
+        return cost.kv_layer_us(dims, span.gbps, span.alpha_us)
+
+    nearest = [min((span_of(snap, [s, p]) for p in partner), key=pace) for s in slots]
+    return max(nearest, key=pace)
 
 
 def gang_micros(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> dict[str, float]:

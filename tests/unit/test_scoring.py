@@ -170,6 +170,31 @@ def test_gang_micros_prices_kv_against_the_colocate_with_set() -> None:
     assert got["decode"] == pytest.approx(scoring.pod_set_micros(snap, decode, slots[1:], slots[:1]))
 
 
+def test_each_decode_pod_takes_its_kv_cache_from_the_nearest_prefill_pod() -> None:
+    """Two prefill and two decode pods on two nodes: one of each per node moves every KV
+    cache over NVLink; prefill on one node and decode on the other sends it all over the
+    network. The same nodes, the same pod sets, priced apart by the pairing alone."""
+    snap = snapshot()
+    decode = PodSet("decode", 2, 4, Comm.KV_TRANSFER, colocate_with=Colocation("prefill", "leaf"))
+
+    def kv_micros(prefill_nodes: tuple[str, str], decode_nodes: tuple[str, str]) -> float:
+        prefill = [slot(n, (0, 1, 2, 3), k, "prefill") for k, n in enumerate(prefill_nodes)]
+        halves = {n: iter(((0, 1, 2, 3), (4, 5, 6, 7))) for n in ("h2", "h3")}
+        for n in prefill_nodes:
+            next(halves[n])
+        ours = [slot(n, next(halves[n]), k, "decode") for k, n in enumerate(decode_nodes)]
+        return scoring.pod_set_micros(snap, decode, ours, prefill)
+
+    paired = kv_micros(("h2", "h3"), ("h2", "h3"))
+    apart = kv_micros(("h2", "h2"), ("h3", "h3"))
+    nvlink = scoring.span_of(snap, [slot("h2", (0, 1, 2, 3, 4, 5, 6, 7))])
+    network = scoring.span_of(snap, [slot("h2", (0,)), slot("h3", (0,))])
+    kv_gap = cost.kv_layer_us(decode.model, network.gbps, network.alpha_us) - cost.kv_layer_us(
+        decode.model, nvlink.gbps, nvlink.alpha_us
+    )
+    assert apart - paired == pytest.approx(kv_gap) and kv_gap > 0
+
+
 # --- the rules --------------------------------------------------------------------------------
 
 
