@@ -486,7 +486,11 @@ class Solver:
         opts = self._single_options(ps, caps, links, dependents, state)
         if ps.count > 1 and need.scope < node_scope(self.h) and caps:
             best = min((o.price for o in opts), default=(0, float("inf")))
-            opts.extend(self._multi_options(gang, ps, need, caps, state, links, best))
+            # A set that hands KV caches to sets not placed yet: spreading it over several
+            # nodes at no cost of its own lets each of their pods sit next to one of its pods,
+            # so placements that only tie the best so far are kept too.
+            ties = any(d.comm == Comm.KV_TRANSFER for d in dependents)
+            opts.extend(self._multi_options(gang, ps, need, caps, state, links, best, ties))
         return opts
 
     def _price(self, ps: PodSet, slots: Sequence[PodSlot], links: _Links, own: float | None = None) -> Price:
@@ -666,10 +670,11 @@ class Solver:
         state: _State,
         links: _Links,
         best: Price,
+        ties: bool = False,
     ) -> list[_Option]:
         """Placements across several nodes: at each level from the finest up to the required
         one, the best-fitting domains that hold every pod, while a coarser level could still
-        beat the best candidate so far."""
+        beat (with ``ties``: match) the best candidate so far."""
         h = self.h
         # Pods sharing one node are priced by that node's own links (single-node options);
         # these options span two nodes at least, so no node takes every pod.
@@ -689,7 +694,8 @@ class Solver:
         opts: list[_Option] = []
         for level in range(len(h.levels) - 1, max(need.scope, ANYWHERE) - 1, -1):
             fabric = level >= 0 and h.levels[level].fabric
-            if not fabric and (0, _q(self._bound(ps, level, top_gbps, links))) >= best:
+            bound = (0, _q(self._bound(ps, level, top_gbps, links)))
+            if not fabric and (bound > best if ties else bound >= best):
                 break
             domains = [list(caps)] if level == ANYWHERE else by_level.get(level, [])
             cap_gbps = self._span_cap(ps, level)

@@ -342,6 +342,25 @@ def test_colocate_with_puts_decode_in_the_prefill_leaf_and_kv_is_cheaper_there()
     assert sl.pod_set_micros["decode"] == pytest.approx(here)
 
 
+def test_prefill_spreads_so_each_decode_pod_sits_on_its_prefill_pods_node() -> None:
+    """Two free HGX nodes, two prefill and two decode pods of 4 GPUs: packing prefill on one
+    node sends every KV cache over the network; one of each per node keeps it on NVLink."""
+    snap = cluster(node("a"), node("b"))
+    prefill = tp(2, 4, Comm.NONE, name="prefill")
+    decode = tp(2, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
+    sl = placed(snap, gang(prefill, decode))
+    nodes = {ps: sorted(s.node for s in sl.slots if s.pod_set == ps) for ps in ("prefill", "decode")}
+    assert nodes == {"prefill": ["a", "b"], "decode": ["a", "b"]}
+    packed = [
+        PodSlot("prefill", 0, "a", (0, 1, 2, 3)),
+        PodSlot("prefill", 1, "a", (4, 5, 6, 7)),
+        PodSlot("decode", 0, "b", (0, 1, 2, 3)),
+        PodSlot("decode", 1, "b", (4, 5, 6, 7)),
+    ]
+    packed_micros = sum(scoring.gang_micros(snap, gang(prefill, decode), packed).values())
+    assert sl.per_layer_micros < packed_micros
+
+
 def test_colocate_with_in_a_clique_and_kv_over_nvlink() -> None:
     trays = [node(f"x{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.0") for i in range(2)]
     trays += [node(f"y{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.1") for i in range(2)]
