@@ -77,7 +77,8 @@ PRESETS: dict[str, Preset] = {
             source="GPU matrix and affinity of a dual Xeon Gold 6430 server (dual-root, Supermicro "
             "SYS-4029GP-TRT class) in gqcn/johns-blog docs/docs/1000-AI技术/800-基础架构/700-算力调度/"
             "3000-CPU亲和性与NUMA亲和性调度.md; the source shows no NICs, the two here sit one per "
-            "socket on a root port of their own (NODE to that socket's GPUs)",
+            "socket on a root port of their own (NODE to that socket's GPUs), and the GPU model "
+            "(L40S, for the simulator's PCIe fleet) is ours too",
             model="L40S",
             nvlink_gbps=NVLINK4_PER_LINK_GBPS,
             pcie_gbps=PCIE_GEN4_X16_GBPS,
