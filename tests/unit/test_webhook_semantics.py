@@ -153,6 +153,12 @@ def role_pod(name: str, role: str, role_size: int, gpus: int, **extra: str) -> d
     return pod_obj(name, gpus=gpus, labels=labels, annotations=annotations)
 
 
+def unsized_pod(name: str, role: str, gpus: int) -> dict[str, Any]:
+    """A pod of plain gang ``pd`` (3 pods) that names its pod set but not the pod set's size."""
+    labels = {keys.GANG: "pd", keys.POD_SET: role}
+    return pod_obj(name, gpus=gpus, labels=labels, annotations={keys.GANG_SIZE: "3"})
+
+
 def test_a_plain_gang_of_two_pod_sets_is_placed_once_both_are_seen(tmp_path: Path) -> None:
     async def body(client: Client, cache: ClusterCache) -> None:
         prefill = role_pod(
@@ -186,34 +192,13 @@ def test_a_plain_gang_of_two_pod_sets_is_placed_once_both_are_seen(tmp_path: Pat
     ("pods", "words", "held"),
     [
         (
-            [
-                pod_obj(
-                    "a",
-                    gpus=4,
-                    labels={keys.GANG: "pd", keys.POD_SET: "prefill"},
-                    annotations={keys.GANG_SIZE: "3"},
-                ),
-                pod_obj(
-                    "b",
-                    gpus=8,
-                    labels={keys.GANG: "pd", keys.POD_SET: "decode"},
-                    annotations={keys.GANG_SIZE: "3"},
-                ),
-            ],
+            [unsized_pod("a", "prefill", 4), unsized_pod("b", "decode", 8)],
             # The first pod alone looks like a gang of one pod set: the second cannot fit it.
             "gives each pod gangslice.io/pod-set-size",
             True,
         ),
         (
-            [
-                role_pod("a", "prefill", 1, 4),
-                pod_obj(
-                    "b",
-                    gpus=8,
-                    labels={keys.GANG: "pd", keys.POD_SET: "decode"},
-                    annotations={keys.GANG_SIZE: "3"},
-                ),
-            ],
+            [role_pod("a", "prefill", 1, 4), unsized_pod("b", "decode", 8)],
             "each pod needs the annotation gangslice.io/pod-set-size",
             False,
         ),
