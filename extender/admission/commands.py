@@ -198,18 +198,16 @@ def explain_pods(
         except PodGroupError as exc:
             facts.problems.append(str(exc))
     else:
-        for pod in pods:
-            try:
-                got = plain_gang_request(pod, pods)
-            except PodError as exc:
-                facts.problems.append(str(exc))
-                break
+        try:
+            # The first pod that carries the gang's size speaks for it, as in the extender.
+            got = next((g for p in pods if (g := plain_gang_request(p, pods)) is not None), None)
+        except PodError as exc:
+            facts.problems.append(str(exc))
+        else:
             if isinstance(got, Incomplete):
                 facts.problems.append(f"gang {key}: {got.reason}")
-                break
-            if got is not None:
+            else:
                 gang = got
-                break
     if gang is not None:
         facts.gang = gang
         try:

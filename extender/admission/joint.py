@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from extender.kube import names
-from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.request import Colocation, GangRequest, PodSet, split_colocation
 from extender.placement.scoring import resolve_level
 from extender.placement.slice import PodSlot, Slice
 from extender.topology.hierarchy import Hierarchy
@@ -65,11 +65,10 @@ def expected_members(declared: Sequence[Membership]) -> int:
 
 def parse_colocate(text: str) -> tuple[str, str | None]:
     """``decode@clique`` -> (``decode``, ``clique``); ``decode`` -> (``decode``, None)."""
-    target, _, level = text.partition("@")
-    target, level = target.strip(), level.strip()
-    if not target:
-        raise JointError(f"{names.COLOCATE_WITH}={text!r} names no member or pod set")
-    return target, level or None
+    try:
+        return split_colocation(text)
+    except ValueError:
+        raise JointError(f"{names.COLOCATE_WITH}={text!r} names no member or pod set") from None
 
 
 def referenced(declared: Mapping[str, Membership]) -> set[str]:

@@ -19,7 +19,7 @@ from extender.admission.objects import mapping
 from extender.cost import Comm
 from extender.kube import names
 from extender.kube.pods import PodError, gpu_request
-from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.request import Colocation, GangRequest, PodSet, split_colocation
 from extender.placement.scoring import LevelError, resolve_level
 from extender.topology.hierarchy import Hierarchy
 
@@ -131,8 +131,11 @@ def gang_from_workload(wl: Mapping[str, Any], h: Hierarchy) -> WorkloadGang:
 def _colocation(value: str | None, h: Hierarchy, where: str) -> Colocation | None:
     if not value:
         return None
-    pod_set, _, level = value.partition("@")
-    level = level or "node"
+    try:
+        pod_set, named = split_colocation(value)
+    except ValueError as exc:
+        raise WorkloadError(f"{where}: {names.COLOCATE_WITH}: {exc}") from None
+    level = named or "node"
     _check_level(level, h, f"{where}: {names.COLOCATE_WITH}")
     return Colocation(pod_set, level)
 

@@ -107,6 +107,9 @@ class ClusterCache:
         self._named: dict[tuple[str, str], str] | None = None
         self._pending: dict[str, Reservation | None] = {}
         self._recent: OrderedDict[str, PodInfo] = OrderedDict()
+        #: Plain gang key -> pod key -> the pod as :meth:`pod` gives it (watched, else seen in
+        #: a request): a gang's members without a walk over every pod.
+        self._gang_pods: dict[str, dict[str, PodInfo]] = {}
         self._lock: asyncio.Lock | None = None
         self._flush_lock: asyncio.Lock | None = None
 
@@ -232,7 +235,19 @@ class ClusterCache:
 
     def pods_of_gang(self, gang: str) -> list[PodInfo]:
         """The pods seen of plain gang ``gang``: watched, or so far only in a request."""
-        return [p for p in {**self._recent, **self._pods}.values() if p.gang == gang]
+        return list(self._gang_pods.get(gang, {}).values())
+
+    def _regang(self, key: str, before: PodInfo | None) -> None:
+        """Keep :attr:`_gang_pods` on the pod known under ``key`` now; ``before`` is the one
+        known before the change."""
+        now = self._pods.get(key) or self._recent.get(key)
+        if before is not None and before.gang and (now is None or now.gang != before.gang):
+            members = self._gang_pods.get(before.gang, {})
+            members.pop(key, None)
+            if not members:
+                self._gang_pods.pop(before.gang, None)
+        if now is not None and now.gang:
+            self._gang_pods.setdefault(now.gang, {})[key] = now
 
     def gpus_of(self, pod_key: str) -> frozenset[int]:
         """The GPUs a bound pod holds (annotated, or counted as lowest free indices)."""
@@ -244,10 +259,13 @@ class ClusterCache:
 
     def remember(self, pod: PodInfo) -> None:
         """Keep a pod seen in a request, so a later bind knows it without an API call."""
+        before = self.pod(pod.namespace, pod.name)
         self._recent[pod.key] = pod
         self._recent.move_to_end(pod.key)
+        self._regang(pod.key, before)
         while len(self._recent) > RECENT_PODS:
-            self._recent.popitem(last=False)
+            key, gone = self._recent.popitem(last=False)
+            self._regang(key, gone)
 
     def note_bound(self, pod: PodInfo) -> PodInfo | None:
         """Record a pod as bound (``pod.node`` and its GPU annotation set) before the API
@@ -562,10 +580,12 @@ class ClusterCache:
 
     def _put_pod(self, pod: PodInfo) -> None:
         old = self._pods.get(pod.key)
+        before = old or self._recent.get(pod.key)
         self._pods[pod.key] = pod
         if pod.uid:
             self._by_uid[pod.uid] = pod.key
         self._recent.pop(pod.key, None)
+        self._regang(pod.key, before)
         for p in (old, pod):
             if p is not None and p.node is not None:
                 if old is None or _gpu_facts(old) != _gpu_facts(pod):
@@ -585,6 +605,7 @@ class ClusterCache:
         pod = self._pods.pop(key, None)
         if pod is None:
             return
+        self._regang(key, pod)
         if pod.uid and self._by_uid.get(pod.uid) == key:
             del self._by_uid[pod.uid]
         if pod.node is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from extender.cost import Comm
 from extender.kube import names
 from extender.kube.pods import PodError, PodInfo
-from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.request import Colocation, GangRequest, PodSet, split_colocation
 
 #: The pod set name of a plain gang whose pods name none.
 DEFAULT_POD_SET = "pods"
@@ -86,7 +86,10 @@ def _pod_set(pod: PodInfo, name: str, count: int) -> PodSet:
             raise PodError(f"pod {pod.key}: {names.COMM}={pod.comm!r} is not one of {known}") from None
     colocate = None
     if pod.colocate_with:
-        target, _, level = pod.colocate_with.partition("@")
+        try:
+            target, level = split_colocation(pod.colocate_with)
+        except ValueError as exc:
+            raise PodError(f"pod {pod.key}: {names.COLOCATE_WITH}: {exc}") from None
         colocate = Colocation(target, level or "node")
     return PodSet(
         name=name,

@@ -15,6 +15,16 @@ class Colocation:
     level: str
 
 
+def split_colocation(text: str) -> tuple[str, str | None]:
+    """The ``<pod set>[@level]`` form users write a colocation in: ``decode@leaf`` ->
+    (``decode``, ``leaf``), ``decode`` -> (``decode``, None). ValueError when it names no pod set."""
+    target, _, level = text.partition("@")
+    target, level = target.strip(), level.strip()
+    if not target:
+        raise ValueError(f"{text!r} names no pod set")
+    return target, level or None
+
+
 @dataclass(frozen=True, slots=True)
 class PodSet:
     name: str

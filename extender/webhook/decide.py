@@ -79,6 +79,10 @@ class Scores:
     #: Encoded replies by wire form, as :attr:`FilterOutcome.replies`.
     replies: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
+    @classmethod
+    def zeros(cls, n: int) -> Scores:
+        return cls([0] * n)
+
 
 @dataclass
 class GangRef:
@@ -177,11 +181,11 @@ class Decider:
                 r = self.cache.reservation(ref.key)
                 ref.reservation_label = _label(ref.key, r.meta if r else None)
                 outcome = "reserved"
-            if r is not None and not _takes_a_slot(r, pod):
-                if pod.gpus <= 0:
+            try:
+                if r is not None and _outside_slice(ref.reservation_label, r, pod):
                     return FilterOutcome(list(names), {}, {}, outcome)
-                mismatch = _size_mismatch(ref.reservation_label, r, pod)
-                return _all(names, Code.UNRESOLVABLE, mismatch, "invalid")
+            except Refused as exc:
+                return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
             if r is not None:
                 nodes, reason = self._slot_nodes(pod, ref)
                 if outcome == "reserved":
@@ -308,10 +312,10 @@ class Decider:
         try:
             ref = self.gang_of(pod, job)
         except PodError:
-            return Scores([0] * len(names))
+            return Scores.zeros(len(names))
         if ref is not None:
             if self.cache.reservation(ref.key) is None:
-                return Scores([0] * len(names))
+                return Scores.zeros(len(names))
             nodes, _ = self._slot_nodes(pod, ref)
             key = NamesKey(names)
             rule: tuple[object, ...] = ("slots", frozenset(nodes))
@@ -322,11 +326,11 @@ class Decider:
                 got = self._scored.put(version, rule, key, Scores(values))
             return got
         if pod.gpus <= 0:
-            return Scores([0] * len(names))
+            return Scores.zeros(len(names))
         try:
             need = resolve_need(self._pod_set(pod), self.cache.hierarchy)
         except ValueError:
-            return Scores([0] * len(names))
+            return Scores.zeros(len(names))
         view = self._fresh()
         version = self.cache.version
         key = NamesKey(names)
@@ -404,9 +408,7 @@ class Decider:
         if ref is not None and self.cache.reservation(ref.key) is not None:
             r = self.cache.reservation(ref.key)
             assert r is not None
-            if not _takes_a_slot(r, pod):
-                if pod.gpus > 0:
-                    raise Refused(_size_mismatch(ref.reservation_label, r, pod))
+            if _outside_slice(ref.reservation_label, r, pod):
                 return BindPlan(pod, node, (), ())
             slot = r.slot_of(pod.name)
             if slot is None or slot.node != node:
@@ -516,9 +518,7 @@ class Decider:
             return
         r = self.cache.reservation(ref.key)
         assert r is not None
-        if not _takes_a_slot(r, pod):
-            if pod.gpus > 0:
-                raise Refused(_size_mismatch(ref.reservation_label, r, pod))
+        if _outside_slice(ref.reservation_label, r, pod):
             return
         mine = r.slot_of(pod.name)
         if mine is not None and mine.node == node:
@@ -596,19 +596,19 @@ def _free_slots(r: Reservation, pod: PodInfo) -> list[PodSlot]:
     return [s for s in free if s.pod_set == pod.pod_set]
 
 
-def _takes_a_slot(r: Reservation, pod: PodInfo) -> bool:
-    """Whether ``pod`` is one of the slice's pods: it holds a slot, or some slot has its GPU
-    count. A gang member without GPUs (a CPU-only leader or router) is outside the slice
-    unless the slice has slots without GPUs."""
-    return r.slot_of(pod.name) is not None or any(len(s.gpus) == pod.gpus for s in r.slice.slots)
-
-
-def _size_mismatch(label: str, r: Reservation, pod: PodInfo) -> str:
+def _outside_slice(label: str, r: Reservation, pod: PodInfo) -> bool:
+    """Whether a member of the gang is no pod of its slice: one without GPUs (a CPU-only
+    leader or router) when no slot is without GPUs. Raises :class:`Refused` for a member
+    whose GPU count no slot has."""
+    if r.slot_of(pod.name) is not None or any(len(s.gpus) == pod.gpus for s in r.slice.slots):
+        return False
+    if pod.gpus <= 0:
+        return True
     sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
     why = f"{label}: pod {pod.name} asks for {pod.gpus} GPUs; the reservation's slots have {sizes}"
     if pod.pod_set and all(s.pod_set != pod.pod_set for s in r.slice.slots):
         why += f" (a plain gang of several pod sets gives each pod {keys.POD_SET_SIZE})"
-    return why
+    raise Refused(why)
 
 
 def _all(names: Iterable[str], code: Code, reason: str, outcome: str) -> FilterOutcome:
