@@ -20,7 +20,7 @@ from extender.topology.hierarchy import Hierarchy
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "volcano"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "volcano"
 
 
 @cache

@@ -29,7 +29,7 @@ from extender.placement.solver import place
 REPO = Path(__file__).resolve().parents[2]
 KUEUE = REPO / "tests" / "fixtures" / "kueue"
 VOLCANO = REPO / "tests" / "fixtures" / "volcano"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "kueue"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "kueue"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()
 CLIQUE = "nvidia.com/gpu.clique"
 

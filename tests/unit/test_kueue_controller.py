@@ -31,7 +31,7 @@ from extender.placement.snapshot import ClusterSnapshot, NodeState
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "kueue"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "kueue"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "kueue"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()  # QuotaReserved of the LWS fixture
 LWS = ("serving", "leaderworkerset-vllm-0-3f2a1")
 KEY = "serving/leaderworkerset-vllm-0-3f2a1"

@@ -16,7 +16,7 @@ from extender.admission.openapi import SchemaError, load_crd, validate, version_
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "kueue"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "kueue"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "kueue"
 PLURALS = {"Workload": "workloads", "AdmissionCheck": "admissionchecks", "ResourceFlavor": "resourceflavors"}
 
 

@@ -27,7 +27,7 @@ MANIFESTS = REPO / "manifests"
 EXAMPLES = REPO / "examples"
 #: Kubernetes objects; examples/clusters and examples/gangs are gangslice's own file formats.
 K8S_EXAMPLES = EXAMPLES / "k8s"
-UPSTREAM = REPO.parent / "shared" / "upstream"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream"
 
 #: Every kustomization a user applies (docs/install.md).
 KUSTOMIZATIONS = ("", "scheduler", "kueue", "volcano", "components/cert-manager")

@@ -37,7 +37,7 @@ from extender.webhook.decide import Decider
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "volcano"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "volcano"
 KEY = "llm/llama-70b"
 
 
