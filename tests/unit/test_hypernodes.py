@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission.hypernodes import from_snapshot, hypernodes
-from extender.admission.openapi import load_crd, validate, version_schema
-from extender.admission.podgroups import level_tiers
 from extender.cli import main
+from extender.controllers.hypernodes import from_snapshot, hypernodes
+from extender.controllers.openapi import load_crd, validate, version_schema
+from extender.controllers.podgroups import level_tiers
 from extender.placement.files import load_cluster
 from extender.topology.hierarchy import Hierarchy
 

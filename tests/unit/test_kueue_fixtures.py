@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission import kueue
-from extender.admission.openapi import SchemaError, load_crd, validate, version_schema
+from extender.controllers import kueue
+from extender.controllers.openapi import SchemaError, load_crd, validate, version_schema
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "kueue"
