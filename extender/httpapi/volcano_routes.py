@@ -48,8 +48,14 @@ def task_pod(task: TaskInfo) -> tuple[PodInfo, str | None]:
     if task.pod:
         pod = PodInfo.from_obj(task.pod)
     else:
-        gpus = task.resreq.gpus() if task.resreq else 0
-        pod = PodInfo(namespace=task.namespace or "default", name=task.name, uid=task.uid, gpus=gpus)
+        gpus, problems = 0, tuple[str, ...]()
+        try:
+            gpus = task.resreq.gpus("task.Resreq") if task.resreq else 0
+        except PodError as exc:
+            problems = (str(exc),)
+        pod = PodInfo(
+            namespace=task.namespace or "default", name=task.name, uid=task.uid, gpus=gpus, problems=problems
+        )
     if pod.pod_set is None and task.task_role:
         pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: task.task_role})
     job = task.job or pod.volcano_group
@@ -95,18 +101,20 @@ def prioritize_error(message: str) -> dict[str, Any]:
 
 
 def job_gpus(job: JobInfo) -> int:
-    """GPUs a Volcano job asks for: its total request, or its PodGroup's minResources."""
-    if job.total_request is not None and job.total_request.gpus() > 0:
-        return job.total_request.gpus()
+    """GPUs a Volcano job asks for: its total request, or its PodGroup's minResources.
+    Raises PodError, naming the field, for a count that is not whole and non-negative."""
+    total = job.total_request.gpus("job.TotalRequest") if job.total_request is not None else 0
+    if total > 0:
+        return total
     pg: Any = job.pod_group or {}
     for spec in (pg.get("spec"), (pg.get("PodGroup") or {}).get("spec") if isinstance(pg, Mapping) else None):
         if isinstance(spec, Mapping) and isinstance(spec.get("minResources"), Mapping):
             got = spec["minResources"].get(keys.GPU_RESOURCE)
-            if got is not None:
-                try:
+            try:
+                if got is not None:
                     return quantity(got)
-                except PodError:
-                    return 0
+            except PodError as exc:
+                raise PodError(f"job.PodGroup.spec.minResources[{keys.GPU_RESOURCE}]: {exc}") from None
     return 0
 
 
@@ -115,9 +123,14 @@ async def job_enqueueable(request: web.Request, args: JobRequest) -> dict[str, A
     Abstain for jobs without GPUs."""
     cache = request.app[CACHE]
     metrics = request.app[METRICS]
+    try:
+        gpus = job_gpus(args.job)
+    except PodError as exc:
+        metrics.decisions.labels("invalid").inc()
+        return {"status": REJECT, "errorMessage": f"job {args.job.key}: {exc}"}
     if cache.reservation(args.job.key) is not None:
         status, outcome = PERMIT, "permit"
-    elif job_gpus(args.job) > 0:
+    elif gpus > 0:
         status, outcome = REJECT, "reject"
     else:
         status, outcome = ABSTAIN, "abstain"
