@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.httpapi import nodelist
 from extender.httpapi.decide import Refused, lookup
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.httpapi.wire import (
@@ -49,12 +50,13 @@ def _names(args: ExtenderArgs) -> tuple[list[str], dict[str, dict[str, Any]]]:
 
 async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, Any] | Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
+    names, items = _names(args)
+    nodelist.check(cache, names)
     pod = PodInfo.from_obj(args.pod)
     cache.remember(pod)
-    names, items = _names(args)
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("filter").time():
-            out = decider.filter(pod, names)
+            out = nodelist.filter_known(decider, pod, names)
     if cache.unflushed:
         await cache.flush()
     request.app[METRICS].decisions.labels(out.outcome).inc()
@@ -97,7 +99,15 @@ _HOST_PREFIX: dict[str, str] = {}
 _SCORE_SUFFIX = [f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)]
 
 
-def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> Encoded:
+def encode_priorities(names: Sequence[str], scores: Sequence[int], remember: bool = True) -> Encoded:
+    """The HostPriorityList; the names' prefixes are remembered only when ``remember`` (every
+    name a known node), so the table is bounded by the cluster."""
+    if not remember:
+        hosts = [
+            '{"Host":' + json.dumps(n) + ',"Score":' + _SCORE_SUFFIX[s]
+            for n, s in zip(names, scores, strict=True)
+        ]
+        return Encoded(("[" + ",".join(hosts) + "]").encode())
     if len(_HOST_PREFIX) > 200_000:
         _HOST_PREFIX.clear()
     try:
@@ -113,17 +123,18 @@ def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> Encoded:
 
 async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
+    names, _ = _names(args)
+    nodelist.check(cache, names)
     pod = PodInfo.from_obj(args.pod)
     cache.remember(pod)
-    names, _ = _names(args)
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("prioritize").time():
-            scores = decider.prioritize(pod, names)
+            scores, known = nodelist.prioritize_known(decider, pod, names)
     request.app[METRICS].decisions.labels("scored").inc()
     # Both node modes get the same bare array for the same names: one encoded form.
     encoded = scores.replies.get(NAMES_FORM)
     if not isinstance(encoded, Encoded):
-        scores.replies[NAMES_FORM] = encoded = encode_priorities(names, scores.values)
+        scores.replies[NAMES_FORM] = encoded = encode_priorities(names, scores.values, known)
     return encoded
 
 

@@ -8,13 +8,14 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import LEADING
+from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits, runner_options
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import KubeApi
 from extender.kube.cache import ClusterCache
@@ -31,6 +32,7 @@ class ServeOptions:
     prefix: str = "/gangslice"
     tls_cert: str | None = None
     tls_key: str | None = None
+    limits: Limits = field(default_factory=Limits)
 
 
 async def label_own_pod(api: KubeApi, leader: bool) -> None:
@@ -60,14 +62,22 @@ async def serve(
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
     lease labels its pod ``gangslice.io/leader=true`` and says so on ``/readyz``."""
-    app = build_app(cache, api=api, prefix=options.prefix)
+    app = build_app(cache, api=api, prefix=options.prefix, limits=options.limits)
     leading = {"now": False}
     if controller is not None:
         app[LEADING] = leading
     tls = ReloadingTls(options.tls_cert, options.tls_key) if options.tls_cert and options.tls_key else None
-    runner = web.AppRunner(app, access_log=None)
+    guard = app[GUARD] = ConnectionGuard(options.limits)
+    runner = web.AppRunner(app, **runner_options(options.limits))
     await runner.setup()
-    site = web.TCPSite(runner, options.host, options.port, ssl_context=tls.context if tls else None)
+    site = GuardedSite(
+        runner,
+        guard,
+        "scheduler",
+        host=options.host,
+        port=options.port,
+        ssl_context=tls.context if tls else None,
+    )
     await site.start()
     scheme = "https" if tls else "http"
     log.info("serving on %s://%s:%d%s", scheme, options.host, options.port, options.prefix)
@@ -79,7 +89,7 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    background = []
+    background = [asyncio.create_task(guard.watch())]
     watcher = Watcher(api, cache) if api is not None else None
     if watcher is not None:
         background.append(asyncio.create_task(watcher.run()))

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.httpapi import nodelist
 from extender.httpapi.decide import Refused
 from extender.httpapi.handling import CACHE, DECIDER, METRICS, dumps, json_endpoint
 from extender.httpapi.volcano_wire import (
@@ -68,7 +69,7 @@ async def predicate(request: web.Request, args: PredicateRequest) -> dict[str, A
     node = args.node.node_name()
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-predicate").time():
-            out = decider.filter(pod, [node], job)
+            out = nodelist.filter_known(decider, pod, [node], job)
     if cache.unflushed:
         await cache.flush()
     request.app[METRICS].decisions.labels(out.outcome).inc()
@@ -88,9 +89,10 @@ async def prioritize(request: web.Request, args: PrioritizeRequest) -> dict[str,
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod, job = task_pod(args.task)
     names = [name for n in args.nodes or [] if (name := n.node_name())]
+    nodelist.check(cache, names)
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-prioritize").time():
-            scores = decider.prioritize(pod, names, job)
+            scores, _ = nodelist.prioritize_known(decider, pod, names, job)
     request.app[METRICS].decisions.labels("scored").inc()
     node_score = {n: s * SCORE_SCALE for n, s in zip(names, scores.values, strict=True)}
     return {"nodeScore": node_score, "errorMessage": ""}
