@@ -12,6 +12,7 @@ from extender.commands.exits import EXIT_OK, UsageError
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.podgroup_controller import PodGroupConfig
 from extender.httpapi.bench import TARGET_RPS
+from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
 from extender.httpapi.limits import Limits
 from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
@@ -36,6 +37,20 @@ def register(sub: Any) -> None:
         "--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (reloaded on change)"
     )
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
+    p.add_argument(
+        "--scheduler-name",
+        dest="scheduler_names",
+        action="append",
+        metavar="NAME",
+        help="bind only pods naming this scheduler (repeatable; default gangslice-scheduler)",
+    )
+    p.add_argument(
+        "--volcano-scheduler-name",
+        dest="volcano_scheduler_names",
+        action="append",
+        metavar="NAME",
+        help="the Volcano verbs allocate only pods naming this scheduler (repeatable; default volcano)",
+    )
     p.add_argument(
         "--reservation-ttl",
         type=float,
@@ -206,7 +221,16 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--reservation-ttl must be positive")
     check_config, podgroup_config = controller_configs(args)
     options = ServeOptions(
-        args.host, args.port, args.prefix, args.tls_cert, args.tls_key, limits=serve_limits(args)
+        args.host,
+        args.port,
+        args.prefix,
+        args.tls_cert,
+        args.tls_key,
+        limits=serve_limits(args),
+        schedulers=Schedulers.of(
+            args.scheduler_names or DEFAULT_SCHEDULERS,
+            args.volcano_scheduler_names or DEFAULT_VOLCANO_SCHEDULERS,
+        ),
     )
     if args.cluster:
         try:

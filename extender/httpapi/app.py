@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from extender.httpapi import kube_routes, volcano_routes
+from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, leads
 from extender.httpapi.limits import LIMITS, Limits, bounded
@@ -84,6 +85,7 @@ def build_app(
     prefix: str = DEFAULT_PREFIX,
     housekeeping_s: float | None = HOUSEKEEPING_S,
     limits: Limits | None = None,
+    schedulers: Schedulers | None = None,
 ) -> web.Application:
     """The service over ``cache``. With ``api`` pods are bound through the API server;
     without it binds are only recorded (file mode)."""
@@ -91,6 +93,7 @@ def build_app(
     limits = limits or Limits()
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[bounded])
     app[LIMITS] = limits
+    app[SCHEDULERS] = schedulers or Schedulers()
     app[CACHE] = cache
     app[DECIDER] = Decider(cache)
     app[API] = api

@@ -7,7 +7,6 @@ Replies always carry explicit lists (a filter reply with neither ``NodeNames`` n
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi import nodelist
+from extender.httpapi import checks, nodelist
 from extender.httpapi.decide import Refused, lookup
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.httpapi.wire import (
@@ -52,8 +51,20 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
     cache, decider = request.app[CACHE], request.app[DECIDER]
     names, items = _names(args)
     nodelist.check(cache, names)
-    pod = PodInfo.from_obj(args.pod)
-    cache.remember(pod)
+    try:
+        pod = checks.asked(request, PodInfo.from_obj(args.pod))
+    except checks.Refusal as exc:
+        reason = checks.refused(request, "filter", exc)
+        failed = dict.fromkeys(names, reason)
+        return {
+            "Nodes": None,
+            "NodeNames": [],
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": {},
+            "Error": "",
+        }
+    if not cache.pods_watched:
+        cache.remember(pod)
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("filter").time():
             out = nodelist.filter_known(decider, pod, names)
@@ -125,8 +136,13 @@ async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     names, _ = _names(args)
     nodelist.check(cache, names)
-    pod = PodInfo.from_obj(args.pod)
-    cache.remember(pod)
+    try:
+        pod = checks.asked(request, PodInfo.from_obj(args.pod))
+    except checks.Refusal as exc:
+        checks.refused(request, "prioritize", exc)
+        return encode_priorities(names, [0] * len(names), remember=False)
+    if not cache.pods_watched:
+        cache.remember(pod)
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("prioritize").time():
             scores, known = nodelist.prioritize_known(decider, pod, names)
@@ -143,36 +159,34 @@ def prioritize_error(message: str) -> list[dict[str, Any]]:
     return []
 
 
-async def _find_pod(request: web.Request, namespace: str, name: str) -> PodInfo | None:
-    pod = request.app[CACHE].pod(namespace, name)
-    api = request.app[API]
-    if pod is None and api is not None:
-        try:
-            pod = PodInfo.from_obj(await asyncio.to_thread(api.get_pod, namespace, name))
-        except ApiError as exc:
-            log.info("bind: cannot read pod %s/%s: %s", namespace, name, exc)
-    return pod
+async def _find_pod(request: web.Request, namespace: str, name: str) -> None:
+    """Without a pod watch, a pod the cache has not seen is read from the API server."""
+    cache, api = request.app[CACHE], request.app[API]
+    if cache.pods_watched or api is None or cache.pod(namespace, name) is not None:
+        return
+    try:
+        cache.remember(PodInfo.from_obj(await asyncio.to_thread(api.get_pod, namespace, name)))
+    except ApiError as exc:
+        log.info("bind: cannot read pod %s/%s: %s", namespace, name, exc)
 
 
 async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any]:
     cache, decider, metrics = request.app[CACHE], request.app[DECIDER], request.app[METRICS]
     namespace = args.pod_namespace or "default"
-    pod = await _find_pod(request, namespace, args.pod_name)
-    if pod is None:
+    await _find_pod(request, namespace, args.pod_name)
+    try:
+        pod = checks.to_bind(request, namespace, args.pod_name, args.pod_uid, args.node, volcano=False)
+    except checks.Refusal as exc:
         metrics.decisions.labels("bind-failed").inc()
-        return {"Error": f"pod {namespace}/{args.pod_name} is not known to gangslice"}
-    if args.pod_uid and pod.uid and args.pod_uid != pod.uid:
-        metrics.decisions.labels("bind-failed").inc()
-        return {"Error": f"pod {pod.key} has uid {pod.uid}, not {args.pod_uid}"}
-    if args.pod_uid and not pod.uid:
-        pod = dataclasses.replace(pod, uid=args.pod_uid)
+        return {"Error": f"cannot bind to {args.node}: {checks.refused(request, 'bind', exc)}"}
     async with cache.lock:
         try:
             with metrics.decision_duration.labels("bind").time():
                 plan = decider.plan_bind(pod, args.node)
         except Refused as exc:
             metrics.decisions.labels("bind-failed").inc()
-            return {"Error": f"cannot bind {pod.key} to {args.node}: {exc}"}
+            message = f"cannot bind {pod.key} to {args.node}: {exc}"
+            return {"Error": checks.refused(request, "bind", checks.Refusal("no-slot", message))}
     try:
         await request.app[BINDER].bind(pod, args.node, plan.annotations())
     except Exception as exc:

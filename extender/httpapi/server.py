@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from extender.httpapi.app import build_app
+from extender.httpapi.checks import Schedulers
 from extender.httpapi.handling import LEADING
 from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits, runner_options
 from extender.httpapi.tls import ReloadingTls
@@ -33,6 +34,7 @@ class ServeOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     limits: Limits = field(default_factory=Limits)
+    schedulers: Schedulers = field(default_factory=Schedulers)
 
 
 async def label_own_pod(api: KubeApi, leader: bool) -> None:
@@ -62,7 +64,9 @@ async def serve(
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
     lease labels its pod ``gangslice.io/leader=true`` and says so on ``/readyz``."""
-    app = build_app(cache, api=api, prefix=options.prefix, limits=options.limits)
+    app = build_app(
+        cache, api=api, prefix=options.prefix, limits=options.limits, schedulers=options.schedulers
+    )
     leading = {"now": False}
     if controller is not None:
         app[LEADING] = leading

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi import nodelist
+from extender.httpapi import checks, nodelist
 from extender.httpapi.decide import Refused
 from extender.httpapi.handling import CACHE, DECIDER, METRICS, dumps, json_endpoint
 from extender.httpapi.volcano_wire import (
@@ -63,10 +63,26 @@ def task_pod(task: TaskInfo) -> tuple[PodInfo, str | None]:
     return pod, job or None
 
 
+def watched(
+    request: web.Request, task: TaskInfo, sent: PodInfo, job: str | None
+) -> tuple[PodInfo, str | None]:
+    """The task's pod as watched (see extender.httpapi.checks), with its role and job."""
+    pod = checks.asked(request, sent)
+    if pod is not sent:
+        if pod.pod_set is None and task.task_role:
+            pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: task.task_role})
+        job = pod.volcano_group or job
+    return pod, job
+
+
 async def predicate(request: web.Request, args: PredicateRequest) -> dict[str, Any]:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod, job = task_pod(args.task)
     node = args.node.node_name()
+    try:
+        pod, job = watched(request, args.task, pod, job)
+    except checks.Refusal as exc:
+        return {"status": checks.refused(request, "volcano-predicate", exc), "code": UNSCHEDULABLE}
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-predicate").time():
             out = nodelist.filter_known(decider, pod, [node], job)
@@ -90,6 +106,10 @@ async def prioritize(request: web.Request, args: PrioritizeRequest) -> dict[str,
     pod, job = task_pod(args.task)
     names = [name for n in args.nodes or [] if (name := n.node_name())]
     nodelist.check(cache, names)
+    try:
+        pod, job = watched(request, args.task, pod, job)
+    except checks.Refusal as exc:
+        return {"nodeScore": {}, "errorMessage": checks.refused(request, "volcano-prioritize", exc)}
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-prioritize").time():
             scores, _ = nodelist.prioritize_known(decider, pod, names, job)
@@ -146,13 +166,28 @@ def job_enqueueable_error(message: str) -> dict[str, Any]:
 
 async def allocate(request: web.Request, args: EventHandlerRequest) -> dict[str, Any]:
     cache, decider = request.app[CACHE], request.app[DECIDER]
-    pod, job = task_pod(args.task)
+    sent, job = task_pod(args.task)
+    node = args.task.node_name
+    try:
+        pod = checks.to_bind(request, sent.namespace, sent.name, args.task.uid, node, volcano=True, sent=sent)
+    except checks.Refusal as exc:
+        return {
+            "errorMessage": f"cannot allocate on {node}: {checks.refused(request, 'volcano-allocate', exc)}"
+        }
+    if pod is not sent:
+        if pod.pod_set is None and sent.pod_set is not None:
+            pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: sent.pod_set})
+        job = pod.volcano_group or job
     async with cache.lock:
         try:
             with request.app[METRICS].decision_duration.labels("volcano-allocate").time():
-                decider.allocate(pod, args.task.node_name, job)
+                decider.allocate(pod, node, job)
         except Refused as exc:
-            return {"errorMessage": str(exc)}
+            return {
+                "errorMessage": checks.refused(
+                    request, "volcano-allocate", checks.Refusal("no-slot", str(exc))
+                )
+            }
     await cache.flush()
     request.app[METRICS].decisions.labels("allocated").inc()
     return {"errorMessage": ""}
@@ -161,6 +196,11 @@ async def allocate(request: web.Request, args: EventHandlerRequest) -> dict[str,
 async def deallocate(request: web.Request, args: EventHandlerRequest) -> dict[str, Any]:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod, job = task_pod(args.task)
+    try:
+        pod = await checks.to_free(request, pod)
+    except checks.Refusal as exc:
+        return {"errorMessage": checks.refused(request, "volcano-deallocate", exc)}
+    job = pod.volcano_group or job
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-deallocate").time():
             decider.deallocate(pod, job)

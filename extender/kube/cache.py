@@ -239,6 +239,10 @@ class ClusterCache:
         key = f"{namespace}/{name}"
         return self._pods.get(key) or self._recent.get(key)
 
+    def watched_pod(self, namespace: str, name: str) -> PodInfo | None:
+        """The pod as the watch (or a bind recorded here) has it; never one only seen in a request."""
+        return self._pods.get(f"{namespace}/{name}")
+
     def pod_by_uid(self, uid: str) -> PodInfo | None:
         key = self._by_uid.get(uid)
         return self._pods.get(key) if key else None

@@ -36,6 +36,8 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
     problems: tuple[str, ...] = ()
+    #: ``spec.schedulerName`` (the API server defaults it to ``default-scheduler``).
+    scheduler: str = "default-scheduler"
 
     @property
     def key(self) -> str:
@@ -151,6 +153,7 @@ class PodInfo:
             annotations=_str_map(meta.get("annotations")),
             deleting=meta.get("deletionTimestamp") is not None,
             problems=tuple(problems),
+            scheduler=_str(spec.get("schedulerName")) or "default-scheduler",
         )
 
 
