@@ -38,6 +38,23 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     p.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="mutual TLS: the verbs need a client certificate chained to this CA (health stays open)",
+    )
+    p.add_argument(
+        "--tls-client-names",
+        metavar="NAME,...",
+        help="with --tls-client-ca: the client certificate must name one of these (subject CN or DNS SAN)",
+    )
+    p.add_argument(
+        "--volcano-port",
+        type=int,
+        metavar="PORT",
+        help="serve the Volcano verbs on this port only (no client certificate asked: restrict it "
+        "with a NetworkPolicy); default: on --port",
+    )
+    p.add_argument(
         "--scheduler-name",
         dest="scheduler_names",
         action="append",
@@ -217,6 +234,15 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--tls-cert and --tls-key go together")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: not a port number")
+    if args.volcano_port is not None and (
+        not 0 < args.volcano_port < 65536 or args.volcano_port == args.port
+    ):
+        raise UsageError(f"--volcano-port {args.volcano_port}: not a port number other than --port")
+    if args.tls_client_ca and not args.tls_cert:
+        raise UsageError("--tls-client-ca needs --tls-cert and --tls-key")
+    if args.tls_client_names and not args.tls_client_ca:
+        raise UsageError("--tls-client-names needs --tls-client-ca")
+    client_names = frozenset(n.strip() for n in (args.tls_client_names or "").split(",") if n.strip())
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
     check_config, podgroup_config = controller_configs(args)
@@ -231,6 +257,9 @@ def run_serve(args: argparse.Namespace) -> int:
             args.scheduler_names or DEFAULT_SCHEDULERS,
             args.volcano_scheduler_names or DEFAULT_VOLCANO_SCHEDULERS,
         ),
+        tls_client_ca=args.tls_client_ca,
+        tls_client_names=client_names,
+        volcano_port=args.volcano_port,
     )
     if args.cluster:
         try:

@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from extender.httpapi import kube_routes, volcano_routes
+from extender.httpapi.access import ACCESS, Access, checked
 from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, leads
@@ -86,12 +87,14 @@ def build_app(
     housekeeping_s: float | None = HOUSEKEEPING_S,
     limits: Limits | None = None,
     schedulers: Schedulers | None = None,
+    access: Access | None = None,
 ) -> web.Application:
     """The service over ``cache``. With ``api`` pods are bound through the API server;
     without it binds are only recorded (file mode)."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
     limits = limits or Limits()
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[bounded])
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[checked, bounded])
+    app[ACCESS] = access or Access(prefix)
     app[LIMITS] = limits
     app[SCHEDULERS] = schedulers or Schedulers()
     app[CACHE] = cache

@@ -379,7 +379,9 @@ class Gangslice:
         ]
         if self.tls:
             crt, key = self.cp.issue_cert(self.name, ["127.0.0.1"])
-            argv += [f"--tls-cert={crt}", f"--tls-key={key}"]
+            # Mutual TLS as shipped: only kube-scheduler's client certificate may call the verbs.
+            argv += [f"--tls-cert={crt}", f"--tls-key={key}", f"--tls-client-ca={self.cp.ca_file}"]
+            argv.append(f"--tls-client-names={SCHEDULER_CLIENT}")
         if not self.controller:
             argv.append("--no-controller")
         self.cp.start_process(self.name, argv, env=dict(self.env))
@@ -415,7 +417,13 @@ class Gangslice:
             return str(resp.read().decode())
 
 
-def extender_scheduler_config(extender_url: str, ca_file: Path | None = None) -> dict[str, Any]:
+#: The common name of kube-scheduler's client certificate for the extender (mutual TLS).
+SCHEDULER_CLIENT = "gangslice-scheduler"
+
+
+def extender_scheduler_config(
+    extender_url: str, ca_file: Path | None = None, client_cert: tuple[Path, Path] | None = None
+) -> dict[str, Any]:
     """The shipped KubeSchedulerConfiguration, pointed at ``extender_url`` on loopback; with ``ca_file`` the
     shipped HTTPS variant (``kube-scheduler-config-tls.yaml``) trusting that CA."""
     name = "kube-scheduler-config-tls.yaml" if ca_file else "kube-scheduler-config.yaml"
@@ -429,6 +437,8 @@ def extender_scheduler_config(extender_url: str, ca_file: Path | None = None) ->
     assert ext["enableHTTPS"] is bool(ca_file)
     if ca_file:
         ext["tlsConfig"]["caFile"] = str(ca_file)
+        assert client_cert is not None, "the shipped HTTPS configuration presents a client certificate"
+        ext["tlsConfig"]["certFile"], ext["tlsConfig"]["keyFile"] = map(str, client_cert)
     return cfg
 
 
@@ -456,7 +466,8 @@ def extender_stack(
     server = Gangslice(cp, kubeconfig, controller=controller, name=name, tls=tls)
     try:
         server.start()
-        cp.start_scheduler(extender_scheduler_config(server.url, cp.ca_file if tls else None))
+        client = cp.issue_cert(SCHEDULER_CLIENT, [SCHEDULER_CLIENT], client=True) if tls else None
+        cp.start_scheduler(extender_scheduler_config(server.url, cp.ca_file if tls else None, client))
         yield server
     finally:
         server.stop()
