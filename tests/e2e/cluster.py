@@ -185,6 +185,38 @@ def service_account_kubeconfig(cp: ControlPlane, path: Path, account: str = SERV
     return cp.write_kubeconfig(path, token=token, namespace=SYSTEM_NS)
 
 
+def pod_token_kubeconfig(cp: ControlPlane, path: Path, account: str, node: str) -> Path:
+    """A kubeconfig with a token of gangslice-system/``account`` bound to a pod on ``node``, as
+    the kubelet mounts it: the API server adds the pod's node to the user's extra
+    (``authentication.kubernetes.io/node-name``). The pod (no kubelet runs it) is named
+    ``<account>-<node>`` and must stay while the token is used."""
+    name = f"{account}-{node}"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": SYSTEM_NS},
+        "spec": {
+            "serviceAccountName": account,
+            "nodeName": node,
+            "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    uid = create(cp, pod, exist_ok=True)["metadata"]["uid"]
+    review = cp.request(
+        "POST",
+        path_of("ServiceAccount", account, SYSTEM_NS, "token"),
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": 7200,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid},
+            },
+        },
+    )
+    return cp.write_kubeconfig(path, token=review["status"]["token"], namespace=SYSTEM_NS)
+
+
 # ---------------------------------------------------------------------------------------------- nodes
 @dataclass(frozen=True)
 class FakeNode:

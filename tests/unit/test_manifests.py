@@ -47,6 +47,7 @@ BUILTIN_ROLES = {
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "AdmissionCheck",
     "ClusterQueue", "ResourceFlavor", "Topology", "NodeTopology", "PriorityClass", "Queue", "HyperNode",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }  # fmt: skip
 KUSTOMIZE_KEYS = {
     "apiVersion", "kind", "resources", "components", "namespace", "labels", "images", "configMapGenerator",
