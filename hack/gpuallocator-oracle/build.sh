@@ -29,7 +29,7 @@ if ! [[ "${go_minor}" =~ ^[0-9]+$ ]] || (( go_minor < GO_MIN_MINOR )); then
     die "found ${GO_VERSION} at $(command -v go); Go >= 1.${GO_MIN_MINOR} is required. Install a newer Go from https://go.dev/dl/."
 fi
 
-VERSION="$(sed -n 's/^require github.com\/NVIDIA\/go-gpuallocator \(v[^ ]*\).*/\1/p' "${SCRIPT_DIR}/go.mod")"
+VERSION="$(sed -n -E 's/^(require)?[[:space:]]*github\.com\/NVIDIA\/go-gpuallocator (v[^ ]+).*/\2/p' "${SCRIPT_DIR}/go.mod")"
 [[ -n "${VERSION}" ]] || die "go.mod in ${SCRIPT_DIR} does not require github.com/NVIDIA/go-gpuallocator"
 
 CACHE_ROOT="${GANGSLICE_CACHE:-$HOME/.cache/gangslice}"

@@ -5,14 +5,22 @@
 //
 //	{"topologies": {"<name>": {"gpus": [0, 1, ...],
 //	                            "pairs": [{"a": 0, "b": 1, "pcie": "PIX", "nvlinks": 2}, ...]}},
+//	 "nvml": {"<name>": {"gpus": [{"uuid": "GPU-...", "busId": "00000000:18:00.0",
+//	                                "nvlinks": [{"enabled": true, "remoteBusId": "..."}, ...]}, ...],
+//	                      "ancestors": [{"a": 0, "b": 1, "level": 40}, ...]}},
 //	 "requests": [{"topology": "<name>", "available": [3, 1, 2], "required": [], "size": 2}, ...]}
 //
-// and writes one JSON line per request: {"gpus": [...], "padding": N}, where "gpus" are the
-// indices of the devices the policy returned, in its order, and "padding" counts the empty
-// padding slots among them. Devices are built as go-gpuallocator's NewDevices builds them
-// from NVML (one PCIe link, then one NVLink entry when there are NVLinks, for every ordered
-// pair), without NVML: the pair descriptions stand in for nvmlDeviceGetTopologyCommonAncestor
-// and the NVLink remote-PCI scan.
+// A "topologies" entry describes each pair's links as go-gpuallocator's Device.Links hold
+// them (one PCIe link, then one NVLink entry when there are NVLinks, as NewDevices appends
+// them) and the devices are built directly. An "nvml" entry describes what NVML answers
+// instead (the calls go-gpuallocator makes: device count, UUID, PCI info, common ancestor,
+// NVLink state and remote PCI info per link), served by go-nvml's mock, and the devices are
+// built by go-gpuallocator's own NewDevices, so its link detection is the one used.
+//
+// It writes, first, one JSON line per "nvml" entry in name order, {"topology": name,
+// "pairs": [...]} with the links NewDevices found in the "pairs" form above, then one JSON
+// line per request, {"gpus": [...], "padding": N}: the indices of the devices the policy
+// returned, in its order, and how many empty padding slots were among them.
 package main
 
 import (
@@ -21,9 +29,12 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"sort"
 	"strings"
 
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 )
 
 type pair struct {
@@ -45,9 +56,37 @@ type request struct {
 	Size      int    `json:"size"`
 }
 
+type nvlink struct {
+	Enabled     bool   `json:"enabled"`
+	RemoteBusID string `json:"remoteBusId"`
+}
+
+type nvmlGPU struct {
+	UUID    string   `json:"uuid"`
+	BusID   string   `json:"busId"`
+	NVLinks []nvlink `json:"nvlinks"`
+}
+
+type ancestor struct {
+	A     int `json:"a"`
+	B     int `json:"b"`
+	Level int `json:"level"`
+}
+
+type nvmlTopology struct {
+	GPUs      []nvmlGPU  `json:"gpus"`
+	Ancestors []ancestor `json:"ancestors"`
+}
+
 type input struct {
-	Topologies map[string]topology `json:"topologies"`
-	Requests   []request           `json:"requests"`
+	Topologies map[string]topology     `json:"topologies"`
+	NVML       map[string]nvmlTopology `json:"nvml"`
+	Requests   []request               `json:"requests"`
+}
+
+type found struct {
+	Topology string `json:"topology"`
+	Pairs    []pair `json:"pairs"`
 }
 
 type answer struct {
@@ -124,6 +163,119 @@ func build(t topology, byName map[string]uint64, nvlinkTypes []uint64) (map[int]
 	return devices, nil
 }
 
+func pciInfo(busID string) nvml.PciInfo {
+	var info nvml.PciInfo
+	for i := 0; i < len(busID) && i < len(info.BusId)-1; i++ {
+		info.BusId[i] = int8(busID[i])
+	}
+	return info
+}
+
+// fromNVML serves t through go-nvml's mock and lets go-gpuallocator's NewDevices build the
+// devices from it.
+func fromNVML(t nvmlTopology) (map[int]*gpuallocator.Device, error) {
+	level := map[[2]int]nvml.GpuTopologyLevel{}
+	for _, a := range t.Ancestors {
+		level[[2]int{a.A, a.B}] = nvml.GpuTopologyLevel(a.Level)
+		level[[2]int{a.B, a.A}] = nvml.GpuTopologyLevel(a.Level)
+	}
+	byUUID := map[string]int{}
+	devices := make([]*mock.Device, len(t.GPUs))
+	for i, g := range t.GPUs {
+		i, g := i, g
+		byUUID[g.UUID] = i
+		devices[i] = &mock.Device{
+			GetNameFunc:    func() (string, nvml.Return) { return "NVIDIA GPU", nvml.SUCCESS },
+			GetUUIDFunc:    func() (string, nvml.Return) { return g.UUID, nvml.SUCCESS },
+			GetPciInfoFunc: func() (nvml.PciInfo, nvml.Return) { return pciInfo(g.BusID), nvml.SUCCESS },
+			GetTopologyCommonAncestorFunc: func(peer nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+				uuid, ret := peer.GetUUID()
+				if ret != nvml.SUCCESS {
+					return 0, ret
+				}
+				l, ok := level[[2]int{i, byUUID[uuid]}]
+				if !ok {
+					return 0, nvml.ERROR_UNKNOWN
+				}
+				return l, nvml.SUCCESS
+			},
+			GetNvLinkStateFunc: func(link int) (nvml.EnableState, nvml.Return) {
+				if link >= len(g.NVLinks) {
+					return 0, nvml.ERROR_INVALID_ARGUMENT
+				}
+				if g.NVLinks[link].Enabled {
+					return nvml.FEATURE_ENABLED, nvml.SUCCESS
+				}
+				return nvml.FEATURE_DISABLED, nvml.SUCCESS
+			},
+			GetNvLinkRemotePciInfoFunc: func(link int) (nvml.PciInfo, nvml.Return) {
+				if link >= len(g.NVLinks) {
+					return nvml.PciInfo{}, nvml.ERROR_INVALID_ARGUMENT
+				}
+				return pciInfo(g.NVLinks[link].RemoteBusID), nvml.SUCCESS
+			},
+		}
+	}
+	lib := &mock.Interface{
+		InitFunc:           func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc:       func() nvml.Return { return nvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, nvml.Return) { return len(devices), nvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(n int) (nvml.Device, nvml.Return) {
+			if n < 0 || n >= len(devices) {
+				return nil, nvml.ERROR_INVALID_ARGUMENT
+			}
+			return devices[n], nvml.SUCCESS
+		},
+	}
+	list, err := gpuallocator.NewDevices(gpuallocator.WithNvmlLib(lib))
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]*gpuallocator.Device{}
+	for _, d := range list {
+		out[d.Index] = d
+	}
+	return out, nil
+}
+
+// describe turns the links NewDevices found back into the "pairs" form.
+func describe(devices map[int]*gpuallocator.Device, byName map[string]uint64, nvlinkTypes []uint64) ([]pair, error) {
+	levelOf := map[uint64]string{}
+	for level, name := range pcieLinkNames {
+		levelOf[byName[name]] = level
+	}
+	countOf := map[uint64]int{}
+	for k, v := range nvlinkTypes {
+		countOf[v] = k + 1
+	}
+	var indices []int
+	for i := range devices {
+		indices = append(indices, i)
+	}
+	sort.Ints(indices)
+	var pairs []pair
+	for _, a := range indices {
+		for _, b := range indices {
+			if b <= a {
+				continue
+			}
+			p := pair{A: a, B: b}
+			for _, l := range devices[a].Links[b] {
+				kind := reflect.ValueOf(l.Type).Uint()
+				if level, ok := levelOf[kind]; ok && p.PCIe == "" {
+					p.PCIe = level
+				} else if n, ok := countOf[kind]; ok && p.NVLinks == 0 {
+					p.NVLinks = n
+				} else {
+					return nil, fmt.Errorf("GPU%d-GPU%d: unexpected link %v among %v", a, b, l.Type, devices[a].Links[b])
+				}
+			}
+			pairs = append(pairs, p)
+		}
+	}
+	return pairs, nil
+}
+
 func pick(devices map[int]*gpuallocator.Device, indices []int) ([]*gpuallocator.Device, error) {
 	out := []*gpuallocator.Device{}
 	for _, i := range indices {
@@ -157,10 +309,32 @@ func run() error {
 		}
 		graphs[name] = devices
 	}
-	policy := gpuallocator.NewBestEffortPolicy()
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	enc := json.NewEncoder(out)
+	var names []string
+	for name := range in.NVML {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if _, clash := graphs[name]; clash {
+			return fmt.Errorf("%s is both a topology and an nvml entry", name)
+		}
+		devices, err := fromNVML(in.NVML[name])
+		if err != nil {
+			return fmt.Errorf("nvml %s: %w", name, err)
+		}
+		graphs[name] = devices
+		pairs, err := describe(devices, byName, nvlinkTypes)
+		if err != nil {
+			return fmt.Errorf("nvml %s: %w", name, err)
+		}
+		if err := enc.Encode(found{Topology: name, Pairs: pairs}); err != nil {
+			return err
+		}
+	}
+	policy := gpuallocator.NewBestEffortPolicy()
 	for n, r := range in.Requests {
 		devices, ok := graphs[r.Topology]
 		if !ok {

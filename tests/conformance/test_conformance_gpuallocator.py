@@ -4,12 +4,14 @@
 ``github.com/NVIDIA/go-gpuallocator`` (the version pinned in its go.mod, from the Go module
 proxy, cached under ~/.cache/gangslice/). The program builds go-gpuallocator ``Device``
 values from the same per-pair links gangslice's :func:`plugin_view` derives and answers each
-request with ``NewBestEffortPolicy().Allocate``. Every shipped topology preset and every
-``nvidia-smi topo -m`` fixture is asked at least 500 seeded random requests (free sets of
-every size, counts of every size, sometimes GPUs that must be included), once in ascending
-order and once in a shuffled order (the kubelet sends a Go map's order). The answer for a
-given order must be exactly gangslice's, and every shuffled answer must be among the answers
-gangslice says some order can produce. Known divergences: none.
+request with ``NewBestEffortPolicy().Allocate``. For the fake NVML nodes it also serves the
+fake's NVML answers through go-nvml's mock to go-gpuallocator's own ``NewDevices``, so the
+links the policy sees (no NVLink through an NVSwitch) are go-gpuallocator's, not ours.
+Every shipped topology preset and every ``nvidia-smi topo -m`` fixture is asked at least
+500 seeded random requests (free sets of every size, counts of every size, sometimes GPUs
+that must be included), once in ascending order and once in a shuffled order (the kubelet
+sends a Go map's order). The answer for a given order must be exactly gangslice's, and every
+shuffled answer must be among the answers gangslice says some order can produce. Known divergences: none.
 
 Print the agreement figure with:
 ``.venv/bin/pytest -q tests/conformance/test_conformance_gpuallocator.py``
@@ -18,6 +20,7 @@ Print the agreement figure with:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import shutil
@@ -29,9 +32,11 @@ from typing import Any
 
 import pytest
 
+from extender.agent.fakes import FAKES, fake_node
 from extender.topology.device_plugin import Allocation, PluginView, plugin_view, preferred_allocation
 from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel
 from extender.topology.nvidia_smi import parse_topo
+from extender.topology.nvml import NvmlInvalidArgument, NvmlNotSupported, discover
 from extender.topology.presets import PRESETS, preset_graph
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,6 +200,74 @@ def test_best_effort_prediction_agrees_with_go_gpuallocator(
     assert not failures, f"{len(failures)} of {len(requests)} disagree:\n" + "\n".join(failures[:20])
     assert padded > 0, "no request exercised the padded answer; the check of that rule proved nothing"
     assert ambiguous > 0, "no request had tied answers; the check of the order-dependence proved nothing"
+
+
+def _nvml_facts(name: str) -> tuple[dict[str, Any], PluginView]:
+    """What a fake node's NVML answers to go-gpuallocator's calls, and gangslice's view of it."""
+    with fake_node(name) as (fake, sysfs):
+        graph = discover(fake, sysfs_root=sysfs)
+        gpus = []
+        for i in range(fake.device_count()):
+            links = []
+            for link in itertools.count():
+                try:
+                    enabled = fake.nvlink_state(i, link)
+                except (NvmlInvalidArgument, NvmlNotSupported):
+                    break
+                links.append({"enabled": enabled, "remoteBusId": fake.nvlink_remote_pci_bus_id(i, link)})
+            gpus.append({"uuid": fake.uuid(i), "busId": fake.pci_bus_id(i), "nvlinks": links})
+        ancestors = [
+            {"a": a, "b": b, "level": fake.topology_common_ancestor(a, b)}
+            for a, b in itertools.combinations(range(len(gpus)), 2)
+        ]
+    assert graph.indices == tuple(range(len(gpus)))
+    return {"gpus": gpus, "ancestors": ancestors}, plugin_view(graph)
+
+
+def test_nvml_nodes_agree_link_for_link_and_answer_for_answer(
+    oracle: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """go-gpuallocator's NewDevices, fed each fake node's NVML answers, finds the links
+    gangslice's view says it sees (NVSwitch boards: PCIe only), and its policy on those
+    devices answers as gangslice predicts."""
+    facts: dict[str, dict[str, Any]] = {}
+    views: dict[str, PluginView] = {}
+    for name in sorted(FAKES):
+        facts[f"nvml/{name}"], views[f"nvml/{name}"] = _nvml_facts(name)
+    rng = random.Random(SEED)
+    requests = [r for name, view in views.items() for r in _requests(name, view, rng)]
+    document = {"topologies": {}, "nvml": facts, "requests": _document({}, requests)["requests"]}
+    lines = _ask(oracle, document)
+    found, answers = lines[: len(facts)], lines[len(facts) :]
+
+    for line in found:
+        view = views[line["topology"]]
+        ours = [
+            {"a": a, "b": b, "pcie": level.name, "nvlinks": view.nvlinks.get((a, b), 0)}
+            for (a, b), level in sorted(view.pcie.items())
+        ]
+        assert line["pairs"] == ours, line["topology"]
+    assert any(v.switched for v in views.values()) and not all(v.switched for v in views.values())
+
+    assert len(answers) == len(requests)
+    failures = []
+    for request, theirs in zip(requests, answers, strict=True):
+        ours_answer = preferred_allocation(
+            views[request.topology],
+            request.available,
+            request.size,
+            request.required,
+            order=request.available,
+        )
+        problem = _disagreement(request, ours_answer, theirs)
+        if problem is not None:
+            failures.append(f"{request}: {problem}")
+    with capsys.disabled():
+        print(
+            f"\ngo-gpuallocator v0.6.0 on NVML facts: links of {len(found)} fake nodes identical, "
+            f"{len(requests) - len(failures)}/{len(requests)} requests agree"
+        )
+    assert not failures, "\n".join(failures[:20])
 
 
 def test_a_partition_of_seven_groups_keeps_the_last_tail(oracle: Path) -> None:
