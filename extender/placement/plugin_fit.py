@@ -8,7 +8,8 @@ tie can go either way. :func:`plugin_pick` is the device-plugin counterpart of
 :meth:`NodeFit.pick`: the same arguments (a free mask in the node shape's positions, GPUs per
 pod, tier, pods) and the same answer (one mask per pod, in the order the kubelet allocates
 them) or None when the node is not a fit for those pods. :func:`plugin_capacity` is the
-counterpart of :meth:`NodeFit.capacity`.
+counterpart of :meth:`NodeFit.capacity`, and :func:`plugin_reason` says in words why a node
+is no fit.
 
 A node is not a fit when some order of some pod's request gets a set looser than the tier,
 when the policy's answer is the padded group (no usable preference; see the policy notes),
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from extender.topology.device_plugin import PluginView, plugin_view, preferred_allocation
 from extender.topology.model import GpuGraph, Tier
 
-__all__ = ["PluginFit", "plugin_capacity", "plugin_fit_for", "plugin_pick"]
+__all__ = ["PluginFit", "plugin_capacity", "plugin_fit_for", "plugin_pick", "plugin_reason"]
 
 
 @dataclass
@@ -62,6 +63,29 @@ class PluginFit:
             self._sound[key] = got
         return got
 
+    def reason(self, free: int, gpus: int, tier: Tier, pods: int) -> str | None:
+        """Why ``pods`` pods cannot be served in turn within ``tier``: the first answer (or
+        the first unusable request) that breaks it; None when they can."""
+        shape = self.graph.shape
+        for pod in range(1, pods + 1):
+            if self.sound(free, gpus, tier, pods - pod + 1):
+                return None
+            _, masks, usable = self.answers(free, gpus)
+            ask = f"for pod {pod} of {pods} ({gpus} GPUs from free {_gpus(shape.gpus_of(free))})"
+            if not usable or not masks:
+                return f"the device plugin gives no usable answer {ask}"
+            for m in sorted(masks):
+                if shape.tier_of(m) > tier:
+                    words = shape.tier_of(m).words or "spread over the node"
+                    return (
+                        f"the device plugin may answer GPUs {_gpus(shape.gpus_of(m))} {ask}: {words}, "
+                        f"looser than {tier.words or 'the node'}"
+                    )
+            # every answer meets the tier but some leaves the next pods short: follow one
+            m = next(m for m in sorted(masks) if not self.sound(free & ~m, gpus, tier, pods - pod))
+            free &= ~m
+        return None
+
     def chain(self, free: int, gpus: int, tier: Tier, pods: int) -> tuple[int, ...] | None:
         key = (free, gpus, tier, pods)
         if key in self._chain:
@@ -100,6 +124,18 @@ def plugin_pick(graph: GpuGraph, free: int, gpus: int, tier: Tier, pods: int) ->
     if gpus <= 0 or pods <= 0:
         return ()
     return plugin_fit_for(graph).chain(free, gpus, tier, pods)
+
+
+def plugin_reason(graph: GpuGraph, free: int, gpus: int, tier: Tier, pods: int) -> str | None:
+    """Why :func:`plugin_pick` says no, in words for a pod's unschedulable reason; None when it
+    says yes."""
+    if gpus <= 0 or pods <= 0:
+        return None
+    return plugin_fit_for(graph).reason(free, gpus, tier, pods)
+
+
+def _gpus(indices: tuple[int, ...]) -> str:
+    return ",".join(map(str, indices)) or "none"
 
 
 def plugin_capacity(graph: GpuGraph, free: int, gpus: int, tier: Tier) -> int:

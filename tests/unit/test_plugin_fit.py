@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from extender.placement.node_fit import fit_for
-from extender.placement.plugin_fit import plugin_capacity, plugin_pick
+from extender.placement.plugin_fit import plugin_capacity, plugin_pick, plugin_reason
 from extender.topology.model import Tier
 from extender.topology.nvidia_smi import parse_topo
 from extender.topology.presets import preset_graph
@@ -25,6 +25,11 @@ def test_the_plugin_trades_a_numa_local_set_for_the_partition() -> None:
     assert plugin_pick(graph, free, 3, Tier.NUMA, 1) is None
     assert plugin_pick(graph, free, 3, Tier.NODE, 1) == (shape.mask_of([0, 1, 4]),)
     assert plugin_capacity(graph, free, 3, Tier.NUMA) == 0
+    assert plugin_reason(graph, free, 3, Tier.NUMA, 1) == (
+        "the device plugin may answer GPUs 0,1,4 for pod 1 of 1 (3 GPUs from free 0,1,2,3,4): "
+        "spread over the node, looser than NUMA-local"
+    )
+    assert plugin_reason(graph, free, 3, Tier.NODE, 1) is None
 
 
 def test_a_tie_that_may_cross_sockets_is_no_fit() -> None:
@@ -44,6 +49,10 @@ def test_pods_in_turn_get_the_plugin_sets() -> None:
     assert sorted(shape.gpus_of(m) for m in picked) == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert plugin_capacity(graph, shape.full_mask, 2, Tier.PIX) == 4
     assert plugin_capacity(graph, shape.mask_of([0, 1, 2, 4]), 2, Tier.PIX) == 1
+    assert plugin_reason(graph, shape.mask_of([0, 1, 2, 4]), 2, Tier.PIX, 2) == (
+        "the device plugin may answer GPUs 2,4 for pod 2 of 2 (2 GPUs from free 2,4): "
+        "spread over the node, looser than PCIe-switch-local"
+    )
 
 
 def test_nvswitch_boards_keep_nvlink_for_any_answer() -> None:
