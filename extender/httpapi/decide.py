@@ -284,8 +284,9 @@ class Decider:
         self, view: ClusterSnapshot, name: str, gpus: int, tier: Tier | None, table: dict[str, Verdict]
     ) -> Verdict:
         if not view.has_node(name):
-            table[name] = UNKNOWN_NODE
-            return UNKNOWN_NODE
+            problem = self.cache.node_problem(name)
+            table[name] = UNKNOWN_NODE if problem is None else Verdict(Code.UNSCHEDULABLE, problem)
+            return table[name]
         i = view.index(name)
         shape = view.nodes[i].shape
         fit = fit_for(shape)

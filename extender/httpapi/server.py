@@ -19,6 +19,7 @@ from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import KubeApi
 from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
+from extender.kube.topology_status import TopologyStatusReporter
 from extender.kube.watch import Watcher
 
 log = logging.getLogger(__name__)
@@ -56,11 +57,12 @@ async def serve(
     options: ServeOptions,
     api: KubeApi | None = None,
     controller: Controller | None = None,
+    topology_status: TopologyStatusReporter | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
     lease labels its pod ``gangslice.io/leader=true`` and says so on ``/readyz``."""
-    app = build_app(cache, api=api, prefix=options.prefix)
+    app = build_app(cache, api=api, prefix=options.prefix, topology_status=topology_status)
     leading = {"now": False}
     if controller is not None:
         app[LEADING] = leading
