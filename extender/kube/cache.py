@@ -113,6 +113,7 @@ class ClusterCache:
         #: Nodes whose reserved GPUs changed since the view was last brought up to date.
         self._held_dirty: set[str] = set()
         self._version = 0
+        self._node_generation = 0
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
         self._named: dict[tuple[str, str], str] | None = None
         self._pending: dict[str, Reservation | None] = {}
@@ -179,6 +180,14 @@ class ClusterCache:
         """Grows with every change to what a node offers (its GPUs, pods or reservations)."""
         return self._version
 
+    @property
+    def node_generation(self) -> int:
+        """Grows when a node joins or leaves or what it offers on an empty cluster changes
+        (labels, GPU graph, unhealthy GPUs); not with pods or reservations. What can fit
+        the empty cluster is a function of it."""
+        self.snapshot()
+        return self._node_generation
+
     def changes_since(self, version: int) -> set[str] | None:
         """Nodes changed after ``version``, or None when that is too far back to tell."""
         if version == self._version:
@@ -198,6 +207,8 @@ class ClusterCache:
             membership = False
             for name in self._dirty_nodes:
                 state = self._build_state(name)
+                if _offer(self._states.get(name)) != _offer(state):
+                    self._node_generation += 1
                 if state is None:
                     membership |= self._states.pop(name, None) is not None
                 else:
@@ -761,6 +772,11 @@ class ClusterCache:
             self._pod_gpus[p.key] = frozenset(free)
             taken.update(free)
         return NodeState(name, src.labels, src.graph, frozenset(taken), frozenset(sick & known))
+
+
+def _offer(state: NodeState | None) -> tuple[object, ...] | None:
+    """What of a node counts on an empty cluster (see :attr:`ClusterCache.node_generation`)."""
+    return None if state is None else (state.labels, state.graph, state.unhealthy)
 
 
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:
