@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e bench reference venv clean
+.PHONY: demo test lint typecheck unit e2e bench reference crds venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ lint: $(STAMP)
 
 reference: $(STAMP)
 	$(BIN)/python -m extender.docs --output docs/reference.md
+
+crds: $(STAMP)
+	$(BIN)/python -m extender.kube.crd_schema --output manifests/crds
 
 typecheck: $(STAMP)
 	$(BIN)/mypy extender

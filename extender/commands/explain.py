@@ -265,9 +265,21 @@ async def _online(args: argparse.Namespace, kind: str, namespace: str, name: str
     api_client = load_api_client(args.kubeconfig)
     cache = await asyncio.to_thread(live_cache, args.kubeconfig, args.cluster)
     if kind == "workload":
-        return await explain_workload(ClientControllerApi(api_client), cache, namespace, name)
-    pg = await asyncio.to_thread(_podgroup, api_client, namespace, name) if kind == "podgroup" else None
-    return explain_pods(cache, kind, namespace, name, podgroup_state(pg), pg)
+        facts = await explain_workload(ClientControllerApi(api_client), cache, namespace, name)
+    else:
+        pg = await asyncio.to_thread(_podgroup, api_client, namespace, name) if kind == "podgroup" else None
+        facts = explain_pods(cache, kind, namespace, name, podgroup_state(pg), pg)
+    facts.problems.extend(refused_nodes(cache))
+    return facts
+
+
+def refused_nodes(cache: Any) -> list[str]:
+    """One line per node kept out of placement because its NodeTopology is refused."""
+    refused = cache.refused_topologies()
+    return [
+        f"node {node} kept out of placement: its NodeTopology is refused: {refused[node]}"
+        for node in sorted(refused)
+    ]
 
 
 # -- the command -------------------------------------------------------------------------------

@@ -268,15 +268,17 @@ def run_serve(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         asyncio.run(serve(cache, options))
         return EXIT_OK
-    from extender.kube.client import RealKubeApi
+    from extender.kube.client import RealKubeApi, load_api_client
+    from extender.kube.topology_status import KubeTopologyStatusApi, TopologyStatusReporter
 
     try:
         api = RealKubeApi(args.kubeconfig)
     except Exception as exc:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
     cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
+    reporter = TopologyStatusReporter(KubeTopologyStatusApi(load_api_client(args.kubeconfig)))
     if args.no_controller:
-        asyncio.run(serve(cache, options, api))
+        asyncio.run(serve(cache, options, api, topology_status=reporter))
         return EXIT_OK
     from extender.controllers.runner import run_controller
 
@@ -290,7 +292,7 @@ def run_serve(args: argparse.Namespace) -> int:
             podgroup_config=podgroup_config,
         )
 
-    asyncio.run(serve(cache, options, api, controller))
+    asyncio.run(serve(cache, options, api, controller, topology_status=reporter))
     return EXIT_OK
 
 

@@ -47,6 +47,8 @@ def to_json_schema(schema: Any) -> Any:
     if not isinstance(schema, Mapping):
         return schema
     out = {k: to_json_schema(v) for k, v in schema.items() if k != "nullable"}
+    if out.get("exclusiveMinimum") is True:  # OpenAPI 3.0's flag; JSON Schema wants the bound
+        out["exclusiveMinimum"] = out.pop("minimum")
     if isinstance(out.get("pattern"), str):
         out["pattern"] = _python_pattern(out["pattern"])
     if schema.get("nullable") is True:

@@ -10,12 +10,18 @@ such pod: a Warning Event ``NeverFits`` and the annotation ``gangslice.io/status
 A gang that merely waits for capacity is left to the extender (its filter reason shows in
 kube-scheduler's own ``FailedScheduling`` Event); an expired hold is placed again on the
 next member's filter.
+
+A verdict holds for the cluster it was made on: it is kept with the cache's
+``node_generation`` and made again once a node joins, leaves or changes, so a gang that
+could not fit fits when a big enough node arrives. One verdict per gang, forgotten when the
+gang is placed or a member is deleted, and at most :data:`MAX_VERDICTS` in all.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -32,6 +38,9 @@ from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 
 log = logging.getLogger(__name__)
+
+#: Verdicts remembered at most (the oldest go first); a gang forgotten is judged again.
+MAX_VERDICTS = 10_000
 
 
 class PlainGangApi(owned.EventApi, Protocol):
@@ -62,16 +71,23 @@ class PlainGangReporter:
         self.clock = clock
         self.identity = identity
         self.leader = False
-        #: Verdicts by (gang key, request): the reason it never fits, or None.
-        self._verdicts: dict[tuple[str, GangRequest], str | None] = {}
+        #: gang key -> (the request judged, the cache's node generation then, the reason
+        #: it never fits or None).
+        self._verdicts: OrderedDict[str, tuple[GangRequest, int, str | None]] = OrderedDict()
+
+    @property
+    def remembered(self) -> int:
+        """How many gangs' verdicts are kept."""
+        return len(self._verdicts)
 
     async def on_pod(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        if not self.leader or not self.cache.ready or event_type == "DELETED":
-            return
         pod = PodInfo.from_obj(obj)
-        if pod.node is not None or pod.terminal or pod.deleting or pod.gang is None:
+        if pod.gang is not None and (event_type == "DELETED" or self.cache.reservation(pod.gang) is not None):
+            self.forget(pod.gang)  # gone, or placed: judged afresh if it waits again
             return
-        if self.cache.reservation(pod.gang) is not None:
+        if not self.leader or not self.cache.ready:
+            return
+        if pod.node is not None or pod.terminal or pod.deleting or pod.gang is None:
             return
         try:
             request = plain_gang_request(pod, self.cache.pods_of_gang(pod.gang))
@@ -80,18 +96,28 @@ class PlainGangReporter:
             return
         if not isinstance(request, GangRequest):
             return
-        memo = (pod.gang, request)
-        if memo not in self._verdicts:
-            self._verdicts[memo] = never_fits(request, self.cache.snapshot())
-        reason = self._verdicts[memo]
+        reason = self._verdict(pod.gang, request)
         if reason is not None:
             await self._say(
                 obj, pod, "NeverFits", f"gang {pod.gang} can never fit this cluster: {reason}", "NeverFits"
             )
 
-    def forget(self) -> None:
-        """Drop remembered verdicts (the cluster's nodes changed)."""
-        self._verdicts.clear()
+    def _verdict(self, gang: str, request: GangRequest) -> str | None:
+        generation = self.cache.node_generation
+        known = self._verdicts.get(gang)
+        if known is not None and known[0] == request and known[1] == generation:
+            self._verdicts.move_to_end(gang)
+            return known[2]
+        reason = never_fits(request, self.cache.snapshot())
+        self._verdicts[gang] = (request, generation, reason)
+        self._verdicts.move_to_end(gang)
+        while len(self._verdicts) > MAX_VERDICTS:
+            self._verdicts.popitem(last=False)
+        return reason
+
+    def forget(self, gang: str) -> None:
+        """Drop the verdict of ``gang`` (placed, or a member deleted)."""
+        self._verdicts.pop(gang, None)
 
     async def _say(self, obj: Mapping[str, Any], pod: PodInfo, state: str, message: str, reason: str) -> None:
         text = f"{state}: {message}"[:1024]

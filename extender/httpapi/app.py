@@ -24,12 +24,13 @@ from extender.httpapi import kube_routes, volcano_routes
 from extender.httpapi.access import ACCESS, Access, checked
 from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
-from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, leads
+from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, TOPOLOGY_STATUS, leads
 from extender.httpapi.limits import LIMITS, Limits, bounded
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeApi
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
 from extender.kube.cache import ClusterCache
+from extender.kube.topology_status import TopologyStatusReporter
 from extender.logs import fields
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) -> None:
-    """Expire holds whose TTL ran out, on the leader only: a standby's copies of the
-    reservations are read-only (the leader may have refreshed them a moment ago)."""
+    """Expire holds whose TTL ran out, and say on each refused NodeTopology why, on the
+    leader only: a standby's copies of the reservations are read-only (the leader may have
+    refreshed them a moment ago)."""
     cache = app[CACHE]
     while True:
         await asyncio.sleep(every_s)
@@ -74,6 +76,9 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
             for r in gone:
                 log.info("reservation of gang %s expired", r.gang, extra=fields(gang=r.gang))
             await cache.flush()
+            reporter = app.get(TOPOLOGY_STATUS)
+            if reporter is not None:
+                await reporter.sync(cache, cache.clock())
         except Exception:
             log.exception("housekeeping failed; continuing")
 
@@ -88,9 +93,11 @@ def build_app(
     limits: Limits | None = None,
     schedulers: Schedulers | None = None,
     access: Access | None = None,
+    topology_status: TopologyStatusReporter | None = None,
 ) -> web.Application:
     """The service over ``cache``. With ``api`` pods are bound through the API server;
-    without it binds are only recorded (file mode)."""
+    without it binds are only recorded (file mode). With ``topology_status`` housekeeping
+    writes the ``Accepted`` condition of NodeTopologies the cache refused."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
     limits = limits or Limits()
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[checked, bounded])
@@ -102,6 +109,7 @@ def build_app(
     app[API] = api
     app[BINDER] = binder or (ApiBinder(api) if api is not None else LocalBinder())
     app[METRICS] = Metrics(cache)
+    app[TOPOLOGY_STATUS] = topology_status
     kube_routes.add_routes(app, prefix)
     volcano_routes.add_routes(app, prefix)
     app.router.add_get("/healthz", healthz)

@@ -34,7 +34,7 @@ from extender.kube.pods import PodError, PodInfo
 from extender.placement.ledger import Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
-from extender.placement.scoring import pod_set_micros, resolve_need
+from extender.placement.scoring import LevelError, pod_set_micros, resolve_need
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot
 from extender.topology.model import NodeShape, Tier
@@ -176,7 +176,7 @@ class Decider:
             if r is None and ref.request is not None and pod.gpus > 0:
                 try:
                     placed = self.cache.hold(ref.key, ref.request)
-                except ValueError as exc:  # an unknown level name and the like
+                except LevelError as exc:
                     return _all(names, Code.UNRESOLVABLE, f"gang {ref.key}: {exc}", "invalid")
                 if not isinstance(placed, Slice):
                     code = Code.UNSCHEDULABLE if placed.feasible_when_empty else Code.UNRESOLVABLE
@@ -210,7 +210,7 @@ class Decider:
             return FilterOutcome(list(names), {}, {}, "fit")
         try:
             tier = self._required_tier(pod)
-        except ValueError as exc:
+        except LevelError as exc:
             return _all(names, Code.UNRESOLVABLE, f"pod {pod.key}: {exc}", "invalid")
         view = self._fresh()
         table = self._fit.setdefault((pod.gpus, tier), {})
@@ -289,8 +289,9 @@ class Decider:
         self, view: ClusterSnapshot, name: str, gpus: int, tier: Tier | None, table: dict[str, Verdict]
     ) -> Verdict:
         if not view.has_node(name):
-            table[name] = UNKNOWN_NODE
-            return UNKNOWN_NODE
+            problem = self.cache.node_problem(name)
+            table[name] = UNKNOWN_NODE if problem is None else Verdict(Code.UNSCHEDULABLE, problem)
+            return table[name]
         i = view.index(name)
         shape = view.nodes[i].shape
         fit = fit_for(shape)
@@ -334,7 +335,7 @@ class Decider:
             return Scores.zeros(len(names))
         try:
             need = resolve_need(self._pod_set(pod), self.cache.hierarchy)
-        except ValueError:
+        except LevelError:
             return Scores.zeros(len(names))
         view = self._fresh()
         version = self.cache.version
@@ -446,7 +447,7 @@ class Decider:
                 return BindPlan(pod, node, tuple(known), shape.numa_of(shape.mask_of(known)))
         try:
             tier = self._required_tier(pod)
-        except ValueError as exc:
+        except LevelError as exc:
             raise Refused(f"pod {pod.key}: {exc}") from None
         view = self._fresh()
         if not view.has_node(node):
@@ -486,7 +487,7 @@ class Decider:
             return [n for n in victims if n in nodes]
         try:
             tier = self._required_tier(pod)
-        except ValueError:
+        except LevelError:
             return []
         view = self._fresh()
         held = self.cache.ledger.held()

@@ -24,6 +24,7 @@ from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeApi
 from extender.kube.binder import Binder
 from extender.kube.cache import ClusterCache
+from extender.kube.topology_status import TopologyStatusReporter
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ METRICS = web.AppKey("metrics", Metrics)
 API: web.AppKey[KubeApi | None] = web.AppKey("api")
 #: Set when a controller runs beside the extender: True only while this replica leads.
 LEADING: web.AppKey[dict[str, bool]] = web.AppKey("leading")
+
+#: Writes the ``Accepted`` condition of refused NodeTopologies (None in file mode).
+TOPOLOGY_STATUS: web.AppKey[TopologyStatusReporter | None] = web.AppKey("topology_status")
 
 STANDBY = "this gangslice replica is a standby (another holds the leader lease); retry"
 

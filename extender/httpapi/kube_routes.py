@@ -193,6 +193,8 @@ async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any
         async with cache.lock:
             decider.undo_bind(plan)
         await cache.flush()
+        if not isinstance(exc, ApiError):
+            raise  # a bug, not a refusal: answered, logged and counted as an internal error
         metrics.decisions.labels("bind-failed").inc()
         return {"Error": f"binding {pod.key} to {args.node} failed: {exc}"}
     await cache.flush()

@@ -22,6 +22,7 @@ from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import KubeApi
 from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
+from extender.kube.topology_status import TopologyStatusReporter
 from extender.kube.watch import Watcher
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ async def serve(
     options: ServeOptions,
     api: KubeApi | None = None,
     controller: Controller | None = None,
+    topology_status: TopologyStatusReporter | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
@@ -80,6 +82,7 @@ async def serve(
         limits=options.limits,
         schedulers=options.schedulers,
         access=access,
+        topology_status=topology_status,
     )
     leading = {"now": False}
     if controller is not None:

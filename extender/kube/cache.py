@@ -12,6 +12,10 @@ pod's ``gangslice.io/gpus`` annotation, or else the GPUs the node agent reports 
 gave it (NodeTopology ``devicesInUse``); a bound pod with neither takes as many of the
 lowest free GPU indices as it requests (pods in name order).
 
+A node whose NodeTopology fails validation is kept out of the snapshot (never given a
+guessed graph) and listed by :meth:`ClusterCache.refused_topologies` with the field and the
+problem; :mod:`extender.kube.topology_status` says so on the object and its Node.
+
 Persisting: ledger changes are queued; ``await cache.flush()`` writes them to the
 :class:`~extender.kube.store.ReservationStore` (the housekeeping loop also flushes, and
 retries what failed). A bind or a freed slot is such a change, so the object's status
@@ -44,6 +48,7 @@ from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore, ReservationStore
+from extender.kube.topology_status import accepted_condition
 from extender.logs import fields
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
@@ -92,6 +97,11 @@ class ClusterCache:
         self._static: dict[str, _StaticNode] = {}
         self._records: dict[str, NodeRecord] = {}
         self._topologies: dict[str, NodeTopology] = {}
+        #: Nodes whose NodeTopology fails validation -> "<field>: <problem>"; kept out of
+        #: placement (see :mod:`extender.kube.topology_status`).
+        self._refused: dict[str, str] = {}
+        #: Nodes whose NodeTopology carries the ``Accepted`` condition -> (status, message).
+        self._accepted: dict[str, tuple[str, str]] = {}
         self._pods: dict[str, PodInfo] = {}
         self._by_uid: dict[str, str] = {}
         self._by_node: dict[str, set[str]] = {}
@@ -103,6 +113,7 @@ class ClusterCache:
         #: Nodes whose reserved GPUs changed since the view was last brought up to date.
         self._held_dirty: set[str] = set()
         self._version = 0
+        self._node_generation = 0
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
         self._named: dict[tuple[str, str], str] | None = None
         self._pending: dict[str, Reservation | None] = {}
@@ -169,6 +180,14 @@ class ClusterCache:
         """Grows with every change to what a node offers (its GPUs, pods or reservations)."""
         return self._version
 
+    @property
+    def node_generation(self) -> int:
+        """Grows when a node joins or leaves or what it offers on an empty cluster changes
+        (labels, GPU graph, unhealthy GPUs); not with pods or reservations. What can fit
+        the empty cluster is a function of it."""
+        self.snapshot()
+        return self._node_generation
+
     def changes_since(self, version: int) -> set[str] | None:
         """Nodes changed after ``version``, or None when that is too far back to tell."""
         if version == self._version:
@@ -188,6 +207,8 @@ class ClusterCache:
             membership = False
             for name in self._dirty_nodes:
                 state = self._build_state(name)
+                if _offer(self._states.get(name)) != _offer(state):
+                    self._node_generation += 1
                 if state is None:
                     membership |= self._states.pop(name, None) is not None
                 else:
@@ -233,6 +254,20 @@ class ClusterCache:
     def pods_watched(self) -> bool:
         """Whether pods come from a watch (else only from requests: file mode)."""
         return self._pods_watched
+
+    def refused_topologies(self) -> dict[str, str]:
+        """Nodes kept out of placement because their NodeTopology fails validation, with
+        the field and the problem (``spec.nvlinkGbps: Input should be greater than 0``)."""
+        return dict(self._refused)
+
+    def accepted_conditions(self) -> dict[str, tuple[str, str]]:
+        """The ``Accepted`` condition each NodeTopology carries: node -> (status, message)."""
+        return dict(self._accepted)
+
+    def node_problem(self, node: str) -> str | None:
+        """Why a node is kept out of placement, when gangslice refused its NodeTopology."""
+        problem = self._refused.get(node)
+        return f"NodeTopology {node} is refused: {problem}" if problem is not None else None
 
     # -- pods ----------------------------------------------------------------------------
     def pod(self, namespace: str, name: str) -> PodInfo | None:
@@ -476,18 +511,16 @@ class ClusterCache:
                     self._mark(name)
             self._records = fresh
         elif kind is Kind.NODE_TOPOLOGIES:
-            topologies = {}
+            before = (self._topologies, self._refused)
+            self._topologies, self._refused, self._accepted = {}, {}, {}
             for obj in items:
-                try:
-                    topo = parse_node_topology(obj)
-                except CrdError as exc:
-                    log.warning("ignoring %s", exc)
-                    continue
-                topologies[topo.node] = topo
-            for name in set(self._topologies) | set(topologies):
-                if self._topologies.get(name) != topologies.get(name):
+                self._read_topology(obj)
+            for name in set(before[0]) | set(before[1]) | set(self._topologies) | set(self._refused):
+                if (before[0].get(name), before[1].get(name)) != (
+                    self._topologies.get(name),
+                    self._refused.get(name),
+                ):
                     self._mark(name)
-            self._topologies = topologies
         elif kind is Kind.PODS:
             fresh_pods = {p.key: p for p in (PodInfo.from_obj(o) for o in items) if p.name}
             for key in [k for k in self._pods if k not in fresh_pods]:
@@ -524,15 +557,15 @@ class ClusterCache:
             name = meta.get("name") if isinstance(meta, Mapping) else None
             if not isinstance(name, str) or not name:
                 return
+            before = (self._topologies.get(name), self._refused.get(name))
             if deleted:
                 self._topologies.pop(name, None)
+                self._refused.pop(name, None)
+                self._accepted.pop(name, None)
             else:
-                try:
-                    self._topologies[name] = parse_node_topology(obj)
-                except CrdError as exc:
-                    log.warning("ignoring %s", exc)
-                    return
-            self._mark(name)
+                self._read_topology(obj)
+            if before != (self._topologies.get(name), self._refused.get(name)):
+                self._mark(name)
         elif kind is Kind.PODS:
             pod = PodInfo.from_obj(obj)
             if not pod.name:
@@ -551,6 +584,28 @@ class ClusterCache:
             self._apply_reservation(event_type, obj)
 
     # -- internals -----------------------------------------------------------------------
+    def _read_topology(self, obj: Mapping[str, Any]) -> None:
+        """Take in one NodeTopology object (it has a name): its graph, or why it is refused."""
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str) or not name:
+            return
+        shown = accepted_condition(obj)
+        if shown is None:
+            self._accepted.pop(name, None)
+        else:
+            self._accepted[name] = shown
+        try:
+            self._topologies[name] = parse_node_topology(obj)
+        except CrdError as exc:
+            self._topologies.pop(name, None)
+            problem = f"{exc.field}: {exc.problem}" if exc.field else str(exc)
+            if self._refused.get(name) != problem:
+                log.warning("node %s kept out of placement: %s", name, exc)
+            self._refused[name] = problem
+        else:
+            self._refused.pop(name, None)
+
     def _mark(self, node: str) -> None:
         """A node's state must be rebuilt (its labels, graph or pods changed)."""
         self._dirty_nodes.add(node)
@@ -697,7 +752,7 @@ class ClusterCache:
         if static is not None:
             return static
         rec = self._records.get(name)
-        if rec is None or not rec.schedulable:
+        if rec is None or not rec.schedulable or name in self._refused:
             return None
         topo = self._topologies.get(name)
         graph = topo.graph if topo is not None else None
@@ -734,6 +789,11 @@ class ClusterCache:
             self._pod_gpus[p.key] = frozenset(free)
             taken.update(free)
         return NodeState(name, src.labels, src.graph, frozenset(taken), frozenset(sick & known))
+
+
+def _offer(state: NodeState | None) -> tuple[object, ...] | None:
+    """What of a node counts on an empty cluster (see :attr:`ClusterCache.node_generation`)."""
+    return None if state is None else (state.labels, state.graph, state.unhealthy)
 
 
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:

@@ -1,39 +1,41 @@
-"""The gangslice custom resources as Python: ``NodeTopology`` and ``SliceReservation``.
+"""The gangslice custom resources: ``NodeTopology`` and ``SliceReservation`` (group
+``gangslice.io``, version ``v1alpha1``), modelled once, here.
 
-``NodeTopology`` (``nodetopologies.gangslice.io/v1alpha1``, cluster-scoped, one per node,
-named after the node) is written by the node agent (see :mod:`extender.agent.publish` for
-the full contract); its spec is the GPU graph in the shape of
-:func:`extender.topology.serialize.graph_to_dict` plus what the kubelet reports::
+These pydantic models are the one schema of both kinds: the CRDs in ``manifests/crds/`` are
+generated from them (``make crds``, :mod:`extender.kube.crd_schema`; a unit test fails when
+the files are stale), the node agent's objects validate against them and the cluster cache
+reads NodeTopology objects with them. ``description=`` texts and ``json_schema_extra`` keys
+(``x-kubernetes-list-type``, ``nullable``, ``crdDefault``) go into the CRD; class docstrings
+are for Python readers only.
 
-    spec:
-      gpus: [{index, uuid?, pciBusId?, numaNode?, cpuAffinity? ("0-47,96-143"), name?}]
-      links: [{a, b, link}]              # NV18 | PIX | PXB | PHB | NODE | SYS
-      nics: [{name, numaNode?, gpuLinks: {"0": PIX}}]
-      health: [{index, healthy, reason?, nvlinkErrorsPerSecond?, pcieReplaysPerSecond?}]
-      clique: {clusterUuid, cliqueId}    # optional
-      nvlinkGbps, pcieGbps, model        # optional
-      devicesInUse: [{deviceId, index?, namespace, pod, container}]
-      allocatableDevices: [<device id>]
-      source: nvml | nvidia-smi | none   # none: no GPUs discovered (empty graph)
+``NodeTopology`` (cluster-scoped, one per node, named after the node) is written by the node
+agent (see :mod:`extender.agent.publish` for the full contract); its spec is the GPU graph in
+the shape of :func:`extender.topology.serialize.graph_to_dict` plus ``devicesInUse``,
+``allocatableDevices`` and ``source``. ``nvlinkGbps`` and ``pcieGbps`` are bandwidths the
+cost model divides by, so both must be above 0: the API server refuses 0 on write, and an
+object stored before that rule (or written by hand) is refused by :func:`parse_node_topology`,
+which keeps the node out of placement and names the field (see
+:mod:`extender.kube.topology_status`).
 
-``SliceReservation`` (``slicereservations.gangslice.io/v1alpha1``, namespaced) has as spec
-exactly the ledger's ``Reservation.to_dict()`` (``gang``, ``slice``, ``expiresAt``,
-``bound``, ``phase``, ``meta``), so ``Reservation.from_dict(obj["spec"])`` reads it back; a
-restart rebuilds the ledger from spec alone. Its ``status`` (:func:`reservation_status`) is what
-people and kubectl read: phase, which pod holds which slot, nodes, GPU count and a ``Held``
-condition. Whoever writes the object writes its status too, through the ``/status``
-subresource, and again whenever a slot binds or is freed.
+``SliceReservation`` (namespaced) has as spec exactly the ledger's ``Reservation.to_dict()``
+(``gang``, ``slice``, ``expiresAt``, ``bound``, ``phase``, ``meta``), so
+``Reservation.from_dict(obj["spec"])`` reads it back; a restart rebuilds the ledger from spec
+alone. Its ``status`` (:func:`reservation_status`) is what people and kubectl read: phase,
+which pod holds which slot, nodes, GPU count and a ``Held`` condition. Whoever writes the
+object writes its status too, through the ``/status`` subresource, and again whenever a slot
+binds or is freed.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from extender.kube import names
 from extender.placement.ledger import Phase, Reservation
@@ -42,72 +44,170 @@ from extender.topology.serialize import graph_from_dict
 
 
 class CrdError(ValueError):
-    """A custom resource that cannot be used; the message names the object and the field."""
+    """A custom resource that cannot be used; the message names the object and the field.
+
+    ``field`` is the path of the offending field (``spec.nvlinkGbps``), ``problem`` what is
+    wrong with it; both empty when the object as a whole is unusable."""
+
+    def __init__(self, message: str, field: str = "", problem: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.problem = problem
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="allow")
+def _list(kind: str, *keys: str) -> dict[str, Any]:
+    """``json_schema_extra`` of a list field: how server-side apply merges it."""
+    out: dict[str, Any] = {"x-kubernetes-list-type": kind}
+    if keys:
+        out["x-kubernetes-list-map-keys"] = list(keys)
+    return out
 
 
-class GpuSpec(_Spec):
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _rfc3339(value: str) -> str:
+    try:
+        datetime.fromisoformat(value.replace("z", "Z"))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an RFC 3339 date-time") from None
+    if "T" not in value.upper():
+        raise ValueError(f"{value!r} is not an RFC 3339 date-time")
+    return value
+
+
+#: An RFC 3339 timestamp kept as the string the API server returns.
+Rfc3339 = Annotated[str, AfterValidator(_rfc3339), WithJsonSchema({"type": "string", "format": "date-time"})]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+class ConditionStatus(enum.StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_Model):
+    type: str = Field(min_length=1)
+    status: ConditionStatus
+    reason: str | None = None
+    message: str | None = None
+    last_transition_time: Rfc3339 = Field(alias="lastTransitionTime")
+
+
+# -- NodeTopology -------------------------------------------------------------------------
+
+
+class Source(enum.StrEnum):
+    NVML = "nvml"
+    NVIDIA_SMI = "nvidia-smi"
+    NONE = "none"
+
+
+class PcieName(enum.StrEnum):
+    PIX = "PIX"
+    PXB = "PXB"
+    PHB = "PHB"
+    NODE = "NODE"
+    SYS = "SYS"
+
+
+class GpuEntry(_Model):
     index: int = Field(ge=0)
     uuid: str | None = None
     pci_bus_id: str | None = Field(None, alias="pciBusId")
-    numa_node: int | None = Field(None, alias="numaNode")
-    cpu_affinity: str | None = Field(None, alias="cpuAffinity")
+    numa_node: int | None = Field(None, alias="numaNode", ge=-1)
+    cpu_affinity: str | None = Field(
+        None,
+        alias="cpuAffinity",
+        pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$",
+        description="CPU ranges, e.g. 0-47,96-143",
+    )
     name: str | None = None
 
 
-class LinkSpec(_Spec):
+class LinkEntry(_Model):
     a: int = Field(ge=0)
     b: int = Field(ge=0)
-    #: The ``nvidia-smi topo -m`` cell: NV<n>, PIX, PXB, PHB, NODE or SYS.
-    link: str
+    link: str = Field(
+        pattern=r"^(NV[0-9]+|PIX|PXB|PHB|NODE|SYS|SOC)$",
+        description="the nvidia-smi topo -m cell (NV18, PIX, PXB, PHB, NODE, SYS)",
+    )
 
 
-class NicSpec(_Spec):
+class NicEntry(_Model):
     name: str
-    numa_node: int | None = Field(None, alias="numaNode")
-    gpu_links: dict[str, str] = Field(default_factory=dict, alias="gpuLinks")
+    numa_node: int | None = Field(None, alias="numaNode", ge=-1)
+    gpu_links: dict[str, PcieName] = Field(
+        default_factory=dict,
+        alias="gpuLinks",
+        description="GPU index -> PCIe level between the NIC and that GPU",
+    )
 
 
-class HealthSpec(_Spec):
+class HealthEntry(_Model):
     index: int = Field(ge=0)
-    healthy: bool = True
+    healthy: bool
     reason: str | None = None
-    nvlink_errors_per_second: float = Field(0.0, alias="nvlinkErrorsPerSecond")
-    pcie_replays_per_second: float = Field(0.0, alias="pcieReplaysPerSecond")
+    nvlink_errors_per_second: float = Field(0.0, alias="nvlinkErrorsPerSecond", ge=0)
+    pcie_replays_per_second: float = Field(0.0, alias="pcieReplaysPerSecond", ge=0)
 
 
-class CliqueSpec(_Spec):
+class CliqueEntry(_Model):
     cluster_uuid: str = Field(alias="clusterUuid")
-    clique_id: int = Field(alias="cliqueId")
+    clique_id: int = Field(alias="cliqueId", ge=0)
 
 
-class DeviceInUse(_Spec):
+class DeviceInUse(_Model):
     device_id: str = Field(alias="deviceId")
-    index: int | None = None
+    index: int | None = Field(None, ge=0)
     namespace: str
     pod: str
-    container: str = ""
+    container: str
 
 
-class NodeTopologySpec(_Spec):
-    gpus: list[GpuSpec] = Field(default_factory=list)
-    links: list[LinkSpec] = Field(default_factory=list)
-    nics: list[NicSpec] = Field(default_factory=list)
-    health: list[HealthSpec] = Field(default_factory=list)
-    clique: CliqueSpec | None = None
-    nvlink_gbps: float = Field(50.0, alias="nvlinkGbps", gt=0)
-    pcie_gbps: float = Field(64.0, alias="pcieGbps", gt=0)
+class NodeTopologySpec(_Model):
+    gpus: list[GpuEntry] = Field(json_schema_extra=_list("map", "index"))
+    links: list[LinkEntry] = Field(
+        description="one entry per unordered GPU pair", json_schema_extra=_list("atomic")
+    )
+    nics: list[NicEntry] = Field(default_factory=list, json_schema_extra=_list("map", "name"))
+    health: list[HealthEntry] = Field(default_factory=list, json_schema_extra=_list("map", "index"))
+    clique: CliqueEntry | None = Field(
+        None, description="multi-node NVLink membership (nvidia.com/gpu.clique = clusterUuid.cliqueId)"
+    )
+    nvlink_gbps: float = Field(
+        50.0, alias="nvlinkGbps", gt=0, description="bandwidth of one NVLink, GB/s, bidirectional (above 0)"
+    )
+    pcie_gbps: float = Field(
+        64.0,
+        alias="pcieGbps",
+        gt=0,
+        description="bandwidth of a GPU's PCIe slot, GB/s, bidirectional (above 0)",
+    )
     model: str | None = None
-    devices_in_use: list[DeviceInUse] = Field(default_factory=list, alias="devicesInUse")
-    allocatable_devices: list[str] = Field(default_factory=list, alias="allocatableDevices")
-    source: str = "nvml"
+    devices_in_use: list[DeviceInUse] = Field(
+        default_factory=list,
+        alias="devicesInUse",
+        description="GPUs the kubelet has given to containers (from the PodResources API)",
+        json_schema_extra=_list("atomic"),
+    )
+    allocatable_devices: list[str] = Field(
+        default_factory=list,
+        alias="allocatableDevices",
+        description="device IDs the kubelet can allocate",
+        json_schema_extra=_list("atomic"),
+    )
+    source: Source
 
     def graph_dict(self) -> dict[str, Any]:
         keep = {"gpus", "links", "nics", "health", "clique", "nvlink_gbps", "pcie_gbps", "model"}
-        return self.model_dump(by_alias=True, exclude_none=True, include=keep)
+        return self.model_dump(by_alias=True, exclude_none=True, include=keep, mode="json")
 
     def to_graph(self) -> GpuGraph:
         """The GPU graph; :class:`TopologyError` for one that does not hold together."""
@@ -122,6 +222,99 @@ class NodeTopologySpec(_Spec):
         return {k: frozenset(v) for k, v in out.items()}
 
 
+class NodeTopologyStatus(_Model):
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_list("map", "type"))
+    observed_generation: int | None = Field(
+        None, alias="observedGeneration", ge=0, description="the metadata.generation this status describes"
+    )
+    last_published: Rfc3339 | None = Field(None, alias="lastPublished")
+
+
+class NodeTopologyObject(_Model):
+    """A whole NodeTopology object."""
+
+    api_version: str = Field(names.API_VERSION, alias="apiVersion")
+    kind: str = "NodeTopology"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: NodeTopologySpec
+    status: NodeTopologyStatus | None = None
+
+
+# -- SliceReservation ---------------------------------------------------------------------
+
+
+class PodSlotEntry(_Model):
+    pod_set: str = Field(alias="podSet", min_length=1)
+    index: int = Field(ge=0)
+    node: str = Field(min_length=1)
+    gpus: list[NonNegativeInt] = Field(
+        description="GPU indices on the node", json_schema_extra=_list("atomic")
+    )
+    numa_nodes: list[NonNegativeInt] = Field(
+        default_factory=list, alias="numaNodes", json_schema_extra=_list("atomic")
+    )
+    nic: str | None = Field(None, json_schema_extra={"nullable": True})
+
+
+class CostEntry(_Model):
+    per_layer_micros: float = Field(alias="perLayerMicros", ge=0)
+    pod_sets: dict[str, NonNegativeFloat] = Field(alias="podSets")
+
+
+class SliceEntry(_Model):
+    gang: str = Field(min_length=1)
+    pods: list[PodSlotEntry] = Field(
+        description="one slot per pod of the gang", json_schema_extra=_list("atomic")
+    )
+    cost: CostEntry
+    score: float = 0.0
+    domains: dict[str, str] = Field(
+        default_factory=dict, description="pod set -> the domain it landed in (leaf leaf-3, node n1)"
+    )
+    notes: list[str] = Field(default_factory=list)
+    mnnvl_nodes: list[str] = Field(default_factory=list, alias="mnnvlNodes")
+
+
+class SliceReservationSpec(_Model):
+    gang: str = Field(min_length=1, description="the gang key, <namespace>/<name>")
+    slice: SliceEntry
+    expires_at: float = Field(
+        alias="expiresAt", ge=0, description="unix seconds; the hold lapses then unless every pod has bound"
+    )
+    bound: dict[str, str] = Field(default_factory=dict, description="slot key (podSet/index) -> pod name")
+    phase: Phase = Field(
+        Phase.RESERVED,
+        description="the ledger's own record, read back on restart; people read status.phase",
+        json_schema_extra={"crdDefault": Phase.RESERVED.value},
+    )
+    meta: dict[str, str] = Field(
+        default_factory=dict, description="adapter data kept with the reservation (owner, attempt)"
+    )
+
+
+class SliceReservationStatus(_Model):
+    phase: Phase | None = None
+    bound_pods: dict[str, str] = Field(
+        default_factory=dict, alias="boundPods", description="slot key (podSet/index) -> pod name"
+    )
+    nodes: str | None = Field(None, description="nodes of the slice, comma-separated")
+    gpus: int | None = Field(None, ge=0)
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_list("map", "type"))
+
+
+class SliceReservationObject(_Model):
+    """A whole SliceReservation object."""
+
+    api_version: str = Field(names.API_VERSION, alias="apiVersion")
+    kind: str = "SliceReservation"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: SliceReservationSpec
+    status: SliceReservationStatus | None = None
+
+
+# -- reading NodeTopology -----------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class NodeTopology:
     """What the cache keeps of a NodeTopology: the graph (None when the agent found no
@@ -132,29 +325,42 @@ class NodeTopology:
     in_use: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
 
+def first_problem(err: ValidationError, prefix: str) -> tuple[str, str]:
+    """(field path, problem) of a validation error's first entry; the problem says how
+    many more there are."""
+    errors = err.errors()
+    e = errors[0]
+    loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return loc, f"{e['msg']}{more}"
+
+
 def parse_node_topology(obj: Mapping[str, Any]) -> NodeTopology:
-    """Read a NodeTopology object; :class:`CrdError` when it cannot be used."""
+    """Read a NodeTopology object; :class:`CrdError` naming the field when it cannot be used."""
     meta = obj.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
     if not isinstance(name, str) or not name:
-        raise CrdError("NodeTopology without metadata.name")
+        raise CrdError("NodeTopology without metadata.name", "metadata.name", "missing")
     where = f"NodeTopology {name}"
     raw = obj.get("spec")
     if not isinstance(raw, Mapping):
-        raise CrdError(f"{where}: no spec")
+        raise CrdError(f"{where}: no spec", "spec", "missing")
     try:
         spec = NodeTopologySpec.model_validate(raw)
     except ValidationError as err:
-        e = err.errors()[0]
-        loc = ".".join(str(p) for p in e["loc"])
-        raise CrdError(f"{where}: spec.{loc}: {e['msg']}") from None
-    if spec.source == "none" or not spec.gpus:
+        loc, problem = first_problem(err, "spec")
+        raise CrdError(f"{where}: {loc}: {problem}", loc, problem) from None
+    if spec.source is Source.NONE or not spec.gpus:
         return NodeTopology(name, None)
     try:
         graph = spec.to_graph()
     except TopologyError as exc:
-        raise CrdError(f"{where}: {exc}") from None
+        problem = str(exc).removeprefix("NodeTopology spec: ")
+        raise CrdError(f"{where}: {problem}", "spec", problem) from None
     return NodeTopology(name, graph, spec.gpus_in_use())
+
+
+# -- SliceReservation objects -------------------------------------------------------------
 
 
 _NAME_BAD = re.compile(r"[^a-z0-9.-]+")

@@ -56,7 +56,10 @@ def test_source_none_means_no_graph() -> None:
         ({"metadata": {"name": "n1"}}, "no spec"),
         ({"metadata": {"name": "n1"}, "spec": {"gpus": [{"index": -1}]}}, "spec.gpus.0.index"),
         (
-            {"metadata": {"name": "n1"}, "spec": {"gpus": [{"index": 0}, {"index": 1}], "links": []}},
+            {
+                "metadata": {"name": "n1"},
+                "spec": {"gpus": [{"index": 0}, {"index": 1}], "links": [], "source": "nvml"},
+            },
             "no link given",
         ),
         (
@@ -64,7 +67,11 @@ def test_source_none_means_no_graph() -> None:
                 "metadata": {"name": "n1"},
                 "spec": {"gpus": [{"index": 0}, {"index": 1}], "links": [{"a": 0, "b": 1, "link": "XYZ"}]},
             },
-            "unknown link",
+            "spec.links.0.link: String should match pattern",
+        ),
+        (
+            {"metadata": {"name": "n1"}, "spec": {"gpus": [{"index": 0}], "links": []}},
+            "spec.source: Field required",
         ),
     ],
 )

@@ -1,5 +1,5 @@
-"""The gangslice CRDs: structural, printable, and in agreement with the pydantic models and
-with the objects the code writes (the controller's and the cluster cache's)."""
+"""The gangslice CRDs: generated from the pydantic models, structural, printable, and in
+agreement with the objects the code writes (the controller's and the cluster cache's)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from extender.agent.publish import build_spec
-from extender.controllers import crd_types as ct
 from extender.controllers.objects import reservation_from_object, reservation_to_object
 from extender.controllers.openapi import SchemaError, load_crd, validate, version_schema
-from extender.kube import crd_models
+from extender.kube import crd_models as ct
+from extender.kube import crd_schema
 from extender.kube.crd_models import reservation_object
 from extender.placement.files import cluster_from_data, gang_from_data
 from extender.placement.ledger import Ledger, Phase
@@ -38,6 +38,50 @@ def _schema(plural: str) -> dict[str, Any]:
 
 
 # -- the CRDs themselves -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", crd_schema.CRDS, ids=lambda s: s.plural)
+def test_the_crd_files_are_what_the_models_generate(spec: crd_schema.CrdSpec) -> None:
+    on_disk = (CRDS / spec.file_name).read_text()
+    assert on_disk == crd_schema.render(spec), (
+        f"manifests/crds/{spec.file_name} is not what extender/kube/crd_models.py generates; run `make crds`"
+    )
+
+
+def test_check_mode_names_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert crd_schema.main(["--output", str(tmp_path)]) == 0
+    assert crd_schema.main(["--output", str(tmp_path), "--check"]) == 0
+    stale = tmp_path / crd_schema.NODE_TOPOLOGY.file_name
+    stale.write_text(stale.read_text().replace("minimum: -1", "minimum: -2"))
+    assert crd_schema.main(["--output", str(tmp_path), "--check"]) == 1
+    assert "run `make crds`" in capsys.readouterr().err
+
+
+def test_the_generator_refuses_what_a_structural_schema_cannot_say() -> None:
+    class Either(BaseModel):
+        value: int | str
+
+    with pytest.raises(crd_schema.SchemaGenerationError, match="value"):
+        crd_schema.openapi_schema(Either)
+
+
+@pytest.mark.parametrize("field", ["nvlinkGbps", "pcieGbps"])
+@pytest.mark.parametrize("value", [0, -1.0])
+def test_a_bandwidth_of_zero_is_refused_by_the_crd_and_the_model(field: str, value: float) -> None:
+    """The cost model divides by both bandwidths: 0 is refused on write (the CRD) and on read
+    (the model the cluster cache reads with), naming the field."""
+    obj = _node_topology()
+    obj["spec"][field] = value
+    with pytest.raises(SchemaError, match=f"spec.{field}"):
+        validate(_schema("nodetopologies"), obj)
+    with pytest.raises(ValidationError, match=field):
+        ct.NodeTopologySpec.model_validate(obj["spec"])
+    with pytest.raises(ct.CrdError, match=f"spec.{field}: Input should be greater than 0") as err:
+        ct.parse_node_topology(obj)
+    assert err.value.field == f"spec.{field}"
+    obj["spec"][field] = 0.5
+    validate(_schema("nodetopologies"), obj)
+    assert ct.parse_node_topology(obj).graph is not None
 
 
 @pytest.mark.parametrize(
@@ -218,7 +262,7 @@ def _node_topology() -> dict[str, Any]:
         "lastPublished": "2026-08-25T10:00:00Z",
     }
     obj = {"apiVersion": "gangslice.io/v1alpha1", "kind": "NodeTopology", "metadata": {"name": "gpu-a-01"}}
-    return ct.NodeTopology.model_validate({**obj, "spec": spec, "status": status}).to_dict()
+    return ct.NodeTopologyObject.model_validate({**obj, "spec": spec, "status": status}).to_dict()
 
 
 def test_node_topology_sample_validates_and_round_trips() -> None:
@@ -226,7 +270,7 @@ def test_node_topology_sample_validates_and_round_trips() -> None:
     validate(_schema("nodetopologies"), obj, "NodeTopology")
     assert obj["spec"]["source"] == "nvml"
     ct.NodeTopologySpec.model_validate(obj["spec"])
-    graph = crd_models.NodeTopologySpec.model_validate(obj["spec"]).to_graph()
+    graph = ct.NodeTopologySpec.model_validate(obj["spec"]).to_graph()
     assert graph_to_dict(graph) == {k: v for k, v in obj["spec"].items() if k not in AGENT_FIELDS}
     assert not graph.healthy(2)
 
@@ -261,32 +305,7 @@ def test_the_node_agents_object_validates() -> None:
     obj = build_object("gpu-a-01", spec, [cond], datetime(2026, 8, 25, 10, 0, tzinfo=UTC), node_uid="u-1")
     obj["status"]["observedGeneration"] = 3
     validate(_schema("nodetopologies"), obj, "agent NodeTopology")
-    ct.NodeTopology.model_validate(obj)
-
-
-def test_the_cluster_caches_reader_fields_exist_in_the_schema() -> None:
-    """The cluster cache reads NodeTopology with its own (lenient) models: every field they
-    read is one the CRD keeps, with the same type."""
-    js = crd_models.NodeTopologySpec.model_json_schema(by_alias=True)
-    defs = js.get("$defs", {})
-    schema = _schema("nodetopologies")["properties"]["spec"]
-    problems: list[str] = []
-
-    def fields(model: dict[str, Any], crd: dict[str, Any], path: str) -> None:
-        model, _ = _resolve(model, defs)
-        if model.get("type") != crd.get("type"):
-            problems.append(f"{path}: {model.get('type')} != {crd.get('type')}")
-            return
-        if model.get("type") == "array":
-            fields(model["items"], crd["items"], path + "[]")
-        for name, sub in (model.get("properties") or {}).items():
-            if name not in (crd.get("properties") or {}):
-                problems.append(f"{path}.{name}: not in the schema")
-            else:
-                fields(sub, crd["properties"][name], f"{path}.{name}")
-
-    fields(js, schema, "spec")
-    assert problems == []
+    ct.NodeTopologyObject.model_validate(obj)
 
 
 def _reservation() -> tuple[Any, Slice]:
@@ -332,7 +351,7 @@ def test_reservation_object_validates_and_round_trips() -> None:
     }
     obj = reservation_to_object(r, "serving", "vllm", owner, now=1_756_116_002.0)
     validate(_schema("slicereservations"), obj, "SliceReservation")
-    ct.SliceReservation.model_validate(obj)
+    ct.SliceReservationObject.model_validate(obj)
     assert obj["metadata"]["ownerReferences"] == [owner]
     assert obj["status"]["nodes"] == ",".join(r.slice.nodes)
     assert obj["status"]["gpus"] == 8
@@ -363,7 +382,7 @@ def _reservation_object() -> dict[str, Any]:
     ("plural", "sample", "model", "path", "value"),
     [
         *(
-            ("nodetopologies", _node_topology, ct.NodeTopology, path, value)
+            ("nodetopologies", _node_topology, ct.NodeTopologyObject, path, value)
             for path, value in [
                 (("spec", "source"), "dcgm"),
                 (("spec", "links", 0, "link"), "NVLINK"),
@@ -374,7 +393,7 @@ def _reservation_object() -> dict[str, Any]:
             ]
         ),
         *(
-            ("slicereservations", _reservation_object, ct.SliceReservation, path, value)
+            ("slicereservations", _reservation_object, ct.SliceReservationObject, path, value)
             for path, value in [
                 (("spec", "phase"), "Held"),
                 (("spec", "expiresAt"), "2026-08-25T10:00:00Z"),

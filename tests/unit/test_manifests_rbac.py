@@ -18,13 +18,14 @@ from types import ModuleType
 from test_manifests import REPO, build
 
 #: The modules through which the controller calls the API server.
-CONTROLLER_MODULES = ("extender.kube.client", "extender.controllers.api")
+CONTROLLER_MODULES = ("extender.kube.client", "extender.controllers.api", "extender.kube.topology_status")
 #: kopf watches of the admission controller.
 KOPF_MODULE = "extender.controllers.handlers"
 #: Where ``kubernetes`` API classes may be built: the controller's modules, the agent's
 #: publisher (manifests/agent) and `gangslice explain` (the gangslice-explain ClusterRole).
 CLIENT_HOMES = {
     "extender/kube/client.py",
+    "extender/kube/topology_status.py",
     "extender/controllers/api.py",
     "extender/agent/publish.py",
     "extender/commands/explain.py",

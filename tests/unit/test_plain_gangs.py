@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from extender.agent.publish import build_object, build_spec
 from extender.controllers.plain_gangs import PlainGangReporter, never_fits
 from extender.httpapi.decide import Decider
 from extender.kube.api import Kind
@@ -26,6 +28,7 @@ from extender.placement.request import Colocation, GangRequest
 from extender.testing.clock import FakeClock
 from extender.testing.controller_api import FakeControllerApi
 from extender.testing.extender import gang_pod, node_obj
+from extender.topology.presets import preset_graph
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
@@ -189,3 +192,69 @@ def test_a_gang_of_several_pod_sets_is_built_from_the_first_pod_of_each() -> Non
     gone = member("d-9", "decode", 4, 8)
     gone = dataclasses.replace(gone, phase="Succeeded")
     assert isinstance(plain_gang_request(prefill, [gone]), Incomplete)
+
+
+def kube_cluster(*nodes: str) -> ClusterCache:
+    """A cache fed as the watches feed it: 8-GPU HGX nodes, each with its NodeTopology."""
+    cache = ClusterCache(clock=FakeClock(100.0))
+    for kind in Kind:
+        cache.replace(kind, [])
+    for name in nodes:
+        add_node(cache, name)
+    return cache
+
+
+def add_node(cache: ClusterCache, name: str) -> None:
+    spec = build_spec(preset_graph("hgx-h100"), "nvml", [], [])
+    cache.apply(Kind.NODES, "ADDED", node_obj(name))
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", build_object(name, spec, [], datetime(2026, 1, 1, tzinfo=UTC)))
+
+
+def test_a_gang_that_never_fit_becomes_placeable_when_a_node_joins() -> None:
+    cache = kube_cluster("a")
+    api = FakeControllerApi()
+    reporter = PlainGangReporter(api, cache, clock=FakeClock(100.0))
+    reporter.leader = True
+    pods = [gang_pod(f"g-{i}", "g", 2, 8) for i in range(2)]
+    for p in pods:
+        api.put("pods", p)
+    asyncio.run(reporter.on_pod("ADDED", pods[0]))
+    assert [e["reason"] for e in api.events] == ["NeverFits"]
+    generation = cache.node_generation
+    add_node(cache, "b")
+    assert cache.node_generation > generation
+    # The next member is judged on the grown cluster: nothing said, and the extender places it.
+    asyncio.run(reporter.on_pod("ADDED", pods[1]))
+    assert [e["reason"] for e in api.events] == ["NeverFits"]
+    out = Decider(cache).filter(PodInfo.from_obj(pods[1]), cache.node_names())
+    assert out.outcome == "reserved"
+    assert sorted(out.passed) == ["a", "b"]
+    # Placed: its verdict is forgotten.
+    asyncio.run(reporter.on_pod("MODIFIED", pods[0]))
+    assert reporter.remembered == 0
+
+
+def test_pod_churn_does_not_make_the_gang_judged_again() -> None:
+    cache = kube_cluster("a")
+    reporter = PlainGangReporter(FakeControllerApi(), cache, clock=FakeClock(100.0))
+    reporter.leader = True
+    generation = cache.node_generation
+    cache.apply(Kind.PODS, "ADDED", gang_pod("other", "x", 1, 1, node="a", phase="Running"))
+    assert cache.node_generation == generation
+
+
+def test_the_verdicts_are_forgotten_with_their_gangs_and_bounded(monkeypatch: Any) -> None:
+    cache = kube_cluster("a")
+    api = FakeControllerApi()
+    reporter = PlainGangReporter(api, cache, clock=FakeClock(100.0))
+    reporter.leader = True
+    for i in range(20):
+        asyncio.run(reporter.on_pod("ADDED", gang_pod(f"g{i}-0", f"g{i}", 2, 8)))
+    assert reporter.remembered == 20
+    for i in range(20):
+        asyncio.run(reporter.on_pod("DELETED", gang_pod(f"g{i}-0", f"g{i}", 2, 8)))
+    assert reporter.remembered == 0
+    monkeypatch.setattr("extender.controllers.plain_gangs.MAX_VERDICTS", 5)
+    for i in range(20):
+        asyncio.run(reporter.on_pod("ADDED", gang_pod(f"h{i}-0", f"h{i}", 2, 8)))
+    assert reporter.remembered == 5

@@ -93,10 +93,14 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
     async def fake_run_controller(cache: Any, **kwargs: Any) -> None:
         seen.update(kwargs)
 
-    async def fake_serve(cache: Any, options: Any, api: Any = None, controller: Any = None) -> None:
+    async def fake_serve(
+        cache: Any, options: Any, api: Any = None, controller: Any = None, topology_status: Any = None
+    ) -> None:
+        seen["topology_status"] = topology_status
         await controller(asyncio.Event(), lambda leading: None)
 
     monkeypatch.setattr("extender.kube.client.RealKubeApi", lambda kubeconfig: object())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda kubeconfig: None)
     monkeypatch.setattr("extender.controllers.runner.run_controller", fake_run_controller)
     monkeypatch.setattr("extender.httpapi.server.serve", fake_serve)
     args = parse("--widen-after", "2", "--retry-after", "3", "--requeue-after", "4", "--member-wait", "6")
@@ -104,3 +108,4 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
     assert seen["config"] == CheckConfig(widen_after_s=2, retry_after_s=3, requeue_after_s=4, member_wait_s=6)
     assert seen["podgroup_config"] == PodGroupConfig(member_wait_s=6)
     assert seen["kubeconfig"] == "kc"
+    assert seen["topology_status"] is not None

@@ -1,0 +1,172 @@
+"""A NodeTopology that fails validation is never dropped silently: the node is kept out of
+placement with the field and the problem named (the filter's reason, ``gangslice explain``),
+and the NodeTopology and its Node say so in the API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from extender.agent.publish import build_object, build_spec
+from extender.commands.explain import refused_nodes
+from extender.httpapi.decide import Decider
+from extender.kube.api import Kind
+from extender.kube.cache import ClusterCache
+from extender.kube.pods import PodInfo
+from extender.kube.topology_status import (
+    ACCEPTED,
+    INVALID_NODE_TOPOLOGY,
+    INVALID_SPEC,
+    SPEC_VALID,
+    TopologyStatusReporter,
+)
+from extender.testing.clock import FakeClock
+from extender.testing.extender import node_obj, pod_obj
+from extender.topology.presets import preset_graph
+
+PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
+ZERO = "spec.nvlinkGbps: Input should be greater than 0"
+
+
+def topology(node: str, **spec: Any) -> dict[str, Any]:
+    obj = build_object(node, build_spec(preset_graph("hgx-h100"), "nvml", [], []), [], PUBLISHED)
+    obj["spec"].update(spec)
+    return obj
+
+
+def cluster() -> ClusterCache:
+    cache = ClusterCache()
+    for kind in Kind:
+        cache.replace(kind, [])
+    for name in ("a", "b"):
+        cache.apply(Kind.NODES, "ADDED", node_obj(name))
+        cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", topology(name))
+    return cache
+
+
+def test_a_zero_nvlink_bandwidth_keeps_the_node_out_with_the_field_named() -> None:
+    cache = cluster()
+    assert cache.node_names() == ["a", "b"]
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology("b", nvlinkGbps=0))
+    assert cache.node_names() == ["a"]
+    assert cache.refused_topologies() == {"b": ZERO}
+    # Not a guessed graph from the Node's GPU count either: out until the agent fixes it.
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology("b", nvlinkGbps=50.0))
+    assert cache.node_names() == ["a", "b"]
+    assert cache.refused_topologies() == {}
+
+
+def test_a_relist_refuses_the_same_way() -> None:
+    cache = cluster()
+    cache.replace(Kind.NODE_TOPOLOGIES, [topology("a"), topology("b", nvlinkGbps=0)])
+    assert cache.node_names() == ["a"]
+    assert cache.refused_topologies() == {"b": ZERO}
+    cache.apply(Kind.NODE_TOPOLOGIES, "DELETED", topology("b", nvlinkGbps=0))
+    assert cache.refused_topologies() == {}
+
+
+def test_the_filter_and_explain_name_the_reason() -> None:
+    cache = cluster()
+    decider = Decider(cache)
+    pod = PodInfo.from_obj(pod_obj("p", gpus=1))
+    assert decider.filter(pod, ["a", "b"]).passed == ["a", "b"]
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology("b", nvlinkGbps=0))
+    out = decider.filter(pod, ["a", "b"])
+    assert out.passed == ["a"]
+    # Failed, not unresolvable: the agent may republish a good spec.
+    assert out.failed == {"b": f"NodeTopology b is refused: {ZERO}"}
+    assert out.unresolvable == {}
+    assert refused_nodes(cache) == [f"node b kept out of placement: its NodeTopology is refused: {ZERO}"]
+
+
+class RecordingStatusApi:
+    def __init__(self) -> None:
+        self.conditions: list[tuple[str, dict[str, str]]] = []
+        self.events: list[dict[str, Any]] = []
+        self.fail = False
+
+    async def apply_condition(self, node: str, condition: Mapping[str, str]) -> None:
+        if self.fail:
+            raise RuntimeError("503: unavailable")
+        self.conditions.append((node, dict(condition)))
+
+    async def create_event(self, event: Mapping[str, Any]) -> None:
+        self.events.append(dict(event))
+
+
+def echo(cache: ClusterCache, obj: dict[str, Any], condition: Mapping[str, str]) -> None:
+    """The watch event of our own status write."""
+    obj["status"]["conditions"] = [*obj["status"]["conditions"], dict(condition)]
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", obj)
+
+
+def test_the_nodetopology_gets_a_condition_and_the_node_an_event(clock: FakeClock) -> None:
+    cache = cluster()
+    api = RecordingStatusApi()
+    reporter = TopologyStatusReporter(api)
+    assert asyncio.run(reporter.sync(cache, clock())) == 0
+    broken = topology("b", nvlinkGbps=0)
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", broken)
+    assert asyncio.run(reporter.sync(cache, clock())) == 1
+    ((node, cond),) = api.conditions
+    assert node == "b"
+    assert (cond["type"], cond["status"], cond["reason"], cond["message"]) == (
+        ACCEPTED,
+        "False",
+        INVALID_SPEC,
+        ZERO,
+    )
+    (event,) = api.events
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "b", "uid": "b"}
+    assert (event["type"], event["reason"]) == ("Warning", INVALID_NODE_TOPOLOGY)
+    assert ZERO in event["message"]
+    # Nothing again while the write's echo is on its way, nor once it is seen.
+    assert asyncio.run(reporter.sync(cache, clock())) == 0
+    echo(cache, broken, cond)
+    assert asyncio.run(reporter.sync(cache, clock())) == 0
+    # The agent republishes a good spec (its status keeps our condition): True, no event.
+    fixed = topology("b")
+    fixed["status"]["conditions"] = [cond]
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", fixed)
+    assert cache.node_names() == ["a", "b"]
+    assert asyncio.run(reporter.sync(cache, clock())) == 1
+    node, cleared = api.conditions[-1]
+    assert (node, cleared["status"], cleared["reason"]) == ("b", "True", SPEC_VALID)
+    assert len(api.events) == 1
+    fixed["status"]["conditions"] = [cleared]
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", fixed)
+    assert asyncio.run(reporter.sync(cache, clock())) == 0
+
+
+def test_a_failed_write_is_tried_again_and_a_restart_converges(clock: FakeClock) -> None:
+    cache = cluster()
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology("b", nvlinkGbps=0))
+    api = RecordingStatusApi()
+    api.fail = True
+    reporter = TopologyStatusReporter(api)
+    assert asyncio.run(reporter.sync(cache, clock())) == 0
+    api.fail = False
+    assert asyncio.run(reporter.sync(cache, clock())) == 1
+    # A new replica reads the object with the condition already on it: nothing to write.
+    _, cond = api.conditions[-1]
+    broken = topology("b", nvlinkGbps=0)
+    broken["status"]["conditions"] = [cond]
+    fresh = cluster()
+    fresh.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", broken)
+    again = RecordingStatusApi()
+    assert asyncio.run(TopologyStatusReporter(again).sync(fresh, clock())) == 0
+    assert again.conditions == [] and again.events == []
+
+
+def test_one_sync_writes_a_bounded_number(clock: FakeClock, monkeypatch: Any) -> None:
+    monkeypatch.setattr("extender.kube.topology_status.MAX_WRITES_PER_SYNC", 1)
+    cache = cluster()
+    for name in ("a", "b"):
+        cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology(name, nvlinkGbps=0))
+    api = RecordingStatusApi()
+    reporter = TopologyStatusReporter(api)
+    assert asyncio.run(reporter.sync(cache, clock())) == 1
+    assert asyncio.run(reporter.sync(cache, clock())) == 1
+    assert sorted(node for node, _ in api.conditions) == ["a", "b"]
