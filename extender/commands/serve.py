@@ -159,10 +159,10 @@ def run_serve(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         asyncio.run(serve(cache, options))
         return EXIT_OK
-    from extender.kube.client import RealKubeApi
+    from extender.kube.client import ApiServerClient
 
     try:
-        api = RealKubeApi(args.kubeconfig)
+        api = ApiServerClient.connect(args.kubeconfig)
     except Exception as exc:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
     cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
@@ -174,7 +174,8 @@ def run_serve(args: argparse.Namespace) -> int:
     async def controller(stop: asyncio.Event, on_leadership: Callable[[bool], None]) -> None:
         await run_controller(
             cache,
-            kubeconfig=args.kubeconfig,
+            api=api,
+            api_client=api.api_client,
             stop=stop,
             on_leadership=on_leadership,
             config=check_config,

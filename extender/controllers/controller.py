@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from extender.controllers import assignment, joint, kueue, owned, workload_gang
-from extender.controllers.api import KUEUE_API_VERSION, ControllerApi
+from extender.controllers.api import KUEUE_API_VERSION
 from extender.controllers.kueue import Action, CheckConfig, Stage
 from extender.controllers.objects import (
     META_ATTEMPT,
@@ -43,7 +43,16 @@ from extender.controllers.objects import (
 )
 from extender.controllers.workload_gang import WorkloadError
 from extender.kube import names
-from extender.kube.api import ApiError, Conflict, NotFound
+from extender.kube.api import (
+    ADMISSION_CHECKS,
+    RESOURCE_FLAVORS,
+    SLICE_RESERVATIONS,
+    WORKLOADS,
+    Conflict,
+    KubeClient,
+    KubeError,
+    NotFound,
+)
 from extender.kube.crd_models import CrdError, object_name
 from extender.kube.pods import PodInfo
 from extender.logs import fields
@@ -86,7 +95,7 @@ class Cache(Protocol):
 class AdmissionController:
     def __init__(
         self,
-        api: ControllerApi,
+        api: KubeClient,
         cache: Cache,
         config: CheckConfig | None = None,
         clock: Callable[[], float] = time.time,
@@ -142,7 +151,7 @@ class AdmissionController:
         self.checks = (
             {
                 str(ac["metadata"]["name"]): ac
-                for ac in await self.api.list_admission_checks()
+                for ac in (await self.api.list(ADMISSION_CHECKS)).items
                 if kueue.is_our_check(ac)
             }
             if self.kueue
@@ -161,7 +170,7 @@ class AdmissionController:
     async def rebuild_ledger(self) -> tuple[int, int]:
         """Restore every SliceReservation into the ledger; forget Workload reservations with no
         object, and release those whose Workload is gone. Returns (restored, released)."""
-        objects = await self.api.list_reservations()
+        objects = (await self.api.list(SLICE_RESERVATIONS)).items
         restored = 0
         present: set[str] = set()
         for obj in objects:
@@ -193,7 +202,7 @@ class AdmissionController:
                 continue
             ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
             try:
-                wl = await self.api.get_workload(ns, name)
+                wl = await self.api.get(WORKLOADS, name, ns)
             except NotFound:
                 wl = None
             if not owned.owned_by(r, wl):
@@ -225,8 +234,8 @@ class AdmissionController:
             return
         name = str(body["metadata"]["name"])
         try:
-            self.checks[name] = await self.api.apply_admission_check_status(name, body)
-        except ApiError as exc:
+            self.checks[name] = await self.api.apply(ADMISSION_CHECKS, body, subresource="status")
+        except KubeError as exc:
             log.warning("setting AdmissionCheck %s Active failed: %s", name, exc)
 
     async def _reconcile_referencing(self, check: str) -> None:
@@ -254,15 +263,15 @@ class AdmissionController:
                 # Someone (Kueue) wrote the Workload after we read it: read it again, once.
                 ns, name = object_ref(wl)
                 try:
-                    fresh = await self.api.get_workload(ns, name)
+                    fresh = await self.api.get(WORKLOADS, name, ns)
                 except NotFound:
                     return
                 self.workloads[key] = fresh
                 try:
                     await self._reconcile(key, fresh)
-                except ApiError as exc:
+                except KubeError as exc:
                     log.warning("workload %s: %s", key, exc, extra=fields(gang=key, workload=key))
-            except ApiError as exc:
+            except KubeError as exc:
                 log.warning("workload %s: %s (will retry)", key, exc, extra=fields(gang=key, workload=key))
 
     async def _reconcile(self, key: str, wl: dict[str, Any]) -> None:
@@ -482,7 +491,7 @@ class AdmissionController:
             return
         ns, _ = object_ref(wl)
         try:
-            r = reservation_from_object(await self.api.get_reservation(ns, object_name(key)))
+            r = reservation_from_object(await self.api.get(SLICE_RESERVATIONS, object_name(key), ns))
         except NotFound:
             log.warning(
                 "workload %s is Ready but its SliceReservation is gone",
@@ -539,8 +548,9 @@ class AdmissionController:
             entries.append(entry)
         if not entries or not changed:
             return
-        ns, name = object_ref(wl)
-        updated = await self.api.apply_workload_status(ns, name, kueue.workload_apply_body(wl, entries))
+        updated = await self.api.apply(
+            WORKLOADS, kueue.workload_apply_body(wl, entries), subresource="status"
+        )
         self.workloads[kueue.gang_key(wl)] = updated
         if event is not None:
             await self._event(wl, *event)
@@ -562,7 +572,7 @@ class AdmissionController:
         out: dict[str, dict[str, str]] = {}
         for f in sorted(flavors):
             try:
-                rf = await self.api.get_resource_flavor(f)
+                rf = await self.api.get(RESOURCE_FLAVORS, f)
             except NotFound:
                 continue
             labels = (rf.get("spec") or {}).get("nodeLabels") or {}

@@ -21,27 +21,13 @@ from extender.controllers.objects import (
     rfc3339,
 )
 from extender.kube import names
-from extender.kube.api import ApiError, Conflict, NotFound
+from extender.kube.api import EVENTS, SLICE_RESERVATIONS, Conflict, KubeClient, KubeError, NotFound
 from extender.kube.crd_models import CrdError, object_name, reservation_status
 from extender.logs import fields
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import Slice
 
 log = logging.getLogger(__name__)
-
-
-class EventApi(Protocol):
-    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None: ...
-
-
-class OwnedApi(EventApi, Protocol):
-    async def get_reservation(self, namespace: str, name: str) -> dict[str, Any]: ...
-
-    async def create_reservation(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
-
-    async def apply_reservation_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> None: ...
-
-    async def delete_reservation(self, namespace: str, name: str) -> None: ...
 
 
 class Holds(Protocol):
@@ -89,7 +75,7 @@ def owned_by(r: Reservation, owner: Mapping[str, Any] | None) -> bool:
     return owner is not None and uid == r.meta.get(META_OWNER_UID, "")
 
 
-async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: float) -> bool:
+async def persist(api: KubeClient, r: Reservation, owner: Mapping[str, Any], now: float) -> bool:
     """Create the SliceReservation of ``r`` owned by ``owner`` (an object left from an earlier
     hold of the same gang is replaced), then write its status. False when the object could not
     be written; a failed status write is only logged (the cache's store writes it again on the
@@ -99,8 +85,8 @@ async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: 
     if not await _create(api, r, ns, name, owner, now):
         return False
     try:
-        await api.apply_reservation_status(ns, name, status_body(r, ns, name, now))
-    except ApiError as exc:
+        await api.apply(SLICE_RESERVATIONS, status_body(r, ns, name, now), subresource="status")
+    except KubeError as exc:
         log.warning(
             "SliceReservation %s/%s status: %s",
             ns,
@@ -112,29 +98,33 @@ async def persist(api: OwnedApi, r: Reservation, owner: Mapping[str, Any], now: 
 
 
 async def _create(
-    api: OwnedApi, r: Reservation, ns: str, name: str, owner: Mapping[str, Any], now: float
+    api: KubeClient, r: Reservation, ns: str, name: str, owner: Mapping[str, Any], now: float
 ) -> bool:
     obj = reservation_to_object(r, ns, name, owner_reference(owner), now)
     where = fields(gang=r.gang, reservation=f"{ns}/{name}")
     try:
-        await api.create_reservation(obj)
+        await api.create(SLICE_RESERVATIONS, _without_status(obj))
         return True
     except Conflict:
         pass
-    except ApiError as exc:
+    except KubeError as exc:
         log.warning("creating SliceReservation %s/%s failed: %s", ns, name, exc, extra=where)
         return False
     try:
-        existing = reservation_from_object(await api.get_reservation(ns, name))
+        existing = reservation_from_object(await api.get(SLICE_RESERVATIONS, name, ns))
         if existing.gang == r.gang and existing.slice.to_dict() == r.slice.to_dict():
             return True
         log.warning("replacing SliceReservation %s/%s left from an earlier hold", ns, name, extra=where)
         await delete_object(api, existing)
-        await api.create_reservation(obj)
+        await api.create(SLICE_RESERVATIONS, _without_status(obj))
         return True
-    except (ApiError, CrdError) as exc:
+    except (KubeError, CrdError) as exc:
         log.warning("SliceReservation %s/%s: %s", ns, name, exc, extra=where)
         return False
+
+
+def _without_status(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k != "status"}
 
 
 def status_body(r: Reservation, ns: str, name: str, now: float) -> dict[str, Any]:
@@ -147,14 +137,14 @@ def status_body(r: Reservation, ns: str, name: str, now: float) -> dict[str, Any
     }
 
 
-async def delete_object(api: OwnedApi, r: Reservation) -> None:
+async def delete_object(api: KubeClient, r: Reservation) -> None:
     ns = r.meta.get("namespace") or r.gang.split("/", 1)[0]
     name = r.meta.get("name") or object_name(r.gang)
     try:
-        await api.delete_reservation(ns, name)
+        await api.delete(SLICE_RESERVATIONS, name, ns)
     except NotFound:
         pass
-    except ApiError as exc:
+    except KubeError as exc:
         log.warning(
             "deleting SliceReservation %s/%s failed: %s",
             ns,
@@ -165,7 +155,7 @@ async def delete_object(api: OwnedApi, r: Reservation) -> None:
 
 
 async def post_event(
-    api: EventApi,
+    api: KubeClient,
     obj: Mapping[str, Any],
     kind: str,
     reason: str,
@@ -201,6 +191,6 @@ async def post_event(
         "count": 1,
     }
     try:
-        await api.create_event(ns, event)
-    except ApiError as exc:
+        await api.create(EVENTS, event)
+    except KubeError as exc:
         log.debug("event for %s/%s: %s", ns, name, exc)

@@ -25,10 +25,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from extender.controllers import joint, owned
-from extender.controllers.api import ControllerApi, PodGroupApi
 from extender.controllers.controller import Cache, resync_until
 from extender.controllers.objects import META_OWNER_KIND, META_OWNER_NAME, object_ref
 from extender.controllers.podgroups import (
@@ -41,7 +40,7 @@ from extender.controllers.podgroups import (
     missing_pods,
 )
 from extender.kube import names
-from extender.kube.api import ApiError, Conflict, NotFound
+from extender.kube.api import PODGROUPS, Conflict, KubeClient, KubeError, NotFound
 from extender.kube.crd_models import object_name
 from extender.kube.pods import PodInfo
 from extender.logs import fields
@@ -51,10 +50,6 @@ from extender.placement.slice import Slice, Unplaceable
 from extender.placement.solver import place
 
 log = logging.getLogger(__name__)
-
-
-class VolcanoApi(ControllerApi, PodGroupApi, Protocol):
-    """Reservations, Events and PodGroups (both :class:`ClientControllerApi` and the fake)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +66,7 @@ class PodGroupConfig:
 class PodGroupController:
     def __init__(
         self,
-        api: VolcanoApi,
+        api: KubeClient,
         cache: Cache,
         config: PodGroupConfig | None = None,
         clock: Callable[[], float] = time.time,
@@ -127,10 +122,10 @@ class PodGroupController:
                 continue
             ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
             try:
-                pg = await self.api.get_podgroup(ns, name)
+                pg = await self.api.get(PODGROUPS, name, ns)
             except NotFound:
                 pg = None
-            except ApiError as exc:
+            except KubeError as exc:
                 log.warning(
                     "PodGroup %s/%s: %s", ns, name, exc, extra=fields(gang=r.gang, podgroup=f"{ns}/{name}")
                 )
@@ -160,7 +155,7 @@ class PodGroupController:
                 return
             try:
                 await self._reconcile(key, obj)
-            except ApiError as exc:
+            except KubeError as exc:
                 log.warning("PodGroup %s: %s (will retry)", key, exc, extra=fields(gang=key, podgroup=key))
 
     async def _reconcile(self, key: str, obj: dict[str, Any]) -> None:
@@ -363,11 +358,11 @@ class PodGroupController:
             if body is None:
                 return
             try:
-                obj = self.groups[key] = await self.api.replace_podgroup(ns, name, body)
+                obj = self.groups[key] = await self.api.replace(PODGROUPS, body)
                 break
             except Conflict:
                 try:
-                    obj = self.groups[key] = await self.api.get_podgroup(ns, name)
+                    obj = self.groups[key] = await self.api.get(PODGROUPS, name, ns)
                 except NotFound:
                     return
             except NotFound:

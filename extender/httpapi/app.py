@@ -24,7 +24,7 @@ from extender.httpapi import kube_routes, volcano_routes
 from extender.httpapi.decide import Decider
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, leads
 from extender.httpapi.metrics import Metrics
-from extender.kube.api import KubeApi
+from extender.kube.api import KubeClient
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
 from extender.kube.cache import ClusterCache
 from extender.logs import fields
@@ -80,7 +80,7 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
 def build_app(
     cache: ClusterCache,
     *,
-    api: KubeApi | None = None,
+    api: KubeClient | None = None,
     binder: Binder | None = None,
     prefix: str = DEFAULT_PREFIX,
     housekeeping_s: float | None = HOUSEKEEPING_S,

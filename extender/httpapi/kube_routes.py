@@ -6,7 +6,6 @@ Replies always carry explicit lists (a filter reply with neither ``NodeNames`` n
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -23,7 +22,7 @@ from extender.httpapi.wire import (
     ExtenderBindingArgs,
     ExtenderPreemptionArgs,
 )
-from extender.kube.api import ApiError
+from extender.kube.api import PODS, KubeError
 from extender.kube.pods import PodInfo
 
 log = logging.getLogger(__name__)
@@ -137,8 +136,8 @@ async def _find_pod(request: web.Request, namespace: str, name: str) -> PodInfo 
     api = request.app[API]
     if pod is None and api is not None:
         try:
-            pod = PodInfo.from_obj(await asyncio.to_thread(api.get_pod, namespace, name))
-        except ApiError as exc:
+            pod = PodInfo.from_obj(await api.get(PODS, name, namespace))
+        except KubeError as exc:
             log.info("bind: cannot read pod %s/%s: %s", namespace, name, exc)
     return pod
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import LEADING
 from extender.httpapi.tls import ReloadingTls
-from extender.kube.api import KubeApi
+from extender.kube.api import PODS, KubeClient
 from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
 from extender.kube.watch import Watcher
@@ -33,16 +33,15 @@ class ServeOptions:
     tls_key: str | None = None
 
 
-async def label_own_pod(api: KubeApi, leader: bool) -> None:
+async def label_own_pod(api: KubeClient, leader: bool) -> None:
     """Mark this replica's pod as the leader (or not) for the Service's selector; outside a
     pod (no ``POD_NAME``/``POD_NAMESPACE``) there is nothing to mark."""
     name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
     if not name or not namespace:
         return
     try:
-        await asyncio.to_thread(
-            api.patch_pod_labels, namespace, name, {LEADER_LABEL: "true" if leader else "false"}
-        )
+        labels = {LEADER_LABEL: "true" if leader else "false"}
+        await api.patch(PODS, name, {"metadata": {"labels": labels}}, namespace=namespace)
     except Exception as exc:
         log.warning("could not label pod %s/%s leader=%s: %s", namespace, name, leader, exc)
 
@@ -54,7 +53,7 @@ Controller = Callable[[asyncio.Event, Callable[[bool], None]], Coroutine[Any, An
 async def serve(
     cache: ClusterCache,
     options: ServeOptions,
-    api: KubeApi | None = None,
+    api: KubeClient | None = None,
     controller: Controller | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission

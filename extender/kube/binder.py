@@ -7,35 +7,40 @@ is all there is.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Protocol
 
-from extender.kube.api import Conflict, KubeApi
+from extender.kube.api import MERGE_PATCH, PODS, Conflict, KubeClient
 from extender.kube.pods import PodInfo
 
 
 class Binder(Protocol):
     async def bind(self, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None:
-        """Raises :class:`~extender.kube.api.ApiError` when the pod could not be bound."""
+        """Raises :class:`~extender.kube.api.KubeError` when the pod could not be bound."""
         ...
 
 
 class ApiBinder:
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeClient) -> None:
         self.api = api
 
     async def bind(self, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None:
         # Annotations first: once bound, the device plugin may read them at admission.
         if annotations:
-            await asyncio.to_thread(
-                self.api.patch_pod_annotations, pod.namespace, pod.name, dict(annotations)
-            )
+            body = {"metadata": {"annotations": dict(annotations)}}
+            await self.api.patch(PODS, pod.name, body, namespace=pod.namespace, patch_type=MERGE_PATCH)
+        meta = {"name": pod.name, "namespace": pod.namespace, **({"uid": pod.uid} if pod.uid else {})}
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         try:
-            await asyncio.to_thread(self.api.bind_pod, pod.namespace, pod.name, pod.uid or None, node)
+            await self.api.create(PODS, binding, subresource="binding")
         except Conflict:
             # A retried bind of a pod that is already on this node has succeeded before.
-            current = await asyncio.to_thread(self.api.get_pod, pod.namespace, pod.name)
+            current = await self.api.get(PODS, pod.name, pod.namespace)
             if (current.get("spec") or {}).get("nodeName") != node:
                 raise
 

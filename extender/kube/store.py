@@ -10,7 +10,6 @@ people and kubectl.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import logging
@@ -18,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from extender.kube.api import Conflict, Kind, KubeApi, NotFound
+from extender.kube.api import JSON_PATCH, SLICE_RESERVATIONS, Conflict, KubeClient, NotFound
 from extender.kube.crd_models import (
     CrdError,
     reservation_from_object,
@@ -69,9 +68,9 @@ class InMemoryReservationStore:
 
 
 class KubeReservationStore:
-    """SliceReservation objects in the API server, written through :class:`KubeApi` in a thread."""
+    """SliceReservation objects in the API server, written through the one client."""
 
-    def __init__(self, api: KubeApi, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, api: KubeClient, clock: Callable[[], float] = time.time) -> None:
         self.api = api
         self.clock = clock
         #: Objects known to exist: updated with a patch first, created only when missing.
@@ -89,15 +88,15 @@ class KubeReservationStore:
     async def _write_spec(self, ref: _Ref, obj: dict[str, Any]) -> None:
         if ref in self._exists:
             try:
-                await asyncio.to_thread(self.api.patch_reservation_spec, *ref, obj["spec"])
+                await self._patch(ref, "spec", obj["spec"])
                 return
             except NotFound:
                 self._exists.discard(ref)
                 self._status.pop(ref, None)
         try:
-            await asyncio.to_thread(self.api.create_reservation, obj)
+            await self.api.create(SLICE_RESERVATIONS, obj)
         except Conflict:
-            await asyncio.to_thread(self.api.patch_reservation_spec, *ref, obj["spec"])
+            await self._patch(ref, "spec", obj["spec"])
         self._exists.add(ref)
 
     async def _write_status(self, ref: _Ref, r: Reservation) -> None:
@@ -106,18 +105,26 @@ class KubeReservationStore:
         if status == previous:
             return
         # A whole-status replace: a merge patch would keep boundPods of slots freed since.
-        await asyncio.to_thread(self.api.patch_reservation_status, *ref, status)
+        await self._patch(ref, "status", status)
         self._status[ref] = status
+
+    async def _patch(self, ref: _Ref, member: str, value: dict[str, Any]) -> None:
+        """Set a whole top-level member (a merge patch would keep unbound slots)."""
+        body = [{"op": "add", "path": f"/{member}", "value": dict(value)}]
+        sub = "status" if member == "status" else ""
+        await self.api.patch(
+            SLICE_RESERVATIONS, ref[1], body, namespace=ref[0], subresource=sub, patch_type=JSON_PATCH
+        )
 
     async def delete(self, r: Reservation) -> None:
         ref = _ref(reservation_object(r))
         self._exists.discard(ref)
         self._status.pop(ref, None)
         with contextlib.suppress(NotFound):
-            await asyncio.to_thread(self.api.delete_reservation, *ref)
+            await self.api.delete(SLICE_RESERVATIONS, ref[1], ref[0])
 
     async def load(self) -> list[Reservation]:
-        listing = await asyncio.to_thread(self.api.list, Kind.SLICE_RESERVATIONS)
+        listing = await self.api.list(SLICE_RESERVATIONS)
         out = []
         for obj in listing.items:
             try:

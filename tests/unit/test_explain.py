@@ -22,7 +22,7 @@ from extender.kube.cache import ClusterCache
 from extender.placement.files import load_cluster
 from extender.placement.slice import Slice, Unplaceable
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
 CLUSTER = FIXTURES / "cluster.yaml"
@@ -138,8 +138,8 @@ def test_parse_target() -> None:
 # -- online (in-memory API) --------------------------------------------------------------------
 
 
-def _api() -> FakeControllerApi:
-    api = FakeControllerApi()
+def _api() -> FakeKube:
+    api = FakeKube()
     api.put("admissionchecks", load("admissioncheck.yaml"))
     api.put("resourceflavors", load("resourceflavor.yaml"))
     api.put("workloads", load("workload-lws.yaml"))
@@ -153,7 +153,7 @@ def test_online_workload_holding_a_reservation() -> None:
         ctl = AdmissionController(api, cache, CheckConfig(), clock=clock)
         await ctl.become_leader()
         await ctl.on_admission_check(None, load("admissioncheck.yaml"))
-        wl = api.get("workloads", LWS[1], LWS[0])
+        wl = api.peek("workloads", LWS[1], LWS[0])
         assert wl is not None
         await ctl.on_workload(None, wl)
 
@@ -180,7 +180,7 @@ def test_online_workload_holding_a_reservation() -> None:
 def test_online_waiting_workload_shows_the_stored_reason_and_a_fresh_dry_run() -> None:
     async def body() -> None:
         api = _api()
-        wl = api.get("workloads", LWS[1], LWS[0])
+        wl = api.peek("workloads", LWS[1], LWS[0])
         assert wl is not None
         wl["status"]["admissionChecks"][0]["message"] = "waiting for a slice: stored reason"
         api.put("workloads", wl)

@@ -21,14 +21,14 @@ from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig, Stage
 from extender.controllers.objects import reservation_to_object, rfc3339
 from extender.controllers.openapi import load_crd, validate, version_schema
-from extender.kube.api import ApiError, Conflict
+from extender.kube.api import Conflict, KubeError
 from extender.kube.cache import ClusterCache
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "kueue"
@@ -63,7 +63,7 @@ class World:
 
     def __init__(self, snap: ClusterSnapshot | None = None, now: float = T0 + 5, leader: bool = True) -> None:
         self.clock = FakeClock(now)
-        self.api = FakeControllerApi()
+        self.api = FakeKube()
         for name in ("admissioncheck.yaml", "admissioncheck-provisioning.yaml", "resourceflavor.yaml"):
             obj = load(name)
             self.api.put(
@@ -80,7 +80,7 @@ class World:
             await self.ctl.on_admission_check(None, ac)
 
     def workload(self, ns: str = LWS[0], name: str = LWS[1]) -> dict[str, Any]:
-        got = self.api.get("workloads", name, ns)
+        got = self.api.peek("workloads", name, ns)
         assert got is not None
         return got
 
@@ -131,8 +131,8 @@ def test_slice_is_reserved_then_the_check_is_set_ready_with_only_our_entry() -> 
             True,
         )
         assert obj["status"]["gpus"] == 32 and obj["status"]["phase"] == "Reserved"
-        calls = w.api.calls
-        assert calls.index("create_reservation") < calls.index("apply_workload_status")
+        calls = w.api.labels()
+        assert calls.index("create slicereservations") < calls.index("apply workloads/status")
 
         # One status apply, carrying only our entry, valid against Kueue's schema.
         (applied,) = w.api.applies_to("workloads")
@@ -187,9 +187,9 @@ def test_a_conflicting_write_is_read_again_and_applied_once() -> None:
         w = World()
         await w.start()
         wl = w.api.put("workloads", load("workload-lws.yaml"))
-        w.api.fail_next("apply_workload_status", Conflict(409, "the object has been modified"))
+        w.api.fail_next("apply workloads/status", Conflict(409, "the object has been modified"))
         await w.ctl.on_workload(None, wl)
-        assert "get_workload" in w.api.calls
+        assert "get workloads" in w.api.labels()
         assert w.our_entry()["state"] == "Ready"
         assert len(w.api.objects("slicereservations")) == 1
         assert len(w.cache.ledger) == 1
@@ -201,7 +201,7 @@ def test_a_failed_create_leaves_no_hold_and_the_resync_retries(caplog: pytest.Lo
     async def body() -> None:
         w = World()
         await w.start()
-        w.api.fail_next("create_reservation", ApiError(500, "etcd timeout"))
+        w.api.fail_next("create slicereservations", KubeError(500, "etcd timeout"))
         with caplog.at_level(logging.WARNING, logger="extender.controllers"):
             await w.kueue_writes(load("workload-lws.yaml"), None)
         (failed,) = [r for r in caplog.records if "etcd timeout" in r.getMessage()]
@@ -445,7 +445,7 @@ def test_our_admission_checks_are_set_active_and_others_left_alone() -> None:
             "False",
             "BadParametersRef",
         )
-        stored = w.api.get("admissionchecks", "gangslice")
+        stored = w.api.peek("admissionchecks", "gangslice")
         assert stored is not None and stored["status"]["conditions"][0]["status"] == "True"
         # Seen again with the condition in place: no write.
         count = len(w.api.applies_to("admissionchecks"))
@@ -485,5 +485,5 @@ def test_without_kueue_the_leader_rebuilds_the_ledger_and_reads_nothing_of_kueue
 
     run(body)
     assert ctl.leader and ctl.checks == {}
-    assert "list_admission_checks" not in world.api.calls
+    assert "list admissionchecks" not in world.api.labels()
     assert world.cache.reservation(blocker.gang) is not None

@@ -24,8 +24,8 @@ from extender.kube.store import InMemoryReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.request import Colocation, GangRequest
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
 from extender.testing.extender import gang_pod, node_obj
+from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
@@ -97,7 +97,7 @@ def huge(pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once() -> None:
     cache, clock, _ = cache_with()
-    api = FakeControllerApi()
+    api = FakeKube()
     reporter = PlainGangReporter(api, cache, clock=clock)
     reporter.leader = True
     pods = [huge(p) for p in lws_pods()]
@@ -106,14 +106,14 @@ def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once()
     for p in pods:
         asyncio.run(reporter.on_pod("ADDED", p))
     for p in pods:
-        got = api.get("pods", p["metadata"]["name"], "serving")
+        got = api.peek("pods", p["metadata"]["name"], "serving")
         assert got is not None
         assert got["metadata"]["annotations"][STATUS].startswith(f"NeverFits: gang {GANG} can never fit")
     assert [(e["type"], e["reason"], e["involvedObject"]["kind"]) for e in api.events] == [
         ("Warning", "NeverFits", "Pod")
     ] * 2
     # The watch delivers the annotated pod again: nothing new is said.
-    again = api.get("pods", pods[0]["metadata"]["name"], "serving")
+    again = api.peek("pods", pods[0]["metadata"]["name"], "serving")
     assert again is not None
     asyncio.run(reporter.on_pod("MODIFIED", again))
     assert len(api.events) == 2
@@ -124,7 +124,7 @@ def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once()
 
 def test_a_gang_that_only_waits_for_capacity_is_not_reported() -> None:
     cache, clock, _ = cache_with()
-    api = FakeControllerApi()
+    api = FakeKube()
     reporter = PlainGangReporter(api, cache, clock=clock)
     reporter.leader = True
     pod = lws_pods()[0]

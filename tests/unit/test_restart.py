@@ -20,7 +20,7 @@ from extender.controllers.objects import reservation_from_object
 from extender.kube.cache import ClusterCache
 from extender.placement.files import load_cluster
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()
@@ -50,8 +50,8 @@ def other_workload(name: str, uid: str) -> dict[str, Any]:
     return wl
 
 
-def kueue_api() -> FakeControllerApi:
-    api = FakeControllerApi()
+def kueue_api() -> FakeKube:
+    api = FakeKube()
     api.put("admissionchecks", load("admissioncheck.yaml"))
     api.put("resourceflavors", load("resourceflavor.yaml"))
     return api
@@ -60,14 +60,14 @@ def kueue_api() -> FakeControllerApi:
 class Process:
     """One controller process: its own cluster cache (and so its own ledger)."""
 
-    def __init__(self, api: FakeControllerApi, clock: FakeClock, identity: str) -> None:
+    def __init__(self, api: FakeKube, clock: FakeClock, identity: str) -> None:
         self.cache = ClusterCache.from_snapshot(load_cluster(FIXTURES / "cluster.yaml"), clock=clock)
         self.ctl = AdmissionController(api, self.cache, CheckConfig(), clock=clock, identity=identity)
         self.elector = LeaderElector(
             api, LEASE, identity, self.ctl.become_leader, self.ctl.lose_leadership, clock
         )
 
-    async def watch_all(self, api: FakeControllerApi) -> None:
+    async def watch_all(self, api: FakeKube) -> None:
         """kopf's initial listing: every AdmissionCheck and Workload, in order."""
         for ac in api.objects("admissionchecks"):
             await self.ctl.on_admission_check(None, ac)
@@ -75,15 +75,15 @@ class Process:
             await self.ctl.on_workload(None, wl)
 
 
-def entry(api: FakeControllerApi, name: str) -> dict[str, Any]:
-    wl = api.get("workloads", name, "serving")
+def entry(api: FakeKube, name: str) -> dict[str, Any]:
+    wl = api.peek("workloads", name, "serving")
     assert wl is not None
     got: dict[str, Any] = {e["name"]: e for e in wl["status"]["admissionChecks"]}["gangslice"]
     return got
 
 
-def workload(api: FakeControllerApi, name: str) -> dict[str, Any]:
-    wl = api.get("workloads", name, "serving")
+def workload(api: FakeKube, name: str) -> dict[str, Any]:
+    wl = api.peek("workloads", name, "serving")
     assert wl is not None
     return wl
 
@@ -92,7 +92,7 @@ def held_gpus(cache: ClusterCache) -> list[tuple[str, int]]:
     return [(s.node, g) for r in cache.ledger.reservations() for s in r.slice.slots for g in s.gpus]
 
 
-async def lws_leader() -> tuple[FakeClock, FakeControllerApi, Process]:
+async def lws_leader() -> tuple[FakeClock, FakeKube, Process]:
     """The LWS Workload in a fresh fake API and a first controller process, made leader."""
     clock = FakeClock(T0 + 5)
     api = kueue_api()
@@ -115,7 +115,7 @@ def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -
 
         # The LWS gang: its SliceReservation is created, then the process dies before Ready.
         api.put("workloads", load("workload-lws.yaml"))
-        api.fail_next("apply_workload_status", Crash())
+        api.fail_next("apply workloads/status", Crash())
         with pytest.raises(Crash):
             await first.ctl.on_workload(None, workload(api, LWS[1]))
         assert entry(api, LWS[1])["state"] == "Pending"
@@ -177,7 +177,7 @@ def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -
 def test_stop_before_the_object_is_written_places_afresh_after_restart() -> None:
     async def body() -> None:
         clock, api, first = await lws_leader()
-        api.fail_next("create_reservation", Crash())
+        api.fail_next("create slicereservations", Crash())
         with pytest.raises(Crash):
             await first.watch_all(api)
         assert api.objects("slicereservations") == []
