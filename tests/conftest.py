@@ -2,11 +2,53 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from extender.testing.clock import FakeClock
+from extender.testing.kube import FakeKube
+
+#: The one module that may write each object through the client (see extender/kube/store.py,
+#: extender/kube/binder.py, extender/agent/publish.py): checked after every test on every
+#: fake API server the test made.
+WRITERS = {
+    "slicereservations": "extender.kube.store",
+    "nodetopologies": "extender.agent.publish",
+}
+BINDER = "extender.kube.binder"
 
 
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+def foreign_writes(api: FakeKube) -> list[str]:
+    """Writes to an object by code other than its one writer (``"<label> by <module>"``)."""
+    bad = []
+    for call in api.writes():
+        owner = WRITERS.get(call.plural)
+        if call.subresource == "binding":
+            owner = BINDER
+        if owner is not None and call.caller != owner:
+            bad.append(f"{call.label} {call.namespace}/{call.name} by {call.caller}")
+    return bad
+
+
+@pytest.fixture(autouse=True)
+def one_writer_per_object(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeKube]]:
+    """Every FakeKube a test makes is checked when it ends: SliceReservations were written
+    only by the store, NodeTopologies only by the agent's writer, Bindings only by the binder."""
+    made: list[FakeKube] = []
+    original = FakeKube.__init__
+
+    def init(self: FakeKube, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(FakeKube, "__init__", init)
+    yield made
+    bad = [w for api in made for w in foreign_writes(api)]
+    assert not bad, f"written outside the object's one writer: {bad}"

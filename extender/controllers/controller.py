@@ -87,9 +87,15 @@ class Cache(Protocol):
 
     def restore(self, r: Reservation) -> bool: ...
 
+    def hold_all(self, rs: Iterable[Reservation]) -> bool: ...
+
     def drop(self, gang: str) -> Reservation | None: ...
 
     async def flush(self) -> None: ...
+
+    async def persist(self, gang: str) -> bool: ...
+
+    async def discard(self, r: Reservation) -> None: ...
 
 
 class AdmissionController:
@@ -192,7 +198,7 @@ class AdmissionController:
                     r.gang,
                     extra=fields(gang=r.gang),
                 )
-                await owned.delete_object(self.api, r)
+                await self.cache.discard(r)
         released = 0
         for r in self.cache.ledger.reservations():
             if r.meta.get(META_OWNER_KIND) != WORKLOAD_KIND:
@@ -315,7 +321,7 @@ class AdmissionController:
                 result = assignment.solve(view, gang.request, stage, allowed, until)
                 if isinstance(result, Slice):
                     r = self._reservation(result, wl, now)
-                    if self.cache.restore(r):
+                    if self.cache.hold_all([r]):
                         held = r
                     else:
                         result = Unplaceable(key, "the slice was taken while it was being reserved")
@@ -449,7 +455,7 @@ class AdmissionController:
             if isinstance(result, Slice):
                 parts = joint.split(result, keys)
                 rs = [self._reservation(part, wls[name], now) for name, part in parts.items()]
-                if not owned.hold_all(self.cache, rs):
+                if not self.cache.hold_all(rs):
                     result = Unplaceable(jkey, "the slice was taken while it was being reserved")
         if isinstance(result, Unplaceable):
             for w in wls.values():
@@ -478,8 +484,9 @@ class AdmissionController:
         """Make sure the SliceReservation object exists (owned by the Workload) with its
         status; False when it could not be written (the hold is dropped, so nothing leaks; a
         resync retries)."""
-        if not await owned.persist(self.api, r, wl, now):
+        if not await self.cache.persist(r.gang):
             self.cache.drop(r.gang)
+            await self.cache.flush()
             return False
         return True
 
@@ -559,7 +566,6 @@ class AdmissionController:
         r = self.cache.drop(key)
         if r is None:
             return
-        await owned.delete_object(self.api, r)
         await self.cache.flush()
         log.info("released the reservation of %s: %s", key, why, extra=fields(gang=key, workload=key))
         if wl is not None:

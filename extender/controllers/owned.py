@@ -1,52 +1,29 @@
-"""Reservations owned by a Kubernetes object (a PodGroup, a Workload): hold one in the cache's
-ledger, persist it as a SliceReservation owned by that object (spec, then status; later binds
-rewrite both through the cache's store), and post Events about it.
+"""Reservations owned by a Kubernetes object (a PodGroup, a Workload): the reservation a
+controller holds for it (its meta names the owner, so the cache's store writes the
+SliceReservation owned by that object), whether an object is still that owner, and Events.
 Shared by the Kueue check controller, the PodGroup controller (each for lone and joint gangs)
 and the plain-gang reporter (Events only)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from extender.controllers.objects import (
     META_OWNER_KIND,
     META_OWNER_NAME,
     META_OWNER_UID,
     object_ref,
-    owner_reference,
-    reservation_from_object,
-    reservation_to_object,
     rfc3339,
 )
 from extender.kube import names
-from extender.kube.api import EVENTS, SLICE_RESERVATIONS, Conflict, KubeClient, KubeError, NotFound
-from extender.kube.crd_models import CrdError, object_name, reservation_status
-from extender.logs import fields
+from extender.kube.api import EVENTS, KubeClient, KubeError
+from extender.kube.crd_models import object_name
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import Slice
 
 log = logging.getLogger(__name__)
-
-
-class Holds(Protocol):
-    def restore(self, r: Reservation) -> bool: ...
-
-    def drop(self, gang: str) -> Reservation | None: ...
-
-
-def hold_all(cache: Holds, rs: Iterable[Reservation]) -> bool:
-    """Hold every reservation of ``rs`` in the cache's ledger, or none: when one does not fit,
-    those already held are dropped again. Call it under the cache's lock."""
-    done: list[str] = []
-    for r in rs:
-        if not cache.restore(r):
-            for gang in done:
-                cache.drop(gang)
-            return False
-        done.append(r.gang)
-    return True
 
 
 def owned_reservation(sl: Slice, owner: Mapping[str, Any], expires_at: float) -> Reservation:
@@ -60,7 +37,7 @@ def owned_reservation(sl: Slice, owner: Mapping[str, Any], expires_at: float) ->
         meta={
             "namespace": ns,
             "name": object_name(sl.gang),
-            "ownerApiVersion": str(owner.get("apiVersion") or ""),
+            names.META_OWNER_API_VERSION: str(owner.get("apiVersion") or ""),
             META_OWNER_KIND: str(owner.get("kind") or ""),
             META_OWNER_NAME: name,
             META_OWNER_UID: str((owner.get("metadata") or {}).get("uid") or ""),
@@ -73,85 +50,6 @@ def owned_by(r: Reservation, owner: Mapping[str, Any] | None) -> bool:
     not a later one of the same name."""
     uid = str(((owner or {}).get("metadata") or {}).get("uid", ""))
     return owner is not None and uid == r.meta.get(META_OWNER_UID, "")
-
-
-async def persist(api: KubeClient, r: Reservation, owner: Mapping[str, Any], now: float) -> bool:
-    """Create the SliceReservation of ``r`` owned by ``owner`` (an object left from an earlier
-    hold of the same gang is replaced), then write its status. False when the object could not
-    be written; a failed status write is only logged (the cache's store writes it again on the
-    next bind)."""
-    ns, _ = object_ref(owner)
-    name = object_name(r.gang)
-    if not await _create(api, r, ns, name, owner, now):
-        return False
-    try:
-        await api.apply(SLICE_RESERVATIONS, status_body(r, ns, name, now), subresource="status")
-    except KubeError as exc:
-        log.warning(
-            "SliceReservation %s/%s status: %s",
-            ns,
-            name,
-            exc,
-            extra=fields(gang=r.gang, reservation=f"{ns}/{name}"),
-        )
-    return True
-
-
-async def _create(
-    api: KubeClient, r: Reservation, ns: str, name: str, owner: Mapping[str, Any], now: float
-) -> bool:
-    obj = reservation_to_object(r, ns, name, owner_reference(owner), now)
-    where = fields(gang=r.gang, reservation=f"{ns}/{name}")
-    try:
-        await api.create(SLICE_RESERVATIONS, _without_status(obj))
-        return True
-    except Conflict:
-        pass
-    except KubeError as exc:
-        log.warning("creating SliceReservation %s/%s failed: %s", ns, name, exc, extra=where)
-        return False
-    try:
-        existing = reservation_from_object(await api.get(SLICE_RESERVATIONS, name, ns))
-        if existing.gang == r.gang and existing.slice.to_dict() == r.slice.to_dict():
-            return True
-        log.warning("replacing SliceReservation %s/%s left from an earlier hold", ns, name, extra=where)
-        await delete_object(api, existing)
-        await api.create(SLICE_RESERVATIONS, _without_status(obj))
-        return True
-    except (KubeError, CrdError) as exc:
-        log.warning("SliceReservation %s/%s: %s", ns, name, exc, extra=where)
-        return False
-
-
-def _without_status(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if k != "status"}
-
-
-def status_body(r: Reservation, ns: str, name: str, now: float) -> dict[str, Any]:
-    """The server-side apply body that sets the status of ``r``'s SliceReservation."""
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": "SliceReservation",
-        "metadata": {"name": name, "namespace": ns},
-        "status": reservation_status(r, now),
-    }
-
-
-async def delete_object(api: KubeClient, r: Reservation) -> None:
-    ns = r.meta.get("namespace") or r.gang.split("/", 1)[0]
-    name = r.meta.get("name") or object_name(r.gang)
-    try:
-        await api.delete(SLICE_RESERVATIONS, name, ns)
-    except NotFound:
-        pass
-    except KubeError as exc:
-        log.warning(
-            "deleting SliceReservation %s/%s failed: %s",
-            ns,
-            name,
-            exc,
-            extra=fields(gang=r.gang, reservation=f"{ns}/{name}"),
-        )
 
 
 async def post_event(

@@ -185,12 +185,12 @@ class PodGroupController:
             result = place(self.cache.view([key]), request)
             if isinstance(result, Slice):
                 r = owned.owned_reservation(result, obj, now + self.config.hold_ttl_s)
-                if not self.cache.restore(r):
+                if not self.cache.hold_all([r]):
                     result = Unplaceable(key, "the slice was taken while it was being reserved")
         if isinstance(result, Unplaceable):
             await self._unplaceable([key], result)
             return
-        if not await owned.persist(self.api, r, obj, now):
+        if not await self.cache.persist(key):
             self.cache.drop(key)
             await self.cache.flush()
             return
@@ -279,7 +279,7 @@ class PodGroupController:
             return
         for key in keys.values():
             r = self.cache.reservation(key)
-            if r is None or not await owned.persist(self.api, r, self.groups[key], now):
+            if r is None or not await self.cache.persist(key):
                 for k in keys.values():
                     await self._release(k, None, f"persisting joint gang {jkey} failed")
                 return
@@ -297,7 +297,7 @@ class PodGroupController:
             for name, part in joint.split(result, keys).items():
                 r = owned.owned_reservation(part, self.groups[keys[name]], now + self.config.hold_ttl_s)
                 rs.append(dataclasses.replace(r, meta={**r.meta, "jointGang": jkey}))
-            if not owned.hold_all(self.cache, rs):
+            if not self.cache.hold_all(rs):
                 return Unplaceable(jkey, "the slice was taken while it was being reserved")
             return result
 
@@ -382,7 +382,6 @@ class PodGroupController:
         r = self.cache.drop(key)
         if r is None:
             return
-        await owned.delete_object(self.api, r)
         await self.cache.flush()
         log.info(
             "released the reservation of PodGroup %s: %s", key, why, extra=fields(gang=key, podgroup=key)

@@ -43,7 +43,7 @@ from extender.kube.crd_models import (
 from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
-from extender.kube.store import InMemoryReservationStore, ReservationStore
+from extender.kube.store import InMemoryReservationStore, ReservationStore, StatusNotSaved
 from extender.logs import fields
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
@@ -106,6 +106,9 @@ class ClusterCache:
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
         self._named: dict[tuple[str, str], str] | None = None
         self._pending: dict[str, Reservation | None] = {}
+        #: Gangs whose change the store is writing now: an echo of an older write must not
+        #: undo it (see :meth:`_apply_reservation`).
+        self._writing: set[str] = set()
         self._recent: OrderedDict[str, PodInfo] = OrderedDict()
         #: Plain gang key -> pod key -> the pod as :meth:`pod` gives it (watched, else seen in
         #: a request): a gang's members without a walk over every pod.
@@ -401,6 +404,22 @@ class ClusterCache:
             self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
         return gone
 
+    def hold_all(self, rs: Iterable[Reservation]) -> bool:
+        """Hold every reservation of ``rs`` (placed by a controller) in the ledger, or none
+        when one does not fit; each held one is queued for the store (:meth:`persist` or
+        :meth:`flush` writes it). Call it under :attr:`lock`."""
+        done: list[Reservation] = []
+        for r in rs:
+            if not self.restore(r):
+                for d in done:
+                    self._ledger.release(d.gang)
+                    self._held_changed(d.slice.nodes)
+                return False
+            done.append(r)
+        for r in done:
+            self._ledger_changed(r.gang)
+        return True
+
     def restore(self, r: Reservation) -> bool:
         """Put back a persisted reservation; False when it is already there or refused."""
         if r.gang in self._ledger or r.phase in (Phase.RELEASED, Phase.EXPIRED):
@@ -424,20 +443,60 @@ class ClusterCache:
             self._flush_lock = asyncio.Lock()
         async with self._flush_lock:
             for gang in list(self._pending):
-                if gang not in self._pending:
-                    continue
-                deleted = self._pending.pop(gang)
-                current = self._ledger.get(gang)
-                try:
-                    if current is not None:
-                        await self.store.save(current)
-                    elif deleted is not None:
-                        await self.store.delete(deleted)
-                except Exception as exc:
-                    log.warning(
-                        "persisting reservation of gang %s failed: %s", gang, exc, extra=fields(gang=gang)
-                    )
-                    self._pending.setdefault(gang, deleted)
+                if gang in self._pending:
+                    await self._write(gang)
+
+    async def persist(self, gang: str) -> bool:
+        """Write gang's queued change now (a controller does before it tells its owner the
+        slice is reserved); False when its object could not be written (it stays queued)."""
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        async with self._flush_lock:
+            if gang not in self._pending:
+                return True  # nothing queued: already written
+            return await self._write(gang)
+
+    async def _write(self, gang: str) -> bool:
+        deleted = self._pending.pop(gang)
+        current = self._ledger.get(gang)
+        self._writing.add(gang)
+        try:
+            if current is not None:
+                await self.store.save(current)
+            elif deleted is not None:
+                await self.store.delete(deleted)
+            return True
+        except StatusNotSaved as exc:
+            log.warning("%s; will retry", exc, extra=fields(gang=gang))
+            self._pending.setdefault(gang, deleted)
+            return True
+        except Exception as exc:
+            r = current or deleted
+            where = (
+                f"{r.meta.get('namespace') or gang_namespace(gang)}/{r.meta.get('name') or object_name(gang)}"
+                if r
+                else ""
+            )
+            log.warning(
+                "persisting reservation of gang %s failed: %s",
+                gang,
+                exc,
+                extra=fields(gang=gang, reservation=where),
+            )
+            self._pending.setdefault(gang, deleted)
+            return False
+        finally:
+            self._writing.discard(gang)
+
+    async def discard(self, r: Reservation) -> None:
+        """Delete a persisted reservation this cache does not hold (one that overlaps another
+        found at a rebuild); a failure is logged."""
+        try:
+            await self.store.delete(r)
+        except Exception as exc:
+            log.warning(
+                "deleting the reservation of gang %s failed: %s", r.gang, exc, extra=fields(gang=r.gang)
+            )
 
     @property
     def unflushed(self) -> int:
@@ -568,12 +627,14 @@ class ClusterCache:
             log.warning("ignoring %s", exc)
             return
         if event_type != "DELETED":
-            if r.gang not in self._pending:  # an echo of our own write must not undo a newer local change
+            if r.gang not in self._pending and r.gang not in self._writing:
+                # (an echo of our own write must not undo a newer local change)
                 self.restore(r)
             return
         mine = self._ledger.get(r.gang)
         # Someone else deleted the object: release, unless it is an older hold than ours.
-        if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and r.gang not in self._pending:
+        ours = r.gang in self._pending or r.gang in self._writing
+        if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and not ours:
             self._ledger.release(r.gang)
             self._named = None
             self._held_changed(mine.slice.nodes)

@@ -164,9 +164,9 @@ class FakeKube:
             self._history.clear()
 
     def fail_next(self, call: str, error: BaseException) -> None:
-        """Make the next call matching ``call`` raise ``error``: a verb (``"create"``), a verb
-        and plural (``"create slicereservations"``) or with the subresource
-        (``"apply workloads/status"``, ``"create pods/binding"``)."""
+        """Make the next call matching ``call`` raise ``error``: a verb (``"create"``), or a
+        :attr:`Call.label` (``"apply slicereservations"`` for the object,
+        ``"apply workloads/status"``, ``"create pods/binding"``)."""
         with self._lock:
             self._failures.setdefault(call, []).append(error)
 
@@ -337,7 +337,7 @@ class FakeKube:
     def _enter(self, verb: str, res: Resource, namespace: str = "", name: str = "", sub: str = "") -> None:
         call = Call(verb, res.plural, namespace, name, sub, _caller())
         self.calls.append(call)
-        for label in (call.label, f"{verb} {res.plural}", verb):
+        for label in (call.label, verb):
             pending = self._failures.get(label)
             if pending:
                 raise pending.pop(0)

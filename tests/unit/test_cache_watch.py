@@ -156,7 +156,7 @@ def test_a_failed_save_stays_queued_and_is_retried() -> None:
     cache.replace(Kind.NODES, [node_obj("a")])
     request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 1, 8)))
     assert request is not None
-    api.fail_next("create slicereservations", KubeError(500, "etcd is sad"))
+    api.fail_next("apply slicereservations", KubeError(500, "etcd is sad"))
 
     async def go() -> None:
         await cache.reserve_gang("llm/g", request)

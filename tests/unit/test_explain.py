@@ -19,6 +19,7 @@ from extender.controllers.explain import render
 from extender.controllers.kueue import CheckConfig
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.slice import Slice, Unplaceable
 from extender.testing.clock import FakeClock
@@ -149,7 +150,9 @@ def _api() -> FakeKube:
 def test_online_workload_holding_a_reservation() -> None:
     async def body() -> None:
         api, clock = _api(), FakeClock(T0 + 5)
-        cache = ClusterCache.from_snapshot(load_cluster(CLUSTER), clock=clock)
+        cache = ClusterCache.from_snapshot(
+            load_cluster(CLUSTER), clock=clock, store=KubeReservationStore(api)
+        )
         ctl = AdmissionController(api, cache, CheckConfig(), clock=clock)
         await ctl.become_leader()
         await ctl.on_admission_check(None, load("admissioncheck.yaml"))

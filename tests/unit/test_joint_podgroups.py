@@ -17,6 +17,7 @@ from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupCon
 from extender.controllers.podgroups import PodGroup, gang_request, pod_infos
 from extender.kube.cache import ClusterCache
 from extender.kube.names import STATUS
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
@@ -39,7 +40,9 @@ def load(name: str) -> Any:
 def world(wait_s: float = 300.0) -> tuple[PodGroupController, FakeKube, ClusterCache, FakeClock]:
     clock = FakeClock(5_000.0)
     api = FakeKube()
-    cache = ClusterCache.from_snapshot(load_cluster(FIXTURES / "gb200.yaml"), clock=clock)
+    cache = ClusterCache.from_snapshot(
+        load_cluster(FIXTURES / "gb200.yaml"), clock=clock, store=KubeReservationStore(api, clock)
+    )
     ctl = PodGroupController(api, cache, PodGroupConfig(member_wait_s=wait_s), clock=clock)
     ctl.leader = True
     return ctl, api, cache, clock

@@ -19,6 +19,7 @@ from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
@@ -77,7 +78,9 @@ def world() -> tuple[AdmissionController, FakeKube, ClusterCache, FakeClock]:
     clock = FakeClock(T0 + 5)
     api = FakeKube()
     api.put("admissionchecks", yaml.safe_load((KUEUE / "admissioncheck.yaml").read_text()))
-    cache_ = ClusterCache.from_snapshot(load_cluster(VOLCANO / "gb200.yaml"), clock=clock)
+    cache_ = ClusterCache.from_snapshot(
+        load_cluster(VOLCANO / "gb200.yaml"), clock=clock, store=KubeReservationStore(api, clock)
+    )
     ctl = AdmissionController(api, cache_, CheckConfig(member_wait_s=60), clock=clock)
 
     async def start() -> None:
@@ -122,9 +125,9 @@ def test_prefill_and_decode_workloads_are_ready_together_in_one_clique() -> None
         "disagg-decode",
     }
     # The two Ready writes came after both SliceReservations were created.
-    calls = [c for c in api.labels() if c in ("create slicereservations", "apply workloads/status")]
+    calls = [c for c in api.labels() if c in ("apply slicereservations", "apply workloads/status")]
     ready_writes = [i for i, c in enumerate(calls) if c == "apply workloads/status"][-2:]
-    creates = [i for i, c in enumerate(calls) if c == "create slicereservations"]
+    creates = [i for i, c in enumerate(calls) if c == "apply slicereservations"]
     assert max(creates) < min(ready_writes)
 
 

@@ -23,6 +23,7 @@ from extender.controllers.objects import reservation_to_object, rfc3339
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.kube.api import Conflict, KubeError
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
 from extender.placement.slice import PodSlot, Slice
@@ -69,7 +70,9 @@ class World:
             self.api.put(
                 {"AdmissionCheck": "admissionchecks", "ResourceFlavor": "resourceflavors"}[obj["kind"]], obj
             )
-        self.cache = ClusterCache.from_snapshot(snap or cluster(), clock=self.clock)
+        self.cache = ClusterCache.from_snapshot(
+            snap or cluster(), clock=self.clock, store=KubeReservationStore(self.api, self.clock)
+        )
         self.ctl = AdmissionController(self.api, self.cache, CFG, clock=self.clock)
         self.leader = leader
 
@@ -132,7 +135,7 @@ def test_slice_is_reserved_then_the_check_is_set_ready_with_only_our_entry() -> 
         )
         assert obj["status"]["gpus"] == 32 and obj["status"]["phase"] == "Reserved"
         calls = w.api.labels()
-        assert calls.index("create slicereservations") < calls.index("apply workloads/status")
+        assert calls.index("apply slicereservations") < calls.index("apply workloads/status")
 
         # One status apply, carrying only our entry, valid against Kueue's schema.
         (applied,) = w.api.applies_to("workloads")
@@ -201,7 +204,7 @@ def test_a_failed_create_leaves_no_hold_and_the_resync_retries(caplog: pytest.Lo
     async def body() -> None:
         w = World()
         await w.start()
-        w.api.fail_next("create slicereservations", KubeError(500, "etcd timeout"))
+        w.api.fail_next("apply slicereservations", KubeError(500, "etcd timeout"))
         with caplog.at_level(logging.WARNING, logger="extender.controllers"):
             await w.kueue_writes(load("workload-lws.yaml"), None)
         (failed,) = [r for r in caplog.records if "etcd timeout" in r.getMessage()]

@@ -13,6 +13,7 @@ from extender.controllers.handlers import connection_info, operator_settings, re
 from extender.controllers.leader import LeaseConfig
 from extender.controllers.runner import run_controller
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import cluster_from_data
 from extender.testing.kube import FakeKube
 
@@ -88,7 +89,7 @@ def test_run_controller_leads_on_the_callers_loop_and_hands_the_lease_back() -> 
         snap = cluster_from_data(
             {"nodes": [{"name": "n", "gpuTopology": "hgx-h100"}]}, base=Path(__file__).parent
         )
-        cache = ClusterCache.from_snapshot(snap)
+        cache = ClusterCache.from_snapshot(snap, store=KubeReservationStore(api))
         stop = asyncio.Event()
         leading: list[bool] = []
         lease = LeaseConfig(namespace="gs", name="ctl", retry_period_s=0.01)

@@ -31,6 +31,7 @@ from extender.kube.api import Conflict
 from extender.kube.cache import ClusterCache
 from extender.kube.names import RESERVATION, STATUS
 from extender.kube.pods import PodInfo
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.snapshot import ClusterSnapshot
 from extender.testing.clock import FakeClock
@@ -60,7 +61,9 @@ class World:
     def __init__(self, cluster: str = "cluster.yaml", config: PodGroupConfig | None = None) -> None:
         self.clock = FakeClock(1_000.0)
         self.api = FakeKube()
-        self.cache = ClusterCache.from_snapshot(snapshot(cluster), clock=self.clock)
+        self.cache = ClusterCache.from_snapshot(
+            snapshot(cluster), clock=self.clock, store=KubeReservationStore(self.api, self.clock)
+        )
         self.ctl = PodGroupController(self.api, self.cache, config, clock=self.clock)
         self.ctl.leader = True
 

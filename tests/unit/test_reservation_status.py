@@ -46,7 +46,7 @@ def schema() -> dict[str, Any]:
 
 
 def status_writes(api: FakeKube) -> int:
-    return api.labels().count("patch slicereservations/status")
+    return api.labels().count("apply slicereservations/status")
 
 
 def assert_status_matches(obj: dict[str, Any] | None, r: Reservation) -> dict[str, Any]:
@@ -157,7 +157,7 @@ def test_an_unchanged_status_is_not_written_again() -> None:
 
     asyncio.run(go())
     assert status_writes(api) == 1
-    assert api.labels().count("patch slicereservations") == 1
+    assert api.labels().count("apply slicereservations") == 1
 
 
 def test_a_failed_status_write_stays_queued_and_is_retried() -> None:
@@ -166,7 +166,7 @@ def test_a_failed_status_write_stays_queued_and_is_retried() -> None:
     cache = plain_gang_cache(api, clock)
 
     async def go() -> None:
-        api.fail_next("patch slicereservations/status", RuntimeError("the API server is away"))
+        api.fail_next("apply slicereservations/status", RuntimeError("the API server is away"))
         await cache.reserve_gang("llm/g", two_pod_request())
         assert cache.unflushed == 1
         obj = api.peek(Kind.SLICE_RESERVATIONS, "g", "llm")
@@ -261,7 +261,7 @@ def test_a_workload_hold_writes_status_then_bound_through_the_cache_and_survives
         assert r is not None
         status = assert_status_matches(api.peek(PLURAL, name, "serving"), r)
         assert status["phase"] == "Reserved" and status["gpus"] == 32
-        assert len(api.applies_to(PLURAL)) == 1
+        assert api.labels().count("apply slicereservations/status") == 1
 
         pods = [f"vllm-{i}" for i in range(len(r.slice.slots))]
         r = bind_all(cache, key, pods)

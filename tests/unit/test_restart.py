@@ -18,6 +18,7 @@ from extender.controllers.kueue import CheckConfig
 from extender.controllers.leader import LeaderElector, LeaseConfig
 from extender.controllers.objects import reservation_from_object
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.testing.clock import FakeClock
 from extender.testing.kube import FakeKube
@@ -61,7 +62,9 @@ class Process:
     """One controller process: its own cluster cache (and so its own ledger)."""
 
     def __init__(self, api: FakeKube, clock: FakeClock, identity: str) -> None:
-        self.cache = ClusterCache.from_snapshot(load_cluster(FIXTURES / "cluster.yaml"), clock=clock)
+        self.cache = ClusterCache.from_snapshot(
+            load_cluster(FIXTURES / "cluster.yaml"), clock=clock, store=KubeReservationStore(api, clock)
+        )
         self.ctl = AdmissionController(api, self.cache, CheckConfig(), clock=clock, identity=identity)
         self.elector = LeaderElector(
             api, LEASE, identity, self.ctl.become_leader, self.ctl.lose_leadership, clock
@@ -177,7 +180,7 @@ def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -
 def test_stop_before_the_object_is_written_places_afresh_after_restart() -> None:
     async def body() -> None:
         clock, api, first = await lws_leader()
-        api.fail_next("create slicereservations", Crash())
+        api.fail_next("apply slicereservations", Crash())
         with pytest.raises(Crash):
             await first.watch_all(api)
         assert api.objects("slicereservations") == []
