@@ -1,8 +1,11 @@
-"""Binding a pod to a node: write the GPU annotations, then create the ``Binding``.
+"""Binding a pod to a node: one ``Binding`` that carries the pod's GPU annotations.
 
-:class:`ApiBinder` talks to the API server (in a thread); :class:`LocalBinder` is for a
-service without one (``serve --cluster FILE``), where the cache's own record of the bind
-is all there is.
+The API server's ``pods/binding`` (``BindingREST`` in kube-apiserver's pod storage) sets
+``spec.nodeName`` and merges the Binding's ``metadata.annotations`` into the pod's in the
+same update, so the pod never runs, nor shows as bound, without its GPU indices, and the bind
+needs no ``pods: patch``. :class:`ApiBinder` is the only code that binds pods;
+:class:`LocalBinder` is for a service without an API server (``serve --cluster FILE``),
+where the cache's own record of the bind is all there is.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from extender.kube.api import MERGE_PATCH, PODS, Conflict, KubeClient
+from extender.kube.api import PODS, Conflict, KubeClient
 from extender.kube.pods import PodInfo
 
 
@@ -25,11 +28,13 @@ class ApiBinder:
         self.api = api
 
     async def bind(self, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None:
-        # Annotations first: once bound, the device plugin may read them at admission.
+        # The annotations travel on the Binding: set with nodeName in one update, before the
+        # kubelet (and the device plugin) can see the pod on its node.
+        meta: dict[str, object] = {"name": pod.name, "namespace": pod.namespace}
+        if pod.uid:
+            meta["uid"] = pod.uid
         if annotations:
-            body = {"metadata": {"annotations": dict(annotations)}}
-            await self.api.patch(PODS, pod.name, body, namespace=pod.namespace, patch_type=MERGE_PATCH)
-        meta = {"name": pod.name, "namespace": pod.namespace, **({"uid": pod.uid} if pod.uid else {})}
+            meta["annotations"] = dict(annotations)
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",

@@ -585,8 +585,8 @@ class ClusterCache:
             known = self._pods.get(pod.key)
             if pod.node is None and known is not None and known.node is not None and known.uid == pod.uid:
                 # A pod's nodeName is never unset. An event without it for a pod we know is
-                # bound is older than that bind (e.g. the echo of the GPU-annotation patch we
-                # send just before the Binding): keep the node, or its GPUs look free.
+                # bound is older than that bind (we record the bind before the API confirms
+                # it): keep the node, or its GPUs look free.
                 pod = dataclasses.replace(pod, node=known.node)
             self._put_pod(pod)
         else:

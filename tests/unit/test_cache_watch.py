@@ -169,7 +169,7 @@ def test_a_failed_save_stays_queued_and_is_retried() -> None:
     assert len(api.objects(Kind.SLICE_RESERVATIONS)) == 1
 
 
-def test_api_binder_patches_annotations_then_binds() -> None:
+def test_api_binder_binds_with_the_annotations_in_one_write() -> None:
     api = FakeKube()
     api.put(Kind.PODS, pod_obj("x", gpus=2, uid="u-x"))
     pod = PodInfo.from_obj(pod_obj("x", gpus=2, uid="u-x"))
@@ -178,7 +178,8 @@ def test_api_binder_patches_annotations_then_binds() -> None:
     assert stored is not None
     assert stored["spec"]["nodeName"] == "a"
     assert stored["metadata"]["annotations"][keys.GPUS] == "0,1"
-    assert api.labels() == ["patch pods", "create pods/binding"]
+    assert api.labels() == ["create pods/binding"]
+    assert api.writes()[0].caller == "extender.kube.binder"
 
 
 def test_reservation_object_shape_matches_the_crd_contract() -> None:

@@ -318,6 +318,8 @@ def test_bind_through_the_api_writes_annotations_and_the_binding(tmp_path: Path)
         assert stored["metadata"]["annotations"][keys.NUMA_NODE] == ",".join(map(str, slot.numa_nodes))
 
     run(tmp_path, body, api)
+    # One write: the Binding carries the annotations (no patch of the pod).
+    assert [c.label for c in api.writes(Kind.PODS)] == ["create pods/binding"]
 
 
 def test_a_failed_bind_releases_the_slot_and_says_why(tmp_path: Path) -> None:
