@@ -8,33 +8,12 @@ from typing import Any
 import pytest
 
 from extender.testing.clock import FakeClock
-from extender.testing.kube import FakeKube
-
-#: The one module that may write each object through the client (see extender/kube/store.py,
-#: extender/kube/binder.py, extender/agent/publish.py): checked after every test on every
-#: fake API server the test made.
-WRITERS = {
-    "slicereservations": "extender.kube.store",
-    "nodetopologies": "extender.agent.publish",
-}
-BINDER = "extender.kube.binder"
+from extender.testing.kube import FakeKube, foreign_writes
 
 
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-def foreign_writes(api: FakeKube) -> list[str]:
-    """Writes to an object by code other than its one writer (``"<label> by <module>"``)."""
-    bad = []
-    for call in api.writes():
-        owner = WRITERS.get(call.plural)
-        if call.subresource == "binding":
-            owner = BINDER
-        if owner is not None and call.caller != owner:
-            bad.append(f"{call.label} {call.namespace}/{call.name} by {call.caller}")
-    return bad
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -55,9 +54,10 @@ from extender.kube.api import (
 )
 from extender.kube.crd_models import CrdError, object_name
 from extender.kube.pods import PodInfo
+from extender.kube.reserve import Claim, Reserving, reserve, reserve_all
 from extender.logs import fields
 from extender.placement.ledger import Ledger, Phase, Reservation
-from extender.placement.slice import Slice, Unplaceable
+from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 WORKLOAD_KIND = "Workload"
 
 
-class Cache(Protocol):
+class Cache(Reserving, Protocol):
     """What the controller needs of :class:`extender.kube.cache.ClusterCache`."""
 
     @property
@@ -315,20 +315,13 @@ class AdmissionController:
         if held is None:
             started = parse_rfc3339(kueue.wait_started(wl)) or now
             stage = kueue.wait_stage(now - started, self.config)
+            solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
             async with self.cache.lock:
-                view = self.cache.view([key])
-                until = rfc3339(started + self.config.widen_after_s)
-                result = assignment.solve(view, gang.request, stage, allowed, until)
-                if isinstance(result, Slice):
-                    r = self._reservation(result, wl, now)
-                    if self.cache.hold_all([r]):
-                        held = r
-                    else:
-                        result = Unplaceable(key, "the slice was taken while it was being reserved")
-            if held is None:
-                assert isinstance(result, Unplaceable)
-                await self._wait(wl, result, stage)
+                got = reserve(self.cache, gang.request, self._claim(key, wl, now), solve=solve)
+            if isinstance(got, Unplaceable):
+                await self._wait(wl, got, stage)
                 return
+            held = got
             if not await self._persist(held, wl, now):
                 return
             nodes = ", ".join(held.slice.nodes)
@@ -448,24 +441,19 @@ class AdmissionController:
             return False
         stage = kueue.wait_stage(now - started, self.config)
         keys = {name: kueue.gang_key(w) for name, w in wls.items()}
+        solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
+        claims = [self._claim(keys[name], w, now) for name, w in wls.items()]
         async with self.cache.lock:
-            view = self.cache.view(list(keys.values()))
-            until = rfc3339(started + self.config.widen_after_s)
-            result = assignment.solve(view, request, stage, allowed, until)
-            if isinstance(result, Slice):
-                parts = joint.split(result, keys)
-                rs = [self._reservation(part, wls[name], now) for name, part in parts.items()]
-                if not self.cache.hold_all(rs):
-                    result = Unplaceable(jkey, "the slice was taken while it was being reserved")
+            result = reserve_all(self.cache, request, claims, split=joint.splitter(keys), solve=solve)
         if isinstance(result, Unplaceable):
             for w in wls.values():
                 await self._wait(w, result, stage)
             return False
         return True
 
-    def _reservation(self, sl: Slice, wl: Mapping[str, Any], now: float) -> Reservation:
-        r = owned.owned_reservation(sl, _owner(wl), now + self.config.hold_ttl_s)
-        return dataclasses.replace(r, meta={**r.meta, META_ATTEMPT: kueue.wait_started(wl) or ""})
+    def _claim(self, key: str, wl: Mapping[str, Any], now: float) -> Claim:
+        attempt = {META_ATTEMPT: kueue.wait_started(wl) or ""}
+        return owned.owner_claim(key, _owner(wl), now + self.config.hold_ttl_s, **attempt)
 
     def _stale(self, r: Reservation, wl: Mapping[str, Any]) -> str | None:
         uid = str((wl.get("metadata") or {}).get("uid") or "")

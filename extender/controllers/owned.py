@@ -20,29 +20,26 @@ from extender.controllers.objects import (
 from extender.kube import names
 from extender.kube.api import EVENTS, KubeClient, KubeError
 from extender.kube.crd_models import object_name
-from extender.placement.ledger import Phase, Reservation
-from extender.placement.slice import Slice
+from extender.kube.reserve import Claim
+from extender.placement.ledger import Reservation
 
 log = logging.getLogger(__name__)
 
 
-def owned_reservation(sl: Slice, owner: Mapping[str, Any], expires_at: float) -> Reservation:
-    """A fresh hold of ``sl`` whose meta names ``owner`` (restore it into the cache's ledger)."""
+def owner_claim(gang: str, owner: Mapping[str, Any], expires_at: float, **extra: str) -> Claim:
+    """What a controller reserves for ``owner`` (a Workload, a PodGroup): the hold's meta
+    names it, so the store writes the SliceReservation in its namespace, owned by it."""
     ns, name = object_ref(owner)
-    return Reservation(
-        gang=sl.gang,
-        slice=sl,
-        expires_at=expires_at,
-        phase=Phase.RESERVED,
-        meta={
-            "namespace": ns,
-            "name": object_name(sl.gang),
-            names.META_OWNER_API_VERSION: str(owner.get("apiVersion") or ""),
-            META_OWNER_KIND: str(owner.get("kind") or ""),
-            META_OWNER_NAME: name,
-            META_OWNER_UID: str((owner.get("metadata") or {}).get("uid") or ""),
-        },
-    )
+    meta = {
+        "namespace": ns,
+        "name": object_name(gang),
+        names.META_OWNER_API_VERSION: str(owner.get("apiVersion") or ""),
+        META_OWNER_KIND: str(owner.get("kind") or ""),
+        META_OWNER_NAME: name,
+        META_OWNER_UID: str((owner.get("metadata") or {}).get("uid") or ""),
+        **extra,
+    }
+    return Claim(gang, meta, expires_at)
 
 
 def owned_by(r: Reservation, owner: Mapping[str, Any] | None) -> bool:

@@ -20,7 +20,6 @@ The reservation is released when the PodGroup is deleted or reaches phase Comple
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -43,11 +42,11 @@ from extender.kube import names
 from extender.kube.api import PODGROUPS, Conflict, KubeClient, KubeError, NotFound
 from extender.kube.crd_models import object_name
 from extender.kube.pods import PodInfo
+from extender.kube.reserve import reserve, reserve_all
 from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.scoring import resolve_need
-from extender.placement.slice import Slice, Unplaceable
-from extender.placement.solver import place
+from extender.placement.slice import Unplaceable
 
 log = logging.getLogger(__name__)
 
@@ -180,13 +179,9 @@ class PodGroupController:
         request = await self._request(key, pg)
         if request is None:
             return
-        now = self.clock()
+        claim = owned.owner_claim(key, obj, self.clock() + self.config.hold_ttl_s)
         async with self.cache.lock:
-            result = place(self.cache.view([key]), request)
-            if isinstance(result, Slice):
-                r = owned.owned_reservation(result, obj, now + self.config.hold_ttl_s)
-                if not self.cache.hold_all([r]):
-                    result = Unplaceable(key, "the slice was taken while it was being reserved")
+            result = reserve(self.cache, request, claim)
         if isinstance(result, Unplaceable):
             await self._unplaceable([key], result)
             return
@@ -287,19 +282,13 @@ class PodGroupController:
 
     async def _hold_joint(
         self, jkey: str, request: GangRequest, keys: Mapping[str, str], now: float
-    ) -> Slice | Unplaceable:
+    ) -> Unplaceable | None:
         """Place the joint request and hold one reservation per member, all or none."""
+        expires = now + self.config.hold_ttl_s
+        claims = [owned.owner_claim(k, self.groups[k], expires, jointGang=jkey) for k in keys.values()]
         async with self.cache.lock:
-            result = place(self.cache.view(list(keys.values())), request)
-            if not isinstance(result, Slice):
-                return result
-            rs = []
-            for name, part in joint.split(result, keys).items():
-                r = owned.owned_reservation(part, self.groups[keys[name]], now + self.config.hold_ttl_s)
-                rs.append(dataclasses.replace(r, meta={**r.meta, "jointGang": jkey}))
-            if not self.cache.hold_all(rs):
-                return Unplaceable(jkey, "the slice was taken while it was being reserved")
-            return result
+            got = reserve_all(self.cache, request, claims, split=joint.splitter(keys))
+        return got if isinstance(got, Unplaceable) else None
 
     # -- writing -------------------------------------------------------------------------------
     async def _reserved(self, keys: list[str], announce: bool = False) -> None:

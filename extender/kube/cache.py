@@ -47,10 +47,7 @@ from extender.kube.store import InMemoryReservationStore, ReservationStore, Stat
 from extender.logs import fields
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
-from extender.placement.request import GangRequest
-from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
-from extender.placement.solver import place
 from extender.topology.hierarchy import Hierarchy
 from extender.topology.model import GpuGraph
 
@@ -300,70 +297,12 @@ class ClusterCache:
             return self._ledger.get(f"{namespace}/{name}")
         return self._ledger.get(gang)
 
-    def hold(self, gang: str, request: GangRequest, meta: Mapping[str, str] | None = None) -> Placement:
-        """Place ``request`` for gang key ``gang`` on the view and reserve the slice (sync;
-        call under :attr:`lock`, then :meth:`flush`). An existing reservation is returned."""
-        existing = self._ledger.get(gang)
-        if existing is not None:
-            return existing.slice
-        if request.name != gang:
-            request = dataclasses.replace(request, name=gang)
-        request_or_why = self._less_bound_members(gang, request)
-        if isinstance(request_or_why, Unplaceable):
-            return request_or_why
-        request = request_or_why
-        view = self.view()
-        if request.gpus > view.total_gpus:
-            return Unplaceable(
-                gang,
-                f"the gang needs {request.gpus} GPUs; the cluster has {view.total_gpus}",
-                feasible_when_empty=False,
-            )
-        result = place(view, request)
-        if isinstance(result, Slice):
-            full_meta = {"namespace": gang_namespace(gang), "name": object_name(gang), **(meta or {})}
-            self._ledger.reserve(result, self.clock(), full_meta)
-            self._ledger_changed(gang, result.nodes)
-            log.info(
-                "reserved %d pods on %s, %.1f us/layer",
-                len(result.slots),
-                ",".join(result.nodes),
-                result.per_layer_micros,
-                extra=fields(gang=gang, reservation=f"{full_meta['namespace']}/{full_meta['name']}"),
-            )
-        return result
-
-    def _less_bound_members(self, gang: str, request: GangRequest) -> GangRequest | Unplaceable:
-        """A plain gang placed again (its hold expired before every member bound) whose
-        members already run: place only the members still to come, so the new hold is one
-        the remaining pods can fill."""
-        if len(request.pod_sets) != 1 or not self._pods_watched or self._awaiting:
-            return request
-        running = sum(1 for p in self._pods.values() if p.gang == gang and p.holds_gpus and not p.deleting)
-        if not running:
-            return request
-        ps = request.pod_sets[0]
-        if running >= ps.count:
-            return Unplaceable(gang, f"all {ps.count} pods of gang {gang} are already bound", ps.name)
-        log.info(
-            "gang %s: %d of %d pods already bound; placing the other %d",
-            gang,
-            running,
-            ps.count,
-            ps.count - running,
-            extra=fields(gang=gang),
-        )
-        return dataclasses.replace(request, pod_sets=(dataclasses.replace(ps, count=ps.count - running),))
-
-    async def reserve_gang(
-        self, gang: str, request: GangRequest, meta: Mapping[str, str] | None = None
-    ) -> Placement:
-        """Place and reserve a gang, then persist the reservation: the entry point for
-        controllers (Kueue admission, Volcano PodGroups). Returns the slice or why not."""
-        async with self.lock:
-            result = self.hold(gang, request, meta)
-        await self.flush()
-        return result
+    def running_members(self, gang: str) -> int | None:
+        """How many pods of plain gang ``gang`` run and hold GPUs (None: pods are not watched
+        or not listed yet, so the cache cannot tell)."""
+        if not self._pods_watched or self._awaiting:
+            return None
+        return sum(1 for p in self.pods_of_gang(gang) if p.holds_gpus and not p.deleting)
 
     def drop(self, gang: str) -> Reservation | None:
         """Release a gang's reservation (sync; :meth:`flush` deletes the persisted object)."""

@@ -437,3 +437,25 @@ def _fresh(v: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     _merge(out, v)
     return out
+
+
+#: The one module that may write each object through the client (see extender/kube/store.py,
+#: extender/kube/binder.py, extender/agent/publish.py): what tests/conftest.py checks
+#: after every test on every fake API server the test made.
+WRITERS = {
+    "slicereservations": "extender.kube.store",
+    "nodetopologies": "extender.agent.publish",
+}
+BINDER = "extender.kube.binder"
+
+
+def foreign_writes(api: FakeKube) -> list[str]:
+    """Writes to an object by code other than its one writer (``"<label> by <module>"``)."""
+    bad = []
+    for call in api.writes():
+        owner = WRITERS.get(call.plural)
+        if call.subresource == "binding":
+            owner = BINDER
+        if owner is not None and call.caller != owner:
+            bad.append(f"{call.label} {call.namespace}/{call.name} by {call.caller}")
+    return bad

@@ -19,6 +19,7 @@ from extender.kube.watch import Watcher
 from extender.placement.slice import Slice
 from extender.testing.extender import gang_pod, node_obj, pod_obj
 from extender.testing.kube import FakeKube
+from extender.testing.reserve import hold, reserve_gang
 
 T = TypeVar("T")
 
@@ -107,7 +108,7 @@ def test_reservation_objects_from_the_api_rebuild_the_ledger_after_a_restart() -
 
     async def place(w: Watcher) -> Slice:
         await eventually(lambda: first.ready, "first ready")
-        got = await first.reserve_gang("llm/g", request)
+        got = await reserve_gang(first, "llm/g", request)
         assert isinstance(got, Slice)
         return got
 
@@ -135,7 +136,7 @@ def test_kube_store_updates_and_deletes_its_object() -> None:
     assert request is not None
 
     async def go() -> None:
-        await cache.reserve_gang("llm/g", request)
+        await reserve_gang(cache, "llm/g", request)
         cache.bind_slot("llm/g", "pods/0", "g-0")
         await cache.flush()
         obj = api.peek(Kind.SLICE_RESERVATIONS, "g", "llm")
@@ -159,7 +160,7 @@ def test_a_failed_save_stays_queued_and_is_retried() -> None:
     api.fail_next("apply slicereservations", KubeError(500, "etcd is sad"))
 
     async def go() -> None:
-        await cache.reserve_gang("llm/g", request)
+        await reserve_gang(cache, "llm/g", request)
         assert cache.unflushed == 1
         assert api.objects(Kind.SLICE_RESERVATIONS) == []
         await cache.flush()
@@ -187,7 +188,7 @@ def test_reservation_object_shape_matches_the_crd_contract() -> None:
     cache.replace(Kind.NODES, [node_obj("a")])
     request = plain_gang_request(PodInfo.from_obj(gang_pod("g-0", "g", 1, 8)))
     assert request is not None
-    assert isinstance(cache.hold("llm/g", request), Slice)
+    assert isinstance(hold(cache, "llm/g", request), Slice)
     r = cache.reservation("llm/g")
     assert r is not None
     obj = reservation_object(r)

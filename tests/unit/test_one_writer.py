@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import foreign_writes
 
 from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
@@ -21,7 +20,7 @@ from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.testing.clock import FakeClock
-from extender.testing.kube import FakeKube
+from extender.testing.kube import FakeKube, foreign_writes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 KUEUE, VOLCANO = FIXTURES / "kueue", FIXTURES / "volcano"

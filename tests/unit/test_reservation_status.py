@@ -27,6 +27,7 @@ from extender.placement.slice import Slice
 from extender.testing.clock import FakeClock
 from extender.testing.extender import gang_pod, node_obj
 from extender.testing.kube import FakeKube
+from extender.testing.reserve import hold, reserve_gang
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crds" / "gangslice.io_slicereservations.yaml"
@@ -108,7 +109,7 @@ def test_a_plain_gang_hold_writes_its_status_and_each_bind_rewrites_it() -> None
     cache = plain_gang_cache(api, clock)
 
     async def go() -> None:
-        assert isinstance(await cache.reserve_gang("llm/g", two_pod_request()), Slice)
+        assert isinstance(await reserve_gang(cache, "llm/g", two_pod_request()), Slice)
         r = cache.reservation("llm/g")
         assert r is not None
         first = assert_status_matches(api.peek(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
@@ -146,7 +147,7 @@ def test_an_unchanged_status_is_not_written_again() -> None:
     clock = FakeClock(T0)
     store = KubeReservationStore(api, clock)
     cache = plain_gang_cache(api, clock)
-    assert isinstance(cache.hold("llm/g", two_pod_request()), Slice)
+    assert isinstance(hold(cache, "llm/g", two_pod_request()), Slice)
     r = cache.reservation("llm/g")
     assert r is not None
 
@@ -167,7 +168,7 @@ def test_a_failed_status_write_stays_queued_and_is_retried() -> None:
 
     async def go() -> None:
         api.fail_next("apply slicereservations/status", RuntimeError("the API server is away"))
-        await cache.reserve_gang("llm/g", two_pod_request())
+        await reserve_gang(cache, "llm/g", two_pod_request())
         assert cache.unflushed == 1
         obj = api.peek(Kind.SLICE_RESERVATIONS, "g", "llm")
         assert obj is not None and "status" not in obj
@@ -187,7 +188,7 @@ def test_the_in_memory_store_keeps_status_too() -> None:
     cache.replace(Kind.NODES, [node_obj("a"), node_obj("b")])
 
     async def go() -> None:
-        await cache.reserve_gang("llm/g", two_pod_request())
+        await reserve_gang(cache, "llm/g", two_pod_request())
         bind_all(cache, "llm/g", ["g-0", "g-1"])
         await cache.flush()
 
@@ -203,7 +204,7 @@ def test_a_restarted_cache_rebuilds_the_bound_plain_gang_from_spec_once() -> Non
     first = plain_gang_cache(api, clock)
 
     async def go() -> None:
-        await first.reserve_gang("llm/g", two_pod_request())
+        await reserve_gang(first, "llm/g", two_pod_request())
         bind_all(first, "llm/g", ["g-0", "g-1"])
         await first.flush()
 

@@ -16,6 +16,7 @@ from extender.kube.names import LEADER_LABEL
 from extender.placement.request import GangRequest, PodSet
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, write_cluster
 from extender.testing.kube import FakeKube
+from extender.testing.reserve import hold
 
 
 def _status(tmp_path: Path, leading: dict[str, bool] | None) -> tuple[int, str]:
@@ -83,7 +84,7 @@ def test_a_standby_decides_nothing_and_says_why(tmp_path: Path) -> None:
 def test_housekeeping_expires_holds_on_the_leader_only(tmp_path: Path) -> None:
     now = [0.0]
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), ttl_s=10.0, clock=lambda: now[0])
-    cache.hold("llm/g", GangRequest("g", (PodSet("w", 1, 8),)))
+    hold(cache, "llm/g", GangRequest("g", (PodSet("w", 1, 8),)))
     app = build_app(cache, housekeeping_s=None)
     leading = {"now": False}
     app[LEADING] = leading

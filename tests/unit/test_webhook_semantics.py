@@ -22,6 +22,7 @@ from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
 from extender.testing.kube import FakeKube
+from extender.testing.reserve import reserve_gang
 
 ALL = list(SMALL_CLUSTER_NODES)
 Client = TestClient[Any, Any]
@@ -248,7 +249,7 @@ def test_the_kueue_path_matches_the_pods_reservation_and_pod_set(tmp_path: Path)
         request = GangRequest(
             "llm/wl-1", (PodSet("leader", 1, 4), PodSet("workers", 2, 8, required_level="leaf"))
         )
-        placed = await cache.reserve_gang("llm/wl-1", request, {"name": "wl-1-abcde"})
+        placed = await reserve_gang(cache, "llm/wl-1", request, {"name": "wl-1-abcde"})
         assert isinstance(placed, Slice)
         workers = sorted({s.node for s in placed.slots if s.pod_set == "workers"})
         pod = pod_obj(
