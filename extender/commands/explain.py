@@ -225,7 +225,7 @@ def explain_pods(
 
 async def live_cache(api: KubeClient | None, cluster: str | None) -> Any:
     """A cluster cache filled by one list of every kind (or from a cluster file)."""
-    from extender.kube.api import ALL_KINDS
+    from extender.kube.api import ALL_KINDS, Kind
     from extender.kube.cache import ClusterCache
 
     if cluster or api is None:
@@ -233,7 +233,16 @@ async def live_cache(api: KubeClient | None, cluster: str | None) -> Any:
         return ClusterCache.from_cluster_file(cluster)
     cache = ClusterCache()
     for kind in ALL_KINDS:
-        cache.replace(kind, (await api.list(kind.resource)).items)
+        items = (await api.list(kind.resource)).items
+        cache.replace(kind, items)
+        if kind is Kind.SLICE_RESERVATIONS:
+            rs = []
+            for obj in items:
+                try:
+                    rs.append(reservation_from_object(obj))
+                except CrdError:
+                    continue  # the controller's log names it; explain shows what it can
+            cache.rebuild(rs)
     return cache
 
 

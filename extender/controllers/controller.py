@@ -56,7 +56,7 @@ from extender.kube.crd_models import CrdError, object_name
 from extender.kube.pods import PodInfo
 from extender.kube.reserve import Claim, Reserving, reserve, reserve_all
 from extender.logs import fields
-from extender.placement.ledger import Ledger, Phase, Reservation
+from extender.placement.ledger import Ledger, Reservation
 from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 
@@ -95,7 +95,7 @@ class Cache(Reserving, Protocol):
 
     async def persist(self, gang: str) -> bool: ...
 
-    async def discard(self, r: Reservation) -> None: ...
+    async def rebuild_ledger(self) -> int: ...
 
 
 class AdmissionController:
@@ -108,8 +108,7 @@ class AdmissionController:
         identity: str = "gangslice",
         kueue: bool = True,
     ) -> None:
-        #: False on a cluster without Kueue: the ledger is still rebuilt on becoming leader
-        #: (the extender and the PodGroup controller rely on it), nothing of Kueue is read.
+        #: False on a cluster without Kueue: nothing of Kueue is read.
         self.kueue = kueue
         self.api = api
         self.cache = cache
@@ -152,8 +151,9 @@ class AdmissionController:
 
     # -- leadership --------------------------------------------------------------------------
     async def become_leader(self) -> None:
-        """Rebuild what this controller decides from: our AdmissionChecks and the ledger
-        (from the SliceReservation objects); only then start deciding."""
+        """Read what this controller decides from: our AdmissionChecks, and the ledger (rebuilt
+        from the SliceReservation objects just before, see runner.take_lead) less the holds of
+        Workloads that are gone; only then start deciding."""
         self.checks = (
             {
                 str(ac["metadata"]["name"]): ac
@@ -163,7 +163,7 @@ class AdmissionController:
             if self.kueue
             else {}
         )
-        await self.rebuild_ledger()
+        await self.release_orphans()
         self.leader = True
         for ac in list(self.checks.values()):
             await self.reconcile_check(ac)
@@ -173,38 +173,12 @@ class AdmissionController:
     def lose_leadership(self) -> None:
         self.leader = False
 
-    async def rebuild_ledger(self) -> tuple[int, int]:
-        """Restore every SliceReservation into the ledger; forget Workload reservations with no
-        object, and release those whose Workload is gone. Returns (restored, released)."""
-        objects = (await self.api.list(SLICE_RESERVATIONS)).items
-        restored = 0
-        present: set[str] = set()
-        for obj in objects:
-            try:
-                r = reservation_from_object(obj)
-            except CrdError as exc:
-                log.warning("ignoring %s", exc)
-                continue
-            present.add(r.gang)
-            if self.cache.reservation(r.gang) is not None:
-                restored += 1
-                continue
-            if self.cache.restore(r):
-                restored += 1
-            elif r.phase not in (Phase.RELEASED, Phase.EXPIRED):
-                # Overlaps a reservation restored before it: never double-book, drop it.
-                log.error(
-                    "SliceReservation of gang %s overlaps another; deleting it",
-                    r.gang,
-                    extra=fields(gang=r.gang),
-                )
-                await self.cache.discard(r)
+    async def release_orphans(self) -> int:
+        """Release the reservations (rebuilt into the ledger) whose Workload is gone or is a
+        later one of the same name; returns how many."""
         released = 0
         for r in self.cache.ledger.reservations():
             if r.meta.get(META_OWNER_KIND) != WORKLOAD_KIND:
-                continue
-            if r.gang not in present:
-                self.cache.drop(r.gang)
                 continue
             ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
             try:
@@ -215,7 +189,7 @@ class AdmissionController:
                 await self._release(r.gang, None, "its Workload is gone")
                 released += 1
         await self.cache.flush()
-        return restored, released
+        return released
 
     # -- periodic ----------------------------------------------------------------------------
     async def resync(self) -> None:

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from extender.controllers.controller import AdmissionController, Cache
 from extender.controllers.kueue import CheckConfig
@@ -80,9 +80,7 @@ async def run_controller(
     plain = PlainGangReporter(api, cache, identity=ident)
 
     async def started() -> None:
-        await controller.become_leader()
-        if podgroups is not None:
-            await podgroups.become_leader()
+        await take_lead(cache, controller, *([podgroups] if podgroups is not None else []))
         plain.leader = True
         if on_leadership is not None:
             on_leadership(True)
@@ -123,6 +121,20 @@ async def run_controller(
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+
+
+class Leads(Protocol):
+    async def become_leader(self) -> None: ...
+
+
+async def take_lead(cache: Cache, *controllers: Leads) -> None:
+    """What a replica does when it becomes leader, in this order: rebuild the ledger from the
+    SliceReservations, once, for every component (the extender, the Kueue check and the
+    PodGroup controller read the one ledger), then let each controller look at what it owns."""
+    restored = await cache.rebuild_ledger()
+    log.info("ledger rebuilt: %d reservation(s)", restored)
+    for c in controllers:
+        await c.become_leader()
 
 
 async def _served(api: KubeClient, res: Resource, what: str) -> bool:

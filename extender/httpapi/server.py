@@ -82,6 +82,10 @@ async def serve(
     watcher = Watcher(api, cache) if api is not None else None
     if watcher is not None:
         background.append(asyncio.create_task(watcher.run()))
+        if controller is None:
+            # No election: this replica decides from the start, so it rebuilds the ledger now
+            # (with a controller, the replica that becomes leader does).
+            await cache.rebuild_ledger()
     if tls is not None:
         background.append(asyncio.create_task(tls.watch()))
     if controller is not None:

@@ -103,6 +103,8 @@ class ClusterCache:
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
         self._named: dict[tuple[str, str], str] | None = None
         self._pending: dict[str, Reservation | None] = {}
+        #: How many times the ledger was rebuilt from the store (:meth:`rebuild`).
+        self.rebuilds = 0
         #: Gangs whose change the store is writing now: an echo of an older write must not
         #: undo it (see :meth:`_apply_reservation`).
         self._writing: set[str] = set()
@@ -372,9 +374,40 @@ class ClusterCache:
         self._held_changed(r.slice.nodes)
         return True
 
-    async def load_reservations(self) -> int:
-        """Rebuild the ledger from the store (after a restart); returns how many came back."""
-        return sum(self.restore(r) for r in await self.store.load())
+    def rebuild(self, rs: Iterable[Reservation]) -> list[Reservation]:
+        """The ledger from persisted reservations, replacing what it held (a standby's idea of
+        it is stale), then matched against the pods (a pod bound or gone while no one led).
+        Returns the reservations refused because they overlap one rebuilt before them, for
+        the caller to delete. See :meth:`rebuild_ledger`."""
+        for r in self._ledger.reservations():
+            self._ledger.release(r.gang)
+            self._held_changed(r.slice.nodes)
+        self._pending.clear()
+        self._named = None
+        refused = [
+            r
+            for r in rs
+            if not self.restore(r)
+            and r.gang not in self._ledger  # a second copy of one already held is no clash
+            and r.phase not in (Phase.RELEASED, Phase.EXPIRED)
+        ]
+        self.rebuilds += 1
+        self._reconcile_bindings()
+        return refused
+
+    async def rebuild_ledger(self) -> int:
+        """Rebuild the ledger from the store, once, when this replica starts to decide (it
+        became leader, or it runs without an election); returns how many came back. An object
+        that overlaps another is deleted: never double-book."""
+        await self.flush()
+        refused = self.rebuild(await self.store.load())
+        for r in refused:
+            log.error(
+                "reservation of gang %s overlaps another; deleting it", r.gang, extra=fields(gang=r.gang)
+            )
+            await self.discard(r)
+        await self.flush()
+        return len(self._ledger)
 
     async def flush(self) -> None:
         """Write queued ledger changes to the store; a failed write stays queued."""
@@ -475,12 +508,9 @@ class ClusterCache:
                 self._drop_pod(key)
             for pod in fresh_pods.values():
                 self._put_pod(pod)
-        else:
-            for obj in items:
-                try:
-                    self.restore(reservation_from_object(obj))
-                except CrdError as exc:
-                    log.warning("ignoring %s", exc)
+        # SliceReservations: the list only says the watch is on. The ledger is rebuilt from
+        # the store once, when this replica starts deciding (rebuild_ledger); its own writes
+        # come back as events and change nothing, a deletion by someone else releases.
         was_awaiting = kind in self._awaiting
         self._awaiting.discard(kind)
         if was_awaiting and kind in (Kind.PODS, Kind.SLICE_RESERVATIONS):
@@ -566,9 +596,6 @@ class ClusterCache:
             log.warning("ignoring %s", exc)
             return
         if event_type != "DELETED":
-            if r.gang not in self._pending and r.gang not in self._writing:
-                # (an echo of our own write must not undo a newer local change)
-                self.restore(r)
             return
         mine = self._ledger.get(r.gang)
         # Someone else deleted the object: release, unless it is an older hold than ours.

@@ -116,11 +116,13 @@ def test_reservation_objects_from_the_api_rebuild_the_ledger_after_a_restart() -
     objs = api.objects(Kind.SLICE_RESERVATIONS)
     assert len(objs) == 1 and objs[0]["metadata"] == {**objs[0]["metadata"], "namespace": "llm", "name": "g"}
 
-    second = ClusterCache(store=KubeReservationStore(FakeKube()))
+    second = ClusterCache(store=KubeReservationStore(api))
     api.closed = False
 
     async def rebuilt(w: Watcher) -> None:
         await eventually(lambda: second.ready, "second ready")
+        assert len(second.ledger) == 0  # the watch feeds the cache; the ledger waits for the lead
+        assert await second.rebuild_ledger() == 1
 
     with_watcher(api, second, rebuilt)
     r = second.reservation("llm/g")

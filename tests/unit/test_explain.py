@@ -17,6 +17,7 @@ from extender.commands.explain import explain_pods, explain_workload, parse_targ
 from extender.controllers.controller import AdmissionController
 from extender.controllers.explain import render
 from extender.controllers.kueue import CheckConfig
+from extender.controllers.runner import take_lead
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
@@ -154,7 +155,7 @@ def test_online_workload_holding_a_reservation() -> None:
             load_cluster(CLUSTER), clock=clock, store=KubeReservationStore(api)
         )
         ctl = AdmissionController(api, cache, CheckConfig(), clock=clock)
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
         await ctl.on_admission_check(None, load("admissioncheck.yaml"))
         wl = api.peek("workloads", LWS[1], LWS[0])
         assert wl is not None

@@ -18,6 +18,7 @@ from extender.controllers import joint, workload_gang
 from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.openapi import load_crd, validate, version_schema
+from extender.controllers.runner import take_lead
 from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
@@ -84,7 +85,7 @@ def world() -> tuple[AdmissionController, FakeKube, ClusterCache, FakeClock]:
     ctl = AdmissionController(api, cache_, CheckConfig(member_wait_s=60), clock=clock)
 
     async def start() -> None:
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
         for ac in api.objects("admissionchecks"):
             await ctl.on_admission_check(None, ac)
 

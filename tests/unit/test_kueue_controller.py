@@ -21,6 +21,7 @@ from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig, Stage
 from extender.controllers.objects import reservation_to_object, rfc3339
 from extender.controllers.openapi import load_crd, validate, version_schema
+from extender.controllers.runner import take_lead
 from extender.kube.api import Conflict, KubeError
 from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
@@ -78,7 +79,7 @@ class World:
 
     async def start(self) -> None:
         if self.leader:
-            await self.ctl.become_leader()
+            await take_lead(self.ctl.cache, self.ctl)
         for ac in self.api.objects("admissionchecks"):
             await self.ctl.on_admission_check(None, ac)
 
@@ -306,8 +307,8 @@ def _blocker(nodes: list[str]) -> Reservation:
 def test_retry_after_the_second_wait_then_a_fresh_placement_after_requeue() -> None:
     async def body() -> None:
         w = World()
-        assert w.cache.restore(_blocker(["a-1", "a-2", "a-3", "b-1", "b-2", "b-3"]))
         await w.start()
+        assert w.cache.restore(_blocker(["a-1", "a-2", "a-3", "b-1", "b-2", "b-3"]))
         await w.kueue_writes(load("workload-lws.yaml"), None)
         w.clock.now = T0 + CFG.widen_after_s + 1
         await w.ctl.resync()
@@ -466,7 +467,7 @@ def test_a_standby_decides_nothing() -> None:
         assert w.api.applies == [] and w.api.objects("slicereservations") == []
         assert len(w.cache.ledger) == 0
         # Becoming leader acts on what the standby has seen.
-        await w.ctl.become_leader()
+        await take_lead(w.ctl.cache, w.ctl)
         assert w.our_entry()["state"] == "Ready"
         w.ctl.lose_leadership()
         await w.kueue_writes(_finished(w.workload()))
@@ -484,7 +485,7 @@ def test_without_kueue_the_leader_rebuilds_the_ledger_and_reads_nothing_of_kueue
     world.api.put("slicereservations", reservation_to_object(blocker, "default", "held", None))
 
     async def body() -> None:
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
 
     run(body)
     assert ctl.leader and ctl.checks == {}

@@ -15,6 +15,7 @@ import yaml
 from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.podgroup_controller import PodGroupController
+from extender.controllers.runner import take_lead
 from extender.kube.api import SLICE_RESERVATIONS
 from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
@@ -42,7 +43,7 @@ def test_a_workload_reserved_bound_and_released_is_written_only_by_the_store() -
             load_cluster(KUEUE / "cluster.yaml"), clock=clock, store=KubeReservationStore(api, clock)
         )
         ctl = AdmissionController(api, cache, CheckConfig(), clock=clock)
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
         for ac in api.objects("admissionchecks"):
             await ctl.on_admission_check(None, ac)
         await ctl.on_workload(None, wl)

@@ -26,6 +26,7 @@ from extender.controllers.podgroups import (
     pod_infos,
     topology_level,
 )
+from extender.controllers.runner import take_lead
 from extender.httpapi.decide import Decider
 from extender.kube.api import Conflict
 from extender.kube.cache import ClusterCache
@@ -282,7 +283,7 @@ def test_leadership_releases_reservations_whose_podgroup_is_gone() -> None:
     w.add_pods(load("pods-llama.yaml"))
     w.api.remove("podgroups", "llama-70b", "llm")
     standby = PodGroupController(w.api, w.cache, clock=w.clock)
-    w.run(standby.become_leader())
+    w.run(take_lead(standby.cache, standby))
     assert w.cache.reservation(KEY) is None
 
 

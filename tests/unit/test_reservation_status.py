@@ -16,6 +16,7 @@ from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.controllers.podgroup_controller import PodGroupController
+from extender.controllers.runner import take_lead
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.gangs import plain_gang_request
@@ -209,8 +210,8 @@ def test_a_restarted_cache_rebuilds_the_bound_plain_gang_from_spec_once() -> Non
         await first.flush()
 
         second = plain_gang_cache(api, clock)
-        assert await second.load_reservations() == 1
-        assert await second.load_reservations() == 0  # the same objects again: nothing doubled
+        assert await second.rebuild_ledger() == 1
+        assert await second.rebuild_ledger() == 1  # the same objects again: nothing doubled
         before, after = first.reservation("llm/g"), second.reservation("llm/g")
         assert before is not None and after is not None
         assert slots(after) == slots(before)
@@ -252,7 +253,7 @@ def test_a_workload_hold_writes_status_then_bound_through_the_cache_and_survives
         clock = FakeClock(T0 + 5)
         api = kueue_api()
         cache, ctl = kueue_world(api, clock, "first")
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
         for ac in api.objects("admissionchecks"):
             await ctl.on_admission_check(None, ac)
         for wl in api.objects("workloads"):
@@ -277,7 +278,7 @@ def test_a_workload_hold_writes_status_then_bound_through_the_cache_and_survives
         again, second = kueue_world(api, clock, "second")
         for wl in api.objects("workloads"):
             await second.on_workload(None, wl)
-        await second.become_leader()
+        await take_lead(second.cache, second)
         back = again.reservation(key)
         assert back is not None
         assert slots(back) == slots(r)
@@ -327,7 +328,7 @@ def test_a_podgroup_hold_writes_status_then_bound_through_the_cache() -> None:
         again = ClusterCache.from_snapshot(
             load_cluster(VOLCANO / "cluster.yaml"), clock=clock, store=KubeReservationStore(kube, clock)
         )
-        assert await again.load_reservations() == 1
+        assert await again.rebuild_ledger() == 1
         back = again.reservation(key)
         assert back is not None and back.bound == r.bound and back.phase is Phase.BOUND
 

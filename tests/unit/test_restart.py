@@ -17,6 +17,7 @@ from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.leader import LeaderElector, LeaseConfig
 from extender.controllers.objects import reservation_from_object
+from extender.controllers.runner import take_lead
 from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
@@ -67,7 +68,7 @@ class Process:
         )
         self.ctl = AdmissionController(api, self.cache, CheckConfig(), clock=clock, identity=identity)
         self.elector = LeaderElector(
-            api, LEASE, identity, self.ctl.become_leader, self.ctl.lose_leadership, clock
+            api, LEASE, identity, lambda: take_lead(self.cache, self.ctl), self.ctl.lose_leadership, clock
         )
 
     async def watch_all(self, api: FakeKube) -> None:
@@ -101,7 +102,7 @@ async def lws_leader() -> tuple[FakeClock, FakeKube, Process]:
     api = kueue_api()
     api.put("workloads", load("workload-lws.yaml"))
     first = Process(api, clock, "first")
-    await first.ctl.become_leader()
+    await take_lead(first.ctl.cache, first.ctl)
     return clock, api, first
 
 
@@ -186,7 +187,7 @@ def test_stop_before_the_object_is_written_places_afresh_after_restart() -> None
         assert api.objects("slicereservations") == []
 
         second = Process(api, clock, "second")
-        await second.ctl.become_leader()
+        await take_lead(second.ctl.cache, second.ctl)
         await second.watch_all(api)
         assert entry(api, LWS[1])["state"] == "Ready"
         assert len(api.objects("slicereservations")) == 1
@@ -204,7 +205,7 @@ def test_a_workload_deleted_while_down_has_its_reservation_released_on_restart()
         # Deleted while no controller ran (and the garbage collector has not got to it yet).
         api.remove("workloads", LWS[1], LWS[0])
         second = Process(api, clock, "second")
-        await second.ctl.become_leader()
+        await take_lead(second.ctl.cache, second.ctl)
         assert len(second.cache.ledger) == 0
         assert api.objects("slicereservations") == []
 
@@ -224,7 +225,7 @@ def test_overlapping_stored_reservations_are_never_both_restored() -> None:
         api.put("slicereservations", twin)
 
         second = Process(api, clock, "second")
-        await second.ctl.become_leader()
+        await take_lead(second.ctl.cache, second.ctl)
         assert len(second.cache.ledger) == 1 and second.cache.reservation(KEY) is not None
         held = held_gpus(second.cache)
         assert len(held) == len(set(held)) == 32

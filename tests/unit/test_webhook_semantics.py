@@ -412,7 +412,7 @@ def test_a_restart_rebuilds_the_same_reservation_and_doubles_nothing(tmp_path: P
 
     async def life(pod: dict[str, Any], bind_it: bool) -> tuple[list[str], dict[str, Any]]:
         cache = ClusterCache.from_cluster_file(path, store=store)
-        await cache.load_reservations()
+        await cache.rebuild_ledger()
         async with client_for(build_app(cache, housekeeping_s=None)) as client:
             got = await filter_(client, pod)
             if bind_it:
