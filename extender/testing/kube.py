@@ -6,7 +6,8 @@ made it, so a test can prove which code writes an object.
 What it emulates of the API server, because the code relies on it:
 
 - server-side apply: the fields in the body are set, list-map entries (``conditions`` by
-  ``type``, ``admissionChecks`` by ``name``) merge by key, and what an earlier apply set but
+  ``type``, ``admissionChecks`` by ``name``, ``metadata.ownerReferences`` by ``uid``) merge
+  by key, and what an earlier apply set but
   this one leaves out is removed (one field manager: ours); other writers' entries stay;
   an apply of the main resource creates a missing object; a stale ``resourceVersion`` in the
   body is a 409;
@@ -24,7 +25,7 @@ import asyncio
 import copy
 import sys
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,7 @@ _LIST_MAPS = {"conditions": "type", "admissionChecks": "name"}
 _WRITES = {"create", "replace", "patch", "apply", "delete"}
 
 _Key = tuple[str, str, str]  # (plural, namespace, name)
+_Entries = list[Any]
 Ref = Resource | Kind | str
 
 
@@ -309,6 +311,8 @@ class FakeKube:
                 for field, value in (obj.get("metadata") or {}).items():
                     if field in ("labels", "annotations") and isinstance(value, Mapping):
                         meta.setdefault(field, {}).update(copy.deepcopy(dict(value)))
+                    elif field == "ownerReferences" and isinstance(value, list):
+                        meta[field] = self._owner_refs(key, meta.get(field) or [], value)
                     elif field != "resourceVersion":
                         meta[field] = copy.deepcopy(value)
                 meta.setdefault("uid", f"uid-{res.plural}-{ns}-{name}")
@@ -404,6 +408,15 @@ class FakeKube:
             else:
                 target[field] = copy.deepcopy(v)
         self._applied[(key, part)] = mine
+
+    def _owner_refs(self, key: _Key, current: Iterable[Any], ours: Iterable[Any]) -> _Entries:
+        """``ownerReferences`` is a list-map keyed by ``uid``: an entry another writer set
+        stays; one our last apply set and this one leaves out goes."""
+        before = self._applied.get((key, "ownerReferences"), {})
+        now = {str(o.get("uid")): copy.deepcopy(o) for o in ours}
+        kept = [o for o in current if str(o.get("uid")) not in before and str(o.get("uid")) not in now]
+        self._applied[(key, "ownerReferences")] = now
+        return kept + list(now.values())
 
     def _bind(self, namespace: str, binding: Mapping[str, Any]) -> dict[str, Any]:
         meta = binding.get("metadata") or {}

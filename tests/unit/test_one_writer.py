@@ -89,3 +89,36 @@ def test_a_write_from_elsewhere_is_caught(one_writer_per_object: list[FakeKube])
     one_writer_per_object.remove(api)  # caught here; the autouse check must not fail the test
     with pytest.raises(ValueError):
         one_writer_per_object.remove(api)
+
+
+def test_an_object_an_older_writer_left_for_another_owner_is_replaced_not_merged() -> None:
+    """After an upgrade, a SliceReservation created by an older gangslice (not this field
+    manager) for an earlier owner of the same name: an apply cannot drop that owner
+    reference, so the store deletes the object and applies it afresh."""
+
+    async def go() -> FakeKube:
+        api, clock = FakeKube(), FakeClock(1_000.0)
+        cache = ClusterCache.from_snapshot(
+            load_cluster(VOLCANO / "cluster.yaml"), clock=clock, store=KubeReservationStore(api, clock)
+        )
+        ctl = PodGroupController(api, cache, clock=clock)
+        ctl.leader = True
+        pg = load(VOLCANO / "podgroup-llama.yaml")
+        stale = {"apiVersion": pg["apiVersion"], "kind": "PodGroup", "name": "llama-70b", "uid": "u-earlier"}
+        api.put(
+            SLICE_RESERVATIONS,
+            {"metadata": {"name": "llama-70b", "namespace": "llm", "ownerReferences": [stale]}, "spec": {}},
+        )
+        await ctl.on_podgroup("ADDED", api.put("podgroups", pg))
+        for p in load(VOLCANO / "pods-llama.yaml"):
+            await ctl.on_pod("ADDED", p)
+        assert cache.reservation("llm/llama-70b") is not None
+        return api
+
+    api = asyncio.run(go())
+    obj = api.peek(SLICE_RESERVATIONS, "llama-70b", "llm")
+    assert obj is not None
+    (owner,) = obj["metadata"]["ownerReferences"]
+    assert owner["uid"] != "u-earlier" and owner["kind"] == "PodGroup"
+    labels = [w.label for w in api.writes(SLICE_RESERVATIONS)]
+    assert labels[:3] == ["apply slicereservations", "delete slicereservations", "apply slicereservations"]
