@@ -16,7 +16,7 @@ from aiohttp import web
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import LEADING
 from extender.httpapi.tls import ReloadingTls
-from extender.kube.api import PODS, KubeClient
+from extender.kube.api import PODS, KubeClient, KubeError
 from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
 from extender.kube.watch import Watcher
@@ -46,6 +46,18 @@ async def label_own_pod(api: KubeClient, leader: bool) -> None:
         log.warning("could not label pod %s/%s leader=%s: %s", namespace, name, leader, exc)
 
 
+async def rebuild_before_serving(cache: ClusterCache, retry_s: float = 2.0) -> None:
+    """Rebuild the ledger, retrying while the API server cannot be reached: serving without
+    it could hand out GPUs that a persisted reservation holds."""
+    while True:
+        try:
+            await cache.rebuild_ledger()
+            return
+        except KubeError as exc:
+            log.warning("rebuilding the ledger failed (%s); retrying in %gs", exc, retry_s)
+            await asyncio.sleep(retry_s)
+
+
 #: Runs the admission controller beside the server: ``controller(stop, on_leadership)``.
 Controller = Callable[[asyncio.Event, Callable[[bool], None]], Coroutine[Any, Any, None]]
 
@@ -59,6 +71,10 @@ async def serve(
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
     lease labels its pod ``gangslice.io/leader=true`` and says so on ``/readyz``."""
+    if api is not None and controller is None:
+        # No election: this replica decides from its first request, so the ledger is rebuilt
+        # before it listens (with a controller, the replica that becomes leader rebuilds it).
+        await rebuild_before_serving(cache)
     app = build_app(cache, api=api, prefix=options.prefix)
     leading = {"now": False}
     if controller is not None:
@@ -82,10 +98,6 @@ async def serve(
     watcher = Watcher(api, cache) if api is not None else None
     if watcher is not None:
         background.append(asyncio.create_task(watcher.run()))
-        if controller is None:
-            # No election: this replica decides from the start, so it rebuilds the ledger now
-            # (with a controller, the replica that becomes leader does).
-            await cache.rebuild_ledger()
     if tls is not None:
         background.append(asyncio.create_task(tls.watch()))
     if controller is not None:

@@ -89,3 +89,19 @@ def test_a_new_leader_rebuilds_the_ledger_once_for_every_component() -> None:
     assert back is not None and back.slice.to_dict() == kept.slice.to_dict()
     assert cache.reservation("llm/gone") is None
     assert [o["metadata"]["name"] for o in api.objects(SLICE_RESERVATIONS)] == ["kept"]
+
+
+def test_serve_without_an_election_rebuilds_before_it_listens_and_waits_for_the_api() -> None:
+    from extender.httpapi.server import rebuild_before_serving
+    from extender.kube.api import Unavailable
+
+    api = FakeKube()
+    snap = load_cluster(VOLCANO / "cluster.yaml")
+    kept = persisted(api, ClusterCache.from_snapshot(snap), "llm/kept", 8)
+    cache = ClusterCache.from_snapshot(snap, store=KubeReservationStore(api))
+    api.fail_next("list slicereservations", Unavailable(0, "connection refused"))
+    asyncio.run(rebuild_before_serving(cache, retry_s=0.01))
+    assert api.labels().count("list slicereservations") == 2  # failed, then done
+    assert cache.rebuilds == 1
+    back = cache.reservation("llm/kept")
+    assert back is not None and back.slice.to_dict() == kept.slice.to_dict()
