@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from extender.testing.clock import FakeClock
+from extender.testing.kube import FakeKube, foreign_writes
 
 
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture(autouse=True)
+def one_writer_per_object(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeKube]]:
+    """Every FakeKube a test makes is checked when it ends: SliceReservations were written
+    only by the store, NodeTopologies only by the agent's writer, Bindings only by the binder."""
+    made: list[FakeKube] = []
+    original = FakeKube.__init__
+
+    def init(self: FakeKube, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(FakeKube, "__init__", init)
+    yield made
+    bad = [w for api in made for w in foreign_writes(api)]
+    assert not bad, f"written outside the object's one writer: {bad}"

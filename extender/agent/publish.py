@@ -49,6 +49,7 @@ reference), ``get``/``create``/``patch`` on ``nodetopologies`` and ``patch`` on
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -58,16 +59,18 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from extender.agent.podresources import DeviceUse
-from extender.kube.names import API_VERSION, GROUP, VERSION
+from extender.kube.api import APPLY_PATCH, NODE_TOPOLOGIES, NODES, KubeClient
+from extender.kube.names import API_VERSION
 from extender.topology.model import GpuGraph
 from extender.topology.serialize import graph_to_dict
 
 log = logging.getLogger(__name__)
 
 KIND = "NodeTopology"
-PLURAL = "nodetopologies"
+GROUP = NODE_TOPOLOGIES.group
+PLURAL = NODE_TOPOLOGIES.plural
 FIELD_MANAGER = "gangslice-agent"
-APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+APPLY_CONTENT_TYPE = APPLY_PATCH
 
 DISCOVERED = "Discovered"
 POD_RESOURCES_AVAILABLE = "PodResourcesAvailable"
@@ -190,61 +193,51 @@ class Writer(Protocol):
 
 
 class KubeWriter:
-    """:class:`Writer` over the ``kubernetes`` client's custom-objects API (server-side apply)."""
+    """:class:`Writer` over the one client (server-side apply as :data:`FIELD_MANAGER`): the
+    only writer of NodeTopology objects.
 
-    def __init__(self, custom: Any, core: Any, *, timeout_s: float = 10.0) -> None:
-        self._custom = custom
-        self._core = core
-        self._timeout_s = timeout_s
+    The agent's loop is synchronous (it samples NVML and the kubelet on a timer); the writer
+    drives the async client on an event loop of its own, from the agent's thread.
+    """
+
+    def __init__(self, api: KubeClient) -> None:
+        self._api = api
+        self._loop = asyncio.new_event_loop()
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None) -> KubeWriter:
-        """In-cluster credentials, or a kubeconfig file when given (or when not in a pod).
+    def connect(cls, kubeconfig: str | None = None, *, timeout_s: float = 10.0) -> KubeWriter:
+        """In-cluster credentials, or a kubeconfig file when given (or when not in a pod)."""
+        from extender.kube.client import ApiServerClient, load_api_client
 
-        The configuration is the writer's own, never the client library's global default.
-        """
-        from kubernetes import client
+        return cls(
+            ApiServerClient(load_api_client(kubeconfig), field_manager=FIELD_MANAGER, timeout_s=timeout_s)
+        )
 
-        from extender.kube.client import load_api_client
-
-        api = load_api_client(kubeconfig)
-        return cls(client.CustomObjectsApi(api), client.CoreV1Api(api))
+    def close(self) -> None:
+        self._loop.close()
 
     def node_uid(self, node: str) -> str | None:
         try:
-            obj = self._core.read_node(node, _request_timeout=self._timeout_s)
+            obj = self._loop.run_until_complete(self._api.get(NODES, node))
         except Exception as exc:  # the owner reference is a nicety; never fail publishing for it
             log.warning("cannot read Node %s for the owner reference: %s", node, exc)
             return None
-        uid = getattr(getattr(obj, "metadata", None), "uid", None)
+        uid = (obj.get("metadata") or {}).get("uid")
         return str(uid) if uid else None
 
     def publish(self, obj: Mapping[str, Any]) -> None:
+        self._loop.run_until_complete(self._publish(obj))
+
+    async def _publish(self, obj: Mapping[str, Any]) -> None:
         name = obj["metadata"]["name"]
         body = {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec")}
-        applied = self._custom.patch_cluster_custom_object(
-            GROUP,
-            VERSION,
-            PLURAL,
-            name,
-            body,
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type=APPLY_CONTENT_TYPE,
-            _request_timeout=self._timeout_s,
-        )
+        applied = await self._api.apply(NODE_TOPOLOGIES, body)
         status = dict(obj["status"])
-        generation = applied.get("metadata", {}).get("generation") if isinstance(applied, dict) else None
+        generation = (applied.get("metadata") or {}).get("generation")
         if generation is not None:
             status["observedGeneration"] = generation
-        self._custom.patch_cluster_custom_object_status(
-            GROUP,
-            VERSION,
-            PLURAL,
-            name,
+        await self._api.apply(
+            NODE_TOPOLOGIES,
             {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "status": status},
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type=APPLY_CONTENT_TYPE,
-            _request_timeout=self._timeout_s,
+            subresource="status",
         )

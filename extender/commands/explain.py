@@ -23,12 +23,20 @@ import yaml
 
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNREACHABLE
 from extender.controllers import assignment, kueue, workload_gang
-from extender.controllers.api import PODGROUP_GROUP, PODGROUP_VERSION, PODGROUPS, ControllerApi
 from extender.controllers.controller import Cache
 from extender.controllers.explain import CheckState, Facts, render, to_json
 from extender.controllers.objects import object_ref, reservation_from_object
 from extender.kube import names
-from extender.kube.api import ApiError, NotFound
+from extender.kube.api import (
+    ADMISSION_CHECKS,
+    PODGROUPS,
+    RESOURCE_FLAVORS,
+    SLICE_RESERVATIONS,
+    WORKLOADS,
+    KubeClient,
+    KubeError,
+    NotFound,
+)
 from extender.kube.crd_models import CrdError, object_name
 from extender.placement.files import FileError, load_cluster, load_gang
 from extender.placement.request import GangRequest
@@ -120,16 +128,18 @@ def _dry_run_workload(
 # -- online ------------------------------------------------------------------------------------
 
 
-async def explain_workload(api: ControllerApi, cache: Cache, namespace: str, name: str) -> Facts:
+async def explain_workload(api: KubeClient, cache: Cache, namespace: str, name: str) -> Facts:
     """A live Workload: our check's state, the reservation, a dry run on the cache's view."""
     facts = Facts(target=f"workload {namespace}/{name}")
     try:
-        wl = await api.get_workload(namespace, name)
+        wl = await api.get(WORKLOADS, name, namespace)
     except NotFound:
         facts.problems.append(f"workload {namespace}/{name} not found")
         return facts
     checks = {
-        str(ac["metadata"]["name"]) for ac in await api.list_admission_checks() if kueue.is_our_check(ac)
+        str(ac["metadata"]["name"])
+        for ac in (await api.list(ADMISSION_CHECKS)).items
+        if kueue.is_our_check(ac)
     }
     key = kueue.gang_key(wl)
     mine = kueue.our_entries(wl, checks)
@@ -146,7 +156,7 @@ async def explain_workload(api: ControllerApi, cache: Cache, namespace: str, nam
     if facts.reservation is None:
         try:
             facts.reservation = reservation_from_object(
-                await api.get_reservation(namespace, object_name(key))
+                await api.get(SLICE_RESERVATIONS, object_name(key), namespace)
             )
         except (NotFound, CrdError):
             facts.reservation = None
@@ -154,7 +164,7 @@ async def explain_workload(api: ControllerApi, cache: Cache, namespace: str, nam
     for psa in ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ():
         for flavor in (psa.get("flavors") or {}).values():
             try:
-                rf = await api.get_resource_flavor(str(flavor))
+                rf = await api.get(RESOURCE_FLAVORS, str(flavor))
             except NotFound:
                 continue
             flavors[str(flavor)] = {
@@ -213,31 +223,34 @@ def explain_pods(
     return facts
 
 
-def live_cache(kubeconfig: str | None, cluster: str | None) -> Any:
+async def live_cache(api: KubeClient | None, cluster: str | None) -> Any:
     """A cluster cache filled by one list of every kind (or from a cluster file)."""
-    from extender.kube.api import ALL_KINDS
+    from extender.kube.api import ALL_KINDS, Kind
     from extender.kube.cache import ClusterCache
-    from extender.kube.client import RealKubeApi
 
-    if cluster:
+    if cluster or api is None:
+        assert cluster is not None
         return ClusterCache.from_cluster_file(cluster)
-    kapi = RealKubeApi(kubeconfig)
     cache = ClusterCache()
     for kind in ALL_KINDS:
-        cache.replace(kind, kapi.list(kind).items)
+        items = (await api.list(kind.resource)).items
+        cache.replace(kind, items)
+        if kind is Kind.SLICE_RESERVATIONS:
+            rs = []
+            for obj in items:
+                try:
+                    rs.append(reservation_from_object(obj))
+                except CrdError:
+                    continue  # the controller's log names it; explain shows what it can
+            cache.rebuild(rs)
     return cache
 
 
-def _podgroup(api_client: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    from kubernetes import client
-
+async def _podgroup(api: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        pg: Any = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUPS, name
-        )
-    except Exception:
+        return await api.get(PODGROUPS, name, namespace)
+    except KubeError:
         return None
-    return dict(pg) if isinstance(pg, Mapping) else None
 
 
 def podgroup_state(pg: Mapping[str, Any] | None) -> CheckState | None:
@@ -259,15 +272,14 @@ def podgroup_state(pg: Mapping[str, Any] | None) -> CheckState | None:
 
 
 async def _online(args: argparse.Namespace, kind: str, namespace: str, name: str) -> Facts:
-    from extender.controllers.api import ClientControllerApi
-    from extender.kube.client import load_api_client
+    from extender.kube.client import ApiServerClient
 
-    api_client = load_api_client(args.kubeconfig)
-    cache = await asyncio.to_thread(live_cache, args.kubeconfig, args.cluster)
+    api = ApiServerClient.connect(args.kubeconfig)
+    cache = await live_cache(api, args.cluster)
     if kind == "workload":
-        facts = await explain_workload(ClientControllerApi(api_client), cache, namespace, name)
+        facts = await explain_workload(api, cache, namespace, name)
     else:
-        pg = await asyncio.to_thread(_podgroup, api_client, namespace, name) if kind == "podgroup" else None
+        pg = await _podgroup(api, namespace, name) if kind == "podgroup" else None
         facts = explain_pods(cache, kind, namespace, name, podgroup_state(pg), pg)
     facts.problems.extend(refused_nodes(cache))
     return facts
@@ -317,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
     except (FileError, ValueError) as exc:
         print(f"gangslice explain: {exc}")
         return EXIT_BAD_INPUT
-    except ApiError as exc:
+    except KubeError as exc:
         print(f"gangslice explain: the API server: {exc}")
         return EXIT_UNREACHABLE
     print(json.dumps(to_json(facts), indent=2) if args.json else render(facts))

@@ -268,15 +268,15 @@ def run_serve(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         asyncio.run(serve(cache, options))
         return EXIT_OK
-    from extender.kube.client import RealKubeApi, load_api_client
+    from extender.kube.client import ApiServerClient
     from extender.kube.topology_status import KubeTopologyStatusApi, TopologyStatusReporter
 
     try:
-        api = RealKubeApi(args.kubeconfig)
+        api = ApiServerClient.connect(args.kubeconfig)
     except Exception as exc:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
     cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
-    reporter = TopologyStatusReporter(KubeTopologyStatusApi(load_api_client(args.kubeconfig)))
+    reporter = TopologyStatusReporter(KubeTopologyStatusApi(api))
     if args.no_controller:
         asyncio.run(serve(cache, options, api, topology_status=reporter))
         return EXIT_OK
@@ -285,7 +285,8 @@ def run_serve(args: argparse.Namespace) -> int:
     async def controller(stop: asyncio.Event, on_leadership: Callable[[bool], None]) -> None:
         await run_controller(
             cache,
-            kubeconfig=args.kubeconfig,
+            api=api,
+            api_client=api.api_client,
             stop=stop,
             on_leadership=on_leadership,
             config=check_config,

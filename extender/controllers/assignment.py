@@ -9,7 +9,7 @@ otherwise the solver places the whole gang on the nodes Kueue allows (:func:`sol
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -133,6 +133,13 @@ def assignment_problem(sl: Slice, snap: ClusterSnapshot, allowed: Mapping[str, P
                         f"{where}; the slice puts {got}"
                     )
     return None
+
+
+def solver(
+    stage: Stage, allowed: Mapping[str, PodSetNodes], widen_at: str
+) -> Callable[[ClusterSnapshot, GangRequest], Placement]:
+    """:func:`solve` for one stage and set of allowed nodes, as the reserve path takes it."""
+    return lambda view, gang: solve(view, gang, stage, allowed, widen_at)
 
 
 def solve(

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from extender.controllers import assignment, joint, kueue, owned, workload_gang
-from extender.controllers.api import KUEUE_API_VERSION, ControllerApi
+from extender.controllers.api import KUEUE_API_VERSION
 from extender.controllers.kueue import Action, CheckConfig, Stage
 from extender.controllers.objects import (
     META_ATTEMPT,
@@ -43,12 +42,22 @@ from extender.controllers.objects import (
 )
 from extender.controllers.workload_gang import WorkloadError
 from extender.kube import names
-from extender.kube.api import ApiError, Conflict, NotFound
+from extender.kube.api import (
+    ADMISSION_CHECKS,
+    RESOURCE_FLAVORS,
+    SLICE_RESERVATIONS,
+    WORKLOADS,
+    Conflict,
+    KubeClient,
+    KubeError,
+    NotFound,
+)
 from extender.kube.crd_models import CrdError, object_name
 from extender.kube.pods import PodInfo
+from extender.kube.reserve import Claim, Reserving, reserve, reserve_all
 from extender.logs import fields
-from extender.placement.ledger import Ledger, Phase, Reservation
-from extender.placement.slice import Slice, Unplaceable
+from extender.placement.ledger import Ledger, Reservation
+from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -56,7 +65,7 @@ log = logging.getLogger(__name__)
 WORKLOAD_KIND = "Workload"
 
 
-class Cache(Protocol):
+class Cache(Reserving, Protocol):
     """What the controller needs of :class:`extender.kube.cache.ClusterCache`."""
 
     @property
@@ -81,23 +90,28 @@ class Cache(Protocol):
 
     def restore(self, r: Reservation) -> bool: ...
 
+    def hold_all(self, rs: Iterable[Reservation]) -> bool: ...
+
     def drop(self, gang: str) -> Reservation | None: ...
 
     async def flush(self) -> None: ...
+
+    async def persist(self, gang: str) -> bool: ...
+
+    async def rebuild_ledger(self) -> int: ...
 
 
 class AdmissionController:
     def __init__(
         self,
-        api: ControllerApi,
+        api: KubeClient,
         cache: Cache,
         config: CheckConfig | None = None,
         clock: Callable[[], float] = time.time,
         identity: str = "gangslice",
         kueue: bool = True,
     ) -> None:
-        #: False on a cluster without Kueue: the ledger is still rebuilt on becoming leader
-        #: (the extender and the PodGroup controller rely on it), nothing of Kueue is read.
+        #: False on a cluster without Kueue: nothing of Kueue is read.
         self.kueue = kueue
         self.api = api
         self.cache = cache
@@ -140,18 +154,19 @@ class AdmissionController:
 
     # -- leadership --------------------------------------------------------------------------
     async def become_leader(self) -> None:
-        """Rebuild what this controller decides from: our AdmissionChecks and the ledger
-        (from the SliceReservation objects); only then start deciding."""
+        """Read what this controller decides from: our AdmissionChecks, and the ledger (rebuilt
+        from the SliceReservation objects just before, see runner.take_lead) less the holds of
+        Workloads that are gone; only then start deciding."""
         self.checks = (
             {
                 str(ac["metadata"]["name"]): ac
-                for ac in await self.api.list_admission_checks()
+                for ac in (await self.api.list(ADMISSION_CHECKS)).items
                 if kueue.is_our_check(ac)
             }
             if self.kueue
             else {}
         )
-        await self.rebuild_ledger()
+        await self.release_orphans()
         self.leader = True
         for ac in list(self.checks.values()):
             await self.reconcile_check(ac)
@@ -161,49 +176,23 @@ class AdmissionController:
     def lose_leadership(self) -> None:
         self.leader = False
 
-    async def rebuild_ledger(self) -> tuple[int, int]:
-        """Restore every SliceReservation into the ledger; forget Workload reservations with no
-        object, and release those whose Workload is gone. Returns (restored, released)."""
-        objects = await self.api.list_reservations()
-        restored = 0
-        present: set[str] = set()
-        for obj in objects:
-            try:
-                r = reservation_from_object(obj)
-            except CrdError as exc:
-                log.warning("ignoring %s", exc)
-                continue
-            present.add(r.gang)
-            if self.cache.reservation(r.gang) is not None:
-                restored += 1
-                continue
-            if self.cache.restore(r):
-                restored += 1
-            elif r.phase not in (Phase.RELEASED, Phase.EXPIRED):
-                # Overlaps a reservation restored before it: never double-book, drop it.
-                log.error(
-                    "SliceReservation of gang %s overlaps another; deleting it",
-                    r.gang,
-                    extra=fields(gang=r.gang),
-                )
-                await owned.delete_object(self.api, r)
+    async def release_orphans(self) -> int:
+        """Release the reservations (rebuilt into the ledger) whose Workload is gone or is a
+        later one of the same name; returns how many."""
         released = 0
         for r in self.cache.ledger.reservations():
             if r.meta.get(META_OWNER_KIND) != WORKLOAD_KIND:
                 continue
-            if r.gang not in present:
-                self.cache.drop(r.gang)
-                continue
             ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
             try:
-                wl = await self.api.get_workload(ns, name)
+                wl = await self.api.get(WORKLOADS, name, ns)
             except NotFound:
                 wl = None
             if not owned.owned_by(r, wl):
                 await self._release(r.gang, None, "its Workload is gone")
                 released += 1
         await self.cache.flush()
-        return restored, released
+        return released
 
     # -- periodic ----------------------------------------------------------------------------
     async def resync(self) -> None:
@@ -228,8 +217,8 @@ class AdmissionController:
             return
         name = str(body["metadata"]["name"])
         try:
-            self.checks[name] = await self.api.apply_admission_check_status(name, body)
-        except ApiError as exc:
+            self.checks[name] = await self.api.apply(ADMISSION_CHECKS, body, subresource="status")
+        except KubeError as exc:
             log.warning("setting AdmissionCheck %s Active failed: %s", name, exc)
 
     async def _reconcile_referencing(self, check: str) -> None:
@@ -257,15 +246,15 @@ class AdmissionController:
                 # Someone (Kueue) wrote the Workload after we read it: read it again, once.
                 ns, name = object_ref(wl)
                 try:
-                    fresh = await self.api.get_workload(ns, name)
+                    fresh = await self.api.get(WORKLOADS, name, ns)
                 except NotFound:
                     return
                 self.workloads[key] = fresh
                 try:
                     await self._reconcile(key, fresh)
-                except ApiError as exc:
+                except KubeError as exc:
                     log.warning("workload %s: %s", key, exc, extra=fields(gang=key, workload=key))
-            except ApiError as exc:
+            except KubeError as exc:
                 log.warning("workload %s: %s (will retry)", key, exc, extra=fields(gang=key, workload=key))
 
     async def _reconcile(self, key: str, wl: dict[str, Any]) -> None:
@@ -303,20 +292,13 @@ class AdmissionController:
         if held is None:
             started = parse_rfc3339(kueue.wait_started(wl)) or now
             stage = kueue.wait_stage(now - started, self.config)
+            solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
             async with self.cache.lock:
-                view = self.cache.view([key])
-                until = rfc3339(started + self.config.widen_after_s)
-                result = assignment.solve(view, gang.request, stage, allowed, until)
-                if isinstance(result, Slice):
-                    r = self._reservation(result, wl, now)
-                    if self.cache.restore(r):
-                        held = r
-                    else:
-                        result = Unplaceable(key, "the slice was taken while it was being reserved")
-            if held is None:
-                assert isinstance(result, Unplaceable)
-                await self._wait(wl, result, stage)
+                got = reserve(self.cache, gang.request, self._claim(key, wl, now), solve=solve)
+            if isinstance(got, Unplaceable):
+                await self._wait(wl, got, stage)
                 return
+            held = got
             if not await self._persist(held, wl, now):
                 return
             nodes = ", ".join(held.slice.nodes)
@@ -436,24 +418,19 @@ class AdmissionController:
             return False
         stage = kueue.wait_stage(now - started, self.config)
         keys = {name: kueue.gang_key(w) for name, w in wls.items()}
+        solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
+        claims = [self._claim(keys[name], w, now) for name, w in wls.items()]
         async with self.cache.lock:
-            view = self.cache.view(list(keys.values()))
-            until = rfc3339(started + self.config.widen_after_s)
-            result = assignment.solve(view, request, stage, allowed, until)
-            if isinstance(result, Slice):
-                parts = joint.split(result, keys)
-                rs = [self._reservation(part, wls[name], now) for name, part in parts.items()]
-                if not owned.hold_all(self.cache, rs):
-                    result = Unplaceable(jkey, "the slice was taken while it was being reserved")
+            result = reserve_all(self.cache, request, claims, split=joint.splitter(keys), solve=solve)
         if isinstance(result, Unplaceable):
             for w in wls.values():
                 await self._wait(w, result, stage)
             return False
         return True
 
-    def _reservation(self, sl: Slice, wl: Mapping[str, Any], now: float) -> Reservation:
-        r = owned.owned_reservation(sl, _owner(wl), now + self.config.hold_ttl_s)
-        return dataclasses.replace(r, meta={**r.meta, META_ATTEMPT: kueue.wait_started(wl) or ""})
+    def _claim(self, key: str, wl: Mapping[str, Any], now: float) -> Claim:
+        attempt = {META_ATTEMPT: kueue.wait_started(wl) or ""}
+        return owned.owner_claim(key, _owner(wl), now + self.config.hold_ttl_s, **attempt)
 
     def _stale(self, r: Reservation, wl: Mapping[str, Any]) -> str | None:
         uid = str((wl.get("metadata") or {}).get("uid") or "")
@@ -472,8 +449,9 @@ class AdmissionController:
         """Make sure the SliceReservation object exists (owned by the Workload) with its
         status; False when it could not be written (the hold is dropped, so nothing leaks; a
         resync retries)."""
-        if not await owned.persist(self.api, r, wl, now):
+        if not await self.cache.persist(r.gang):
             self.cache.drop(r.gang)
+            await self.cache.flush()
             return False
         return True
 
@@ -485,7 +463,7 @@ class AdmissionController:
             return
         ns, _ = object_ref(wl)
         try:
-            r = reservation_from_object(await self.api.get_reservation(ns, object_name(key)))
+            r = reservation_from_object(await self.api.get(SLICE_RESERVATIONS, object_name(key), ns))
         except NotFound:
             log.warning(
                 "workload %s is Ready but its SliceReservation is gone",
@@ -542,8 +520,9 @@ class AdmissionController:
             entries.append(entry)
         if not entries or not changed:
             return
-        ns, name = object_ref(wl)
-        updated = await self.api.apply_workload_status(ns, name, kueue.workload_apply_body(wl, entries))
+        updated = await self.api.apply(
+            WORKLOADS, kueue.workload_apply_body(wl, entries), subresource="status"
+        )
         self.workloads[kueue.gang_key(wl)] = updated
         if event is not None:
             await self._event(wl, *event)
@@ -552,7 +531,6 @@ class AdmissionController:
         r = self.cache.drop(key)
         if r is None:
             return
-        await owned.delete_object(self.api, r)
         await self.cache.flush()
         log.info("released the reservation of %s: %s", key, why, extra=fields(gang=key, workload=key))
         if wl is not None:
@@ -565,7 +543,7 @@ class AdmissionController:
         out: dict[str, dict[str, str]] = {}
         for f in sorted(flavors):
             try:
-                rf = await self.api.get_resource_flavor(f)
+                rf = await self.api.get(RESOURCE_FLAVORS, f)
             except NotFound:
                 continue
             labels = (rf.get("spec") or {}).get("nodeLabels") or {}

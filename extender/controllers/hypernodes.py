@@ -105,10 +105,12 @@ def from_snapshot(snap: ClusterSnapshot) -> list[dict[str, Any]]:
 
 
 def from_live(kubeconfig: str | None) -> list[dict[str, Any]]:
-    from extender.kube.api import Kind
-    from extender.kube.client import RealKubeApi
+    import asyncio
 
-    listing = RealKubeApi(kubeconfig).list(Kind.NODES)
+    from extender.kube.api import NODES
+    from extender.kube.client import ApiServerClient
+
+    listing = asyncio.run(ApiServerClient.connect(kubeconfig).list(NODES))
     nodes = []
     for obj in listing.items:
         meta = obj.get("metadata") or {}

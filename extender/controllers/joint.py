@@ -17,7 +17,7 @@ controllers create all of them in one pass, or none.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from extender.kube import names
@@ -137,6 +137,11 @@ def joint_request(
         return GangRequest(name=key, pod_sets=tuple(pod_sets))
     except ValueError as exc:
         raise JointError(str(exc)) from None
+
+
+def splitter(member_keys: Mapping[str, str]) -> Callable[[Slice], dict[str, Slice]]:
+    """:func:`split` as the reserve path takes it: the parts keyed by member gang key."""
+    return lambda sl: {member_keys[m]: part for m, part in split(sl, member_keys).items()}
 
 
 def split(sl: Slice, member_keys: Mapping[str, str]) -> dict[str, Slice]:

@@ -28,9 +28,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from extender.controllers.api import ControllerApi
 from extender.controllers.objects import parse_rfc3339
-from extender.kube.api import ApiError, NotFound
+from extender.kube.api import LEASES, KubeClient, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ def claim(current: LeaseRecord | None, identity: str, now: float, duration_s: fl
 class LeaderElector:
     def __init__(
         self,
-        api: ControllerApi,
+        api: KubeClient,
         cfg: LeaseConfig,
         identity: str,
         on_started: Callable[[], Awaitable[None]],
@@ -140,10 +139,10 @@ class LeaderElector:
         """One round: True when this process holds the lease after it."""
         now = self.clock()
         try:
-            obj: dict[str, Any] | None = await self.api.get_lease(self.cfg.namespace, self.cfg.name)
+            obj: dict[str, Any] | None = await self.api.get(LEASES, self.cfg.name, self.cfg.namespace)
         except NotFound:
             obj = None
-        except ApiError as exc:
+        except KubeError as exc:
             log.warning("reading lease %s/%s failed: %s", self.cfg.namespace, self.cfg.name, exc)
             return False
         current = lease_from_object(obj) if obj is not None else None
@@ -152,10 +151,10 @@ class LeaderElector:
             return False
         try:
             if obj is None:
-                await self.api.create_lease(self.cfg.namespace, lease_body(self.cfg, wanted))
+                await self.api.create(LEASES, lease_body(self.cfg, wanted))
             else:
-                await self.api.replace_lease(self.cfg.namespace, self.cfg.name, lease_body(self.cfg, wanted))
-        except ApiError as exc:  # 409: someone else wrote first
+                await self.api.replace(LEASES, lease_body(self.cfg, wanted))
+        except KubeError as exc:  # 409: someone else wrote first
             log.debug("lease write lost: %s", exc)
             return False
         self._last_renew = now
@@ -204,14 +203,10 @@ class LeaderElector:
     async def release(self) -> None:
         """Give the lease up (on shutdown) so a standby takes over without waiting it out."""
         try:
-            obj = await self.api.get_lease(self.cfg.namespace, self.cfg.name)
+            obj = await self.api.get(LEASES, self.cfg.name, self.cfg.namespace)
             rec = lease_from_object(obj)
             if rec.holder != self.identity:
                 return
-            await self.api.replace_lease(
-                self.cfg.namespace,
-                self.cfg.name,
-                lease_body(self.cfg, replace(rec, holder=None, renewed=None)),
-            )
-        except ApiError as exc:
+            await self.api.replace(LEASES, lease_body(self.cfg, replace(rec, holder=None, renewed=None)))
+        except KubeError as exc:
             log.debug("releasing the lease failed: %s", exc)

@@ -14,12 +14,12 @@ from datetime import datetime
 from typing import Any
 
 from extender.kube import names
-from extender.kube.crd_models import reservation_from_object, reservation_object, reservation_status, rfc3339
+from extender.kube.crd_models import reservation_from_object, reservation_status, rfc3339
+from extender.kube.store import reservation_manifest
 from extender.placement.ledger import Reservation
 
 __all__ = [
     "object_ref",
-    "owner_reference",
     "reservation_from_object",
     "reservation_status",
     "reservation_to_object",
@@ -28,8 +28,8 @@ __all__ = [
 
 #: Meta keys (``Reservation.meta``) this controller keeps with a reservation.
 META_OWNER_KIND = names.META_OWNER_KIND
-META_OWNER_NAME = "ownerName"
-META_OWNER_UID = "ownerUid"
+META_OWNER_NAME = names.META_OWNER_NAME
+META_OWNER_UID = names.META_OWNER_UID
 #: When the owner's quota was reserved (Kueue's QuotaReserved transition time): a reservation
 #: made for an earlier admission attempt is stale once the Workload has been requeued.
 META_ATTEMPT = "attempt"
@@ -59,44 +59,15 @@ def object_ref(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
 
 
-def owner_reference(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``ownerReferences`` entry that makes ``obj`` (a Workload, a PodGroup) the controller."""
-    meta = obj.get("metadata") or {}
-    return {
-        "apiVersion": str(obj["apiVersion"]),
-        "kind": str(obj["kind"]),
-        "name": str(meta["name"]),
-        "uid": str(meta.get("uid", "")),
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def _label_value(text: str) -> str:
-    """A label value: at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
-    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
-    return cleaned.strip("._-")
-
-
 def reservation_to_object(
     r: Reservation, namespace: str, name: str, owner: Mapping[str, Any] | None, now: float | None = None
 ) -> dict[str, Any]:
-    """The SliceReservation for ``r``; ``owner`` is an ``ownerReferences`` entry (see
-    :func:`owner_reference`) or None for an unowned reservation. ``status`` is included for
-    stores that write it; the API server ignores it on create (status subresource)."""
-    meta = {k: v for k, v in r.meta.items() if k not in ("namespace", "name")}
-    obj = reservation_object(
-        Reservation(
-            r.gang, r.slice, r.expires_at, r.bound, r.phase, {**meta, "namespace": namespace, "name": name}
-        )
+    """The SliceReservation the cache's store writes for ``r`` as ``namespace/name``, owned by
+    ``owner`` (an ``ownerReferences`` entry, or None), with its status: what an earlier
+    process left, for a restart to rebuild from."""
+    held = Reservation(
+        r.gang, r.slice, r.expires_at, r.bound, r.phase, {**r.meta, "namespace": namespace, "name": name}
     )
-    obj["spec"]["meta"] = meta
-    labels = dict(obj["metadata"].get("labels") or {})
-    if owner is not None:
-        obj["metadata"]["ownerReferences"] = [dict(owner)]
-        labels[names.OWNER_KIND_LABEL] = _label_value(str(owner["kind"]).lower())
-        labels[names.OWNER_NAME_LABEL] = _label_value(str(owner["name"]))
-    labels[names.GANG] = _label_value(str(labels.get(names.GANG, name)))
-    obj["metadata"]["labels"] = labels
-    obj["status"] = reservation_status(r, now if now is not None else r.expires_at)
+    obj = reservation_manifest(held, owner)
+    obj["status"] = reservation_status(held, now if now is not None else r.expires_at)
     return obj

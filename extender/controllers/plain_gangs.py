@@ -23,12 +23,12 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from extender.controllers import owned
 from extender.controllers.controller import Cache
 from extender.kube import names
-from extender.kube.api import ApiError
+from extender.kube.api import PODS, KubeClient, KubeError
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.logs import fields
@@ -43,12 +43,6 @@ log = logging.getLogger(__name__)
 MAX_VERDICTS = 10_000
 
 
-class PlainGangApi(owned.EventApi, Protocol):
-    async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str]
-    ) -> None: ...
-
-
 def never_fits(request: GangRequest, snap: ClusterSnapshot) -> str | None:
     """Why ``request`` can never be placed on this cluster, or None when it can be."""
     try:
@@ -61,7 +55,7 @@ def never_fits(request: GangRequest, snap: ClusterSnapshot) -> str | None:
 class PlainGangReporter:
     def __init__(
         self,
-        api: PlainGangApi,
+        api: KubeClient,
         cache: Cache,
         clock: Callable[[], float] = time.time,
         identity: str = "gangslice",
@@ -124,8 +118,9 @@ class PlainGangReporter:
         if pod.annotations.get(names.STATUS) == text:
             return
         try:
-            await self.api.patch_pod_annotations(pod.namespace, pod.name, {names.STATUS: text})
-        except ApiError as exc:
+            body = {"metadata": {"annotations": {names.STATUS: text}}}
+            await self.api.patch(PODS, pod.name, body, namespace=pod.namespace)
+        except KubeError as exc:
             log.warning("pod %s: %s", pod.key, exc, extra=fields(gang=pod.gang, pod=pod.key))
             return
         await owned.post_event(

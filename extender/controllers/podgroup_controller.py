@@ -20,15 +20,13 @@ The reservation is released when the PodGroup is deleted or reaches phase Comple
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from extender.controllers import joint, owned
-from extender.controllers.api import ControllerApi, PodGroupApi
 from extender.controllers.controller import Cache, resync_until
 from extender.controllers.objects import META_OWNER_KIND, META_OWNER_NAME, object_ref
 from extender.controllers.podgroups import (
@@ -41,20 +39,16 @@ from extender.controllers.podgroups import (
     missing_pods,
 )
 from extender.kube import names
-from extender.kube.api import ApiError, Conflict, NotFound
+from extender.kube.api import PODGROUPS, Conflict, KubeClient, KubeError, NotFound
 from extender.kube.crd_models import object_name
 from extender.kube.pods import PodInfo
+from extender.kube.reserve import reserve, reserve_all
 from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.scoring import resolve_need
-from extender.placement.slice import Slice, Unplaceable
-from extender.placement.solver import place
+from extender.placement.slice import Unplaceable
 
 log = logging.getLogger(__name__)
-
-
-class VolcanoApi(ControllerApi, PodGroupApi, Protocol):
-    """Reservations, Events and PodGroups (both :class:`ClientControllerApi` and the fake)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +65,7 @@ class PodGroupConfig:
 class PodGroupController:
     def __init__(
         self,
-        api: VolcanoApi,
+        api: KubeClient,
         cache: Cache,
         config: PodGroupConfig | None = None,
         clock: Callable[[], float] = time.time,
@@ -127,10 +121,10 @@ class PodGroupController:
                 continue
             ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
             try:
-                pg = await self.api.get_podgroup(ns, name)
+                pg = await self.api.get(PODGROUPS, name, ns)
             except NotFound:
                 pg = None
-            except ApiError as exc:
+            except KubeError as exc:
                 log.warning(
                     "PodGroup %s/%s: %s", ns, name, exc, extra=fields(gang=r.gang, podgroup=f"{ns}/{name}")
                 )
@@ -160,7 +154,7 @@ class PodGroupController:
                 return
             try:
                 await self._reconcile(key, obj)
-            except ApiError as exc:
+            except KubeError as exc:
                 log.warning("PodGroup %s: %s (will retry)", key, exc, extra=fields(gang=key, podgroup=key))
 
     async def _reconcile(self, key: str, obj: dict[str, Any]) -> None:
@@ -185,17 +179,13 @@ class PodGroupController:
         request = await self._request(key, pg)
         if request is None:
             return
-        now = self.clock()
+        claim = owned.owner_claim(key, obj, self.clock() + self.config.hold_ttl_s)
         async with self.cache.lock:
-            result = place(self.cache.view([key]), request)
-            if isinstance(result, Slice):
-                r = owned.owned_reservation(result, obj, now + self.config.hold_ttl_s)
-                if not self.cache.restore(r):
-                    result = Unplaceable(key, "the slice was taken while it was being reserved")
+            result = reserve(self.cache, request, claim)
         if isinstance(result, Unplaceable):
             await self._unplaceable([key], result)
             return
-        if not await owned.persist(self.api, r, obj, now):
+        if not await self.cache.persist(key):
             self.cache.drop(key)
             await self.cache.flush()
             return
@@ -284,7 +274,7 @@ class PodGroupController:
             return
         for key in keys.values():
             r = self.cache.reservation(key)
-            if r is None or not await owned.persist(self.api, r, self.groups[key], now):
+            if r is None or not await self.cache.persist(key):
                 for k in keys.values():
                     await self._release(k, None, f"persisting joint gang {jkey} failed")
                 return
@@ -292,19 +282,13 @@ class PodGroupController:
 
     async def _hold_joint(
         self, jkey: str, request: GangRequest, keys: Mapping[str, str], now: float
-    ) -> Slice | Unplaceable:
+    ) -> Unplaceable | None:
         """Place the joint request and hold one reservation per member, all or none."""
+        expires = now + self.config.hold_ttl_s
+        claims = [owned.owner_claim(k, self.groups[k], expires, jointGang=jkey) for k in keys.values()]
         async with self.cache.lock:
-            result = place(self.cache.view(list(keys.values())), request)
-            if not isinstance(result, Slice):
-                return result
-            rs = []
-            for name, part in joint.split(result, keys).items():
-                r = owned.owned_reservation(part, self.groups[keys[name]], now + self.config.hold_ttl_s)
-                rs.append(dataclasses.replace(r, meta={**r.meta, "jointGang": jkey}))
-            if not owned.hold_all(self.cache, rs):
-                return Unplaceable(jkey, "the slice was taken while it was being reserved")
-            return result
+            got = reserve_all(self.cache, request, claims, split=joint.splitter(keys))
+        return got if isinstance(got, Unplaceable) else None
 
     # -- writing -------------------------------------------------------------------------------
     async def _reserved(self, keys: list[str], announce: bool = False) -> None:
@@ -363,11 +347,11 @@ class PodGroupController:
             if body is None:
                 return
             try:
-                obj = self.groups[key] = await self.api.replace_podgroup(ns, name, body)
+                obj = self.groups[key] = await self.api.replace(PODGROUPS, body)
                 break
             except Conflict:
                 try:
-                    obj = self.groups[key] = await self.api.get_podgroup(ns, name)
+                    obj = self.groups[key] = await self.api.get(PODGROUPS, name, ns)
                 except NotFound:
                     return
             except NotFound:
@@ -387,7 +371,6 @@ class PodGroupController:
         r = self.cache.drop(key)
         if r is None:
             return
-        await owned.delete_object(self.api, r)
         await self.cache.flush()
         log.info(
             "released the reservation of PodGroup %s: %s", key, why, extra=fields(gang=key, podgroup=key)

@@ -27,24 +27,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from extender.controllers.api import (
-    ADMISSION_CHECKS,
-    KUEUE_GROUP,
-    KUEUE_VERSION,
-    PODGROUP_GROUP,
-    PODGROUP_VERSION,
-    PODGROUPS,
-    ClientControllerApi,
-    ControllerApi,
-)
 from extender.controllers.controller import AdmissionController, Cache
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.leader import LeaderElector, LeaseConfig, default_identity
 from extender.controllers.plain_gangs import PlainGangReporter
-from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController, VolcanoApi
-from extender.kube.client import load_api_client
+from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
+from extender.kube.api import ADMISSION_CHECKS, PODGROUPS, KubeClient, Resource
+from extender.kube.client import ApiServerClient, load_api_client
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +44,7 @@ async def run_controller(
     cache: Cache,
     *,
     kubeconfig: str | None = None,
-    api: VolcanoApi | None = None,
+    api: KubeClient | None = None,
     api_client: Any | None = None,
     config: CheckConfig | None = None,
     lease: LeaseConfig | None = None,
@@ -78,20 +69,18 @@ async def run_controller(
     stop = stop if stop is not None else asyncio.Event()
     if api is None:
         api_client = api_client if api_client is not None else load_api_client(kubeconfig)
-        api = ClientControllerApi(api_client)
+        api = ApiServerClient(api_client)
     ident = identity or default_identity()
     if kueue is None:
-        kueue = await _served(api, KUEUE_GROUP, KUEUE_VERSION, ADMISSION_CHECKS, "Kueue")
+        kueue = await _served(api, ADMISSION_CHECKS, "Kueue")
     if volcano is None:
-        volcano = await _served(api, PODGROUP_GROUP, PODGROUP_VERSION, PODGROUPS, "Volcano")
+        volcano = await _served(api, PODGROUPS, "Volcano")
     controller = AdmissionController(api, cache, config, identity=ident, kueue=kueue)
     podgroups = PodGroupController(api, cache, podgroup_config, identity=ident) if volcano else None
     plain = PlainGangReporter(api, cache, identity=ident)
 
     async def started() -> None:
-        await controller.become_leader()
-        if podgroups is not None:
-            await podgroups.become_leader()
+        await take_lead(cache, controller, *([podgroups] if podgroups is not None else []))
         plain.leader = True
         if on_leadership is not None:
             on_leadership(True)
@@ -134,14 +123,28 @@ async def run_controller(
                     await t
 
 
-async def _served(api: ControllerApi, group: str, version: str, plural: str, what: str) -> bool:
+class Leads(Protocol):
+    async def become_leader(self) -> None: ...
+
+
+async def take_lead(cache: Cache, *controllers: Leads) -> None:
+    """What a replica does when it becomes leader, in this order: rebuild the ledger from the
+    SliceReservations, once, for every component (the extender, the Kueue check and the
+    PodGroup controller read the one ledger), then let each controller look at what it owns."""
+    restored = await cache.rebuild_ledger()
+    log.info("ledger rebuilt: %d reservation(s)", restored)
+    for c in controllers:
+        await c.become_leader()
+
+
+async def _served(api: KubeClient, res: Resource, what: str) -> bool:
     try:
-        served = await api.serves(group, version, plural)
+        served = await api.serves(res)
     except Exception as exc:
-        log.warning("could not tell whether %s (%s/%s) is served: %s", what, group, version, exc)
+        log.warning("could not tell whether %s (%s) is served: %s", what, res.api_version, exc)
         return False
     if not served:
-        log.info("%s (%s/%s %s) is not served: its integration is off", what, group, version, plural)
+        log.info("%s (%s %s) is not served: its integration is off", what, res.api_version, res.plural)
     return served
 
 

@@ -27,7 +27,7 @@ from extender.httpapi.decide import Decider
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, TOPOLOGY_STATUS, leads
 from extender.httpapi.limits import LIMITS, Limits, bounded
 from extender.httpapi.metrics import Metrics
-from extender.kube.api import KubeApi
+from extender.kube.api import KubeClient
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
 from extender.kube.cache import ClusterCache
 from extender.kube.topology_status import TopologyStatusReporter
@@ -86,7 +86,7 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
 def build_app(
     cache: ClusterCache,
     *,
-    api: KubeApi | None = None,
+    api: KubeClient | None = None,
     binder: Binder | None = None,
     prefix: str = DEFAULT_PREFIX,
     housekeeping_s: float | None = HOUSEKEEPING_S,

@@ -20,7 +20,6 @@ Every refusal is counted in ``gangslice_extender_refusals_total{verb,reason}``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Iterable
@@ -28,7 +27,7 @@ from collections.abc import Iterable
 from aiohttp import web
 
 from extender.httpapi.handling import API, CACHE, METRICS
-from extender.kube.api import ApiError, NotFound
+from extender.kube.api import PODS, KubeError, NotFound
 from extender.kube.pods import PodInfo
 
 log = logging.getLogger(__name__)
@@ -129,10 +128,10 @@ async def to_free(request: web.Request, sent: PodInfo) -> PodInfo:
     api = request.app[API]
     if pod is None and api is not None:
         try:
-            pod = PodInfo.from_obj(await asyncio.to_thread(api.get_pod, sent.namespace, sent.name))
+            pod = PodInfo.from_obj(await api.get(PODS, sent.name, sent.namespace))
         except NotFound:
             return sent
-        except ApiError as exc:
+        except KubeError as exc:
             raise Refusal("api-error", f"cannot tell whether pod {sent.key} is gone: {exc}") from None
     if pod is None:
         return sent

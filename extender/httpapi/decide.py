@@ -31,11 +31,12 @@ from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import gang_namespace, object_name
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
+from extender.kube.reserve import Claim, reserve
 from extender.placement.ledger import Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import LevelError, pod_set_micros, resolve_need
-from extender.placement.slice import PodSlot, Slice
+from extender.placement.slice import PodSlot, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.topology.model import NodeShape, Tier
 
@@ -175,10 +176,10 @@ class Decider:
             r = self.cache.reservation(ref.key)
             if r is None and ref.request is not None and pod.gpus > 0:
                 try:
-                    placed = self.cache.hold(ref.key, ref.request)
+                    placed = reserve(self.cache, ref.request, Claim(ref.key))
                 except LevelError as exc:
                     return _all(names, Code.UNRESOLVABLE, f"gang {ref.key}: {exc}", "invalid")
-                if not isinstance(placed, Slice):
+                if isinstance(placed, Unplaceable):
                     code = Code.UNSCHEDULABLE if placed.feasible_when_empty else Code.UNRESOLVABLE
                     return _all(names, code, f"gang {ref.key}: {placed.reason}", "unplaceable")
                 r = self.cache.reservation(ref.key)

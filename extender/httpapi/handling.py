@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from extender.httpapi.collector import CollectorPause
 from extender.httpapi.decide import Decider
 from extender.httpapi.metrics import Metrics
-from extender.kube.api import KubeApi
+from extender.kube.api import KubeClient
 from extender.kube.binder import Binder
 from extender.kube.cache import ClusterCache
 from extender.kube.topology_status import TopologyStatusReporter
@@ -33,7 +33,7 @@ DECIDER = web.AppKey("decider", Decider)
 BINDER = web.AppKey("binder", Binder)
 METRICS = web.AppKey("metrics", Metrics)
 #: The API server, when there is one (to fetch a pod the cache has not seen at bind).
-API: web.AppKey[KubeApi | None] = web.AppKey("api")
+API: web.AppKey[KubeClient | None] = web.AppKey("api")
 #: Set when a controller runs beside the extender: True only while this replica leads.
 LEADING: web.AppKey[dict[str, bool]] = web.AppKey("leading")
 

@@ -6,7 +6,6 @@ Replies always carry explicit lists (a filter reply with neither ``NodeNames`` n
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from extender.httpapi.wire import (
     ExtenderBindingArgs,
     ExtenderPreemptionArgs,
 )
-from extender.kube.api import ApiError
+from extender.kube.api import PODS, KubeError
 from extender.kube.pods import PodInfo
 
 log = logging.getLogger(__name__)
@@ -165,8 +164,8 @@ async def _find_pod(request: web.Request, namespace: str, name: str) -> None:
     if cache.pods_watched or api is None or cache.pod(namespace, name) is not None:
         return
     try:
-        cache.remember(PodInfo.from_obj(await asyncio.to_thread(api.get_pod, namespace, name)))
-    except ApiError as exc:
+        cache.remember(PodInfo.from_obj(await api.get(PODS, name, namespace)))
+    except KubeError as exc:
         log.info("bind: cannot read pod %s/%s: %s", namespace, name, exc)
 
 
@@ -193,7 +192,7 @@ async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any
         async with cache.lock:
             decider.undo_bind(plan)
         await cache.flush()
-        if not isinstance(exc, ApiError):
+        if not isinstance(exc, KubeError):
             raise  # a bug, not a refusal: answered, logged and counted as an internal error
         metrics.decisions.labels("bind-failed").inc()
         return {"Error": f"binding {pod.key} to {args.node} failed: {exc}"}

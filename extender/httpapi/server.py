@@ -19,7 +19,7 @@ from extender.httpapi.checks import Schedulers
 from extender.httpapi.handling import LEADING
 from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits, runner_options
 from extender.httpapi.tls import ReloadingTls
-from extender.kube.api import KubeApi
+from extender.kube.api import PODS, KubeClient, KubeError
 from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
 from extender.kube.topology_status import TopologyStatusReporter
@@ -44,18 +44,29 @@ class ServeOptions:
     volcano_port: int | None = None
 
 
-async def label_own_pod(api: KubeApi, leader: bool) -> None:
+async def label_own_pod(api: KubeClient, leader: bool) -> None:
     """Mark this replica's pod as the leader (or not) for the Service's selector; outside a
     pod (no ``POD_NAME``/``POD_NAMESPACE``) there is nothing to mark."""
     name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
     if not name or not namespace:
         return
     try:
-        await asyncio.to_thread(
-            api.patch_pod_labels, namespace, name, {LEADER_LABEL: "true" if leader else "false"}
-        )
+        labels = {LEADER_LABEL: "true" if leader else "false"}
+        await api.patch(PODS, name, {"metadata": {"labels": labels}}, namespace=namespace)
     except Exception as exc:
         log.warning("could not label pod %s/%s leader=%s: %s", namespace, name, leader, exc)
+
+
+async def rebuild_before_serving(cache: ClusterCache, retry_s: float = 2.0) -> None:
+    """Rebuild the ledger, retrying while the API server cannot be reached: serving without
+    it could hand out GPUs that a persisted reservation holds."""
+    while True:
+        try:
+            await cache.rebuild_ledger()
+            return
+        except KubeError as exc:
+            log.warning("rebuilding the ledger failed (%s); retrying in %gs", exc, retry_s)
+            await asyncio.sleep(retry_s)
 
 
 #: Runs the admission controller beside the server: ``controller(stop, on_leadership)``.
@@ -65,13 +76,17 @@ Controller = Callable[[asyncio.Event, Callable[[bool], None]], Coroutine[Any, An
 async def serve(
     cache: ClusterCache,
     options: ServeOptions,
-    api: KubeApi | None = None,
+    api: KubeClient | None = None,
     controller: Controller | None = None,
     topology_status: TopologyStatusReporter | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
     lease labels its pod ``gangslice.io/leader=true`` and says so on ``/readyz``."""
+    if api is not None and controller is None:
+        # No election: this replica decides from its first request, so the ledger is rebuilt
+        # before it listens (with a controller, the replica that becomes leader rebuilds it).
+        await rebuild_before_serving(cache)
     access = Access(
         options.prefix, bool(options.tls_client_ca), options.tls_client_names, options.volcano_port
     )

@@ -1,22 +1,37 @@
-"""Kubernetes adapters: the cluster cache, watches, custom resources, the reservation store."""
+"""Kubernetes adapters: the one API client, the cluster cache, watches, custom resources,
+the reservation store and the binder."""
 
-from extender.kube.api import ALL_KINDS, ApiError, Conflict, Gone, Kind, KubeApi, NotFound
+from extender.kube.api import (
+    ALL_KINDS,
+    Conflict,
+    Forbidden,
+    Gone,
+    Kind,
+    KubeClient,
+    KubeError,
+    NotFound,
+    Resource,
+    Unavailable,
+)
 from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.store import InMemoryReservationStore, KubeReservationStore, ReservationStore
 
 __all__ = [
     "ALL_KINDS",
-    "ApiError",
     "ClusterCache",
     "Conflict",
+    "Forbidden",
     "Gone",
     "InMemoryReservationStore",
     "Kind",
-    "KubeApi",
+    "KubeClient",
+    "KubeError",
     "KubeReservationStore",
     "NotFound",
     "PodError",
     "PodInfo",
     "ReservationStore",
+    "Resource",
+    "Unavailable",
 ]

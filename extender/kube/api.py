@@ -1,54 +1,125 @@
-"""The Kubernetes API as gangslice uses it: a small blocking interface behind which sit the
-real client (:mod:`extender.kube.client`) and an in-memory fake (:mod:`extender.testing.kube`).
+"""The Kubernetes API as gangslice uses it: one small async interface, :class:`KubeClient`.
 
-Objects cross this interface as plain JSON dicts (the API's own lowerCamel shape). Calls
-block; async callers run them in a thread. Errors are mapped once, here::
+Behind it sit the real client (:class:`extender.kube.client.ApiServerClient`, over the
+``kubernetes`` package) and one in-memory fake (:class:`extender.testing.kube.FakeKube`).
+Every component (the extender, the controllers, the node agent, the CLI) reads and writes
+through it. Objects cross it as plain JSON dicts in the API's own lowerCamel shape; what a
+call addresses is a :class:`Resource` (group, version, plural, scope).
 
-    ApiError            any failed call (status = HTTP code, 0 when the server was not reached)
-     +-- NotFound       404
-     +-- Conflict       409 (already exists, already bound, uid precondition)
-     +-- Gone           410 (a watch's resourceVersion is too old: list again)
+Errors are mapped once, in the client, with the underlying exception chained as
+``__cause__``::
+
+    KubeError             any failed call (status = HTTP code, 0 when no answer came)
+     +-- NotFound         404
+     +-- Conflict         409 (already exists, stale resourceVersion, already bound)
+     +-- Forbidden        401, 403 (RBAC: the message names the verb and resource)
+     +-- Gone             410 (a watch's resourceVersion is too old: list again)
+     +-- Unavailable      no answer, 429, 5xx (worth retrying later)
+
+Writes of our own fields use server-side apply with one field manager, :data:`FIELD_MANAGER`
+(``force``: gangslice owns those fields and nobody else should set them).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from extender.kube import names
+
+#: The one field manager of every server-side apply gangslice makes.
+FIELD_MANAGER = "gangslice"
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """What an API call addresses: ``group`` is "" for the core API."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
+EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
+NODE_TOPOLOGIES = Resource(names.GROUP, names.VERSION, names.NODE_TOPOLOGIES, "NodeTopology", False)
+SLICE_RESERVATIONS = Resource(
+    names.GROUP, names.VERSION, names.SLICE_RESERVATIONS, "SliceReservation", namespaced=True
+)
+WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload", namespaced=True)
+ADMISSION_CHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", "AdmissionCheck", False)
+RESOURCE_FLAVORS = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", False)
+PODGROUPS = Resource("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", namespaced=True)
+
 
 class Kind(enum.Enum):
+    """The kinds the cluster cache watches."""
+
     NODES = "nodes"
     PODS = "pods"
     NODE_TOPOLOGIES = "nodetopologies"
     SLICE_RESERVATIONS = "slicereservations"
 
+    @property
+    def resource(self) -> Resource:
+        return _WATCHED[self]
+
+
+_WATCHED = {
+    Kind.NODES: NODES,
+    Kind.PODS: PODS,
+    Kind.NODE_TOPOLOGIES: NODE_TOPOLOGIES,
+    Kind.SLICE_RESERVATIONS: SLICE_RESERVATIONS,
+}
 
 ALL_KINDS = tuple(Kind)
 
 
-class ApiError(Exception):
+class KubeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}" if status else message)
         self.status = status
         self.message = message
 
 
-class NotFound(ApiError):
+class NotFound(KubeError):
     pass
 
 
-class Conflict(ApiError):
+class Conflict(KubeError):
     pass
 
 
-class Gone(ApiError):
+class Forbidden(KubeError):
     pass
 
 
-def error_for(status: int, message: str) -> ApiError:
-    cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, ApiError)
+class Gone(KubeError):
+    pass
+
+
+class Unavailable(KubeError):
+    pass
+
+
+def error_for(status: int, message: str) -> KubeError:
+    """The typed error for an HTTP status (0: the server gave no answer)."""
+    if status == 0 or status == 429 or status >= 500:
+        return Unavailable(status, message)
+    cls = {401: Forbidden, 403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
     return cls(status, message)
 
 
@@ -72,27 +143,56 @@ class WatchEvent:
         return rv if isinstance(rv, str) else None
 
 
-class KubeApi(Protocol):
-    def list(self, kind: Kind) -> Listing: ...
+class KubeClient(Protocol):
+    """The calls gangslice makes. ``namespace`` is ignored for cluster-scoped resources;
+    a ``subresource`` is e.g. ``"status"`` or ``"binding"``."""
 
-    def watch(self, kind: Kind, resource_version: str, timeout_s: float) -> Iterator[WatchEvent]:
+    async def get(self, res: Resource, name: str, namespace: str = "") -> dict[str, Any]: ...
+
+    async def list(self, res: Resource, namespace: str = "") -> Listing: ...
+
+    def watch(self, res: Resource, resource_version: str, timeout_s: float) -> AsyncIterator[WatchEvent]:
         """Events after ``resource_version`` until ``timeout_s`` passes; raises :class:`Gone`."""
         ...
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
-
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None: ...
-
-    def patch_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str]) -> None: ...
-
-    def bind_pod(self, namespace: str, name: str, uid: str | None, node: str) -> None:
-        """Create the pod's ``Binding`` (the ``pods/binding`` subresource)."""
+    async def create(self, res: Resource, obj: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
+        """Create ``obj`` (its namespace and, for a subresource, its name from its metadata)."""
         ...
 
-    def create_reservation(self, obj: Mapping[str, Any]) -> None: ...
+    async def replace(self, res: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace ``obj``; guarded by its ``metadata.resourceVersion`` (409 when stale)."""
+        ...
 
-    def patch_reservation_spec(self, namespace: str, name: str, spec: Mapping[str, Any]) -> None: ...
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        body: Any,
+        *,
+        namespace: str = "",
+        subresource: str = "",
+        patch_type: str = MERGE_PATCH,
+    ) -> dict[str, Any]: ...
 
-    def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+    async def apply(self, res: Resource, obj: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
+        """Server-side apply of ``obj`` (apiVersion, kind, metadata.name[/namespace] and the
+        fields we own) as :data:`FIELD_MANAGER`, forced; creates the object if missing."""
+        ...
 
-    def delete_reservation(self, namespace: str, name: str) -> None: ...
+    async def delete(self, res: Resource, name: str, namespace: str = "") -> None: ...
+
+    async def serves(self, res: Resource) -> bool:
+        """Whether the API server serves ``res`` (Kueue and Volcano are optional)."""
+        ...
+
+
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return ns if isinstance(ns, str) else ""
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) else ""

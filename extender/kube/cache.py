@@ -47,15 +47,12 @@ from extender.kube.crd_models import (
 from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
-from extender.kube.store import InMemoryReservationStore, ReservationStore
+from extender.kube.store import InMemoryReservationStore, ReservationStore, StatusNotSaved
 from extender.kube.topology_status import accepted_condition
 from extender.logs import fields
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
-from extender.placement.request import GangRequest
-from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
-from extender.placement.solver import place
 from extender.topology.hierarchy import Hierarchy
 from extender.topology.model import GpuGraph
 
@@ -117,6 +114,11 @@ class ClusterCache:
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
         self._named: dict[tuple[str, str], str] | None = None
         self._pending: dict[str, Reservation | None] = {}
+        #: How many times the ledger was rebuilt from the store (:meth:`rebuild`).
+        self.rebuilds = 0
+        #: Gangs whose change the store is writing now: an echo of an older write must not
+        #: undo it (see :meth:`_apply_reservation`).
+        self._writing: set[str] = set()
         self._recent: OrderedDict[str, PodInfo] = OrderedDict()
         #: Plain gang key -> pod key -> the pod as :meth:`pod` gives it (watched, else seen in
         #: a request): a gang's members without a walk over every pod.
@@ -349,70 +351,12 @@ class ClusterCache:
             return self._ledger.get(f"{namespace}/{name}")
         return self._ledger.get(gang)
 
-    def hold(self, gang: str, request: GangRequest, meta: Mapping[str, str] | None = None) -> Placement:
-        """Place ``request`` for gang key ``gang`` on the view and reserve the slice (sync;
-        call under :attr:`lock`, then :meth:`flush`). An existing reservation is returned."""
-        existing = self._ledger.get(gang)
-        if existing is not None:
-            return existing.slice
-        if request.name != gang:
-            request = dataclasses.replace(request, name=gang)
-        request_or_why = self._less_bound_members(gang, request)
-        if isinstance(request_or_why, Unplaceable):
-            return request_or_why
-        request = request_or_why
-        view = self.view()
-        if request.gpus > view.total_gpus:
-            return Unplaceable(
-                gang,
-                f"the gang needs {request.gpus} GPUs; the cluster has {view.total_gpus}",
-                feasible_when_empty=False,
-            )
-        result = place(view, request)
-        if isinstance(result, Slice):
-            full_meta = {"namespace": gang_namespace(gang), "name": object_name(gang), **(meta or {})}
-            self._ledger.reserve(result, self.clock(), full_meta)
-            self._ledger_changed(gang, result.nodes)
-            log.info(
-                "reserved %d pods on %s, %.1f us/layer",
-                len(result.slots),
-                ",".join(result.nodes),
-                result.per_layer_micros,
-                extra=fields(gang=gang, reservation=f"{full_meta['namespace']}/{full_meta['name']}"),
-            )
-        return result
-
-    def _less_bound_members(self, gang: str, request: GangRequest) -> GangRequest | Unplaceable:
-        """A plain gang placed again (its hold expired before every member bound) whose
-        members already run: place only the members still to come, so the new hold is one
-        the remaining pods can fill."""
-        if len(request.pod_sets) != 1 or not self._pods_watched or self._awaiting:
-            return request
-        running = sum(1 for p in self._pods.values() if p.gang == gang and p.holds_gpus and not p.deleting)
-        if not running:
-            return request
-        ps = request.pod_sets[0]
-        if running >= ps.count:
-            return Unplaceable(gang, f"all {ps.count} pods of gang {gang} are already bound", ps.name)
-        log.info(
-            "gang %s: %d of %d pods already bound; placing the other %d",
-            gang,
-            running,
-            ps.count,
-            ps.count - running,
-            extra=fields(gang=gang),
-        )
-        return dataclasses.replace(request, pod_sets=(dataclasses.replace(ps, count=ps.count - running),))
-
-    async def reserve_gang(
-        self, gang: str, request: GangRequest, meta: Mapping[str, str] | None = None
-    ) -> Placement:
-        """Place and reserve a gang, then persist the reservation: the entry point for
-        controllers (Kueue admission, Volcano PodGroups). Returns the slice or why not."""
-        async with self.lock:
-            result = self.hold(gang, request, meta)
-        await self.flush()
-        return result
+    def running_members(self, gang: str) -> int | None:
+        """How many pods of plain gang ``gang`` run and hold GPUs (None: pods are not watched
+        or not listed yet, so the cache cannot tell)."""
+        if not self._pods_watched or self._awaiting:
+            return None
+        return sum(1 for p in self.pods_of_gang(gang) if p.holds_gpus and not p.deleting)
 
     def drop(self, gang: str) -> Reservation | None:
         """Release a gang's reservation (sync; :meth:`flush` deletes the persisted object)."""
@@ -453,6 +397,22 @@ class ClusterCache:
             self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
         return gone
 
+    def hold_all(self, rs: Iterable[Reservation]) -> bool:
+        """Hold every reservation of ``rs`` (placed by a controller) in the ledger, or none
+        when one does not fit; each held one is queued for the store (:meth:`persist` or
+        :meth:`flush` writes it). Call it under :attr:`lock`."""
+        done: list[Reservation] = []
+        for r in rs:
+            if not self.restore(r):
+                for d in done:
+                    self._ledger.release(d.gang)
+                    self._held_changed(d.slice.nodes)
+                return False
+            done.append(r)
+        for r in done:
+            self._ledger_changed(r.gang)
+        return True
+
     def restore(self, r: Reservation) -> bool:
         """Put back a persisted reservation; False when it is already there or refused."""
         if r.gang in self._ledger or r.phase in (Phase.RELEASED, Phase.EXPIRED):
@@ -466,9 +426,40 @@ class ClusterCache:
         self._held_changed(r.slice.nodes)
         return True
 
-    async def load_reservations(self) -> int:
-        """Rebuild the ledger from the store (after a restart); returns how many came back."""
-        return sum(self.restore(r) for r in await self.store.load())
+    def rebuild(self, rs: Iterable[Reservation]) -> list[Reservation]:
+        """The ledger from persisted reservations, replacing what it held (a standby's idea of
+        it is stale), then matched against the pods (a pod bound or gone while no one led).
+        Returns the reservations refused because they overlap one rebuilt before them, for
+        the caller to delete. See :meth:`rebuild_ledger`."""
+        for r in self._ledger.reservations():
+            self._ledger.release(r.gang)
+            self._held_changed(r.slice.nodes)
+        self._pending.clear()
+        self._named = None
+        refused = [
+            r
+            for r in rs
+            if not self.restore(r)
+            and r.gang not in self._ledger  # a second copy of one already held is no clash
+            and r.phase not in (Phase.RELEASED, Phase.EXPIRED)
+        ]
+        self.rebuilds += 1
+        self._reconcile_bindings()
+        return refused
+
+    async def rebuild_ledger(self) -> int:
+        """Rebuild the ledger from the store, once, when this replica starts to decide (it
+        became leader, or it runs without an election); returns how many came back. An object
+        that overlaps another is deleted: never double-book."""
+        await self.flush()
+        refused = self.rebuild(await self.store.load())
+        for r in refused:
+            log.error(
+                "reservation of gang %s overlaps another; deleting it", r.gang, extra=fields(gang=r.gang)
+            )
+            await self.discard(r)
+        await self.flush()
+        return len(self._ledger)
 
     async def flush(self) -> None:
         """Write queued ledger changes to the store; a failed write stays queued."""
@@ -476,20 +467,60 @@ class ClusterCache:
             self._flush_lock = asyncio.Lock()
         async with self._flush_lock:
             for gang in list(self._pending):
-                if gang not in self._pending:
-                    continue
-                deleted = self._pending.pop(gang)
-                current = self._ledger.get(gang)
-                try:
-                    if current is not None:
-                        await self.store.save(current)
-                    elif deleted is not None:
-                        await self.store.delete(deleted)
-                except Exception as exc:
-                    log.warning(
-                        "persisting reservation of gang %s failed: %s", gang, exc, extra=fields(gang=gang)
-                    )
-                    self._pending.setdefault(gang, deleted)
+                if gang in self._pending:
+                    await self._write(gang)
+
+    async def persist(self, gang: str) -> bool:
+        """Write gang's queued change now (a controller does before it tells its owner the
+        slice is reserved); False when its object could not be written (it stays queued)."""
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        async with self._flush_lock:
+            if gang not in self._pending:
+                return True  # nothing queued: already written
+            return await self._write(gang)
+
+    async def _write(self, gang: str) -> bool:
+        deleted = self._pending.pop(gang)
+        current = self._ledger.get(gang)
+        self._writing.add(gang)
+        try:
+            if current is not None:
+                await self.store.save(current)
+            elif deleted is not None:
+                await self.store.delete(deleted)
+            return True
+        except StatusNotSaved as exc:
+            log.warning("%s; will retry", exc, extra=fields(gang=gang))
+            self._pending.setdefault(gang, deleted)
+            return True
+        except Exception as exc:
+            r = current or deleted
+            where = (
+                f"{r.meta.get('namespace') or gang_namespace(gang)}/{r.meta.get('name') or object_name(gang)}"
+                if r
+                else ""
+            )
+            log.warning(
+                "persisting reservation of gang %s failed: %s",
+                gang,
+                exc,
+                extra=fields(gang=gang, reservation=where),
+            )
+            self._pending.setdefault(gang, deleted)
+            return False
+        finally:
+            self._writing.discard(gang)
+
+    async def discard(self, r: Reservation) -> None:
+        """Delete a persisted reservation this cache does not hold (one that overlaps another
+        found at a rebuild); a failure is logged."""
+        try:
+            await self.store.delete(r)
+        except Exception as exc:
+            log.warning(
+                "deleting the reservation of gang %s failed: %s", r.gang, exc, extra=fields(gang=r.gang)
+            )
 
     @property
     def unflushed(self) -> int:
@@ -527,12 +558,9 @@ class ClusterCache:
                 self._drop_pod(key)
             for pod in fresh_pods.values():
                 self._put_pod(pod)
-        else:
-            for obj in items:
-                try:
-                    self.restore(reservation_from_object(obj))
-                except CrdError as exc:
-                    log.warning("ignoring %s", exc)
+        # SliceReservations: the list only says the watch is on. The ledger is rebuilt from
+        # the store once, when this replica starts deciding (rebuild_ledger); its own writes
+        # come back as events and change nothing, a deletion by someone else releases.
         was_awaiting = kind in self._awaiting
         self._awaiting.discard(kind)
         if was_awaiting and kind in (Kind.PODS, Kind.SLICE_RESERVATIONS):
@@ -576,8 +604,8 @@ class ClusterCache:
             known = self._pods.get(pod.key)
             if pod.node is None and known is not None and known.node is not None and known.uid == pod.uid:
                 # A pod's nodeName is never unset. An event without it for a pod we know is
-                # bound is older than that bind (e.g. the echo of the GPU-annotation patch we
-                # send just before the Binding): keep the node, or its GPUs look free.
+                # bound is older than that bind (we record the bind before the API confirms
+                # it): keep the node, or its GPUs look free.
                 pod = dataclasses.replace(pod, node=known.node)
             self._put_pod(pod)
         else:
@@ -640,12 +668,11 @@ class ClusterCache:
             log.warning("ignoring %s", exc)
             return
         if event_type != "DELETED":
-            if r.gang not in self._pending:  # an echo of our own write must not undo a newer local change
-                self.restore(r)
             return
         mine = self._ledger.get(r.gang)
         # Someone else deleted the object: release, unless it is an older hold than ours.
-        if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and r.gang not in self._pending:
+        ours = r.gang in self._pending or r.gang in self._writing
+        if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and not ours:
             self._ledger.release(r.gang)
             self._named = None
             self._held_changed(mine.slice.nodes)

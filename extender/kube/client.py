@@ -1,206 +1,274 @@
-"""The real :class:`~extender.kube.api.KubeApi`, over the ``kubernetes`` Python client.
+"""The real :class:`~extender.kube.api.KubeClient`, over the ``kubernetes`` package.
 
-Objects are read as raw JSON (``_preload_content=False``), never through the generated
-models, so they cross into the cache in the API's own shape; watch streams are read line
-by line here, so a ``410 Gone`` ERROR event becomes :class:`~extender.kube.api.Gone`.
+Every call goes through one request path (``ApiClient.param_serialize`` + ``call_api``, as
+the generated API classes do), so each resource, built-in or custom, is addressed the same
+way by its :class:`~extender.kube.api.Resource`, objects stay raw JSON (never the generated
+models), and errors are mapped in one place.
+
+The ``kubernetes`` package is blocking (urllib3); each call runs in the loop's default
+thread executor, so the event loop that serves kube-scheduler never waits on the network.
+That is the package the project already depends on, and a handful of threads per process is
+cheap next to a second, async HTTP stack for the same API. A watch reads its stream in a
+thread and hands events to the loop through a queue.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import quote
 
-from extender.kube import names
-from extender.kube.api import ApiError, Kind, Listing, WatchEvent, error_for
+from extender.kube.api import (
+    APPLY_PATCH,
+    FIELD_MANAGER,
+    MERGE_PATCH,
+    KubeError,
+    Listing,
+    Resource,
+    WatchEvent,
+    error_for,
+    name_of,
+    namespace_of,
+)
 
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
+#: Seconds a single request may take before it counts as unavailable.
+REQUEST_TIMEOUT_S = 30.0
 
 
-def load_api_client(kubeconfig: str | None = None) -> Any:
-    """A ``kubernetes.client.ApiClient`` from ``kubeconfig``, or in-cluster, or the default kubeconfig."""
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A ``kubernetes.client.ApiClient`` from ``kubeconfig``, or in-cluster, or the default
+    kubeconfig; its configuration is its own, never the library's global default."""
     from kubernetes import client, config
 
     configuration = client.Configuration()
     if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=configuration
+        )
     else:
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            config.load_kube_config(context=context, client_configuration=configuration)  # type: ignore[no-untyped-call]
     return client.ApiClient(configuration)
 
 
-def _set_whole(member: str, value: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A JSON patch that sets (or replaces) a top-level member of an object."""
-    return [{"op": "add", "path": f"/{member}", "value": dict(value)}]
+def path_of(res: Resource, namespace: str = "", name: str = "", subresource: str = "") -> str:
+    base = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+    if res.namespaced and namespace:
+        base += f"/namespaces/{quote(namespace, safe='')}"
+    base += f"/{res.plural}"
+    if name:
+        base += f"/{quote(name, safe='')}"
+    if subresource:
+        base += f"/{subresource}"
+    return base
 
 
-def _raise(exc: Exception) -> ApiError:
+def _mapped(exc: BaseException) -> KubeError:
+    """The typed error for a failure of the ``kubernetes`` package or of the connection."""
     from kubernetes.client.exceptions import ApiException
 
+    if isinstance(exc, KubeError):
+        return exc
     if isinstance(exc, ApiException):
-        return error_for(int(exc.status or 0), str(exc.reason or exc))
-    return ApiError(0, f"{type(exc).__name__}: {exc}")
+        return error_for(int(exc.status or 0), _reason(exc))
+    return error_for(0, f"{type(exc).__name__}: {exc}")
 
 
-class RealKubeApi:
-    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
-        from kubernetes import client as _client
-        from kubernetes import config as _config
-
-        # The client's own annotations are partial; it is used through Any here.
-        client: Any = _client
-        config: Any = _config
-        if kubeconfig is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config(context=context)
-        else:
-            config.load_kube_config(config_file=kubeconfig, context=context)
-        self._core: Any = client.CoreV1Api()
-        self._custom: Any = client.CustomObjectsApi()
-        self._client = client
-
-    def _lister(self, kind: Kind) -> Callable[..., Any]:
-        if kind is Kind.NODES:
-            lister: Callable[..., Any] = self._core.list_node
-            return lister
-        if kind is Kind.PODS:
-            lister = self._core.list_pod_for_all_namespaces
-            return lister
-        plural = names.NODE_TOPOLOGIES if kind is Kind.NODE_TOPOLOGIES else names.SLICE_RESERVATIONS
-
-        def custom(**kw: Any) -> Any:
-            return self._custom.list_cluster_custom_object(names.GROUP, names.VERSION, plural, **kw)
-
-        return custom
-
-    def list(self, kind: Kind) -> Listing:
+def _reason(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, (str, bytes)):
         try:
-            resp = self._lister(kind)(_preload_content=False)
-            body = json.loads(resp.data)
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("message"):
+            return str(parsed["message"])
+    return str(getattr(exc, "reason", "") or exc)
+
+
+class ApiServerClient:
+    """:class:`~extender.kube.api.KubeClient` over a ``kubernetes.client.ApiClient``."""
+
+    def __init__(
+        self, api_client: Any, *, field_manager: str = FIELD_MANAGER, timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> None:
+        self.api_client = api_client
+        #: The node agent applies NodeTopology as its own manager; everything else is ours.
+        self.field_manager = field_manager
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> ApiServerClient:
+        return cls(load_api_client(kubeconfig, context))
+
+    # -- the one request path --------------------------------------------------------------
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        stream: bool = False,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Blocking; returns the decoded JSON body (or the raw urllib3 response for a stream)."""
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        try:
+            request = self.api_client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = self.api_client.call_api(*request, _request_timeout=timeout_s or self.timeout_s)
+            if not 200 <= resp.status <= 299:
+                resp.read()
+                raise ApiException.from_response(http_resp=resp, body=None, data=None)
+            if stream:
+                return resp.response
+            data = resp.read()
         except Exception as exc:
-            raise _raise(exc) from exc
+            raise _mapped(exc) from exc
+        return json.loads(data) if data else {}
+
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        return await asyncio.to_thread(self._send, method, path, **kw)
+
+    # -- KubeClient ----------------------------------------------------------------------------
+    async def get(self, res: Resource, name: str, namespace: str = "") -> dict[str, Any]:
+        got: dict[str, Any] = await self._call("GET", path_of(res, namespace, name))
+        return got
+
+    async def list(self, res: Resource, namespace: str = "") -> Listing:
+        body = await self._call("GET", path_of(res, namespace))
         items = body.get("items") or []
         rv = (body.get("metadata") or {}).get("resourceVersion", "")
         return Listing([i for i in items if isinstance(i, dict)], str(rv))
 
-    def watch(self, kind: Kind, resource_version: str, timeout_s: float) -> Iterator[WatchEvent]:
-        from kubernetes.watch import watch as _watch
+    async def watch(
+        self, res: Resource, resource_version: str, timeout_s: float
+    ) -> AsyncIterator[WatchEvent]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
+        stop = threading.Event()
+        holder: dict[str, Any] = {}
+        query = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(max(1, int(timeout_s)))),
+        ]
 
-        iter_resp_lines: Any = _watch.iter_resp_lines
+        def put(item: WatchEvent | BaseException | None) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def read() -> None:
+            from kubernetes.watch import watch as _watch
+
+            iter_resp_lines: Any = _watch.iter_resp_lines
+            try:
+                resp = self._send("GET", path_of(res), query=query, stream=True, timeout_s=timeout_s + 30)
+                holder["resp"] = resp
+                for line in iter_resp_lines(resp):
+                    if stop.is_set():
+                        break
+                    if not line or line.isspace():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") if isinstance(event, dict) else None
+                    if not isinstance(obj, dict):
+                        continue
+                    if event.get("type") == "ERROR":
+                        put(error_for(int(obj.get("code") or 0), str(obj.get("message", "watch error"))))
+                        return
+                    put(WatchEvent(str(event.get("type")), obj))
+            except BaseException as exc:  # handed to the loop, raised there
+                if not stop.is_set():
+                    put(_mapped(exc) if isinstance(exc, Exception) else exc)
+                return
+            finally:
+                resp = holder.get("resp")
+                if resp is not None:
+                    with contextlib.suppress(Exception):
+                        resp.release_conn()
+            put(None)
+
+        thread = threading.Thread(target=read, name=f"watch-{res.plural}", daemon=True)
+        thread.start()
         try:
-            resp = self._lister(kind)(
-                watch=True,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=max(1, int(timeout_s)),
-                _preload_content=False,
-            )
-        except Exception as exc:
-            raise _raise(exc) from exc
-        try:
-            for line in iter_resp_lines(resp):
-                if not line or line.isspace():
-                    continue
-                event = json.loads(line)
-                obj = event.get("object") if isinstance(event, dict) else None
-                if not isinstance(obj, dict):
-                    continue
-                if event.get("type") == "ERROR":
-                    raise error_for(int(obj.get("code") or 0), str(obj.get("message", "watch error")))
-                yield WatchEvent(str(event.get("type")), obj)
-        except ApiError:
-            raise
-        except Exception as exc:
-            raise _raise(exc) from exc
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
         finally:
-            resp.close()
-            resp.release_conn()
+            stop.set()
+            resp = holder.get("resp")
+            if resp is not None:
+                with contextlib.suppress(Exception):
+                    resp.close()
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            resp = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
-            got: dict[str, Any] = json.loads(resp.data)
-            return got
-        except Exception as exc:
-            raise _raise(exc) from exc
-
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        self._patch_pod_metadata(namespace, name, {"annotations": dict(annotations)})
-
-    def patch_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str]) -> None:
-        self._patch_pod_metadata(namespace, name, {"labels": dict(labels)})
-
-    def _patch_pod_metadata(self, namespace: str, name: str, metadata: Mapping[str, Any]) -> None:
-        body = {"metadata": dict(metadata)}
-        try:
-            self._core.patch_namespaced_pod(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
-            )
-        except Exception as exc:
-            raise _raise(exc) from exc
-
-    def bind_pod(self, namespace: str, name: str, uid: str | None, node: str) -> None:
-        c = self._client
-        body = c.V1Binding(
-            metadata=c.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
-            target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    async def create(self, res: Resource, obj: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
+        name = name_of(obj) if subresource else ""
+        got: dict[str, Any] = await self._call(
+            "POST", path_of(res, namespace_of(obj), name, subresource), body=dict(obj)
         )
-        try:
-            self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
-        except Exception as exc:
-            raise _raise(exc) from exc
+        return got
 
-    def create_reservation(self, obj: Mapping[str, Any]) -> None:
-        ns = obj["metadata"]["namespace"]
-        try:
-            self._custom.create_namespaced_custom_object(
-                names.GROUP, names.VERSION, ns, names.SLICE_RESERVATIONS, dict(obj), _preload_content=False
-            )
-        except Exception as exc:
-            raise _raise(exc) from exc
+    async def replace(self, res: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:
+        got: dict[str, Any] = await self._call(
+            "PUT", path_of(res, namespace_of(obj), name_of(obj)), body=dict(obj)
+        )
+        return got
 
-    def patch_reservation_spec(self, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
-        # The whole spec: a merge patch would keep unbound slots.
-        try:
-            self._custom.patch_namespaced_custom_object(
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.SLICE_RESERVATIONS,
-                name,
-                _set_whole("spec", spec),
-                _content_type=JSON_PATCH,
-                _preload_content=False,
-            )
-        except Exception as exc:
-            raise _raise(exc) from exc
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        body: Any,
+        *,
+        namespace: str = "",
+        subresource: str = "",
+        patch_type: str = MERGE_PATCH,
+    ) -> dict[str, Any]:
+        got: dict[str, Any] = await self._call(
+            "PATCH", path_of(res, namespace, name, subresource), body=body, content_type=patch_type
+        )
+        return got
 
-    def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        # The whole status, through its subresource: boundPods of freed slots go.
-        try:
-            self._custom.patch_namespaced_custom_object_status(
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.SLICE_RESERVATIONS,
-                name,
-                _set_whole("status", status),
-                _content_type=JSON_PATCH,
-                _preload_content=False,
-            )
-        except Exception as exc:
-            raise _raise(exc) from exc
+    async def apply(self, res: Resource, obj: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
+        got: dict[str, Any] = await self._call(
+            "PATCH",
+            path_of(res, namespace_of(obj), name_of(obj), subresource),
+            query=[("fieldManager", self.field_manager), ("force", "true")],
+            body=dict(obj),
+            content_type=APPLY_PATCH,
+        )
+        return got
 
-    def delete_reservation(self, namespace: str, name: str) -> None:
+    async def delete(self, res: Resource, name: str, namespace: str = "") -> None:
+        await self._call("DELETE", path_of(res, namespace, name))
+
+    async def serves(self, res: Resource) -> bool:
+        base = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
         try:
-            self._custom.delete_namespaced_custom_object(
-                names.GROUP, names.VERSION, namespace, names.SLICE_RESERVATIONS, name, _preload_content=False
-            )
-        except Exception as exc:
-            raise _raise(exc) from exc
+            got = await self._call("GET", base)
+        except KubeError:
+            return False
+        return any(r.get("name") == res.plural for r in got.get("resources") or ())

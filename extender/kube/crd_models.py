@@ -63,6 +63,11 @@ def _list(kind: str, *keys: str) -> dict[str, Any]:
     return out
 
 
+#: ``json_schema_extra`` of a map a writer replaces whole: server-side apply then drops the
+#: keys the new value lacks (a freed slot's entry goes) instead of merging key by key.
+_ATOMIC_MAP: dict[str, Any] = {"x-kubernetes-map-type": "atomic"}
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
@@ -281,21 +286,28 @@ class SliceReservationSpec(_Model):
     expires_at: float = Field(
         alias="expiresAt", ge=0, description="unix seconds; the hold lapses then unless every pod has bound"
     )
-    bound: dict[str, str] = Field(default_factory=dict, description="slot key (podSet/index) -> pod name")
+    bound: dict[str, str] = Field(
+        default_factory=dict, description="slot key (podSet/index) -> pod name", json_schema_extra=_ATOMIC_MAP
+    )
     phase: Phase = Field(
         Phase.RESERVED,
         description="the ledger's own record, read back on restart; people read status.phase",
         json_schema_extra={"crdDefault": Phase.RESERVED.value},
     )
     meta: dict[str, str] = Field(
-        default_factory=dict, description="adapter data kept with the reservation (owner, attempt)"
+        default_factory=dict,
+        description="adapter data kept with the reservation (owner, attempt)",
+        json_schema_extra=_ATOMIC_MAP,
     )
 
 
 class SliceReservationStatus(_Model):
     phase: Phase | None = None
     bound_pods: dict[str, str] = Field(
-        default_factory=dict, alias="boundPods", description="slot key (podSet/index) -> pod name"
+        default_factory=dict,
+        alias="boundPods",
+        description="slot key (podSet/index) -> pod name",
+        json_schema_extra=_ATOMIC_MAP,
     )
     nodes: str | None = Field(None, description="nodes of the slice, comma-separated")
     gpus: int | None = Field(None, ge=0)

@@ -39,6 +39,7 @@ _KEYS = (
     "nullable",
     "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type",
     "required",
     "properties",
     "items",

@@ -75,4 +75,7 @@ LEADER_LABEL = "gangslice.io/leader"
 #: Reservation meta: the kind of object that owns it (written by the controllers). Holds
 #: owned by these kinds live as long as their owner, not for a TTL.
 META_OWNER_KIND = "ownerKind"
+META_OWNER_NAME = "ownerName"
+META_OWNER_UID = "ownerUid"
+META_OWNER_API_VERSION = "ownerApiVersion"
 OWNER_MANAGED_KINDS = frozenset({"Workload", "PodGroup"})

@@ -1,24 +1,31 @@
 """Where reservations persist, so a restart rebuilds the same ledger.
 
-Every store keeps reservations as ``SliceReservation`` objects (see
-:mod:`extender.kube.crd_models`): the in-memory store for file mode and tests, the
-Kubernetes store in a cluster. ``save`` creates or updates the object and writes its status
-(phase, bound pods, nodes, GPUs), ``delete`` forgets (a missing object is not an error),
-``load`` returns everything persisted. The ledger is rebuilt from spec alone; status is for
-people and kubectl.
+The store is the only writer of ``SliceReservation`` objects (see
+:mod:`extender.kube.crd_models`), spec and status alike, for plain gangs, Workloads and
+PodGroups: the controllers and the extender change the cluster cache's ledger, and the cache
+hands each change to the store. ``save`` creates or updates the object and writes its
+status (phase, bound pods, nodes, GPUs), ``delete`` forgets (a missing object is not an
+error), ``load`` returns everything persisted. The ledger is rebuilt from spec alone;
+status is for people and kubectl.
+
+:class:`KubeReservationStore` writes with server-side apply as the one field manager
+``gangslice`` (forced): the object (metadata, owner reference, spec) on the main resource,
+then the status on its subresource, each only when it differs from what this store last
+wrote. The CRD declares ``spec.bound``, ``spec.meta`` and ``status.boundPods`` atomic maps,
+so an apply sets each whole: a freed slot's entry goes, whoever wrote the map before.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from extender.kube.api import Conflict, Kind, KubeApi, NotFound
+from extender.kube import names
+from extender.kube.api import SLICE_RESERVATIONS, KubeClient, KubeError, NotFound
 from extender.kube.crd_models import (
     CrdError,
     reservation_from_object,
@@ -33,14 +40,71 @@ _Ref = tuple[str, str]
 
 
 class ReservationStore(Protocol):
-    async def save(self, r: Reservation) -> None: ...
+    async def save(self, r: Reservation) -> None:
+        """Write ``r``'s object; raises :class:`StatusNotSaved` when only its status failed."""
+        ...
 
     async def delete(self, r: Reservation) -> None: ...
 
     async def load(self) -> list[Reservation]: ...
 
 
-def _ref(obj: dict[str, Any]) -> _Ref:
+class StatusNotSaved(Exception):
+    """The object was written, its status was not (the cache retries the status later)."""
+
+
+def _label_value(text: str) -> str:
+    """A label value: at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
+    return cleaned.strip("._-")
+
+
+def owner_reference_of(r: Reservation) -> dict[str, Any] | None:
+    """The ``ownerReferences`` entry of the object ``r`` was made for (a Workload, a
+    PodGroup; from its meta), or None for a plain gang's reservation."""
+    meta = r.meta
+    kind, name = meta.get(names.META_OWNER_KIND), meta.get(names.META_OWNER_NAME)
+    api_version = meta.get(names.META_OWNER_API_VERSION)
+    if not (kind and name and api_version):
+        return None
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": meta.get(names.META_OWNER_UID, ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def reservation_manifest(r: Reservation, owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The SliceReservation (without status) the store applies for ``r``: its namespace and
+    name from its meta, owned by ``owner`` (an ``ownerReferences`` entry; by default the
+    object its meta names)."""
+    obj = reservation_object(r)
+    labels = dict(obj["metadata"].get("labels") or {})
+    owner = dict(owner) if owner is not None else owner_reference_of(r)
+    if owner is not None:
+        obj["metadata"]["ownerReferences"] = [owner]
+        labels[names.OWNER_KIND_LABEL] = _label_value(str(owner["kind"]).lower())
+        labels[names.OWNER_NAME_LABEL] = _label_value(str(owner["name"]))
+    labels[names.GANG] = _label_value(str(labels.get(names.GANG) or obj["metadata"]["name"]))
+    obj["metadata"]["labels"] = labels
+    return obj
+
+
+def status_manifest(obj: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """The apply body of the status subresource of ``obj``."""
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "status": copy.deepcopy(dict(status)),
+    }
+
+
+def _ref(obj: Mapping[str, Any]) -> _Ref:
     return obj["metadata"]["namespace"], obj["metadata"]["name"]
 
 
@@ -53,7 +117,7 @@ class InMemoryReservationStore:
         self.clock = clock
 
     async def save(self, r: Reservation) -> None:
-        obj = reservation_object(r)
+        obj = reservation_manifest(r)
         ref = _ref(obj)
         previous = self.objects.get(ref, {}).get("status")
         obj["status"] = reservation_status(r, self.clock(), previous)
@@ -69,55 +133,51 @@ class InMemoryReservationStore:
 
 
 class KubeReservationStore:
-    """SliceReservation objects in the API server, written through :class:`KubeApi` in a thread."""
+    """SliceReservation objects in the API server, written through the one client."""
 
-    def __init__(self, api: KubeApi, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, api: KubeClient, clock: Callable[[], float] = time.time) -> None:
         self.api = api
         self.clock = clock
-        #: Objects known to exist: updated with a patch first, created only when missing.
-        self._exists: set[_Ref] = set()
+        #: The object (without status) last applied to each ref: an unchanged one is not sent.
+        self._applied: dict[_Ref, dict[str, Any]] = {}
         #: The status last written to each object: an unchanged one is not written again.
         self._status: dict[_Ref, dict[str, Any]] = {}
 
     async def save(self, r: Reservation) -> None:
-        """Write spec, then status; an error from either propagates (the cache retries)."""
-        obj = reservation_object(r)
+        """Apply the object, then its status; an error from the object's write propagates,
+        one from the status's becomes :class:`StatusNotSaved` (the cache retries either)."""
+        obj = reservation_manifest(r)
         ref = _ref(obj)
-        await self._write_spec(ref, obj)
-        await self._write_status(ref, r)
-
-    async def _write_spec(self, ref: _Ref, obj: dict[str, Any]) -> None:
-        if ref in self._exists:
-            try:
-                await asyncio.to_thread(self.api.patch_reservation_spec, *ref, obj["spec"])
-                return
-            except NotFound:
-                self._exists.discard(ref)
-                self._status.pop(ref, None)
-        try:
-            await asyncio.to_thread(self.api.create_reservation, obj)
-        except Conflict:
-            await asyncio.to_thread(self.api.patch_reservation_spec, *ref, obj["spec"])
-        self._exists.add(ref)
-
-    async def _write_status(self, ref: _Ref, r: Reservation) -> None:
+        if self._applied.get(ref) != obj:
+            got = await self.api.apply(SLICE_RESERVATIONS, obj)
+            if _foreign_owners(got, obj):
+                # Left from an earlier hold by a writer that is not this field manager (an
+                # older gangslice): its owner reference is not ours to drop by apply.
+                log.warning("replacing SliceReservation %s/%s left from an earlier hold", *ref)
+                await self._delete(ref)
+                await self.api.apply(SLICE_RESERVATIONS, obj)
+            self._applied[ref] = obj
         previous = self._status.get(ref)
         status = reservation_status(r, self.clock(), previous)
         if status == previous:
             return
-        # A whole-status replace: a merge patch would keep boundPods of slots freed since.
-        await asyncio.to_thread(self.api.patch_reservation_status, *ref, status)
+        try:
+            await self.api.apply(SLICE_RESERVATIONS, status_manifest(obj, status), subresource="status")
+        except KubeError as exc:
+            raise StatusNotSaved(f"SliceReservation {ref[0]}/{ref[1]} status: {exc}") from exc
         self._status[ref] = status
 
     async def delete(self, r: Reservation) -> None:
-        ref = _ref(reservation_object(r))
-        self._exists.discard(ref)
+        await self._delete(_ref(reservation_object(r)))
+
+    async def _delete(self, ref: _Ref) -> None:
+        self._applied.pop(ref, None)
         self._status.pop(ref, None)
         with contextlib.suppress(NotFound):
-            await asyncio.to_thread(self.api.delete_reservation, *ref)
+            await self.api.delete(SLICE_RESERVATIONS, ref[1], ref[0])
 
     async def load(self) -> list[Reservation]:
-        listing = await asyncio.to_thread(self.api.list, Kind.SLICE_RESERVATIONS)
+        listing = await self.api.list(SLICE_RESERVATIONS)
         out = []
         for obj in listing.items:
             try:
@@ -125,3 +185,9 @@ class KubeReservationStore:
             except CrdError as exc:
                 log.warning("ignoring %s", exc)
         return out
+
+
+def _foreign_owners(got: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    have = {str(o.get("uid")) for o in (got.get("metadata") or {}).get("ownerReferences") or ()}
+    want = {str(o.get("uid")) for o in wanted["metadata"].get("ownerReferences") or ()}
+    return bool(have - want)

@@ -8,9 +8,10 @@ makes it visible in the API too, from the leader's housekeeping loop:
 
 - the NodeTopology gets the condition ``Accepted=False``, reason ``InvalidSpec``, message
   ``<field>: <problem>`` (e.g. ``spec.nvlinkGbps: Input should be greater than 0``), applied
-  to its ``/status`` subresource with server-side apply under its own field manager
-  (:data:`FIELD_MANAGER`), so the node agent's own conditions, applied under
-  ``gangslice-agent``, are left alone (``status.conditions`` is a list-map keyed by type);
+  to its ``/status`` subresource with server-side apply through the controller's one client
+  (field manager ``gangslice``), so the node agent's own conditions, applied under
+  ``gangslice-agent``, are left alone (``status.conditions`` is a list-map keyed by type).
+  This condition is the one part of a NodeTopology the agent does not write;
 - its Node gets a Warning Event, reason ``InvalidNodeTopology``, once per new message;
 - once the spec reads again, the condition turns ``Accepted=True``, reason ``SpecValid``.
 
@@ -21,13 +22,13 @@ converges on the same state without remembering anything.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from extender.kube import names
+from extender.kube.api import EVENTS, NODE_TOPOLOGIES, KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,6 @@ INVALID_SPEC = "InvalidSpec"
 SPEC_VALID = "SpecValid"
 #: The Event reason on the Node.
 INVALID_NODE_TOPOLOGY = "InvalidNodeTopology"
-FIELD_MANAGER = "gangslice-scheduler"
-APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 #: Events about cluster-scoped Nodes live in ``default``, with the node's name as uid: what
 #: the kubelet writes and what ``kubectl describe node`` selects on.
 NODE_EVENT_NAMESPACE = "default"
@@ -84,7 +83,7 @@ def node_event(node: str, message: str, now: float) -> dict[str, Any]:
         "message": message[:1024],
         "source": {"component": "gangslice"},
         "reportingComponent": names.EVENT_COMPONENT,
-        "reportingInstance": FIELD_MANAGER,
+        "reportingInstance": "gangslice-controller",
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
         "count": 1,
@@ -100,14 +99,10 @@ class TopologyStatusApi(Protocol):
 
 
 class KubeTopologyStatusApi:
-    """:class:`TopologyStatusApi` over a ``kubernetes.client.ApiClient`` (blocking, in a thread)."""
+    """:class:`TopologyStatusApi` over the one Kubernetes client."""
 
-    def __init__(self, api_client: Any, *, timeout_s: float = 10.0) -> None:
-        from kubernetes import client
-
-        self._custom: Any = client.CustomObjectsApi(api_client)
-        self._core: Any = client.CoreV1Api(api_client)
-        self._timeout_s = timeout_s
+    def __init__(self, api: KubeClient) -> None:
+        self._api = api
 
     async def apply_condition(self, node: str, condition: Mapping[str, str]) -> None:
         body = {
@@ -116,26 +111,10 @@ class KubeTopologyStatusApi:
             "metadata": {"name": node},
             "status": {"conditions": [dict(condition)]},
         }
-        await asyncio.to_thread(
-            self._custom.patch_cluster_custom_object_status,
-            names.GROUP,
-            names.VERSION,
-            names.NODE_TOPOLOGIES,
-            node,
-            body,
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type=APPLY_CONTENT_TYPE,
-            _request_timeout=self._timeout_s,
-        )
+        await self._api.apply(NODE_TOPOLOGIES, body, subresource="status")
 
     async def create_event(self, event: Mapping[str, Any]) -> None:
-        await asyncio.to_thread(
-            self._core.create_namespaced_event,
-            NODE_EVENT_NAMESPACE,
-            dict(event),
-            _request_timeout=self._timeout_s,
-        )
+        await self._api.create(EVENTS, event)
 
 
 class Refusals(Protocol):

@@ -19,6 +19,7 @@ from extender.kube.cache import ClusterCache
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
+from extender.testing.reserve import reserve_gang
 
 Client = TestClient[Any, Any]
 
@@ -138,7 +139,7 @@ async def call(client: Client, verb: str, body: dict[str, Any]) -> Any:
 
 
 async def reserve(cache: ClusterCache) -> Slice:
-    placed = await cache.reserve_gang("llm/pg-1", GangRequest("llm/pg-1", (PodSet("worker", 2, 8),)))
+    placed = await reserve_gang(cache, "llm/pg-1", GangRequest("llm/pg-1", (PodSet("worker", 2, 8),)))
     assert isinstance(placed, Slice)
     return placed
 

@@ -28,7 +28,10 @@ from extender.agent.publish import (
     change_key,
 )
 from extender.cli import main
+from extender.kube.api import Forbidden, Kind
+from extender.kube.client import ApiServerClient
 from extender.testing.clock import FakeClock
+from extender.testing.kube import FakeKube
 from extender.testing.kubelet import FakeKubelet, serve
 from extender.testing.publish import RecordingWriter
 from extender.topology.fake_nvml import FakeNvml
@@ -490,49 +493,26 @@ def test_agent_config_rejects_nonsense() -> None:
 # --- the Kubernetes writer -------------------------------------------------------------
 
 
-class FakeCustomObjects:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-
-    def patch_cluster_custom_object(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self.calls.append(("object", args, kwargs))
-        return {"metadata": {"name": args[3], "generation": 4}}
-
-    def patch_cluster_custom_object_status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self.calls.append(("status", args, kwargs))
-        return {}
-
-
-class FakeCore:
-    def __init__(self, uid: str | None) -> None:
-        self.uid = uid
-
-    def read_node(self, name: str, **_: Any) -> Any:
-        if self.uid is None:
-            raise RuntimeError("403 Forbidden")
-        return type("Node", (), {"metadata": type("Meta", (), {"uid": self.uid})()})()
-
-
 def test_kube_writer_server_side_applies_spec_then_status(node: Node) -> None:
     node.agent.cycle()
     obj = dict(node.last)
     obj["status"] = {k: v for k, v in obj["status"].items() if k != "observedGeneration"}
-    custom = FakeCustomObjects()
-    KubeWriter(custom, FakeCore(NODE_UID)).publish(obj)
+    api = FakeKube()
+    writer = KubeWriter(api)
+    writer.publish(obj)
+    writer.close()
 
-    (kind1, args1, kw1), (kind2, args2, kw2) = custom.calls
-    assert (kind1, kind2) == ("object", "status")
-    assert args1[:4] == ("gangslice.io", "v1alpha1", "nodetopologies", NODE)
-    assert set(args1[4]) == {"apiVersion", "kind", "metadata", "spec"}
-    assert args1[4]["spec"] == obj["spec"]
-    for kw in (kw1, kw2):
-        assert kw["field_manager"] == FIELD_MANAGER == "gangslice-agent"
-        assert kw["force"] is True
-        assert kw["_content_type"] == APPLY_CONTENT_TYPE == "application/apply-patch+yaml"
-    status_body = args2[4]
-    assert status_body["metadata"] == {"name": NODE}
-    assert status_body["status"]["observedGeneration"] == 4
-    assert status_body["status"]["conditions"] == obj["status"]["conditions"]
+    assert api.labels() == ["apply nodetopologies", "apply nodetopologies/status"]
+    (plural1, _, name1, body1), (_, _, _, body2) = api.applies
+    assert (plural1, name1) == ("nodetopologies", NODE)
+    assert set(body1) == {"apiVersion", "kind", "metadata", "spec"}
+    assert body1["spec"] == obj["spec"]
+    assert APPLY_CONTENT_TYPE == "application/apply-patch+yaml" and FIELD_MANAGER == "gangslice-agent"
+    assert body2["metadata"] == {"name": NODE}
+    assert body2["status"]["observedGeneration"] == 1
+    assert body2["status"]["conditions"] == obj["status"]["conditions"]
+    stored = api.peek("nodetopologies", NODE)
+    assert stored is not None and stored["status"]["conditions"] == obj["status"]["conditions"]
 
 
 class _ApiServer(BaseHTTPRequestHandler):
@@ -573,8 +553,7 @@ def test_kube_writer_on_the_wire_through_the_kubernetes_client(node: Node) -> No
     try:
         config = client.Configuration()
         config.host = f"http://127.0.0.1:{server.server_port}"
-        api = client.ApiClient(config)
-        writer = KubeWriter(client.CustomObjectsApi(api), client.CoreV1Api(api))
+        writer = KubeWriter(ApiServerClient(client.ApiClient(config), field_manager=FIELD_MANAGER))
         assert writer.node_uid(NODE) == NODE_UID
         writer.publish(obj)
     finally:
@@ -622,8 +601,11 @@ def test_once_publishes_through_a_kubeconfig(workdir: Path) -> None:
 
 
 def test_kube_writer_node_uid() -> None:
-    assert KubeWriter(FakeCustomObjects(), FakeCore(NODE_UID)).node_uid(NODE) == NODE_UID
-    assert KubeWriter(FakeCustomObjects(), FakeCore(None)).node_uid(NODE) is None
+    api = FakeKube()
+    api.put(Kind.NODES, {"metadata": {"name": NODE, "uid": NODE_UID}})
+    assert KubeWriter(api).node_uid(NODE) == NODE_UID
+    api.fail_next("get nodes", Forbidden(403, "nodes is forbidden"))
+    assert KubeWriter(api).node_uid(NODE) is None
 
 
 # --- the command -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from extender.placement.ledger import Phase
 from extender.placement.request import GangRequest
 from extender.placement.slice import Slice, Unplaceable
 from extender.testing.extender import gang_pod, node_obj, pod_obj, write_cluster
+from extender.testing.reserve import hold, reserve_gang
 from extender.topology.presets import preset_graph
 
 #: When the NodeTopology objects below were published (the cache does not read it).
@@ -158,10 +159,10 @@ def test_devices_the_kubelet_reports_in_use_beat_the_first_free_guess() -> None:
 def test_view_hides_reserved_gpus_and_hold_is_idempotent(tmp_path: Path) -> None:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
     request = gang_request("g-0", "g", 2, 8)
-    first = cache.hold("llm/g", request)
+    first = hold(cache, "llm/g", request)
     assert isinstance(first, Slice)
     assert first.gang == "llm/g"
-    again = cache.hold("llm/g", request)
+    again = hold(cache, "llm/g", request)
     assert again == first
     assert len(cache.ledger) == 1
     for node, gpus in first.held().items():
@@ -173,7 +174,7 @@ def test_view_hides_reserved_gpus_and_hold_is_idempotent(tmp_path: Path) -> None
 def test_hold_too_big_for_the_cluster_is_unplaceable_forever(tmp_path: Path) -> None:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
     request = gang_request("g-0", "g", 100, 8)
-    got = cache.hold("llm/g", request)
+    got = hold(cache, "llm/g", request)
     assert isinstance(got, Unplaceable)
     assert not got.feasible_when_empty
     assert len(cache.ledger) == 0
@@ -185,13 +186,14 @@ def test_flush_persists_and_a_new_cache_rebuilds_the_same_ledger(tmp_path: Path)
     request = gang_request("g-0", "g", 2, 8)
 
     async def go() -> ClusterCache:
-        placed = await cache.reserve_gang("llm/g", request)
+        placed = await reserve_gang(cache, "llm/g", request)
         assert isinstance(placed, Slice)
         cache.bind_slot("llm/g", placed.slots[0].key, "g-0")
         await cache.flush()
         again = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
-        assert await again.load_reservations() == 1
-        assert await again.load_reservations() == 0
+        assert await again.rebuild_ledger() == 1
+        assert await again.rebuild_ledger() == 1  # the same objects again: nothing doubled
+        assert len(again.ledger) == 1
         return again
 
     rebuilt = asyncio.run(go())
@@ -205,7 +207,7 @@ def test_release_deletes_the_persisted_object(tmp_path: Path) -> None:
     request = gang_request("g-0", "g", 1, 8)
 
     async def go() -> None:
-        await cache.reserve_gang("llm/g", request)
+        await reserve_gang(cache, "llm/g", request)
         assert len(store.objects) == 1
         released = await cache.release_gang("llm/g")
         assert released is not None and released.phase is Phase.RELEASED
@@ -220,7 +222,7 @@ def test_expired_holds_are_dropped_but_fully_bound_ones_stay(tmp_path: Path) -> 
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), ttl_s=10, clock=lambda: now[0])
     for gang in ("a", "b"):
         request = gang_request(f"{gang}-0", gang, 1, 4)
-        assert isinstance(cache.hold(f"llm/{gang}", request), Slice)
+        assert isinstance(hold(cache, f"llm/{gang}", request), Slice)
     cache.bind_slot("llm/b", "pods/0", "b-0")
     now[0] += 11
     gone = cache.expire()
@@ -233,7 +235,7 @@ def _reserved_kube_cache() -> tuple[ClusterCache, Slice]:
     for name in ("a", "b"):
         cache.apply(Kind.NODES, "ADDED", node_obj(name))
     request = gang_request("g-0", "g", 2, 8)
-    placed = cache.hold("llm/g", request)
+    placed = hold(cache, "llm/g", request)
     assert isinstance(placed, Slice)
     return cache, placed
 
@@ -261,7 +263,7 @@ def test_a_deleted_gang_pod_frees_its_slot_and_the_last_one_releases_the_gang() 
     assert cache.reservation("llm/g") is None
 
 
-def test_reservations_listed_from_the_api_are_restored_once() -> None:
+def test_reservations_come_back_by_the_rebuild_alone_and_once() -> None:
     cache, _ = _reserved_kube_cache()
     r = cache.reservation("llm/g")
     assert r is not None
@@ -271,8 +273,12 @@ def test_reservations_listed_from_the_api_are_restored_once() -> None:
     for name in ("a", "b"):
         other.apply(Kind.NODES, "ADDED", node_obj(name))
     obj = reservation_object(r)
+    # The watch's list and events feed nothing into the ledger: only the rebuild does.
     other.replace(Kind.SLICE_RESERVATIONS, [obj, obj])
     other.apply(Kind.SLICE_RESERVATIONS, "MODIFIED", obj)
+    assert other.ready and len(other.ledger) == 0
+    assert other.rebuild([r, r]) == []  # the same one twice: held once, nothing refused
+    assert other.rebuilds == 1
     assert other.ledger.to_dict()["reservations"] == cache.ledger.to_dict()["reservations"]
     # deleted by someone else: released here too
     other.apply(Kind.SLICE_RESERVATIONS, "DELETED", obj)

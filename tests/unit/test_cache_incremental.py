@@ -16,6 +16,7 @@ from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo
 from extender.placement.snapshot import ClusterSnapshot
 from extender.testing.extender import gang_pod, node_obj, pod_obj
+from extender.testing.reserve import hold
 
 NODES = [f"n{i}" for i in range(6)]
 
@@ -50,7 +51,7 @@ def apply(cache: ClusterCache, event: tuple[Any, ...]) -> None:
         _, g, size = event
         request = plain_gang_request(PodInfo.from_obj(gang_pod(f"g{g}-0", f"g{g}", size, 8)))
         assert request is not None
-        cache.hold(f"llm/g{g}", request)
+        hold(cache, f"llm/g{g}", request)
     elif kind == "release":
         cache.drop(f"llm/g{event[1]}")
     else:

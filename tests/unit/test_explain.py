@@ -17,12 +17,14 @@ from extender.commands.explain import explain_pods, explain_workload, parse_targ
 from extender.controllers.controller import AdmissionController
 from extender.controllers.explain import render
 from extender.controllers.kueue import CheckConfig
+from extender.controllers.runner import take_lead
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.slice import Slice, Unplaceable
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
 CLUSTER = FIXTURES / "cluster.yaml"
@@ -138,8 +140,8 @@ def test_parse_target() -> None:
 # -- online (in-memory API) --------------------------------------------------------------------
 
 
-def _api() -> FakeControllerApi:
-    api = FakeControllerApi()
+def _api() -> FakeKube:
+    api = FakeKube()
     api.put("admissionchecks", load("admissioncheck.yaml"))
     api.put("resourceflavors", load("resourceflavor.yaml"))
     api.put("workloads", load("workload-lws.yaml"))
@@ -149,11 +151,13 @@ def _api() -> FakeControllerApi:
 def test_online_workload_holding_a_reservation() -> None:
     async def body() -> None:
         api, clock = _api(), FakeClock(T0 + 5)
-        cache = ClusterCache.from_snapshot(load_cluster(CLUSTER), clock=clock)
+        cache = ClusterCache.from_snapshot(
+            load_cluster(CLUSTER), clock=clock, store=KubeReservationStore(api)
+        )
         ctl = AdmissionController(api, cache, CheckConfig(), clock=clock)
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
         await ctl.on_admission_check(None, load("admissioncheck.yaml"))
-        wl = api.get("workloads", LWS[1], LWS[0])
+        wl = api.peek("workloads", LWS[1], LWS[0])
         assert wl is not None
         await ctl.on_workload(None, wl)
 
@@ -180,7 +184,7 @@ def test_online_workload_holding_a_reservation() -> None:
 def test_online_waiting_workload_shows_the_stored_reason_and_a_fresh_dry_run() -> None:
     async def body() -> None:
         api = _api()
-        wl = api.get("workloads", LWS[1], LWS[0])
+        wl = api.peek("workloads", LWS[1], LWS[0])
         assert wl is not None
         wl["status"]["admissionChecks"][0]["message"] = "waiting for a slice: stored reason"
         api.put("workloads", wl)

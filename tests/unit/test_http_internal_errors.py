@@ -38,7 +38,7 @@ async def _call(app: Any, verb: str, body: dict[str, Any]) -> tuple[int, Any, fl
 @pytest.mark.parametrize(
     ("target", "pod"),
     [
-        ("extender.kube.cache.place", gang_pod("g-0", "g", 2, 8)),  # placing a plain gang
+        ("extender.kube.reserve.place", gang_pod("g-0", "g", 2, 8)),  # placing a plain gang
         ("extender.httpapi.decide.resolve_need", pod_obj("solo", gpus=4)),  # a GPU pod's in-node rule
     ],
 )

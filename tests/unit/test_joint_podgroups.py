@@ -17,13 +17,14 @@ from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupCon
 from extender.controllers.podgroups import PodGroup, gang_request, pod_infos
 from extender.kube.cache import ClusterCache
 from extender.kube.names import STATUS
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.solver import place
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
@@ -36,22 +37,24 @@ def load(name: str) -> Any:
     return docs[0] if len(docs) == 1 else docs
 
 
-def world(wait_s: float = 300.0) -> tuple[PodGroupController, FakeControllerApi, ClusterCache, FakeClock]:
+def world(wait_s: float = 300.0) -> tuple[PodGroupController, FakeKube, ClusterCache, FakeClock]:
     clock = FakeClock(5_000.0)
-    api = FakeControllerApi()
-    cache = ClusterCache.from_snapshot(load_cluster(FIXTURES / "gb200.yaml"), clock=clock)
+    api = FakeKube()
+    cache = ClusterCache.from_snapshot(
+        load_cluster(FIXTURES / "gb200.yaml"), clock=clock, store=KubeReservationStore(api, clock)
+    )
     ctl = PodGroupController(api, cache, PodGroupConfig(member_wait_s=wait_s), clock=clock)
     ctl.leader = True
     return ctl, api, cache, clock
 
 
-def add(ctl: PodGroupController, api: FakeControllerApi, group: str, pod: dict[str, Any]) -> None:
+def add(ctl: PodGroupController, api: FakeKube, group: str, pod: dict[str, Any]) -> None:
     asyncio.run(ctl.on_podgroup("ADDED", api.put("podgroups", load(group))))
     asyncio.run(ctl.on_pod("ADDED", pod))
 
 
-def status(api: FakeControllerApi, name: str) -> str:
-    got = api.get("podgroups", name, "serve")
+def status(api: FakeKube, name: str) -> str:
+    got = api.peek("podgroups", name, "serve")
     assert got is not None
     return str(got["metadata"]["annotations"].get(STATUS, ""))
 
@@ -76,7 +79,7 @@ def test_prefill_and_decode_podgroups_are_placed_together_in_one_clique() -> Non
     assert {s.pod_set for s in pr.slice.slots} == {"p"} and {s.pod_set for s in dr.slice.slots} == {"d"}
     for name in ("disagg-prefill", "disagg-decode"):
         assert status(api, name).startswith("Reserved:")
-        assert api.get("slicereservations", name, "serve") is not None
+        assert api.peek("slicereservations", name, "serve") is not None
 
 
 def test_joint_placement_predicts_a_cheaper_kv_transfer_than_independent_placement() -> None:

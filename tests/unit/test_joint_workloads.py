@@ -18,14 +18,16 @@ from extender.controllers import joint, workload_gang
 from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.openapi import load_crd, validate, version_schema
+from extender.controllers.runner import take_lead
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.solver import place
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 KUEUE = REPO / "tests" / "fixtures" / "kueue"
@@ -73,15 +75,17 @@ DECODE = member(
 )
 
 
-def world() -> tuple[AdmissionController, FakeControllerApi, ClusterCache, FakeClock]:
+def world() -> tuple[AdmissionController, FakeKube, ClusterCache, FakeClock]:
     clock = FakeClock(T0 + 5)
-    api = FakeControllerApi()
+    api = FakeKube()
     api.put("admissionchecks", yaml.safe_load((KUEUE / "admissioncheck.yaml").read_text()))
-    cache_ = ClusterCache.from_snapshot(load_cluster(VOLCANO / "gb200.yaml"), clock=clock)
+    cache_ = ClusterCache.from_snapshot(
+        load_cluster(VOLCANO / "gb200.yaml"), clock=clock, store=KubeReservationStore(api, clock)
+    )
     ctl = AdmissionController(api, cache_, CheckConfig(member_wait_s=60), clock=clock)
 
     async def start() -> None:
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
         for ac in api.objects("admissionchecks"):
             await ctl.on_admission_check(None, ac)
 
@@ -89,12 +93,12 @@ def world() -> tuple[AdmissionController, FakeControllerApi, ClusterCache, FakeC
     return ctl, api, cache_, clock
 
 
-def submit(ctl: AdmissionController, api: FakeControllerApi, wl: dict[str, Any]) -> None:
+def submit(ctl: AdmissionController, api: FakeKube, wl: dict[str, Any]) -> None:
     asyncio.run(ctl.on_workload(None, api.put("workloads", wl)))
 
 
-def entry(api: FakeControllerApi, name: str) -> dict[str, Any]:
-    wl = api.get("workloads", name, "serving")
+def entry(api: FakeKube, name: str) -> dict[str, Any]:
+    wl = api.peek("workloads", name, "serving")
     assert wl is not None
     (got,) = [e for e in wl["status"]["admissionChecks"] if e["name"] == "gangslice"]
     return dict(got)
@@ -122,9 +126,9 @@ def test_prefill_and_decode_workloads_are_ready_together_in_one_clique() -> None
         "disagg-decode",
     }
     # The two Ready writes came after both SliceReservations were created.
-    calls = [c for c in api.calls if c in ("create_reservation", "apply_workload_status")]
-    ready_writes = [i for i, c in enumerate(calls) if c == "apply_workload_status"][-2:]
-    creates = [i for i, c in enumerate(calls) if c == "create_reservation"]
+    calls = [c for c in api.labels() if c in ("apply slicereservations", "apply workloads/status")]
+    ready_writes = [i for i, c in enumerate(calls) if c == "apply workloads/status"][-2:]
+    creates = [i for i, c in enumerate(calls) if c == "apply slicereservations"]
     assert max(creates) < min(ready_writes)
 
 

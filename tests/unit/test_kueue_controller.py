@@ -21,14 +21,16 @@ from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig, Stage
 from extender.controllers.objects import reservation_to_object, rfc3339
 from extender.controllers.openapi import load_crd, validate, version_schema
-from extender.kube.api import ApiError, Conflict
+from extender.controllers.runner import take_lead
+from extender.kube.api import Conflict, KubeError
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "kueue"
@@ -63,24 +65,26 @@ class World:
 
     def __init__(self, snap: ClusterSnapshot | None = None, now: float = T0 + 5, leader: bool = True) -> None:
         self.clock = FakeClock(now)
-        self.api = FakeControllerApi()
+        self.api = FakeKube()
         for name in ("admissioncheck.yaml", "admissioncheck-provisioning.yaml", "resourceflavor.yaml"):
             obj = load(name)
             self.api.put(
                 {"AdmissionCheck": "admissionchecks", "ResourceFlavor": "resourceflavors"}[obj["kind"]], obj
             )
-        self.cache = ClusterCache.from_snapshot(snap or cluster(), clock=self.clock)
+        self.cache = ClusterCache.from_snapshot(
+            snap or cluster(), clock=self.clock, store=KubeReservationStore(self.api, self.clock)
+        )
         self.ctl = AdmissionController(self.api, self.cache, CFG, clock=self.clock)
         self.leader = leader
 
     async def start(self) -> None:
         if self.leader:
-            await self.ctl.become_leader()
+            await take_lead(self.ctl.cache, self.ctl)
         for ac in self.api.objects("admissionchecks"):
             await self.ctl.on_admission_check(None, ac)
 
     def workload(self, ns: str = LWS[0], name: str = LWS[1]) -> dict[str, Any]:
-        got = self.api.get("workloads", name, ns)
+        got = self.api.peek("workloads", name, ns)
         assert got is not None
         return got
 
@@ -131,8 +135,8 @@ def test_slice_is_reserved_then_the_check_is_set_ready_with_only_our_entry() -> 
             True,
         )
         assert obj["status"]["gpus"] == 32 and obj["status"]["phase"] == "Reserved"
-        calls = w.api.calls
-        assert calls.index("create_reservation") < calls.index("apply_workload_status")
+        calls = w.api.labels()
+        assert calls.index("apply slicereservations") < calls.index("apply workloads/status")
 
         # One status apply, carrying only our entry, valid against Kueue's schema.
         (applied,) = w.api.applies_to("workloads")
@@ -187,9 +191,9 @@ def test_a_conflicting_write_is_read_again_and_applied_once() -> None:
         w = World()
         await w.start()
         wl = w.api.put("workloads", load("workload-lws.yaml"))
-        w.api.fail_next("apply_workload_status", Conflict(409, "the object has been modified"))
+        w.api.fail_next("apply workloads/status", Conflict(409, "the object has been modified"))
         await w.ctl.on_workload(None, wl)
-        assert "get_workload" in w.api.calls
+        assert "get workloads" in w.api.labels()
         assert w.our_entry()["state"] == "Ready"
         assert len(w.api.objects("slicereservations")) == 1
         assert len(w.cache.ledger) == 1
@@ -201,7 +205,7 @@ def test_a_failed_create_leaves_no_hold_and_the_resync_retries(caplog: pytest.Lo
     async def body() -> None:
         w = World()
         await w.start()
-        w.api.fail_next("create_reservation", ApiError(500, "etcd timeout"))
+        w.api.fail_next("apply slicereservations", KubeError(500, "etcd timeout"))
         with caplog.at_level(logging.WARNING, logger="extender.controllers"):
             await w.kueue_writes(load("workload-lws.yaml"), None)
         (failed,) = [r for r in caplog.records if "etcd timeout" in r.getMessage()]
@@ -303,8 +307,8 @@ def _blocker(nodes: list[str]) -> Reservation:
 def test_retry_after_the_second_wait_then_a_fresh_placement_after_requeue() -> None:
     async def body() -> None:
         w = World()
-        assert w.cache.restore(_blocker(["a-1", "a-2", "a-3", "b-1", "b-2", "b-3"]))
         await w.start()
+        assert w.cache.restore(_blocker(["a-1", "a-2", "a-3", "b-1", "b-2", "b-3"]))
         await w.kueue_writes(load("workload-lws.yaml"), None)
         w.clock.now = T0 + CFG.widen_after_s + 1
         await w.ctl.resync()
@@ -445,7 +449,7 @@ def test_our_admission_checks_are_set_active_and_others_left_alone() -> None:
             "False",
             "BadParametersRef",
         )
-        stored = w.api.get("admissionchecks", "gangslice")
+        stored = w.api.peek("admissionchecks", "gangslice")
         assert stored is not None and stored["status"]["conditions"][0]["status"] == "True"
         # Seen again with the condition in place: no write.
         count = len(w.api.applies_to("admissionchecks"))
@@ -463,7 +467,7 @@ def test_a_standby_decides_nothing() -> None:
         assert w.api.applies == [] and w.api.objects("slicereservations") == []
         assert len(w.cache.ledger) == 0
         # Becoming leader acts on what the standby has seen.
-        await w.ctl.become_leader()
+        await take_lead(w.ctl.cache, w.ctl)
         assert w.our_entry()["state"] == "Ready"
         w.ctl.lose_leadership()
         await w.kueue_writes(_finished(w.workload()))
@@ -481,9 +485,9 @@ def test_without_kueue_the_leader_rebuilds_the_ledger_and_reads_nothing_of_kueue
     world.api.put("slicereservations", reservation_to_object(blocker, "default", "held", None))
 
     async def body() -> None:
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
 
     run(body)
     assert ctl.leader and ctl.checks == {}
-    assert "list_admission_checks" not in world.api.calls
+    assert "list admissionchecks" not in world.api.labels()
     assert world.cache.reservation(blocker.gang) is not None

@@ -13,8 +13,9 @@ from extender.controllers.handlers import connection_info, operator_settings, re
 from extender.controllers.leader import LeaseConfig
 from extender.controllers.runner import run_controller
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import cluster_from_data
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 
 class Recorder:
@@ -84,11 +85,11 @@ def test_connection_info_comes_from_the_clients_configuration() -> None:
 
 def test_run_controller_leads_on_the_callers_loop_and_hands_the_lease_back() -> None:
     async def body() -> None:
-        api = FakeControllerApi()
+        api = FakeKube()
         snap = cluster_from_data(
             {"nodes": [{"name": "n", "gpuTopology": "hgx-h100"}]}, base=Path(__file__).parent
         )
-        cache = ClusterCache.from_snapshot(snap)
+        cache = ClusterCache.from_snapshot(snap, store=KubeReservationStore(api))
         stop = asyncio.Event()
         leading: list[bool] = []
         lease = LeaseConfig(namespace="gs", name="ctl", retry_period_s=0.01)
@@ -105,13 +106,13 @@ def test_run_controller_leads_on_the_callers_loop_and_hands_the_lease_back() -> 
         )
         while not leading:
             await asyncio.sleep(0.01)
-        got = api.get("leases", "ctl", "gs")
+        got = api.peek("leases", "ctl", "gs")
         assert got is not None and got["spec"]["holderIdentity"] == "me"
-        assert "list_reservations" in api.calls  # the ledger was rebuilt on becoming leader
+        assert "list slicereservations" in api.labels()  # the ledger was rebuilt on becoming leader
         stop.set()
         await asyncio.wait_for(task, 10)
         assert leading == [True, False]
-        got = api.get("leases", "ctl", "gs")
+        got = api.peek("leases", "ctl", "gs")
         assert got is not None and got["spec"]["holderIdentity"] is None
 
     asyncio.run(body())

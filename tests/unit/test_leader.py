@@ -14,9 +14,9 @@ from extender.controllers.leader import (
     lease_body,
     lease_from_object,
 )
-from extender.kube.api import ApiError, Conflict
+from extender.kube.api import Conflict, KubeError
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 CFG = LeaseConfig(
     namespace="gangslice-system", name="gangslice", duration_s=15, renew_deadline_s=10, retry_period_s=2
@@ -25,7 +25,7 @@ T0 = 1_756_116_000.0
 
 
 class Candidate:
-    def __init__(self, api: FakeControllerApi, clock: FakeClock, name: str, log: list[str]) -> None:
+    def __init__(self, api: FakeKube, clock: FakeClock, name: str, log: list[str]) -> None:
         self.log = log
         self.name = name
         self.elector = LeaderElector(api, CFG, name, self.started, self.stopped, clock)
@@ -63,7 +63,7 @@ def test_lease_object_round_trip() -> None:
 
 def test_one_leader_and_take_over_only_after_the_lease_lapses() -> None:
     async def body() -> None:
-        api, clock, log = FakeControllerApi(), FakeClock(T0), list[str]()
+        api, clock, log = FakeKube(), FakeClock(T0), list[str]()
         a, b = Candidate(api, clock, "a", log), Candidate(api, clock, "b", log)
         await a.elector.step()
         await b.elector.step()
@@ -80,7 +80,7 @@ def test_one_leader_and_take_over_only_after_the_lease_lapses() -> None:
         clock.now += 1
         await b.elector.step()
         assert b.elector.leading
-        lease = api.get("leases", "gangslice", "gangslice-system")
+        lease = api.peek("leases", "gangslice", "gangslice-system")
         assert lease is not None and lease["spec"]["holderIdentity"] == "b"
         assert lease["spec"]["leaseTransitions"] == 1
         # a wakes up: it cannot renew, and steps down once its renew deadline has passed.
@@ -93,16 +93,16 @@ def test_one_leader_and_take_over_only_after_the_lease_lapses() -> None:
 
 def test_a_leader_that_cannot_reach_the_api_steps_down_after_the_renew_deadline() -> None:
     async def body() -> None:
-        api, clock, log = FakeControllerApi(), FakeClock(T0), list[str]()
+        api, clock, log = FakeKube(), FakeClock(T0), list[str]()
         a = Candidate(api, clock, "a", log)
         await a.elector.step()
         assert a.elector.leading
         clock.now += CFG.renew_deadline_s - 1
-        api.fail_next("get_lease", ApiError(0, "connection refused"))
+        api.fail_next("get leases", KubeError(0, "connection refused"))
         await a.elector.step()
         assert a.elector.leading  # still within the deadline
         clock.now += 1
-        api.fail_next("get_lease", ApiError(0, "connection refused"))
+        api.fail_next("get leases", KubeError(0, "connection refused"))
         await a.elector.step()
         assert not a.elector.leading
         assert log == ["a started", "a stopped"]
@@ -112,9 +112,9 @@ def test_a_leader_that_cannot_reach_the_api_steps_down_after_the_renew_deadline(
 
 def test_a_lost_write_race_does_not_make_a_leader() -> None:
     async def body() -> None:
-        api, clock, log = FakeControllerApi(), FakeClock(T0), list[str]()
+        api, clock, log = FakeKube(), FakeClock(T0), list[str]()
         a = Candidate(api, clock, "a", log)
-        api.fail_next("create_lease", Conflict(409, "leases gangslice already exists"))
+        api.fail_next("create leases", Conflict(409, "leases gangslice already exists"))
         await a.elector.step()
         assert not a.elector.leading and log == []
 
@@ -123,13 +123,13 @@ def test_a_lost_write_race_does_not_make_a_leader() -> None:
 
 def test_a_failed_rebuild_is_retried_before_leading() -> None:
     async def body() -> None:
-        api, clock = FakeControllerApi(), FakeClock(T0)
+        api, clock = FakeKube(), FakeClock(T0)
         calls: list[str] = []
 
         async def started() -> None:
             calls.append("rebuild")
             if len(calls) == 1:
-                raise ApiError(503, "the server is currently unable to handle the request")
+                raise KubeError(503, "the server is currently unable to handle the request")
 
         elector = LeaderElector(api, CFG, "a", started, lambda: None, clock)
         await elector.step()
@@ -143,7 +143,7 @@ def test_a_failed_rebuild_is_retried_before_leading() -> None:
 
 def test_run_gives_the_lease_up_on_stop() -> None:
     async def body() -> None:
-        api, log = FakeControllerApi(), []
+        api, log = FakeKube(), []
         fast = LeaseConfig(CFG.namespace, CFG.name, duration_s=15, renew_deadline_s=10, retry_period_s=0.01)
         a = LeaderElector(api, fast, "a", _noop, lambda: log.append("a stopped"))
         stop = asyncio.Event()
@@ -153,7 +153,7 @@ def test_run_gives_the_lease_up_on_stop() -> None:
         stop.set()
         await task
         assert log == ["a stopped"]
-        lease: Any = api.get("leases", "gangslice", "gangslice-system")
+        lease: Any = api.peek("leases", "gangslice", "gangslice-system")
         assert lease["spec"]["holderIdentity"] is None
         # Another candidate takes it at once, without waiting for it to lapse.
         b = LeaderElector(api, fast, "b", _noop, lambda: None)

@@ -17,127 +17,98 @@ from types import ModuleType
 
 from test_manifests import REPO, build
 
-#: The modules through which the controller calls the API server.
-CONTROLLER_MODULES = ("extender.kube.client", "extender.controllers.api", "extender.kube.topology_status")
+from extender.kube.api import ALL_KINDS, Resource
+
+#: The packages whose code runs in ``gangslice serve`` (the extender and the controllers):
+#: every call they make through the one client must be granted.
+CONTROLLER_PACKAGES = ("extender/kube", "extender/controllers", "extender/httpapi")
+CONTROLLER_FILES = ("extender/commands/serve.py",)
+#: Not part of ``serve``: the `gangslice hypernodes` command's read of the nodes.
+NOT_SERVE = {"extender/controllers/hypernodes.py"}
 #: kopf watches of the admission controller.
 KOPF_MODULE = "extender.controllers.handlers"
-#: Where ``kubernetes`` API classes may be built: the controller's modules, the agent's
-#: publisher (manifests/agent) and `gangslice explain` (the gangslice-explain ClusterRole).
-CLIENT_HOMES = {
-    "extender/kube/client.py",
-    "extender/kube/topology_status.py",
-    "extender/controllers/api.py",
-    "extender/agent/publish.py",
-    "extender/commands/explain.py",
-}
-CLIENT_ATTRS = {"_core": "", "_custom": None, "_coord": "coordination.k8s.io"}
-VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "patch": "patch"}
-VERBS |= {"replace": "update", "delete": "delete"}
-#: Core kinds as they appear in client method names -> (resource, subresource).
-CORE_KINDS = {
-    "node": "nodes",
-    "pod": "pods",
-    "event": "events",
-    "lease": "leases",
-    "pod_binding": "pods/binding",
-}
+#: Where ``kubernetes`` API classes may be built: nowhere, since every call goes through
+#: the one client (extender/kube/client.py), which builds requests itself.
+CLIENT_HOMES: set[str] = set()
+#: Client method -> RBAC verb. A server-side apply of a main resource may create the object.
+VERBS = {"get": {"get"}, "list": {"list"}, "watch": {"watch"}, "create": {"create"}}
+VERBS |= {"replace": {"update"}, "patch": {"patch"}, "apply": {"patch", "create"}, "delete": {"delete"}}
+#: Receivers of client calls as they are written in the code.
+RECEIVERS = {"api", "self.api", "self._api"}
 
 Grant = tuple[str, str, str]  # (API group, resource, verb)
 
 
+def _resources(expr: ast.expr, module: ModuleType) -> set[Resource]:
+    """The resources a call's first argument can be: a constant of extender.kube.api (by name
+    or as ``kube.X``), or a watched kind's (``kind.resource`` and a local bound to it)."""
+    if isinstance(expr, ast.Name):
+        got = getattr(module, expr.id, None)
+        if isinstance(got, Resource):
+            return {got}
+        if expr.id == "res":
+            return {k.resource for k in ALL_KINDS}
+    if isinstance(expr, ast.Attribute):
+        if expr.attr == "resource":
+            return {k.resource for k in ALL_KINDS}
+        if isinstance(expr.value, ast.Name):
+            got = getattr(getattr(module, expr.value.id, None), expr.attr, None)
+            if isinstance(got, Resource):
+                return {got}
+    raise AssertionError(f"{module.__name__}: cannot resolve the resource {ast.unparse(expr)}")
+
+
 def _resolve(expr: ast.expr, module: ModuleType, tree: ast.Module) -> set[str]:
-    """The string values an argument can take: constants, module globals, ``names.X``,
-    a local assigned once (possibly a conditional expression)."""
+    """A kopf watch's group or plural: a constant or a module global."""
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
         return {expr.value}
-    if isinstance(expr, ast.IfExp):
-        return _resolve(expr.body, module, tree) | _resolve(expr.orelse, module, tree)
-    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
-        got = getattr(getattr(module, expr.value.id), expr.attr)
-        assert isinstance(got, str)
-        return {got}
-    if isinstance(expr, ast.Name):
-        value = getattr(module, expr.id, None)
-        if isinstance(value, str):
-            return {value}
-        sources = [
-            n.value
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)
-        ]
-        assert sources, f"{module.__name__}: cannot resolve {expr.id}"
-        return set().union(*(_resolve(s, module, tree) for s in sources))
+    if isinstance(expr, ast.Name) and isinstance(getattr(module, expr.id, None), str):
+        return {getattr(module, expr.id)}
     raise AssertionError(f"{module.__name__}: cannot resolve {ast.dump(expr)}")
 
 
-def _grants_of_call(
-    method: str, client: str, args: list[ast.expr], module: ModuleType, tree: ast.Module
-) -> set[Grant]:
-    if method == "get_api_resources":
-        return set()  # discovery: the system:discovery role lets every authenticated user read it
-    verb_word, _, rest = method.partition("_")
-    verb = VERBS[verb_word]
-    status = rest.endswith("_status")
-    rest = rest.removesuffix("_status")
-    if rest.endswith("custom_object"):
-        plural_at = 3 if rest.startswith("namespaced") else 2
-        groups = _resolve(args[0], module, tree)
-        plurals = _resolve(args[plural_at], module, tree)
-        return {(g, p + ("/status" if status else ""), verb) for g in groups for p in plurals}
-    kind = rest.removeprefix("namespaced_").removeprefix("cluster_").removesuffix("_for_all_namespaces")
-    group = CLIENT_ATTRS[client]
-    assert group is not None and kind in CORE_KINDS, f"{module.__name__}: unmapped call {method}"
-    return {(group, CORE_KINDS[kind] + ("/status" if status else ""), verb)}
+def _subresources(call: ast.Call) -> set[str]:
+    for kw in call.keywords:
+        if kw.arg == "subresource":
+            v = kw.value
+            if isinstance(v, ast.Constant):
+                return {str(v.value)}
+            if isinstance(v, ast.Name):
+                return {"status", ""}  # a local that is either (the store's "status" if ... else "")
+            raise AssertionError(f"cannot resolve subresource {ast.unparse(v)}")
+    return {""}
 
 
-def _client_refs(tree: ast.Module) -> Iterator[tuple[str, str, list[ast.expr], str]]:
-    """(client attribute, method, its arguments, enclosing function) for every
-    ``self._core.m(...)`` call and every ``self._call(self._core.m, ...)`` hand-on."""
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    for node in ast.walk(tree):
-        if not (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Attribute)
-            and isinstance(node.value.value, ast.Name)
-            and node.value.value.id == "self"
-            and node.value.attr in CLIENT_ATTRS
-        ):
+def client_calls() -> Iterator[tuple[str, str, ast.Call]]:
+    """(module name, method, call) for every call of the one client in ``serve``'s code."""
+    files = [f for pkg in CONTROLLER_PACKAGES for f in sorted((REPO / pkg).glob("*.py"))]
+    files += [REPO / f for f in CONTROLLER_FILES]
+    for path in files:
+        relative = str(path.relative_to(REPO))
+        if relative in NOT_SERVE or relative == "extender/kube/client.py":
             continue
-        parent = parents[node]
-        if isinstance(parent, ast.Call) and parent.func is node:
-            args = list(parent.args)
-        elif isinstance(parent, ast.Call) and parent.args and parent.args[0] is node:
-            args = list(parent.args[1:])
-        else:  # a lister stored and called later: its arguments are in the call below it
-            calls = [n for n in ast.walk(_function_of(node, parents)) if isinstance(n, ast.Call)]
-            args = next((list(c.args) for c in calls if ast.unparse(c.func) == ast.unparse(node)), [])
-        yield node.value.attr, node.attr, args, _function_of(node, parents).name
-
-
-Function = ast.FunctionDef | ast.AsyncFunctionDef
-
-
-def _function_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> Function:
-    while not isinstance(node, Function):
-        node = parents[node]
-    # A nested helper belongs to the method that defines it.
-    while isinstance(parents.get(node), Function):
-        node = parents[node]
-    return node
+        name = relative.removesuffix(".py").replace("/", ".")
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in VERBS
+                and ast.unparse(node.func.value) in RECEIVERS
+            ):
+                yield name, node.func.attr, node
 
 
 def derived_grants() -> set[Grant]:
     grants: set[Grant] = set()
-    for name in CONTROLLER_MODULES:
+    for name, method, call in client_calls():
         module = importlib.import_module(name)
-        tree = ast.parse(Path(str(module.__file__)).read_text())
-        for client, method, args, fn in _client_refs(tree):
-            got = _grants_of_call(method, client, args, module, tree)
-            if fn == "_lister":
-                # The listers serve both the list and the watch (RealKubeApi.watch).
-                got |= {(g, r, "watch") for g, r, v in got if v == "list"}
-            grants |= got
+        assert call.args, f"{name}: {ast.unparse(call)} names no resource"
+        for res in _resources(call.args[0], module):
+            for sub in _subresources(call):
+                resource = res.plural + (f"/{sub}" if sub else "")
+                verbs = VERBS[method] - ({"create"} if method == "apply" and sub else set())
+                grants |= {(res.group, resource, v) for v in verbs}
     handlers = importlib.import_module(KOPF_MODULE)
     tree = ast.parse(Path(str(handlers.__file__)).read_text())
     for node in ast.walk(tree):
@@ -167,10 +138,10 @@ def granted(role_kinds: tuple[str, ...] = ("ClusterRole", "Role")) -> set[Grant]
 def test_the_derivation_sees_the_calls_we_know_of() -> None:
     got = derived_grants()
     # A sample from each source, so a broken scan cannot pass by finding nothing.
-    assert ("", "pods/binding", "create") in got  # kube/client.py bind_pod
-    assert ("", "nodes", "watch") in got  # kube/client.py _lister used by watch
-    assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # controllers/api.py SSA
-    assert ("coordination.k8s.io", "leases", "update") in got  # controllers/api.py replace_lease
+    assert ("", "pods/binding", "create") in got  # kube/binder.py
+    assert ("", "nodes", "watch") in got  # kube/watch.py, for every watched kind
+    assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # controllers/controller.py SSA
+    assert ("coordination.k8s.io", "leases", "update") in got  # controllers/leader.py replace
     assert ("kueue.x-k8s.io", "admissionchecks", "watch") in got  # kopf
 
 
@@ -248,14 +219,9 @@ def test_the_leader_label_is_granted_in_the_controllers_namespace() -> None:
         ([""], ["pods"], ["patch"])
     ]
     server = (REPO / "extender" / "httpapi" / "server.py").read_text()
-    assert "patch_pod_labels" in server and 'os.environ.get("POD_NAMESPACE")' in server
-    callers = [p for p in (REPO / "extender").rglob("*.py") if "patch_pod_labels(" in p.read_text()]
-    assert {str(p.relative_to(REPO)) for p in callers} <= {
-        "extender/httpapi/server.py",
-        "extender/kube/api.py",
-        "extender/kube/client.py",
-        "extender/testing/kube.py",
-    }
+    assert "async def label_own_pod" in server and 'os.environ.get("POD_NAMESPACE")' in server
+    labellers = [p for p in (REPO / "extender").rglob("*.py") if '{"metadata": {"labels": ' in p.read_text()]
+    assert {str(p.relative_to(REPO)) for p in labellers} == {"extender/httpapi/server.py"}
 
 
 def test_podgroup_writes_are_the_replace_the_code_makes() -> None:

@@ -26,8 +26,8 @@ from extender.kube.store import InMemoryReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.request import Colocation, GangRequest
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
 from extender.testing.extender import gang_pod, node_obj
+from extender.testing.kube import FakeKube
 from extender.topology.presets import preset_graph
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +100,7 @@ def huge(pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once() -> None:
     cache, clock, _ = cache_with()
-    api = FakeControllerApi()
+    api = FakeKube()
     reporter = PlainGangReporter(api, cache, clock=clock)
     reporter.leader = True
     pods = [huge(p) for p in lws_pods()]
@@ -109,14 +109,14 @@ def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once()
     for p in pods:
         asyncio.run(reporter.on_pod("ADDED", p))
     for p in pods:
-        got = api.get("pods", p["metadata"]["name"], "serving")
+        got = api.peek("pods", p["metadata"]["name"], "serving")
         assert got is not None
         assert got["metadata"]["annotations"][STATUS].startswith(f"NeverFits: gang {GANG} can never fit")
     assert [(e["type"], e["reason"], e["involvedObject"]["kind"]) for e in api.events] == [
         ("Warning", "NeverFits", "Pod")
     ] * 2
     # The watch delivers the annotated pod again: nothing new is said.
-    again = api.get("pods", pods[0]["metadata"]["name"], "serving")
+    again = api.peek("pods", pods[0]["metadata"]["name"], "serving")
     assert again is not None
     asyncio.run(reporter.on_pod("MODIFIED", again))
     assert len(api.events) == 2
@@ -127,7 +127,7 @@ def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once()
 
 def test_a_gang_that_only_waits_for_capacity_is_not_reported() -> None:
     cache, clock, _ = cache_with()
-    api = FakeControllerApi()
+    api = FakeKube()
     reporter = PlainGangReporter(api, cache, clock=clock)
     reporter.leader = True
     pod = lws_pods()[0]
@@ -212,7 +212,7 @@ def add_node(cache: ClusterCache, name: str) -> None:
 
 def test_a_gang_that_never_fit_becomes_placeable_when_a_node_joins() -> None:
     cache = kube_cluster("a")
-    api = FakeControllerApi()
+    api = FakeKube()
     reporter = PlainGangReporter(api, cache, clock=FakeClock(100.0))
     reporter.leader = True
     pods = [gang_pod(f"g-{i}", "g", 2, 8) for i in range(2)]
@@ -236,7 +236,7 @@ def test_a_gang_that_never_fit_becomes_placeable_when_a_node_joins() -> None:
 
 def test_pod_churn_does_not_make_the_gang_judged_again() -> None:
     cache = kube_cluster("a")
-    reporter = PlainGangReporter(FakeControllerApi(), cache, clock=FakeClock(100.0))
+    reporter = PlainGangReporter(FakeKube(), cache, clock=FakeClock(100.0))
     reporter.leader = True
     generation = cache.node_generation
     cache.apply(Kind.PODS, "ADDED", gang_pod("other", "x", 1, 1, node="a", phase="Running"))
@@ -245,7 +245,7 @@ def test_pod_churn_does_not_make_the_gang_judged_again() -> None:
 
 def test_the_verdicts_are_forgotten_with_their_gangs_and_bounded(monkeypatch: Any) -> None:
     cache = kube_cluster("a")
-    api = FakeControllerApi()
+    api = FakeKube()
     reporter = PlainGangReporter(api, cache, clock=FakeClock(100.0))
     reporter.leader = True
     for i in range(20):

@@ -26,15 +26,17 @@ from extender.controllers.podgroups import (
     pod_infos,
     topology_level,
 )
+from extender.controllers.runner import take_lead
 from extender.httpapi.decide import Decider
 from extender.kube.api import Conflict
 from extender.kube.cache import ClusterCache
 from extender.kube.names import RESERVATION, STATUS
 from extender.kube.pods import PodInfo
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.snapshot import ClusterSnapshot
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
@@ -59,8 +61,10 @@ def snapshot(name: str = "cluster.yaml") -> ClusterSnapshot:
 class World:
     def __init__(self, cluster: str = "cluster.yaml", config: PodGroupConfig | None = None) -> None:
         self.clock = FakeClock(1_000.0)
-        self.api = FakeControllerApi()
-        self.cache = ClusterCache.from_snapshot(snapshot(cluster), clock=self.clock)
+        self.api = FakeKube()
+        self.cache = ClusterCache.from_snapshot(
+            snapshot(cluster), clock=self.clock, store=KubeReservationStore(self.api, self.clock)
+        )
         self.ctl = PodGroupController(self.api, self.cache, config, clock=self.clock)
         self.ctl.leader = True
 
@@ -77,7 +81,7 @@ class World:
             self.run(self.ctl.on_pod("ADDED", p))
 
     def group(self, ns: str = "llm", name: str = "llama-70b") -> dict[str, Any]:
-        got = self.api.get("podgroups", name, ns)
+        got = self.api.peek("podgroups", name, ns)
         assert got is not None
         return got
 
@@ -170,7 +174,7 @@ def test_the_controller_waits_for_min_member_pods_then_reserves_one_leaf_and_ann
     assert ann[RESERVATION] == "llama-70b"
     assert ann[STATUS].startswith("Reserved: slice llama-70b: 4 pods, 32 GPUs")
     # The SliceReservation is owned by the PodGroup (deleting the group deletes it).
-    obj = w.api.get("slicereservations", "llama-70b", "llm")
+    obj = w.api.peek("slicereservations", "llama-70b", "llm")
     assert obj is not None
     owner = obj["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == (
@@ -203,12 +207,12 @@ def test_the_volcano_extender_pins_each_task_to_its_slot_once_reserved() -> None
 def test_an_annotation_write_that_meets_409_reads_again_and_retries() -> None:
     w = World()
     w.add_group(load("podgroup-llama.yaml"))
-    w.api.fail_next("replace_podgroup", Conflict(409, "the object has been modified"))
-    w.api.fail_next("replace_podgroup", Conflict(409, "the object has been modified"))
+    w.api.fail_next("replace podgroups", Conflict(409, "the object has been modified"))
+    w.api.fail_next("replace podgroups", Conflict(409, "the object has been modified"))
     w.add_pods(load("pods-llama.yaml"))
     ann = w.group()["metadata"]["annotations"]
     assert ann[RESERVATION] == "llama-70b"
-    assert w.api.calls.count("get_podgroup") >= 2
+    assert w.api.labels().count("get podgroups") >= 2
 
 
 def test_a_stale_resource_version_is_refused_by_the_api_and_then_written_fresh() -> None:
@@ -237,7 +241,7 @@ def test_completed_or_deleted_podgroups_release_their_slice() -> None:
             done["status"]["phase"] = "Completed"
             w.run(w.ctl.on_podgroup("MODIFIED", w.api.put("podgroups", done)))
         assert w.cache.reservation(KEY) is None, how
-        assert w.api.get("slicereservations", "llama-70b", "llm") is None, how
+        assert w.api.peek("slicereservations", "llama-70b", "llm") is None, how
 
 
 def test_a_gang_that_can_never_fit_says_so_with_a_warning_event() -> None:
@@ -279,7 +283,7 @@ def test_leadership_releases_reservations_whose_podgroup_is_gone() -> None:
     w.add_pods(load("pods-llama.yaml"))
     w.api.remove("podgroups", "llama-70b", "llm")
     standby = PodGroupController(w.api, w.cache, clock=w.clock)
-    w.run(standby.become_leader())
+    w.run(take_lead(standby.cache, standby))
     assert w.cache.reservation(KEY) is None
 
 

@@ -16,9 +16,10 @@ from extender.controllers.podgroup_controller import PodGroupController
 from extender.httpapi.app import build_app
 from extender.kube import names as keys
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
-from extender.testing.controller_api import FakeControllerApi
 from extender.testing.extender import client_for
+from extender.testing.kube import FakeKube
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "volcano"
 KEY = "llm/llama-70b"
@@ -46,8 +47,10 @@ async def post(client: TestClient[Any, Any], verb: str, body: dict[str, Any]) ->
 
 
 def test_the_job_is_held_until_reserved_then_each_task_is_pinned_to_its_role() -> None:
-    cache = ClusterCache.from_snapshot(load_cluster(FIXTURES / "cluster.yaml"))
-    api = FakeControllerApi()
+    api = FakeKube()
+    cache = ClusterCache.from_snapshot(
+        load_cluster(FIXTURES / "cluster.yaml"), store=KubeReservationStore(api)
+    )
     ctl = PodGroupController(api, cache)
     ctl.leader = True
     group = api.put("podgroups", yaml.safe_load((FIXTURES / "podgroup-llama.yaml").read_text()))

@@ -6,8 +6,6 @@ never read back: a restart rebuilds the same ledger from spec."""
 from __future__ import annotations
 
 import asyncio
-import copy
-from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,8 @@ from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.controllers.podgroup_controller import PodGroupController
-from extender.kube.api import Conflict, Kind, Listing, NotFound
+from extender.controllers.runner import take_lead
+from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo
@@ -27,9 +26,9 @@ from extender.placement.files import load_cluster
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import Slice
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
 from extender.testing.extender import gang_pod, node_obj
-from extender.testing.kube import FakeKubeApi
+from extender.testing.kube import FakeKube
+from extender.testing.reserve import hold, reserve_gang
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crds" / "gangslice.io_slicereservations.yaml"
@@ -48,48 +47,8 @@ def schema() -> dict[str, Any]:
     return version_schema(load_crd(CRD), "v1alpha1")
 
 
-class OneApiServer(FakeKubeApi):
-    """The cluster cache's client over the controller's fake API: one API server, two clients,
-    as in a cluster (the cache's store rewrites what a controller created)."""
-
-    def __init__(self, shared: FakeControllerApi) -> None:
-        super().__init__()
-        self.shared = shared
-
-    def create_reservation(self, obj: Mapping[str, Any]) -> None:
-        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        if self.shared.get(PLURAL, name, ns) is not None:
-            raise Conflict(409, f"slicereservation {ns}/{name} already exists")
-        self.shared.put(PLURAL, {k: v for k, v in obj.items() if k != "status"})
-
-    def patch_reservation_spec(self, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
-        got = self._require(namespace, name)
-        got["spec"] = copy.deepcopy(dict(spec))
-        self.shared.put(PLURAL, got)
-
-    def patch_reservation_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        self.calls.append(("patch_reservation_status", (namespace, name)))
-        got = self._require(namespace, name)
-        got["status"] = copy.deepcopy(dict(status))
-        self.shared.put(PLURAL, got)
-
-    def delete_reservation(self, namespace: str, name: str) -> None:
-        self._require(namespace, name)
-        self.shared.remove(PLURAL, name, namespace)
-
-    def list(self, kind: Kind) -> Listing:
-        assert kind is Kind.SLICE_RESERVATIONS
-        return Listing(self.shared.objects(PLURAL), "1")
-
-    def _require(self, namespace: str, name: str) -> dict[str, Any]:
-        got = self.shared.get(PLURAL, name, namespace)
-        if got is None:
-            raise NotFound(404, f"slicereservation {namespace}/{name} not found")
-        return got
-
-
-def status_writes(api: FakeKubeApi) -> int:
-    return sum(1 for call, _ in api.calls if call == "patch_reservation_status")
+def status_writes(api: FakeKube) -> int:
+    return api.labels().count("apply slicereservations/status")
 
 
 def assert_status_matches(obj: dict[str, Any] | None, r: Reservation) -> dict[str, Any]:
@@ -133,7 +92,7 @@ def test_the_printer_columns_read_phase_nodes_and_gpus_from_status() -> None:
 # -- plain gangs: the cluster cache's store ----------------------------------------------------
 
 
-def plain_gang_cache(api: FakeKubeApi, clock: FakeClock) -> ClusterCache:
+def plain_gang_cache(api: FakeKube, clock: FakeClock) -> ClusterCache:
     cache = ClusterCache(store=KubeReservationStore(api, clock), awaiting=(), clock=clock)
     cache.replace(Kind.NODES, [node_obj("a"), node_obj("b")])
     return cache
@@ -146,15 +105,15 @@ def two_pod_request() -> Any:
 
 
 def test_a_plain_gang_hold_writes_its_status_and_each_bind_rewrites_it() -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     clock = FakeClock(T0)
     cache = plain_gang_cache(api, clock)
 
     async def go() -> None:
-        assert isinstance(await cache.reserve_gang("llm/g", two_pod_request()), Slice)
+        assert isinstance(await reserve_gang(cache, "llm/g", two_pod_request()), Slice)
         r = cache.reservation("llm/g")
         assert r is not None
-        first = assert_status_matches(api.get(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
+        first = assert_status_matches(api.peek(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
         assert first["phase"] == "Reserved" and first["boundPods"] == {}
         assert first["gpus"] == 16 and sorted(first["nodes"].split(",")) == ["a", "b"]
 
@@ -162,34 +121,34 @@ def test_a_plain_gang_hold_writes_its_status_and_each_bind_rewrites_it() -> None
         one, two = (s.key for s in r.slice.slots)
         r = cache.bind_slot("llm/g", one, "g-0")
         await cache.flush()
-        status = assert_status_matches(api.get(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
+        status = assert_status_matches(api.peek(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
         assert status["phase"] == "Reserved" and status["boundPods"] == {one: "g-0"}
 
         r = cache.bind_slot("llm/g", two, "g-1")
         await cache.flush()
-        status = assert_status_matches(api.get(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
+        status = assert_status_matches(api.peek(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
         assert status["phase"] == "Bound" and status["boundPods"] == {one: "g-0", two: "g-1"}
         # Still held: the condition did not change, nor did its transition time.
         assert status["conditions"][0]["lastTransitionTime"] == first["conditions"][0]["lastTransitionTime"]
 
         r = cache.unbind_slot("llm/g", one)
         await cache.flush()
-        status = assert_status_matches(api.get(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
+        status = assert_status_matches(api.peek(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
         assert status["phase"] == "Reserved" and status["boundPods"] == {two: "g-1"}
 
         await cache.release_gang("llm/g")
-        assert api.get(Kind.SLICE_RESERVATIONS, "g", "llm") is None
+        assert api.peek(Kind.SLICE_RESERVATIONS, "g", "llm") is None
 
     asyncio.run(go())
     assert status_writes(api) == 4
 
 
 def test_an_unchanged_status_is_not_written_again() -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     clock = FakeClock(T0)
     store = KubeReservationStore(api, clock)
     cache = plain_gang_cache(api, clock)
-    assert isinstance(cache.hold("llm/g", two_pod_request()), Slice)
+    assert isinstance(hold(cache, "llm/g", two_pod_request()), Slice)
     r = cache.reservation("llm/g")
     assert r is not None
 
@@ -200,27 +159,19 @@ def test_an_unchanged_status_is_not_written_again() -> None:
 
     asyncio.run(go())
     assert status_writes(api) == 1
-    assert [c for c, _ in api.calls].count("patch_reservation_spec") == 1
+    assert api.labels().count("apply slicereservations") == 1
 
 
 def test_a_failed_status_write_stays_queued_and_is_retried() -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     clock = FakeClock(T0)
     cache = plain_gang_cache(api, clock)
 
     async def go() -> None:
-        original = api.patch_reservation_status
-        failures = [RuntimeError("the API server is away")]
-
-        def flaky(namespace: str, name: str, status: Mapping[str, Any]) -> None:
-            if failures:
-                raise failures.pop()
-            original(namespace, name, status)
-
-        api.patch_reservation_status = flaky  # type: ignore[method-assign]
-        await cache.reserve_gang("llm/g", two_pod_request())
+        api.fail_next("apply slicereservations/status", RuntimeError("the API server is away"))
+        await reserve_gang(cache, "llm/g", two_pod_request())
         assert cache.unflushed == 1
-        obj = api.get(Kind.SLICE_RESERVATIONS, "g", "llm")
+        obj = api.peek(Kind.SLICE_RESERVATIONS, "g", "llm")
         assert obj is not None and "status" not in obj
         await cache.flush()
         assert cache.unflushed == 0
@@ -228,7 +179,7 @@ def test_a_failed_status_write_stays_queued_and_is_retried() -> None:
     asyncio.run(go())
     r = cache.reservation("llm/g")
     assert r is not None
-    assert_status_matches(api.get(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
+    assert_status_matches(api.peek(Kind.SLICE_RESERVATIONS, "g", "llm"), r)
 
 
 def test_the_in_memory_store_keeps_status_too() -> None:
@@ -238,7 +189,7 @@ def test_the_in_memory_store_keeps_status_too() -> None:
     cache.replace(Kind.NODES, [node_obj("a"), node_obj("b")])
 
     async def go() -> None:
-        await cache.reserve_gang("llm/g", two_pod_request())
+        await reserve_gang(cache, "llm/g", two_pod_request())
         bind_all(cache, "llm/g", ["g-0", "g-1"])
         await cache.flush()
 
@@ -249,18 +200,18 @@ def test_the_in_memory_store_keeps_status_too() -> None:
 
 
 def test_a_restarted_cache_rebuilds_the_bound_plain_gang_from_spec_once() -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     clock = FakeClock(T0)
     first = plain_gang_cache(api, clock)
 
     async def go() -> None:
-        await first.reserve_gang("llm/g", two_pod_request())
+        await reserve_gang(first, "llm/g", two_pod_request())
         bind_all(first, "llm/g", ["g-0", "g-1"])
         await first.flush()
 
         second = plain_gang_cache(api, clock)
-        assert await second.load_reservations() == 1
-        assert await second.load_reservations() == 0  # the same objects again: nothing doubled
+        assert await second.rebuild_ledger() == 1
+        assert await second.rebuild_ledger() == 1  # the same objects again: nothing doubled
         before, after = first.reservation("llm/g"), second.reservation("llm/g")
         assert before is not None and after is not None
         assert slots(after) == slots(before)
@@ -277,19 +228,17 @@ def test_a_restarted_cache_rebuilds_the_bound_plain_gang_from_spec_once() -> Non
 # -- Workloads (Kueue) ---------------------------------------------------------------------------
 
 
-def kueue_world(
-    api: FakeControllerApi, clock: FakeClock, identity: str
-) -> tuple[ClusterCache, AdmissionController]:
+def kueue_world(api: FakeKube, clock: FakeClock, identity: str) -> tuple[ClusterCache, AdmissionController]:
     cache = ClusterCache.from_snapshot(
         load_cluster(KUEUE / "cluster.yaml"),
         clock=clock,
-        store=KubeReservationStore(OneApiServer(api), clock),
+        store=KubeReservationStore(api, clock),
     )
     return cache, AdmissionController(api, cache, CheckConfig(), clock=clock, identity=identity)
 
 
-def kueue_api() -> FakeControllerApi:
-    api = FakeControllerApi()
+def kueue_api() -> FakeKube:
+    api = FakeKube()
     api.put("admissionchecks", load(KUEUE / "admissioncheck.yaml"))
     api.put("resourceflavors", load(KUEUE / "resourceflavor.yaml"))
     api.put("workloads", load(KUEUE / "workload-lws.yaml"))
@@ -304,7 +253,7 @@ def test_a_workload_hold_writes_status_then_bound_through_the_cache_and_survives
         clock = FakeClock(T0 + 5)
         api = kueue_api()
         cache, ctl = kueue_world(api, clock, "first")
-        await ctl.become_leader()
+        await take_lead(ctl.cache, ctl)
         for ac in api.objects("admissionchecks"):
             await ctl.on_admission_check(None, ac)
         for wl in api.objects("workloads"):
@@ -312,14 +261,14 @@ def test_a_workload_hold_writes_status_then_bound_through_the_cache_and_survives
 
         r = cache.reservation(key)
         assert r is not None
-        status = assert_status_matches(api.get(PLURAL, name, "serving"), r)
+        status = assert_status_matches(api.peek(PLURAL, name, "serving"), r)
         assert status["phase"] == "Reserved" and status["gpus"] == 32
-        assert len(api.applies_to(PLURAL)) == 1
+        assert api.labels().count("apply slicereservations/status") == 1
 
         pods = [f"vllm-{i}" for i in range(len(r.slice.slots))]
         r = bind_all(cache, key, pods)
         await cache.flush()
-        obj = api.get(PLURAL, name, "serving")
+        obj = api.peek(PLURAL, name, "serving")
         status = assert_status_matches(obj, r)
         assert status["phase"] == "Bound"
         assert sorted(status["boundPods"].values()) == sorted(pods)
@@ -329,7 +278,7 @@ def test_a_workload_hold_writes_status_then_bound_through_the_cache_and_survives
         again, second = kueue_world(api, clock, "second")
         for wl in api.objects("workloads"):
             await second.on_workload(None, wl)
-        await second.become_leader()
+        await take_lead(second.cache, second)
         back = again.reservation(key)
         assert back is not None
         assert slots(back) == slots(r)
@@ -349,8 +298,8 @@ def test_a_podgroup_hold_writes_status_then_bound_through_the_cache() -> None:
 
     async def go() -> None:
         clock = FakeClock(1_000.0)
-        api = FakeControllerApi()
-        kube = OneApiServer(api)
+        api = FakeKube()
+        kube = api
         cache = ClusterCache.from_snapshot(
             load_cluster(VOLCANO / "cluster.yaml"), clock=clock, store=KubeReservationStore(kube, clock)
         )
@@ -363,14 +312,14 @@ def test_a_podgroup_hold_writes_status_then_bound_through_the_cache() -> None:
 
         r = cache.reservation(key)
         assert r is not None
-        status = assert_status_matches(api.get(PLURAL, "llama-70b", "llm"), r)
+        status = assert_status_matches(api.peek(PLURAL, "llama-70b", "llm"), r)
         assert status["phase"] == "Reserved" and status["gpus"] == 32
         assert len(status["nodes"].split(",")) == 4
 
         names = [p["metadata"]["name"] for p in pods]
         r = bind_all(cache, key, names)
         await cache.flush()
-        obj = api.get(PLURAL, "llama-70b", "llm")
+        obj = api.peek(PLURAL, "llama-70b", "llm")
         status = assert_status_matches(obj, r)
         assert status["phase"] == "Bound" and sorted(status["boundPods"].values()) == sorted(names)
         assert obj is not None and obj["metadata"]["ownerReferences"][0]["kind"] == "PodGroup"
@@ -379,7 +328,7 @@ def test_a_podgroup_hold_writes_status_then_bound_through_the_cache() -> None:
         again = ClusterCache.from_snapshot(
             load_cluster(VOLCANO / "cluster.yaml"), clock=clock, store=KubeReservationStore(kube, clock)
         )
-        assert await again.load_reservations() == 1
+        assert await again.rebuild_ledger() == 1
         back = again.reservation(key)
         assert back is not None and back.bound == r.bound and back.phase is Phase.BOUND
 

@@ -17,10 +17,12 @@ from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.leader import LeaderElector, LeaseConfig
 from extender.controllers.objects import reservation_from_object
+from extender.controllers.runner import take_lead
 from extender.kube.cache import ClusterCache
+from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.testing.clock import FakeClock
-from extender.testing.controller_api import FakeControllerApi
+from extender.testing.kube import FakeKube
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()
@@ -50,8 +52,8 @@ def other_workload(name: str, uid: str) -> dict[str, Any]:
     return wl
 
 
-def kueue_api() -> FakeControllerApi:
-    api = FakeControllerApi()
+def kueue_api() -> FakeKube:
+    api = FakeKube()
     api.put("admissionchecks", load("admissioncheck.yaml"))
     api.put("resourceflavors", load("resourceflavor.yaml"))
     return api
@@ -60,14 +62,16 @@ def kueue_api() -> FakeControllerApi:
 class Process:
     """One controller process: its own cluster cache (and so its own ledger)."""
 
-    def __init__(self, api: FakeControllerApi, clock: FakeClock, identity: str) -> None:
-        self.cache = ClusterCache.from_snapshot(load_cluster(FIXTURES / "cluster.yaml"), clock=clock)
+    def __init__(self, api: FakeKube, clock: FakeClock, identity: str) -> None:
+        self.cache = ClusterCache.from_snapshot(
+            load_cluster(FIXTURES / "cluster.yaml"), clock=clock, store=KubeReservationStore(api, clock)
+        )
         self.ctl = AdmissionController(api, self.cache, CheckConfig(), clock=clock, identity=identity)
         self.elector = LeaderElector(
-            api, LEASE, identity, self.ctl.become_leader, self.ctl.lose_leadership, clock
+            api, LEASE, identity, lambda: take_lead(self.cache, self.ctl), self.ctl.lose_leadership, clock
         )
 
-    async def watch_all(self, api: FakeControllerApi) -> None:
+    async def watch_all(self, api: FakeKube) -> None:
         """kopf's initial listing: every AdmissionCheck and Workload, in order."""
         for ac in api.objects("admissionchecks"):
             await self.ctl.on_admission_check(None, ac)
@@ -75,15 +79,15 @@ class Process:
             await self.ctl.on_workload(None, wl)
 
 
-def entry(api: FakeControllerApi, name: str) -> dict[str, Any]:
-    wl = api.get("workloads", name, "serving")
+def entry(api: FakeKube, name: str) -> dict[str, Any]:
+    wl = api.peek("workloads", name, "serving")
     assert wl is not None
     got: dict[str, Any] = {e["name"]: e for e in wl["status"]["admissionChecks"]}["gangslice"]
     return got
 
 
-def workload(api: FakeControllerApi, name: str) -> dict[str, Any]:
-    wl = api.get("workloads", name, "serving")
+def workload(api: FakeKube, name: str) -> dict[str, Any]:
+    wl = api.peek("workloads", name, "serving")
     assert wl is not None
     return wl
 
@@ -92,13 +96,13 @@ def held_gpus(cache: ClusterCache) -> list[tuple[str, int]]:
     return [(s.node, g) for r in cache.ledger.reservations() for s in r.slice.slots for g in s.gpus]
 
 
-async def lws_leader() -> tuple[FakeClock, FakeControllerApi, Process]:
+async def lws_leader() -> tuple[FakeClock, FakeKube, Process]:
     """The LWS Workload in a fresh fake API and a first controller process, made leader."""
     clock = FakeClock(T0 + 5)
     api = kueue_api()
     api.put("workloads", load("workload-lws.yaml"))
     first = Process(api, clock, "first")
-    await first.ctl.become_leader()
+    await take_lead(first.ctl.cache, first.ctl)
     return clock, api, first
 
 
@@ -115,7 +119,7 @@ def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -
 
         # The LWS gang: its SliceReservation is created, then the process dies before Ready.
         api.put("workloads", load("workload-lws.yaml"))
-        api.fail_next("apply_workload_status", Crash())
+        api.fail_next("apply workloads/status", Crash())
         with pytest.raises(Crash):
             await first.ctl.on_workload(None, workload(api, LWS[1]))
         assert entry(api, LWS[1])["state"] == "Pending"
@@ -177,13 +181,13 @@ def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -
 def test_stop_before_the_object_is_written_places_afresh_after_restart() -> None:
     async def body() -> None:
         clock, api, first = await lws_leader()
-        api.fail_next("create_reservation", Crash())
+        api.fail_next("apply slicereservations", Crash())
         with pytest.raises(Crash):
             await first.watch_all(api)
         assert api.objects("slicereservations") == []
 
         second = Process(api, clock, "second")
-        await second.ctl.become_leader()
+        await take_lead(second.ctl.cache, second.ctl)
         await second.watch_all(api)
         assert entry(api, LWS[1])["state"] == "Ready"
         assert len(api.objects("slicereservations")) == 1
@@ -201,7 +205,7 @@ def test_a_workload_deleted_while_down_has_its_reservation_released_on_restart()
         # Deleted while no controller ran (and the garbage collector has not got to it yet).
         api.remove("workloads", LWS[1], LWS[0])
         second = Process(api, clock, "second")
-        await second.ctl.become_leader()
+        await take_lead(second.ctl.cache, second.ctl)
         assert len(second.cache.ledger) == 0
         assert api.objects("slicereservations") == []
 
@@ -221,7 +225,7 @@ def test_overlapping_stored_reservations_are_never_both_restored() -> None:
         api.put("slicereservations", twin)
 
         second = Process(api, clock, "second")
-        await second.ctl.become_leader()
+        await take_lead(second.ctl.cache, second.ctl)
         assert len(second.cache.ledger) == 1 and second.cache.reservation(KEY) is not None
         held = held_gpus(second.cache)
         assert len(held) == len(set(held)) == 32

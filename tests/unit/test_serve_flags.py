@@ -75,7 +75,7 @@ def test_bad_wait_exits_2_with_one_line_before_connecting(
     def no_api(*a: Any, **k: Any) -> None:
         raise AssertionError("the API must not be reached with a bad flag")
 
-    monkeypatch.setattr("extender.kube.client.RealKubeApi", no_api)
+    monkeypatch.setattr("extender.kube.client.ApiServerClient.connect", no_api)
     assert cli.main(["serve", "--kubeconfig", "kc", "--retry-after", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "gangslice serve: --retry-after 0: must be a positive number of seconds\n", err
@@ -99,13 +99,20 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
         seen["topology_status"] = topology_status
         await controller(asyncio.Event(), lambda leading: None)
 
-    monkeypatch.setattr("extender.kube.client.RealKubeApi", lambda kubeconfig: object())
-    monkeypatch.setattr("extender.kube.client.load_api_client", lambda kubeconfig: None)
+    api_client = object()
+
+    def load(kubeconfig: str | None = None, context: str | None = None) -> object:
+        seen["loaded"] = kubeconfig
+        return api_client
+
+    monkeypatch.setattr("extender.kube.client.load_api_client", load)
     monkeypatch.setattr("extender.controllers.runner.run_controller", fake_run_controller)
     monkeypatch.setattr("extender.httpapi.server.serve", fake_serve)
     args = parse("--widen-after", "2", "--retry-after", "3", "--requeue-after", "4", "--member-wait", "6")
     assert commands.run_serve(args) == 0
     assert seen["config"] == CheckConfig(widen_after_s=2, retry_after_s=3, requeue_after_s=4, member_wait_s=6)
     assert seen["podgroup_config"] == PodGroupConfig(member_wait_s=6)
-    assert seen["kubeconfig"] == "kc"
+    # One client, from the kubeconfig, for the extender and the controllers alike.
+    assert seen["loaded"] == "kc"
+    assert seen["api"].api_client is api_client and seen["api_client"] is api_client
     assert seen["topology_status"] is not None

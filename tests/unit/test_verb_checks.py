@@ -15,6 +15,7 @@ from extender.kube import names as keys
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.testing.extender import client_for, gang_pod, node_obj, pod_obj
+from extender.testing.reserve import hold
 
 Client = TestClient[Any, Any]
 NODES = ["n-0", "n-1", "n-2"]
@@ -139,7 +140,7 @@ def test_volcano_allocate_and_deallocate_check_the_pod() -> None:
     async def body(client: Client, cache: ClusterCache) -> None:
         from extender.placement.request import GangRequest, PodSet
 
-        placed = cache.hold("llm/pg", GangRequest("llm/pg", (PodSet("w", 2, 8),)))
+        placed = hold(cache, "llm/pg", GangRequest("llm/pg", (PodSet("w", 2, 8),)))
         assert not isinstance(placed, str)
         r = cache.reservation("llm/pg")
         assert r is not None

@@ -15,7 +15,8 @@ from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
 from extender.placement.request import GangRequest, PodSet
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, write_cluster
-from extender.testing.kube import FakeKubeApi
+from extender.testing.kube import FakeKube
+from extender.testing.reserve import hold
 
 
 def _status(tmp_path: Path, leading: dict[str, bool] | None) -> tuple[int, str]:
@@ -41,14 +42,14 @@ def test_leader_replica_says_leader(tmp_path: Path) -> None:
 
 
 def test_leader_labels_its_own_pod(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     api.put(Kind.PODS, {"metadata": {"name": "ctl-0", "namespace": "gangslice-system"}})
     monkeypatch.setenv("POD_NAME", "ctl-0")
     monkeypatch.setenv("POD_NAMESPACE", "gangslice-system")
     asyncio.run(label_own_pod(api, True))
-    assert api.get_pod("gangslice-system", "ctl-0")["metadata"]["labels"][LEADER_LABEL] == "true"
+    assert api.peek(Kind.PODS, "ctl-0", "gangslice-system")["metadata"]["labels"][LEADER_LABEL] == "true"
     asyncio.run(label_own_pod(api, False))
-    assert api.get_pod("gangslice-system", "ctl-0")["metadata"]["labels"][LEADER_LABEL] == "false"
+    assert api.peek(Kind.PODS, "ctl-0", "gangslice-system")["metadata"]["labels"][LEADER_LABEL] == "false"
 
 
 def test_without_controller_readiness_is_the_cache(tmp_path: Path) -> None:
@@ -83,7 +84,7 @@ def test_a_standby_decides_nothing_and_says_why(tmp_path: Path) -> None:
 def test_housekeeping_expires_holds_on_the_leader_only(tmp_path: Path) -> None:
     now = [0.0]
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), ttl_s=10.0, clock=lambda: now[0])
-    cache.hold("llm/g", GangRequest("g", (PodSet("w", 1, 8),)))
+    hold(cache, "llm/g", GangRequest("g", (PodSet("w", 1, 8),)))
     app = build_app(cache, housekeeping_s=None)
     leading = {"now": False}
     app[LEADING] = leading

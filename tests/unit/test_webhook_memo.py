@@ -22,6 +22,7 @@ from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.placement.request import GangRequest, PodSet
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
+from extender.testing.reserve import hold
 
 ALL = list(SMALL_CLUSTER_NODES)
 Client = TestClient[Any, Any]
@@ -67,7 +68,7 @@ def test_the_same_list_gets_the_remembered_outcome_until_the_cache_changes(tmp_p
     assert decider.filter(pod, list(ALL)) is first
     assert decider.filter(pod, ALL[:3]) is not first
     assert decider.prioritize(pod, list(ALL)) is decider.prioritize(pod, list(ALL))
-    cache.hold("llm/g", GangRequest("g", (PodSet("w", 1, 8),)))
+    hold(cache, "llm/g", GangRequest("g", (PodSet("w", 1, 8),)))
     after = decider.filter(pod, list(ALL))
     assert after is not first and len(after.passed) == len(first.passed) - 1
     assert after == Decider(cache).filter(pod, list(ALL))

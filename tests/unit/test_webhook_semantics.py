@@ -15,20 +15,21 @@ from aiohttp.test_utils import TestClient
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import DECIDER
 from extender.kube import names as keys
-from extender.kube.api import ApiError, Kind
+from extender.kube.api import Kind, KubeError
 from extender.kube.binder import LocalBinder
 from extender.kube.cache import ClusterCache
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
-from extender.testing.kube import FakeKubeApi
+from extender.testing.kube import FakeKube
+from extender.testing.reserve import reserve_gang
 
 ALL = list(SMALL_CLUSTER_NODES)
 Client = TestClient[Any, Any]
 Body = Callable[[Client, ClusterCache], Awaitable[None]]
 
 
-def run(tmp_path: Path, body: Body, api: FakeKubeApi | None = None) -> ClusterCache:
+def run(tmp_path: Path, body: Body, api: FakeKube | None = None) -> ClusterCache:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
 
     async def go() -> None:
@@ -248,7 +249,7 @@ def test_the_kueue_path_matches_the_pods_reservation_and_pod_set(tmp_path: Path)
         request = GangRequest(
             "llm/wl-1", (PodSet("leader", 1, 4), PodSet("workers", 2, 8, required_level="leaf"))
         )
-        placed = await cache.reserve_gang("llm/wl-1", request, {"name": "wl-1-abcde"})
+        placed = await reserve_gang(cache, "llm/wl-1", request, {"name": "wl-1-abcde"})
         assert isinstance(placed, Slice)
         workers = sorted({s.node for s in placed.slots if s.pod_set == "workers"})
         pod = pod_obj(
@@ -300,7 +301,7 @@ def test_bind_picks_the_gpu_set_and_records_it(tmp_path: Path) -> None:
 
 
 def test_bind_through_the_api_writes_annotations_and_the_binding(tmp_path: Path) -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     pod = gang_pod("g-0", "g", 2, 8)
     api.put(Kind.PODS, pod)
 
@@ -312,19 +313,21 @@ def test_bind_through_the_api_writes_annotations_and_the_binding(tmp_path: Path)
         assert r is not None and list(r.bound.values()) == ["g-0"]
         slot = r.slot_of("g-0")
         assert slot is not None and slot.node == node
-        stored = api.get(Kind.PODS, "g-0", "llm")
+        stored = api.peek(Kind.PODS, "g-0", "llm")
         assert stored is not None and stored["spec"]["nodeName"] == node
         assert stored["metadata"]["annotations"][keys.GPUS] == ",".join(map(str, slot.gpus))
         assert stored["metadata"]["annotations"][keys.NUMA_NODE] == ",".join(map(str, slot.numa_nodes))
 
     run(tmp_path, body, api)
+    # One write: the Binding carries the annotations (no patch of the pod).
+    assert [c.label for c in api.writes(Kind.PODS)] == ["create pods/binding"]
 
 
 def test_a_failed_bind_releases_the_slot_and_says_why(tmp_path: Path) -> None:
-    api = FakeKubeApi()
+    api = FakeKube()
     pod = gang_pod("g-0", "g", 2, 8)
     api.put(Kind.PODS, pod)
-    api.fail_next("bind_pod", ApiError(409, "pod is being deleted"))
+    api.fail_next("create pods/binding", KubeError(409, "pod is being deleted"))
 
     async def body(client: Client, cache: ClusterCache) -> None:
         got = await filter_(client, pod)
@@ -409,7 +412,7 @@ def test_a_restart_rebuilds_the_same_reservation_and_doubles_nothing(tmp_path: P
 
     async def life(pod: dict[str, Any], bind_it: bool) -> tuple[list[str], dict[str, Any]]:
         cache = ClusterCache.from_cluster_file(path, store=store)
-        await cache.load_reservations()
+        await cache.rebuild_ledger()
         async with client_for(build_app(cache, housekeeping_s=None)) as client:
             got = await filter_(client, pod)
             if bind_it:

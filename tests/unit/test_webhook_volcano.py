@@ -15,6 +15,7 @@ from extender.kube.cache import ClusterCache
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
+from extender.testing.reserve import reserve_gang
 
 Client = TestClient[Any, Any]
 
@@ -56,7 +57,7 @@ def node_info(name: str) -> dict[str, Any]:
 
 
 async def reserve(cache: ClusterCache, pods: int = 2) -> Slice:
-    placed = await cache.reserve_gang("llm/pg-1", GangRequest("llm/pg-1", (PodSet("worker", pods, 8),)))
+    placed = await reserve_gang(cache, "llm/pg-1", GangRequest("llm/pg-1", (PodSet("worker", pods, 8),)))
     assert isinstance(placed, Slice)
     return placed
 
@@ -150,7 +151,7 @@ def test_allocate_takes_a_slot_and_deallocate_gives_it_back(tmp_path: Path) -> N
 def test_task_role_picks_the_pod_set_when_the_slice_has_it(tmp_path: Path) -> None:
     async def body(client: Client, cache: ClusterCache) -> None:
         request = GangRequest("llm/pg-1", (PodSet("leader", 1, 4), PodSet("worker", 1, 8)))
-        placed = await cache.reserve_gang("llm/pg-1", request)
+        placed = await reserve_gang(cache, "llm/pg-1", request)
         assert isinstance(placed, Slice)
         leader_node = placed.slot("leader/0").node
         worker_node = placed.slot("worker/0").node

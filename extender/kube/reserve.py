@@ -1,0 +1,154 @@
+"""The one reserve path: place a gang on the cluster cache's view and hold the slice.
+
+Plain gangs (the extender, on a member's first filter), Volcano PodGroups and Kueue
+Workloads (their controllers), alone or as one member of a joint gang, all reserve here::
+
+    async with cache.lock:
+        got = reserve(cache, request, Claim(gang, meta))      # Reservation | Unplaceable
+    await cache.persist(gang)                                  # the store writes it
+
+The decision is this module's: the view (every other reservation's GPUs taken out), the
+solver (``place`` unless the caller brings its own, as the Kueue check does for its waiting
+stages), the split of a joint gang's slice into one reservation per member. The cache only
+observes and records: :meth:`ClusterCache.hold_all` enters the reservations in the ledger,
+all or none, and queues them for its store; :meth:`ClusterCache.restore` only puts back what
+an earlier process persisted.
+
+``reserve`` is synchronous: call it under ``cache.lock`` (no other decision on the loop may
+see the capacity free between placing and holding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from extender.kube.crd_models import gang_namespace, object_name
+from extender.logs import fields
+from extender.placement.ledger import Ledger, Phase, Reservation
+from extender.placement.request import GangRequest
+from extender.placement.slice import Placement, Slice, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.solver import place
+
+log = logging.getLogger(__name__)
+
+#: Places a request on a view: :func:`~extender.placement.solver.place` by default.
+Solver = Callable[[ClusterSnapshot, GangRequest], Placement]
+#: Cuts a joint gang's slice into one slice per member gang key.
+Split = Callable[[Slice], Mapping[str, Slice]]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Whom a reservation is for: its gang key, the meta kept with it (the owner object, for
+    a controller's reservation; the store names the SliceReservation and its owner reference
+    from it) and when the hold lapses (None: the ledger's TTL from now)."""
+
+    gang: str
+    meta: Mapping[str, str] = field(default_factory=dict)
+    expires_at: float | None = None
+
+
+class Reserving(Protocol):
+    """What :func:`reserve` needs of :class:`extender.kube.cache.ClusterCache`."""
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot: ...
+
+    def reservation(self, gang: str) -> Reservation | None: ...
+
+    def running_members(self, gang: str) -> int | None: ...
+
+    def hold_all(self, rs: Iterable[Reservation]) -> bool: ...
+
+
+def reserve(
+    cache: Reserving, request: GangRequest, claim: Claim, *, solve: Solver | None = None
+) -> Reservation | Unplaceable:
+    """Reserve a slice for one gang; an existing reservation of ``claim.gang`` is returned as
+    is. Raises ValueError for a request the solver cannot read (an unknown level name)."""
+    existing = cache.reservation(claim.gang)
+    if existing is not None:
+        return existing
+    if request.name != claim.gang:
+        request = dataclasses.replace(request, name=claim.gang)
+    request_or_why = _less_bound_members(cache, claim.gang, request)
+    if isinstance(request_or_why, Unplaceable):
+        return request_or_why
+    got = reserve_all(cache, request_or_why, [claim], solve=solve)
+    return got if isinstance(got, Unplaceable) else got[0]
+
+
+def reserve_all(
+    cache: Reserving,
+    request: GangRequest,
+    claims: Iterable[Claim],
+    *,
+    split: Split | None = None,
+    solve: Solver | None = None,
+) -> list[Reservation] | Unplaceable:
+    """Reserve one slice for ``request`` and hold it as one reservation per claim, all or
+    none: a joint gang's members (``split`` cuts the slice by member gang key), or one gang.
+    Members' existing reservations are left out of the view (a re-placement replaces them)."""
+    by_gang = {c.gang: c for c in claims}
+    view = cache.view(list(by_gang))
+    if request.gpus > view.total_gpus:
+        return Unplaceable(
+            request.name,
+            f"the gang needs {request.gpus} GPUs; the cluster has {view.total_gpus}",
+            feasible_when_empty=False,
+        )
+    result = (solve or place)(view, request)
+    if not isinstance(result, Slice):
+        return result
+    parts = split(result) if split is not None else {request.name: result}
+    now = cache.clock()
+    rs = []
+    for gang, part in parts.items():
+        claim = by_gang[gang]
+        meta = {"namespace": gang_namespace(gang), "name": object_name(gang), **claim.meta}
+        expires = claim.expires_at if claim.expires_at is not None else now + cache.ledger.ttl_s
+        rs.append(Reservation(gang, part, expires, {}, Phase.RESERVED, meta))
+    if not cache.hold_all(rs):
+        return Unplaceable(request.name, "the slice was taken while it was being reserved")
+    for r in rs:
+        log.info(
+            "reserved %d pods on %s, %.1f us/layer",
+            len(r.slice.slots),
+            ",".join(r.slice.nodes),
+            r.slice.per_layer_micros,
+            extra=fields(gang=r.gang, reservation=f"{r.meta['namespace']}/{r.meta['name']}"),
+        )
+    return rs
+
+
+def _less_bound_members(cache: Reserving, gang: str, request: GangRequest) -> GangRequest | Unplaceable:
+    """A plain gang placed again (its hold expired before every member bound) whose members
+    already run: place only the members still to come, so the new hold is one the remaining
+    pods can fill."""
+    if len(request.pod_sets) != 1:
+        return request
+    running = cache.running_members(gang)
+    if not running:
+        return request
+    ps = request.pod_sets[0]
+    if running >= ps.count:
+        return Unplaceable(gang, f"all {ps.count} pods of gang {gang} are already bound", ps.name)
+    log.info(
+        "gang %s: %d of %d pods already bound; placing the other %d",
+        gang,
+        running,
+        ps.count,
+        ps.count - running,
+        extra=fields(gang=gang),
+    )
+    return dataclasses.replace(request, pod_sets=(dataclasses.replace(ps, count=ps.count - running),))

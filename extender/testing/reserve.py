@@ -1,0 +1,29 @@
+"""The one reserve path as tests call it for a plain gang (what the extender does on a
+member's first filter)."""
+
+from __future__ import annotations
+
+from extender.kube.cache import ClusterCache
+from extender.kube.reserve import Claim, reserve
+from extender.placement.ledger import Reservation
+from extender.placement.request import GangRequest
+from extender.placement.slice import Placement
+
+
+def hold(
+    cache: ClusterCache, gang: str, request: GangRequest, meta: dict[str, str] | None = None
+) -> Placement:
+    """Reserve ``request`` for ``gang`` (call it where no other decision runs): the slice, or
+    why not."""
+    got = reserve(cache, request, Claim(gang, dict(meta or {})))
+    return got.slice if isinstance(got, Reservation) else got
+
+
+async def reserve_gang(
+    cache: ClusterCache, gang: str, request: GangRequest, meta: dict[str, str] | None = None
+) -> Placement:
+    """:func:`hold` under the cache's lock, then the cache's store writes it."""
+    async with cache.lock:
+        got = hold(cache, gang, request, meta)
+    await cache.flush()
+    return got
