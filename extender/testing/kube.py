@@ -460,6 +460,9 @@ WRITERS = {
     "nodetopologies": "extender.agent.publish",
 }
 BINDER = "extender.kube.binder"
+#: The one part of a NodeTopology the agent does not write: the controller's ``Accepted``
+#: condition on its status (extender/kube/topology_status.py).
+SUBRESOURCE_WRITERS = {("nodetopologies", "status"): "extender.kube.topology_status"}
 
 
 def foreign_writes(api: FakeKube) -> list[str]:
@@ -467,6 +470,10 @@ def foreign_writes(api: FakeKube) -> list[str]:
     bad = []
     for call in api.writes():
         owner = WRITERS.get(call.plural)
+        if call.plural == "nodetopologies" and call.caller == SUBRESOURCE_WRITERS.get(
+            (call.plural, call.subresource)
+        ):
+            owner = call.caller
         if call.subresource == "binding":
             owner = BINDER
         if owner is not None and call.caller != owner:

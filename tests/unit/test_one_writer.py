@@ -19,6 +19,7 @@ from extender.controllers.runner import take_lead
 from extender.kube.api import SLICE_RESERVATIONS
 from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
+from extender.kube.topology_status import KubeTopologyStatusApi, node_event
 from extender.placement.files import load_cluster
 from extender.testing.clock import FakeClock
 from extender.testing.kube import FakeKube, foreign_writes
@@ -122,3 +123,18 @@ def test_an_object_an_older_writer_left_for_another_owner_is_replaced_not_merged
     assert owner["uid"] != "u-earlier" and owner["kind"] == "PodGroup"
     labels = [w.label for w in api.writes(SLICE_RESERVATIONS)]
     assert labels[:3] == ["apply slicereservations", "delete slicereservations", "apply slicereservations"]
+
+
+def test_the_accepted_condition_is_the_controllers_one_write_to_a_node_topology() -> None:
+    """kube.topology_status writes only the NodeTopology's status, through the one client;
+    the agent's writer stays the only writer of the rest."""
+    api = FakeKube()
+    api.put("nodetopologies", {"metadata": {"name": "n1"}, "spec": {"source": "nvml"}})
+    status = KubeTopologyStatusApi(api)
+    condition = {"type": "Accepted", "status": "False", "reason": "InvalidSpec", "message": "spec.x: bad"}
+    asyncio.run(status.apply_condition("n1", condition))
+    asyncio.run(status.create_event(node_event("n1", "spec.x: bad", 0.0)))
+    got = api.peek("nodetopologies", "n1", "")
+    assert got is not None and got["status"]["conditions"][0]["reason"] == "InvalidSpec"
+    assert [e["reason"] for e in api.events] == ["InvalidNodeTopology"]
+    assert foreign_writes(api) == []
