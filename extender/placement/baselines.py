@@ -198,10 +198,18 @@ def _place_by_score(work: _Work, ps: PodSet, candidates: Iterable[int], most: bo
     return None
 
 
+def _admitted(snap: ClusterSnapshot, ps: PodSet, nodes: Iterable[int]) -> Iterable[int]:
+    """The nodes among ``nodes`` that pass the pod's ``nodeSelector`` and required node
+    affinity: kube-scheduler's ``NodeAffinity`` filter, which Kueue TAS applies when it counts
+    a node's capacity for a pod set and Volcano's predicates plugin applies per task."""
+    admitted = snap.admitted(ps.node_selector) if ps.gpus_per_pod else None
+    return nodes if admitted is None else [i for i in nodes if i in admitted]
+
+
 def _per_pod(most: bool) -> _Core:
     def core(snap: ClusterSnapshot, gang: GangRequest, work: _Work) -> _Fail | None:
         for ps in gang.pod_sets:
-            fail = _place_by_score(work, ps, range(len(snap.nodes)), most)
+            fail = _place_by_score(work, ps, _admitted(snap, ps, range(len(snap.nodes))), most)
             if fail is not None:
                 return fail
         return None
@@ -319,7 +327,7 @@ def _descend(
 def _kueue_pod_set(snap: ClusterSnapshot, work: _Work, ps: PodSet) -> _Fail | None:
     h = snap.hierarchy
     need = resolve_need(ps, h)
-    counts = {i: c for i in range(len(snap.nodes)) if (c := _pods_fit(work, i, ps)) > 0}
+    counts = {i: c for i in _admitted(snap, ps, range(len(snap.nodes))) if (c := _pods_fit(work, i, ps)) > 0}
     total = sum(counts.values())
     cluster_short = _Fail(
         ps.name, f"pod set {ps.name}: the cluster has room for {total} of {ps.count} pods", ps.count - total
@@ -479,7 +487,7 @@ def _volcano_core(snap: ClusterSnapshot, gang: GangRequest, work: _Work) -> _Fai
 
     def sub_job(ps: PodSet) -> Callable[[_Work, _HyperNode], bool]:
         def dry_run(trial: _Work, hn: _HyperNode) -> bool:
-            got = _place_by_score(trial, ps, hn.nodes, most=True)
+            got = _place_by_score(trial, ps, _admitted(snap, ps, hn.nodes), most=True)
             if got is not None:
                 failed.append(got)
             return got is None

@@ -444,8 +444,9 @@ class Solver:
         memo = self._entries.setdefault((ps.name, preferred), {})
         gpus = ps.gpus_per_pod
         caps: Caps = {}
+        admitted = self.snap.admitted(ps.node_selector)
         for i, k in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
-            if k[1].bit_count() < gpus:
+            if k[1].bit_count() < gpus or (admitted is not None and i not in admitted):
                 continue
             entry = memo.get(k, _MISSING)
             if entry is _MISSING:
@@ -458,6 +459,9 @@ class Solver:
         """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits;
         the same for every node of one type with the same free GPUs."""
         if free.bit_count() < ps.gpus_per_pod:
+            return None
+        admitted = self.snap.admitted(ps.node_selector)
+        if admitted is not None and i not in admitted:
             return None
         memo = self._entries.setdefault((ps.name, preferred), {})
         k = (self.snap.kinds()[i], free)

@@ -72,7 +72,7 @@ class ProgressLine:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.sim.inputs import check_levels, load_sim_cluster, load_sim_trace
+    from extender.sim.inputs import check_levels, fit_generated, load_sim_cluster, load_sim_trace
     from extender.sim.policies import choose
     from extender.sim.report import dumps, headline, table, write_folder
     from extender.sim.runner import run_simulation
@@ -85,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster = load_sim_cluster(args.cluster)
         trace = load_sim_trace(args.trace, args.seed)
+        if args.trace is None:
+            trace, left_out = fit_generated(trace, cluster)
+            for line in left_out:
+                print(f"gangslice simulate: {line}", file=sys.stderr)
         check_levels(trace, cluster)
     except FileError as exc:
         print(f"gangslice simulate: {exc}", file=sys.stderr)

@@ -19,6 +19,8 @@ from extender.sim.policies import available_policies
 from extender.sim.runner import run_simulation
 
 LEAF = "fabric.topograph.run/tier-0"
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}
+L40S = {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.memory": "46068"}
 
 
 def schema() -> dict[str, Any]:
@@ -39,8 +41,13 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
         yaml.safe_dump(
             {
                 "nodes": [
-                    {"name": "h", "count": 2, "gpuTopology": "hgx-h100", "labels": {LEAF: "leaf-1"}},
-                    {"name": "p", "count": 2, "gpuTopology": "pcie-8gpu-2socket", "labels": {LEAF: "leaf-2"}},
+                    {"name": "h", "count": 2, "gpuTopology": "hgx-h100", "labels": {LEAF: "leaf-1", **H100}},
+                    {
+                        "name": "p",
+                        "count": 2,
+                        "gpuTopology": "pcie-8gpu-2socket",
+                        "labels": {LEAF: "leaf-2", **L40S},
+                    },
                 ]
             }
         )
