@@ -70,6 +70,7 @@ class ClusterSnapshot:
         self._kinds: tuple[list[NodeState], list[str]] | None = None
         self._admitted: tuple[list[NodeState], dict[Selector, frozenset[int]]] | None = None
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
+        self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -119,6 +120,25 @@ class ClusterSnapshot:
                 i for i, n in enumerate(self.nodes) if all(r.matches(n.labels) for r in selector)
             )
         return got
+
+    def domain_free(self) -> dict[DomainKey, int]:
+        """Free GPUs of every domain at every level (cached per free table)."""
+        if self._domain_free is None or self._domain_free[0] is not self._free:
+            free = [m.bit_count() for m in self._free]
+            table = {key: sum(free[i] for i in members) for key, members in self.domains().items()}
+            self._domain_free = (self._free, table)
+        return self._domain_free[1]
+
+    def fullness(self, i: int) -> tuple[int, ...]:
+        """Free GPUs of the domains that enclose node ``i``, from the coarsest level down:
+        lower is fuller (the order Kueue's BestFit and Volcano's HyperNode bin-packing prefer)."""
+        table = self.domain_free()
+        path = self._paths[i]
+        out = []
+        for level in range(len(self.hierarchy.levels)):
+            key = self.hierarchy.domain(path, level)
+            out.append(table.get(key, 0) if key is not None else 0)
+        return tuple(out)
 
     def order(self) -> list[int]:
         """Each node's rank in the one tie-break order every policy uses: by topology path

@@ -132,6 +132,9 @@ class _Option:
     misses: tuple[str, ...] = ()  # soft wishes not met: PREFERRED, COLOCATE
     notes: tuple[str, ...] = ()  # the misses said plainly
     no_room: bool = False  # a pod set that colocates with this one has no room next to it
+    #: Pods of kv-transfer sets colocating with this one that its own nodes cannot hold: each
+    #: of those hands its KV cache over the network rather than inside a node.
+    kv_short: int = 0
     kinds: frozenset[str] = frozenset()  # the node types it uses
 
     @property
@@ -139,7 +142,15 @@ class _Option:
         return (self.waste, _q(self.cost))
 
     def key(self) -> tuple[float, ...]:
-        return (self.waste, _q(self.cost), len(self.misses), float(self.no_room), -self.level, *self.fit)
+        return (
+            self.waste,
+            _q(self.cost),
+            len(self.misses),
+            float(self.no_room),
+            self.kv_short,
+            -self.level,
+            *self.fit,
+        )
 
 
 @dataclass(frozen=True)
@@ -186,6 +197,7 @@ class Solver:
         self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
         self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
         self._gbps: dict[tuple[int, str, int, Tier], float] = {}
+        self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
         self._work = 0
         self._needs: dict[str, Need] = {}  # the gang being placed: each pod set's resolved rules
@@ -383,7 +395,24 @@ class Solver:
         if within is not None and not set(nodes) <= within:
             misses.append(COLOCATE)
         no_room = bool(dependents) and not self._room_for(dependents, o.masks, state, nodes)
-        return dataclasses.replace(o, misses=tuple(dict.fromkeys(misses)), no_room=no_room)
+        kv_short = self._kv_short(dependents, o.masks, state)
+        return dataclasses.replace(o, misses=tuple(dict.fromkeys(misses)), no_room=no_room, kv_short=kv_short)
+
+    def _kv_short(self, dependents: Sequence[PodSet], masks: Mapping[int, int], state: _State) -> int:
+        """How many pods of the kv-transfer sets colocating with a pod set placed on ``masks``
+        find no room on its nodes (where their KV hand-off would stay inside a node)."""
+        short = 0
+        for d in dependents:
+            if d.comm != Comm.KV_TRANSFER or d.gpus_per_pod == 0:
+                continue
+            need = self._needs[d.name]
+            room = 0
+            for i in masks:
+                free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~masks[i]
+                entry = self._cap_entry(d, need, i, free, False)
+                room += entry[0] if entry else 0
+            short += max(0, d.count - room)
+        return short
 
     def _explain(
         self, ps: PodSet, chosen: _Option, opts: Sequence[_Option], within_found: bool
@@ -558,14 +587,14 @@ class Solver:
         """The best nodes that hold every pod alone: the cheapest and tightest fits, the best
         one per relation to the pod sets it hands a KV cache to or from, and the best one
         that leaves room for pod sets colocating with this one."""
-        ranked: list[tuple[int, float, int, int, int]] = []
+        ranked: list[tuple[tuple[float, ...], int]] = []
         for i, (cap, free, tier) in caps.items():
             if cap >= ps.count:
                 pick = self._node_pick(ps, i, free, tier)
                 # One node's pods do not talk over the fabric (a KV hand-off to a partner in
                 # the same clique may: the relation classes below offer that node too).
                 waste = ps.gpus if self._fabric_of(i) is not None else 0
-                ranked.append((waste, _q(pick.cost), pick.leftover, -pick.coherent, i))
+                ranked.append(((waste, _q(pick.cost), *self._tie(i, pick)), i))
         if not ranked:
             return []
         ranked.sort()
@@ -575,14 +604,14 @@ class Solver:
             relations = [
                 _Relation(self, sorted({self.snap.index(s.node) for s in g})) for g in links.groups()
             ]
-            for *_, i in ranked:
+            for _, i in ranked:
                 classes.setdefault(tuple(rel(i) for rel in relations), i)
             chosen.update(dict.fromkeys(classes.values()))
         if dependents:
             # Where the colocated sets will go matters as much as this set's own fit: the best
             # node of each node type that leaves room for them.
             kinds: dict[str, list[int]] = {}
-            for *_, i in ranked:
+            for _, i in ranked:
                 kinds.setdefault(self.snap.nodes[i].shape.key, []).append(i)
             for nodes in kinds.values():
                 for i in nodes[:ROOM_CHECK_NODES]:
@@ -598,11 +627,34 @@ class Solver:
         slots = self._slots(ps, [(i, m) for m in pick.masks])
         waste, cost = self._price(ps, slots, links, pick.cost)
         name = self.snap.nodes[i].name
-        fit = (pick.leftover, -pick.coherent, i)
+        fit = self._tie(i, pick)
         kinds = frozenset({self.snap.nodes[i].shape.key})
         return _Option(
             slots, {i: pick.union}, node_scope(self.h), f"node {name}", waste, cost, fit, kinds=kinds
         )
+
+    def _tie(self, i: int, pick: _NodePick) -> tuple[float, ...]:
+        """How one-node placements of equal price rank, best first: the node type whose GPUs
+        are worth least to others (the lowest all-GPU ring bandwidth, so NVLink islands stay
+        for the gangs that pay for them); the fullest enclosing domains from the coarsest
+        level down (as Kueue's BestFit picks the fullest block, then rack, so a later gang
+        that needs a whole domain still finds one); the tightest fit on the node and the most
+        coherent remainder; then topology path and name (:meth:`ClusterSnapshot.order`)."""
+        return (
+            self._worth(i),
+            *self.snap.fullness(i),
+            float(pick.leftover),
+            float(-pick.coherent),
+            float(self.snap.order()[i]),
+        )
+
+    def _worth(self, i: int) -> float:
+        kind = self.snap.kinds()[i]
+        got = self._worths.get(kind)
+        if got is None:
+            shape = self.snap.nodes[i].shape
+            got = self._worths[kind] = round(fit_for(shape).gbps(shape.full_mask), 3)
+        return got
 
     # -- several nodes -------------------------------------------------------------------
     @functools.cached_property
@@ -780,12 +832,13 @@ class Solver:
         self, nodes: list[int], need: int, caps: Caps, gbps: Mapping[int, float]
     ) -> dict[int, int]:
         out: dict[int, int] = {}
-        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], i))
+        order = self.snap.order()
+        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], order[i]))
         remaining = need
         while remaining > 0:
             fitting = [i for i in pool if caps[i][0] >= remaining]
             if fitting:
-                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], i))
+                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], order[i]))
                 out[i] = remaining
                 return out
             i = pool.pop(0)
@@ -1000,11 +1053,15 @@ def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
     """The ``width`` best options, skipping those that only repeat a better one (same price on
     the same node types), plus the best one that leaves room for colocated pod sets."""
     out: list[_Option] = []
-    seen: set[tuple[Price, frozenset[str]]] = set()
+    # Options that differ in how many nodes they span are different shapes of answer (a
+    # prefill set on one node or spread so that each decode pod can sit next to one of its
+    # pods) even at the same price: each gets its own place in the beam.
+    seen: set[tuple[Price, frozenset[str], int]] = set()
     for o in opts:
-        if len(out) < width and (o.price, o.kinds) not in seen:
+        shape = (o.price, o.kinds, len(o.masks))
+        if len(out) < width and shape not in seen:
             out.append(o)
-            seen.add((o.price, o.kinds))
+            seen.add(shape)
     out.extend([o for o in opts if o not in out][: width - len(out)])
     out.sort(key=_Option.key)
     if width > 1 and all(o.no_room for o in out):

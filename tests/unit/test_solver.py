@@ -361,6 +361,32 @@ def test_prefill_spreads_so_each_decode_pod_sits_on_its_prefill_pods_node() -> N
     assert sl.per_layer_micros < packed_micros
 
 
+@pytest.mark.parametrize("free_nodes", [3, 4, 8, 16])
+def test_more_free_nodes_never_make_prefill_decode_worse(free_nodes: int) -> None:
+    """The same P/D gang on two free HGX nodes and on more: more room never costs more (it
+    did: with room for a node per pod set, both prefill pods took one node, both decode
+    pods another, and every KV cache crossed the network)."""
+    prefill = tp(2, 4, Comm.NONE, name="prefill")
+    decode = tp(2, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
+    two = placed(cluster(node("a"), node("b")), gang(prefill, decode)).per_layer_micros
+    more = cluster(*(node(f"n{i:02d}", leaf=f"leaf-{i % 2}") for i in range(free_nodes)))
+    assert placed(more, gang(prefill, decode)).per_layer_micros <= two + 1e-6
+
+
+def test_pd_pair_example_keeps_each_hand_off_inside_a_node() -> None:
+    from pathlib import Path
+
+    from extender.placement.files import load_cluster, load_gang
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    snap = load_cluster(root / "clusters" / "hgx-h100-4leaf.yaml")
+    sl = placed(snap, load_gang(root / "gangs" / "pd-pair.yaml"))
+    assert round(sl.per_layer_micros, 1) == 506.0
+    for k in range(2):
+        assert sl.slot(f"decode/{k}").node in {sl.slot("prefill/0").node, sl.slot("prefill/1").node}
+    assert sl.slot("prefill/0").node != sl.slot("prefill/1").node
+
+
 def test_colocate_with_in_a_clique_and_kv_over_nvlink() -> None:
     trays = [node(f"x{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.0") for i in range(2)]
     trays += [node(f"y{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.1") for i in range(2)]
