@@ -80,7 +80,7 @@ COLOCATE = "colocation"
 Entry = tuple[int, int, Tier]
 Caps = dict[int, Entry]
 #: How a finished slice ranks: (clique GPUs off the fabric, cost, notes), lower is better.
-SliceKey = tuple[int, float, int]
+SliceKey = tuple[int, int, float, int]
 #: (clique GPUs off the fabric, cost) of a placement: the objective, lexicographic.
 Price = tuple[int, float]
 
@@ -135,6 +135,8 @@ class _Option:
     #: Pods of kv-transfer sets colocating with this one that its own nodes cannot hold: each
     #: of those hands its KV cache over the network rather than inside a node.
     kv_short: int = 0
+    #: Nodes with every GPU free that this placement breaks into.
+    opened: int = 0
     kinds: frozenset[str] = frozenset()  # the node types it uses
 
     @property
@@ -144,10 +146,12 @@ class _Option:
     def key(self) -> tuple[float, ...]:
         return (
             self.waste,
+            float(COLOCATE in self.misses),
             _q(self.cost),
             len(self.misses),
             float(self.no_room),
             self.kv_short,
+            self.opened,
             -self.level,
             *self.fit,
         )
@@ -305,7 +309,8 @@ class Solver:
             notes=tuple(notes),
             mnnvl_nodes=mnnvl_nodes(self.snap, gang, slots),
         )
-        return _Done((fabric_waste(self.snap, gang, slots), _q(sl.per_layer_micros), len(notes)), sl)
+        apart = len(colocation_misses(self.snap, gang, slots))
+        return _Done((fabric_waste(self.snap, gang, slots), apart, _q(sl.per_layer_micros), len(notes)), sl)
 
     # -- one pod set: candidates ---------------------------------------------------------
     def _options(
@@ -396,7 +401,15 @@ class Solver:
             misses.append(COLOCATE)
         no_room = bool(dependents) and not self._room_for(dependents, o.masks, state, nodes)
         kv_short = self._kv_short(dependents, o.masks, state)
-        return dataclasses.replace(o, misses=tuple(dict.fromkeys(misses)), no_room=no_room, kv_short=kv_short)
+        opened = sum(1 for i in o.masks if self._whole(i, state))
+        return dataclasses.replace(
+            o, misses=tuple(dict.fromkeys(misses)), no_room=no_room, kv_short=kv_short, opened=opened
+        )
+
+    def _whole(self, i: int, state: _State) -> bool:
+        """Whether node ``i`` has every GPU free (none taken, by others or by this gang)."""
+        node = self.snap.nodes[i]
+        return not state.taken.get(i, 0) and self.snap.free_mask(i).bit_count() == node.shape.size
 
     def _kv_short(self, dependents: Sequence[PodSet], masks: Mapping[int, int], state: _State) -> int:
         """How many pods of the kv-transfer sets colocating with a pod set placed on ``masks``
@@ -634,13 +647,16 @@ class Solver:
         )
 
     def _tie(self, i: int, pick: _NodePick) -> tuple[float, ...]:
-        """How one-node placements of equal price rank, best first: the node type whose GPUs
+        """How one-node placements of equal price rank, best first: a node already in use
+        before a node with every GPU free (whole nodes stay whole); the node type whose GPUs
         are worth least to others (the lowest all-GPU ring bandwidth, so NVLink islands stay
         for the gangs that pay for them); the fullest enclosing domains from the coarsest
         level down (as Kueue's BestFit picks the fullest block, then rack, so a later gang
         that needs a whole domain still finds one); the tightest fit on the node and the most
         coherent remainder; then topology path and name (:meth:`ClusterSnapshot.order`)."""
+        node = self.snap.nodes[i]
         return (
+            float(self.snap.free_mask(i).bit_count() == node.shape.size),
             self._worth(i),
             *self.snap.fullness(i),
             float(pick.leftover),
