@@ -134,12 +134,13 @@ def _template_tables(results: dict[str, Any]) -> list[str]:
 
 
 PLOTS = (
-    ("allocation.png", "GPUs allocated over time"),
-    ("wait-cdf.png", "Waiting time of placed gangs (CDF)"),
-    ("comm-cdf.png", "Predicted per-layer communication time of placed gangs (CDF)"),
+    ("allocation.png", "GPUs allocated over time, one panel per policy"),
+    ("wait-cdf.png", "Waiting time of every arrived gang, per workload class (CDF; never placed below 1)"),
+    ("comm-cdf.png", "Each gang's TTFT communication against its own best slice, per workload class (CDF)"),
     (
         "fragmentation.png",
-        "Fragmentation over time: whole free nodes, and the largest free block under one leaf",
+        "Fragmentation over time, one row per policy: whole free nodes, and the largest free block "
+        "under one leaf",
     ),
 )
 
@@ -177,6 +178,22 @@ DEFINITIONS = """\
 """
 
 
+def _node_types(r: dict[str, Any]) -> list[str]:
+    """What the in-node figures rest on: how each node type's GPUs are handed out."""
+    kinds = ", ".join(f"{name} ({count})" for name, count in r["cluster"]["nodeTypes"].items())
+    return [
+        "## Node types",
+        "",
+        f"Node types: {kinds}. Every node type of this run is modelled as a device-plugin node "
+        "(the NVIDIA device plugin hands GPUs out on the node; none is a DRA node). The in-node "
+        "figures (coherent share, per-layer and TTFT communication, vs same hw) assume each pod "
+        "gets the GPU set its policy chose; gangslice delivers that choice through its node agent "
+        "(or a DRA claim), the peers' choices are modelled as the device plugin's first free GPUs. "
+        "On nodes where the choice cannot be delivered, only the node-level figures hold.",
+        "",
+    ]
+
+
 def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
     r = outcome.results
     lines = [
@@ -193,6 +210,7 @@ def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
         table(r),
         "```",
         "",
+        *_node_types(r),
         "## Definitions",
         "",
         DEFINITIONS,

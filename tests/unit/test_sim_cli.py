@@ -104,7 +104,8 @@ def test_report_folder(files: tuple[Path, Path], tmp_path: Path, capsys: pytest.
     for png in ("allocation.png", "wait-cdf.png", "comm-cdf.png", "fragmentation.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
-    assert "![GPUs allocated over time](allocation.png)" in report
+    assert "![GPUs allocated over time, one panel per policy](allocation.png)" in report
+    assert "## Node types" in report and "device-plugin" in report
     assert "## Definitions" in report and "gangslice" in report
     rows = [json.loads(line) for line in (out / "gangs.jsonl").read_text().splitlines()]
     assert len(rows) == 13 * len(results["policies"])
