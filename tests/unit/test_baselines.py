@@ -332,6 +332,8 @@ def test_bench_placement_quick_lists_every_policy_for_every_gang(capsys: pytest.
         for policy in POLICIES:
             assert (gang_label, policy) in rows, (gang_label, policy)
     assert "snapshot build" in out and "50 nodes" in out
+    for gang_label in ("1x8", "8x4", "64x2", "512x1"):
+        assert f"ratio: gangslice / kueue-tas p99, {gang_label} on 50 nodes: " in out
     assert rows[("8x4", "gangslice")][3] == "placed"
     assert rows[("512x1", "gangslice")][3] == "unplaceable"  # 200 free GPUs for 512 pods
 
@@ -365,7 +367,15 @@ def test_bench_placement_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert (r["micros"] is not None) == r["placed"]
         if r["policy"] == "gangslice":
             assert r["broken"] == 0
-    assert data["targets"] == []  # targets are judged on 5,000 nodes only
+    assert data["targets"] == []  # targets are judged on 5,000 and 20,000 nodes only
+    assert data["ratios"] == []  # no kueue-tas row to compare with
+
+
+def test_bench_targets_cover_20000_nodes() -> None:
+    from extender.placement.bench import DEFAULT_NODES, TARGETS_MS
+
+    assert 20000 in DEFAULT_NODES
+    assert TARGETS_MS[(20000, 64)] == 20.0 and TARGETS_MS[(20000, 512)] == 100.0
 
 
 def test_another_module_can_add_a_bench_action() -> None:
