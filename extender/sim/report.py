@@ -100,6 +100,49 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
     return out
 
 
+#: Per-template figures compared in :func:`contrasts`: (name, key, lower is better, how shown).
+_CONTRASTED: tuple[tuple[str, str, bool, Callable[[Any], str]], ...] = (
+    ("TTFT vs best, median", "ttftRatioMedian", True, _ratio),
+    ("coherent share", "coherentShare", False, _pct),
+    ("placed", "placed", False, _num),
+)
+
+
+def contrasts(results: dict[str, Any], ours: str = "gangslice", each: int = 3) -> list[str]:
+    """The per-template rows where gangslice and the best peer on that figure differ most, in
+    both directions: up to ``each`` where gangslice is ahead, ``each`` where it is behind, as a
+    markdown table. Differences are relative (ratios for TTFT, points for shares, relative
+    counts for gangs placed)."""
+    policies = results["policies"]
+    if ours not in policies or len(policies) < 2:
+        return []
+    found: list[tuple[float, list[str]]] = []
+    for name, mine in sorted(policies[ours]["byTemplate"].items()):
+        for label, key, lower, show in _CONTRASTED:
+            peers = [
+                (p, r["byTemplate"][name][key])
+                for p, r in policies.items()
+                if p != ours and name in r["byTemplate"] and r["byTemplate"][name][key] is not None
+            ]
+            if mine[key] is None or not peers:
+                continue
+            peer, best = (min if lower else max)(peers, key=lambda x: x[1])
+            if key == "ttftRatioMedian":
+                gap = (best / mine[key] - 1) if mine[key] > 0 else 0.0
+            elif key == "coherentShare":
+                gap = mine[key] - best
+            else:
+                gap = (mine[key] - best) / max(best, 1)
+            if abs(gap) > 1e-9:
+                found.append((gap, [name, label, show(mine[key]), f"{show(best)} ({peer})"]))
+    ahead = sorted((f for f in found if f[0] > 0), key=lambda f: -f[0])[:each]
+    behind = sorted((f for f in found if f[0] < 0), key=lambda f: f[0])[:each]
+    rows = [[*row, "gangslice ahead"] for _, row in ahead] + [[*row, "gangslice behind"] for _, row in behind]
+    if not rows:
+        return []
+    return _md_table(["template", "figure", ours, "best peer", ""], rows)
+
+
 def _template_tables(results: dict[str, Any]) -> list[str]:
     policies = list(results["policies"])
     names = sorted({t for r in results["policies"].values() for t in r["byTemplate"]})
@@ -210,6 +253,11 @@ def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
         table(r),
         "```",
         "",
+        *(
+            ["Per template, where gangslice and the best peer differ most:", "", *contrasts(r), ""]
+            if contrasts(r)
+            else []
+        ),
         *_node_types(r),
         "## Definitions",
         "",
