@@ -751,14 +751,20 @@ class Solver:
         # Pods sharing one node are priced by that node's own links (single-node options);
         # these options span two nodes at least, so no node takes every pod.
         limit = ps.count - 1
+        # Per node, once per call (the levels below all read them): the pods it may take
+        # here, and the best ring bandwidth one pod gets on it (the same for every node of
+        # one type with the same free GPUs).
+        kinds = self.snap.kinds()
+        by_kind: dict[tuple[str, int, Tier], float] = {}
         gbps: dict[int, float] = {}
-
-        def pod_gbps(i: int) -> float:
-            got = gbps.get(i)
+        held_cap: dict[int, int] = {}
+        for i, entry in caps.items():
+            key = (kinds[i], entry[1], entry[2])
+            got = by_kind.get(key)
             if got is None:
-                got = gbps[i] = self._pod_gbps(ps, i, caps[i])
-            return got
-
+                got = by_kind[key] = self._pod_gbps(ps, i, entry)
+            gbps[i] = got
+            held_cap[i] = entry[0] if entry[0] < limit else limit
         top_gbps = self._top_gbps(ps, caps)
         by_level = self._domains_by_level
         # A pod set whose pods do not talk takes clique nodes last (they are off the fabric).
@@ -772,23 +778,23 @@ class Solver:
             domains = [list(caps)] if level == ANYWHERE else by_level.get(level, [])
             cap_gbps = self._span_cap(ps, level)
             found: list[tuple[tuple[float, ...], list[int], list[int]]] = []
+            # The fastest nodes that together hold every pod; a faster node than the
+            # network between them buys nothing, so those count as equal.
+            rank: dict[int, tuple[int, float]] = {}
+            for i, g in gbps.items():
+                off = 1 if quiet and self._fabric_of(i) is not None else 0
+                rank[i] = (off, -(g if g < cap_gbps else cap_gbps))
             for members in domains:
                 if self._has_fabric:
                     usable = [i for i in members if i in caps and self._multi_usable(gang.name, ps, i, level)]
                 else:
                     usable = [i for i in members if i in caps]
-                if sum(min(caps[i][0], limit) for i in usable) < ps.count:
+                if sum([held_cap[i] for i in usable]) < ps.count:
                     continue
-                # The fastest nodes that together hold every pod; a faster node than the
-                # network between them buys nothing, so those count as equal.
-                rank = {
-                    i: (1 if quiet and self._fabric_of(i) is not None else 0, -min(pod_gbps(i), cap_gbps))
-                    for i in usable
-                }
                 usable.sort(key=rank.__getitem__)
                 held, threshold = 0, (0, 0.0)
                 for i in usable:
-                    held += min(caps[i][0], limit)
+                    held += held_cap[i]
                     threshold = rank[i]
                     if held >= ps.count:
                         break
@@ -798,8 +804,10 @@ class Solver:
                 first = [i for i in fast if rank[i][0] < threshold[0]]
                 found.append(((threshold[0], threshold[1], float(spare), float(len(fast))), fast, first))
             found.sort(key=lambda f: f[0])
-            for rank_, fast, first in found[:CANDIDATES]:
-                capped = {i: (min(caps[i][0], limit), caps[i][1], caps[i][2]) for i in fast}
+            for n, (rank_, fast, first) in enumerate(found[:CANDIDATES]):
+                if n and not fabric and not ties and bound >= best:
+                    break  # one candidate already costs the least any domain here can
+                capped = {i: (held_cap[i], caps[i][1], caps[i][2]) for i in fast}
                 assignment = {i: capped[i][0] for i in first}
                 rest = [i for i in fast if i not in assignment]
                 need_rest = ps.count - sum(assignment.values())
