@@ -71,6 +71,7 @@ class ClusterSnapshot:
         self._admitted: tuple[list[NodeState], dict[Selector, frozenset[int]]] | None = None
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
+        self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -131,14 +132,22 @@ class ClusterSnapshot:
 
     def fullness(self, i: int) -> tuple[int, ...]:
         """Free GPUs of the domains that enclose node ``i``, from the coarsest level down:
-        lower is fuller (the order Kueue's BestFit and Volcano's HyperNode bin-packing prefer)."""
+        lower is fuller (the order Kueue's BestFit and Volcano's HyperNode bin-packing prefer;
+        cached per free table)."""
+        if self._fullness is None or self._fullness[0] is not self._free:
+            self._fullness = (self._free, {})
+        memo = self._fullness[1]
+        got = memo.get(i)
+        if got is not None:
+            return got
         table = self.domain_free()
         path = self._paths[i]
         out = []
         for level in range(len(self.hierarchy.levels)):
             key = self.hierarchy.domain(path, level)
             out.append(table.get(key, 0) if key is not None else 0)
-        return tuple(out)
+        memo[i] = got = tuple(out)
+        return got
 
     def order(self) -> list[int]:
         """Each node's rank in the one tie-break order every policy uses: by topology path
