@@ -32,6 +32,12 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="write report.md, results.json, gangs.jsonl, trace and plots")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print results.json's content instead of the table")
+    p.add_argument(
+        "--check-dominance",
+        action="store_true",
+        help="run the generated day with seeds 1, 2, 3 and on the fleet less a quarter of its nodes, "
+        "print gangslice against each peer, exit 1 where gangslice falls short",
+    )
     p.set_defaults(func=run)
 
 
@@ -70,7 +76,7 @@ class ProgressLine:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.sim.inputs import check_levels, load_sim_cluster, load_sim_trace
+    from extender.sim.inputs import check_levels, fit_generated, load_sim_cluster, load_sim_trace
     from extender.sim.policies import choose
     from extender.sim.report import dumps, headline, table, write_folder
     from extender.sim.runner import run_simulation
@@ -83,11 +89,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster = load_sim_cluster(args.cluster)
         trace = load_sim_trace(args.trace, args.seed)
+        if args.trace is None:
+            trace, left_out = fit_generated(trace, cluster)
+            for line in left_out:
+                print(f"gangslice simulate: {line}", file=sys.stderr)
         check_levels(trace, cluster)
     except FileError as exc:
         print(f"gangslice simulate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     progress = None if args.quiet else ProgressLine(sys.stderr)
+    if args.check_dominance:
+        return check_dominance(args, cluster, policies, progress)
     outcome = run_simulation(
         cluster,
         trace,
@@ -107,4 +119,47 @@ def run(args: argparse.Namespace) -> int:
         print(table(outcome.results))
         if args.out:
             print(f"\nreport: {Path(args.out) / 'report.md'}")
+    return EXIT_OK
+
+
+EXIT_SHORT = 1
+
+
+def check_dominance(
+    args: argparse.Namespace, cluster: Any, policies: Any, progress: ProgressLine | None
+) -> int:
+    """``simulate --check-dominance``: every trace of the bar, one table each, and the exit
+    status: 0 when gangslice clears every comparison, 1 otherwise."""
+    from extender.sim.dominance import GANGSLICE, TRACES, compare, render, tight
+    from extender.sim.generate import generate_trace
+    from extender.sim.inputs import fit_generated
+    from extender.sim.runner import run_simulation
+
+    if GANGSLICE not in policies or len(policies) < 2:
+        print("gangslice simulate: --check-dominance needs gangslice and at least one peer", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.trace is not None:
+        print(
+            "gangslice simulate: --check-dominance runs the generated traces; drop --trace", file=sys.stderr
+        )
+        return EXIT_BAD_INPUT
+    failing = []
+    for spec in TRACES:
+        fleet = tight(cluster) if spec.tight else cluster
+        trace, _ = fit_generated(generate_trace(spec.seed), fleet)
+        if progress is not None:
+            print(f"{spec.label}:", file=sys.stderr)
+        outcome = run_simulation(
+            fleet, trace, policies, seed=spec.seed, progress=progress.start if progress else None
+        )
+        cells = compare(spec.label, outcome.results)
+        print(render(spec.label, cells))
+        print()
+        failing += [c for c in cells if not c.ok]
+    if failing:
+        print(f"gangslice falls short in {len(failing)} comparisons:")
+        for c in failing:
+            print(f"  {c.trace}: vs {c.peer}: {c.scope}: {c.metric}: {c.ours} vs {c.theirs}")
+        return EXIT_SHORT
+    print("gangslice clears the bar against every peer on every trace")
     return EXIT_OK

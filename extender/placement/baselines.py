@@ -198,10 +198,18 @@ def _place_by_score(work: _Work, ps: PodSet, candidates: Iterable[int], most: bo
     return None
 
 
+def _admitted(snap: ClusterSnapshot, ps: PodSet, nodes: Iterable[int]) -> Iterable[int]:
+    """The nodes among ``nodes`` that pass the pod's ``nodeSelector`` and required node
+    affinity: kube-scheduler's ``NodeAffinity`` filter, which Kueue TAS applies when it counts
+    a node's capacity for a pod set and Volcano's predicates plugin applies per task."""
+    admitted = snap.admitted(ps.node_selector) if ps.gpus_per_pod else None
+    return nodes if admitted is None else [i for i in nodes if i in admitted]
+
+
 def _per_pod(most: bool) -> _Core:
     def core(snap: ClusterSnapshot, gang: GangRequest, work: _Work) -> _Fail | None:
         for ps in gang.pod_sets:
-            fail = _place_by_score(work, ps, range(len(snap.nodes)), most)
+            fail = _place_by_score(work, ps, _admitted(snap, ps, range(len(snap.nodes))), most)
             if fail is not None:
                 return fail
         return None
@@ -252,13 +260,19 @@ def _pods_fit(work: _Work, i: int, ps: PodSet) -> int:
 def _domains_at(snap: ClusterSnapshot, level: int, counts: dict[int, int]) -> list[_Domain]:
     """Every domain at ``level`` (a hierarchy level index, or ``node_scope`` for single nodes)."""
     if level >= node_scope(snap.hierarchy):
-        return [_Domain(c, (snap.nodes[i].name,), (i,)) for i, c in counts.items()]
+        # A hostname-level domain's values are its whole path, hostname last, so domains
+        # sort by topology path, then name (Kueue's "level values asc").
+        return [_Domain(c, _node_values(snap, i), (i,)) for i, c in counts.items()]
     out = []
     for (lv, values), members in snap.domains().items():
         if lv == level:
             total = sum(counts.get(i, 0) for i in members)
             out.append(_Domain(total, tuple(v or "" for v in values), tuple(members)))
     return out
+
+
+def _node_values(snap: ClusterSnapshot, i: int) -> tuple[str, ...]:
+    return (*(v or "" for v in snap.path(i)), snap.nodes[i].name)
 
 
 def _children(
@@ -319,16 +333,29 @@ def _descend(
 def _kueue_pod_set(snap: ClusterSnapshot, work: _Work, ps: PodSet) -> _Fail | None:
     h = snap.hierarchy
     need = resolve_need(ps, h)
-    counts = {i: c for i in range(len(snap.nodes)) if (c := _pods_fit(work, i, ps)) > 0}
+    counts = {i: c for i in _admitted(snap, ps, range(len(snap.nodes))) if (c := _pods_fit(work, i, ps)) > 0}
     total = sum(counts.values())
     cluster_short = _Fail(
         ps.name, f"pod set {ps.name}: the cluster has room for {total} of {ps.count} pods", ps.count - total
     )
     if need.preferred_scope is None and need.scope == ANYWHERE:
-        # Unconstrained (implied TAS): LeastFreeCapacity from the top, several domains allowed.
+        # Unconstrained (implied TAS): ``levelKeyWithImpliedFallback`` searches the lowest
+        # level (hostname), and ``findLevelWithFitDomains`` with LeastFreeCapacity sorts every
+        # node at once (``sortedDomains``: podCount asc, then level values asc), takes the
+        # first that holds every pod, else takes nodes in that order until all are placed
+        # (no recursion upwards for unconstrained, no best-fit swap of the last one).
         if total < ps.count:
             return cluster_short
-        _descend(snap, work, ps, list(counts), 0, ps.count, counts, least_free=True)
+        order = sorted(_domains_at(snap, node_scope(h), counts), key=lambda d: (d.count, d.values))
+        first = next((d for d in order if d.count >= ps.count), None)
+        remaining = ps.count
+        for d in [first] if first is not None else order:
+            n = min(d.count, remaining)
+            for _ in range(n):
+                work.take(ps, d.nodes[0])
+            remaining -= n
+            if remaining == 0:
+                break
         return None
     if need.preferred_scope is not None:
         # podset-preferred-topology: that level, then one level up at a time.
@@ -379,8 +406,10 @@ def kueue_tas(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     up the tree. ``requiredLevel`` -> ``podset-required-topology``: the BestFit domain at that
     level (fewest pods that still fit) or not admitted. ``preferredLevel`` ->
     ``podset-preferred-topology``: that level, then one level up at a time (to the required
-    level, if any); at the top, spread over several domains. Neither -> unconstrained, placed
-    with LeastFreeCapacity (fullest domains first). From the chosen domain down
+    level, if any); at the top, spread over several domains. Neither -> unconstrained (implied
+    TAS): LeastFreeCapacity over the lowest level, every node sorted at once by pods that fit
+    (fullest first), then topology path; the first that holds every pod, else nodes in that
+    order. From the chosen domain down
     (``updateCountsToMinimumGeneric``): BestFit takes the fewest children, largest first, the
     last one the tightest that holds the rest. In-node levels (``nvlink``, ``numa``) have no Kueue
     equivalent and are ignored; so is ``colocateWith``. GPUs: first free.
@@ -479,7 +508,7 @@ def _volcano_core(snap: ClusterSnapshot, gang: GangRequest, work: _Work) -> _Fai
 
     def sub_job(ps: PodSet) -> Callable[[_Work, _HyperNode], bool]:
         def dry_run(trial: _Work, hn: _HyperNode) -> bool:
-            got = _place_by_score(trial, ps, hn.nodes, most=True)
+            got = _place_by_score(trial, ps, _admitted(snap, ps, hn.nodes), most=True)
             if got is not None:
                 failed.append(got)
             return got is None

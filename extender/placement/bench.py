@@ -42,13 +42,15 @@ NODES_PER_LEAF = 32
 LEAVES_PER_SPINE = 8
 SPINES_PER_CORE = 4
 
-DEFAULT_NODES = (1000, 5000)
+DEFAULT_NODES = (1000, 5000, 20000)
 DEFAULT_REPEAT = 20
 QUICK_REPEAT = 3
 
-#: Targets from the issue: gangslice's p99 decision time on 5,000 nodes, by gang size.
-TARGETS_MS = {64: 100.0, 512: 1000.0}
-TARGET_NODES = 5000
+#: Targets: gangslice's p99 decision time by (cluster nodes, gang pods).
+TARGETS_MS = {(5000, 64): 100.0, (5000, 512): 1000.0, (20000, 64): 20.0, (20000, 512): 100.0}
+#: Target: gangslice's p99 at most this many times the kueue-tas baseline's, every row.
+RATIO_POLICY = "kueue-tas"
+RATIO_TARGET = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +216,7 @@ class ClusterRun:
 
 @dataclass(frozen=True, slots=True)
 class Target:
+    nodes: int
     gang: str
     limit_ms: float
     p99_ms: float
@@ -221,6 +224,35 @@ class Target:
     @property
     def met(self) -> bool:
         return self.p99_ms < self.limit_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    """gangslice's p99 against the kueue-tas baseline's for one row, measured in one run."""
+
+    nodes: int
+    gang: str
+    gangslice_p99_ms: float
+    baseline_p99_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.gangslice_p99_ms / self.baseline_p99_ms if self.baseline_p99_ms > 0 else math.inf
+
+    @property
+    def met(self) -> bool:
+        return self.ratio <= RATIO_TARGET
+
+
+def ratios(runs: Sequence[ClusterRun]) -> list[Ratio]:
+    out = []
+    for run in runs:
+        p99 = {(m.gang, m.policy): m.p99_ms for m in run.results}
+        for g in bench_gangs():
+            ours, theirs = p99.get((g.label, "gangslice")), p99.get((g.label, RATIO_POLICY))
+            if ours is not None and theirs is not None:
+                out.append(Ratio(run.nodes, g.label, ours, theirs))
+    return out
 
 
 def run_bench(
@@ -234,13 +266,12 @@ def run_bench(
         snap, build = synthetic_cluster(n, graph, 0.5, seed)
         results = tuple(measure(snap, g, p, POLICIES[p], repeat) for g in gangs for p in policies)
         runs.append(ClusterRun(n, build, results))
-        if n == TARGET_NODES:
-            pods = {g.label: g.gang.pods for g in gangs}
-            targets.extend(
-                Target(m.gang, TARGETS_MS[pods[m.gang]], m.p99_ms)
-                for m in results
-                if m.policy == "gangslice" and pods[m.gang] in TARGETS_MS
-            )
+        pods = {g.label: g.gang.pods for g in gangs}
+        targets.extend(
+            Target(n, m.gang, TARGETS_MS[(n, pods[m.gang])], m.p99_ms)
+            for m in results
+            if m.policy == "gangslice" and (n, pods[m.gang]) in TARGETS_MS
+        )
     return runs, targets
 
 
@@ -288,8 +319,14 @@ def render(
     for t in targets:
         verdict = "met" if t.met else "MISSED"
         lines.append(
-            f"target: gangslice {t.gang} gang on {TARGET_NODES} nodes, p99 < {t.limit_ms:.0f} ms: "
+            f"target: gangslice {t.gang} gang on {t.nodes} nodes, p99 < {t.limit_ms:.0f} ms: "
             f"{t.p99_ms:.1f} ms ({verdict})"
+        )
+    for r in ratios(runs):
+        verdict = "met" if r.met else "MISSED"
+        lines.append(
+            f"ratio: gangslice / {RATIO_POLICY} p99, {r.gang} on {r.nodes} nodes: {r.ratio:.2f}x "
+            f"({r.gangslice_p99_ms:.1f} vs {r.baseline_p99_ms:.1f} ms; target <= {RATIO_TARGET}x: {verdict})"
         )
     return "\n".join(lines)
 
@@ -317,6 +354,7 @@ def to_json(
             for r in runs
         ],
         "targets": [{**asdict(t), "met": t.met} for t in targets],
+        "ratios": [{**asdict(r), "ratio": r.ratio, "met": r.met} for r in ratios(runs)],
     }
 
 

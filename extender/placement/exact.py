@@ -108,7 +108,10 @@ def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, i
     first for a pod set whose pods do not talk, then the tightest and fastest sets."""
     found: list[tuple[bool, int, float, int, int]] = []
     quiet = not pods_talk(ps)
+    admitted = snap.admitted(ps.node_selector) if ps.gpus_per_pod else None
     for i, node in enumerate(snap.nodes):
+        if admitted is not None and i not in admitted:
+            continue
         tier = pod_tier(snap, i, ps, need)
         if tier is None and ps.gpus_per_pod:
             continue

@@ -24,10 +24,14 @@ Gang file::
         preferredLevel: nvlink          # optional
         colocateWith: {podSet: prefill, level: leaf}   # optional; a bare name means level node
         model: {hiddenSize: 8192, bytesPerElement: 2, tokens: 128}
+        nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}   # optional, as a pod's
+        nodeAffinity:                   # optional: required node affinity match expressions
+          - {key: nvidia.com/gpu.memory, operator: Gt, values: ["80000"]}
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from extender.cost import Comm, ModelDims
-from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.request import Colocation, GangRequest, NodeRequirement, PodSet
 from extender.placement.scoring import LevelError, resolve_level
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, HierarchyError, NetworkModel, parse_levels
@@ -68,6 +72,19 @@ class ColocateSpec(_Strict):
     level: str = "node"
 
 
+class RequirementSpec(_Strict):
+    key: str = Field(min_length=1)
+    operator: str
+    values: list[str] = Field(default_factory=list)
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _numbers_as_text(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        return [str(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v]
+
+
 class PodSetSpec(_Strict):
     name: str
     count: int = Field(ge=1)
@@ -77,6 +94,14 @@ class PodSetSpec(_Strict):
     preferred_level: str | None = Field(None, alias="preferredLevel")
     colocate_with: ColocateSpec | None = Field(None, alias="colocateWith")
     model: ModelSpec = Field(default_factory=lambda: ModelSpec.model_validate({}))
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    node_affinity: list[RequirementSpec] = Field(default_factory=list, alias="nodeAffinity")
+
+    def requirements(self) -> tuple[NodeRequirement, ...]:
+        """``nodeSelector`` entries (each an ``In`` of one value), then the affinity's."""
+        out = [NodeRequirement(k, "In", (v,)) for k, v in sorted(self.node_selector.items())]
+        out += [NodeRequirement(r.key, r.operator, tuple(r.values)) for r in self.node_affinity]
+        return tuple(out)
 
     @field_validator("colocate_with", mode="before")
     @classmethod
@@ -103,6 +128,7 @@ class GangSpec(_Strict):
                     if p.colocate_with
                     else None,
                     model=p.model.dims(),
+                    node_selector=p.requirements(),
                 )
                 for p in self.pod_sets
             ),
@@ -129,9 +155,40 @@ class ClusterSpec(_Strict):
     nodes: list[NodeSpec] = Field(min_length=1)
 
 
-def _first_error(where: str, err: ValidationError) -> FileError:
-    e = err.errors()[0]
+def _known_fields(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The field names (as written in files) of the model found at ``loc`` under ``model``."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = next(
+            (f for name, f in model.model_fields.items() if part in (name, f.alias)),
+            None,
+        )
+        if field is None:
+            return []
+        inner = field.annotation
+        for arg in (*getattr(inner, "__args__", ()), inner):
+            for sub in (*getattr(arg, "__args__", ()), arg):
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    model = sub
+                    break
+            else:
+                continue
+            break
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _first_error(where: str, err: ValidationError, model: type[BaseModel] | None = None) -> FileError:
+    """The error to report: an unknown field before anything else (a misspelt field also
+    shows up as the real one missing), with the known field it is closest to."""
+    errors = err.errors()
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    if e["type"] == "extra_forbidden" and model is not None:
+        known = _known_fields(model, tuple(e["loc"]))
+        close = difflib.get_close_matches(str(e["loc"][-1]), known, n=1)
+        hint = f"; did you mean {close[0]}?" if close else (f"; known: {', '.join(known)}" if known else "")
+        return FileError(f"{where}: field {loc}: unknown field{hint}")
     return FileError(f"{where}: field {loc}: {e['msg']}")
 
 
@@ -167,6 +224,22 @@ def check_levels(gang: GangRequest, hierarchy: Hierarchy, where: str = "gang") -
                 raise FileError(f"{where}: podSets[{i}].{field}: {exc}") from None
 
 
+def _check_gpus(spec: GangSpec, where: str) -> None:
+    """GPU-less pods exist only as helpers next to GPU pods (a router beside its decode
+    set): a gang asks for GPUs, and a pod set without them names the set it sits with."""
+    if all(p.gpus_per_pod == 0 for p in spec.pod_sets):
+        raise FileError(
+            f"{where}: podSets: every pod set has gpusPerPod: 0; a gang without GPUs is the "
+            "default scheduler's to place, not gangslice's"
+        )
+    for i, p in enumerate(spec.pod_sets):
+        if p.gpus_per_pod == 0 and p.colocate_with is None:
+            raise FileError(
+                f"{where}: podSets[{i}].gpusPerPod: 0 GPUs, and no colocateWith: a pod set without "
+                "GPUs must name the pod set it sits next to"
+            )
+
+
 def gang_from_data(data: Any, where: str = "gang", hierarchy: Hierarchy | None = None) -> GangRequest:
     """A gang from gang-file content; with ``hierarchy`` (the cluster's), its level names are
     checked too."""
@@ -175,7 +248,8 @@ def gang_from_data(data: Any, where: str = "gang", hierarchy: Hierarchy | None =
     try:
         spec = GangSpec.model_validate(data)
     except ValidationError as err:
-        raise _first_error(where, err) from None
+        raise _first_error(where, err, GangSpec) from None
+    _check_gpus(spec, where)
     try:
         gang = spec.request()
     except ValueError as exc:
@@ -221,7 +295,7 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
     try:
         spec = ClusterSpec.model_validate(data)
     except ValidationError as err:
-        raise _first_error(where, err) from None
+        raise _first_error(where, err, ClusterSpec) from None
     try:
         levels = parse_levels(spec.levels)
     except HierarchyError as exc:
@@ -242,6 +316,14 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
                 )
             except ValueError as exc:
                 raise FileError(f"{at}: {exc}") from None
+    if spec.levels is not None:
+        carried = {key for n in nodes for key in n.labels}
+        for level in levels:
+            if level.label not in carried:
+                raise FileError(
+                    f"{where}: levels: no node carries the label {level.label!r} of level "
+                    f"{level.name!r}; label the nodes or drop the level"
+                )
     try:
         return ClusterSnapshot(nodes, hierarchy)
     except ValueError as exc:

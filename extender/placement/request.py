@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from extender.cost import Comm, ModelDims
@@ -25,6 +26,64 @@ def split_colocation(text: str) -> tuple[str, str | None]:
     return target, level or None
 
 
+#: The operators of a Kubernetes ``NodeSelectorRequirement`` (``nodeAffinity``
+#: ``requiredDuringSchedulingIgnoredDuringExecution`` match expressions).
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequirement:
+    """One node-label requirement of a pod set, with the semantics of a Kubernetes
+    ``NodeSelectorRequirement``: ``In``/``NotIn`` a set of values, ``Exists``/``DoesNotExist``,
+    ``Gt``/``Lt`` an integer (one value), as GPU Feature Discovery's ``nvidia.com/gpu.memory``
+    (MiB) is compared. A ``nodeSelector`` entry is ``In`` with one value."""
+
+    key: str
+    operator: str = "In"
+    values: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.operator not in OPERATORS:
+            raise ValueError(f"operator {self.operator!r}: expected one of {', '.join(OPERATORS)}")
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"{self.key} {self.operator}: needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"{self.key} {self.operator}: takes no values")
+        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not _is_int(self.values[0])):
+            raise ValueError(f"{self.key} {self.operator}: needs exactly one integer value")
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        op = self.operator
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        if value is None or not _is_int(value):
+            return False
+        bound = int(self.values[0])
+        return int(value) > bound if op == "Gt" else int(value) < bound
+
+    def __str__(self) -> str:
+        if self.operator in ("Exists", "DoesNotExist"):
+            return f"{self.key} {self.operator}"
+        if self.operator == "In" and len(self.values) == 1:
+            return f"{self.key}={self.values[0]}"
+        return f"{self.key} {self.operator} {','.join(self.values)}"
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class PodSet:
     name: str
@@ -35,10 +94,17 @@ class PodSet:
     preferred_level: str | None = None
     colocate_with: Colocation | None = None
     model: ModelDims = field(default_factory=ModelDims)
+    #: Node-label requirements every pod's node meets (all of them), as a pod's
+    #: ``nodeSelector`` and required node affinity state them.
+    node_selector: tuple[NodeRequirement, ...] = ()
 
     @property
     def gpus(self) -> int:
         return self.count * self.gpus_per_pod
+
+    def admits(self, labels: Mapping[str, str]) -> bool:
+        """Whether a node with these labels meets every node requirement."""
+        return all(r.matches(labels) for r in self.node_selector)
 
 
 @dataclass(frozen=True, slots=True)

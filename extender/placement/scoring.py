@@ -364,6 +364,9 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
             if ps.gpus_per_pod == 0:
                 continue  # a pod without GPUs has no in-node tier to keep
             i = snap.index(s.node)
+            if not ps.admits(snap.nodes[i].labels):
+                unmet = [str(r) for r in ps.node_selector if not r.matches(snap.nodes[i].labels)]
+                problems.append(f"slot {s.key}: {s.node} does not meet {', '.join(unmet)}")
             tier = pod_tier(snap, i, ps, need)
             actual = snap.nodes[i].shape.tier_of(snap.nodes[i].shape.mask_of(s.gpus))
             if tier is None:

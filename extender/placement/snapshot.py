@@ -7,11 +7,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from extender.placement.request import NodeRequirement
 from extender.topology.hierarchy import DomainKey, Hierarchy
 from extender.topology.model import GpuGraph, NodeShape
 
 #: A multi-node NVLink clique: a node's label path down to the fabric level.
 Clique = tuple[str | None, ...]
+#: A pod set's node requirements, all of which a node meets.
+Selector = tuple[NodeRequirement, ...]
 
 
 @dataclass
@@ -65,6 +68,10 @@ class ClusterSnapshot:
         self._cliques: tuple[list[tuple[str | None, ...]], list[Clique | None]] | None = None
         self._topology: tuple[list[NodeState], TopologyKey] | None = None
         self._kinds: tuple[list[NodeState], list[str]] | None = None
+        self._admitted: tuple[list[NodeState], dict[Selector, frozenset[int]]] | None = None
+        self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
+        self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
+        self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -103,6 +110,62 @@ class ClusterSnapshot:
         if self._kinds is None or self._kinds[0] is not self.nodes:
             self._kinds = (self.nodes, [n.shape.key for n in self.nodes])
         return self._kinds[1]
+
+    def admitted(self, selector: Selector) -> frozenset[int] | None:
+        """The indices of the nodes whose labels meet every requirement of ``selector``
+        (None: no requirement, every node; cached per selector)."""
+        if not selector:
+            return None
+        if self._admitted is None or self._admitted[0] is not self.nodes:
+            self._admitted = (self.nodes, {})
+        table = self._admitted[1]
+        got = table.get(selector)
+        if got is None:
+            got = table[selector] = frozenset(
+                i for i, n in enumerate(self.nodes) if all(r.matches(n.labels) for r in selector)
+            )
+        return got
+
+    def domain_free(self) -> dict[DomainKey, int]:
+        """Free GPUs of every domain at every level (cached per free table)."""
+        if self._domain_free is None or self._domain_free[0] is not self._free:
+            free = [m.bit_count() for m in self._free]
+            table = {key: sum(free[i] for i in members) for key, members in self.domains().items()}
+            self._domain_free = (self._free, table)
+        return self._domain_free[1]
+
+    def fullness(self, i: int) -> tuple[int, ...]:
+        """Free GPUs of the domains that enclose node ``i``, from the coarsest level down:
+        lower is fuller (the order Kueue's BestFit and Volcano's HyperNode bin-packing prefer;
+        cached per free table)."""
+        if self._fullness is None or self._fullness[0] is not self._free:
+            self._fullness = (self._free, {})
+        memo = self._fullness[1]
+        got = memo.get(i)
+        if got is not None:
+            return got
+        table = self.domain_free()
+        path = self._paths[i]
+        out = []
+        for level in range(len(self.hierarchy.levels)):
+            key = self.hierarchy.domain(path, level)
+            out.append(table.get(key, 0) if key is not None else 0)
+        memo[i] = got = tuple(out)
+        return got
+
+    def order(self) -> list[int]:
+        """Each node's rank in the one tie-break order every policy uses: by topology path
+        (label values from the coarsest level down, unlabelled last), then by name (cached)."""
+        if self._order is None or self._order[0] is not self._paths:
+            keys = sorted(
+                range(len(self.nodes)),
+                key=lambda i: (tuple((v is None, v or "") for v in self._paths[i]), self.nodes[i].name),
+            )
+            rank = [0] * len(self.nodes)
+            for r, i in enumerate(keys):
+                rank[i] = r
+            self._order = (self._paths, rank)
+        return self._order[1]
 
     def free_gpus(self, name: str) -> frozenset[int]:
         i = self._index[name]
@@ -169,6 +232,8 @@ class ClusterSnapshot:
         snap._cliques = self._cliques
         snap._topology = self._topology
         snap._kinds = self._kinds
+        snap._admitted = self._admitted
+        snap._order = self._order
         return snap
 
     def updated(

@@ -6,10 +6,14 @@ NVLink cliques taken by pod sets that do not use multi-node NVLink, then the pre
 per-layer communication time): the best single nodes, and at each level of the hierarchy
 (clique, leaf, spine, ...) the best-fitting domains that can hold every pod, filled from
 their fastest nodes. It climbs to coarser levels only while a coarser level could still be
-better. Among equally good candidates it keeps the soft wishes (preferred level,
-colocation), then the finer domain, then the tightest fit, so large blocks stay whole;
-inside a node it takes the GPU sets that are tightest and leave the largest coherent
-remainder.
+better. A colocateWith the user asked for is kept before cost (a slice that misses it
+loses to any that keeps it). Among equally good candidates it keeps the preferred level,
+room next to the pod set for the sets that colocate with it (on its own nodes for KV
+hand-offs), then breaks the fewest whole free nodes, then the finer domain, then the node
+type worth least to others, the fullest enclosing domains and the tightest fit (so large
+blocks stay whole), then topology path and name; inside a node it takes the GPU sets that
+are tightest and leave the largest coherent remainder. Node requirements (a pod's
+nodeSelector and required node affinity) are hard.
 
 Cliques are kept for the pod sets that span nodes over them: a pod set that does not (one
 that fits on one node, or whose pods do not talk) goes to nodes outside cliques, and to
@@ -80,7 +84,7 @@ COLOCATE = "colocation"
 Entry = tuple[int, int, Tier]
 Caps = dict[int, Entry]
 #: How a finished slice ranks: (clique GPUs off the fabric, cost, notes), lower is better.
-SliceKey = tuple[int, float, int]
+SliceKey = tuple[int, int, float, int]
 #: (clique GPUs off the fabric, cost) of a placement: the objective, lexicographic.
 Price = tuple[int, float]
 
@@ -132,6 +136,11 @@ class _Option:
     misses: tuple[str, ...] = ()  # soft wishes not met: PREFERRED, COLOCATE
     notes: tuple[str, ...] = ()  # the misses said plainly
     no_room: bool = False  # a pod set that colocates with this one has no room next to it
+    #: Pods of kv-transfer sets colocating with this one that its own nodes cannot hold: each
+    #: of those hands its KV cache over the network rather than inside a node.
+    kv_short: int = 0
+    #: Nodes with every GPU free that this placement breaks into.
+    opened: int = 0
     kinds: frozenset[str] = frozenset()  # the node types it uses
 
     @property
@@ -139,7 +148,17 @@ class _Option:
         return (self.waste, _q(self.cost))
 
     def key(self) -> tuple[float, ...]:
-        return (self.waste, _q(self.cost), len(self.misses), float(self.no_room), -self.level, *self.fit)
+        return (
+            self.waste,
+            float(COLOCATE in self.misses),
+            _q(self.cost),
+            len(self.misses),
+            float(self.no_room),
+            self.kv_short,
+            self.opened,
+            -self.level,
+            *self.fit,
+        )
 
 
 @dataclass(frozen=True)
@@ -186,6 +205,7 @@ class Solver:
         self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
         self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
         self._gbps: dict[tuple[int, str, int, Tier], float] = {}
+        self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
         self._work = 0
         self._needs: dict[str, Need] = {}  # the gang being placed: each pod set's resolved rules
@@ -293,7 +313,8 @@ class Solver:
             notes=tuple(notes),
             mnnvl_nodes=mnnvl_nodes(self.snap, gang, slots),
         )
-        return _Done((fabric_waste(self.snap, gang, slots), _q(sl.per_layer_micros), len(notes)), sl)
+        apart = len(colocation_misses(self.snap, gang, slots))
+        return _Done((fabric_waste(self.snap, gang, slots), apart, _q(sl.per_layer_micros), len(notes)), sl)
 
     # -- one pod set: candidates ---------------------------------------------------------
     def _options(
@@ -383,7 +404,32 @@ class Solver:
         if within is not None and not set(nodes) <= within:
             misses.append(COLOCATE)
         no_room = bool(dependents) and not self._room_for(dependents, o.masks, state, nodes)
-        return dataclasses.replace(o, misses=tuple(dict.fromkeys(misses)), no_room=no_room)
+        kv_short = self._kv_short(dependents, o.masks, state)
+        opened = sum(1 for i in o.masks if self._whole(i, state))
+        return dataclasses.replace(
+            o, misses=tuple(dict.fromkeys(misses)), no_room=no_room, kv_short=kv_short, opened=opened
+        )
+
+    def _whole(self, i: int, state: _State) -> bool:
+        """Whether node ``i`` has every GPU free (none taken, by others or by this gang)."""
+        node = self.snap.nodes[i]
+        return not state.taken.get(i, 0) and self.snap.free_mask(i).bit_count() == node.shape.size
+
+    def _kv_short(self, dependents: Sequence[PodSet], masks: Mapping[int, int], state: _State) -> int:
+        """How many pods of the kv-transfer sets colocating with a pod set placed on ``masks``
+        find no room on its nodes (where their KV hand-off would stay inside a node)."""
+        short = 0
+        for d in dependents:
+            if d.comm != Comm.KV_TRANSFER or d.gpus_per_pod == 0:
+                continue
+            need = self._needs[d.name]
+            room = 0
+            for i in masks:
+                free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~masks[i]
+                entry = self._cap_entry(d, need, i, free, False)
+                room += entry[0] if entry else 0
+            short += max(0, d.count - room)
+        return short
 
     def _explain(
         self, ps: PodSet, chosen: _Option, opts: Sequence[_Option], within_found: bool
@@ -444,8 +490,9 @@ class Solver:
         memo = self._entries.setdefault((ps.name, preferred), {})
         gpus = ps.gpus_per_pod
         caps: Caps = {}
+        admitted = self.snap.admitted(ps.node_selector)
         for i, k in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
-            if k[1].bit_count() < gpus:
+            if k[1].bit_count() < gpus or (admitted is not None and i not in admitted):
                 continue
             entry = memo.get(k, _MISSING)
             if entry is _MISSING:
@@ -458,6 +505,9 @@ class Solver:
         """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits;
         the same for every node of one type with the same free GPUs."""
         if free.bit_count() < ps.gpus_per_pod:
+            return None
+        admitted = self.snap.admitted(ps.node_selector)
+        if admitted is not None and i not in admitted:
             return None
         memo = self._entries.setdefault((ps.name, preferred), {})
         k = (self.snap.kinds()[i], free)
@@ -554,14 +604,14 @@ class Solver:
         """The best nodes that hold every pod alone: the cheapest and tightest fits, the best
         one per relation to the pod sets it hands a KV cache to or from, and the best one
         that leaves room for pod sets colocating with this one."""
-        ranked: list[tuple[int, float, int, int, int]] = []
+        ranked: list[tuple[tuple[float, ...], int]] = []
         for i, (cap, free, tier) in caps.items():
             if cap >= ps.count:
                 pick = self._node_pick(ps, i, free, tier)
                 # One node's pods do not talk over the fabric (a KV hand-off to a partner in
                 # the same clique may: the relation classes below offer that node too).
                 waste = ps.gpus if self._fabric_of(i) is not None else 0
-                ranked.append((waste, _q(pick.cost), pick.leftover, -pick.coherent, i))
+                ranked.append(((waste, _q(pick.cost), *self._tie(i, pick)), i))
         if not ranked:
             return []
         ranked.sort()
@@ -571,14 +621,14 @@ class Solver:
             relations = [
                 _Relation(self, sorted({self.snap.index(s.node) for s in g})) for g in links.groups()
             ]
-            for *_, i in ranked:
+            for _, i in ranked:
                 classes.setdefault(tuple(rel(i) for rel in relations), i)
             chosen.update(dict.fromkeys(classes.values()))
         if dependents:
             # Where the colocated sets will go matters as much as this set's own fit: the best
             # node of each node type that leaves room for them.
             kinds: dict[str, list[int]] = {}
-            for *_, i in ranked:
+            for _, i in ranked:
                 kinds.setdefault(self.snap.nodes[i].shape.key, []).append(i)
             for nodes in kinds.values():
                 for i in nodes[:ROOM_CHECK_NODES]:
@@ -594,11 +644,37 @@ class Solver:
         slots = self._slots(ps, [(i, m) for m in pick.masks])
         waste, cost = self._price(ps, slots, links, pick.cost)
         name = self.snap.nodes[i].name
-        fit = (pick.leftover, -pick.coherent, i)
+        fit = self._tie(i, pick)
         kinds = frozenset({self.snap.nodes[i].shape.key})
         return _Option(
             slots, {i: pick.union}, node_scope(self.h), f"node {name}", waste, cost, fit, kinds=kinds
         )
+
+    def _tie(self, i: int, pick: _NodePick) -> tuple[float, ...]:
+        """How one-node placements of equal price rank, best first: a node already in use
+        before a node with every GPU free (whole nodes stay whole); the node type whose GPUs
+        are worth least to others (the lowest all-GPU ring bandwidth, so NVLink islands stay
+        for the gangs that pay for them); the fullest enclosing domains from the coarsest
+        level down (as Kueue's BestFit picks the fullest block, then rack, so a later gang
+        that needs a whole domain still finds one); the tightest fit on the node and the most
+        coherent remainder; then topology path and name (:meth:`ClusterSnapshot.order`)."""
+        node = self.snap.nodes[i]
+        return (
+            float(self.snap.free_mask(i).bit_count() == node.shape.size),
+            self._worth(i),
+            *self.snap.fullness(i),
+            float(pick.leftover),
+            float(-pick.coherent),
+            float(self.snap.order()[i]),
+        )
+
+    def _worth(self, i: int) -> float:
+        kind = self.snap.kinds()[i]
+        got = self._worths.get(kind)
+        if got is None:
+            shape = self.snap.nodes[i].shape
+            got = self._worths[kind] = round(fit_for(shape).gbps(shape.full_mask), 3)
+        return got
 
     # -- several nodes -------------------------------------------------------------------
     @functools.cached_property
@@ -679,14 +755,20 @@ class Solver:
         # Pods sharing one node are priced by that node's own links (single-node options);
         # these options span two nodes at least, so no node takes every pod.
         limit = ps.count - 1
+        # Per node, once per call (the levels below all read them): the pods it may take
+        # here, and the best ring bandwidth one pod gets on it (the same for every node of
+        # one type with the same free GPUs).
+        kinds = self.snap.kinds()
+        by_kind: dict[tuple[str, int, Tier], float] = {}
         gbps: dict[int, float] = {}
-
-        def pod_gbps(i: int) -> float:
-            got = gbps.get(i)
+        held_cap: dict[int, int] = {}
+        for i, entry in caps.items():
+            key = (kinds[i], entry[1], entry[2])
+            got = by_kind.get(key)
             if got is None:
-                got = gbps[i] = self._pod_gbps(ps, i, caps[i])
-            return got
-
+                got = by_kind[key] = self._pod_gbps(ps, i, entry)
+            gbps[i] = got
+            held_cap[i] = entry[0] if entry[0] < limit else limit
         top_gbps = self._top_gbps(ps, caps)
         by_level = self._domains_by_level
         # A pod set whose pods do not talk takes clique nodes last (they are off the fabric).
@@ -700,23 +782,23 @@ class Solver:
             domains = [list(caps)] if level == ANYWHERE else by_level.get(level, [])
             cap_gbps = self._span_cap(ps, level)
             found: list[tuple[tuple[float, ...], list[int], list[int]]] = []
+            # The fastest nodes that together hold every pod; a faster node than the
+            # network between them buys nothing, so those count as equal.
+            rank: dict[int, tuple[int, float]] = {}
+            for i, g in gbps.items():
+                off = 1 if quiet and self._fabric_of(i) is not None else 0
+                rank[i] = (off, -(g if g < cap_gbps else cap_gbps))
             for members in domains:
                 if self._has_fabric:
                     usable = [i for i in members if i in caps and self._multi_usable(gang.name, ps, i, level)]
                 else:
                     usable = [i for i in members if i in caps]
-                if sum(min(caps[i][0], limit) for i in usable) < ps.count:
+                if sum([held_cap[i] for i in usable]) < ps.count:
                     continue
-                # The fastest nodes that together hold every pod; a faster node than the
-                # network between them buys nothing, so those count as equal.
-                rank = {
-                    i: (1 if quiet and self._fabric_of(i) is not None else 0, -min(pod_gbps(i), cap_gbps))
-                    for i in usable
-                }
                 usable.sort(key=rank.__getitem__)
                 held, threshold = 0, (0, 0.0)
                 for i in usable:
-                    held += min(caps[i][0], limit)
+                    held += held_cap[i]
                     threshold = rank[i]
                     if held >= ps.count:
                         break
@@ -726,8 +808,10 @@ class Solver:
                 first = [i for i in fast if rank[i][0] < threshold[0]]
                 found.append(((threshold[0], threshold[1], float(spare), float(len(fast))), fast, first))
             found.sort(key=lambda f: f[0])
-            for rank_, fast, first in found[:CANDIDATES]:
-                capped = {i: (min(caps[i][0], limit), caps[i][1], caps[i][2]) for i in fast}
+            for n, (rank_, fast, first) in enumerate(found[:CANDIDATES]):
+                if n and not fabric and not ties and bound >= best:
+                    break  # one candidate already costs the least any domain here can
+                capped = {i: (held_cap[i], caps[i][1], caps[i][2]) for i in fast}
                 assignment = {i: capped[i][0] for i in first}
                 rest = [i for i in fast if i not in assignment]
                 need_rest = ps.count - sum(assignment.values())
@@ -776,12 +860,13 @@ class Solver:
         self, nodes: list[int], need: int, caps: Caps, gbps: Mapping[int, float]
     ) -> dict[int, int]:
         out: dict[int, int] = {}
-        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], i))
+        order = self.snap.order()
+        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], order[i]))
         remaining = need
         while remaining > 0:
             fitting = [i for i in pool if caps[i][0] >= remaining]
             if fitting:
-                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], i))
+                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], order[i]))
                 out[i] = remaining
                 return out
             i = pool.pop(0)
@@ -996,11 +1081,15 @@ def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
     """The ``width`` best options, skipping those that only repeat a better one (same price on
     the same node types), plus the best one that leaves room for colocated pod sets."""
     out: list[_Option] = []
-    seen: set[tuple[Price, frozenset[str]]] = set()
+    # Options that differ in how many nodes they span are different shapes of answer (a
+    # prefill set on one node or spread so that each decode pod can sit next to one of its
+    # pods) even at the same price: each gets its own place in the beam.
+    seen: set[tuple[Price, frozenset[str], int]] = set()
     for o in opts:
-        if len(out) < width and (o.price, o.kinds) not in seen:
+        shape = (o.price, o.kinds, len(o.masks))
+        if len(out) < width and shape not in seen:
             out.append(o)
-            seen.add((o.price, o.kinds))
+            seen.add(shape)
     out.extend([o for o in opts if o not in out][: width - len(out)])
     out.sort(key=_Option.key)
     if width > 1 and all(o.no_room for o in out):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import yaml
 
 from extender.placement.files import cluster_from_data, load_cluster
+from extender.placement.request import GangRequest
 from extender.placement.scoring import LevelError, resolve_level, resolve_need
 from extender.placement.snapshot import ClusterSnapshot
 from extender.sim.generate import generate_trace
@@ -27,6 +29,45 @@ def load_sim_cluster(path: str | None) -> ClusterSnapshot:
 
 def load_sim_trace(path: str | None, seed: int) -> Trace:
     return generate_trace(seed) if path is None else load_trace(path)
+
+
+def misfit(gang: GangRequest, cluster: ClusterSnapshot) -> str | None:
+    """Why a gang can never run on this cluster's kind of fleet (a level it names that the
+    hierarchy lacks, or node requirements no node meets), or None."""
+    h = cluster.hierarchy
+    for ps in gang.pod_sets:
+        try:
+            resolve_need(ps, h)
+            if ps.colocate_with is not None:
+                resolve_level(ps.colocate_with.level, h)
+        except LevelError as exc:
+            return f"pod set {ps.name}: {exc}"
+        admitted = cluster.admitted(ps.node_selector) if ps.gpus_per_pod else None
+        if admitted is not None and not admitted:
+            wants = ", ".join(str(r) for r in ps.node_selector)
+            return f"pod set {ps.name}: no node meets {wants}"
+    return None
+
+
+def fit_generated(trace: Trace, cluster: ClusterSnapshot) -> tuple[Trace, list[str]]:
+    """The generated trace without the deployments of templates this fleet cannot run (a
+    template for NVL72 racks on a fleet without cliques), and one line per template left out."""
+    why: dict[str, str] = {}
+    keep = []
+    for d in trace.deployments:
+        key = d.template or d.name
+        if key not in why:
+            why[key] = misfit(d.gang, cluster) or ""
+        if not why[key]:
+            keep.append(d)
+    if len(keep) == len(trace.deployments):
+        return trace, []
+    names = {d.name for d in keep}
+    fitted = dataclasses.replace(
+        trace, deployments=tuple(keep), scales=tuple(s for s in trace.scales if s.deployment in names)
+    )
+    lines = [f"template {key} left out of the trace: {reason}" for key, reason in why.items() if reason]
+    return fitted, lines
 
 
 def check_levels(trace: Trace, cluster: ClusterSnapshot) -> None:

@@ -100,6 +100,49 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
     return out
 
 
+#: Per-template figures compared in :func:`contrasts`: (name, key, lower is better, how shown).
+_CONTRASTED: tuple[tuple[str, str, bool, Callable[[Any], str]], ...] = (
+    ("TTFT vs best, median", "ttftRatioMedian", True, _ratio),
+    ("coherent share", "coherentShare", False, _pct),
+    ("placed", "placed", False, _num),
+)
+
+
+def contrasts(results: dict[str, Any], ours: str = "gangslice", each: int = 3) -> list[str]:
+    """The per-template rows where gangslice and the best peer on that figure differ most, in
+    both directions: up to ``each`` where gangslice is ahead, ``each`` where it is behind, as a
+    markdown table. Differences are relative (ratios for TTFT, points for shares, relative
+    counts for gangs placed)."""
+    policies = results["policies"]
+    if ours not in policies or len(policies) < 2:
+        return []
+    found: list[tuple[float, list[str]]] = []
+    for name, mine in sorted(policies[ours]["byTemplate"].items()):
+        for label, key, lower, show in _CONTRASTED:
+            peers = [
+                (p, r["byTemplate"][name][key])
+                for p, r in policies.items()
+                if p != ours and name in r["byTemplate"] and r["byTemplate"][name][key] is not None
+            ]
+            if mine[key] is None or not peers:
+                continue
+            peer, best = (min if lower else max)(peers, key=lambda x: x[1])
+            if key == "ttftRatioMedian":
+                gap = (best / mine[key] - 1) if mine[key] > 0 else 0.0
+            elif key == "coherentShare":
+                gap = mine[key] - best
+            else:
+                gap = (mine[key] - best) / max(best, 1)
+            if abs(gap) > 1e-9:
+                found.append((gap, [name, label, show(mine[key]), f"{show(best)} ({peer})"]))
+    ahead = sorted((f for f in found if f[0] > 0), key=lambda f: -f[0])[:each]
+    behind = sorted((f for f in found if f[0] < 0), key=lambda f: f[0])[:each]
+    rows = [[*row, "gangslice ahead"] for _, row in ahead] + [[*row, "gangslice behind"] for _, row in behind]
+    if not rows:
+        return []
+    return _md_table(["template", "figure", ours, "best peer", ""], rows)
+
+
 def _template_tables(results: dict[str, Any]) -> list[str]:
     policies = list(results["policies"])
     names = sorted({t for r in results["policies"].values() for t in r["byTemplate"]})
@@ -134,12 +177,13 @@ def _template_tables(results: dict[str, Any]) -> list[str]:
 
 
 PLOTS = (
-    ("allocation.png", "GPUs allocated over time"),
-    ("wait-cdf.png", "Waiting time of placed gangs (CDF)"),
-    ("comm-cdf.png", "Predicted per-layer communication time of placed gangs (CDF)"),
+    ("allocation.png", "GPUs allocated over time, one panel per policy"),
+    ("wait-cdf.png", "Waiting time of every arrived gang, per workload class (CDF; never placed below 1)"),
+    ("comm-cdf.png", "Each gang's TTFT communication against its own best slice, per workload class (CDF)"),
     (
         "fragmentation.png",
-        "Fragmentation over time: whole free nodes, and the largest free block under one leaf",
+        "Fragmentation over time, one row per policy: whole free nodes, and the largest free block "
+        "under one leaf",
     ),
 )
 
@@ -177,6 +221,22 @@ DEFINITIONS = """\
 """
 
 
+def _node_types(r: dict[str, Any]) -> list[str]:
+    """What the in-node figures rest on: how each node type's GPUs are handed out."""
+    kinds = ", ".join(f"{name} ({count})" for name, count in r["cluster"]["nodeTypes"].items())
+    return [
+        "## Node types",
+        "",
+        f"Node types: {kinds}. Every node type of this run is modelled as a device-plugin node "
+        "(the NVIDIA device plugin hands GPUs out on the node; none is a DRA node). The in-node "
+        "figures (coherent share, per-layer and TTFT communication, vs same hw) assume each pod "
+        "gets the GPU set its policy chose; gangslice delivers that choice through its node agent "
+        "(or a DRA claim), the peers' choices are modelled as the device plugin's first free GPUs. "
+        "On nodes where the choice cannot be delivered, only the node-level figures hold.",
+        "",
+    ]
+
+
 def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
     r = outcome.results
     lines = [
@@ -193,6 +253,12 @@ def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
         table(r),
         "```",
         "",
+        *(
+            ["Per template, where gangslice and the best peer differ most:", "", *contrasts(r), ""]
+            if contrasts(r)
+            else []
+        ),
+        *_node_types(r),
         "## Definitions",
         "",
         DEFINITIONS,

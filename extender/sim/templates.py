@@ -68,5 +68,14 @@ def gang_to_data(gang: GangRequest) -> dict[str, Any]:
         }
         if model:
             d["model"] = model
+        plain = {r.key: r.values[0] for r in ps.node_selector if r.operator == "In" and len(r.values) == 1}
+        if plain:
+            d["nodeSelector"] = plain
+        rest = [r for r in ps.node_selector if r.key not in plain or r.operator != "In" or len(r.values) != 1]
+        if rest:
+            d["nodeAffinity"] = [
+                {"key": r.key, "operator": r.operator, **({"values": list(r.values)} if r.values else {})}
+                for r in rest
+            ]
         pod_sets.append(d)
     return {"name": gang.name, "podSets": pod_sets}

@@ -10,6 +10,7 @@ anything it cannot read as a :class:`TopologyError` naming the source and line.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from extender.topology.model import Gpu, GpuGraph, Link, Nic, PcieLevel, Topolog
 from extender.topology.serialize import index_ranges
 
 __all__ = ["parse_topo", "render_topo"]
+
+_log = logging.getLogger(__name__)
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -93,6 +96,10 @@ def parse_topo(text: str, *, source: str = "<input>") -> GpuGraph:
     systems it names the GPU's own memory node, not the CPU socket. A NIC's NUMA node is
     that of the closest GPU it reaches without crossing sockets (PIX, PXB, PHB or NODE; NODE
     still means "within one NUMA node" in nvidia-smi's legend), else None.
+
+    A matrix that stops after the GPU rows (bug reports and forum posts often carry only the
+    header and those) is read: the GPU rows hold every GPU-GPU and GPU-NIC relation, and only
+    the NIC-NIC relations, which placement does not use, are unknown (logged as a warning).
     """
     src = _Source(source)
     lines = _split_lines(text)
@@ -179,6 +186,14 @@ def _parse_rows(lines: Sequence[_Line], start: int, header: _Header, src: _Sourc
     rows: list[_Row] = []
     at = start
     for position, name in enumerate(header.devices):
+        if _only_nics_left(lines, at, position, header):
+            missing = header.devices[position:]
+            _log.warning(
+                "%s: the matrix has the GPU rows only (no row for %s); NIC-NIC relations are unknown",
+                src.name,
+                ", ".join(missing),
+            )
+            return rows, at
         if at >= len(lines) or not lines[at].text.strip():
             got = "the end of the input" if at >= len(lines) else "a blank line"
             number = lines[at].number if at < len(lines) else lines[-1].number
@@ -195,6 +210,14 @@ def _parse_rows(lines: Sequence[_Line], start: int, header: _Header, src: _Sourc
             f"expected the end of the matrix after {len(header.devices)} rows, got another row",
         )
     return rows, at
+
+
+def _only_nics_left(lines: Sequence[_Line], at: int, position: int, header: _Header) -> bool:
+    """Whether the matrix ends here, after every GPU row, before the NIC rows: the input
+    ends, a blank line, or a line that is no row (a legend) where a NIC row would be."""
+    if position == 0 or any(p >= position for p in header.gpu_positions):
+        return False
+    return at >= len(lines) or not _looks_like_row(lines[at].text, header)
 
 
 def _looks_like_row(text: str, header: _Header) -> bool:
@@ -329,9 +352,11 @@ def _build_graph(header: _Header, rows: Sequence[_Row], legend: Mapping[str, str
         for b in gpu_positions[n + 1 :]
     }
     numa = {g.index: g.numa_node for g in gpus}
+    # Each NIC's relation to each GPU, from the GPU rows (the matrix is symmetric, and the
+    # NIC rows may be missing).
     nics = tuple(
-        _nic(legend.get(row.name, row.name), {index[p]: row.cells[p] for p in gpu_positions}, numa)
-        for p, row in enumerate(rows)
+        _nic(legend.get(name, name), {index[g]: rows[g].cells[p] for g in gpu_positions}, numa)
+        for p, name in enumerate(header.devices)
         if p not in index
     )
     return GpuGraph(gpus=gpus, links=links, nics=nics)

@@ -200,6 +200,37 @@ def test_kueue_tas_climbs_from_a_preferred_level() -> None:
     assert isinstance(kueue_tas(snap, required), Unplaceable)
 
 
+def test_kueue_tas_unconstrained_sorts_every_node_at_once_fullest_first() -> None:
+    """Implied TAS (no topology annotation): the lowest level, every node sorted by pods that
+    fit, fewest first, then topology path; the first that holds every pod. The old fill from
+    the top level down took the fullest leaf first and split the pods there."""
+    nodes = [node(f"a{i}", "leaf-a", allocated=range(6)) for i in range(2)]  # leaf-a: 2+2 free
+    nodes += [node("b0", "leaf-b", allocated=range(3)), node("b1", "leaf-b")]  # leaf-b: 5+8 free
+    snap = ClusterSnapshot(nodes, HIER)
+    g = gang(PodSet("w", 4, 1))
+    # Fullest node that holds all four pods: b0 (5 free), though leaf-a is the fullest leaf.
+    assert nodes_of(kueue_tas(snap, g)) == ["b0"] * 4
+    # No node holds nine: fill in the same order, fullest first (a0, a1, b0).
+    assert nodes_of(kueue_tas(snap, gang(PodSet("w", 9, 1)))) == ["a0"] * 2 + ["a1"] * 2 + ["b0"] * 5
+
+
+def test_kueue_tas_unconstrained_ties_by_topology_path_not_file_order() -> None:
+    nodes = [node("z", "leaf-b"), node("y", "leaf-a"), node("x", "leaf-a")]
+    for order in (nodes, nodes[::-1]):
+        snap = ClusterSnapshot(list(order), HIER)
+        assert nodes_of(kueue_tas(snap, gang(PodSet("w", 1, 8)))) == ["x"]
+
+
+def test_kueue_tas_required_and_preferred_take_the_fullest_domain_that_fits() -> None:
+    """BestFit for required and preferred levels: two leaves with 4 and 3 free single-GPU
+    slots; a one-pod gang goes to the 3-slot leaf, so a four-pod gang still fits."""
+    nodes = [node(f"a{i}", "leaf-a", allocated=range(7)) for i in range(4)]
+    nodes += [node(f"b{i}", "leaf-b", allocated=range(7)) for i in range(3)]
+    snap = ClusterSnapshot(nodes, HIER)
+    for wish in ({"required_level": "leaf"}, {"preferred_level": "leaf"}):
+        assert leaves_of(snap, kueue_tas(snap, gang(PodSet("w", 1, 1, **wish)))) == {"leaf-b"}
+
+
 def test_kueue_tas_counts_gpus_and_ignores_nvlink_coherence() -> None:
     snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 2, 4, 6))], HIER)
     g = gang(PodSet("tp", 2, 2, Comm.NONE, required_level="nvlink"))  # PCIe node: no NVLink at all
@@ -301,6 +332,8 @@ def test_bench_placement_quick_lists_every_policy_for_every_gang(capsys: pytest.
         for policy in POLICIES:
             assert (gang_label, policy) in rows, (gang_label, policy)
     assert "snapshot build" in out and "50 nodes" in out
+    for gang_label in ("1x8", "8x4", "64x2", "512x1"):
+        assert f"ratio: gangslice / kueue-tas p99, {gang_label} on 50 nodes: " in out
     assert rows[("8x4", "gangslice")][3] == "placed"
     assert rows[("512x1", "gangslice")][3] == "unplaceable"  # 200 free GPUs for 512 pods
 
@@ -334,7 +367,15 @@ def test_bench_placement_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert (r["micros"] is not None) == r["placed"]
         if r["policy"] == "gangslice":
             assert r["broken"] == 0
-    assert data["targets"] == []  # targets are judged on 5,000 nodes only
+    assert data["targets"] == []  # targets are judged on 5,000 and 20,000 nodes only
+    assert data["ratios"] == []  # no kueue-tas row to compare with
+
+
+def test_bench_targets_cover_20000_nodes() -> None:
+    from extender.placement.bench import DEFAULT_NODES, TARGETS_MS
+
+    assert 20000 in DEFAULT_NODES
+    assert TARGETS_MS[(20000, 64)] == 20.0 and TARGETS_MS[(20000, 512)] == 100.0
 
 
 def test_another_module_can_add_a_bench_action() -> None:

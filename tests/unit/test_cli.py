@@ -176,7 +176,10 @@ def test_place_a_gang_bigger_than_a_small_cluster(tmp_path: Path, capsys: pytest
 
 
 GOOD_GANG = "name: g\npodSets:\n  - {name: tp, count: 1, gpusPerPod: 2, comm: allreduce}\n"
-GOOD_CLUSTER = "levels: [fabric.topograph.run/tier-0]\nnodes:\n  - {name: n, gpuTopology: hgx-h100}\n"
+GOOD_CLUSTER = (
+    "levels: [fabric.topograph.run/tier-0]\nnodes:\n"
+    "  - {name: n, gpuTopology: hgx-h100, labels: {fabric.topograph.run/tier-0: leaf-1}}\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -264,7 +267,8 @@ def test_gang_levels_are_checked_only_against_a_hierarchy(tmp_path: Path) -> Non
     racks = load_cluster(
         write(
             tmp_path / "racks.yaml",
-            "levels: [example.com/rack]\nnodes:\n  - {name: n, gpuTopology: hgx-h100}\n",
+            "levels: [example.com/rack]\nnodes:\n"
+            "  - {name: n, gpuTopology: hgx-h100, labels: {example.com/rack: r1}}\n",
         )
     )
     with pytest.raises(FileError) as err:

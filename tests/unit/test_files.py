@@ -172,3 +172,42 @@ def test_from_data_names_the_source() -> None:
         gang_from_data({"name": "g", "podSets": [{"name": "a", "count": 1, "gpusPerPod": -1}]}, "inline")
     with pytest.raises(FileError, match=r"^inline: expected a mapping with nodes"):
         cluster_from_data([], Path("."), "inline")
+
+
+def test_misspelt_field_is_named_with_the_known_one() -> None:
+    data = {"name": "g", "podSets": [{"name": "a", "count": 1, "gpusPerPods": 8}]}
+    with pytest.raises(FileError, match=r"podSets\.0\.gpusPerPods: unknown field; did you mean gpusPerPod\?"):
+        gang_from_data(data)
+
+
+def test_misspelt_cluster_field_is_named() -> None:
+    data = {"nodes": [{"name": "n", "gpuTopolgy": "hgx-h100"}]}
+    with pytest.raises(FileError, match=r"nodes\.0\.gpuTopolgy: unknown field; did you mean gpuTopology\?"):
+        cluster_from_data(data, Path("."))
+
+
+def test_a_gang_without_gpus_is_refused() -> None:
+    data = {"name": "g", "podSets": [{"name": "a", "count": 2, "gpusPerPod": 0}]}
+    with pytest.raises(FileError, match="every pod set has gpusPerPod: 0"):
+        gang_from_data(data)
+
+
+def test_a_gpuless_pod_set_must_sit_next_to_another() -> None:
+    data = {
+        "name": "g",
+        "podSets": [
+            {"name": "a", "count": 1, "gpusPerPod": 8},
+            {"name": "b", "count": 1, "gpusPerPod": 0},
+        ],
+    }
+    with pytest.raises(FileError, match=r"podSets\[1\]\.gpusPerPod: 0 GPUs, and no colocateWith"):
+        gang_from_data(data)
+
+
+def test_a_level_no_node_carries_is_refused() -> None:
+    data = {
+        "levels": ["example.com/rack", "fabric.topograph.run/tier-0"],
+        "nodes": [{"name": "n", "gpuTopology": "hgx-h100", "labels": {"fabric.topograph.run/tier-0": "l1"}}],
+    }
+    with pytest.raises(FileError, match=r"no node carries the label 'example\.com/rack'"):
+        cluster_from_data(data, Path("."))

@@ -434,3 +434,25 @@ def test_damaged_output_parses_or_raises_topology_error(graph: GpuGraph, data: s
     start = data.draw(st.integers(0, len(text)))
     end = data.draw(st.integers(start, min(len(text), start + 12)))
     parses_or_refuses(text[:start] + data.draw(st.text(max_size=6)) + text[end:])
+
+
+def test_gpu_rows_only_are_read_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    from extender.topology.presets import preset_graph
+
+    graph = preset_graph("hgx-h100")
+    full = render_topo(graph)
+    lines = full.splitlines()
+    cut = "\n".join(lines[: 1 + len(graph.gpus)]) + "\n\n" + full[full.index("Legend:") :]
+    with caplog.at_level("WARNING"):
+        got = parse_topo(cut, source="forum.txt")
+    assert got.links == graph.links
+    assert [(n.numa_node, n.gpu_links) for n in got.nics] == [(n.numa_node, n.gpu_links) for n in graph.nics]
+    assert "NIC-NIC relations are unknown" in caplog.text and "forum.txt" in caplog.text
+    # Header and GPU rows and nothing else: the same.
+    assert parse_topo("\n".join(lines[: 1 + len(graph.gpus)])).links == graph.links
+
+
+def test_a_missing_gpu_row_is_still_refused() -> None:
+    text = "\tGPU0\tGPU1\tNIC0\nGPU0\t X \tNV4\tPIX\n\n"
+    with pytest.raises(TopologyError, match="line 3: expected the row for GPU1"):
+        parse_topo(text)

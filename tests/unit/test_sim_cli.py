@@ -19,6 +19,8 @@ from extender.sim.policies import available_policies
 from extender.sim.runner import run_simulation
 
 LEAF = "fabric.topograph.run/tier-0"
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}
+L40S = {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.memory": "46068"}
 
 
 def schema() -> dict[str, Any]:
@@ -39,8 +41,13 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
         yaml.safe_dump(
             {
                 "nodes": [
-                    {"name": "h", "count": 2, "gpuTopology": "hgx-h100", "labels": {LEAF: "leaf-1"}},
-                    {"name": "p", "count": 2, "gpuTopology": "pcie-8gpu-2socket", "labels": {LEAF: "leaf-2"}},
+                    {"name": "h", "count": 2, "gpuTopology": "hgx-h100", "labels": {LEAF: "leaf-1", **H100}},
+                    {
+                        "name": "p",
+                        "count": 2,
+                        "gpuTopology": "pcie-8gpu-2socket",
+                        "labels": {LEAF: "leaf-2", **L40S},
+                    },
                 ]
             }
         )
@@ -97,7 +104,8 @@ def test_report_folder(files: tuple[Path, Path], tmp_path: Path, capsys: pytest.
     for png in ("allocation.png", "wait-cdf.png", "comm-cdf.png", "fragmentation.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
-    assert "![GPUs allocated over time](allocation.png)" in report
+    assert "![GPUs allocated over time, one panel per policy](allocation.png)" in report
+    assert "## Node types" in report and "device-plugin" in report
     assert "## Definitions" in report and "gangslice" in report
     rows = [json.loads(line) for line in (out / "gangs.jsonl").read_text().splitlines()]
     assert len(rows) == 13 * len(results["policies"])

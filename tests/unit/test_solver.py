@@ -361,6 +361,78 @@ def test_prefill_spreads_so_each_decode_pod_sits_on_its_prefill_pods_node() -> N
     assert sl.per_layer_micros < packed_micros
 
 
+@pytest.mark.parametrize("free_nodes", [3, 4, 8, 16])
+def test_more_free_nodes_never_make_prefill_decode_worse(free_nodes: int) -> None:
+    """The same P/D gang on two free HGX nodes and on more: more room never costs more (it
+    did: with room for a node per pod set, both prefill pods took one node, both decode
+    pods another, and every KV cache crossed the network)."""
+    prefill = tp(2, 4, Comm.NONE, name="prefill")
+    decode = tp(2, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
+    two = placed(cluster(node("a"), node("b")), gang(prefill, decode)).per_layer_micros
+    more = cluster(*(node(f"n{i:02d}", leaf=f"leaf-{i % 2}") for i in range(free_nodes)))
+    assert placed(more, gang(prefill, decode)).per_layer_micros <= two + 1e-6
+
+
+def test_pd_pair_example_keeps_each_hand_off_inside_a_node() -> None:
+    from pathlib import Path
+
+    from extender.placement.files import load_cluster, load_gang
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    snap = load_cluster(root / "clusters" / "hgx-h100-4leaf.yaml")
+    sl = placed(snap, load_gang(root / "gangs" / "pd-pair.yaml"))
+    assert round(sl.per_layer_micros, 1) == 506.0
+    for k in range(2):
+        assert sl.slot(f"decode/{k}").node in {sl.slot("prefill/0").node, sl.slot("prefill/1").node}
+    assert sl.slot("prefill/0").node != sl.slot("prefill/1").node
+
+
+@pytest.mark.parametrize("policy", ["gangslice", "kueue-tas"])
+def test_equal_cost_prefers_the_fullest_domain_so_a_later_gang_fits(policy: str) -> None:
+    """Two leaves with 4 and 3 free single-GPU slots, a one-pod leaf-required gang, then a
+    four-pod one: taking the slot from the 3-slot leaf (Kueue BestFit) leaves room for both."""
+    from extender.placement.baselines import POLICIES
+
+    nodes = [node(f"a{i}", leaf="leaf-a", allocated=range(7)) for i in range(4)]
+    nodes += [node(f"b{i}", leaf="leaf-b", allocated=range(7)) for i in range(3)]
+    snap = cluster(*nodes)
+    first = POLICIES[policy](snap, gang(tp(1, 1, Comm.NONE, required_level="leaf")))
+    assert isinstance(first, Slice) and first.slots[0].node.startswith("b")
+    taken = {s.node: set(s.gpus) for s in first.slots}
+    after = cluster(
+        *(
+            node(n.name, leaf=n.labels[LEAF], allocated=set(n.allocated) | taken.get(n.name, set()))
+            for n in nodes
+        )
+    )
+    assert isinstance(POLICIES[policy](after, gang(tp(4, 1, Comm.NONE, required_level="leaf"))), Slice)
+
+
+def test_exact_ties_follow_topology_path_then_name_not_file_order() -> None:
+    nodes = [
+        node("z", leaf="leaf-1"),
+        node("a", leaf="leaf-2"),
+        node("m", leaf="leaf-1"),
+        node("b", leaf="leaf-2"),
+    ]
+    for order in (nodes, nodes[::-1], [nodes[1], nodes[3], nodes[0], nodes[2]]):
+        sl = placed(cluster(*order), gang(tp(1, 8)))
+        assert sl.slots[0].node == "m"  # leaf-1 before leaf-2, then m before z
+
+
+def test_the_faster_node_type_with_room_wins_over_keeping_blocks_whole() -> None:
+    """A TP=8 x PP=2 gang that has room on HGX nodes (one leaf, partly used) and on a whole
+    leaf of PCIe boxes: the PCIe leaf stays whole only at many times the cost, so HGX wins."""
+    h100 = [node(f"h{i}", leaf="leaf-h", allocated=range(8) if i < 2 else ()) for i in range(4)]
+    pcie = [node(f"p{i}", "pcie-8gpu-2socket", leaf="leaf-p") for i in range(4)]
+    snap = cluster(*pcie, *h100)
+    stages = tp(2, 8, Comm.PIPELINE, required_level="leaf", preferred_level="nvlink")
+    sl = placed(snap, gang(stages))
+    assert {s.node[0] for s in sl.slots} == {"h"}
+    on_pcie = placed(cluster(*pcie), gang(stages))
+    assert on_pcie.per_layer_micros > 5 * sl.per_layer_micros
+
+
 def test_colocate_with_in_a_clique_and_kv_over_nvlink() -> None:
     trays = [node(f"x{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.0") for i in range(2)]
     trays += [node(f"y{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.1") for i in range(2)]
