@@ -56,7 +56,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `gangslice ... | head`: the reader has what it wanted
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except Exception as exc:
+        if not _no_cluster_configuration(exc):
+            raise
+        print(
+            f"gangslice {args.command}: no cluster to talk to ({exc}): give --kubeconfig, set KUBECONFIG, "
+            "or run inside a pod",
+            file=sys.stderr,
+        )
+        return 2
     return code
+
+
+def _no_cluster_configuration(exc: BaseException) -> bool:
+    """The Kubernetes client found neither a kubeconfig nor an in-cluster service account. Looked
+    up by module so that commands which never load the client do not import it here."""
+    module = sys.modules.get("kubernetes.config.config_exception")
+    return module is not None and isinstance(exc, module.ConfigException)
 
 
 def _silence_stdout() -> None:

@@ -32,12 +32,14 @@ from extender.kube.crd_models import CrdError, object_name
 from extender.placement.files import FileError, load_cluster, load_gang
 from extender.placement.request import GangRequest
 from extender.placement.scoring import LevelError
-from extender.placement.slice import Slice
+from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+#: As ``gangslice place``: the dry run found no slice.
+EXIT_UNPLACEABLE = 3
 EXIT_UNREACHABLE = 4
 
 KINDS = ("workload", "podgroup", "gang")
@@ -312,4 +314,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"gangslice explain: the API server: {exc}")
         return EXIT_UNREACHABLE
     print(json.dumps(to_json(facts), indent=2) if args.json else render(facts))
-    return EXIT_OK
+    return EXIT_UNPLACEABLE if isinstance(facts.dry_run, Unplaceable) else EXIT_OK

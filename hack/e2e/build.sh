@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build the upstream binaries used by the end-to-end tier (etcd, kube-apiserver, kube-scheduler, kubectl,
-# Kueue's manager, Volcano's scheduler) from the pinned Go tools modules under hack/e2e/tools/.
+# Kueue's manager, Volcano's scheduler, helm) from the pinned Go tools modules under hack/e2e/tools/.
 #
 # Usage: hack/e2e/build.sh [COMPONENT...]      (default: all of them)
-#   COMPONENT is one of: etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler
+#   COMPONENT is one of: etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler helm
 #
 # Output goes to a cache folder outside the repository, keyed by the pinned versions:
 #   ${GANGSLICE_CACHE:-$HOME/.cache/gangslice}/e2e/<versions-key>/bin/<component>
@@ -24,7 +24,7 @@ log() { printf '%s [e2e-build] %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 trap 'rc=$?; log "FAILED at step: ${STEP} (exit ${rc})"; exit ${rc}' ERR
 
-ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler)
+ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler helm)
 COMPONENTS=("$@")
 [[ ${#COMPONENTS[@]} -gt 0 ]] || COMPONENTS=("${ALL_COMPONENTS[@]}")
 
@@ -77,6 +77,7 @@ spec_of() {
         kubectl)        echo "kubernetes|k8s.io/kubernetes/cmd/kubectl|${KUBERNETES_VERSION}|${K8S_X}" ;;
         kueue)          echo "kueue|sigs.k8s.io/kueue/cmd/kueue|${KUEUE_VERSION}|-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" ;;
         vc-scheduler)   echo "volcano|volcano.sh/volcano/cmd/scheduler|${VOLCANO_VERSION}|-X volcano.sh/volcano/pkg/version.Version=${VOLCANO_VERSION}" ;;
+        helm)           echo "helm|helm.sh/helm/v3/cmd/helm|${HELM_VERSION}|-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" ;;
         *) return 1 ;;
     esac
 }

@@ -56,6 +56,7 @@ CHECKED_EXAMPLES = (
     "plain/prefill-decode.yaml",
     "kueue/llama-70b-tp8.yaml",
     "kueue/prefill-decode.yaml",
+    "kueue-queues.yaml",
 )
 LEADER_WORKER_SET_EXAMPLES = (
     "plain/llama-405b-tp8-pp2.yaml",
