@@ -30,9 +30,13 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The kubectl plugin's executable: kubectl runs ``kubectl gangslice ...`` as this.
+KUBECTL_PLUGIN = "kubectl-gangslice"
+
+
+def build_parser(prog: str = "gangslice") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gangslice",
+        prog=prog,
         description="Topology-aware gang scheduling for LLM inference on Kubernetes.",
     )
     parser.add_argument("--version", action="version", version=f"gangslice {__version__}")
@@ -43,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    as_plugin = os.path.basename(sys.argv[0]) == KUBECTL_PLUGIN
+    parser = build_parser("kubectl gangslice" if as_plugin else "gangslice")
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

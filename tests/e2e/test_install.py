@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -130,6 +131,24 @@ def test_only_leaderworkerset_examples_are_left_out() -> None:
     for example in LEADER_WORKER_SET_EXAMPLES:
         kinds = {(d["apiVersion"], d["kind"]) for d in documents((EXAMPLES / example).read_text())}
         assert kinds == {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")}, (example, kinds)
+
+
+def test_kubectl_runs_gangslice_as_a_plugin(control_plane: ControlPlane) -> None:
+    """The built kubectl finds the installed ``kubectl-gangslice`` on PATH and runs it."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    kubectl_exe = str(control_plane.bin_dir / "kubectl")
+    listed = subprocess.run(
+        [kubectl_exe, "plugin", "list"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "kubectl-gangslice" in listed.stdout, listed.stdout + listed.stderr
+    clusters, gangs = REPO / "examples" / "clusters", REPO / "examples" / "gangs"
+    argv = [kubectl_exe, "gangslice", "place", "--json", "--cluster", str(clusters / "hgx-h100-4leaf.yaml")]
+    run = subprocess.run(
+        [*argv, "--gang", str(gangs / "llama-70b-tp8.yaml")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout)["placed"] is True, run.stdout
 
 
 def run_gangslice(*args: str) -> subprocess.CompletedProcess[str]:
