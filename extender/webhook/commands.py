@@ -37,6 +37,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="also serve /metrics on this port for tokens the API server grants get /metrics "
+        "(TokenReview + SubjectAccessReview; HTTPS with --tls-cert; default 0: off)",
+    )
+    p.add_argument(
         "--reservation-ttl",
         type=float,
         default=DEFAULT_TTL_S,
@@ -153,8 +161,14 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {args.port}: not a port number")
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
+    if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
+        raise UsageError(f"--metrics-port {args.metrics_port}: not a port number other than --port")
+    if args.metrics_port and args.cluster:
+        raise UsageError("--metrics-port reviews tokens with the API server: not with --cluster")
     check_config, podgroup_config = controller_configs(args)
-    options = ServeOptions(args.host, args.port, args.prefix, args.tls_cert, args.tls_key)
+    options = ServeOptions(
+        args.host, args.port, args.prefix, args.tls_cert, args.tls_key, metrics_port=args.metrics_port
+    )
     if args.cluster:
         try:
             cache = ClusterCache.from_cluster_file(args.cluster, ttl_s=args.reservation_ttl)
@@ -169,8 +183,14 @@ def run_serve(args: argparse.Namespace) -> int:
     except Exception as exc:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
     cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
+    reviewer = None
+    if args.metrics_port:
+        from extender.admission.api import load_api_client
+        from extender.secure_metrics import ApiReviewer
+
+        reviewer = ApiReviewer(load_api_client(args.kubeconfig))
     if args.no_controller:
-        asyncio.run(serve(cache, options, api))
+        asyncio.run(serve(cache, options, api, reviewer=reviewer))
         return 0
     from extender.admission.runner import run_controller
 
@@ -184,7 +204,7 @@ def run_serve(args: argparse.Namespace) -> int:
             podgroup_config=podgroup_config,
         )
 
-    asyncio.run(serve(cache, options, api, controller))
+    asyncio.run(serve(cache, options, api, controller, reviewer=reviewer))
     return 0
 
 

@@ -13,12 +13,14 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.health_metrics import certificate_files
 from extender.kube.api import KubeApi
 from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
 from extender.kube.watch import Watcher
+from extender.secure_metrics import Reviewer, start_metrics_site
 from extender.webhook.app import build_app
-from extender.webhook.handling import LEADING
+from extender.webhook.handling import LEADING, METRICS
 from extender.webhook.tls import ReloadingTls
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ class ServeOptions:
     prefix: str = "/gangslice"
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: A second port with /metrics behind TokenReview + SubjectAccessReview (0: none).
+    metrics_port: int = 0
 
 
 async def label_own_pod(api: KubeApi, leader: bool) -> None:
@@ -56,6 +60,7 @@ async def serve(
     options: ServeOptions,
     api: KubeApi | None = None,
     controller: Controller | None = None,
+    reviewer: Reviewer | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
@@ -69,6 +74,14 @@ async def serve(
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port, ssl_context=tls.context if tls else None)
     await site.start()
+    metrics = app[METRICS]
+    if tls is not None:
+        metrics.health.certificates.update(certificate_files(tls.cert_file))
+    metrics_runner = None
+    if options.metrics_port and reviewer is not None:
+        metrics_runner = await start_metrics_site(
+            metrics.render, reviewer, options.host, options.metrics_port, tls.context if tls else None
+        )
     scheme = "https" if tls else "http"
     log.info("serving on %s://%s:%d%s", scheme, options.host, options.port, options.prefix)
     print(
@@ -106,4 +119,6 @@ async def serve(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await cache.flush()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await runner.cleanup()

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +35,7 @@ from cluster import (
     REPO,
     SYSTEM_NS,
     FakeNode,
+    Gangslice,
     clean_namespace,
     create,
     delete,
@@ -44,7 +48,7 @@ from cluster import (
     remove_node,
     service_account_kubeconfig,
 )
-from controlplane import ControlPlane
+from controlplane import ControlPlane, free_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -230,3 +234,79 @@ def test_explain_runs_under_the_explain_role(installed: ControlPlane, explain_ku
     finally:
         clean_namespace(cp, ns)
         remove_node(cp, node.name)
+
+
+def _token(cp: ControlPlane, account: str) -> str:
+    review = cp.request(
+        "POST",
+        f"/api/v1/namespaces/{SYSTEM_NS}/serviceaccounts/{account}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    return str(review["status"]["token"])
+
+
+def _scrape(url: str, context: ssl.SSLContext, token: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=10, context=context
+        ) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+def test_the_metrics_port_serves_only_tokens_granted_get_metrics(
+    installed: ControlPlane, tmp_path: Path
+) -> None:
+    """``serve --metrics-port`` under the controller's shipped RBAC (tokenreviews, subjectaccessreviews) asks
+    the real API server about each scraper's token: a ServiceAccount bound to the shipped ClusterRole
+    gangslice-metrics-reader reads the metrics; an unbound one gets 403, no token 401, a bad token 401."""
+    cp = installed
+    kubectl(cp, "apply", "--server-side", "-f", str(MANIFESTS / "monitoring" / "metrics-reader.yaml"))
+    reader, stranger = "e2e-prometheus", "e2e-stranger"
+    binding = {
+        "apiVersion": f"{RBAC_GROUP}/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": reader},
+        "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": "gangslice-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": SYSTEM_NS}],
+    }
+    for account in (reader, stranger):
+        sa = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": account, "namespace": SYSTEM_NS},
+        }
+        create(cp, sa, exist_ok=True)
+    create(cp, binding, exist_ok=True)
+    (metrics_port,) = free_ports(1)
+    server = Gangslice(
+        cp,
+        service_account_kubeconfig(cp, tmp_path / "controller.kubeconfig", "gangslice-controller"),
+        name="gangslice-metrics-port",
+        tls=True,
+        extra_args=(f"--metrics-port={metrics_port}",),
+    )
+    try:
+        server.start()
+        assert cp.ca_file is not None
+        context = ssl.create_default_context(cafile=str(cp.ca_file))
+        url = f"https://127.0.0.1:{metrics_port}/metrics"
+        status, body = _scrape(url, context, _token(cp, reader))
+        assert status == 200 and "gangslice_gpus" in body, (status, body[:500])
+        assert 'gangslice_certificate_expiry_timestamp_seconds{certificate="serving"}' in body, body
+        status, body = _scrape(url, context, _token(cp, stranger))
+        assert status == 403 and f"system:serviceaccount:{SYSTEM_NS}:{stranger}" in body, (status, body)
+        assert _scrape(url, context, None)[0] == 401
+        assert _scrape(url, context, "not-a-token")[0] == 401
+    finally:
+        server.stop()
+        delete(cp, "ClusterRoleBinding", reader)
+        delete(cp, "ClusterRole", "gangslice-metrics-reader")
+        for account in (reader, stranger):
+            delete(cp, "ServiceAccount", account, SYSTEM_NS)

@@ -18,7 +18,7 @@ from types import ModuleType
 from test_manifests import REPO, build
 
 #: The modules through which the controller calls the API server.
-CONTROLLER_MODULES = ("extender.kube.client", "extender.admission.api")
+CONTROLLER_MODULES = ("extender.kube.client", "extender.admission.api", "extender.secure_metrics")
 #: kopf watches of the admission controller.
 KOPF_MODULE = "extender.admission.handlers"
 #: Where ``kubernetes`` API classes may be built: the controller's modules, the agent's
@@ -28,8 +28,10 @@ CLIENT_HOMES = {
     "extender/admission/api.py",
     "extender/agent/publish.py",
     "extender/admission/commands.py",
+    "extender/secure_metrics.py",
 }
 CLIENT_ATTRS = {"_core": "", "_custom": None, "_coord": "coordination.k8s.io"}
+CLIENT_ATTRS |= {"_authn": "authentication.k8s.io", "_authz": "authorization.k8s.io"}
 VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "patch": "patch"}
 VERBS |= {"replace": "update", "delete": "delete"}
 #: Core kinds as they appear in client method names -> (resource, subresource).
@@ -39,6 +41,8 @@ CORE_KINDS = {
     "event": "events",
     "lease": "leases",
     "pod_binding": "pods/binding",
+    "token_review": "tokenreviews",
+    "subject_access_review": "subjectaccessreviews",
 }
 
 Grant = tuple[str, str, str]  # (API group, resource, verb)
@@ -171,6 +175,7 @@ def test_the_derivation_sees_the_calls_we_know_of() -> None:
     assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # admission/api.py SSA
     assert ("coordination.k8s.io", "leases", "update") in got  # admission/api.py replace_lease
     assert ("kueue.x-k8s.io", "admissionchecks", "watch") in got  # kopf
+    assert ("authorization.k8s.io", "subjectaccessreviews", "create") in got  # secure_metrics.py
 
 
 def test_the_controller_is_granted_exactly_what_its_code_calls() -> None:

@@ -93,7 +93,9 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
     async def fake_run_controller(cache: Any, **kwargs: Any) -> None:
         seen.update(kwargs)
 
-    async def fake_serve(cache: Any, options: Any, api: Any = None, controller: Any = None) -> None:
+    async def fake_serve(
+        cache: Any, options: Any, api: Any = None, controller: Any = None, reviewer: Any = None
+    ) -> None:
         await controller(asyncio.Event(), lambda leading: None)
 
     monkeypatch.setattr("extender.kube.client.RealKubeApi", lambda kubeconfig: object())
