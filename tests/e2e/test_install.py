@@ -62,6 +62,7 @@ CHECKED_EXAMPLES = (
     "kueue/llama-70b-tp8.yaml",
     "kueue/prefill-decode.yaml",
     "kueue-queues.yaml",
+    "llm-d/llama-70b-pd.yaml",
 )
 LEADER_WORKER_SET_EXAMPLES = (
     "plain/llama-405b-tp8-pp2.yaml",
