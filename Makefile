@@ -20,6 +20,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check extender tests
 	$(BIN)/ruff format --check extender tests
+	$(BIN)/lint-imports
 
 reference: $(STAMP)
 	$(BIN)/python -m extender.docs --output docs/reference.md

@@ -9,25 +9,19 @@ import sys
 from collections.abc import Sequence
 
 from extender import __version__
+from extender.commands.exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, UsageError
 
 #: Modules that define ``register(subparsers)``; each subcommand sets ``func(args) -> int``.
 COMMAND_MODULES = (
-    "extender.topology.commands",
-    "extender.placement.commands",
+    "extender.commands.topo",
+    "extender.commands.place",
     "extender.placement.bench",
-    "extender.sim.commands",
-    "extender.agent.commands",
-    "extender.webhook.commands",
-    "extender.admission.commands",
+    "extender.commands.simulate",
+    "extender.commands.agent",
+    "extender.commands.serve",
+    "extender.commands.explain",
+    "extender.commands.hypernodes",
 )
-
-
-#: What a shell reports for a process the reader of its pipe went away from (128 + SIGPIPE).
-EXIT_BROKEN_PIPE = 141
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 #: The kubectl plugin's executable: kubectl runs ``kubectl gangslice ...`` as this.
@@ -55,9 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that went away shows up here, not at interpreter exit
     except UsageError as exc:
         print(f"gangslice {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `gangslice ... | head`: the reader has what it wanted
         _silence_stdout()
         return EXIT_BROKEN_PIPE
@@ -69,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "or run inside a pod",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_BAD_INPUT
     return code
 
 

@@ -18,33 +18,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from extender.topology.model import Link, Tier
-
-# --- Link-class bandwidth table (GB/s, bidirectional per GPU) -------------------------
-#: One NVLink 3 (A100, 12 links = 600 GB/s) or NVLink 4 (H100/H200, 18 links = 900 GB/s)
-#: link: 25 GB/s per direction (NVIDIA NVLink page; stas00/ml-engineering network table).
-NVLINK4_PER_LINK_GBPS = 50.0
-#: NVLink 5 (B200/GB200): 18 links x 100 GB/s = 1.8 TB/s per GPU (NVIDIA NVLink page).
-NVLINK5_PER_LINK_GBPS = 100.0
-#: PCIe Gen4 x16: ~32 GB/s per direction (stas00 PCIe table; L40S datasheet: 64 GB/s bidir).
-PCIE_GEN4_X16_GBPS = 64.0
-#: PCIe Gen5 x16: ~63 GB/s per direction (stas00; 55.4 GB/s measured H2D on 8xH200).
-PCIE_GEN5_X16_GBPS = 128.0
-#: A P2P path through a host bridge or between host bridges of one socket loses the
-#: switch's cut-through; we take half the slot rate (assumption, not a measurement).
-HOST_BRIDGE_FACTOR = 0.5
-#: Across sockets: a GPU's share of UPI 2.0 (~38 GB/s per direction per link, 2-3 links
-#: shared by all GPUs of the socket) or xGMI; P2P often bounces through host memory.
-SYS_GBPS = 32.0
-#: InfiniBand NDR 400 Gb/s = 50 GB/s per direction per NIC, one NIC per GPU (DGX H100).
-IB_NDR_GBPS = 100.0
-#: RoCE v2 over 400 GbE (ConnectX-7 / BlueField-3 SuperNIC on Spectrum-X): the same 50 GB/s
-#: per direction line rate per NIC as NDR; congestion control and ECN cost some of it
-#: under load, which this table does not model.
-ROCE_400GBE_GBPS = 100.0
+from extender.topology.bandwidth import (
+    HOST_BRIDGE_FACTOR,
+    IB_NDR_GBPS,
+    NVLINK4_PER_LINK_GBPS,
+    NVLINK5_PER_LINK_GBPS,
+    PCIE_GEN4_X16_GBPS,
+    PCIE_GEN5_X16_GBPS,
+    ROCE_400GBE_GBPS,
+    SYS_GBPS,
+)
 
 # --- Launch latency (alpha) per collective, microseconds -------------------------------
 #: Small all-reduces on 8xB200 take ~48-51 us at 32 KiB..1 MiB through torch (stas00);
@@ -89,21 +73,6 @@ class ModelDims:
     def kv_bytes_per_layer(self) -> float:
         """KV cache produced per layer for the step's tokens: K and V, each kv_heads x head_dim."""
         return float(2 * self.tokens * self.kv_heads * self.head_dim * self.bytes_per_element)
-
-
-def link_gbps(link: Link, nvlink_gbps: float, pcie_gbps: float, tier: Tier) -> float:
-    """Bandwidth of the direct path between two GPUs of one node."""
-    from extender.topology.model import PcieLevel, Tier
-
-    if link.nvlinks:
-        return link.nvlinks * nvlink_gbps
-    if tier <= Tier.PXB:
-        return pcie_gbps
-    if tier <= Tier.NUMA and link.pcie != PcieLevel.SYS:
-        return pcie_gbps * HOST_BRIDGE_FACTOR
-    if tier <= Tier.NUMA:  # reported SYS but both GPUs on one NUMA node (flattened VM boards)
-        return min(pcie_gbps * HOST_BRIDGE_FACTOR, SYS_GBPS)
-    return SYS_GBPS
 
 
 def _beta_us(nbytes: float, gbps: float) -> float:

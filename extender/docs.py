@@ -438,9 +438,9 @@ def _enum_comments(enum_cls: type) -> dict[str, str]:
 
 
 def api_section() -> list[str]:
-    from extender.admission import api as admission_api
-    from extender.admission.leader import LeaseConfig
     from extender.agent import publish
+    from extender.controllers import api as admission_api
+    from extender.controllers.leader import LeaseConfig
     from extender.kube import names
 
     lease = LeaseConfig()
@@ -466,8 +466,8 @@ def api_section() -> list[str]:
 
 def metrics_section() -> list[str]:
     from extender.agent.metrics import AgentMetrics
+    from extender.httpapi.metrics import Metrics
     from extender.kube.cache import ClusterCache
-    from extender.webhook.metrics import Metrics
 
     lines = ["## Metrics", ""]
     for where, registry in (

@@ -189,27 +189,6 @@ class Writer(Protocol):
         ...
 
 
-@dataclass
-class RecordingWriter:
-    """An in-memory :class:`Writer`: keeps every published object; ``fail`` raises once each."""
-
-    uid: str | None = None
-    published: list[dict[str, Any]] = field(default_factory=list)
-    fail: list[Exception] = field(default_factory=list)
-    generation: int = 0
-
-    def node_uid(self, node: str) -> str | None:
-        return self.uid
-
-    def publish(self, obj: Mapping[str, Any]) -> None:
-        if self.fail:
-            raise self.fail.pop(0)
-        self.generation += 1
-        stored = copy.deepcopy(dict(obj))
-        stored["status"]["observedGeneration"] = self.generation
-        self.published.append(stored)
-
-
 class KubeWriter:
     """:class:`Writer` over the ``kubernetes`` client's custom-objects API (server-side apply)."""
 
@@ -226,7 +205,7 @@ class KubeWriter:
         """
         from kubernetes import client
 
-        from extender.admission.api import load_api_client
+        from extender.kube.client import load_api_client
 
         api = load_api_client(kubeconfig)
         return cls(client.CustomObjectsApi(api), client.CoreV1Api(api))

@@ -1,5 +1,5 @@
 """The Kubernetes API as gangslice uses it: a small blocking interface behind which sit the
-real client (:mod:`extender.kube.client`) and an in-memory fake (:mod:`extender.kube.fake`).
+real client (:mod:`extender.kube.client`) and an in-memory fake (:mod:`extender.testing.kube`).
 
 Objects cross this interface as plain JSON dicts (the API's own lowerCamel shape). Calls
 block; async callers run them in a thread. Errors are mapped once, here::

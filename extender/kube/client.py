@@ -18,6 +18,21 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
+def load_api_client(kubeconfig: str | None = None) -> Any:
+    """A ``kubernetes.client.ApiClient`` from ``kubeconfig``, or in-cluster, or the default kubeconfig."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration)
+
+
 def _set_whole(member: str, value: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A JSON patch that sets (or replaces) a top-level member of an object."""
     return [{"op": "add", "path": f"/{member}", "value": dict(value)}]

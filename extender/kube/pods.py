@@ -205,7 +205,8 @@ def gpu_request(spec: Mapping[str, Any]) -> int:
 
 def _int_or_none(raw: str) -> int | None:
     text = raw.strip()
-    return int(text) if text.isdigit() else None
+    # isdigit() also takes superscripts and other digits int() refuses ("²").
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

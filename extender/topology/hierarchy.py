@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.cost import IB_NDR_GBPS
+from extender.topology.bandwidth import IB_NDR_GBPS
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 

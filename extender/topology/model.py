@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from extender.topology.bandwidth import HOST_BRIDGE_FACTOR, SYS_GBPS
+
 
 class PcieLevel(enum.IntEnum):
     """Closest common PCIe ancestor of two devices, as ``nvidia-smi topo -m`` prints it.
@@ -98,6 +100,19 @@ class Link:
         if token.startswith("NV") and token[2:].isdigit():
             return cls(nvlinks=int(token[2:]))
         return cls(pcie=PcieLevel.parse(token))
+
+
+def link_gbps(link: Link, nvlink_gbps: float, pcie_gbps: float, tier: Tier) -> float:
+    """Bandwidth of the direct path between two GPUs of one node."""
+    if link.nvlinks:
+        return link.nvlinks * nvlink_gbps
+    if tier <= Tier.PXB:
+        return pcie_gbps
+    if tier <= Tier.NUMA and link.pcie != PcieLevel.SYS:
+        return pcie_gbps * HOST_BRIDGE_FACTOR
+    if tier <= Tier.NUMA:  # reported SYS but both GPUs on one NUMA node (flattened VM boards)
+        return min(pcie_gbps * HOST_BRIDGE_FACTOR, SYS_GBPS)
+    return SYS_GBPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +217,6 @@ class GpuGraph:
 
     def pair_gbps(self, a: int, b: int) -> float:
         """Bidirectional bandwidth of the direct path between two GPUs."""
-        from extender.cost import link_gbps
-
         return link_gbps(self.link(a, b), self.nvlink_gbps, self.pcie_gbps, self.pair_tier(a, b))
 
     def healthy(self, index: int) -> bool:

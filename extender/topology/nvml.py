@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
-from extender.cost import NVLINK4_PER_LINK_GBPS, NVLINK5_PER_LINK_GBPS
+from extender.topology.bandwidth import NVLINK4_PER_LINK_GBPS, NVLINK5_PER_LINK_GBPS
 from extender.topology.model import (
     FabricClique,
     Gpu,

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass
 from importlib import resources
 
-from extender.cost import (
+from extender.topology.bandwidth import (
     NVLINK4_PER_LINK_GBPS,
     NVLINK5_PER_LINK_GBPS,
     PCIE_GEN4_X16_GBPS,

@@ -22,9 +22,9 @@ from gowire import (
     scheduler_scores,
 )
 
+from extender.httpapi.app import build_app
 from extender.kube.cache import ClusterCache
-from extender.webhook.app import build_app
-from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, write_cluster
+from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, write_cluster
 
 Client = TestClient[Any, Any]
 NAMES = list(SMALL_CLUSTER_NODES)

@@ -10,8 +10,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from extender.httpapi.app import build_app
 from extender.kube.cache import ClusterCache
-from extender.webhook.app import build_app
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_CONFIG = ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml"

@@ -14,11 +14,11 @@ import pytest
 from aiohttp.test_utils import TestClient
 from gowire import EVENT_HANDLER_RESPONSE, JOB_ENQUEUEABLE_RESPONSE, PREDICATE_RESPONSE, PRIORITIZE_RESPONSE
 
+from extender.httpapi.app import build_app
 from extender.kube.cache import ClusterCache
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
-from extender.webhook.app import build_app
-from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
+from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
 
 Client = TestClient[Any, Any]
 
@@ -204,7 +204,7 @@ def test_prioritize_with_no_nodes_still_sends_a_map(tmp_path: Path) -> None:
 
 
 def test_errors_use_the_fields_volcano_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from extender.webhook.decide import Decider
+    from extender.httpapi.decide import Decider
 
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("kaput")

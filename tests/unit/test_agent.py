@@ -20,16 +20,17 @@ import yaml
 
 from extender.agent.agent import Agent, AgentConfig, Outcome
 from extender.agent.discovery import TOPO_COMMAND, UUID_COMMAND, CommandFailed, Discovery, parse_uuids
-from extender.agent.fake_kubelet import FakeKubelet, serve
 from extender.agent.podresources import PodResourcesClient
 from extender.agent.publish import (
     APPLY_CONTENT_TYPE,
     FIELD_MANAGER,
     KubeWriter,
-    RecordingWriter,
     change_key,
 )
 from extender.cli import main
+from extender.testing.clock import FakeClock
+from extender.testing.kubelet import FakeKubelet, serve
+from extender.testing.publish import RecordingWriter
 from extender.topology.fake_nvml import FakeNvml
 from extender.topology.model import GpuHealth
 from extender.topology.nvidia_smi import render_topo
@@ -49,16 +50,8 @@ NODE_UID = "0b5e7e3c-1d2f-4a6b-8c9d-0e1f2a3b4c5d"
 INTERVAL = 30.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 5000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Wall:
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
 
     def __call__(self) -> datetime:
@@ -73,7 +66,7 @@ class Node:
     sysfs: Path
     kubelet: FakeKubelet
     socket: Path
-    clock: Clock
+    clock: FakeClock
     writer: RecordingWriter
     agent: Agent
 
@@ -108,7 +101,7 @@ def _agent(
     fake: FakeNvml | None,
     socket: Path,
     sysfs: Path | None,
-    clock: Clock,
+    clock: FakeClock,
     writer: RecordingWriter,
     *,
     thresholds: HealthThresholds | None = None,
@@ -138,7 +131,7 @@ def node(workdir: Path) -> Iterator[Node]:
     sysfs = fake.write_sysfs(workdir / "sys")
     kubelet = FakeKubelet()
     kubelet.allocatable = {"nvidia.com/gpu": [g.uuid for g in fake.gpus]}
-    clock = Clock()
+    clock = FakeClock(5000.0)
     writer = RecordingWriter(uid=NODE_UID)
     with serve(kubelet, workdir / "kubelet.sock") as sock:
         agent = _agent(fake, sock, sysfs, clock, writer)
@@ -232,7 +225,7 @@ def test_an_nvlink_error_rate_over_the_threshold_marks_the_gpu_unhealthy_once(no
 
 def test_a_pcie_replay_rate_uses_its_own_configurable_threshold(workdir: Path) -> None:
     fake = FakeNvml.pcie_2socket()
-    kubelet, clock, writer = FakeKubelet(), Clock(), RecordingWriter()
+    kubelet, clock, writer = FakeKubelet(), FakeClock(5000.0), RecordingWriter()
     with serve(kubelet, workdir / "k.sock") as sock:
         agent = _agent(fake, sock, None, clock, writer, thresholds=HealthThresholds(pcie_replays_per_s=100.0))
         agent.cycle()
@@ -257,7 +250,7 @@ def test_counters_that_cannot_be_read_mark_only_that_gpu_unhealthy(node: Node) -
 
 
 def test_published_objects_validate_against_the_crd(node: Node, workdir: Path) -> None:
-    from extender.admission.openapi import load_crd, validate, version_schema
+    from extender.controllers.openapi import load_crd, validate, version_schema
 
     crd = Path(__file__).resolve().parents[2] / "manifests" / "crds" / "gangslice.io_nodetopologies.yaml"
     schema = version_schema(load_crd(crd), "v1alpha1")
@@ -267,13 +260,15 @@ def test_published_objects_validate_against_the_crd(node: Node, workdir: Path) -
     node.clock.now += INTERVAL
     objects.append(node.agent.build())  # with an unhealthy GPU2
     tray = FakeNvml.gb200_tray(bytes(range(1, 17)), 4)
-    objects.append(_agent(tray, workdir / "none.sock", None, Clock(), RecordingWriter()).build())
+    objects.append(_agent(tray, workdir / "none.sock", None, FakeClock(5000.0), RecordingWriter()).build())
 
     def no_nvml() -> NvmlBackend:
         raise NvmlUnavailable("no driver")
 
     objects.append(
-        _agent(None, workdir / "none.sock", None, Clock(), RecordingWriter(), open_nvml=no_nvml).build()
+        _agent(
+            None, workdir / "none.sock", None, FakeClock(5000.0), RecordingWriter(), open_nvml=no_nvml
+        ).build()
     )
     assert [o["spec"]["source"] for o in objects] == ["nvml", "nvml", "nvml", "none"]
     assert objects[1]["spec"]["health"][2]["healthy"] is False
@@ -285,7 +280,7 @@ def test_published_objects_validate_against_the_crd(node: Node, workdir: Path) -
 
 
 def test_a_missing_socket_is_a_condition_and_the_agent_recovers(workdir: Path) -> None:
-    fake, clock, writer = FakeNvml.dgx_a100(), Clock(), RecordingWriter()
+    fake, clock, writer = FakeNvml.dgx_a100(), FakeClock(5000.0), RecordingWriter()
     sock = workdir / "kubelet.sock"
     agent = _agent(fake, sock, None, clock, writer)
 
@@ -352,7 +347,7 @@ def test_without_nvml_the_graph_comes_from_nvidia_smi(workdir: Path) -> None:
     def unavailable() -> NvmlBackend:
         raise NvmlUnavailable("NVML Shared Library Not Found")
 
-    kubelet, clock, writer = FakeKubelet(), Clock(), RecordingWriter()
+    kubelet, clock, writer = FakeKubelet(), FakeClock(5000.0), RecordingWriter()
     kubelet.assign("ml", "p", "c", [uuids[5]])
     with serve(kubelet, workdir / "k.sock") as sock:
         agent = _agent(None, sock, None, clock, writer, open_nvml=unavailable, run=_smi(text, uuids))
@@ -376,7 +371,9 @@ def test_with_neither_source_it_publishes_source_none_naming_both_reasons(workdi
         raise CommandFailed("nvidia-smi not found")
 
     writer = RecordingWriter()
-    agent = _agent(None, workdir / "none.sock", None, Clock(), writer, open_nvml=unavailable, run=no_smi)
+    agent = _agent(
+        None, workdir / "none.sock", None, FakeClock(5000.0), writer, open_nvml=unavailable, run=no_smi
+    )
     assert agent.cycle() is Outcome.PUBLISHED
     discovered = _conditions(writer.published[-1])["Discovered"]
     assert discovered["status"] == "False"

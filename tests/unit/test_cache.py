@@ -21,8 +21,8 @@ from extender.kube.store import InMemoryReservationStore
 from extender.placement.ledger import Phase
 from extender.placement.request import GangRequest
 from extender.placement.slice import Slice, Unplaceable
+from extender.testing.extender import gang_pod, node_obj, pod_obj, write_cluster
 from extender.topology.presets import preset_graph
-from extender.webhook.testing import gang_pod, node_obj, pod_obj, write_cluster
 
 #: When the NodeTopology objects below were published (the cache does not read it).
 PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)

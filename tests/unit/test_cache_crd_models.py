@@ -15,9 +15,9 @@ from extender.kube.crd_models import (
     reservation_from_object,
 )
 from extender.kube.pods import PodError, PodInfo, parse_gpu_list, quantity
+from extender.testing.extender import gang_pod, pod_obj
 from extender.topology.presets import PRESETS, preset_graph
 from extender.topology.serialize import graph_to_dict
-from extender.webhook.testing import gang_pod, pod_obj
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -15,7 +15,7 @@ from extender.kube import names as keys
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
-from extender.webhook.testing import pod_obj
+from extender.testing.extender import pod_obj
 
 GANGS = ["a", "b", None]
 EVENTS = st.lists(

@@ -8,14 +8,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.httpapi.decide import Decider
 from extender.kube import names as keys
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo
 from extender.placement.snapshot import ClusterSnapshot
-from extender.webhook.decide import Decider
-from extender.webhook.testing import gang_pod, node_obj, pod_obj
+from extender.testing.extender import gang_pod, node_obj, pod_obj
 
 NODES = [f"n{i}" for i in range(6)]
 

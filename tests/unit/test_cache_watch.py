@@ -12,13 +12,13 @@ from extender.kube.api import ApiError, Kind
 from extender.kube.binder import ApiBinder
 from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import reservation_object
-from extender.kube.fake import FakeKubeApi
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo
 from extender.kube.store import KubeReservationStore
 from extender.kube.watch import Watcher
 from extender.placement.slice import Slice
-from extender.webhook.testing import gang_pod, node_obj, pod_obj
+from extender.testing.extender import gang_pod, node_obj, pod_obj
+from extender.testing.kube import FakeKubeApi
 
 T = TypeVar("T")
 

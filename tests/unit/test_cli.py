@@ -20,7 +20,7 @@ from extender.placement.files import FileError, load_cluster, load_gang
 from extender.topology.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / ".." / "shared" / "fixtures" / "nvidia-smi-topo"
+FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi-topo"
 CLUSTERS = REPO / "examples" / "clusters"
 GANGS = REPO / "examples" / "gangs"
 
@@ -29,7 +29,7 @@ EXIT_PLACED, EXIT_BAD_INPUT, EXIT_UNPLACEABLE = 0, 2, 3
 
 def fixture(name: str) -> Path:
     path = FIXTURES / name
-    assert path.is_file(), f"{path}: the shared fixtures must sit beside the checkout (../shared)"
+    assert path.is_file(), f"{path}: the fixture is missing from tests/fixtures/nvidia-smi-topo"
     return path
 
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from extender.httpapi.app import build_app
+from extender.httpapi.collector import CollectorPause
+from extender.httpapi.decide import Decider
+from extender.httpapi.handling import PAUSE
 from extender.kube.cache import ClusterCache
-from extender.webhook.app import build_app
-from extender.webhook.collector import CollectorPause
-from extender.webhook.decide import Decider
-from extender.webhook.handling import PAUSE
-from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, node_obj, pod_obj, write_cluster
+from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, node_obj, pod_obj, write_cluster
 
 
 @pytest.fixture(autouse=True)

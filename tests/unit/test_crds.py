@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from extender.admission import crd_types as ct
-from extender.admission.objects import reservation_from_object, reservation_to_object
-from extender.admission.openapi import SchemaError, load_crd, validate, version_schema
 from extender.agent.publish import build_spec
+from extender.controllers import crd_types as ct
+from extender.controllers.objects import reservation_from_object, reservation_to_object
+from extender.controllers.openapi import SchemaError, load_crd, validate, version_schema
 from extender.kube import crd_models
 from extender.kube.crd_models import reservation_object
 from extender.placement.files import cluster_from_data, gang_from_data

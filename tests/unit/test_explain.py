@@ -12,16 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission.commands import explain_pods, explain_workload, parse_target, podgroup_state
-from extender.admission.controller import AdmissionController
-from extender.admission.explain import render
-from extender.admission.fake import FakeControllerApi
-from extender.admission.kueue import CheckConfig
 from extender.cli import main
+from extender.commands.explain import explain_pods, explain_workload, parse_target, podgroup_state
+from extender.controllers.controller import AdmissionController
+from extender.controllers.explain import render
+from extender.controllers.kueue import CheckConfig
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.placement.files import load_cluster
 from extender.placement.slice import Slice, Unplaceable
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
 CLUSTER = FIXTURES / "cluster.yaml"
@@ -168,14 +169,6 @@ def test_parse_target() -> None:
 # -- online (in-memory API) --------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _api() -> FakeControllerApi:
     api = FakeControllerApi()
     api.put("admissionchecks", load("admissioncheck.yaml"))
@@ -186,7 +179,7 @@ def _api() -> FakeControllerApi:
 
 def test_online_workload_holding_a_reservation() -> None:
     async def body() -> None:
-        api, clock = _api(), Clock(T0 + 5)
+        api, clock = _api(), FakeClock(T0 + 5)
         cache = ClusterCache.from_snapshot(load_cluster(CLUSTER), clock=clock)
         ctl = AdmissionController(api, cache, CheckConfig(), clock=clock)
         await ctl.become_leader()

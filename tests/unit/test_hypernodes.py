@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission.hypernodes import from_snapshot, hypernodes
-from extender.admission.openapi import load_crd, validate, version_schema
-from extender.admission.podgroups import level_tiers
 from extender.cli import main
+from extender.controllers.hypernodes import from_snapshot, hypernodes
+from extender.controllers.openapi import load_crd, validate, version_schema
+from extender.controllers.podgroups import level_tiers
 from extender.placement.files import load_cluster
 from extender.topology.hierarchy import Hierarchy
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "volcano"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "volcano"
 
 
 @cache

@@ -12,10 +12,9 @@ from typing import Any
 
 import yaml
 
-from extender.admission import joint
-from extender.admission.fake import FakeControllerApi
-from extender.admission.podgroup_controller import PodGroupConfig, PodGroupController
-from extender.admission.podgroups import PodGroup, gang_request, pod_infos
+from extender.controllers import joint
+from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
+from extender.controllers.podgroups import PodGroup, gang_request, pod_infos
 from extender.kube.cache import ClusterCache
 from extender.kube.names import STATUS
 from extender.placement.files import load_cluster
@@ -23,6 +22,8 @@ from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.solver import place
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
@@ -35,16 +36,8 @@ def load(name: str) -> Any:
     return docs[0] if len(docs) == 1 else docs
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 5_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def world(wait_s: float = 300.0) -> tuple[PodGroupController, FakeControllerApi, ClusterCache, Clock]:
-    clock = Clock()
+def world(wait_s: float = 300.0) -> tuple[PodGroupController, FakeControllerApi, ClusterCache, FakeClock]:
+    clock = FakeClock(5_000.0)
     api = FakeControllerApi()
     cache = ClusterCache.from_snapshot(load_cluster(FIXTURES / "gb200.yaml"), clock=clock)
     ctl = PodGroupController(api, cache, PodGroupConfig(member_wait_s=wait_s), clock=clock)

@@ -14,22 +14,23 @@ from typing import Any
 
 import yaml
 
-from extender.admission import joint, workload_gang
-from extender.admission.controller import AdmissionController
-from extender.admission.fake import FakeControllerApi
-from extender.admission.kueue import CheckConfig
-from extender.admission.openapi import load_crd, validate, version_schema
+from extender.controllers import joint, workload_gang
+from extender.controllers.controller import AdmissionController
+from extender.controllers.kueue import CheckConfig
+from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.kube.cache import ClusterCache
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.solver import place
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
 
 REPO = Path(__file__).resolve().parents[2]
 KUEUE = REPO / "tests" / "fixtures" / "kueue"
 VOLCANO = REPO / "tests" / "fixtures" / "volcano"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "kueue"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "kueue"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()
 CLIQUE = "nvidia.com/gpu.clique"
 
@@ -72,16 +73,8 @@ DECODE = member(
 )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0 + 5
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def world() -> tuple[AdmissionController, FakeControllerApi, ClusterCache, Clock]:
-    clock = Clock()
+def world() -> tuple[AdmissionController, FakeControllerApi, ClusterCache, FakeClock]:
+    clock = FakeClock(T0 + 5)
     api = FakeControllerApi()
     api.put("admissionchecks", yaml.safe_load((KUEUE / "admissioncheck.yaml").read_text()))
     cache_ = ClusterCache.from_snapshot(load_cluster(VOLCANO / "gb200.yaml"), clock=clock)

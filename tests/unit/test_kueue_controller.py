@@ -16,22 +16,23 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission import assignment, workload_gang
-from extender.admission.controller import AdmissionController
-from extender.admission.fake import FakeControllerApi
-from extender.admission.kueue import CheckConfig, Stage
-from extender.admission.objects import reservation_to_object, rfc3339
-from extender.admission.openapi import load_crd, validate, version_schema
+from extender.controllers import assignment, workload_gang
+from extender.controllers.controller import AdmissionController
+from extender.controllers.kueue import CheckConfig, Stage
+from extender.controllers.objects import reservation_to_object, rfc3339
+from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.kube.api import ApiError, Conflict
 from extender.kube.cache import ClusterCache
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "kueue"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "kueue"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "kueue"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()  # QuotaReserved of the LWS fixture
 LWS = ("serving", "leaderworkerset-vllm-0-3f2a1")
 KEY = "serving/leaderworkerset-vllm-0-3f2a1"
@@ -48,14 +49,6 @@ def workload_schema() -> dict[str, Any]:
     return version_schema(load_crd(UPSTREAM / "kueue.x-k8s.io_workloads.yaml"), "v1beta2")
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def cluster(busy: dict[str, int] | None = None) -> ClusterSnapshot:
     """The fixture cluster (a-0..a-3 under leaf-a, b-0..b-3 under leaf-b); ``busy`` takes the
     first N GPUs of the named nodes."""
@@ -69,7 +62,7 @@ class World:
     """Kueue's side (objects in the fake API), the cluster cache and the controller."""
 
     def __init__(self, snap: ClusterSnapshot | None = None, now: float = T0 + 5, leader: bool = True) -> None:
-        self.clock = Clock(now)
+        self.clock = FakeClock(now)
         self.api = FakeControllerApi()
         for name in ("admissioncheck.yaml", "admissioncheck-provisioning.yaml", "resourceflavor.yaml"):
             obj = load(name)
@@ -209,7 +202,7 @@ def test_a_failed_create_leaves_no_hold_and_the_resync_retries(caplog: pytest.Lo
         w = World()
         await w.start()
         w.api.fail_next("create_reservation", ApiError(500, "etcd timeout"))
-        with caplog.at_level(logging.WARNING, logger="extender.admission"):
+        with caplog.at_level(logging.WARNING, logger="extender.controllers"):
             await w.kueue_writes(load("workload-lws.yaml"), None)
         (failed,) = [r for r in caplog.records if "etcd timeout" in r.getMessage()]
         # The structured fields name the gang and its reservation object.

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission import kueue
-from extender.admission.openapi import SchemaError, load_crd, validate, version_schema
+from extender.controllers import kueue
+from extender.controllers.openapi import SchemaError, load_crd, validate, version_schema
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "kueue"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "kueue"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "kueue"
 PLURALS = {"Workload": "workloads", "AdmissionCheck": "admissionchecks", "ResourceFlavor": "resourceflavors"}
 
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import kopf
 
-from extender.admission.fake import FakeControllerApi
-from extender.admission.handlers import connection_info, operator_settings, register
-from extender.admission.leader import LeaseConfig
-from extender.admission.runner import run_controller
+from extender.controllers.handlers import connection_info, operator_settings, register
+from extender.controllers.leader import LeaseConfig
+from extender.controllers.runner import run_controller
 from extender.kube.cache import ClusterCache
 from extender.placement.files import cluster_from_data
+from extender.testing.controller_api import FakeControllerApi
 
 
 class Recorder:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission import assignment, kueue, workload_gang
-from extender.admission.kueue import Action, CheckConfig, Stage
+from extender.controllers import assignment, kueue, workload_gang
+from extender.controllers.kueue import Action, CheckConfig, Stage
 from extender.cost import Comm
 from extender.placement.files import load_cluster
 from extender.placement.request import Colocation, GangRequest, PodSet

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from extender.admission.fake import FakeControllerApi
-from extender.admission.leader import (
+from extender.controllers.leader import (
     LeaderElector,
     LeaseConfig,
     LeaseRecord,
@@ -16,6 +15,8 @@ from extender.admission.leader import (
     lease_from_object,
 )
 from extender.kube.api import ApiError, Conflict
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
 
 CFG = LeaseConfig(
     namespace="gangslice-system", name="gangslice", duration_s=15, renew_deadline_s=10, retry_period_s=2
@@ -23,16 +24,8 @@ CFG = LeaseConfig(
 T0 = 1_756_116_000.0
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Candidate:
-    def __init__(self, api: FakeControllerApi, clock: Clock, name: str, log: list[str]) -> None:
+    def __init__(self, api: FakeControllerApi, clock: FakeClock, name: str, log: list[str]) -> None:
         self.log = log
         self.name = name
         self.elector = LeaderElector(api, CFG, name, self.started, self.stopped, clock)
@@ -70,7 +63,7 @@ def test_lease_object_round_trip() -> None:
 
 def test_one_leader_and_take_over_only_after_the_lease_lapses() -> None:
     async def body() -> None:
-        api, clock, log = FakeControllerApi(), Clock(T0), list[str]()
+        api, clock, log = FakeControllerApi(), FakeClock(T0), list[str]()
         a, b = Candidate(api, clock, "a", log), Candidate(api, clock, "b", log)
         await a.elector.step()
         await b.elector.step()
@@ -100,7 +93,7 @@ def test_one_leader_and_take_over_only_after_the_lease_lapses() -> None:
 
 def test_a_leader_that_cannot_reach_the_api_steps_down_after_the_renew_deadline() -> None:
     async def body() -> None:
-        api, clock, log = FakeControllerApi(), Clock(T0), list[str]()
+        api, clock, log = FakeControllerApi(), FakeClock(T0), list[str]()
         a = Candidate(api, clock, "a", log)
         await a.elector.step()
         assert a.elector.leading
@@ -119,7 +112,7 @@ def test_a_leader_that_cannot_reach_the_api_steps_down_after_the_renew_deadline(
 
 def test_a_lost_write_race_does_not_make_a_leader() -> None:
     async def body() -> None:
-        api, clock, log = FakeControllerApi(), Clock(T0), list[str]()
+        api, clock, log = FakeControllerApi(), FakeClock(T0), list[str]()
         a = Candidate(api, clock, "a", log)
         api.fail_next("create_lease", Conflict(409, "leases gangslice already exists"))
         await a.elector.step()
@@ -130,7 +123,7 @@ def test_a_lost_write_race_does_not_make_a_leader() -> None:
 
 def test_a_failed_rebuild_is_retried_before_leading() -> None:
     async def body() -> None:
-        api, clock = FakeControllerApi(), Clock(T0)
+        api, clock = FakeControllerApi(), FakeClock(T0)
         calls: list[str] = []
 
         async def started() -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission.openapi import load_crd, validate, version_schema
 from extender.cli import build_parser
+from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.placement.files import load_cluster, load_gang
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ MANIFESTS = REPO / "manifests"
 EXAMPLES = REPO / "examples"
 #: Kubernetes objects; examples/clusters and examples/gangs are gangslice's own file formats.
 K8S_EXAMPLES = EXAMPLES / "k8s"
-UPSTREAM = REPO.parent / "shared" / "upstream"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream"
 
 #: Every kustomization a user applies (docs/install.md).
 KUSTOMIZATIONS = (
@@ -450,7 +450,7 @@ def test_the_service_and_the_budget_select_the_controller_pods() -> None:
     pdb = b.find("PodDisruptionBudget", "gangslice-controller", "gangslice-system")
     assert deploy and svc and pdb
     labels = deploy["spec"]["template"]["metadata"]["labels"]
-    # The leader adds gangslice.io/leader=true to its own pod at run time (webhook/server.py).
+    # The leader adds gangslice.io/leader=true to its own pod at run time (httpapi/server.py).
     leader = {**labels, "gangslice.io/leader": "true"}
     assert matches(svc["spec"]["selector"], leader) and not matches(svc["spec"]["selector"], labels)
     assert matches(pdb["spec"]["selector"]["matchLabels"], labels)

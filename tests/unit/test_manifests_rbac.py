@@ -18,17 +18,17 @@ from types import ModuleType
 from test_manifests import REPO, build
 
 #: The modules through which the controller calls the API server.
-CONTROLLER_MODULES = ("extender.kube.client", "extender.admission.api", "extender.secure_metrics")
+CONTROLLER_MODULES = ("extender.kube.client", "extender.controllers.api", "extender.httpapi.secure_metrics")
 #: kopf watches of the admission controller.
-KOPF_MODULE = "extender.admission.handlers"
+KOPF_MODULE = "extender.controllers.handlers"
 #: Where ``kubernetes`` API classes may be built: the controller's modules, the agent's
 #: publisher (manifests/agent) and `gangslice explain` (the gangslice-explain ClusterRole).
 CLIENT_HOMES = {
     "extender/kube/client.py",
-    "extender/admission/api.py",
+    "extender/controllers/api.py",
     "extender/agent/publish.py",
-    "extender/admission/commands.py",
-    "extender/secure_metrics.py",
+    "extender/commands/explain.py",
+    "extender/httpapi/secure_metrics.py",
 }
 CLIENT_ATTRS = {"_core": "", "_custom": None, "_coord": "coordination.k8s.io"}
 CLIENT_ATTRS |= {"_authn": "authentication.k8s.io", "_authz": "authorization.k8s.io"}
@@ -172,8 +172,8 @@ def test_the_derivation_sees_the_calls_we_know_of() -> None:
     # A sample from each source, so a broken scan cannot pass by finding nothing.
     assert ("", "pods/binding", "create") in got  # kube/client.py bind_pod
     assert ("", "nodes", "watch") in got  # kube/client.py _lister used by watch
-    assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # admission/api.py SSA
-    assert ("coordination.k8s.io", "leases", "update") in got  # admission/api.py replace_lease
+    assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # controllers/api.py SSA
+    assert ("coordination.k8s.io", "leases", "update") in got  # controllers/api.py replace_lease
     assert ("kueue.x-k8s.io", "admissionchecks", "watch") in got  # kopf
     assert ("authorization.k8s.io", "subjectaccessreviews", "create") in got  # secure_metrics.py
 
@@ -188,7 +188,7 @@ def test_the_lease_rules_are_namespaced_and_named() -> None:
     b = build("")
     role = b.find("Role", "gangslice-controller-leader-election", "gangslice-system")
     assert role is not None
-    from extender.admission.leader import LeaseConfig
+    from extender.controllers.leader import LeaseConfig
 
     cfg = LeaseConfig()
     assert cfg.namespace == "gangslice-system"

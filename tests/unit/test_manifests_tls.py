@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_manifests import REPO, build, load_all
 
-from extender.webhook.tls import ReloadingTls
+from extender.httpapi.tls import ReloadingTls
 
 SCRIPT = REPO / "hack" / "gen-certs.sh"
 SECRET = "gangslice-tls"

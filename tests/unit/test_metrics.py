@@ -11,10 +11,10 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from extender.httpapi.app import build_app
 from extender.kube.cache import ClusterCache
+from extender.testing.extender import client_for, gang_pod, pod_obj, write_cluster
 from extender.topology.hierarchy import DEFAULT_LEVELS
-from extender.webhook.app import build_app
-from extender.webhook.testing import client_for, gang_pod, pod_obj, write_cluster
 
 #: leaf-1: h-0, h-1 idle HGX H100; h-2 HGX H100 with GPUs 0-4 taken and 7 unhealthy.
 #: leaf-2: p-0, a dual-socket PCIe server (switch pairs 0-1, 2-3 | 4-5, 6-7) with 0 and 2 taken.

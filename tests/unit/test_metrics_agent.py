@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from extender.agent.agent import Agent, AgentConfig, Outcome
 from extender.agent.discovery import CommandFailed, Discovery
 from extender.agent.podresources import DeviceUse, PodResourcesUnavailable
-from extender.agent.publish import RecordingWriter
 from extender.cli import main
+from extender.testing.clock import FakeClock
+from extender.testing.publish import RecordingWriter
 from extender.topology.fake_nvml import FakeNvml
 from extender.topology.nvml import NvmlError
 
@@ -37,14 +38,6 @@ class Kubelet:
         return list(self.uuids)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def no_smi(args: Sequence[str]) -> str:
     raise CommandFailed("nvidia-smi not found")
 
@@ -61,10 +54,10 @@ def counters(agent: Agent, text: str | None = None) -> dict[str, dict[str, float
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> tuple[Agent, FakeNvml, Kubelet, RecordingWriter, Clock]:
+def agent(tmp_path: Path) -> tuple[Agent, FakeNvml, Kubelet, RecordingWriter, FakeClock]:
     fake = FakeNvml.hgx_h100()
     sysfs = fake.write_sysfs(tmp_path / "sys")
-    clock = Clock()
+    clock = FakeClock(100.0)
     kubelet = Kubelet([g.uuid for g in fake.gpus])
     writer = RecordingWriter(fail=[RuntimeError("503 Service Unavailable")])
     discovery = Discovery(lambda: fake, sysfs_root=sysfs, run=no_smi, clock=clock)
@@ -79,7 +72,7 @@ def agent(tmp_path: Path) -> tuple[Agent, FakeNvml, Kubelet, RecordingWriter, Cl
 
 
 def test_publish_results_and_discovery_errors_are_counted(
-    agent: tuple[Agent, FakeNvml, Kubelet, RecordingWriter, Clock],
+    agent: tuple[Agent, FakeNvml, Kubelet, RecordingWriter, FakeClock],
 ) -> None:
     a, fake, kubelet, writer, clock = agent
     zero = {
@@ -122,7 +115,7 @@ def test_without_a_fallback_only_nvml_is_counted(tmp_path: Path) -> None:
 
 
 def test_the_registry_is_served_over_http(
-    agent: tuple[Agent, FakeNvml, Kubelet, RecordingWriter, Clock],
+    agent: tuple[Agent, FakeNvml, Kubelet, RecordingWriter, FakeClock],
 ) -> None:
     a = agent[0]
     a.cycle()

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from extender.agent.metrics import AgentMetrics
+from extender.httpapi.metrics import Metrics
 from extender.kube.cache import ClusterCache
-from extender.webhook.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "manifests" / "monitoring"

@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from extender.topology.model import Gpu, GpuGraph, Link, Nic, PcieLevel, TopologyError
 from extender.topology.nvidia_smi import parse_topo, render_topo
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "nvidia-smi-topo"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi-topo"
 
 PIX, PXB, PHB, NODE, SYS = (PcieLevel.PIX, PcieLevel.PXB, PcieLevel.PHB, PcieLevel.NODE, PcieLevel.SYS)
 
 
 def fixture_text(name: str) -> str:
     path = FIXTURES / name
-    assert path.is_file(), f"{path}: the shared fixtures must sit beside the checkout (../shared)"
+    assert path.is_file(), f"{path}: the fixture is missing from tests/fixtures/nvidia-smi-topo"
     return path.read_text()
 
 
@@ -160,7 +160,7 @@ def test_fixture(want: Expected) -> None:
 
 
 def test_every_shipped_fixture_is_covered() -> None:
-    assert FIXTURES.is_dir(), f"{FIXTURES}: the shared fixtures must sit beside the checkout"
+    assert FIXTURES.is_dir(), f"{FIXTURES}: the fixtures folder is missing from the checkout"
     assert {p.name for p in FIXTURES.glob("*.txt")} == {e.file for e in EXPECTED}
 
 

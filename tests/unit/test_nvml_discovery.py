@@ -34,14 +34,14 @@ from extender.topology.nvml import (
     pcie_level,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "nvidia-smi-topo"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi-topo"
 CLUSTER = bytes.fromhex("7b968a6dc8aa45e19e07e1e51be99c31")
 PAIRS_8 = list(itertools.combinations(range(8), 2))
 
 
 def _parse_fixture(name: str) -> GpuGraph:
     path = FIXTURES / name
-    assert path.exists(), f"fixture {name} missing: the shared fixtures folder must sit beside the repo"
+    assert path.exists(), f"fixture {name} missing: it belongs in tests/fixtures/nvidia-smi-topo"
     return parse_topo(path.read_text(), source=name)
 
 

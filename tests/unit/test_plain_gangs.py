@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from extender.admission.fake import FakeControllerApi
-from extender.admission.plain_gangs import PlainGangReporter, never_fits
+from extender.controllers.plain_gangs import PlainGangReporter, never_fits
+from extender.httpapi.decide import Decider
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.gangs import Incomplete, plain_gang_request
@@ -23,8 +23,9 @@ from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.request import Colocation, GangRequest
-from extender.webhook.decide import Decider
-from extender.webhook.testing import gang_pod, node_obj
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
+from extender.testing.extender import gang_pod, node_obj
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
@@ -35,16 +36,8 @@ def lws_pods() -> list[dict[str, Any]]:
     return list(yaml.safe_load_all((FIXTURES / "lws-pods.yaml").read_text()))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def cache_with(ttl_s: float = 30.0) -> tuple[ClusterCache, Clock, InMemoryReservationStore]:
-    clock = Clock()
+def cache_with(ttl_s: float = 30.0) -> tuple[ClusterCache, FakeClock, InMemoryReservationStore]:
+    clock = FakeClock(100.0)
     store = InMemoryReservationStore()
     cache = ClusterCache.from_snapshot(
         load_cluster(FIXTURES / "cluster.yaml"), ttl_s=ttl_s, store=store, clock=clock
@@ -145,7 +138,7 @@ def test_a_gang_that_only_waits_for_capacity_is_not_reported() -> None:
 
 
 def test_a_hold_that_expires_after_some_members_bound_is_placed_again_for_the_rest_only() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     cache = ClusterCache(ttl_s=30, clock=clock)
     for kind in Kind:
         cache.replace(kind, [])

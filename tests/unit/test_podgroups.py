@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission.fake import FakeControllerApi
-from extender.admission.openapi import load_crd, validate, version_schema
-from extender.admission.podgroup_controller import PodGroupConfig, PodGroupController
-from extender.admission.podgroups import (
+from extender.controllers.openapi import load_crd, validate, version_schema
+from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
+from extender.controllers.podgroups import (
     PodGroup,
     PodGroupError,
     Topology,
@@ -27,17 +26,19 @@ from extender.admission.podgroups import (
     pod_infos,
     topology_level,
 )
+from extender.httpapi.decide import Decider
 from extender.kube.api import Conflict
 from extender.kube.cache import ClusterCache
 from extender.kube.names import RESERVATION, STATUS
 from extender.kube.pods import PodInfo
 from extender.placement.files import load_cluster
 from extender.placement.snapshot import ClusterSnapshot
-from extender.webhook.decide import Decider
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
-UPSTREAM = REPO.parent / "shared" / "upstream" / "volcano"
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "volcano"
 KEY = "llm/llama-70b"
 
 
@@ -55,17 +56,9 @@ def snapshot(name: str = "cluster.yaml") -> ClusterSnapshot:
     return load_cluster(FIXTURES / name)
 
 
-class Clock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class World:
     def __init__(self, cluster: str = "cluster.yaml", config: PodGroupConfig | None = None) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock(1_000.0)
         self.api = FakeControllerApi()
         self.cache = ClusterCache.from_snapshot(snapshot(cluster), clock=self.clock)
         self.ctl = PodGroupController(self.api, self.cache, config, clock=self.clock)

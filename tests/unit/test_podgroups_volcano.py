@@ -12,13 +12,13 @@ from typing import Any
 import yaml
 from aiohttp.test_utils import TestClient
 
-from extender.admission.fake import FakeControllerApi
-from extender.admission.podgroup_controller import PodGroupController
+from extender.controllers.podgroup_controller import PodGroupController
+from extender.httpapi.app import build_app
 from extender.kube import names as keys
 from extender.kube.cache import ClusterCache
 from extender.placement.files import load_cluster
-from extender.webhook.app import build_app
-from extender.webhook.testing import client_for
+from extender.testing.controller_api import FakeControllerApi
+from extender.testing.extender import client_for
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "volcano"
 KEY = "llm/llama-70b"

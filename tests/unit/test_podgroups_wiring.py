@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from extender.admission.handlers import register
+from extender.controllers.handlers import register
 
 
 class Recorder:

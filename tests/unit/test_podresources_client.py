@@ -11,20 +11,13 @@ from typing import Any
 import grpc
 import pytest
 
-from extender.agent.fake_kubelet import FakeKubelet, serve
 from extender.agent.podresources import DeviceUse, PodResourcesClient, PodResourcesUnavailable, device_id
+from extender.testing.clock import FakeClock
+from extender.testing.kubelet import FakeKubelet, serve
 
 GPU0 = "GPU-00000000-0000-0100-0000-000000000001"
 GPU1 = "GPU-00000000-0000-0100-0000-000000000002"
 GPU2 = "GPU-00000000-0000-0100-0000-000000000003"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -73,7 +66,7 @@ def test_devices_in_use_for_gpus_only_replicas_folded(kubelet: tuple[FakeKubelet
 
 def test_each_method_reaches_the_kubelet_at_most_once_per_interval(kubelet: tuple[FakeKubelet, Path]) -> None:
     k, sock = kubelet
-    clock = Clock()
+    clock = FakeClock(1000.0)
     with PodResourcesClient(sock, clock=clock, min_interval_s=1.0) as client:
         for _ in range(50):
             client.devices_in_use()
@@ -130,7 +123,7 @@ def test_rpc_errors_become_reasons(
 def test_a_failure_is_not_retried_within_the_interval(kubelet: tuple[FakeKubelet, Path]) -> None:
     k, sock = kubelet
     k.fail["List"] = grpc.StatusCode.RESOURCE_EXHAUSTED
-    clock = Clock()
+    clock = FakeClock(1000.0)
     with PodResourcesClient(sock, clock=clock) as client:
         for _ in range(5):
             with pytest.raises(PodResourcesUnavailable):
@@ -144,7 +137,7 @@ def test_a_failure_is_not_retried_within_the_interval(kubelet: tuple[FakeKubelet
 
 def test_the_server_restarting_on_the_same_path_is_reached_again(socket_dir: Path) -> None:
     sock = socket_dir / "kubelet.sock"
-    clock = Clock()
+    clock = FakeClock(1000.0)
     first, second = FakeKubelet(), FakeKubelet()
     second.assign("ml", "p", "c", [GPU0])
     with PodResourcesClient(sock, clock=clock) as client:

@@ -180,7 +180,7 @@ def test_quiet_prints_only_the_numactl_prefix(
 def test_cannot_check_without_nvml_is_exit_2(
     cli: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import extender.agent.commands as commands
+    import extender.commands.agent as commands
     from extender.topology.nvml import NvmlUnavailable
 
     def no_nvml() -> None:

@@ -17,7 +17,7 @@ REFERENCE = REPO / "docs" / "reference.md"
 KEY_LITERAL = re.compile(r"[\"']((?:[a-z0-9-]+\.)+[a-z]{2,}/[A-Za-z0-9._-]+)[\"']")
 API_VERSION = re.compile(r"/v\d+((alpha|beta)\d+)?$")
 #: Fixtures and benchmarks build fake nodes with labels gangslice never reads.
-NOT_READ = ("sim/", "webhook/bench.py", "webhook/testing.py", "fake", "docs.py")
+NOT_READ = ("sim/", "httpapi/bench.py", "testing/", "fake", "docs.py")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_troubleshooting_names_every_event_and_condition_reason() -> None:
     agent writes is explained in docs/troubleshooting.md."""
     text = (REPO / "docs" / "troubleshooting.md").read_text()
     patterns = {
-        "admission": re.compile(r"\"(?:Normal|Warning)\",\s*\"([A-Z]\w+)\""),
+        "controllers": re.compile(r"\"(?:Normal|Warning)\",\s*\"([A-Z]\w+)\""),
         "agent": re.compile(
             r"(?:Condition\(\s*\w+,\s*(?:True|False),\s*|PodResourcesUnavailable\(\s*|\"[A-Z_]+\":\s*"
             r"|reasons\.get\(name,\s*)\"([A-Z][a-z]\w+)\""

@@ -14,21 +14,22 @@ from typing import Any
 
 import yaml
 
-from extender.admission.controller import AdmissionController
-from extender.admission.fake import FakeControllerApi
-from extender.admission.kueue import CheckConfig
-from extender.admission.openapi import load_crd, validate, version_schema
-from extender.admission.podgroup_controller import PodGroupController
+from extender.controllers.controller import AdmissionController
+from extender.controllers.kueue import CheckConfig
+from extender.controllers.openapi import load_crd, validate, version_schema
+from extender.controllers.podgroup_controller import PodGroupController
 from extender.kube.api import Conflict, Kind, Listing, NotFound
 from extender.kube.cache import ClusterCache
-from extender.kube.fake import FakeKubeApi
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore, KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import Slice
-from extender.webhook.testing import gang_pod, node_obj
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
+from extender.testing.extender import gang_pod, node_obj
+from extender.testing.kube import FakeKubeApi
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crds" / "gangslice.io_slicereservations.yaml"
@@ -36,14 +37,6 @@ KUEUE = REPO / "tests" / "fixtures" / "kueue"
 VOLCANO = REPO / "tests" / "fixtures" / "volcano"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()
 PLURAL = "slicereservations"
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def load(path: Path) -> Any:
@@ -140,7 +133,7 @@ def test_the_printer_columns_read_phase_nodes_and_gpus_from_status() -> None:
 # -- plain gangs: the cluster cache's store ----------------------------------------------------
 
 
-def plain_gang_cache(api: FakeKubeApi, clock: Clock) -> ClusterCache:
+def plain_gang_cache(api: FakeKubeApi, clock: FakeClock) -> ClusterCache:
     cache = ClusterCache(store=KubeReservationStore(api, clock), awaiting=(), clock=clock)
     cache.replace(Kind.NODES, [node_obj("a"), node_obj("b")])
     return cache
@@ -154,7 +147,7 @@ def two_pod_request() -> Any:
 
 def test_a_plain_gang_hold_writes_its_status_and_each_bind_rewrites_it() -> None:
     api = FakeKubeApi()
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cache = plain_gang_cache(api, clock)
 
     async def go() -> None:
@@ -193,7 +186,7 @@ def test_a_plain_gang_hold_writes_its_status_and_each_bind_rewrites_it() -> None
 
 def test_an_unchanged_status_is_not_written_again() -> None:
     api = FakeKubeApi()
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     store = KubeReservationStore(api, clock)
     cache = plain_gang_cache(api, clock)
     assert isinstance(cache.hold("llm/g", two_pod_request()), Slice)
@@ -212,7 +205,7 @@ def test_an_unchanged_status_is_not_written_again() -> None:
 
 def test_a_failed_status_write_stays_queued_and_is_retried() -> None:
     api = FakeKubeApi()
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cache = plain_gang_cache(api, clock)
 
     async def go() -> None:
@@ -239,7 +232,7 @@ def test_a_failed_status_write_stays_queued_and_is_retried() -> None:
 
 
 def test_the_in_memory_store_keeps_status_too() -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     store = InMemoryReservationStore(clock)
     cache = ClusterCache(store=store, awaiting=(), clock=clock)
     cache.replace(Kind.NODES, [node_obj("a"), node_obj("b")])
@@ -257,7 +250,7 @@ def test_the_in_memory_store_keeps_status_too() -> None:
 
 def test_a_restarted_cache_rebuilds_the_bound_plain_gang_from_spec_once() -> None:
     api = FakeKubeApi()
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     first = plain_gang_cache(api, clock)
 
     async def go() -> None:
@@ -285,7 +278,7 @@ def test_a_restarted_cache_rebuilds_the_bound_plain_gang_from_spec_once() -> Non
 
 
 def kueue_world(
-    api: FakeControllerApi, clock: Clock, identity: str
+    api: FakeControllerApi, clock: FakeClock, identity: str
 ) -> tuple[ClusterCache, AdmissionController]:
     cache = ClusterCache.from_snapshot(
         load_cluster(KUEUE / "cluster.yaml"),
@@ -308,7 +301,7 @@ def test_a_workload_hold_writes_status_then_bound_through_the_cache_and_survives
     name = "leaderworkerset-vllm-0-3f2a1"
 
     async def go() -> None:
-        clock = Clock(T0 + 5)
+        clock = FakeClock(T0 + 5)
         api = kueue_api()
         cache, ctl = kueue_world(api, clock, "first")
         await ctl.become_leader()
@@ -355,7 +348,7 @@ def test_a_podgroup_hold_writes_status_then_bound_through_the_cache() -> None:
     key = "llm/llama-70b"
 
     async def go() -> None:
-        clock = Clock(1_000.0)
+        clock = FakeClock(1_000.0)
         api = FakeControllerApi()
         kube = OneApiServer(api)
         cache = ClusterCache.from_snapshot(

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.admission.controller import AdmissionController
-from extender.admission.fake import FakeControllerApi
-from extender.admission.kueue import CheckConfig
-from extender.admission.leader import LeaderElector, LeaseConfig
-from extender.admission.objects import reservation_from_object
+from extender.controllers.controller import AdmissionController
+from extender.controllers.kueue import CheckConfig
+from extender.controllers.leader import LeaderElector, LeaseConfig
+from extender.controllers.objects import reservation_from_object
 from extender.kube.cache import ClusterCache
 from extender.placement.files import load_cluster
+from extender.testing.clock import FakeClock
+from extender.testing.controller_api import FakeControllerApi
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()
@@ -30,14 +31,6 @@ LEASE = LeaseConfig(namespace="gangslice-system", name="gangslice", duration_s=1
 
 class Crash(BaseException):
     """The process dies here: nothing in the controller catches it."""
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def load(name: str) -> dict[str, Any]:
@@ -67,7 +60,7 @@ def kueue_api() -> FakeControllerApi:
 class Process:
     """One controller process: its own cluster cache (and so its own ledger)."""
 
-    def __init__(self, api: FakeControllerApi, clock: Clock, identity: str) -> None:
+    def __init__(self, api: FakeControllerApi, clock: FakeClock, identity: str) -> None:
         self.cache = ClusterCache.from_snapshot(load_cluster(FIXTURES / "cluster.yaml"), clock=clock)
         self.ctl = AdmissionController(api, self.cache, CheckConfig(), clock=clock, identity=identity)
         self.elector = LeaderElector(
@@ -99,9 +92,9 @@ def held_gpus(cache: ClusterCache) -> list[tuple[str, int]]:
     return [(s.node, g) for r in cache.ledger.reservations() for s in r.slice.slots for g in s.gpus]
 
 
-async def lws_leader() -> tuple[Clock, FakeControllerApi, Process]:
+async def lws_leader() -> tuple[FakeClock, FakeControllerApi, Process]:
     """The LWS Workload in a fresh fake API and a first controller process, made leader."""
-    clock = Clock(T0 + 5)
+    clock = FakeClock(T0 + 5)
     api = kueue_api()
     api.put("workloads", load("workload-lws.yaml"))
     first = Process(api, clock, "first")
@@ -111,7 +104,7 @@ async def lws_leader() -> tuple[Clock, FakeControllerApi, Process]:
 
 def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -> None:
     async def body() -> None:
-        clock = Clock(T0 + 5)
+        clock = FakeClock(T0 + 5)
         api = kueue_api()
         api.put("workloads", other_workload("other", "uid-other"))
         first = Process(api, clock, "first")

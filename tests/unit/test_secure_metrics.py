@@ -13,11 +13,17 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from extender.health_metrics import HealthCollector, certificate_files, not_after
+from extender.httpapi.health_metrics import HealthCollector, certificate_files, not_after
+from extender.httpapi.metrics import Metrics
+from extender.httpapi.secure_metrics import (
+    ALLOWED_TTL_S,
+    DENIED_TTL_S,
+    CachedReviewer,
+    Verdict,
+    build_metrics_app,
+)
 from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
-from extender.secure_metrics import ALLOWED_TTL_S, DENIED_TTL_S, CachedReviewer, Verdict, build_metrics_app
-from extender.webhook.metrics import Metrics
 
 BODY = b"# HELP x a metric\n# TYPE x gauge\nx 1.0\n"
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from extender import cli
-from extender.admission.kueue import CheckConfig
-from extender.admission.podgroup_controller import PodGroupConfig
 from extender.cli import UsageError, build_parser
-from extender.webhook import commands
+from extender.commands import serve as commands
+from extender.controllers.kueue import CheckConfig
+from extender.controllers.podgroup_controller import PodGroupConfig
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -99,8 +99,8 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
         await controller(asyncio.Event(), lambda leading: None)
 
     monkeypatch.setattr("extender.kube.client.RealKubeApi", lambda kubeconfig: object())
-    monkeypatch.setattr("extender.admission.runner.run_controller", fake_run_controller)
-    monkeypatch.setattr("extender.webhook.server.serve", fake_serve)
+    monkeypatch.setattr("extender.controllers.runner.run_controller", fake_run_controller)
+    monkeypatch.setattr("extender.httpapi.server.serve", fake_serve)
     args = parse("--widen-after", "2", "--retry-after", "3", "--requeue-after", "4", "--member-wait", "6")
     assert commands.run_serve(args) == 0
     assert seen["config"] == CheckConfig(widen_after_s=2, retry_after_s=3, requeue_after_s=4, member_wait_s=6)

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from extender.httpapi.app import build_app
 from extender.kube import names as keys
 from extender.kube.cache import ClusterCache
-from extender.webhook.app import build_app
-from extender.webhook.testing import SMALL_CLUSTER_NODES, ServerThread, write_cluster
+from extender.testing.extender import SMALL_CLUSTER_NODES, ServerThread, write_cluster
 
 VERBS = [
     "/gangslice/filter",

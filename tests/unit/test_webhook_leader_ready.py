@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from extender.httpapi.app import build_app, housekeeping
+from extender.httpapi.handling import LEADING
+from extender.httpapi.server import label_own_pod
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
-from extender.kube.fake import FakeKubeApi
 from extender.kube.names import LEADER_LABEL
 from extender.placement.request import GangRequest, PodSet
-from extender.webhook.app import build_app, housekeeping
-from extender.webhook.handling import LEADING
-from extender.webhook.server import label_own_pod
-from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, gang_pod, write_cluster
+from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, write_cluster
+from extender.testing.kube import FakeKubeApi
 
 
 def _status(tmp_path: Path, leading: dict[str, bool] | None) -> tuple[int, str]:

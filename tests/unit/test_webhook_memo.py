@@ -1,8 +1,8 @@
-"""Remembered filter and prioritize answers (``extender.webhook.memo``): the same node list
+"""Remembered filter and prioritize answers (``extender.httpapi.memo``): the same node list
 with nothing changed gets the remembered answer; any change that can alter a verdict (a pod
 binds, a reservation is made, a gang member takes a slot) gets a fresh one.
 
-Small cluster of ``extender.webhook.testing``: h-0..h-2 HGX H100 (8 free), h-3 (GPUs 4-7
+Small cluster of ``extender.testing.extender``: h-0..h-2 HGX H100 (8 free), h-3 (GPUs 4-7
 free), p-0/p-1 dual-socket PCIe (8 free), l-0 four L40S."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
+from extender.httpapi.app import build_app
+from extender.httpapi.decide import Decider
+from extender.httpapi.handling import DECIDER
+from extender.httpapi.memo import NamesKey, NamesMemo
 from extender.kube import names as keys
 from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.placement.request import GangRequest, PodSet
-from extender.webhook.app import build_app
-from extender.webhook.decide import Decider
-from extender.webhook.handling import DECIDER
-from extender.webhook.memo import NamesKey, NamesMemo
-from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
+from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
 
 ALL = list(SMALL_CLUSTER_NODES)
 Client = TestClient[Any, Any]
@@ -141,7 +141,7 @@ def test_the_memo_forgets_on_a_new_version_and_keeps_a_bounded_number() -> None:
 
 
 def test_a_node_name_list_is_taken_as_decoded_and_still_checked() -> None:
-    from extender.webhook.wire import ExtenderArgs
+    from extender.httpapi.wire import ExtenderArgs
 
     names = ["a", "b"]
     assert ExtenderArgs.model_validate({"Pod": {}, "NodeNames": names}).node_names is names

@@ -1,4 +1,4 @@
-"""What the kube-scheduler verbs decide, on the small cluster of ``extender.webhook.testing``:
+"""What the kube-scheduler verbs decide, on the small cluster of ``extender.testing.extender``:
 h-0..h-2 HGX H100 (8 free), h-3 HGX H100 (GPUs 4-7 free), p-0/p-1 dual-socket PCIe (8 free),
 l-0 four L40S."""
 
@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
+from extender.httpapi.app import build_app
+from extender.httpapi.handling import DECIDER
 from extender.kube import names as keys
 from extender.kube.api import ApiError, Kind
 from extender.kube.binder import LocalBinder
 from extender.kube.cache import ClusterCache
-from extender.kube.fake import FakeKubeApi
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
-from extender.webhook.app import build_app
-from extender.webhook.handling import DECIDER
-from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
+from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
+from extender.testing.kube import FakeKubeApi
 
 ALL = list(SMALL_CLUSTER_NODES)
 Client = TestClient[Any, Any]
@@ -382,7 +382,7 @@ def test_preempt_keeps_only_nodes_where_the_victims_make_room(tmp_path: Path) ->
 
 
 def test_an_internal_error_is_a_200_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from extender.webhook.decide import Decider
+    from extender.httpapi.decide import Decider
 
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("the solver caught fire")

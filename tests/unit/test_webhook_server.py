@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from extender.cli import build_parser, main
+from extender.httpapi.app import build_app
+from extender.httpapi.bench import BenchOptions, render, run_extender_bench
+from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
-from extender.webhook.app import build_app
-from extender.webhook.bench import BenchOptions, render, run_extender_bench
-from extender.webhook.testing import ServerThread, client_for, node_obj, pod_obj, write_cluster
-from extender.webhook.tls import ReloadingTls
+from extender.testing.extender import ServerThread, client_for, node_obj, pod_obj, write_cluster
 
 # Two throw-away self-signed certificates (CN gangslice-test-a / -b, RSA 2048, 100 years),
 # made for this test with: openssl req -x509 -newkey rsa:2048 -nodes -days 36500 -subj /CN=...

@@ -9,12 +9,12 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
+from extender.httpapi.app import build_app
 from extender.kube import names as keys
 from extender.kube.cache import ClusterCache
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
-from extender.webhook.app import build_app
-from extender.webhook.testing import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
+from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
 
 Client = TestClient[Any, Any]
 

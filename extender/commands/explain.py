@@ -1,0 +1,312 @@
+"""``gangslice explain``: why a gang waits, in one screen.
+
+Online: ``gangslice explain workload/NS/NAME`` (or ``podgroup/NS/NAME``, ``gang/NS/NAME``)
+reads the object, our admission check's stored state, the gang's SliceReservation and the
+cluster (Nodes, Pods, NodeTopologies, SliceReservations) through ``--kubeconfig``, and dry
+runs the engine on the current snapshot with the gang's own hold left out.
+
+Offline (no API server): ``--cluster FILE`` with ``--gang FILE`` (a gang file) or
+``--workload FILE`` (a Workload object as YAML): a dry run only, plus the check state the
+Workload object carries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNPLACEABLE, EXIT_UNREACHABLE
+from extender.controllers import assignment, kueue, workload_gang
+from extender.controllers.api import PODGROUP_GROUP, PODGROUP_VERSION, PODGROUPS, ControllerApi
+from extender.controllers.controller import Cache
+from extender.controllers.explain import CheckState, Facts, render, to_json
+from extender.controllers.objects import object_ref, reservation_from_object
+from extender.kube import names
+from extender.kube.api import ApiError, NotFound
+from extender.kube.crd_models import CrdError, object_name
+from extender.placement.files import FileError, load_cluster, load_gang
+from extender.placement.request import GangRequest
+from extender.placement.scoring import LevelError
+from extender.placement.slice import Slice, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.solver import place
+
+KINDS = ("workload", "podgroup", "gang")
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "explain",
+        help="why a gang waits: what it asks for, what it holds, what the cluster lacks",
+        description=(__doc__ or "").replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("target", nargs="?", help="KIND/NAMESPACE/NAME, KIND one of workload, podgroup, gang")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--cluster", help="cluster file: dry run on it instead of the live cluster")
+    p.add_argument("--gang", help="gang file (offline, with --cluster)")
+    p.add_argument("--workload", help="a Workload object as YAML (offline, with --cluster)")
+    p.add_argument("--check", help="offline: the name of our AdmissionCheck on the Workload")
+    p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
+    p.set_defaults(func=run)
+
+
+def parse_target(text: str) -> tuple[str, str, str]:
+    parts = text.split("/")
+    if len(parts) != 3 or not all(parts) or parts[0].lower() not in KINDS:
+        raise ValueError(f"target {text!r}: expected KIND/NAMESPACE/NAME with KIND one of {', '.join(KINDS)}")
+    return parts[0].lower(), parts[1], parts[2]
+
+
+# -- offline -----------------------------------------------------------------------------------
+
+
+def explain_gang_file(snap: ClusterSnapshot, gang: GangRequest, where: str) -> Facts:
+    facts = Facts(target=f"gang {gang.name} (from {where})", gang=gang)
+    try:
+        facts.dry_run = place(snap, gang)
+    except LevelError as exc:
+        facts.problems.append(str(exc))
+    return facts
+
+
+def explain_workload_object(snap: ClusterSnapshot, wl: Mapping[str, Any], checks: set[str] | None) -> Facts:
+    """A Workload as it stands (its check state) plus a dry run on ``snap``. ``checks``: the
+    names of our AdmissionChecks; None takes the Workload's only entry, if it has one."""
+    ns, name = object_ref(wl)
+    facts = Facts(target=f"workload {ns}/{name}")
+    entries = list((wl.get("status") or {}).get("admissionChecks") or ())
+    if checks is None:
+        checks = {str(entries[0].get("name"))} if len(entries) == 1 else set()
+        if len(entries) > 1:
+            facts.notes.append("the Workload has several admission checks; name ours with --check")
+    mine = kueue.our_entries(wl, checks)
+    if mine:
+        e = mine[0]
+        facts.check = CheckState(
+            str(e.get("state")), str(e.get("message") or ""), e.get("lastTransitionTime")
+        )
+    _, why = kueue.decide(wl, checks, False)
+    facts.notes.append(f"controller's view: {why}")
+    _dry_run_workload(facts, snap, wl, {})
+    return facts
+
+
+def _dry_run_workload(
+    facts: Facts, view: ClusterSnapshot, wl: Mapping[str, Any], flavors: Mapping[str, Mapping[str, str]]
+) -> None:
+    try:
+        wg = workload_gang.gang_from_workload(wl, view.hierarchy)
+    except workload_gang.WorkloadError as exc:
+        facts.problems.append(str(exc))
+        return
+    facts.gang = wg.request
+    facts.notes.extend(wg.notes)
+    allowed = assignment.pod_set_nodes(wl, flavors)
+    facts.dry_run = assignment.solve(view, wg.request, kueue.Stage.WIDENED, allowed, "")
+    strict = workload_gang.strict_gang(wg.request, view.hierarchy)
+    if strict is not None:
+        held_out = assignment.solve(view, strict, kueue.Stage.WIDENED, allowed, "")
+        got = "can be met now" if isinstance(held_out, Slice) else f"not met now: {held_out.reason}"
+        facts.notes.append(f"preferred levels ({workload_gang.describe_request(strict)}): {got}")
+
+
+# -- online ------------------------------------------------------------------------------------
+
+
+async def explain_workload(api: ControllerApi, cache: Cache, namespace: str, name: str) -> Facts:
+    """A live Workload: our check's state, the reservation, a dry run on the cache's view."""
+    facts = Facts(target=f"workload {namespace}/{name}")
+    try:
+        wl = await api.get_workload(namespace, name)
+    except NotFound:
+        facts.problems.append(f"workload {namespace}/{name} not found")
+        return facts
+    checks = {
+        str(ac["metadata"]["name"]) for ac in await api.list_admission_checks() if kueue.is_our_check(ac)
+    }
+    key = kueue.gang_key(wl)
+    mine = kueue.our_entries(wl, checks)
+    if mine:
+        e = mine[0]
+        facts.check = CheckState(
+            str(e.get("state")), str(e.get("message") or ""), e.get("lastTransitionTime")
+        )
+    else:
+        facts.notes.append(f"no admission check of controller {names.CHECK_CONTROLLER} on this Workload")
+    _, why = kueue.decide(wl, checks, cache.reservation(key) is not None)
+    facts.notes.append(f"controller's view: {why}")
+    facts.reservation = cache.reservation(key)
+    if facts.reservation is None:
+        try:
+            facts.reservation = reservation_from_object(
+                await api.get_reservation(namespace, object_name(key))
+            )
+        except (NotFound, CrdError):
+            facts.reservation = None
+    flavors: dict[str, dict[str, str]] = {}
+    for psa in ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ():
+        for flavor in (psa.get("flavors") or {}).values():
+            try:
+                rf = await api.get_resource_flavor(str(flavor))
+            except NotFound:
+                continue
+            flavors[str(flavor)] = {
+                str(k): str(v) for k, v in ((rf.get("spec") or {}).get("nodeLabels") or {}).items()
+            }
+    _dry_run_workload(facts, cache.view([key]), wl, flavors)
+    return facts
+
+
+def explain_pods(
+    cache: Any,
+    kind: str,
+    namespace: str,
+    name: str,
+    stored: CheckState | None,
+    podgroup: Mapping[str, Any] | None = None,
+) -> Facts:
+    """A plain gang (pods labelled ``gangslice.io/gang``) or a Volcano PodGroup (``podgroup``,
+    with its pods annotated ``scheduling.k8s.io/group-name``): the request the controller
+    would build from them, and a dry run of it."""
+    from extender.controllers.podgroups import PodGroup, PodGroupError, gang_request
+    from extender.kube.gangs import Incomplete, plain_gang_request
+    from extender.kube.pods import PodError
+
+    key = f"{namespace}/{name}"
+    facts = Facts(target=f"{kind} {key}", check=stored, reservation=cache.reservation(key))
+    pods = [p for p in cache.pods() if (p.gang if kind == "gang" else p.volcano_group) == key]
+    gang: GangRequest | None = None
+    if kind == "podgroup" and podgroup is None:
+        facts.problems.append(f"PodGroup {key} not found")
+        return facts
+    if not pods:
+        facts.problems.append(f"no pods of {kind} {key} in the cluster")
+    elif podgroup is not None:
+        try:
+            gang = gang_request(PodGroup.from_obj(podgroup), pods, cache.view([key]))
+        except PodGroupError as exc:
+            facts.problems.append(str(exc))
+    else:
+        try:
+            # The first pod that carries the gang's size speaks for it, as in the extender.
+            got = next((g for p in pods if (g := plain_gang_request(p, pods)) is not None), None)
+        except PodError as exc:
+            facts.problems.append(str(exc))
+        else:
+            if isinstance(got, Incomplete):
+                facts.problems.append(f"gang {key}: {got.reason}")
+            else:
+                gang = got
+    if gang is not None:
+        facts.gang = gang
+        try:
+            facts.dry_run = place(cache.view([key]), gang)
+        except LevelError as exc:
+            facts.problems.append(str(exc))
+    return facts
+
+
+def live_cache(kubeconfig: str | None, cluster: str | None) -> Any:
+    """A cluster cache filled by one list of every kind (or from a cluster file)."""
+    from extender.kube.api import ALL_KINDS
+    from extender.kube.cache import ClusterCache
+    from extender.kube.client import RealKubeApi
+
+    if cluster:
+        return ClusterCache.from_cluster_file(cluster)
+    kapi = RealKubeApi(kubeconfig)
+    cache = ClusterCache()
+    for kind in ALL_KINDS:
+        cache.replace(kind, kapi.list(kind).items)
+    return cache
+
+
+def _podgroup(api_client: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    from kubernetes import client
+
+    try:
+        pg: Any = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUPS, name
+        )
+    except Exception:
+        return None
+    return dict(pg) if isinstance(pg, Mapping) else None
+
+
+def podgroup_state(pg: Mapping[str, Any] | None) -> CheckState | None:
+    """What gangslice last said of the PodGroup (its ``gangslice.io/status`` annotation,
+    ``State: message``), else Volcano's phase and last condition."""
+    if pg is None:
+        return None
+    meta = pg.get("metadata") or {}
+    ours = str((meta.get("annotations") or {}).get(names.STATUS) or "")
+    if ours:
+        state, _, message = ours.partition(": ")
+        return CheckState(state, message, None)
+    status = pg.get("status") or {}
+    conds = [c for c in status.get("conditions") or () if isinstance(c, Mapping)]
+    last = conds[-1] if conds else {}
+    return CheckState(
+        str(status.get("phase") or "Unknown"), str(last.get("message") or ""), last.get("lastTransitionTime")
+    )
+
+
+async def _online(args: argparse.Namespace, kind: str, namespace: str, name: str) -> Facts:
+    from extender.controllers.api import ClientControllerApi
+    from extender.kube.client import load_api_client
+
+    api_client = load_api_client(args.kubeconfig)
+    cache = await asyncio.to_thread(live_cache, args.kubeconfig, args.cluster)
+    if kind == "workload":
+        return await explain_workload(ClientControllerApi(api_client), cache, namespace, name)
+    pg = await asyncio.to_thread(_podgroup, api_client, namespace, name) if kind == "podgroup" else None
+    return explain_pods(cache, kind, namespace, name, podgroup_state(pg), pg)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def _load_yaml(path: str) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise FileError(f"{path}: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.gang or args.workload:
+            if not args.cluster:
+                print("gangslice explain: --gang/--workload need --cluster (offline dry run)")
+                return EXIT_BAD_INPUT
+            snap = load_cluster(args.cluster)
+            if args.gang:
+                facts = explain_gang_file(snap, load_gang(args.gang, snap.hierarchy), args.gang)
+            else:
+                wl = _load_yaml(args.workload)
+                if not isinstance(wl, dict) or wl.get("kind") != "Workload":
+                    print(f"gangslice explain: {args.workload}: not a Workload object")
+                    return EXIT_BAD_INPUT
+                checks = {args.check} if args.check else None
+                facts = explain_workload_object(snap, wl, checks)
+        elif args.target:
+            kind, namespace, name = parse_target(args.target)
+            facts = asyncio.run(_online(args, kind, namespace, name))
+        else:
+            print("gangslice explain: give KIND/NAMESPACE/NAME, or --cluster with --gang or --workload")
+            return EXIT_BAD_INPUT
+    except (FileError, ValueError) as exc:
+        print(f"gangslice explain: {exc}")
+        return EXIT_BAD_INPUT
+    except ApiError as exc:
+        print(f"gangslice explain: the API server: {exc}")
+        return EXIT_UNREACHABLE
+    print(json.dumps(to_json(facts), indent=2) if args.json else render(facts))
+    return EXIT_UNPLACEABLE if isinstance(facts.dry_run, Unplaceable) else EXIT_OK

@@ -1,0 +1,223 @@
+"""``gangslice serve`` (the scheduler extender service) and ``gangslice bench extender``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+from collections.abc import Callable
+from typing import Any
+
+from extender.commands.exits import EXIT_OK, UsageError
+from extender.controllers.kueue import CheckConfig
+from extender.controllers.podgroup_controller import PodGroupConfig
+from extender.httpapi.bench import TARGET_RPS
+from extender.logs import FORMATS, configure
+from extender.placement.bench import bench_subparsers
+from extender.placement.ledger import DEFAULT_TTL_S
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="run the scheduler extender (kube-scheduler extender v1 and Volcano extender plugin)"
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--cluster", metavar="FILE", help="serve a cluster file (YAML); no API server")
+    source.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig of the cluster (default: in-cluster, then ~/.kube/config)",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8888, help="port (default 8888)")
+    p.add_argument("--prefix", default="/gangslice", help="URL prefix of the verbs (default /gangslice)")
+    p.add_argument(
+        "--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (reloaded on change)"
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="also serve /metrics on this port for tokens the API server grants get /metrics "
+        "(TokenReview + SubjectAccessReview; HTTPS with --tls-cert; default 0: off)",
+    )
+    p.add_argument(
+        "--reservation-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        metavar="SECONDS",
+        help=f"how long a slice is held for pods that have not bound (default {DEFAULT_TTL_S:g})",
+    )
+    p.add_argument(
+        "--no-controller",
+        action="store_true",
+        help="with --kubeconfig: run only the extender, without the admission controller and leader lease",
+    )
+    add_wait_flags(p)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=FORMATS,
+        help="text (default) or json: one object per line with the gang and reservation as fields",
+    )
+    p.set_defaults(func=run_serve)
+
+    b: argparse.ArgumentParser = bench_subparsers(sub).add_parser(
+        "extender", help="latency and throughput of the extender's filter and prioritize over loopback"
+    )
+    b.add_argument("--nodes", type=int, default=5000, help="node names per request (default 5000)")
+    b.add_argument("--full-nodes", type=int, default=500, help="full Node objects per request (default 500)")
+    b.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
+    b.add_argument("--requests", type=int, default=2000, help="timed requests per case (default 2000)")
+    b.add_argument("--gpus", type=int, default=4, help="GPUs the benchmark pod asks for (default 4)")
+    b.add_argument(
+        "--rate",
+        type=float,
+        default=TARGET_RPS,
+        help=f"requests per second of the open-loop case (default {TARGET_RPS:g})",
+    )
+    b.add_argument(
+        "--same-process",
+        action="store_true",
+        help="run the load generator on the server's event loop instead of in a separate process",
+    )
+    b.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    b.set_defaults(func=run_bench)
+
+
+#: The admission controller's waits: flag, CheckConfig field, help. Every one is in seconds.
+_WAITS = (
+    (
+        "--widen-after",
+        "widen_after_s",
+        "Kueue: how long a pod set waits for its preferred level before it is placed within its "
+        "required level, counted from the quota reservation",
+    ),
+    (
+        "--retry-after",
+        "retry_after_s",
+        "Kueue: how much longer a Workload waits for a slice before the check goes to Retry "
+        "and Kueue releases its quota",
+    ),
+    ("--requeue-after", "requeue_after_s", "Kueue: the Retry's requeueAfterSeconds (whole seconds)"),
+    ("--resync", "resync_s", "how often Workloads and PodGroups still waiting are looked at again"),
+    ("--hold-ttl", "hold_ttl_s", "how long a slice the controller reserves is held before its pods bind"),
+    ("--member-wait", "member_wait_s", "how long the members of a joint gang wait for the missing ones"),
+)
+
+
+def add_wait_flags(p: argparse.ArgumentParser) -> None:
+    defaults = CheckConfig()
+    group = p.add_argument_group("admission controller waits (with --kubeconfig, without --no-controller)")
+    for flag, field, help_text in _WAITS:
+        default = getattr(defaults, field)
+        group.add_argument(
+            flag,
+            dest=field,
+            type=int if isinstance(default, int) else float,
+            default=default,
+            metavar="SECONDS",
+            help=f"{help_text} (default {default:g})",
+        )
+
+
+def controller_configs(args: argparse.Namespace) -> tuple[CheckConfig, PodGroupConfig]:
+    """The Kueue check's and the PodGroup controller's configuration from the ``serve`` flags."""
+
+    for flag, field, _ in _WAITS:
+        value = getattr(args, field)
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{flag} {value:g}: must be a positive number of seconds")
+    check = CheckConfig(
+        widen_after_s=args.widen_after_s,
+        retry_after_s=args.retry_after_s,
+        requeue_after_s=args.requeue_after_s,
+        resync_s=args.resync_s,
+        hold_ttl_s=args.hold_ttl_s,
+        member_wait_s=args.member_wait_s,
+    )
+    podgroups = PodGroupConfig(
+        hold_ttl_s=args.hold_ttl_s, member_wait_s=args.member_wait_s, resync_s=args.resync_s
+    )
+    return check, podgroups
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from extender.httpapi.server import ServeOptions, serve
+    from extender.kube.cache import ClusterCache
+    from extender.kube.store import KubeReservationStore
+    from extender.placement.files import FileError
+
+    configure(args.log_level, args.log_format)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port {args.port}: not a port number")
+    if args.reservation_ttl <= 0:
+        raise UsageError("--reservation-ttl must be positive")
+    if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
+        raise UsageError(f"--metrics-port {args.metrics_port}: not a port number other than --port")
+    if args.metrics_port and args.cluster:
+        raise UsageError("--metrics-port reviews tokens with the API server: not with --cluster")
+    check_config, podgroup_config = controller_configs(args)
+    options = ServeOptions(
+        args.host, args.port, args.prefix, args.tls_cert, args.tls_key, metrics_port=args.metrics_port
+    )
+    if args.cluster:
+        try:
+            cache = ClusterCache.from_cluster_file(args.cluster, ttl_s=args.reservation_ttl)
+        except FileError as exc:
+            raise UsageError(str(exc)) from None
+        asyncio.run(serve(cache, options))
+        return EXIT_OK
+    from extender.kube.client import RealKubeApi
+
+    try:
+        api = RealKubeApi(args.kubeconfig)
+    except Exception as exc:
+        raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
+    cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
+    reviewer = None
+    if args.metrics_port:
+        from extender.httpapi.secure_metrics import ApiReviewer
+        from extender.kube.client import load_api_client
+
+        reviewer = ApiReviewer(load_api_client(args.kubeconfig))
+    if args.no_controller:
+        asyncio.run(serve(cache, options, api, reviewer=reviewer))
+        return EXIT_OK
+    from extender.controllers.runner import run_controller
+
+    async def controller(stop: asyncio.Event, on_leadership: Callable[[bool], None]) -> None:
+        await run_controller(
+            cache,
+            kubeconfig=args.kubeconfig,
+            stop=stop,
+            on_leadership=on_leadership,
+            config=check_config,
+            podgroup_config=podgroup_config,
+        )
+
+    asyncio.run(serve(cache, options, api, controller, reviewer=reviewer))
+    return EXIT_OK
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from extender.httpapi.bench import BenchOptions, render, run_extender_bench, to_json
+
+    if min(args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.rate) <= 0:
+        raise UsageError("--nodes, --full-nodes, --concurrency, --requests, --gpus and --rate must be > 0")
+    options = BenchOptions(
+        args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.rate, args.same_process
+    )
+    results = asyncio.run(run_extender_bench(options))
+    if args.json:
+        import json
+
+        print(json.dumps(to_json(options, results), indent=2))
+    else:
+        print(render(options, results))
+    return EXIT_OK

@@ -1,0 +1,110 @@
+"""``gangslice simulate``: one trace through gangslice and the peers' policies, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK
+from extender.placement.files import FileError
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "simulate",
+        help="replay a trace of gang deployments through gangslice and the peers' policies",
+        description="Replay a day of LLM inference deployments (or your trace) on a cluster (or "
+        "yours) with gangslice and each baseline policy, and compare coherence, predicted "
+        "communication time, waiting, allocation and fragmentation.",
+    )
+    p.add_argument("--cluster", metavar="FILE", help="cluster file (YAML); default: the built-in mixed fleet")
+    p.add_argument(
+        "--trace", metavar="FILE", help="trace file (YAML or .jsonl); default: a generated day of deployments"
+    )
+    p.add_argument("--seed", type=int, default=1, help="seed of the generated trace (default 1)")
+    p.add_argument("--policies", metavar="A,B", help="policies to compare, comma-separated (default: all)")
+    p.add_argument(
+        "--no-wait", action="store_true", help="reject a gang the policy cannot place when it arrives"
+    )
+    p.add_argument("--out", metavar="DIR", help="write report.md, results.json, gangs.jsonl, trace and plots")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--json", action="store_true", help="print results.json's content instead of the table")
+    p.set_defaults(func=run)
+
+
+class ProgressLine:
+    """A one-line progress indicator on a terminal; one line per policy elsewhere."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.policy = ""
+        self.started = 0.0
+        self.shown = 0.0
+
+    def start(self, policy: str) -> Any:
+        self.policy, self.started, self.shown = policy, time.monotonic(), 0.0
+        return self.update
+
+    def update(self, fraction: float, placed: int, waiting: int) -> None:
+        now = time.monotonic()
+        if self.tty and (now - self.shown >= 0.1 or fraction >= 1.0):
+            self.shown = now
+            bar = "#" * int(20 * fraction)
+            self.stream.write(
+                f"\rsimulate {self.policy:<10} [{bar:<20}] {100 * fraction:3.0f}%  "
+                f"placed {placed}  waiting {waiting}   "
+            )
+            self.stream.flush()
+        if fraction >= 1.0:
+            lead = "\r" if self.tty else ""
+            self.stream.write(
+                f"{lead}simulate {self.policy:<10} done in {now - self.started:.1f} s, {placed} gangs placed"
+                + " " * 20
+                + "\n"
+            )
+            self.stream.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    from extender.sim.inputs import check_levels, load_sim_cluster, load_sim_trace
+    from extender.sim.policies import choose
+    from extender.sim.report import dumps, headline, table, write_folder
+    from extender.sim.runner import run_simulation
+
+    try:
+        policies = choose(args.policies)
+    except ValueError as exc:
+        print(f"gangslice simulate: --policies: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        cluster = load_sim_cluster(args.cluster)
+        trace = load_sim_trace(args.trace, args.seed)
+        check_levels(trace, cluster)
+    except FileError as exc:
+        print(f"gangslice simulate: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    progress = None if args.quiet else ProgressLine(sys.stderr)
+    outcome = run_simulation(
+        cluster,
+        trace,
+        policies,
+        seed=args.seed,
+        no_wait=args.no_wait,
+        cluster_source=args.cluster or "default",
+        progress=progress.start if progress else None,
+    )
+    if args.out:
+        write_folder(outcome, Path(args.out))
+    if args.json:
+        print(dumps(outcome.results))
+    else:
+        print(headline(outcome.results))
+        print()
+        print(table(outcome.results))
+        if args.out:
+            print(f"\nreport: {Path(args.out) / 'report.md'}")
+    return EXIT_OK

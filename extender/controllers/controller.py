@@ -1,0 +1,602 @@
+"""The Kueue AdmissionCheck controller: holds each Workload until its slice is reserved.
+
+Watch events (from kopf, see :mod:`extender.controllers.handlers`) land in
+:meth:`AdmissionController.on_workload` / :meth:`on_admission_check`; a periodic
+:meth:`resync` looks again at Workloads still waiting, so the widening and the Retry happen
+on time without an event. The rules are :mod:`extender.controllers.kueue`'s; this class does
+the I/O in the order that keeps a restart safe:
+
+1. place on the cluster cache's view and hold the slice in its ledger (no ``await`` in
+   between, so no other decision on the loop sees the capacity free);
+2. create the ``SliceReservation`` (owned by the Workload);
+3. only then apply our check ``Ready`` with the pod set updates.
+
+A controller that stops between 2 and 3 finds the object when it starts again (the ledger
+is rebuilt from the objects before anything is decided), sees the Workload still Pending
+for the same admission, and sets Ready for the same slice.
+
+Only the leader writes anything; a standby keeps its index of Workloads up to date.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from extender.controllers import assignment, joint, kueue, owned, workload_gang
+from extender.controllers.api import KUEUE_API_VERSION, ControllerApi
+from extender.controllers.kueue import Action, CheckConfig, Stage
+from extender.controllers.objects import (
+    META_ATTEMPT,
+    META_OWNER_KIND,
+    META_OWNER_NAME,
+    META_OWNER_UID,
+    object_ref,
+    parse_rfc3339,
+    reservation_from_object,
+    rfc3339,
+)
+from extender.controllers.workload_gang import WorkloadError
+from extender.kube import names
+from extender.kube.api import ApiError, Conflict, NotFound
+from extender.kube.crd_models import CrdError, object_name
+from extender.kube.pods import PodInfo
+from extender.logs import fields
+from extender.placement.ledger import Ledger, Phase, Reservation
+from extender.placement.slice import Slice, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot
+
+log = logging.getLogger(__name__)
+
+WORKLOAD_KIND = "Workload"
+
+
+class Cache(Protocol):
+    """What the controller needs of :class:`extender.kube.cache.ClusterCache`."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    @property
+    def lock(self) -> asyncio.Lock: ...
+
+    def snapshot(self) -> ClusterSnapshot: ...
+
+    def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot: ...
+
+    def reservation(self, gang: str) -> Reservation | None: ...
+
+    def pods_of_gang(self, gang: str) -> list[PodInfo]: ...
+
+    def restore(self, r: Reservation) -> bool: ...
+
+    def drop(self, gang: str) -> Reservation | None: ...
+
+    async def flush(self) -> None: ...
+
+
+class AdmissionController:
+    def __init__(
+        self,
+        api: ControllerApi,
+        cache: Cache,
+        config: CheckConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        identity: str = "gangslice",
+        kueue: bool = True,
+    ) -> None:
+        #: False on a cluster without Kueue: the ledger is still rebuilt on becoming leader
+        #: (the extender and the PodGroup controller rely on it), nothing of Kueue is read.
+        self.kueue = kueue
+        self.api = api
+        self.cache = cache
+        self.config = config or CheckConfig()
+        self.clock = clock
+        self.identity = identity
+        self.leader = False
+        #: Our AdmissionChecks by name (those whose controllerName is ours).
+        self.checks: dict[str, dict[str, Any]] = {}
+        #: The latest Workload object seen, by gang key.
+        self.workloads: dict[str, dict[str, Any]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        #: When each joint gang began waiting for missing members (joint key -> time).
+        self._joint_since: dict[str, float] = {}
+
+    # -- events ------------------------------------------------------------------------------
+    async def on_admission_check(self, event_type: str | None, ac: Mapping[str, Any]) -> None:
+        name = str((ac.get("metadata") or {}).get("name") or "")
+        if event_type == "DELETED" or not kueue.is_our_check(ac):
+            was_ours = self.checks.pop(name, None) is not None
+            if was_ours:
+                await self._reconcile_referencing(name)
+            return
+        is_new = name not in self.checks
+        self.checks[name] = dict(ac)
+        await self.reconcile_check(ac)
+        if is_new:
+            await self._reconcile_referencing(name)
+
+    async def on_workload(self, event_type: str | None, wl: Mapping[str, Any]) -> None:
+        key = kueue.gang_key(wl)
+        if event_type == "DELETED":
+            self.workloads.pop(key, None)
+            async with self._lock(key):
+                if self.leader and self.cache.reservation(key) is not None:
+                    await self._release(key, None, "workload deleted")
+            return
+        self.workloads[key] = dict(wl)
+        await self.reconcile(key)
+
+    # -- leadership --------------------------------------------------------------------------
+    async def become_leader(self) -> None:
+        """Rebuild what this controller decides from: our AdmissionChecks and the ledger
+        (from the SliceReservation objects); only then start deciding."""
+        self.checks = (
+            {
+                str(ac["metadata"]["name"]): ac
+                for ac in await self.api.list_admission_checks()
+                if kueue.is_our_check(ac)
+            }
+            if self.kueue
+            else {}
+        )
+        await self.rebuild_ledger()
+        self.leader = True
+        for ac in list(self.checks.values()):
+            await self.reconcile_check(ac)
+        for key in list(self.workloads):
+            await self.reconcile(key)
+
+    def lose_leadership(self) -> None:
+        self.leader = False
+
+    async def rebuild_ledger(self) -> tuple[int, int]:
+        """Restore every SliceReservation into the ledger; forget Workload reservations with no
+        object, and release those whose Workload is gone. Returns (restored, released)."""
+        objects = await self.api.list_reservations()
+        restored = 0
+        present: set[str] = set()
+        for obj in objects:
+            try:
+                r = reservation_from_object(obj)
+            except CrdError as exc:
+                log.warning("ignoring %s", exc)
+                continue
+            present.add(r.gang)
+            if self.cache.reservation(r.gang) is not None:
+                restored += 1
+                continue
+            if self.cache.restore(r):
+                restored += 1
+            elif r.phase not in (Phase.RELEASED, Phase.EXPIRED):
+                # Overlaps a reservation restored before it: never double-book, drop it.
+                log.error(
+                    "SliceReservation of gang %s overlaps another; deleting it",
+                    r.gang,
+                    extra=fields(gang=r.gang),
+                )
+                await owned.delete_object(self.api, r)
+        released = 0
+        for r in self.cache.ledger.reservations():
+            if r.meta.get(META_OWNER_KIND) != WORKLOAD_KIND:
+                continue
+            if r.gang not in present:
+                self.cache.drop(r.gang)
+                continue
+            ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
+            try:
+                wl = await self.api.get_workload(ns, name)
+            except NotFound:
+                wl = None
+            if not owned.owned_by(r, wl):
+                await self._release(r.gang, None, "its Workload is gone")
+                released += 1
+        await self.cache.flush()
+        return restored, released
+
+    # -- periodic ----------------------------------------------------------------------------
+    async def resync(self) -> None:
+        """Look again at every Workload waiting for a slice (time moves the stage on, freed
+        capacity may now fit it) or holding one it should not (a release that failed)."""
+        if not self.leader:
+            return
+        for key, wl in list(self.workloads.items()):
+            action, _ = kueue.decide(wl, self.checks, self.cache.reservation(key) is not None)
+            if action in (Action.PLACE, Action.RELEASE):
+                await self.reconcile(key)
+
+    async def run_resync(self, stop: asyncio.Event) -> None:
+        await resync_until(stop, self.config.resync_s, self.resync, "resync")
+
+    # -- AdmissionChecks -----------------------------------------------------------------------
+    async def reconcile_check(self, ac: Mapping[str, Any]) -> None:
+        if not self.leader or not kueue.is_our_check(ac):
+            return
+        body = kueue.admission_check_apply_body(ac, rfc3339(self.clock()))
+        if body is None:
+            return
+        name = str(body["metadata"]["name"])
+        try:
+            self.checks[name] = await self.api.apply_admission_check_status(name, body)
+        except ApiError as exc:
+            log.warning("setting AdmissionCheck %s Active failed: %s", name, exc)
+
+    async def _reconcile_referencing(self, check: str) -> None:
+        for key, wl in list(self.workloads.items()):
+            if any(e.get("name") == check for e in (wl.get("status") or {}).get("admissionChecks") or ()):
+                await self.reconcile(key)
+
+    # -- Workloads -------------------------------------------------------------------------------
+    def _lock(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    async def reconcile(self, key: str) -> None:
+        if not self.leader or not self.cache.ready:
+            return
+        async with self._lock(key):
+            wl = self.workloads.get(key)
+            if wl is None:
+                return
+            try:
+                await self._reconcile(key, wl)
+            except Conflict:
+                # Someone (Kueue) wrote the Workload after we read it: read it again, once.
+                ns, name = object_ref(wl)
+                try:
+                    fresh = await self.api.get_workload(ns, name)
+                except NotFound:
+                    return
+                self.workloads[key] = fresh
+                try:
+                    await self._reconcile(key, fresh)
+                except ApiError as exc:
+                    log.warning("workload %s: %s", key, exc, extra=fields(gang=key, workload=key))
+            except ApiError as exc:
+                log.warning("workload %s: %s (will retry)", key, exc, extra=fields(gang=key, workload=key))
+
+    async def _reconcile(self, key: str, wl: dict[str, Any]) -> None:
+        held = self.cache.reservation(key)
+        action, why = kueue.decide(wl, self.checks, held is not None)
+        if action is Action.RELEASE:
+            await self._release(key, wl, why)
+        elif action is Action.PLACE:
+            await self._place(key, wl)
+        elif action is Action.KEEP:
+            await self._keep(key, wl)
+
+    async def _place(self, key: str, wl: dict[str, Any]) -> None:
+        try:
+            member = _membership(wl)
+        except joint.JointError as exc:
+            await self._write(wl, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+            return
+        if member is not None:
+            await self._place_joint(wl, member)
+            return
+        now = self.clock()
+        held = self.cache.reservation(key)
+        if held is not None:
+            stale = self._stale(held, wl)
+            if stale:
+                await self._release(key, wl, f"stale reservation ({stale})")
+                held = None
+        try:
+            gang = workload_gang.gang_from_workload(wl, self.cache.snapshot().hierarchy)
+        except WorkloadError as exc:
+            await self._write(wl, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+            return
+        allowed = assignment.pod_set_nodes(wl, await self._flavor_labels(wl))
+        if held is None:
+            started = parse_rfc3339(kueue.wait_started(wl)) or now
+            stage = kueue.wait_stage(now - started, self.config)
+            async with self.cache.lock:
+                view = self.cache.view([key])
+                until = rfc3339(started + self.config.widen_after_s)
+                result = assignment.solve(view, gang.request, stage, allowed, until)
+                if isinstance(result, Slice):
+                    r = self._reservation(result, wl, now)
+                    if self.cache.restore(r):
+                        held = r
+                    else:
+                        result = Unplaceable(key, "the slice was taken while it was being reserved")
+            if held is None:
+                assert isinstance(result, Unplaceable)
+                await self._wait(wl, result, stage)
+                return
+            if not await self._persist(held, wl, now):
+                return
+            nodes = ", ".join(held.slice.nodes)
+            await self._event(wl, "Normal", "SliceReserved", f"reserved {object_name(key)} on {nodes}")
+        elif not await self._persist(held, wl, now):
+            return
+        updates = assignment.pod_set_updates(wl, held.slice, self.cache.snapshot(), object_name(key), allowed)
+        message = self._ready_message(held)
+        await self._write(wl, "Ready", message, pod_set_updates=updates)
+
+    # -- joint gangs ---------------------------------------------------------------------------
+    async def _place_joint(self, wl: Mapping[str, Any], member: joint.Membership) -> None:
+        """Place every Workload of ``member``'s joint gang as one request once all of them
+        have quota, hold one reservation per Workload (all or none), then set every one's
+        check Ready in one pass. Members with quota wait for the others up to
+        ``member_wait_s``, then give their quota back naming the missing ones."""
+        ns, _ = object_ref(wl)
+        jkey = f"{ns}/{member.gang}"
+        wls: dict[str, dict[str, Any]] = {}
+        declared: dict[str, joint.Membership] = {}
+        for w in self.workloads.values():
+            wns, wname = object_ref(w)
+            try:
+                m = _membership(w)
+            except joint.JointError:
+                continue
+            if wns == ns and m is not None and m.gang == member.gang:
+                action, _ = kueue.decide(
+                    w, self.checks, self.cache.reservation(kueue.gang_key(w)) is not None
+                )
+                if action in (Action.PLACE, Action.KEEP):
+                    wls[wname], declared[wname] = w, m
+        try:
+            expected = joint.expected_members(list(declared.values()))
+        except joint.JointError as exc:
+            for w in wls.values():
+                await self._write(w, "Rejected", f"joint gang {jkey}: {exc}")
+            return
+        now = self.clock()
+        keys = {name: kueue.gang_key(w) for name, w in wls.items()}
+        held = {n: self.cache.reservation(k) for n, k in keys.items()}
+        if len(wls) < expected:
+            since = self._joint_since.setdefault(jkey, now)
+            absent = joint.missing(declared, expected)
+            if now - since < self.config.member_wait_s:
+                message = (
+                    f"joint gang {jkey}: waiting for member(s) {absent} ({len(wls)} of {expected} have quota)"
+                )
+                for w in wls.values():
+                    await self._write(w, "Pending", message)
+                return
+            self._joint_since.pop(jkey, None)
+            message = (
+                f"joint gang {jkey}: member(s) {absent} did not get quota within "
+                f"{int(self.config.member_wait_s)}s; giving the quota back"
+            )
+            for name, w in wls.items():
+                await self._release(keys[name], w, message)
+                await self._write(
+                    w,
+                    "Retry",
+                    message,
+                    requeue_after_s=self.config.requeue_after_s,
+                    event=("Warning", "MemberMissing", message),
+                )
+            return
+        self._joint_since.pop(jkey, None)
+        if any(r is None for r in held.values()):
+            for name, r in held.items():
+                if r is not None:
+                    await self._release(keys[name], None, f"re-placing joint gang {jkey}")
+            if not await self._hold_joint(jkey, wls, declared, now):
+                return
+        for name, w in wls.items():
+            r = self.cache.reservation(keys[name])
+            if r is None or not await self._persist(r, w, now):
+                for k in keys.values():
+                    await self._release(k, None, f"persisting joint gang {jkey} failed")
+                return
+        snap = self.cache.snapshot()
+        for name in sorted(wls):
+            w = self.workloads.get(keys[name], wls[name])
+            r = self.cache.reservation(keys[name])
+            assert r is not None
+            allowed = assignment.pod_set_nodes(w, await self._flavor_labels(w))
+            updates = assignment.pod_set_updates(w, r.slice, snap, object_name(keys[name]), allowed)
+            await self._write(
+                w, "Ready", self._ready_message(r) + f" (joint gang {jkey})", pod_set_updates=updates
+            )
+
+    async def _hold_joint(
+        self,
+        jkey: str,
+        wls: Mapping[str, dict[str, Any]],
+        declared: Mapping[str, joint.Membership],
+        now: float,
+    ) -> bool:
+        h = self.cache.snapshot().hierarchy
+        requests = {}
+        allowed: dict[str, assignment.PodSetNodes] = {}
+        started = now
+        for name, w in wls.items():
+            try:
+                requests[name] = workload_gang.gang_from_workload(w, h).request
+            except WorkloadError as exc:
+                await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+                return False
+            for ps, rule in assignment.pod_set_nodes(w, await self._flavor_labels(w)).items():
+                allowed[f"{name}{joint.SEP}{ps}"] = rule
+            started = min(started, parse_rfc3339(kueue.wait_started(w)) or now)
+        colocate = {n: m.colocate_with for n, m in declared.items() if m.colocate_with}
+        try:
+            request = joint.joint_request(jkey, requests, colocate, h)
+        except joint.JointError as exc:
+            for w in wls.values():
+                await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+            return False
+        stage = kueue.wait_stage(now - started, self.config)
+        keys = {name: kueue.gang_key(w) for name, w in wls.items()}
+        async with self.cache.lock:
+            view = self.cache.view(list(keys.values()))
+            until = rfc3339(started + self.config.widen_after_s)
+            result = assignment.solve(view, request, stage, allowed, until)
+            if isinstance(result, Slice):
+                parts = joint.split(result, keys)
+                rs = [self._reservation(part, wls[name], now) for name, part in parts.items()]
+                if not owned.hold_all(self.cache, rs):
+                    result = Unplaceable(jkey, "the slice was taken while it was being reserved")
+        if isinstance(result, Unplaceable):
+            for w in wls.values():
+                await self._wait(w, result, stage)
+            return False
+        return True
+
+    def _reservation(self, sl: Slice, wl: Mapping[str, Any], now: float) -> Reservation:
+        r = owned.owned_reservation(sl, _owner(wl), now + self.config.hold_ttl_s)
+        return dataclasses.replace(r, meta={**r.meta, META_ATTEMPT: kueue.wait_started(wl) or ""})
+
+    def _stale(self, r: Reservation, wl: Mapping[str, Any]) -> str | None:
+        uid = str((wl.get("metadata") or {}).get("uid") or "")
+        if r.meta.get(META_OWNER_UID, uid) != uid:
+            return "made for an earlier Workload of the same name"
+        attempt = kueue.wait_started(wl) or ""
+        if r.meta.get(META_ATTEMPT, attempt) != attempt:
+            return "made for an earlier admission of this Workload"
+        snap = self.cache.snapshot()
+        gone = [n for n in r.slice.nodes if not snap.has_node(n)]
+        if gone:
+            return f"node(s) {', '.join(gone)} are gone"
+        return None
+
+    async def _persist(self, r: Reservation, wl: Mapping[str, Any], now: float) -> bool:
+        """Make sure the SliceReservation object exists (owned by the Workload) with its
+        status; False when it could not be written (the hold is dropped, so nothing leaks; a
+        resync retries)."""
+        if not await owned.persist(self.api, r, wl, now):
+            self.cache.drop(r.gang)
+            return False
+        return True
+
+    async def _keep(self, key: str, wl: Mapping[str, Any]) -> None:
+        """Our check is Ready: the reservation should be in the ledger. After a restart it is
+        (rebuilt from its object); if the object is gone too, the pods keep their pod set
+        updates and the extender places them as they come."""
+        if self.cache.reservation(key) is not None:
+            return
+        ns, _ = object_ref(wl)
+        try:
+            r = reservation_from_object(await self.api.get_reservation(ns, object_name(key)))
+        except NotFound:
+            log.warning(
+                "workload %s is Ready but its SliceReservation is gone",
+                key,
+                extra=fields(gang=key, workload=key),
+            )
+            return
+        except CrdError as exc:
+            log.warning("workload %s: %s", key, exc, extra=fields(gang=key, workload=key))
+            return
+        self.cache.restore(r)
+
+    async def _wait(self, wl: Mapping[str, Any], result: Unplaceable, stage: Stage) -> None:
+        if stage is Stage.RETRY:
+            waited = int(self.config.widen_after_s + self.config.retry_after_s)
+            message = f"no slice after {waited}s, giving the quota back: {result.reason}"
+            await self._write(
+                wl,
+                "Retry",
+                message,
+                requeue_after_s=self.config.requeue_after_s,
+                event=("Warning", "SliceRetry", message),
+            )
+            return
+        message = f"waiting for a slice: {result.reason}"
+        await self._write(wl, "Pending", message, event=("Normal", "WaitingForSlice", result.reason))
+
+    def _ready_message(self, r: Reservation) -> str:
+        sl = r.slice
+        gpus = sl.gpus
+        where = "; ".join(f"{k} in {v}" for k, v in sl.domains.items())
+        return (
+            f"slice {object_name(r.gang)}: {len(sl.slots)} pods, {gpus} GPUs on {', '.join(sl.nodes)}"
+            + (f" ({where})" if where else "")
+            + f"; predicted {sl.per_layer_micros:.1f} us/layer"
+        )
+
+    async def _write(
+        self,
+        wl: Mapping[str, Any],
+        state: str,
+        message: str,
+        pod_set_updates: list[dict[str, Any]] | None = None,
+        requeue_after_s: int | None = None,
+        event: tuple[str, str, str] | None = None,
+    ) -> None:
+        """Apply our entries (only ours) with ``state``; nothing when they already say so."""
+        now_text = rfc3339(self.clock())
+        entries = []
+        changed = False
+        for current in kueue.our_entries(wl, self.checks):
+            entry = kueue.check_entry(current, state, message, now_text, pod_set_updates, requeue_after_s)
+            changed = changed or not kueue.entry_unchanged(current, entry)
+            entries.append(entry)
+        if not entries or not changed:
+            return
+        ns, name = object_ref(wl)
+        updated = await self.api.apply_workload_status(ns, name, kueue.workload_apply_body(wl, entries))
+        self.workloads[kueue.gang_key(wl)] = updated
+        if event is not None:
+            await self._event(wl, *event)
+
+    async def _release(self, key: str, wl: Mapping[str, Any] | None, why: str) -> None:
+        r = self.cache.drop(key)
+        if r is None:
+            return
+        await owned.delete_object(self.api, r)
+        await self.cache.flush()
+        log.info("released the reservation of %s: %s", key, why, extra=fields(gang=key, workload=key))
+        if wl is not None:
+            await self._event(wl, "Normal", "SliceReleased", f"released {object_name(key)}: {why}")
+
+    async def _flavor_labels(self, wl: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        flavors: set[str] = set()
+        for psa in ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ():
+            flavors.update(str(f) for f in (psa.get("flavors") or {}).values())
+        out: dict[str, dict[str, str]] = {}
+        for f in sorted(flavors):
+            try:
+                rf = await self.api.get_resource_flavor(f)
+            except NotFound:
+                continue
+            labels = (rf.get("spec") or {}).get("nodeLabels") or {}
+            out[f] = {str(k): str(v) for k, v in labels.items()}
+        return out
+
+    async def _event(self, wl: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        now, component = self.clock(), names.CHECK_CONTROLLER
+        await owned.post_event(self.api, _owner(wl), kind, reason, message, now, self.identity, component)
+
+
+async def resync_until(
+    stop: asyncio.Event, period_s: float, resync: Callable[[], Awaitable[None]], what: str
+) -> None:
+    """Call ``resync`` every ``period_s`` seconds until ``stop`` is set; a failure is logged
+    (as ``<what> failed``) and the loop goes on."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period_s)
+        if not stop.is_set():
+            try:
+                await resync()
+            except Exception:
+                log.exception("%s failed", what)
+
+
+def _membership(wl: Mapping[str, Any]) -> joint.Membership | None:
+    """The joint gang a Workload belongs to (its own labels and annotations), or None."""
+    meta = wl.get("metadata") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    return joint.membership(labels, annotations)
+
+
+def _owner(wl: Mapping[str, Any]) -> dict[str, Any]:
+    """The Workload with its apiVersion and kind filled in (a watch object may lack them)."""
+    return {**wl, "apiVersion": wl.get("apiVersion") or KUEUE_API_VERSION, "kind": WORKLOAD_KIND}

@@ -1,0 +1,167 @@
+"""``run_controller``: the admission controller as tasks on the caller's asyncio loop.
+
+``gangslice serve`` runs it next to the extender HTTP server, on the same loop and over the
+same :class:`~extender.kube.cache.ClusterCache`, so the extender and the admission check
+read and change one ledger and no two decisions race::
+
+    cache = ClusterCache(store=...)                  # fed by the kube watches
+    stop = asyncio.Event()
+    leading = {"now": False}
+    controller = asyncio.create_task(run_controller(
+        cache, kubeconfig=args.kubeconfig, stop=stop,
+        on_leadership=lambda yes: leading.update(now=yes)))   # /readyz reads leading["now"]
+    ...                                               # start the aiohttp site
+    await stop.wait()  # or: await controller (it returns when kopf sees SIGINT/SIGTERM)
+
+Its tasks: the Lease election (only the leader decides; becoming leader first rebuilds the
+ledger from the SliceReservation objects), the periodic resync of waiting Workloads (and of
+PodGroups where Volcano is served), and kopf's watches (AdmissionChecks and Workloads;
+PodGroups and their pods; the pods of plain gangs). It returns when ``stop`` is
+set or when kopf stops (kopf installs SIGINT/SIGTERM handlers on the main thread); on the
+way out it gives the Lease up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from extender.controllers.api import (
+    ADMISSION_CHECKS,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    PODGROUP_GROUP,
+    PODGROUP_VERSION,
+    PODGROUPS,
+    ClientControllerApi,
+    ControllerApi,
+)
+from extender.controllers.controller import AdmissionController, Cache
+from extender.controllers.kueue import CheckConfig
+from extender.controllers.leader import LeaderElector, LeaseConfig, default_identity
+from extender.controllers.plain_gangs import PlainGangReporter
+from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController, VolcanoApi
+from extender.kube.client import load_api_client
+
+log = logging.getLogger(__name__)
+
+
+async def run_controller(
+    cache: Cache,
+    *,
+    kubeconfig: str | None = None,
+    api: VolcanoApi | None = None,
+    api_client: Any | None = None,
+    config: CheckConfig | None = None,
+    lease: LeaseConfig | None = None,
+    identity: str | None = None,
+    on_leadership: Callable[[bool], None] | None = None,
+    stop: asyncio.Event | None = None,
+    watch: bool = True,
+    kueue: bool | None = None,
+    volcano: bool | None = None,
+    podgroup_config: PodGroupConfig | None = None,
+) -> None:
+    """Run the controllers (Kueue admission check, PodGroups, plain gangs) until ``stop`` is set.
+
+    ``cache``: the cluster cache the extender uses (its ledger is the one reservations go
+    to). The API is ``api`` if given, else a client for ``api_client`` or ``kubeconfig``
+    (None: in-cluster service account, then the default kubeconfig). ``watch=False`` leaves
+    kopf out (events are then fed to the controller by the caller, as tests do).
+    ``on_leadership(True/False)`` is called as leadership comes and goes (for ``/readyz``).
+    ``kueue``: run the Kueue admission check (None: when the API serves AdmissionChecks).
+    ``volcano``: also run the PodGroup controller (None: when the API serves PodGroups).
+    """
+    stop = stop if stop is not None else asyncio.Event()
+    if api is None:
+        api_client = api_client if api_client is not None else load_api_client(kubeconfig)
+        api = ClientControllerApi(api_client)
+    ident = identity or default_identity()
+    if kueue is None:
+        kueue = await _served(api, KUEUE_GROUP, KUEUE_VERSION, ADMISSION_CHECKS, "Kueue")
+    if volcano is None:
+        volcano = await _served(api, PODGROUP_GROUP, PODGROUP_VERSION, PODGROUPS, "Volcano")
+    controller = AdmissionController(api, cache, config, identity=ident, kueue=kueue)
+    podgroups = PodGroupController(api, cache, podgroup_config, identity=ident) if volcano else None
+    plain = PlainGangReporter(api, cache, identity=ident)
+
+    async def started() -> None:
+        await controller.become_leader()
+        if podgroups is not None:
+            await podgroups.become_leader()
+        plain.leader = True
+        if on_leadership is not None:
+            on_leadership(True)
+
+    def stopped() -> None:
+        controller.lose_leadership()
+        if podgroups is not None:
+            podgroups.lose_leadership()
+        plain.leader = False
+        if on_leadership is not None:
+            on_leadership(False)
+
+    elector = LeaderElector(api, lease or LeaseConfig(), ident, started, stopped)
+    tasks = [
+        asyncio.create_task(elector.run(stop), name="gangslice-lease"),
+        asyncio.create_task(controller.run_resync(stop), name="gangslice-resync"),
+    ]
+    if podgroups is not None:
+        tasks.append(asyncio.create_task(podgroups.run_resync(stop), name="gangslice-podgroup-resync"))
+    if watch:
+        tasks.append(
+            asyncio.create_task(
+                _run_kopf(controller, api_client, stop, podgroups, plain), name="gangslice-kopf"
+            )
+        )
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t.exception() is not None:
+                log.error("controller task %s failed: %s", t.get_name(), t.exception())
+    finally:
+        stop.set()
+        for t in tasks:
+            if not t.done():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(t), 10)
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+
+async def _served(api: ControllerApi, group: str, version: str, plural: str, what: str) -> bool:
+    try:
+        served = await api.serves(group, version, plural)
+    except Exception as exc:
+        log.warning("could not tell whether %s (%s/%s) is served: %s", what, group, version, exc)
+        return False
+    if not served:
+        log.info("%s (%s/%s %s) is not served: its integration is off", what, group, version, plural)
+    return served
+
+
+async def _run_kopf(
+    controller: AdmissionController,
+    api_client: Any | None,
+    stop: asyncio.Event,
+    podgroups: PodGroupController | None = None,
+    plain: PlainGangReporter | None = None,
+) -> None:
+    import kopf
+
+    from extender.controllers.handlers import operator_settings, register
+
+    registry = kopf.OperatorRegistry()
+    register(registry, controller, api_client, podgroups, plain)
+    await kopf.operator(
+        registry=registry,
+        settings=operator_settings(),
+        clusterwide=True,
+        standalone=True,
+        stop_flag=stop,
+    )

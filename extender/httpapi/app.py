@@ -1,0 +1,113 @@
+"""The extender service as an aiohttp application.
+
+Routes (``prefix`` defaults to ``/gangslice``)::
+
+    POST {prefix}/filter | /prioritize | /bind | /preempt     kube-scheduler extender v1
+    POST {prefix}/volcano/predicate | /prioritize | /jobEnqueueable | /allocate | /deallocate
+         | /onSessionOpen | /onSessionClose                   Volcano extender plugin
+    GET  /healthz   the process answers
+    GET  /readyz    503 until the cache has listed every kind it watches
+    GET  /metrics   Prometheus text format
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from extender.httpapi import kube_routes, volcano_routes
+from extender.httpapi.decide import Decider
+from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, leads
+from extender.httpapi.metrics import Metrics
+from extender.kube.api import KubeApi
+from extender.kube.binder import ApiBinder, Binder, LocalBinder
+from extender.kube.cache import ClusterCache
+from extender.logs import fields
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "/gangslice"
+#: Full NodeLists (nodeCacheCapable: false) are large; this bounds any one request body.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+#: How often reservations past their TTL are dropped and unsaved changes retried.
+HOUSEKEEPING_S = 5.0
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    cache = request.app[CACHE]
+    if cache.ready:
+        # Both replicas are ready once listed (either can take over at once); only the
+        # leader carries the label the Service selects, so only it gets the scheduler's calls.
+        leading = request.app.get(LEADING)
+        role = "" if leading is None else (" (leader)" if leading["now"] else " (standby)")
+        return web.Response(text=f"ready{role}\n")
+    waiting = ", ".join(sorted(k.value for k in cache.awaiting))
+    return web.Response(status=503, text=f"waiting for the first list of: {waiting}\n")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) -> None:
+    """Expire holds whose TTL ran out, on the leader only: a standby's copies of the
+    reservations are read-only (the leader may have refreshed them a moment ago)."""
+    cache = app[CACHE]
+    while True:
+        await asyncio.sleep(every_s)
+        if not leads(app):
+            continue
+        try:
+            async with cache.lock:
+                gone = cache.expire()
+            for r in gone:
+                log.info("reservation of gang %s expired", r.gang, extra=fields(gang=r.gang))
+            await cache.flush()
+        except Exception:
+            log.exception("housekeeping failed; continuing")
+
+
+def build_app(
+    cache: ClusterCache,
+    *,
+    api: KubeApi | None = None,
+    binder: Binder | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    housekeeping_s: float | None = HOUSEKEEPING_S,
+) -> web.Application:
+    """The service over ``cache``. With ``api`` pods are bound through the API server;
+    without it binds are only recorded (file mode)."""
+    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[CACHE] = cache
+    app[DECIDER] = Decider(cache)
+    app[API] = api
+    app[BINDER] = binder or (ApiBinder(api) if api is not None else LocalBinder())
+    app[METRICS] = Metrics(cache)
+    kube_routes.add_routes(app, prefix)
+    volcano_routes.add_routes(app, prefix)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    if housekeeping_s:
+        period = housekeeping_s
+
+        async def background(app: web.Application) -> AsyncIterator[None]:
+            task = asyncio.create_task(housekeeping(app, period))
+            yield
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        app.cleanup_ctx.append(background)
+    return app

@@ -1,0 +1,628 @@
+"""Per-pod decisions over the cluster cache, shared by the kube-scheduler and Volcano routes.
+
+Who a pod is (in this order): a pod annotated ``gangslice.io/reservation: <name>`` holds a
+slot of that SliceReservation (Kueue path); a pod labelled ``gangslice.io/gang`` belongs to
+gang ``<namespace>/<gang>``; a Volcano task belongs to its job's gang ``<namespace>/<podgroup>``.
+
+- A gang pod with a reservation passes only on nodes where the reservation has a free slot
+  of its pod set (``gangslice.io/pod-set`` if set), or on the node of the slot it holds.
+- A plain gang pod (``gangslice.io/gang`` + ``gangslice.io/gang-size``) without one makes
+  the extender place and reserve the whole gang, then is filtered to its slots.
+- A GPU pod outside any gang passes where the free GPUs (after reservations) hold a set
+  meeting the in-node rule; nodes whose type can never hold one are unresolvable.
+- A pod without GPUs passes everywhere.
+
+Everything here is synchronous and must run under the cache's lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from extender.httpapi.memo import NamesKey, NamesMemo
+from extender.httpapi.wire import MAX_EXTENDER_PRIORITY
+from extender.kube import names as keys
+from extender.kube.cache import ClusterCache
+from extender.kube.crd_models import gang_namespace, object_name
+from extender.kube.gangs import Incomplete, plain_gang_request
+from extender.kube.pods import PodError, PodInfo
+from extender.placement.ledger import Reservation
+from extender.placement.node_fit import fit_for
+from extender.placement.request import GangRequest, PodSet
+from extender.placement.scoring import pod_set_micros, resolve_need
+from extender.placement.slice import PodSlot, Slice
+from extender.placement.snapshot import ClusterSnapshot
+from extender.topology.model import NodeShape, Tier
+
+
+class Code(enum.Enum):
+    FIT = 0
+    UNSCHEDULABLE = 1
+    UNRESOLVABLE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    code: Code
+    reason: str = ""
+
+
+#: The one fitting verdict (compared by identity on the hot path).
+PASS = Verdict(Code.FIT)
+#: A node's raw score for a pod: (predicted microseconds, fragmentation), None if it does not fit.
+Raw = tuple[float, float] | None
+UNKNOWN_NODE = Verdict(Code.UNSCHEDULABLE, "node is not known to gangslice (no GPUs seen, or not ready)")
+
+
+@dataclass
+class FilterOutcome:
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    #: Metric label: fit, no-fit, reserved, unplaceable, waiting, invalid.
+    outcome: str
+    #: Encoded replies of this outcome by wire form, filled by the routes: a remembered
+    #: outcome (see :mod:`extender.httpapi.memo`) is then answered without encoding again.
+    replies: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass
+class Scores:
+    """Prioritize's answer: one score 0-10 per node name asked about, in the same order."""
+
+    values: list[int]
+    #: Encoded replies by wire form, as :attr:`FilterOutcome.replies`.
+    replies: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def zeros(cls, n: int) -> Scores:
+        return cls([0] * n)
+
+
+@dataclass
+class GangRef:
+    """A pod's gang: its key, its reservation if any, and what to do without one."""
+
+    key: str
+    reservation_label: str
+    request: GangRequest | None = None
+    waiting: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    pod: PodInfo
+    node: str
+    gpus: tuple[int, ...]
+    numa_nodes: tuple[int, ...]
+    gang: str | None = None
+    slot: str | None = None
+    #: The pod as the cache had it before the plan recorded it bound (for undo).
+    previous: PodInfo | None = None
+    noted: bool = False
+
+    def annotations(self) -> dict[str, str]:
+        if not self.gpus:
+            return {}
+        out = {keys.GPUS: ",".join(map(str, self.gpus))}
+        if self.numa_nodes:
+            out[keys.NUMA_NODE] = ",".join(map(str, self.numa_nodes))
+        return out
+
+
+class Refused(Exception):
+    """A bind or allocation that cannot be done; the message says why."""
+
+
+class Decider:
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+        #: The cache version the memo tables below describe.
+        self._memo_version: int | None = None
+        self._fit: dict[tuple[int, Tier | None], dict[str, Verdict]] = {}
+        #: Per rule, node -> index into ``_raw_values`` (equal raw scores share one index,
+        #: so a request's scores are normalised over the few distinct values).
+        self._raw: dict[tuple[int, Tier | None, Tier | None], dict[str, int]] = {}
+        self._raw_values: list[Raw] = []
+        self._raw_ids: dict[Raw, int] = {}
+        self._micros: dict[tuple[str, int, int], float] = {}
+        #: Whole answers per (rule, node list), for the same list sent again and again.
+        self._filtered: NamesMemo[FilterOutcome] = NamesMemo()
+        self._scored: NamesMemo[Scores] = NamesMemo()
+
+    # -- who the pod is ------------------------------------------------------------------
+    def gang_of(self, pod: PodInfo, job: str | None = None) -> GangRef | None:
+        """The pod's gang, or None for a pod in no gang. Raises PodError for bad annotations."""
+        if pod.problems:
+            raise PodError(pod.problems[0])
+        if pod.reservation_name:
+            r = self.cache.reservation_named(pod.namespace, pod.reservation_name)
+            label = f"reservation {pod.namespace}/{pod.reservation_name}"
+            if r is None:
+                return GangRef(
+                    f"{pod.namespace}/{pod.reservation_name}", label, waiting=f"{label} does not exist"
+                )
+            return GangRef(r.gang, label)
+        key = pod.gang or job
+        if key is None:
+            return None
+        r = self.cache.reservation(key)
+        label = _label(key, r.meta if r else None)
+        if r is not None:
+            return GangRef(key, label)
+        waiting = f"gang {key} has no reservation yet"
+        got = plain_gang_request(pod, self.cache.pods_of_gang(key)) if pod.gang else None
+        if isinstance(got, Incomplete):
+            return GangRef(key, label, None, f"gang {key}: {got.reason}")
+        return GangRef(key, label, got, waiting)
+
+    # -- filter --------------------------------------------------------------------------
+    def filter(self, pod: PodInfo, names: Sequence[str], job: str | None = None) -> FilterOutcome:
+        try:
+            ref = self.gang_of(pod, job)
+        except PodError as exc:
+            return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
+        outcome = "fit"
+        if ref is not None:
+            r = self.cache.reservation(ref.key)
+            if r is None and ref.request is not None and pod.gpus > 0:
+                try:
+                    placed = self.cache.hold(ref.key, ref.request)
+                except ValueError as exc:  # an unknown level name and the like
+                    return _all(names, Code.UNRESOLVABLE, f"gang {ref.key}: {exc}", "invalid")
+                if not isinstance(placed, Slice):
+                    code = Code.UNSCHEDULABLE if placed.feasible_when_empty else Code.UNRESOLVABLE
+                    return _all(names, code, f"gang {ref.key}: {placed.reason}", "unplaceable")
+                r = self.cache.reservation(ref.key)
+                ref.reservation_label = _label(ref.key, r.meta if r else None)
+                outcome = "reserved"
+            try:
+                if r is not None and _outside_slice(ref.reservation_label, r, pod):
+                    return FilterOutcome(list(names), {}, {}, outcome)
+            except Refused as exc:
+                return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
+            if r is not None:
+                nodes, reason = self._slot_nodes(pod, ref)
+                if outcome == "reserved":
+                    got = self._slot_split(names, nodes, reason)
+                    if got.outcome == "fit":
+                        got.outcome = outcome
+                    return got
+                # The answer is a function of the slot nodes and the reason alone.
+                key = NamesKey(names)
+                rule = ("slots", frozenset(nodes), reason)
+                version = self.cache.version
+                memo = self._filtered.get(version, rule, key)
+                if memo is None:
+                    memo = self._filtered.put(version, rule, key, self._slot_split(key.names, nodes, reason))
+                return memo
+            if pod.gpus > 0:
+                return _all(names, Code.UNSCHEDULABLE, ref.waiting, "waiting")
+        if pod.gpus <= 0:
+            return FilterOutcome(list(names), {}, {}, "fit")
+        try:
+            tier = self._required_tier(pod)
+        except ValueError as exc:
+            return _all(names, Code.UNRESOLVABLE, f"pod {pod.key}: {exc}", "invalid")
+        view = self._fresh()
+        table = self._fit.setdefault((pod.gpus, tier), {})
+        # After _fresh: the version its verdicts describe.
+        version = self.cache.version
+        key = NamesKey(names)
+        remembered = self._filtered.get(version, ("fit", pod.gpus, tier), key)
+        if remembered is not None:
+            return remembered
+        try:
+            verdicts = lookup(table, key.names)
+        except KeyError:
+            for n in key.names:
+                if n not in table:
+                    self._node_verdict(view, n, pod.gpus, tier, table)
+            verdicts = lookup(table, key.names)
+        return self._filtered.put(version, ("fit", pod.gpus, tier), key, _split(key.names, verdicts))
+
+    def _slot_split(self, names: Sequence[str], nodes: set[str], reason: str) -> FilterOutcome:
+        elsewhere = Verdict(Code.UNSCHEDULABLE, reason)
+        return _split(names, [PASS if n in nodes else elsewhere for n in names])
+
+    def _slot_nodes(self, pod: PodInfo, ref: GangRef) -> tuple[set[str], str]:
+        r = self.cache.reservation(ref.key)
+        assert r is not None
+        label = ref.reservation_label
+        mine = r.slot_of(pod.name)
+        if mine is not None:
+            return {mine.node}, f"{label}: pod {pod.name} holds slot {mine.key} on {mine.node}"
+        free = _free_slots(r, pod)
+        which = f" for pod set {pod.pod_set}" if pod.pod_set else ""
+        if not free:
+            bound = f"{len(r.bound)}/{len(r.slice.slots)} bound"
+            return set(), f"{label}: no free slot{which} ({bound})"
+        return {s.node for s in free}, f"{label}: no free slot{which} on this node"
+
+    # -- the in-node rule for pods outside gangs -----------------------------------------
+    def _required_tier(self, pod: PodInfo) -> Tier | None:
+        need = resolve_need(self._pod_set(pod), self.cache.hierarchy)
+        return need.tier
+
+    def _pod_set(self, pod: PodInfo) -> PodSet:
+        return PodSet(
+            name="pod",
+            count=1,
+            gpus_per_pod=pod.gpus,
+            required_level=pod.required_level,
+            preferred_level=pod.preferred_level,
+        )
+
+    def _fresh(self) -> ClusterSnapshot:
+        """The current view, with the memo tables brought up to date: entries of nodes that
+        changed are dropped (recomputed on demand); everything when too much changed."""
+        view = self.cache.view()
+        version = self.cache.version
+        if version != self._memo_version:
+            changed = self.cache.changes_since(self._memo_version) if self._memo_version is not None else None
+            if changed is None or len(changed) > len(view.nodes) // 4:
+                self._fit.clear()
+                self._raw.clear()
+                self._raw_values.clear()
+                self._raw_ids.clear()
+            else:
+                for verdicts in self._fit.values():
+                    for node in changed:
+                        verdicts.pop(node, None)
+                for raws in self._raw.values():
+                    for node in changed:
+                        raws.pop(node, None)
+            self._memo_version = version
+        return view
+
+    def _node_verdict(
+        self, view: ClusterSnapshot, name: str, gpus: int, tier: Tier | None, table: dict[str, Verdict]
+    ) -> Verdict:
+        if not view.has_node(name):
+            table[name] = UNKNOWN_NODE
+            return UNKNOWN_NODE
+        i = view.index(name)
+        shape = view.nodes[i].shape
+        fit = fit_for(shape)
+        rule = tier if tier is not None else fit.tightest(gpus)
+        if rule is None:
+            v = Verdict(Code.UNRESOLVABLE, f"node type has {shape.size} GPUs; the pod needs {gpus}")
+        elif fit.capacity(shape.full_mask, gpus, rule) == 0:
+            v = Verdict(Code.UNRESOLVABLE, f"no {gpus} GPUs of this node type are {_words(rule)}")
+        elif fit.capacity(view.free_mask(i), gpus, rule) == 0:
+            free = view.free_mask(i).bit_count()
+            v = Verdict(
+                Code.UNSCHEDULABLE,
+                f"{free} free GPUs (after reservations) hold no {_words(rule)} set of {gpus}",
+            )
+        else:
+            v = PASS
+        table[name] = v
+        return v
+
+    # -- prioritize ----------------------------------------------------------------------
+    def prioritize(self, pod: PodInfo, names: Sequence[str], job: str | None = None) -> Scores:
+        """Scores 0-10, one per name: a gang pod gets 10 on nodes of its slots; a GPU pod
+        outside gangs gets 10 on the best-fit node (see :meth:`_raw_score`); anything else 0."""
+        try:
+            ref = self.gang_of(pod, job)
+        except PodError:
+            return Scores.zeros(len(names))
+        if ref is not None:
+            if self.cache.reservation(ref.key) is None:
+                return Scores.zeros(len(names))
+            nodes, _ = self._slot_nodes(pod, ref)
+            key = NamesKey(names)
+            rule: tuple[object, ...] = ("slots", frozenset(nodes))
+            version = self.cache.version
+            got = self._scored.get(version, rule, key)
+            if got is None:
+                values = [MAX_EXTENDER_PRIORITY if n in nodes else 0 for n in key.names]
+                got = self._scored.put(version, rule, key, Scores(values))
+            return got
+        if pod.gpus <= 0:
+            return Scores.zeros(len(names))
+        try:
+            need = resolve_need(self._pod_set(pod), self.cache.hierarchy)
+        except ValueError:
+            return Scores.zeros(len(names))
+        view = self._fresh()
+        version = self.cache.version
+        key = NamesKey(names)
+        rule = ("score", pod.gpus, need.tier, need.preferred_tier)
+        got = self._scored.get(version, rule, key)
+        if got is not None:
+            return got
+        table = self._raw.setdefault((pod.gpus, need.tier, need.preferred_tier), {})
+        try:
+            ids = lookup(table, key.names)
+        except KeyError:
+            for n in key.names:
+                if n not in table:
+                    self._raw_score(view, n, pod.gpus, need.tier, need.preferred_tier, table)
+            ids = lookup(table, key.names)
+        distinct = list(set(ids))
+        scores = normalise([self._raw_values[i] for i in distinct])
+        return self._scored.put(
+            version, rule, key, Scores(list(map(dict(zip(distinct, scores, strict=True)).__getitem__, ids)))
+        )
+
+    def _raw_score(
+        self,
+        view: ClusterSnapshot,
+        name: str,
+        gpus: int,
+        tier: Tier | None,
+        preferred: Tier | None,
+        table: dict[str, int],
+    ) -> Raw:
+        """(predicted per-layer microseconds of the best GPU set, fragmentation) or None when
+        the pod does not fit. Fragmentation = 2 x GPUs stranded outside the largest coherent
+        block left + GPUs left free, both as fractions of the node: best fit leaves the node
+        full, or leaves a block a later pod can use whole."""
+        got: Raw = None
+        if view.has_node(name):
+            i = view.index(name)
+            shape = view.nodes[i].shape
+            fit = fit_for(shape)
+            rule = tier if tier is not None else fit.tightest(gpus)
+            free = view.free_mask(i)
+            picked = fit.pick(free, gpus, rule, 1) if rule is not None else None
+            if picked:
+                sub = picked[0]
+                rest = free & ~sub
+                micros = self._set_micros(view, name, shape, sub, gpus)
+                if preferred is not None and shape.tier_of(sub) > preferred:
+                    micros *= 1.5
+                left = rest.bit_count()
+                stranded = left - fit.coherent_block(rest)
+                got = (micros, (2 * stranded + left) / shape.size)
+        ident = self._raw_ids.get(got)
+        if ident is None:
+            ident = self._raw_ids[got] = len(self._raw_values)
+            self._raw_values.append(got)
+        table[name] = ident
+        return got
+
+    def _set_micros(self, view: ClusterSnapshot, node: str, shape: NodeShape, sub: int, gpus: int) -> float:
+        key = (shape.key, sub, gpus)
+        got = self._micros.get(key)
+        if got is None:
+            slot = PodSlot("pod", 0, node, shape.gpus_of(sub))
+            got = self._micros[key] = pod_set_micros(view, PodSet("pod", 1, gpus), [slot])
+        return got
+
+    # -- bind ----------------------------------------------------------------------------
+    def plan_bind(self, pod: PodInfo, node: str) -> BindPlan:
+        """Choose the slot (gang) or the GPU set (otherwise) on ``node`` and record it as
+        taken before the API call; :meth:`undo_bind` reverts. Raises :class:`Refused`."""
+        try:
+            ref = self.gang_of(pod)
+        except PodError as exc:
+            raise Refused(str(exc)) from None
+        if ref is not None and self.cache.reservation(ref.key) is not None:
+            r = self.cache.reservation(ref.key)
+            assert r is not None
+            if _outside_slice(ref.reservation_label, r, pod):
+                return BindPlan(pod, node, (), ())
+            slot = r.slot_of(pod.name)
+            if slot is None or slot.node != node:
+                free = [s for s in _free_slots(r, pod) if s.node == node]
+                if not free:
+                    raise Refused(f"{ref.reservation_label} has no free slot for pod {pod.name} on {node}")
+                if slot is not None:
+                    self.cache.unbind_slot(r.gang, slot.key)
+                slot = free[0]
+            self.cache.bind_slot(r.gang, slot.key, pod.name)
+            plan = BindPlan(pod, node, slot.gpus, slot.numa_nodes, r.gang, slot.key)
+        elif ref is not None and pod.gpus > 0:
+            raise Refused(ref.waiting)
+        elif pod.gpus > 0:
+            plan = self._plan_gpus(pod, node)
+        else:
+            plan = BindPlan(pod, node, (), ())
+        if plan.gpus:
+            bound = replace(pod, node=node, annotations={**pod.annotations, **plan.annotations()})
+            plan = replace(plan, previous=self.cache.note_bound(bound), noted=True)
+        return plan
+
+    def _plan_gpus(self, pod: PodInfo, node: str) -> BindPlan:
+        if pod.node == node and pod.assigned_gpus:
+            # A retried bind of a pod already recorded on this node: the same GPUs again.
+            view = self._fresh()
+            if view.has_node(node):
+                shape = view.node(node).shape
+                known = [g for g in pod.assigned_gpus if g in shape.indices]
+                return BindPlan(pod, node, tuple(known), shape.numa_of(shape.mask_of(known)))
+        try:
+            tier = self._required_tier(pod)
+        except ValueError as exc:
+            raise Refused(f"pod {pod.key}: {exc}") from None
+        view = self._fresh()
+        if not view.has_node(node):
+            raise Refused(f"node {node} is not known to gangslice")
+        i = view.index(node)
+        shape = view.nodes[i].shape
+        fit = fit_for(shape)
+        rule = tier if tier is not None else fit.tightest(pod.gpus)
+        picked = fit.pick(view.free_mask(i), pod.gpus, rule, 1) if rule is not None else None
+        if not picked:
+            raise Refused(f"node {node} no longer has {pod.gpus} free GPUs meeting the pod's rule")
+        return BindPlan(pod, node, shape.gpus_of(picked[0]), shape.numa_of(picked[0]))
+
+    def undo_bind(self, plan: BindPlan) -> None:
+        r = self.cache.reservation(plan.gang) if plan.gang is not None else None
+        if r is not None and plan.slot is not None and r.bound.get(plan.slot) == plan.pod.name:
+            self.cache.unbind_slot(r.gang, plan.slot)
+        if plan.noted:
+            self.cache.restore_pod(plan.pod.key, plan.previous)
+            if plan.previous is None:
+                self.cache.remember(plan.pod)
+
+    # -- preempt -------------------------------------------------------------------------
+    def preempt(self, pod: PodInfo, victims: Mapping[str, Sequence[tuple[str, PodInfo | None]]]) -> list[str]:
+        """The nodes (of ``victims``) where removing the given victims lets the pod fit;
+        victims are never added. Returns the node names to keep."""
+        try:
+            ref = self.gang_of(pod)
+        except PodError:
+            return []
+        if pod.gpus <= 0:
+            return list(victims)
+        if ref is not None:
+            if self.cache.reservation(ref.key) is None:
+                return list(victims)
+            nodes, _ = self._slot_nodes(pod, ref)
+            return [n for n in victims if n in nodes]
+        try:
+            tier = self._required_tier(pod)
+        except ValueError:
+            return []
+        view = self._fresh()
+        held = self.cache.ledger.held()
+        keep = []
+        for node, pods in victims.items():
+            if not view.has_node(node):
+                continue
+            i = view.index(node)
+            shape = view.nodes[i].shape
+            freed: set[int] = set()
+            for uid, info in pods:
+                known = self.cache.pod_by_uid(uid) if uid else None
+                if known is not None and known.node == node:
+                    freed |= self.cache.gpus_of(known.key)
+                elif info is not None and info.assigned_gpus:
+                    freed |= set(info.assigned_gpus)
+            freed -= held.get(node, frozenset())
+            freed &= set(shape.indices)
+            free = view.free_mask(i) | shape.mask_of(freed)
+            fit = fit_for(shape)
+            rule = tier if tier is not None else fit.tightest(pod.gpus)
+            if rule is not None and fit.capacity(free, pod.gpus, rule) > 0:
+                keep.append(node)
+        return keep
+
+    # -- Volcano allocate / deallocate ---------------------------------------------------
+    def allocate(self, pod: PodInfo, node: str, job: str | None) -> None:
+        """Volcano allocated a task in its session: take the matching slot. Raises Refused."""
+        try:
+            ref = self.gang_of(pod, job)
+        except PodError as exc:
+            raise Refused(str(exc)) from None
+        if ref is None or self.cache.reservation(ref.key) is None:
+            return
+        r = self.cache.reservation(ref.key)
+        assert r is not None
+        if _outside_slice(ref.reservation_label, r, pod):
+            return
+        mine = r.slot_of(pod.name)
+        if mine is not None and mine.node == node:
+            return
+        free = [s for s in _free_slots(r, pod) if s.node == node]
+        if not free:
+            raise Refused(f"{ref.reservation_label} has no free slot for task {pod.name} on {node}")
+        if mine is not None:
+            self.cache.unbind_slot(r.gang, mine.key)
+        self.cache.bind_slot(r.gang, free[0].key, pod.name)
+
+    def deallocate(self, pod: PodInfo, job: str | None) -> None:
+        try:
+            ref = self.gang_of(pod, job)
+        except PodError:
+            return
+        r = self.cache.reservation(ref.key) if ref is not None else None
+        if r is None:
+            return
+        mine = r.slot_of(pod.name)
+        if mine is not None:
+            self.cache.unbind_slot(r.gang, mine.key)
+
+
+def normalise(raws: Sequence[Raw]) -> list[int]:
+    """Raw (microseconds, fragmentation) to 0-10 by rank: nodes that do not fit get 0; the
+    others are ordered by ``badness = 10 x (micros / best micros - 1) + fragmentation`` (cost
+    first, fit second) and the best gets 10, the next distinct badness 9, and so on down to 1.
+    Ranks, not a linear scale, so a small fit difference is not flattened by a node type
+    that is much slower."""
+    distinct = {r for r in raws if r is not None}
+    if not distinct:
+        return [0] * len(raws)
+    best_micros = min(r[0] for r in distinct) or 1.0
+    bad = {r: round(10 * (r[0] / best_micros - 1) + r[1], 9) for r in distinct}
+    rank = {b: i for i, b in enumerate(sorted(set(bad.values())))}
+    score: dict[Raw, int] = {None: 0}
+    for r, b in bad.items():
+        score[r] = max(1, MAX_EXTENDER_PRIORITY - rank[b])
+    return [score[r] for r in raws]
+
+
+T = TypeVar("T")
+
+
+def lookup(table: Mapping[str, T], names: Sequence[str]) -> list[T]:
+    """``[table[n] for n in names]`` in one C call (5,000 names are the common case);
+    KeyError when a name is missing."""
+    if len(names) > 1:
+        return list(operator.itemgetter(*names)(table))
+    return [table[n] for n in names]
+
+
+def _split(names: Sequence[str], verdicts: Sequence[Verdict]) -> FilterOutcome:
+    # Bulk C-level passes (map/compress) rather than per-node Python: this runs per request.
+    fits = list(map(operator.is_, verdicts, itertools.repeat(PASS)))
+    passed = list(itertools.compress(names, fits))
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    if len(passed) < len(verdicts):
+        unresolved = Code.UNRESOLVABLE
+        rejected = list(itertools.compress(zip(names, verdicts, strict=True), map(operator.not_, fits)))
+        unresolvable = {n: v.reason for n, v in rejected if v.code is unresolved}
+        failed = {n: v.reason for n, v in rejected if v.code is not unresolved}
+    return FilterOutcome(passed, failed, unresolvable, "fit" if passed else "no-fit")
+
+
+def _free_slots(r: Reservation, pod: PodInfo) -> list[PodSlot]:
+    """Free slots for ``pod``: of its GPU count, and only its pod set's when the reservation
+    has such a pod set; of any pod set when the pod names none or one the slice does not know
+    (a Kueue or Volcano role name that the reservation did not use)."""
+    free = [s for s in r.free_slots() if len(s.gpus) == pod.gpus]
+    if pod.pod_set is None or all(s.pod_set != pod.pod_set for s in r.slice.slots):
+        return free
+    return [s for s in free if s.pod_set == pod.pod_set]
+
+
+def _outside_slice(label: str, r: Reservation, pod: PodInfo) -> bool:
+    """Whether a member of the gang is no pod of its slice: one without GPUs (a CPU-only
+    leader or router) when no slot is without GPUs. Raises :class:`Refused` for a member
+    whose GPU count no slot has."""
+    if r.slot_of(pod.name) is not None or any(len(s.gpus) == pod.gpus for s in r.slice.slots):
+        return False
+    if pod.gpus <= 0:
+        return True
+    sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
+    why = f"{label}: pod {pod.name} asks for {pod.gpus} GPUs; the reservation's slots have {sizes}"
+    if pod.pod_set and all(s.pod_set != pod.pod_set for s in r.slice.slots):
+        why += f" (a plain gang of several pod sets gives each pod {keys.POD_SET_SIZE})"
+    raise Refused(why)
+
+
+def _all(names: Iterable[str], code: Code, reason: str, outcome: str) -> FilterOutcome:
+    target: dict[str, str] = dict.fromkeys(names, reason)
+    if code is Code.UNRESOLVABLE:
+        return FilterOutcome([], {}, target, outcome)
+    return FilterOutcome([], target, {}, outcome)
+
+
+def _label(gang: str, meta: Mapping[str, str] | None) -> str:
+    ns = (meta or {}).get("namespace") or gang_namespace(gang)
+    name = (meta or {}).get("name") or object_name(gang)
+    return f"reservation {ns}/{name} (gang {gang})"
+
+
+def _words(tier: Tier) -> str:
+    return tier.words or "on one node"
