@@ -69,6 +69,13 @@ fi
 # component -> "<tools module dir>|<main package>|<version>|<extra -X ldflags>"
 k8s_minor="${KUBERNETES_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
 K8S_X="-X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${k8s_minor} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=${KUBERNETES_VERSION} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=${k8s_minor}"
+# helm's default Kubernetes version for `helm template` and `helm lint` (its Makefile sets it the same way:
+# the minor version of the k8s.io/client-go it is built with).
+helm_k8s_minor="$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "${TOOLS_DIR}/helm/go.mod")"
+HELM_X="-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+for pkg in pkg/lint/rules pkg/chartutil; do
+    HELM_X+=" -X helm.sh/helm/v3/${pkg}.k8sVersionMajor=1 -X helm.sh/helm/v3/${pkg}.k8sVersionMinor=${helm_k8s_minor}"
+done
 spec_of() {
     case "$1" in
         etcd)           echo "etcd|go.etcd.io/etcd/server/v3|${ETCD_VERSION}|" ;;
@@ -77,7 +84,7 @@ spec_of() {
         kubectl)        echo "kubernetes|k8s.io/kubernetes/cmd/kubectl|${KUBERNETES_VERSION}|${K8S_X}" ;;
         kueue)          echo "kueue|sigs.k8s.io/kueue/cmd/kueue|${KUEUE_VERSION}|-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" ;;
         vc-scheduler)   echo "volcano|volcano.sh/volcano/cmd/scheduler|${VOLCANO_VERSION}|-X volcano.sh/volcano/pkg/version.Version=${VOLCANO_VERSION}" ;;
-        helm)           echo "helm|helm.sh/helm/v3/cmd/helm|${HELM_VERSION}|-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" ;;
+        helm)           echo "helm|helm.sh/helm/v3/cmd/helm|${HELM_VERSION}|${HELM_X}" ;;
         *) return 1 ;;
     esac
 }
