@@ -12,7 +12,7 @@
 #   ${GANGSLICE_CACHE:-$HOME/.cache/gangslice}/image/<version>/<arch>-<step>-<inputs hash>/
 # so a rebuild after a code change only installs the wheel and assembles. Files are dated
 # SOURCE_DATE_EPOCH (default: the last commit's time). Needs root, mmdebstrap and buildah
-# (apt-get install mmdebstrap buildah); arm64 needs no emulator (nothing runs in the rootfs).
+# (installed with apt-get when missing); arm64 needs no emulator (nothing runs in the rootfs).
 # The last line on stdout is IMAGE_ARCHIVE=<path>.
 set -euo pipefail
 
@@ -28,6 +28,15 @@ log() { printf '%s [image] %s\n' "$(date '+%H:%M:%S')" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 
 [[ "$(id -u)" == 0 ]] || die "needs root (mmdebstrap --mode=root, files owned by root in the layer)"
+# The two build tools are Debian packages: installed here when missing (as root, with apt).
+if ! command -v mmdebstrap >/dev/null || ! command -v buildah >/dev/null; then
+    command -v apt-get >/dev/null || die "mmdebstrap and buildah are needed (Debian/Ubuntu packages); no apt-get here"
+    log "installing mmdebstrap and buildah (apt-get)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends mmdebstrap buildah >&2 ||
+        { apt-get update -q >&2 && apt-get install -y -q --no-install-recommends mmdebstrap buildah >&2; } ||
+        die "apt-get install mmdebstrap buildah failed (is a Debian mirror reachable?)"
+fi
 for tool in mmdebstrap buildah dpkg-deb; do
     command -v "${tool}" >/dev/null || die "${tool} is missing: apt-get install mmdebstrap buildah"
 done
