@@ -150,6 +150,14 @@ WRITTEN_KEYS = (
         "The NUMA node(s) of those GPUs.",
     ),
     Key(
+        f"{NAMES}:GPU_UUIDS",
+        "annotation",
+        "Pod",
+        "read by `gangslice preflight`, which fails when the visible GPUs' UUIDs differ "
+        "(bind does not write it yet)",
+        "The UUIDs of those GPUs, comma-separated, e.g. `GPU-5c8e...,GPU-9a1f...`.",
+    ),
+    Key(
         f"{NAMES}:LEADER_LABEL",
         "label",
         "controller Pod",

@@ -6,6 +6,8 @@ kubelet may still hand out other GPUs (it picks them, not us). The pre-flight co
 the process can see with that promise, and checks what operators otherwise check by hand:
 
 - ``gpus``: the visible GPUs are the promised ones;
+- ``gpu-uuids``: the visible GPUs' UUIDs are the ones promised in ``gangslice.io/gpu-uuids``
+  (a swap for another GPU of the same NUMA node passes every other check);
 - ``tp-size``: ``--expect-tp N`` GPUs are visible;
 - ``tp-links``: every pair of visible GPUs is NVLink (``NV#``), or with ``--allow-pcie``
   within the PCIe level promised by ``gangslice.io/required-level`` (PXB when not an
@@ -30,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from extender.kube.names import GPUS, NUMA_NODE, REQUIRED_LEVEL
+from extender.kube.names import GPU_UUIDS, GPUS, NUMA_NODE, REQUIRED_LEVEL
 from extender.topology.model import IN_NODE_LEVELS, GpuGraph, Tier
 from extender.topology.serialize import index_ranges
 
@@ -71,6 +73,18 @@ def _int_list(raw: str, what: str) -> tuple[int, ...]:
     return tuple(sorted({int(p) for p in parts}))
 
 
+def _uuid_list(raw: str) -> frozenset[str]:
+    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    if not parts:
+        raise PreflightError(f"annotation {GPU_UUIDS}={raw!r} names no GPU UUID")
+    for part in parts:
+        if not part.upper().startswith("GPU-") or len(part) <= 4:
+            raise PreflightError(
+                f"annotation {GPU_UUIDS}={raw!r}: {part!r} is not a GPU UUID (GPU-<uuid>, as NVML names GPUs)"
+            )
+    return frozenset(p.lower() for p in parts)
+
+
 @dataclass(frozen=True)
 class Promise:
     """What the scheduler promised this pod (None: not promised / not known)."""
@@ -78,15 +92,18 @@ class Promise:
     gpus: tuple[int, ...] | None = None
     numa_nodes: tuple[int, ...] | None = None
     level: str | None = None
+    uuids: frozenset[str] | None = None
 
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str]) -> Promise:
         gpus = annotations.get(GPUS)
         numa = annotations.get(NUMA_NODE)
+        uuids = annotations.get(GPU_UUIDS)
         return cls(
             gpus=_int_list(gpus, GPUS) if gpus is not None else None,
             numa_nodes=_int_list(numa, NUMA_NODE) if numa is not None else None,
             level=annotations.get(REQUIRED_LEVEL),
+            uuids=_uuid_list(uuids) if uuids is not None else None,
         )
 
     def allowed_tier(self, allow_pcie: bool) -> Tier:
@@ -236,6 +253,23 @@ def _check_gpus(visible: Visible, promise: Promise) -> Check:
     return Check("gpus", True, f"GPUs {got} as promised")
 
 
+def _check_uuids(graph: GpuGraph, visible: Visible, promise: Promise) -> Check:
+    if promise.uuids is None:
+        return Check("gpu-uuids", True, f"no {GPU_UUIDS} annotation; not compared")
+    seen = graph.uuids(visible.gpus)
+    if seen is None:
+        return Check("gpu-uuids", True, "NVML gave no UUID for a visible GPU; not compared")
+    got = frozenset(u.lower() for u in seen)
+    if got != promise.uuids:
+        return Check(
+            "gpu-uuids",
+            False,
+            f"visible GPUs {', '.join(sorted(got)) or 'none'} differ from the promised "
+            f"{', '.join(sorted(promise.uuids))} ({GPU_UUIDS})",
+        )
+    return Check("gpu-uuids", True, f"{len(got)} GPU UUIDs as promised")
+
+
 def _check_tp_size(visible: Visible, expect_tp: int) -> Check:
     n = len(visible.gpus)
     if n != expect_tp:
@@ -323,7 +357,7 @@ def run_checks(
 ) -> Report:
     if not visible.gpus:
         return Report(visible, (Check("gpus", False, "no GPUs visible to this process"),), ())
-    checks = [_check_gpus(visible, promise)]
+    checks = [_check_gpus(visible, promise), _check_uuids(graph, visible, promise)]
     if expect_tp is not None:
         checks.append(_check_tp_size(visible, expect_tp))
     checks.append(_check_tp_links(graph, visible, promise.allowed_tier(allow_pcie)))

@@ -12,6 +12,8 @@ from extender.commands.exits import EXIT_OK, UsageError
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.podgroup_controller import PodGroupConfig
 from extender.httpapi.bench import TARGET_RPS
+from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
+from extender.httpapi.limits import Limits
 from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
@@ -44,6 +46,37 @@ def register(sub: Any) -> None:
         "(TokenReview + SubjectAccessReview; HTTPS with --tls-cert; default 0: off)",
     )
     p.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="mutual TLS: the verbs need a client certificate chained to this CA (health stays open)",
+    )
+    p.add_argument(
+        "--tls-client-names",
+        metavar="NAME,...",
+        help="with --tls-client-ca: the client certificate must name one of these (subject CN or DNS SAN)",
+    )
+    p.add_argument(
+        "--volcano-port",
+        type=int,
+        metavar="PORT",
+        help="serve the Volcano verbs on this port only (no client certificate asked: restrict it "
+        "with a NetworkPolicy); default: on --port",
+    )
+    p.add_argument(
+        "--scheduler-name",
+        dest="scheduler_names",
+        action="append",
+        metavar="NAME",
+        help="bind only pods naming this scheduler (repeatable; default gangslice-scheduler)",
+    )
+    p.add_argument(
+        "--volcano-scheduler-name",
+        dest="volcano_scheduler_names",
+        action="append",
+        metavar="NAME",
+        help="the Volcano verbs allocate only pods naming this scheduler (repeatable; default volcano)",
+    )
+    p.add_argument(
         "--reservation-ttl",
         type=float,
         default=DEFAULT_TTL_S,
@@ -56,6 +89,7 @@ def register(sub: Any) -> None:
         help="with --kubeconfig: run only the extender, without the admission controller and leader lease",
     )
     add_wait_flags(p)
+    add_limit_flags(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--log-format",
@@ -85,6 +119,11 @@ def register(sub: Any) -> None:
         help="run the load generator on the server's event loop instead of in a separate process",
     )
     b.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    b.add_argument(
+        "--hostile",
+        action="store_true",
+        help="instead: a bounded hostile load on a `gangslice serve` process (RSS, /healthz, replies)",
+    )
     b.set_defaults(func=run_bench)
 
 
@@ -124,6 +163,53 @@ def add_wait_flags(p: argparse.ArgumentParser) -> None:
         )
 
 
+def add_limit_flags(p: argparse.ArgumentParser) -> None:
+    d = Limits()
+    group = p.add_argument_group("bounds on what one client can make the extender hold")
+    group.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        metavar="BYTES",
+        help=f"largest request body of any verb (default {d.max_body_bytes}; full NodeLists are large)",
+    )
+    for flag, field, what in (
+        ("--header-timeout", "header_timeout_s", "from a request's first byte to its whole head"),
+        ("--body-timeout", "body_timeout_s", "from a request's head to the end of its body"),
+        ("--idle-timeout", "idle_timeout_s", "before an idle connection is closed"),
+    ):
+        default = getattr(d, field)
+        group.add_argument(
+            flag,
+            dest=field,
+            type=float,
+            default=default,
+            metavar="SECONDS",
+            help=f"{what} (default {default:g})",
+        )
+    group.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        metavar="N",
+        help=f"open connections at most; beyond, a new one gets 429 (default {d.max_connections})",
+    )
+
+
+def serve_limits(args: argparse.Namespace) -> Limits:
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        idle_timeout_s=args.idle_timeout_s,
+        max_connections=args.max_connections,
+    )
+    problems = limits.problems()
+    if problems:
+        raise UsageError("; ".join(problems))
+    return limits
+
+
 def controller_configs(args: argparse.Namespace) -> tuple[CheckConfig, PodGroupConfig]:
     """The Kueue check's and the PodGroup controller's configuration from the ``serve`` flags."""
 
@@ -156,6 +242,15 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--tls-cert and --tls-key go together")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: not a port number")
+    if args.volcano_port is not None and (
+        not 0 < args.volcano_port < 65536 or args.volcano_port == args.port
+    ):
+        raise UsageError(f"--volcano-port {args.volcano_port}: not a port number other than --port")
+    if args.tls_client_ca and not args.tls_cert:
+        raise UsageError("--tls-client-ca needs --tls-cert and --tls-key")
+    if args.tls_client_names and not args.tls_client_ca:
+        raise UsageError("--tls-client-names needs --tls-client-ca")
+    client_names = frozenset(n.strip() for n in (args.tls_client_names or "").split(",") if n.strip())
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
     if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
@@ -164,7 +259,20 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--metrics-port reviews tokens with the API server: not with --cluster")
     check_config, podgroup_config = controller_configs(args)
     options = ServeOptions(
-        args.host, args.port, args.prefix, args.tls_cert, args.tls_key, metrics_port=args.metrics_port
+        args.host,
+        args.port,
+        args.prefix,
+        args.tls_cert,
+        args.tls_key,
+        limits=serve_limits(args),
+        schedulers=Schedulers.of(
+            args.scheduler_names or DEFAULT_SCHEDULERS,
+            args.volcano_scheduler_names or DEFAULT_VOLCANO_SCHEDULERS,
+        ),
+        tls_client_ca=args.tls_client_ca,
+        tls_client_names=client_names,
+        volcano_port=args.volcano_port,
+        metrics_port=args.metrics_port,
     )
     if args.cluster:
         try:
@@ -207,6 +315,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     from extender.httpapi.bench import BenchOptions, render, run_extender_bench, to_json
+
+    if args.hostile:
+        from extender.httpapi.hostile import run_hostile
+
+        figures = asyncio.run(run_hostile())
+        if args.json:
+            import json
+
+            print(json.dumps(figures.to_json(), indent=2))
+        else:
+            print(figures.render())
+        return EXIT_OK if not figures.crashed else 1
 
     if min(args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.rate) <= 0:
         raise UsageError("--nodes, --full-nodes, --concurrency, --requests, --gpus and --rate must be > 0")

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from extender.kube import names
+from extender.kube.pods import digits
 from extender.placement.request import Colocation, GangRequest, PodSet, split_colocation
 from extender.placement.scoring import resolve_level
 from extender.placement.slice import PodSlot, Slice
@@ -50,10 +51,10 @@ def membership(labels: Mapping[str, str], annotations: Mapping[str, str]) -> Mem
     raw = annotations.get(names.GANG_MEMBERS)
     if not gang or raw is None:
         return None
-    text = raw.strip()
-    if not text.isdigit() or int(text) < 2:
+    count = digits(raw)
+    if count is None or count < 2:
         raise JointError(f"{names.GANG_MEMBERS}={raw!r} is not a member count of at least 2")
-    return Membership(gang, int(text), annotations.get(names.COLOCATE_WITH) or None)
+    return Membership(gang, count, annotations.get(names.COLOCATE_WITH) or None)
 
 
 def expected_members(declared: Sequence[Membership]) -> int:

@@ -21,8 +21,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from extender.httpapi import kube_routes, volcano_routes
+from extender.httpapi.access import ACCESS, Access, checked
+from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, leads
+from extender.httpapi.limits import LIMITS, Limits, bounded
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeApi
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
@@ -32,8 +35,6 @@ from extender.logs import fields
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/gangslice"
-#: Full NodeLists (nodeCacheCapable: false) are large; this bounds any one request body.
-MAX_BODY_BYTES = 32 * 1024 * 1024
 #: How often reservations past their TTL are dropped and unsaved changes retried.
 HOUSEKEEPING_S = 5.0
 
@@ -84,11 +85,18 @@ def build_app(
     binder: Binder | None = None,
     prefix: str = DEFAULT_PREFIX,
     housekeeping_s: float | None = HOUSEKEEPING_S,
+    limits: Limits | None = None,
+    schedulers: Schedulers | None = None,
+    access: Access | None = None,
 ) -> web.Application:
     """The service over ``cache``. With ``api`` pods are bound through the API server;
     without it binds are only recorded (file mode)."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    limits = limits or Limits()
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[checked, bounded])
+    app[ACCESS] = access or Access(prefix)
+    app[LIMITS] = limits
+    app[SCHEDULERS] = schedulers or Schedulers()
     app[CACHE] = cache
     app[DECIDER] = Decider(cache)
     app[API] = api

@@ -56,6 +56,9 @@ class Verdict:
 PASS = Verdict(Code.FIT)
 #: A node's raw score for a pod: (predicted microseconds, fragmentation), None if it does not fit.
 Raw = tuple[float, float] | None
+#: Per-node tables kept (one per GPU count and level asked about) before all are dropped.
+MAX_RULES = 64
+MAX_RAW_VALUES = 100_000
 UNKNOWN_NODE = Verdict(Code.UNSCHEDULABLE, "node is not known to gangslice (no GPUs seen, or not ready)")
 
 
@@ -263,6 +266,8 @@ class Decider:
         changed are dropped (recomputed on demand); everything when too much changed."""
         view = self.cache.view()
         version = self.cache.version
+        if len(self._fit) + len(self._raw) > MAX_RULES or len(self._raw_values) > MAX_RAW_VALUES:
+            self._memo_version = None  # one table per pod rule asked about: bounded all the same
         if version != self._memo_version:
             changed = self.cache.changes_since(self._memo_version) if self._memo_version is not None else None
             if changed is None or len(changed) > len(view.nodes) // 4:

@@ -94,6 +94,9 @@ def json_endpoint(
             return web.Response(status=400, text=one_line(exc) + "\n")
         try:
             reply = await handle(request, args)
+        except web.HTTPException as exc:  # a refusal with its own status (a node list too long)
+            # A fresh reply: the exception's traceback holds the decoded body (see PAUSE).
+            return web.Response(status=exc.status, text=exc.text)
         except Exception as exc:
             log.exception("%s failed", verb)
             request.app[METRICS].decisions.labels("error").inc()

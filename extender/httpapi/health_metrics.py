@@ -4,7 +4,8 @@ gangs have waited for their GPUs.
 - ``gangslice_certificate_expiry_timestamp_seconds{certificate}``: the end of validity (Unix
   time) of the serving certificate (``serving``, the file of ``--tls-cert``) and of the CA
   beside it that clients verify it with (``ca``, ``ca.crt`` in the same folder, as the Secret
-  gangslice-tls mounts it). Read at each scrape, so a rotated Secret shows at once.
+  gangslice-tls mounts it) and, with mutual TLS, of the CA client certificates must chain to
+  (``client-ca``, ``--tls-client-ca``). Read at each scrape, so a rotated Secret shows at once.
 - ``gangslice_gangs_waiting``: gangs with a GPU pod not bound to a node yet (plain gangs by
   ``gangslice.io/gang``, Volcano PodGroups, Kueue Workloads' pods by their reservation).
 - ``gangslice_gang_longest_wait_seconds``: how long the gang that has waited longest has been

@@ -7,7 +7,6 @@ Replies always carry explicit lists (a filter reply with neither ``NodeNames`` n
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.httpapi import checks, nodelist
 from extender.httpapi.decide import Refused, lookup
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.httpapi.wire import (
@@ -49,12 +49,25 @@ def _names(args: ExtenderArgs) -> tuple[list[str], dict[str, dict[str, Any]]]:
 
 async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, Any] | Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
-    pod = PodInfo.from_obj(args.pod)
-    cache.remember(pod)
     names, items = _names(args)
+    nodelist.check(cache, names)
+    try:
+        pod = checks.asked(request, PodInfo.from_obj(args.pod))
+    except checks.Refusal as exc:
+        reason = checks.refused(request, "filter", exc)
+        failed = dict.fromkeys(names, reason)
+        return {
+            "Nodes": None,
+            "NodeNames": [],
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": {},
+            "Error": "",
+        }
+    if not cache.pods_watched:
+        cache.remember(pod)
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("filter").time():
-            out = decider.filter(pod, names)
+            out = nodelist.filter_known(decider, pod, names)
     if cache.unflushed:
         await cache.flush()
     request.app[METRICS].decisions.labels(out.outcome).inc()
@@ -97,7 +110,15 @@ _HOST_PREFIX: dict[str, str] = {}
 _SCORE_SUFFIX = [f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)]
 
 
-def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> Encoded:
+def encode_priorities(names: Sequence[str], scores: Sequence[int], remember: bool = True) -> Encoded:
+    """The HostPriorityList; the names' prefixes are remembered only when ``remember`` (every
+    name a known node), so the table is bounded by the cluster."""
+    if not remember:
+        hosts = [
+            '{"Host":' + json.dumps(n) + ',"Score":' + _SCORE_SUFFIX[s]
+            for n, s in zip(names, scores, strict=True)
+        ]
+        return Encoded(("[" + ",".join(hosts) + "]").encode())
     if len(_HOST_PREFIX) > 200_000:
         _HOST_PREFIX.clear()
     try:
@@ -113,17 +134,23 @@ def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> Encoded:
 
 async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
-    pod = PodInfo.from_obj(args.pod)
-    cache.remember(pod)
     names, _ = _names(args)
+    nodelist.check(cache, names)
+    try:
+        pod = checks.asked(request, PodInfo.from_obj(args.pod))
+    except checks.Refusal as exc:
+        checks.refused(request, "prioritize", exc)
+        return encode_priorities(names, [0] * len(names), remember=False)
+    if not cache.pods_watched:
+        cache.remember(pod)
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("prioritize").time():
-            scores = decider.prioritize(pod, names)
+            scores, known = nodelist.prioritize_known(decider, pod, names)
     request.app[METRICS].decisions.labels("scored").inc()
     # Both node modes get the same bare array for the same names: one encoded form.
     encoded = scores.replies.get(NAMES_FORM)
     if not isinstance(encoded, Encoded):
-        scores.replies[NAMES_FORM] = encoded = encode_priorities(names, scores.values)
+        scores.replies[NAMES_FORM] = encoded = encode_priorities(names, scores.values, known)
     return encoded
 
 
@@ -132,36 +159,34 @@ def prioritize_error(message: str) -> list[dict[str, Any]]:
     return []
 
 
-async def _find_pod(request: web.Request, namespace: str, name: str) -> PodInfo | None:
-    pod = request.app[CACHE].pod(namespace, name)
-    api = request.app[API]
-    if pod is None and api is not None:
-        try:
-            pod = PodInfo.from_obj(await asyncio.to_thread(api.get_pod, namespace, name))
-        except ApiError as exc:
-            log.info("bind: cannot read pod %s/%s: %s", namespace, name, exc)
-    return pod
+async def _find_pod(request: web.Request, namespace: str, name: str) -> None:
+    """Without a pod watch, a pod the cache has not seen is read from the API server."""
+    cache, api = request.app[CACHE], request.app[API]
+    if cache.pods_watched or api is None or cache.pod(namespace, name) is not None:
+        return
+    try:
+        cache.remember(PodInfo.from_obj(await asyncio.to_thread(api.get_pod, namespace, name)))
+    except ApiError as exc:
+        log.info("bind: cannot read pod %s/%s: %s", namespace, name, exc)
 
 
 async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any]:
     cache, decider, metrics = request.app[CACHE], request.app[DECIDER], request.app[METRICS]
     namespace = args.pod_namespace or "default"
-    pod = await _find_pod(request, namespace, args.pod_name)
-    if pod is None:
+    await _find_pod(request, namespace, args.pod_name)
+    try:
+        pod = checks.to_bind(request, namespace, args.pod_name, args.pod_uid, args.node, volcano=False)
+    except checks.Refusal as exc:
         metrics.decisions.labels("bind-failed").inc()
-        return {"Error": f"pod {namespace}/{args.pod_name} is not known to gangslice"}
-    if args.pod_uid and pod.uid and args.pod_uid != pod.uid:
-        metrics.decisions.labels("bind-failed").inc()
-        return {"Error": f"pod {pod.key} has uid {pod.uid}, not {args.pod_uid}"}
-    if args.pod_uid and not pod.uid:
-        pod = dataclasses.replace(pod, uid=args.pod_uid)
+        return {"Error": f"cannot bind to {args.node}: {checks.refused(request, 'bind', exc)}"}
     async with cache.lock:
         try:
             with metrics.decision_duration.labels("bind").time():
                 plan = decider.plan_bind(pod, args.node)
         except Refused as exc:
             metrics.decisions.labels("bind-failed").inc()
-            return {"Error": f"cannot bind {pod.key} to {args.node}: {exc}"}
+            message = f"cannot bind {pod.key} to {args.node}: {exc}"
+            return {"Error": checks.refused(request, "bind", checks.Refusal("no-slot", message))}
     try:
         await request.app[BINDER].bind(pod, args.node, plan.annotations())
     except Exception as exc:

@@ -195,6 +195,13 @@ class Metrics:
         self.decisions = Counter(
             "gangslice_decisions", "Decisions, by outcome.", ["outcome"], registry=self.registry
         )
+        self.refusals = Counter(
+            "gangslice_extender_refusals",
+            "Requests refused for what they claim (a pod not watched, another UID, already bound, "
+            "another scheduler, an unknown node, no slot there, a running pod's slot), by verb and reason.",
+            ["verb", "reason"],
+            registry=self.registry,
+        )
         self.registry.register(_CacheCollector(cache))
         self.health = HealthCollector(cache)  # certificate expiry and gang waits, for alerts
         self.registry.register(self.health)

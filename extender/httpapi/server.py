@@ -8,14 +8,17 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from extender.httpapi.access import SCHEDULER, VOLCANO, Access
 from extender.httpapi.app import build_app
+from extender.httpapi.checks import Schedulers
 from extender.httpapi.handling import LEADING, METRICS
 from extender.httpapi.health_metrics import certificate_files
+from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits, runner_options
 from extender.httpapi.secure_metrics import Reviewer, start_metrics_site
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import KubeApi
@@ -33,6 +36,13 @@ class ServeOptions:
     prefix: str = "/gangslice"
     tls_cert: str | None = None
     tls_key: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    schedulers: Schedulers = field(default_factory=Schedulers)
+    #: Mutual TLS: the CA client certificates must chain to, and the names allowed in them.
+    tls_client_ca: str | None = None
+    tls_client_names: frozenset[str] = frozenset()
+    #: The Volcano verbs' own listener (Volcano presents no client certificate).
+    volcano_port: int | None = None
     #: A second port with /metrics behind TokenReview + SubjectAccessReview (0: none).
     metrics_port: int = 0
 
@@ -65,39 +75,69 @@ async def serve(
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
     lease labels its pod ``gangslice.io/leader=true`` and says so on ``/readyz``."""
-    app = build_app(cache, api=api, prefix=options.prefix)
+    access = Access(
+        options.prefix, bool(options.tls_client_ca), options.tls_client_names, options.volcano_port
+    )
+    app = build_app(
+        cache,
+        api=api,
+        prefix=options.prefix,
+        limits=options.limits,
+        schedulers=options.schedulers,
+        access=access,
+    )
     leading = {"now": False}
     if controller is not None:
         app[LEADING] = leading
-    tls = ReloadingTls(options.tls_cert, options.tls_key) if options.tls_cert and options.tls_key else None
-    runner = web.AppRunner(app, access_log=None)
+    tls = volcano_tls = None
+    if options.tls_cert and options.tls_key:
+        tls = ReloadingTls(options.tls_cert, options.tls_key, options.tls_client_ca)
+        # Volcano's client has no certificate to present: its listener asks for none.
+        volcano_tls = ReloadingTls(options.tls_cert, options.tls_key) if options.volcano_port else None
+    guard = app[GUARD] = ConnectionGuard(options.limits)
+    runner = web.AppRunner(app, **runner_options(options.limits))
     await runner.setup()
-    site = web.TCPSite(runner, options.host, options.port, ssl_context=tls.context if tls else None)
-    await site.start()
+    listeners = [(SCHEDULER, options.port, tls)]
+    if options.volcano_port:
+        listeners.append((VOLCANO, options.volcano_port, volcano_tls))
+    for listener, port, ctx in listeners:
+        site = GuardedSite(
+            runner, guard, listener, host=options.host, port=port, ssl_context=ctx.context if ctx else None
+        )
+        await site.start()
+        scheme = "https" if ctx else "http"
+        path = options.prefix + ("/volcano" if listener == VOLCANO else "")
+        mtls = " (client certificates required)" if ctx is tls and options.tls_client_ca else ""
+        log.info("serving %s verbs on %s://%s:%d%s%s", listener, scheme, options.host, port, path, mtls)
+        print(f"gangslice serve: listening on {scheme}://{options.host}:{port}{path}{mtls}", flush=True)
     metrics = app[METRICS]
     if tls is not None:
         metrics.health.certificates.update(certificate_files(tls.cert_file))
+        if options.tls_client_ca:
+            metrics.health.certificates["client-ca"] = options.tls_client_ca
+    # Prometheus presents a token, not a client certificate: the metrics port asks for none.
+    metrics_tls = ReloadingTls(tls.cert_file, tls.key_file) if tls and options.metrics_port else None
     metrics_runner = None
     if options.metrics_port and reviewer is not None:
         metrics_runner = await start_metrics_site(
-            metrics.render, reviewer, options.host, options.metrics_port, tls.context if tls else None
+            metrics.render,
+            reviewer,
+            options.host,
+            options.metrics_port,
+            metrics_tls.context if metrics_tls else None,
         )
-    scheme = "https" if tls else "http"
-    log.info("serving on %s://%s:%d%s", scheme, options.host, options.port, options.prefix)
-    print(
-        f"gangslice serve: listening on {scheme}://{options.host}:{options.port}{options.prefix}", flush=True
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    background = []
+    background = [asyncio.create_task(guard.watch())]
     watcher = Watcher(api, cache) if api is not None else None
     if watcher is not None:
         background.append(asyncio.create_task(watcher.run()))
-    if tls is not None:
-        background.append(asyncio.create_task(tls.watch()))
+    for reloading in (tls, volcano_tls, metrics_tls):
+        if reloading is not None:
+            background.append(asyncio.create_task(reloading.watch()))
     if controller is not None:
 
         def on_leadership(yes: bool) -> None:

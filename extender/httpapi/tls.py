@@ -1,5 +1,14 @@
 """TLS for the extender: a server context whose certificate is reloaded when its files change
-(cert-manager rotates the Secret; the mounted files change under a running server)."""
+(cert-manager rotates the Secret; the mounted files change under a running server).
+
+With a client CA (``serve --tls-client-ca``) the context asks every client for a certificate
+(CERT_OPTIONAL): one that does not chain to the CA fails the handshake; a client without one
+(a kubelet probe) completes it, and the routes decide (extender.httpapi.access): health
+endpoints answer, the verbs refuse with 403. A changed CA file is loaded too; its
+certificates are added to the ones trusted (OpenSSL cannot drop a trusted CA from a live
+context), so a rotation to a new CA works at once and the old CA stops being trusted at
+the next restart.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +23,23 @@ log = logging.getLogger(__name__)
 
 
 class ReloadingTls:
-    def __init__(self, cert_file: str, key_file: str) -> None:
+    def __init__(self, cert_file: str, key_file: str, client_ca: str | None = None) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.client_ca = client_ca
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self._stamp = self._read_stamp()
         self.context.load_cert_chain(cert_file, key_file)
+        if client_ca:
+            self.context.verify_mode = ssl.CERT_OPTIONAL
+            self.context.load_verify_locations(cafile=client_ca)
         self.reloads = 0
 
     def _read_stamp(self) -> tuple[int, ...]:
         # Inode too: a mounted Secret is updated by swapping a symlink, not by rewriting.
-        c, k = os.stat(self.cert_file), os.stat(self.key_file)
-        return c.st_mtime_ns, c.st_size, c.st_ino, k.st_mtime_ns, k.st_size, k.st_ino
+        files = [self.cert_file, self.key_file, *([self.client_ca] if self.client_ca else [])]
+        return tuple(v for f in files for st in [os.stat(f)] for v in (st.st_mtime_ns, st.st_size, st.st_ino))
 
     def reload_if_changed(self) -> bool:
         """Load the files again if they changed; new handshakes use them. A half-written
@@ -57,8 +70,16 @@ class ReloadingTls:
             shutil.copyfile(self.cert_file, cert)
             shutil.copyfile(self.key_file, key)
             os.chmod(key, 0o600)
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+            scratch = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            scratch.load_cert_chain(cert, key)
+            ca = None
+            if self.client_ca:
+                ca = os.path.join(folder, "ca.crt")
+                shutil.copyfile(self.client_ca, ca)
+                scratch.load_verify_locations(cafile=ca)
             self.context.load_cert_chain(cert, key)
+            if ca:
+                self.context.load_verify_locations(cafile=ca)
 
     async def watch(self, every_s: float = 10.0) -> None:
         while True:

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.httpapi import checks, nodelist
 from extender.httpapi.decide import Refused
 from extender.httpapi.handling import CACHE, DECIDER, METRICS, dumps, json_endpoint
 from extender.httpapi.volcano_wire import (
@@ -48,21 +49,43 @@ def task_pod(task: TaskInfo) -> tuple[PodInfo, str | None]:
     if task.pod:
         pod = PodInfo.from_obj(task.pod)
     else:
-        gpus = task.resreq.gpus() if task.resreq else 0
-        pod = PodInfo(namespace=task.namespace or "default", name=task.name, uid=task.uid, gpus=gpus)
+        gpus, problems = 0, tuple[str, ...]()
+        try:
+            gpus = task.resreq.gpus("task.Resreq") if task.resreq else 0
+        except PodError as exc:
+            problems = (str(exc),)
+        pod = PodInfo(
+            namespace=task.namespace or "default", name=task.name, uid=task.uid, gpus=gpus, problems=problems
+        )
     if pod.pod_set is None and task.task_role:
         pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: task.task_role})
     job = task.job or pod.volcano_group
     return pod, job or None
 
 
+def watched(
+    request: web.Request, task: TaskInfo, sent: PodInfo, job: str | None
+) -> tuple[PodInfo, str | None]:
+    """The task's pod as watched (see extender.httpapi.checks), with its role and job."""
+    pod = checks.asked(request, sent)
+    if pod is not sent:
+        if pod.pod_set is None and task.task_role:
+            pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: task.task_role})
+        job = pod.volcano_group or job
+    return pod, job
+
+
 async def predicate(request: web.Request, args: PredicateRequest) -> dict[str, Any]:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod, job = task_pod(args.task)
     node = args.node.node_name()
+    try:
+        pod, job = watched(request, args.task, pod, job)
+    except checks.Refusal as exc:
+        return {"status": checks.refused(request, "volcano-predicate", exc), "code": UNSCHEDULABLE}
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-predicate").time():
-            out = decider.filter(pod, [node], job)
+            out = nodelist.filter_known(decider, pod, [node], job)
     if cache.unflushed:
         await cache.flush()
     request.app[METRICS].decisions.labels(out.outcome).inc()
@@ -82,9 +105,14 @@ async def prioritize(request: web.Request, args: PrioritizeRequest) -> dict[str,
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod, job = task_pod(args.task)
     names = [name for n in args.nodes or [] if (name := n.node_name())]
+    nodelist.check(cache, names)
+    try:
+        pod, job = watched(request, args.task, pod, job)
+    except checks.Refusal as exc:
+        return {"nodeScore": {}, "errorMessage": checks.refused(request, "volcano-prioritize", exc)}
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-prioritize").time():
-            scores = decider.prioritize(pod, names, job)
+            scores, _ = nodelist.prioritize_known(decider, pod, names, job)
     request.app[METRICS].decisions.labels("scored").inc()
     node_score = {n: s * SCORE_SCALE for n, s in zip(names, scores.values, strict=True)}
     return {"nodeScore": node_score, "errorMessage": ""}
@@ -95,18 +123,20 @@ def prioritize_error(message: str) -> dict[str, Any]:
 
 
 def job_gpus(job: JobInfo) -> int:
-    """GPUs a Volcano job asks for: its total request, or its PodGroup's minResources."""
-    if job.total_request is not None and job.total_request.gpus() > 0:
-        return job.total_request.gpus()
+    """GPUs a Volcano job asks for: its total request, or its PodGroup's minResources.
+    Raises PodError, naming the field, for a count that is not whole and non-negative."""
+    total = job.total_request.gpus("job.TotalRequest") if job.total_request is not None else 0
+    if total > 0:
+        return total
     pg: Any = job.pod_group or {}
     for spec in (pg.get("spec"), (pg.get("PodGroup") or {}).get("spec") if isinstance(pg, Mapping) else None):
         if isinstance(spec, Mapping) and isinstance(spec.get("minResources"), Mapping):
             got = spec["minResources"].get(keys.GPU_RESOURCE)
-            if got is not None:
-                try:
+            try:
+                if got is not None:
                     return quantity(got)
-                except PodError:
-                    return 0
+            except PodError as exc:
+                raise PodError(f"job.PodGroup.spec.minResources[{keys.GPU_RESOURCE}]: {exc}") from None
     return 0
 
 
@@ -115,9 +145,14 @@ async def job_enqueueable(request: web.Request, args: JobRequest) -> dict[str, A
     Abstain for jobs without GPUs."""
     cache = request.app[CACHE]
     metrics = request.app[METRICS]
+    try:
+        gpus = job_gpus(args.job)
+    except PodError as exc:
+        metrics.decisions.labels("invalid").inc()
+        return {"status": REJECT, "errorMessage": f"job {args.job.key}: {exc}"}
     if cache.reservation(args.job.key) is not None:
         status, outcome = PERMIT, "permit"
-    elif job_gpus(args.job) > 0:
+    elif gpus > 0:
         status, outcome = REJECT, "reject"
     else:
         status, outcome = ABSTAIN, "abstain"
@@ -131,13 +166,28 @@ def job_enqueueable_error(message: str) -> dict[str, Any]:
 
 async def allocate(request: web.Request, args: EventHandlerRequest) -> dict[str, Any]:
     cache, decider = request.app[CACHE], request.app[DECIDER]
-    pod, job = task_pod(args.task)
+    sent, job = task_pod(args.task)
+    node = args.task.node_name
+    try:
+        pod = checks.to_bind(request, sent.namespace, sent.name, args.task.uid, node, volcano=True, sent=sent)
+    except checks.Refusal as exc:
+        return {
+            "errorMessage": f"cannot allocate on {node}: {checks.refused(request, 'volcano-allocate', exc)}"
+        }
+    if pod is not sent:
+        if pod.pod_set is None and sent.pod_set is not None:
+            pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: sent.pod_set})
+        job = pod.volcano_group or job
     async with cache.lock:
         try:
             with request.app[METRICS].decision_duration.labels("volcano-allocate").time():
-                decider.allocate(pod, args.task.node_name, job)
+                decider.allocate(pod, node, job)
         except Refused as exc:
-            return {"errorMessage": str(exc)}
+            return {
+                "errorMessage": checks.refused(
+                    request, "volcano-allocate", checks.Refusal("no-slot", str(exc))
+                )
+            }
     await cache.flush()
     request.app[METRICS].decisions.labels("allocated").inc()
     return {"errorMessage": ""}
@@ -146,6 +196,11 @@ async def allocate(request: web.Request, args: EventHandlerRequest) -> dict[str,
 async def deallocate(request: web.Request, args: EventHandlerRequest) -> dict[str, Any]:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod, job = task_pod(args.task)
+    try:
+        pod = await checks.to_free(request, pod)
+    except checks.Refusal as exc:
+        return {"errorMessage": checks.refused(request, "volcano-deallocate", exc)}
+    job = pod.volcano_group or job
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-deallocate").time():
             decider.deallocate(pod, job)

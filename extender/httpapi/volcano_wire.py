@@ -19,6 +19,7 @@ from pydantic import Field
 
 from extender.httpapi.wire import GoModel
 from extender.kube import names
+from extender.kube.pods import milli_quantity
 
 SUCCESS = 0
 ERROR = 1
@@ -33,12 +34,15 @@ REJECT = -1
 class Resource(GoModel):
     milli_cpu: float = Field(0.0, alias="MilliCPU")
     memory: float = Field(0.0, alias="Memory")
-    scalar_resources: dict[str, float] | None = Field(None, alias="ScalarResources")
+    #: Values stay as sent: the GPU count is read by the one strict reader (a string, a
+    #: negative or a fractional count is refused, naming the field).
+    scalar_resources: dict[str, Any] | None = Field(None, alias="ScalarResources")
     max_task_num: int = Field(0, alias="MaxTaskNum")
 
-    def gpus(self) -> int:
-        milli = (self.scalar_resources or {}).get(names.GPU_RESOURCE, 0.0)
-        return round(milli / 1000)
+    def gpus(self, where: str = "Resource") -> int:
+        """Whole GPUs; raises PodError naming ``where``.ScalarResources[nvidia.com/gpu]."""
+        milli = (self.scalar_resources or {}).get(names.GPU_RESOURCE, 0)
+        return milli_quantity(milli, f"{where}.ScalarResources[{names.GPU_RESOURCE}]")
 
 
 class TaskInfo(GoModel):

@@ -221,10 +221,27 @@ class ClusterCache:
     def node_names(self) -> list[str]:
         return [n.name for n in self.snapshot().nodes]
 
+    def node_count(self) -> int:
+        """Nodes of the cluster, with or without GPUs (the cluster file's in file mode)."""
+        return len(self._records) + len(self._static)
+
+    def has_node_object(self, name: str) -> bool:
+        """Whether ``name`` is a Node of the cluster (or of the cluster file)."""
+        return name in self._records or name in self._static
+
+    @property
+    def pods_watched(self) -> bool:
+        """Whether pods come from a watch (else only from requests: file mode)."""
+        return self._pods_watched
+
     # -- pods ----------------------------------------------------------------------------
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         key = f"{namespace}/{name}"
         return self._pods.get(key) or self._recent.get(key)
+
+    def watched_pod(self, namespace: str, name: str) -> PodInfo | None:
+        """The pod as the watch (or a bind recorded here) has it; never one only seen in a request."""
+        return self._pods.get(f"{namespace}/{name}")
 
     def pod_by_uid(self, uid: str) -> PodInfo | None:
         key = self._by_uid.get(uid)

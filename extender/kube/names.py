@@ -31,6 +31,9 @@ RESERVATION = "gangslice.io/reservation"
 #: Pod annotations written at bind: the GPU indices and NUMA node(s) the pod was given.
 GPUS = "gangslice.io/gpus"
 NUMA_NODE = "gangslice.io/numa-node"
+#: Pod annotation written at bind: the UUIDs of those GPUs (comma-separated, as NVML names
+#: them), so ``gangslice preflight`` catches a swap that indices and NUMA nodes cannot show.
+GPU_UUIDS = "gangslice.io/gpu-uuids"
 #: PodGroup (and plain gang pod) annotation: gangslice's state for the gang (a PodGroup has no
 #: status subresource gangslice may write).
 STATUS = "gangslice.io/status"

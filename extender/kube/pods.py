@@ -7,6 +7,7 @@ cannot be read (a gang size that is not a number, a GPU list that is not one) is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
     problems: tuple[str, ...] = ()
+    #: ``spec.schedulerName`` (the API server defaults it to ``default-scheduler``).
+    scheduler: str = "default-scheduler"
 
     @property
     def key(self) -> str:
@@ -150,22 +153,30 @@ class PodInfo:
             annotations=_str_map(meta.get("annotations")),
             deleting=meta.get("deletionTimestamp") is not None,
             problems=tuple(problems),
+            scheduler=_str(spec.get("schedulerName")) or "default-scheduler",
         )
+
+
+def digits(text: str) -> int | None:
+    """A whole number written in ASCII digits only, else None: ``str.isdigit`` alone also
+    takes full-width and Arabic-Indic digits, and ``int`` takes spaces, signs and underscores."""
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def parse_gpu_list(raw: str) -> tuple[int, ...] | None:
     """``"0,1,2,3"`` -> (0, 1, 2, 3); None for anything else."""
     out: list[int] = []
     for part in raw.split(","):
-        part = part.strip()
-        if not part.isdigit():
+        got = digits(part)
+        if got is None:
             return None
-        out.append(int(part))
+        out.append(got)
     return tuple(out) if len(set(out)) == len(out) else None
 
 
 def quantity(value: Any) -> int:
-    """An extended-resource quantity as a whole count (``8``, ``"8"``, ``"8000m"``)."""
+    """An extended-resource quantity as a whole count (``8``, ``"8"``, ``"8000m"``): ASCII
+    digits, no sign, no spaces, no fraction. The one reader of GPU counts in API objects."""
     if isinstance(value, bool):
         raise PodError(f"quantity {value!r} is not a number")
     if isinstance(value, int) and value >= 0:
@@ -173,40 +184,56 @@ def quantity(value: Any) -> int:
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
     if isinstance(value, str):
-        text = value.strip()
-        if text.isdigit():
-            return int(text)
-        if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) % 1000 == 0:
-            return int(text[:-1]) // 1000
-    raise PodError(f"quantity {value!r} is not a whole number")
+        whole = digits(value)
+        if whole is not None:
+            return whole
+        milli = digits(value[:-1]) if value.endswith("m") else None
+        if milli is not None and milli % 1000 == 0:
+            return milli // 1000
+    if isinstance(value, int | float) and value < 0:
+        raise PodError(f"quantity {value!r} is negative")
+    raise PodError(f"quantity {value!r} is not a whole number in ASCII digits")
 
 
-def _container_gpus(container: Mapping[str, Any]) -> int:
+def milli_quantity(value: Any, where: str) -> int:
+    """A count sent in milli-units as a JSON number (Volcano's ``ScalarResources``: 8 GPUs
+    arrive as ``8000``), refused unless a whole, non-negative count; ``where`` names the field."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PodError(f"{where}: {value!r} is not a number of milli-units")
+    if not math.isfinite(value) or value < 0:
+        raise PodError(f"{where}: {value!r} is negative or not finite")
+    if value % 1000 != 0:
+        raise PodError(f"{where}: {value!r} milli-units is not a whole count")
+    return int(value) // 1000
+
+
+def _container_gpus(container: Mapping[str, Any], where: str) -> int:
     resources = _mapping(container.get("resources"))
     counts = [0]
     for part in ("limits", "requests"):
         got = _mapping(resources.get(part)).get(names.GPU_RESOURCE)
         if got is not None:
-            counts.append(quantity(got))
+            try:
+                counts.append(quantity(got))
+            except PodError as exc:
+                raise PodError(f"{where}.resources.{part}[{names.GPU_RESOURCE}]: {exc}") from None
     return max(counts)
 
 
 def gpu_request(spec: Mapping[str, Any]) -> int:
-    """GPUs the pod needs: the sum over its containers, or the largest init container if more."""
-    containers = [c for c in _list(spec.get("containers")) if isinstance(c, Mapping)]
-    inits = [c for c in _list(spec.get("initContainers")) if isinstance(c, Mapping)]
-    try:
-        main = sum(_container_gpus(c) for c in containers)
-        init = max((_container_gpus(c) for c in inits), default=0)
-    except PodError as exc:
-        raise PodError(f"{names.GPU_RESOURCE}: {exc}") from None
-    return max(main, init)
+    """GPUs the pod needs: the sum over its containers, or the largest init container if
+    more. Raises PodError naming the field (``spec.containers[NAME].resources.limits[...]``)."""
+    counts: dict[str, list[int]] = {"containers": [], "initContainers": []}
+    for kind, got in counts.items():
+        for i, c in enumerate(_list(spec.get(kind))):
+            if isinstance(c, Mapping):
+                name = c.get("name") if isinstance(c.get("name"), str) and c.get("name") else i
+                got.append(_container_gpus(c, f"spec.{kind}[{name}]"))
+    return max(sum(counts["containers"]), max(counts["initContainers"], default=0))
 
 
 def _int_or_none(raw: str) -> int | None:
-    text = raw.strip()
-    # isdigit() also takes superscripts and other digits int() refuses ("²").
-    return int(text) if text.isascii() and text.isdigit() else None
+    return digits(raw)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -77,6 +77,10 @@ class ClusterSnapshot:
     def has_node(self, name: str) -> bool:
         return name in self._by_name
 
+    def all_known(self, names: Iterable[str]) -> bool:
+        """Whether every name is a node here (one pass in C over a request's node list)."""
+        return all(map(self._by_name.__contains__, names))
+
     def path(self, i: int) -> tuple[str | None, ...]:
         return self._paths[i]
 

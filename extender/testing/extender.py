@@ -59,13 +59,14 @@ def pod_obj(
     node: str | None = None,
     uid: str | None = None,
     phase: str = "Pending",
+    scheduler: str = "gangslice-scheduler",
 ) -> dict[str, Any]:
     """A core/v1 Pod as the API (and kube-scheduler) writes it."""
     resources: dict[str, Any] = {"requests": {"cpu": "1"}}
     if gpus:
         resources = {"requests": {keys.GPU_RESOURCE: str(gpus)}, "limits": {keys.GPU_RESOURCE: str(gpus)}}
     spec: dict[str, Any] = {
-        "schedulerName": "gangslice-scheduler",
+        "schedulerName": scheduler,
         "containers": [{"name": "main", "image": "vllm/vllm-openai", "resources": resources}],
     }
     if node:

@@ -266,7 +266,9 @@ class FakeNvml:
         dual-port NIC; NUMA 0 (CPUs 0-23) for GPUs 0-3, NUMA 1 (CPUs 24-47) for 4-7, as in
         the a100 compact fixture.
         """
-        switches = [_nvml_bus(0, bus) for bus in range(0x0A, 0x10)]
+        # The switches' buses must not be a GPU's: go-gpuallocator matches NVLinks by the
+        # remote bus id alone, and 0x0F (GPU 1) here once gave it one-way NVLinks.
+        switches = [_nvml_bus(0, bus) for bus in range(0xE0, 0xE6)]
         links = _switched(switches, (2,) * 6)
         gpu_buses = ((0x07, 0x0F), (0x47, 0x4E), (0x87, 0x90), (0xB7, 0xBD))
         gpus, nics = [], []

@@ -219,6 +219,17 @@ class GpuGraph:
         """Bidirectional bandwidth of the direct path between two GPUs."""
         return link_gbps(self.link(a, b), self.nvlink_gbps, self.pcie_gbps, self.pair_tier(a, b))
 
+    def uuids(self, indices: Iterable[int]) -> tuple[str, ...] | None:
+        """The UUIDs of these GPUs, in the order given; None when the graph lacks one of them
+        (``nvidia-smi topo -m`` prints none; NVML discovery always has them)."""
+        out = []
+        for index in indices:
+            uuid = self.gpu(index).uuid
+            if not uuid:
+                return None
+            out.append(uuid)
+        return tuple(out)
+
     def healthy(self, index: int) -> bool:
         h = self.health.get(index)
         return h is None or h.healthy

@@ -29,7 +29,9 @@ def resource(milli_cpu: float, memory: float, gpus: int | None) -> dict[str, Any
 
 
 def task_info(name: str, job: str = "llm/pg-1", gpus: int = 8, node: str = "") -> dict[str, Any]:
-    pod = pod_obj(name, gpus=gpus, annotations={"scheduling.k8s.io/group-name": job.split("/")[1]})
+    pod = pod_obj(
+        name, gpus=gpus, annotations={"scheduling.k8s.io/group-name": job.split("/")[1]}, scheduler="volcano"
+    )
     return {
         "UID": pod["metadata"]["uid"],
         "Job": job,

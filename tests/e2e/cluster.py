@@ -185,6 +185,38 @@ def service_account_kubeconfig(cp: ControlPlane, path: Path, account: str = SERV
     return cp.write_kubeconfig(path, token=token, namespace=SYSTEM_NS)
 
 
+def pod_token_kubeconfig(cp: ControlPlane, path: Path, account: str, node: str) -> Path:
+    """A kubeconfig with a token of gangslice-system/``account`` bound to a pod on ``node``, as
+    the kubelet mounts it: the API server adds the pod's node to the user's extra
+    (``authentication.kubernetes.io/node-name``). The pod (no kubelet runs it) is named
+    ``<account>-<node>`` and must stay while the token is used."""
+    name = f"{account}-{node}"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": SYSTEM_NS},
+        "spec": {
+            "serviceAccountName": account,
+            "nodeName": node,
+            "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    uid = create(cp, pod, exist_ok=True)["metadata"]["uid"]
+    review = cp.request(
+        "POST",
+        path_of("ServiceAccount", account, SYSTEM_NS, "token"),
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": 7200,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid},
+            },
+        },
+    )
+    return cp.write_kubeconfig(path, token=review["status"]["token"], namespace=SYSTEM_NS)
+
+
 # ---------------------------------------------------------------------------------------------- nodes
 @dataclass(frozen=True)
 class FakeNode:
@@ -379,7 +411,9 @@ class Gangslice:
         ]
         if self.tls:
             crt, key = self.cp.issue_cert(self.name, ["127.0.0.1"])
-            argv += [f"--tls-cert={crt}", f"--tls-key={key}"]
+            # Mutual TLS as shipped: only kube-scheduler's client certificate may call the verbs.
+            argv += [f"--tls-cert={crt}", f"--tls-key={key}", f"--tls-client-ca={self.cp.ca_file}"]
+            argv.append(f"--tls-client-names={SCHEDULER_CLIENT}")
         if not self.controller:
             argv.append("--no-controller")
         self.cp.start_process(self.name, argv, env=dict(self.env))
@@ -415,7 +449,13 @@ class Gangslice:
             return str(resp.read().decode())
 
 
-def extender_scheduler_config(extender_url: str, ca_file: Path | None = None) -> dict[str, Any]:
+#: The common name of kube-scheduler's client certificate for the extender (mutual TLS).
+SCHEDULER_CLIENT = "gangslice-scheduler"
+
+
+def extender_scheduler_config(
+    extender_url: str, ca_file: Path | None = None, client_cert: tuple[Path, Path] | None = None
+) -> dict[str, Any]:
     """The shipped KubeSchedulerConfiguration, pointed at ``extender_url`` on loopback; with ``ca_file`` the
     shipped HTTPS variant (``kube-scheduler-config-tls.yaml``) trusting that CA."""
     name = "kube-scheduler-config-tls.yaml" if ca_file else "kube-scheduler-config.yaml"
@@ -429,6 +469,8 @@ def extender_scheduler_config(extender_url: str, ca_file: Path | None = None) ->
     assert ext["enableHTTPS"] is bool(ca_file)
     if ca_file:
         ext["tlsConfig"]["caFile"] = str(ca_file)
+        assert client_cert is not None, "the shipped HTTPS configuration presents a client certificate"
+        ext["tlsConfig"]["certFile"], ext["tlsConfig"]["keyFile"] = map(str, client_cert)
     return cfg
 
 
@@ -456,7 +498,8 @@ def extender_stack(
     server = Gangslice(cp, kubeconfig, controller=controller, name=name, tls=tls)
     try:
         server.start()
-        cp.start_scheduler(extender_scheduler_config(server.url, cp.ca_file if tls else None))
+        client = cp.issue_cert(SCHEDULER_CLIENT, [SCHEDULER_CLIENT], client=True) if tls else None
+        cp.start_scheduler(extender_scheduler_config(server.url, cp.ca_file if tls else None, client))
         yield server
     finally:
         server.stop()

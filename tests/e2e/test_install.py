@@ -8,9 +8,12 @@
   ``leaderworkerset.x-k8s.io/v1`` (no LeaderWorkerSet CRDs are installed): ``plain/llama-405b-tp8-pp2.yaml``,
   ``plain/deepseek-wideep.yaml``, ``kueue/llama-405b-tp8-pp2.yaml``, ``kueue/deepseek-wideep.yaml``; each
   holds nothing but a LeaderWorkerSet (checked below, so a new example cannot be skipped unnoticed).
-- ``gangslice agent --once`` (fake NVML) under a token of the ServiceAccount ``gangslice-agent`` publishes
-  the NodeTopology of a fake node: a verb missing from its ClusterRole fails the command or leaves out the
-  owner reference (``get`` on nodes) or the status (``nodetopologies/status``).
+- ``gangslice agent --once`` (fake NVML) under a token of the ServiceAccount ``gangslice-agent`` (bound to a
+  pod on the node, as the kubelet mounts it) publishes the NodeTopology of a fake node: a verb missing from
+  its ClusterRole fails the command or leaves out the owner reference (``get`` on nodes) or the status
+  (``nodetopologies/status``).
+- The ValidatingAdmissionPolicy ``gangslice-agent-own-node``: the agent's token, bound to a pod on one node,
+  cannot publish another node's NodeTopology; a token bound to no pod publishes none.
 - ``gangslice explain gang/...`` under a ServiceAccount bound to the ClusterRole ``gangslice-explain``.
 """
 
@@ -45,8 +48,10 @@ from cluster import (
     kubectl,
     make_node,
     new_namespace,
+    pod_token_kubeconfig,
     remove_node,
     service_account_kubeconfig,
+    wait_for,
 )
 from controlplane import ControlPlane, free_ports
 
@@ -168,7 +173,8 @@ def test_agent_publishes_its_node_topology_under_the_shipped_rbac(
     node = FakeNode(f"{POOL}-agent0", "hgx-h100", "s1", f"{POOL}-leaf-a")
     make_node(cp, node, POOL, topology=False)
     try:
-        kubeconfig = service_account_kubeconfig(cp, tmp_path / "agent.kubeconfig", "gangslice-agent")
+        # As the DaemonSet's pod gets it: a token bound to a pod on the node (own-node-policy.yaml).
+        kubeconfig = pod_token_kubeconfig(cp, tmp_path / "agent.kubeconfig", "gangslice-agent", node.name)
         run = run_gangslice(
             "agent",
             "--once",
@@ -187,7 +193,51 @@ def test_agent_publishes_its_node_topology_under_the_shipped_rbac(
         conditions = {c["type"]: c["status"] for c in (topology.get("status") or {}).get("conditions") or []}
         assert conditions == {"Discovered": "True", "PodResourcesAvailable": "False"}, conditions
     finally:
+        delete(cp, "Pod", f"gangslice-agent-{node.name}", SYSTEM_NS)
         remove_node(cp, node.name)
+
+
+def _agent_once(kubeconfig: Path, node: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return run_gangslice(
+        "agent",
+        "--once",
+        f"--node={node}",
+        "--nvml-fake=hgx-h100",
+        f"--kubeconfig={kubeconfig}",
+        f"--pod-resources-socket={tmp_path / 'no-kubelet.sock'}",
+    )
+
+
+def test_the_agent_writes_only_its_own_nodes_topology(installed: ControlPlane, tmp_path: Path) -> None:
+    """own-node-policy.yaml on the real API server: the agent's token bound to a pod on node A
+    may not publish node B's NodeTopology (the policy's message names both), and a token bound to
+    no pod publishes nothing; A's own is covered by the test above."""
+    cp = installed
+    nodes = [FakeNode(f"{POOL}-own{i}", "hgx-h100", "s1", f"{POOL}-leaf-a") for i in range(2)]
+    for n in nodes:
+        make_node(cp, n, POOL, topology=False)
+    mine, other = nodes[0].name, nodes[1].name
+    try:
+        token_a = pod_token_kubeconfig(cp, tmp_path / "a.kubeconfig", "gangslice-agent", mine)
+        unbound = service_account_kubeconfig(cp, tmp_path / "plain.kubeconfig", "gangslice-agent")
+        said = f"on node {mine} may write only NodeTopology {mine}, not {other}"
+
+        def refused() -> bool:  # the policy reaches the admission chain within seconds of its creation
+            run = _agent_once(token_a, other, tmp_path)
+            if run.returncode == 0:
+                delete(cp, "NodeTopology", other)
+            return run.returncode != 0 and said in run.stdout + run.stderr
+
+        wait_for("the own-node policy to refuse another node's NodeTopology", refused, 60, 1.0)
+        assert get(cp, "NodeTopology", other) is None
+        run = _agent_once(unbound, mine, tmp_path)
+        assert run.returncode != 0, run.stdout
+        assert "only with a token bound to a pod on a node" in run.stdout + run.stderr, run.stderr[-2000:]
+        assert get(cp, "NodeTopology", mine) is None
+    finally:
+        delete(cp, "Pod", f"gangslice-agent-{mine}", SYSTEM_NS)
+        for n in nodes:
+            remove_node(cp, n.name)
 
 
 @pytest.fixture

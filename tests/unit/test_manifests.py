@@ -37,7 +37,7 @@ KUSTOMIZATIONS = (
 BASE_DIRS = ("crds", "controller", "agent")
 #: Secrets the base expects but does not ship: hack/gen-certs.sh or the cert-manager
 #: component creates them (test_manifests_tls.py checks that both name this one).
-PROVIDED_SECRETS = {("gangslice-system", "gangslice-tls")}
+PROVIDED_SECRETS = {("gangslice-system", "gangslice-tls"), ("gangslice-system", "gangslice-scheduler-client")}
 #: ConfigMaps made outside kustomize: `hack/gen-certs.sh --volcano-namespace volcano-system`.
 PROVIDED_CONFIG_MAPS = {("volcano-system", "gangslice-ca")}
 #: Roles every cluster has (bootstrap RBAC policy).
@@ -49,6 +49,7 @@ BUILTIN_ROLES = {
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "AdmissionCheck",
     "ClusterQueue", "ResourceFlavor", "Topology", "NodeTopology", "PriorityClass", "Queue", "HyperNode",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }  # fmt: skip
 KUSTOMIZE_KEYS = {
     "apiVersion", "kind", "resources", "components", "namespace", "labels", "images", "configMapGenerator",
@@ -458,8 +459,9 @@ def test_the_service_and_the_budget_select_the_controller_pods() -> None:
     assert agent and not matches(svc["spec"]["selector"], agent["spec"]["template"]["metadata"]["labels"])
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    (port,) = svc["spec"]["ports"]
-    assert port["targetPort"] in ports and port["name"] == "https"
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["https", "volcano"]
+    for port in svc["spec"]["ports"]:
+        assert port["targetPort"] in ports and ports[port["targetPort"]] == port["port"]
 
 
 def _gangslice_args(relative: str) -> list[tuple[str, Obj, Mapping[str, Any]]]:

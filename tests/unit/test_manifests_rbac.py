@@ -241,3 +241,27 @@ def test_the_rbac_table_in_the_install_guide_matches_the_role() -> None:
         resource = cells[2].split(" (")[0]
         rows |= {(group, resource, v) for v in re.findall(r"[a-z]+", cells[3]) if v in verbs}
     assert rows == granted(), f"docs/install.md RBAC table: {sorted(rows ^ granted())}"
+
+
+def test_the_leader_label_is_granted_in_the_controllers_namespace() -> None:
+    """label_own_pod patches the pod named by POD_NAME in POD_NAMESPACE (gangslice-system):
+    a namespaced Role grants it, so the grant outlives the cluster-wide pods: patch of bind."""
+    role = build("").find("Role", "gangslice-controller-leader-label", "gangslice-system")
+    assert role is not None
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]] == [
+        ([""], ["pods"], ["patch"])
+    ]
+    server = (REPO / "extender" / "httpapi" / "server.py").read_text()
+    assert "patch_pod_labels" in server and 'os.environ.get("POD_NAMESPACE")' in server
+    callers = [p for p in (REPO / "extender").rglob("*.py") if "patch_pod_labels(" in p.read_text()]
+    assert {str(p.relative_to(REPO)) for p in callers} <= {
+        "extender/httpapi/server.py",
+        "extender/kube/api.py",
+        "extender/kube/client.py",
+        "extender/testing/kube.py",
+    }
+
+
+def test_podgroup_writes_are_the_replace_the_code_makes() -> None:
+    derived = {v for g, r, v in derived_grants() if r == "podgroups"}
+    assert "update" in derived and not derived & {"create", "patch", "delete"}

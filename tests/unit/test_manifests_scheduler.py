@@ -37,19 +37,47 @@ def _volcano_extender(cfg: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def _service_url() -> tuple[str, int, str]:
-    """(host, port, verb prefix) the controller's Service and `gangslice serve` offer."""
+def _service_url(volcano: bool = False) -> tuple[str, int, str]:
+    """(host, port, verb prefix) the controller's Service and `gangslice serve` offer to
+    kube-scheduler, or with ``volcano`` to Volcano (its own port, manifests/volcano/)."""
     base = build("")
     svc = base.find("Service", "gangslice-controller", "gangslice-system")
     deploy = base.find("Deployment", "gangslice-controller", "gangslice-system")
+    patch = _yaml(MANIFESTS / "volcano" / "controller-volcano-port.patch.yaml")
     assert svc and deploy
-    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    (container,) = (patch if volcano else deploy)["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(container["args"])
-    (port,) = svc["spec"]["ports"]
+    (port,) = [p for p in svc["spec"]["ports"] if p["name"] == ("volcano" if volcano else "https")]
     (container_port,) = [p["containerPort"] for p in container["ports"] if p["name"] == port["targetPort"]]
-    assert container_port == args.port
+    assert container_port == (args.volcano_port if volcano else args.port)
     host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
-    return host, port["port"], args.prefix
+    return host, port["port"], args.prefix + ("/volcano" if volcano else "")
+
+
+def test_the_volcano_patch_keeps_the_base_arguments() -> None:
+    """The patch replaces the controller's args whole: it is the base's plus --volcano-port."""
+    deploy = build("").find("Deployment", "gangslice-controller", "gangslice-system")
+    assert deploy is not None
+    (base,) = deploy["spec"]["template"]["spec"]["containers"]
+    patch = _yaml(MANIFESTS / "volcano" / "controller-volcano-port.patch.yaml")
+    (patched,) = patch["spec"]["template"]["spec"]["containers"]
+    assert [a for a in patched["args"] if not a.startswith("--volcano-port=")] == base["args"]
+    assert patched["ports"] == base["ports"]
+
+
+def test_the_volcano_port_admits_only_the_volcano_scheduler() -> None:
+    (policy,) = build("volcano").of_kind("NetworkPolicy")
+    _, volcano_port, _ = _service_url(volcano=True)
+    _, scheduler_port, _ = _service_url()
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules[scheduler_port] is None  # mutual TLS there
+    (peer,) = rules[volcano_port]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "volcano-system"}
+    assert peer["podSelector"]["matchLabels"] == {"app": "volcano-scheduler"}
+    deploy = build("").find("Deployment", "gangslice-controller", "gangslice-system")
+    assert deploy is not None
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
 
 
 def test_the_deployed_kube_scheduler_configuration_is_the_http_one_with_tls() -> None:
@@ -76,7 +104,7 @@ def test_the_scheduler_reaches_the_controller_service() -> None:
         assert (got.hostname, got.port, got.path) == (host, port, prefix)
     for url in (_volcano_extender(_yaml(TLS_VOLCANO))["extender.urlPrefix"],):
         got = urlparse(url)
-        assert (got.hostname, got.port, got.path) == (host, port, f"{prefix}/volcano")
+        assert (got.hostname, got.port, got.path) == _service_url(volcano=True)
 
 
 def test_the_scheduler_deployment_mounts_its_configuration_and_the_ca() -> None:
@@ -96,6 +124,11 @@ def test_the_scheduler_deployment_mounts_its_configuration_and_the_ca() -> None:
     secret = volumes[mounts[folder]]["secret"]
     assert secret["secretName"] == "gangslice-tls"
     assert secret["items"] == [{"key": "ca.crt", "path": key}]  # the CA, never the private key
+    tls = deployed_kube_config()["extenders"][0]["tlsConfig"]
+    for name in ("certFile", "keyFile"):
+        folder, _, key = tls[name].rpartition("/")
+        client = volumes[mounts[folder]]["secret"]
+        assert client["secretName"] == "gangslice-scheduler-client" and key in ("tls.crt", "tls.key")
 
 
 def test_the_scheduler_leader_election_matches_its_role() -> None:

@@ -18,6 +18,7 @@ from extender.httpapi.tls import ReloadingTls
 
 SCRIPT = REPO / "hack" / "gen-certs.sh"
 SECRET = "gangslice-tls"
+CLIENT_SECRET = "gangslice-scheduler-client"
 
 
 def service_names() -> set[str]:
@@ -90,7 +91,11 @@ def test_the_generated_secret_serves_https_for_the_service_name(
     generated: tuple[Path, list[Path]], tmp_path: Path
 ) -> None:
     _, manifests = generated
-    assert [m.name for m in manifests] == [f"{SECRET}.yaml", "gangslice-ca-volcano.yaml"]
+    assert [m.name for m in manifests] == [
+        f"{SECRET}.yaml",
+        f"{CLIENT_SECRET}.yaml",
+        "gangslice-ca-volcano.yaml",
+    ]
     files = unpack_secret(manifests[0], tmp_path / "secret")
     assert subject_alt_names(files["tls.crt"]) == service_names()
     tls = ReloadingTls(str(files["tls.crt"]), str(files["tls.key"]))
@@ -102,7 +107,7 @@ def test_the_generated_secret_serves_https_for_the_service_name(
 
 def test_the_volcano_configmap_carries_the_same_ca(generated: tuple[Path, list[Path]]) -> None:
     out, manifests = generated
-    (cm,) = load_all(manifests[1])
+    (cm,) = load_all(manifests[2])
     assert (cm["kind"], cm["metadata"]["name"], cm["metadata"]["namespace"]) == (
         "ConfigMap",
         "gangslice-ca",
@@ -115,7 +120,7 @@ def test_running_again_renews_the_certificate_under_the_same_ca(tmp_path: Path) 
     out = tmp_path / "certs"
     run_script(out)
     ca, cert = (out / "ca.crt").read_bytes(), (out / "tls.crt").read_bytes()
-    (manifest,) = run_script(out)
+    manifest, _ = run_script(out)
     assert (out / "ca.crt").read_bytes() == ca and (out / "tls.crt").read_bytes() != cert
     files = unpack_secret(manifest, tmp_path / "secret")
     handshake(
@@ -134,7 +139,7 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
 
 def test_cert_manager_issues_the_same_names_into_the_mounted_secret() -> None:
     b = build("components/cert-manager")
-    serving = [c for c in b.of_kind("Certificate") if not c["spec"].get("isCA")]
+    serving = [c for c in b.of_kind("Certificate") if "server auth" in c["spec"].get("usages", ())]
     (cert,) = serving
     assert cert["spec"]["secretName"] == SECRET
     assert set(cert["spec"]["dnsNames"]) == service_names()
@@ -147,3 +152,32 @@ def test_cert_manager_issues_the_same_names_into_the_mounted_secret() -> None:
     assert secrets == [SECRET]
     default = re.search(r"^SECRET=(\S+)$", SCRIPT.read_text(), re.MULTILINE)
     assert default is not None and default.group(1) == SECRET
+
+
+def test_the_scheduler_client_certificate_comes_from_the_same_ca(generated: tuple[Path, list[Path]]) -> None:
+    out, manifests = generated
+    (secret,) = load_all(manifests[1])
+    assert (secret["metadata"]["name"], secret["type"]) == (CLIENT_SECRET, "kubernetes.io/tls")
+    assert base64.b64decode(secret["data"]["ca.crt"]) == (out / "ca.crt").read_bytes()
+    crt = out / "client.crt"
+    subprocess.run(
+        ["openssl", "verify", "-CAfile", str(out / "ca.crt"), str(crt)], check=True, capture_output=True
+    )
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(crt), "-noout", "-subject", "-ext", "extendedKeyUsage"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "CN = gangslice-scheduler" in text and "TLS Web Client Authentication" in text
+    clients = [
+        c
+        for c in build("components/cert-manager").of_kind("Certificate")
+        if "client auth" in c["spec"].get("usages", ())
+    ]
+    (client,) = clients
+    assert (
+        client["spec"]["secretName"] == CLIENT_SECRET
+        and client["spec"]["commonName"] == "gangslice-scheduler"
+    )
+    assert client["spec"]["issuerRef"]["name"] == "gangslice-ca"

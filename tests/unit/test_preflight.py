@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from extender.agent.preflight import (
     visible_gpus,
 )
 from extender.cli import main
-from extender.topology.model import GpuGraph, Tier
+from extender.topology.model import Gpu, GpuGraph, Link, Tier
 from extender.topology.nvml import discover
 
 SOCKET0_H100 = frozenset(range(0, 52))
@@ -45,6 +47,7 @@ def _annotations(tmp_path: Path, **values: str) -> Path:
         "gpus": "gangslice.io/gpus",
         "numa": "gangslice.io/numa-node",
         "level": "gangslice.io/required-level",
+        "uuids": "gangslice.io/gpu-uuids",
     }
     lines = [f'{keys[k]}="{v}"' for k, v in values.items()]
     lines.append('kubernetes.io/config.seen="2026-08-01T12:00:00.000000000Z"')
@@ -303,3 +306,78 @@ def test_a_pair_of_pix_gpus_passes_with_allow_pcie_and_fails_without(pcie: GpuGr
     assert run_checks(pcie, v, Promise(), cpus=SOCKET0_L40S, allow_pcie=True).ok
     strict = run_checks(pcie, v, Promise(), cpus=SOCKET0_L40S)
     assert strict.reason == "tp-links: tensor-parallel pair GPU0-GPU1 is PIX, needs NVLink (NV#)"
+
+
+# --- promised UUIDs ------------------------------------------------------------------------
+
+
+def _container_view(graph: GpuGraph, host: tuple[int, ...]) -> GpuGraph:
+    """What NVML shows inside a container given these host GPUs: only them, numbered from 0."""
+    return GpuGraph(
+        gpus=tuple(dataclasses.replace(graph.gpu(h), index=i) for i, h in enumerate(host)),
+        links={
+            (i, j): graph.link(host[i], host[j]) for i in range(len(host)) for j in range(i + 1, len(host))
+        },
+    )
+
+
+def test_a_swap_within_one_numa_node_is_caught_by_uuid(hgx: GpuGraph) -> None:
+    """Promised GPUs 0,1 of NUMA node 0, the kubelet gave 2,3 of the same node: the count, the
+    links and the NUMA node all match, only the UUIDs tell."""
+    inside = _container_view(hgx, (2, 3))
+    visible = visible_gpus(inside, {})
+    assert visible.host is None
+    promised = hgx.uuids((0, 1))
+    assert promised is not None
+    ann = {
+        "gangslice.io/gpus": "0,1",
+        "gangslice.io/numa-node": "0",
+        "gangslice.io/gpu-uuids": ",".join(promised),
+    }
+    report = run_checks(inside, visible, Promise.from_annotations(ann), cpus=SOCKET0_H100)
+    failed = [c for c in report.checks if not c.ok]
+    assert [c.name for c in failed] == ["gpu-uuids"]
+    given = hgx.uuids((2, 3))
+    assert given is not None
+    assert report.reason == (
+        f"gpu-uuids: visible GPUs {', '.join(sorted(u.lower() for u in given))} differ from the promised "
+        f"{', '.join(sorted(u.lower() for u in promised))} (gangslice.io/gpu-uuids)"
+    )
+
+
+def test_the_promised_uuids_pass_in_any_order_and_case(hgx: GpuGraph) -> None:
+    inside = _container_view(hgx, (4, 5))
+    uuids = hgx.uuids((5, 4))
+    assert uuids is not None
+    promise = Promise.from_annotations({"gangslice.io/gpu-uuids": ",".join(u.upper() for u in uuids)})
+    report = run_checks(inside, visible_gpus(inside, {}), promise, cpus=SOCKET1_H100)
+    check = next(c for c in report.checks if c.name == "gpu-uuids")
+    assert check.ok and check.detail == "2 GPU UUIDs as promised"
+
+
+def test_the_command_exits_1_naming_both_uuid_sets(
+    cli: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], hgx: GpuGraph
+) -> None:
+    given, promised = hgx.uuids((4, 5, 6, 7)), hgx.uuids((4, 5, 6, 3))
+    assert given is not None and promised is not None
+    cli.setenv("NVIDIA_VISIBLE_DEVICES", ",".join(given))
+    cli.setenv(FAKE_ENV, "hgx-h100")
+    _affinity(cli, frozenset(range(60, 68)))
+    ann = _annotations(tmp_path, uuids=",".join(promised))
+
+    assert main(["preflight", "--annotations", str(ann)]) == 1
+    err = capsys.readouterr().err
+    assert "FAIL: gpu-uuids: visible GPUs" in err
+    assert all(u.lower() in err for u in {*given, *promised})
+
+
+def test_a_graph_without_uuids_has_none_to_give() -> None:
+    graph = GpuGraph(gpus=(Gpu(index=0, uuid="GPU-a"), Gpu(index=1)), links={(0, 1): Link(nvlinks=4)})
+    assert graph.uuids([0]) == ("GPU-a",)
+    assert graph.uuids([0, 1]) is None
+
+
+@pytest.mark.parametrize("raw", ["", "0,1", "GPU-", "MIG-1234"])
+def test_an_unreadable_uuid_annotation_is_bad_input(raw: str) -> None:
+    with pytest.raises(PreflightError, match=re.escape("gangslice.io/gpu-uuids")):
+        Promise.from_annotations({"gangslice.io/gpu-uuids": raw})

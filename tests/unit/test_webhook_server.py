@@ -134,7 +134,8 @@ def test_health_readiness_and_metrics() -> None:
             waiting = await client.get("/readyz")
             assert waiting.status == 503 and "nodes" in await waiting.text()
             for kind in Kind:
-                cache.replace(kind, [node_obj("a")] if kind is Kind.NODES else [])
+                objs = {Kind.NODES: [node_obj("a")], Kind.PODS: [pod_obj("x", gpus=1)]}.get(kind, [])
+                cache.replace(kind, objs)
             assert (await client.get("/readyz")).status == 200
             await client.post("/gangslice/filter", json={"Pod": pod_obj("x", gpus=1), "NodeNames": ["a"]})
             await client.post("/gangslice/filter", data=b"nope")

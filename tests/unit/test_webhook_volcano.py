@@ -37,7 +37,7 @@ async def post(client: Client, verb: str, body: dict[str, Any]) -> Any:
 
 def task(name: str, job: str = "llm/pg-1", gpus: int = 8, node: str = "", role: str = "") -> dict[str, Any]:
     annotations = {keys.VOLCANO_GROUP: job.split("/")[1]} if job else {}
-    pod = pod_obj(name, gpus=gpus, annotations=annotations)
+    pod = pod_obj(name, gpus=gpus, annotations=annotations, scheduler="volcano")
     return {
         "UID": pod["metadata"]["uid"],
         "Job": job,

@@ -1,0 +1,87 @@
+"""Who may call what, per listener.
+
+The scheduler listener (``--port``) serves the kube-scheduler verbs; with a client CA
+(``--tls-client-ca``) every path under the verb prefix needs a client certificate that
+chained to it (the TLS layer checked the chain) and, with ``--tls-client-names``, names one
+of the allowed names in its subject CN or DNS SANs; without one the reply is 403 saying so.
+``/healthz``, ``/readyz`` and ``/metrics`` answer without a certificate: one port keeps the
+Service, the probes (a kubelet presents no client certificate) and the serving certificate
+as they are, where a second listener for health would need its own port, probes and
+Service entries for no gain in what an attacker can do (health says "ok").
+
+Volcano's extender client presents no certificate, so with ``--volcano-port`` its verbs
+move to a listener of their own (reached only by the Volcano scheduler, per the shipped
+NetworkPolicy); that listener serves the Volcano verbs and health only, and the scheduler
+listener no longer serves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from extender.httpapi.limits import GUARD
+
+SCHEDULER = "scheduler"
+VOLCANO = "volcano"
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    prefix: str = "/gangslice"
+    client_certs: bool = False
+    client_names: frozenset[str] = field(default_factory=frozenset)
+    #: The Volcano listener's port when the Volcano verbs have one.
+    volcano_port: int | None = None
+
+    @property
+    def volcano_base(self) -> str:
+        return f"{self.prefix}/volcano"
+
+
+ACCESS = web.AppKey("access", Access)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def cert_names(peercert: dict[str, Any]) -> set[str]:
+    """Subject common names and DNS subject alternative names of a verified peer certificate."""
+    names = {v for rdn in peercert.get("subject", ()) for k, v in rdn if k == "commonName"}
+    names |= {v for k, v in peercert.get("subjectAltName", ()) if k in ("DNS", "URI")}
+    return names
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+@web.middleware
+async def checked(request: web.Request, handler: Handler) -> web.StreamResponse:
+    access = request.app.get(ACCESS)
+    guard = request.app.get(GUARD)
+    listener = guard.listener_of(request.protocol) if guard is not None else None
+    if access is None or listener is None or request.path in OPEN_PATHS:
+        return await handler(request)
+    volcano_path = _under(request.path, access.volcano_base)
+    if listener == VOLCANO:
+        if not volcano_path:
+            raise web.HTTPNotFound(text="this port serves only the Volcano verbs and health\n")
+        return await handler(request)
+    if volcano_path and access.volcano_port is not None:
+        raise web.HTTPNotFound(text=f"the Volcano verbs are served on port {access.volcano_port}\n")
+    if access.client_certs and (not access.prefix or _under(request.path, access.prefix)):
+        peercert = request.transport.get_extra_info("peercert") if request.transport else None
+        if not peercert:
+            raise web.HTTPForbidden(
+                text="a client certificate signed by the extender's client CA is required (--tls-client-ca)\n"
+            )
+        if access.client_names:
+            names = cert_names(peercert)
+            if not names & access.client_names:
+                shown = ", ".join(sorted(names)) or "no name"
+                allowed = ", ".join(sorted(access.client_names))
+                raise web.HTTPForbidden(text=f"client certificate names {shown}, not one of {allowed}\n")
+    return await handler(request)

@@ -1,0 +1,146 @@
+"""What a verb is told, checked against what gangslice watches, before it decides.
+
+A scheduler's request names a pod and a node; a forged one names pods nobody created,
+another tenant's pod, a pod already running, or a node outside the pod's slot. So:
+
+- filter, prioritize, predicate: the pod must be in the pod watch with the UID sent; if
+  not, the verb reserves nothing and says why (a scheduler retries; the watch catches up).
+  The watched pod, not the request's copy, is what the decision reads.
+- bind, allocate: the pod must be watched, with the UID sent, not bound elsewhere, and name one
+  of our schedulers (``--scheduler-name``; ``volcano`` for the Volcano verbs); the node must
+  be a Node of the cluster. The slot check is the decider's (``Refused``).
+- deallocate: frees a slot only while the pod is not running on a node: gone (per the
+  watch, then the API server), finished, or not bound yet (Volcano undoing an allocation
+  within its session). A running member's slot is freed when the pod ends.
+
+In file mode (``serve --cluster``, no pod watch) pods are known only from requests: the
+checks that need the watch are skipped there.
+Every refusal is counted in ``gangslice_extender_refusals_total{verb,reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Iterable
+
+from aiohttp import web
+
+from extender.httpapi.handling import API, CACHE, METRICS
+from extender.kube.api import ApiError, NotFound
+from extender.kube.pods import PodInfo
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCHEDULERS = ("gangslice-scheduler",)
+DEFAULT_VOLCANO_SCHEDULERS = ("volcano",)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schedulers:
+    """Scheduler names whose pods the kube-scheduler verbs and the Volcano verbs may bind."""
+
+    kube: frozenset[str] = frozenset(DEFAULT_SCHEDULERS)
+    volcano: frozenset[str] = frozenset(DEFAULT_VOLCANO_SCHEDULERS)
+
+    @classmethod
+    def of(cls, kube: Iterable[str], volcano: Iterable[str]) -> Schedulers:
+        return cls(frozenset(kube), frozenset(volcano))
+
+
+SCHEDULERS = web.AppKey("schedulers", Schedulers)
+
+
+class Refusal(Exception):
+    """A request refused for what it claims; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def refused(request: web.Request, verb: str, exc: Refusal) -> str:
+    """Count a refusal and give its message."""
+    request.app[METRICS].refusals.labels(verb, exc.reason).inc()
+    log.info("%s refused (%s): %s", verb, exc.reason, exc)
+    return str(exc)
+
+
+def asked(request: web.Request, sent: PodInfo) -> PodInfo:
+    """The pod a filter, prioritize or predicate asks about, as watched. Raises Refusal."""
+    cache = request.app[CACHE]
+    if not cache.pods_watched:
+        return sent
+    known = cache.watched_pod(sent.namespace, sent.name)
+    if known is None:
+        raise Refusal(
+            "unknown-pod",
+            f"pod {sent.key} is not known to gangslice (not in its pod watch); nothing reserved",
+        )
+    if sent.uid and known.uid and sent.uid != known.uid:
+        raise Refusal("uid-mismatch", f"pod {sent.key} has uid {known.uid}, not {sent.uid}; nothing reserved")
+    return known
+
+
+def to_bind(
+    request: web.Request,
+    namespace: str,
+    name: str,
+    uid: str,
+    node: str,
+    *,
+    volcano: bool,
+    sent: PodInfo | None = None,
+) -> PodInfo:
+    """The pod a bind or allocate may place on ``node``, as watched (without a watch: as last
+    seen, else as ``sent``). Raises Refusal."""
+    cache = request.app[CACHE]
+    key = f"{namespace}/{name}"
+    pod = cache.watched_pod(namespace, name) if cache.pods_watched else cache.pod(namespace, name) or sent
+    if pod is None:
+        raise Refusal("unknown-pod", f"pod {key} is not known to gangslice")
+    if uid and pod.uid and uid != pod.uid:
+        raise Refusal("uid-mismatch", f"pod {key} has uid {pod.uid}, not {uid}")
+    if cache.pods_watched and not uid:
+        raise Refusal("uid-mismatch", f"no uid given for pod {key}")
+    if pod.node is not None and pod.node != node:  # the same node again: a retried bind
+        raise Refusal("already-bound", f"pod {key} is already bound to node {pod.node}")
+    if pod.terminal or pod.deleting:
+        raise Refusal("pod-finished", f"pod {key} is {'being deleted' if pod.deleting else pod.phase}")
+    schedulers = request.app.get(SCHEDULERS) or Schedulers()
+    allowed = schedulers.volcano if volcano else schedulers.kube
+    if pod.scheduler not in allowed:
+        names = ", ".join(sorted(allowed))
+        raise Refusal("other-scheduler", f"pod {key} names scheduler {pod.scheduler!r}, not {names}")
+    if not cache.has_node_object(node):
+        raise Refusal("unknown-node", f"node {node!r} is not a node of the cluster")
+    if uid and not pod.uid:
+        pod = dataclasses.replace(pod, uid=uid)
+    return pod
+
+
+async def to_free(request: web.Request, sent: PodInfo) -> PodInfo:
+    """The pod whose slot a deallocate may free. Raises Refusal while it runs on a node."""
+    cache = request.app[CACHE]
+    if not cache.pods_watched:
+        return sent
+    pod = cache.watched_pod(sent.namespace, sent.name)
+    api = request.app[API]
+    if pod is None and api is not None:
+        try:
+            pod = PodInfo.from_obj(await asyncio.to_thread(api.get_pod, sent.namespace, sent.name))
+        except NotFound:
+            return sent
+        except ApiError as exc:
+            raise Refusal("api-error", f"cannot tell whether pod {sent.key} is gone: {exc}") from None
+    if pod is None:
+        return sent
+    if sent.uid != pod.uid:
+        raise Refusal("uid-mismatch", f"pod {pod.key} has uid {pod.uid}, not {sent.uid or '(none)'}")
+    if pod.node is not None and not pod.terminal:
+        raise Refusal(
+            "pod-running",
+            f"pod {pod.key} runs on node {pod.node}; its slot is freed when the pod is gone or finished",
+        )
+    return dataclasses.replace(pod, labels={**sent.labels, **pod.labels})

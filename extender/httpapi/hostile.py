@@ -1,0 +1,365 @@
+"""A bounded hostile load on ``gangslice serve`` over loopback, with the figures it leaves:
+the server's RSS after the run and at its peak, the slowest ``/healthz`` answered during it,
+the replies by status, and whether the server survived.
+
+The server runs as its own process (``gangslice serve --cluster``) so its memory is its
+own; the load is a few hundred requests of the kinds an attacker inside the cluster would
+send: node lists of invented names far longer than the cluster, invented names within the
+bound, a GPU count per request never asked before, bodies declared or sent beyond the size
+limit, compressed and broken compressed bodies (session verbs too), bodies that are not
+JSON or nested too deeply, connections that trickle their headers or body or sit idle, and
+more connections than the cap. Meanwhile ``/healthz`` is asked every 50 ms.
+
+``gangslice bench extender --hostile`` prints the figures; tests/unit/test_hostile_load.py
+checks them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from extender.kube import names as keys
+
+CLUSTER = """\
+levels: [fabric.topograph.run/tier-0]
+nodes:
+  - name: h
+    count: 32
+    labels: {fabric.topograph.run/tier-0: leaf-1}
+    gpuTopology: hgx-h100
+  - name: g
+    count: 32
+    labels: {fabric.topograph.run/tier-0: leaf-2}
+    gpuTopology: hgx-h100
+"""
+NODES = [f"h-{i}" for i in range(32)] + [f"g-{i}" for i in range(32)]
+#: Tight limits for the run, so the slow-connection cases end within seconds.
+SERVE_FLAGS = (
+    "--header-timeout=1",
+    "--body-timeout=1",
+    "--idle-timeout=2",
+    "--max-connections=64",
+    "--max-body-bytes=4194304",
+)
+
+
+@dataclass
+class Figures:
+    rss_before_mib: float = 0.0
+    rss_after_mib: float = 0.0
+    rss_peak_mib: float = 0.0
+    healthz_checks: int = 0
+    healthz_slowest_ms: float = 0.0
+    healthz_median_ms: float = 0.0
+    #: Replies by status ("closed" for a connection the server closed without a reply).
+    statuses: Counter[str] = field(default_factory=Counter)
+    #: Replies that were neither 2xx nor a 4xx with a one-line reason (should stay empty).
+    bad_replies: list[str] = field(default_factory=list)
+    #: Slow or idle connections still open past their timeout (should be 0).
+    slow_connections_left_open: int = 0
+    crashed: bool = False
+    requests: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["statuses"] = dict(sorted(self.statuses.items()))
+        return out
+
+    def render(self) -> str:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.statuses.items()))
+        return "\n".join(
+            [
+                f"hostile load: {self.requests} requests in {self.seconds:.1f} s over loopback",
+                f"  server RSS: {self.rss_before_mib:.0f} MiB before, {self.rss_after_mib:.0f} MiB after, "
+                f"{self.rss_peak_mib:.0f} MiB peak",
+                f"  /healthz during it: {self.healthz_checks} checks, "
+                f"median {self.healthz_median_ms:.1f} ms, slowest {self.healthz_slowest_ms:.1f} ms",
+                f"  replies by status: {counts}",
+                f"  replies neither 2xx nor a one-line 4xx: {len(self.bad_replies)}",
+                f"  slow or idle connections left open past their timeout: {self.slow_connections_left_open}",
+                f"  server crashed: {'yes' if self.crashed else 'no'}",
+            ]
+        )
+
+
+def _rss_mib(pid: int, field_name: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.asynccontextmanager
+async def served(folder: Path, *extra: str) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
+    """``gangslice serve --cluster`` on a free loopback port, until the block ends."""
+    cluster = folder / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    port = _free_port()
+    cmd = [sys.executable, "-m", "extender.cli", "serve", "--cluster", str(cluster)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", *SERVE_FLAGS, *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"gangslice serve exited: {proc.stderr.read().decode() if proc.stderr else ''}"
+                )
+            with contextlib.suppress(OSError):
+                status, _ = await request(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                if status == "200":
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("gangslice serve did not answer /healthz within 30 s")
+            await asyncio.sleep(0.1)
+        yield proc, port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def request(port: int, head_and_body: bytes, timeout_s: float = 10.0) -> tuple[str, bytes]:
+    """Send raw bytes as one request (``Connection: close`` is added) and read the reply:
+    (status, body), status "closed" when the server closed without one."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        head, _, body = head_and_body.partition(b"\r\n\r\n")
+        writer.write(head + b"\r\nConnection: close\r\n\r\n" + body)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        try:
+            async with asyncio.timeout(timeout_s):
+                raw = await reader.read()
+        except ConnectionError:
+            raw = b""
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    if not raw:
+        return "closed", b""
+    status_line, _, rest = raw.partition(b"\r\n")
+    parts = status_line.split()
+    return (parts[1].decode() if len(parts) > 1 else "?"), rest.partition(b"\r\n\r\n")[2]
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n{extra}"
+    return head.encode() + b"\r\n" + body
+
+
+def pod(gpus: int, name: str = "p", gang: str | None = None) -> dict[str, Any]:
+    labels = {keys.GANG: gang} if gang else {}
+    annotations = {keys.GANG_SIZE: "4"} if gang else {}
+    res = {"limits": {keys.GPU_RESOURCE: str(gpus)}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "t",
+            "uid": f"u-{name}",
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": {"containers": [{"name": "c", "resources": res}]},
+    }
+
+
+def cases() -> list[tuple[str, bytes]]:
+    """(label, raw request) of the hostile run, a few hundred in all."""
+    out: list[tuple[str, bytes]] = []
+    invented = [f"ghost-{i:06d}" for i in range(20_000)]
+    for verb in ("filter", "prioritize"):
+        body = json.dumps({"Pod": pod(4), "NodeNames": invented}).encode()
+        out += [(f"{verb} of 20,000 invented names", post(f"/gangslice/{verb}", body))] * 8
+    for i in range(40):
+        names = NODES + [f"nobody-{i}-{j}" for j in range(900)]
+        verb = "filter" if i % 2 else "prioritize"
+        body = json.dumps({"Pod": pod(1 + i % 8), "NodeNames": names}).encode()
+        out.append((f"{verb} of real and invented names", post(f"/gangslice/{verb}", body)))
+    for gpus in range(1, 121):
+        body = json.dumps({"Pod": pod(gpus, f"p{gpus}"), "NodeNames": NODES}).encode()
+        out.append(("filter of a GPU count never asked", post("/gangslice/filter", body)))
+    for i in range(20):
+        body = json.dumps({"Pod": pod(8, f"m{i}", gang=f"invented-{i}"), "NodeNames": NODES}).encode()
+        out.append(("filter of an invented gang", post("/gangslice/filter", body)))
+    bomb = gzip.compress(b"[" * 4_000_000, compresslevel=9)
+    for path in ("/gangslice/filter", "/gangslice/volcano/onSessionOpen", "/gangslice/volcano/predicate"):
+        out += [("gzip body", post(path, bomb, "Content-Encoding: gzip\r\n"))] * 4
+        out += [("broken gzip body", post(path, b"\x1f\x8b not gzip", "Content-Encoding: gzip\r\n"))] * 2
+    big = b'{"Pod": {}, "NodeNames": ["' + b"x" * (6 * 1024 * 1024) + b'"]}'
+    for path in ("/gangslice/filter", "/gangslice/volcano/onSessionOpen"):
+        out += [("body over the limit", post(path, big))] * 3
+        declared = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n".encode() + b"{"
+        out += [("50 MB declared", declared)] * 3
+    for raw in (b"{", b"[" * 100_000 + b"]" * 100_000, b'{"Pod": 7}', "\u00ff".encode("latin-1")):
+        out += [("not JSON or not the shape", post("/gangslice/filter", raw))] * 3
+    long_name = json.dumps({"Pod": pod(1), "NodeNames": ["n" * 300]}).encode()
+    out += [("a name longer than a node name", post("/gangslice/prioritize", long_name))] * 3
+    bind = json.dumps({"PodName": "nobody", "PodNamespace": "kube-system", "Node": "h-0"}).encode()
+    out += [("bind of a pod nobody created", post("/gangslice/bind", bind))] * 5
+    return out
+
+
+async def slow_connections(
+    port: int, n: int, kind: str
+) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    conns = []
+    for _ in range(n):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if kind == "headers":
+            writer.write(b"POST /gangslice/filter HTTP/1.1\r\nHost: x\r\n")
+        elif kind == "body":
+            writer.write(b"POST /gangslice/filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        conns.append((reader, writer))
+    return conns
+
+
+async def trickle(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]], seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _, writer in conns:
+            if not writer.is_closing():
+                writer.write(b"X")
+        await asyncio.sleep(0.2)
+
+
+async def still_open(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> int:
+    left = 0
+    for reader, writer in conns:
+        try:
+            async with asyncio.timeout(0.5):
+                await reader.read()
+        except TimeoutError:
+            left += 1
+        except ConnectionError:
+            pass
+        with contextlib.suppress(Exception):
+            writer.close()
+    return left
+
+
+POLLER = """
+import select, socket, sys, time
+port = int(sys.argv[1])
+while not select.select([sys.stdin], [], [], 0.05)[0]:
+    start = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+        ok = reply.startswith(b"HTTP/1.1 200")
+    except OSError:
+        ok = False
+    print((time.perf_counter() - start) * 1000 if ok else "inf", flush=True)
+"""
+
+
+def start_poller(port: int) -> subprocess.Popen[str]:
+    """``/healthz`` every 50 ms from a process of its own (the load generator's work must
+    not count as the server's latency), one figure in ms per line, until stdin closes."""
+    return subprocess.Popen(
+        [sys.executable, "-c", POLLER, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+
+
+def stop_poller(poller: subprocess.Popen[str]) -> list[float]:
+    out, _ = poller.communicate("stop\n", timeout=30)
+    return [float(line) for line in out.split()]
+
+
+def _judge(status: str, body: bytes) -> str | None:
+    if status.startswith("2"):
+        return None
+    if status.startswith("4"):
+        text = body.decode("utf-8", "replace")
+        if text.strip() and "\n" not in text.strip() and len(text) < 500:
+            return None
+        return f"{status} without a one-line reason: {text[:120]!r}"
+    if status == "closed":
+        return None
+    return f"{status}: {body[:120]!r}"
+
+
+async def run_hostile(concurrency: int = 2) -> Figures:
+    figures = Figures()
+    with tempfile.TemporaryDirectory() as folder:
+        async with served(Path(folder)) as (proc, port):
+            figures.rss_before_mib = _rss_mib(proc.pid)
+            poller = start_poller(port)
+            started = time.monotonic()
+            slow = await slow_connections(port, 8, "headers") + await slow_connections(port, 8, "body")
+            idle = await slow_connections(port, 8, "idle")
+            trickling = asyncio.create_task(trickle(slow, 4.0))
+            work = cases()
+            queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+            for item in work:
+                queue.put_nowait(item)
+
+            async def worker() -> None:
+                while not queue.empty():
+                    label, raw = queue.get_nowait()
+                    try:
+                        status, body = await request(port, raw)
+                    except (ConnectionError, TimeoutError) as exc:
+                        status, body = "closed", str(exc).encode()
+                    figures.statuses[status] += 1
+                    bad = _judge(status, body)
+                    if bad:
+                        figures.bad_replies.append(f"{label}: {bad}")
+                    figures.rss_peak_mib = max(figures.rss_peak_mib, _rss_mib(proc.pid))
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await trickling
+            await asyncio.sleep(1.0)
+            figures.slow_connections_left_open = await still_open(slow + idle)
+            times = stop_poller(poller)
+            # More connections than the cap: the ones beyond it are answered 429 (a probe
+            # among them too: the cap counts connections, whatever they ask for).
+            flood = await slow_connections(port, 70, "idle")
+            for reader, _ in flood:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(0.2):
+                        line = await reader.readline()
+                        if line:
+                            figures.statuses[line.split()[1].decode()] += 1
+            for _, writer in flood:
+                writer.close()
+            figures.seconds = time.monotonic() - started
+            figures.requests = len(work) + len(times)
+            figures.healthz_checks = len(times)
+            ordered = sorted(times)
+            figures.healthz_slowest_ms = ordered[-1] if ordered else float("inf")
+            figures.healthz_median_ms = ordered[len(ordered) // 2] if ordered else float("inf")
+            figures.crashed = proc.poll() is not None
+            if not figures.crashed:
+                figures.rss_after_mib = _rss_mib(proc.pid)
+                figures.rss_peak_mib = max(figures.rss_peak_mib, _rss_mib(proc.pid, "VmHWM"))
+    return figures

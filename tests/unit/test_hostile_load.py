@@ -1,0 +1,90 @@
+"""The hostile-load run against a real ``gangslice serve`` process over loopback (bounded:
+a few hundred requests, about ten seconds; extender/httpapi/hostile.py says what it sends).
+Targets: server RSS after the run below 300 MiB, no /healthz slower than 200 ms during it,
+no crash, every reply a 2xx or a 4xx with a one-line reason, and every slow or idle
+connection closed by its timeout. The figures are printed (pytest -s shows them; so does
+``gangslice bench extender --hostile``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from extender.httpapi import nodelist
+from extender.httpapi.app import build_app
+from extender.httpapi.handling import DECIDER
+from extender.httpapi.hostile import run_hostile
+from extender.httpapi.limits import Limits, runner_options
+from extender.kube.cache import ClusterCache
+from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
+
+
+def test_hostile_load_is_bounded() -> None:
+    figures = asyncio.run(run_hostile())
+    print("\n" + figures.render())
+    assert not figures.crashed
+    assert figures.bad_replies == []
+    assert figures.rss_after_mib < 300, figures.render()
+    assert figures.healthz_checks >= 20 and figures.healthz_slowest_ms < 200, figures.render()
+    assert figures.slow_connections_left_open == 0
+    # Each kind of refusal was met (the run exercised what it claims to).
+    for status in ("200", "400", "413", "415", "429"):
+        assert figures.statuses[status] > 0, figures.render()
+    assert set(figures.statuses) <= {"200", "400", "413", "415", "429", "closed"}, figures.render()
+
+
+def test_memo_tables_hold_node_names_only(tmp_path: Path) -> None:
+    """Invented names get an answer ("not known") but never a place in the decider's tables."""
+    invented = [f"nobody-{i}" for i in range(900)]
+
+    async def go() -> None:
+        cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+        app = build_app(cache, housekeeping_s=None)
+        async with client_for(app) as client:
+            for gpus in (1, 2, 4):
+                for verb in ("filter", "prioritize"):
+                    body = {"Pod": pod_obj("p", gpus=gpus), "NodeNames": [*SMALL_CLUSTER_NODES, *invented]}
+                    r = await client.post(f"/gangslice/{verb}", json=body)
+                    assert r.status == 200
+                    reply = await r.json()
+                    if verb == "filter":
+                        assert set(reply["FailedNodes"]) >= set(invented)
+                    else:
+                        assert len(reply) == len(SMALL_CLUSTER_NODES) + len(invented)
+            too_long = {
+                "Pod": pod_obj("p", gpus=1),
+                "NodeNames": [f"x{i}" for i in range(nodelist.MIN_ALLOWED + 1)],
+            }
+            r = await client.post("/gangslice/filter", json=too_long)
+            assert r.status == 400 and "node names: more than 1000" in await r.text()
+        decider = app[DECIDER]
+        allowed = {*SMALL_CLUSTER_NODES, nodelist.STAND_IN}
+        for table in [*decider._fit.values(), *decider._raw.values()]:
+            assert set(table) <= allowed
+        for memo in (decider._filtered, decider._scored):
+            for _, key in memo._entries:
+                assert set(key.names) <= allowed
+
+    asyncio.run(go())
+
+
+def test_any_content_encoding_is_refused_and_session_bodies_are_bounded(tmp_path: Path) -> None:
+    async def go() -> None:
+        cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+        limits = Limits(max_body_bytes=4096)
+        app = build_app(cache, housekeeping_s=None, limits=limits)
+        server = TestServer(app)
+        await server.start_server(**runner_options(limits))  # auto_decompress off, as `serve` runs
+        async with TestClient(server) as client:
+            for path in ("/gangslice/filter", "/gangslice/volcano/onSessionOpen"):
+                for encoding in ("gzip", "deflate", "br"):
+                    r = await client.post(path, data=b"\x1f\x8bjunk", headers={"Content-Encoding": encoding})
+                    assert r.status == 415 and "Content-Encoding" in await r.text()
+                r = await client.post(path, data=b"[" + b"1," * 4096 + b"1]")
+                assert r.status == 413 and (await r.text()).count("\n") == 1
+            r = await client.post("/gangslice/volcano/onSessionClose", data=b"{}")
+            assert r.status == 200
+
+    asyncio.run(go())
