@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e bench reference crds venv clean
+.PHONY: demo test lint typecheck unit e2e bench reference crds venv clean image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ e2e: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/pytest -q tests
+
+# The OCI image archive out/image/gangslice-<version>-amd64.oci.tar and its SBOM (needs root,
+# mmdebstrap, buildah; no container daemon or registry). ARCH=arm64 for Grace trays.
+image: $(STAMP)
+	PYTHON=$(abspath $(BIN))/python hack/image/build.sh $(or $(ARCH),amd64)
 
 bench: $(STAMP)
 	$(BIN)/gangslice bench placement

@@ -24,9 +24,13 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The kubectl plugin's executable: kubectl runs ``kubectl gangslice ...`` as this.
+KUBECTL_PLUGIN = "kubectl-gangslice"
+
+
+def build_parser(prog: str = "gangslice") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gangslice",
+        prog=prog,
         description="Topology-aware gang scheduling for LLM inference on Kubernetes.",
     )
     parser.add_argument("--version", action="version", version=f"gangslice {__version__}")
@@ -37,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    as_plugin = os.path.basename(sys.argv[0]) == KUBECTL_PLUGIN
+    parser = build_parser("kubectl gangslice" if as_plugin else "gangslice")
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
@@ -50,7 +55,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `gangslice ... | head`: the reader has what it wanted
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except Exception as exc:
+        if not _no_cluster_configuration(exc):
+            raise
+        print(
+            f"gangslice {args.command}: no cluster to talk to ({exc}): give --kubeconfig, set KUBECONFIG, "
+            "or run inside a pod",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     return code
+
+
+def _no_cluster_configuration(exc: BaseException) -> bool:
+    """The Kubernetes client found neither a kubeconfig nor an in-cluster service account. Looked
+    up by module so that commands which never load the client do not import it here."""
+    module = sys.modules.get("kubernetes.config.config_exception")
+    return module is not None and isinstance(exc, module.ConfigException)
 
 
 def _silence_stdout() -> None:

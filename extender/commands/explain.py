@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNREACHABLE
+from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNPLACEABLE, EXIT_UNREACHABLE
 from extender.controllers import assignment, kueue, workload_gang
 from extender.controllers.controller import Cache
 from extender.controllers.explain import CheckState, Facts, render, to_json
@@ -41,7 +41,7 @@ from extender.kube.crd_models import CrdError, object_name
 from extender.placement.files import FileError, load_cluster, load_gang
 from extender.placement.request import GangRequest
 from extender.placement.scoring import LevelError
-from extender.placement.slice import Slice
+from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 
@@ -333,4 +333,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"gangslice explain: the API server: {exc}")
         return EXIT_UNREACHABLE
     print(json.dumps(to_json(facts), indent=2) if args.json else render(facts))
-    return EXIT_OK
+    return EXIT_UNPLACEABLE if isinstance(facts.dry_run, Unplaceable) else EXIT_OK

@@ -38,6 +38,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="also serve /metrics on this port for tokens the API server grants get /metrics "
+        "(TokenReview + SubjectAccessReview; HTTPS with --tls-cert; default 0: off)",
+    )
+    p.add_argument(
         "--tls-client-ca",
         metavar="FILE",
         help="mutual TLS: the verbs need a client certificate chained to this CA (health stays open)",
@@ -245,6 +253,10 @@ def run_serve(args: argparse.Namespace) -> int:
     client_names = frozenset(n.strip() for n in (args.tls_client_names or "").split(",") if n.strip())
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
+    if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
+        raise UsageError(f"--metrics-port {args.metrics_port}: not a port number other than --port")
+    if args.metrics_port and args.cluster:
+        raise UsageError("--metrics-port reviews tokens with the API server: not with --cluster")
     check_config, podgroup_config = controller_configs(args)
     options = ServeOptions(
         args.host,
@@ -260,6 +272,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tls_client_ca=args.tls_client_ca,
         tls_client_names=client_names,
         volcano_port=args.volcano_port,
+        metrics_port=args.metrics_port,
     )
     if args.cluster:
         try:
@@ -277,8 +290,13 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
     cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
     reporter = TopologyStatusReporter(KubeTopologyStatusApi(api))
+    reviewer = None
+    if args.metrics_port:
+        from extender.httpapi.secure_metrics import ApiReviewer
+
+        reviewer = ApiReviewer(api)
     if args.no_controller:
-        asyncio.run(serve(cache, options, api, topology_status=reporter))
+        asyncio.run(serve(cache, options, api, topology_status=reporter, reviewer=reviewer))
         return EXIT_OK
     from extender.controllers.runner import run_controller
 
@@ -293,7 +311,7 @@ def run_serve(args: argparse.Namespace) -> int:
             podgroup_config=podgroup_config,
         )
 
-    asyncio.run(serve(cache, options, api, controller, topology_status=reporter))
+    asyncio.run(serve(cache, options, api, controller, topology_status=reporter, reviewer=reviewer))
     return EXIT_OK
 
 

@@ -101,16 +101,20 @@ def _dry_run_lines(result: Placement | None, gang: GangRequest | None) -> list[s
 def _lack_lines(result: Unplaceable, gang: GangRequest | None) -> list[str]:
     if result.closest is None and not result.short_by:
         return []
-    per_pod = 0
+    per_pod, count = 0, 0
     if gang is not None and result.pod_set is not None:
         try:
-            per_pod = gang.pod_set(result.pod_set).gpus_per_pod
+            ps = gang.pod_set(result.pod_set)
+            per_pod, count = ps.gpus_per_pod, ps.count
         except KeyError:
-            per_pod = 0
-    lacks = f"{result.short_by} more pod(s) of pod set {result.pod_set}"
+            pass
+    pods = f"{result.short_by} pod(s) of pod set {result.pod_set}"
     if per_pod:
-        lacks += f" ({result.short_by * per_pod} GPUs)"
-    return [f"  closest: {result.closest or 'none'}; lacks {lacks}"]
+        pods += f" ({result.short_by * per_pod} GPUs)"
+    if result.closest is None or result.short_by >= count > 0:
+        return [f"  no domain holds even one of its pods: short by {pods}"]
+    lacks = pods.replace(" pod(s)", " more pod(s)", 1)
+    return [f"  closest: {result.closest}; lacks {lacks}"]
 
 
 def render(f: Facts) -> str:

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from extender.httpapi.health_metrics import HealthCollector
 from extender.kube.cache import ClusterCache
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.node_fit import fit_for
@@ -202,6 +203,8 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_CacheCollector(cache))
+        self.health = HealthCollector(cache)  # certificate expiry and gang waits, for alerts
+        self.registry.register(self.health)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,8 +16,10 @@ from aiohttp import web
 from extender.httpapi.access import SCHEDULER, VOLCANO, Access
 from extender.httpapi.app import build_app
 from extender.httpapi.checks import Schedulers
-from extender.httpapi.handling import LEADING
+from extender.httpapi.handling import LEADING, METRICS
+from extender.httpapi.health_metrics import certificate_files
 from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits, runner_options
+from extender.httpapi.secure_metrics import Reviewer, start_metrics_site
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import PODS, KubeClient, KubeError
 from extender.kube.cache import ClusterCache
@@ -42,6 +44,8 @@ class ServeOptions:
     tls_client_names: frozenset[str] = frozenset()
     #: The Volcano verbs' own listener (Volcano presents no client certificate).
     volcano_port: int | None = None
+    #: A second port with /metrics behind TokenReview + SubjectAccessReview (0: none).
+    metrics_port: int = 0
 
 
 async def label_own_pod(api: KubeClient, leader: bool) -> None:
@@ -79,6 +83,7 @@ async def serve(
     api: KubeClient | None = None,
     controller: Controller | None = None,
     topology_status: TopologyStatusReporter | None = None,
+    reviewer: Reviewer | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
@@ -123,6 +128,22 @@ async def serve(
         mtls = " (client certificates required)" if ctx is tls and options.tls_client_ca else ""
         log.info("serving %s verbs on %s://%s:%d%s%s", listener, scheme, options.host, port, path, mtls)
         print(f"gangslice serve: listening on {scheme}://{options.host}:{port}{path}{mtls}", flush=True)
+    metrics = app[METRICS]
+    if tls is not None:
+        metrics.health.certificates.update(certificate_files(tls.cert_file))
+        if options.tls_client_ca:
+            metrics.health.certificates["client-ca"] = options.tls_client_ca
+    # Prometheus presents a token, not a client certificate: the metrics port asks for none.
+    metrics_tls = ReloadingTls(tls.cert_file, tls.key_file) if tls and options.metrics_port else None
+    metrics_runner = None
+    if options.metrics_port and reviewer is not None:
+        metrics_runner = await start_metrics_site(
+            metrics.render,
+            reviewer,
+            options.host,
+            options.metrics_port,
+            metrics_tls.context if metrics_tls else None,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -132,7 +153,7 @@ async def serve(
     watcher = Watcher(api, cache) if api is not None else None
     if watcher is not None:
         background.append(asyncio.create_task(watcher.run()))
-    for reloading in (tls, volcano_tls):
+    for reloading in (tls, volcano_tls, metrics_tls):
         if reloading is not None:
             background.append(asyncio.create_task(reloading.watch()))
     if controller is not None:
@@ -156,4 +177,6 @@ async def serve(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await cache.flush()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await runner.cleanup()

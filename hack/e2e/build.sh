@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build the upstream binaries used by the end-to-end tier (etcd, kube-apiserver, kube-scheduler, kubectl,
-# Kueue's manager, Volcano's scheduler) from the pinned Go tools modules under hack/e2e/tools/.
+# Kueue's manager, Volcano's scheduler, helm) from the pinned Go tools modules under hack/e2e/tools/.
 #
 # Usage: hack/e2e/build.sh [COMPONENT...]      (default: all of them)
-#   COMPONENT is one of: etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler
+#   COMPONENT is one of: etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler helm
 #
 # Output goes to a cache folder outside the repository, keyed by the pinned versions:
 #   ${GANGSLICE_CACHE:-$HOME/.cache/gangslice}/e2e/<versions-key>/bin/<component>
@@ -24,7 +24,7 @@ log() { printf '%s [e2e-build] %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 trap 'rc=$?; log "FAILED at step: ${STEP} (exit ${rc})"; exit ${rc}' ERR
 
-ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler)
+ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler helm)
 COMPONENTS=("$@")
 [[ ${#COMPONENTS[@]} -gt 0 ]] || COMPONENTS=("${ALL_COMPONENTS[@]}")
 
@@ -69,6 +69,13 @@ fi
 # component -> "<tools module dir>|<main package>|<version>|<extra -X ldflags>"
 k8s_minor="${KUBERNETES_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
 K8S_X="-X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${k8s_minor} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=${KUBERNETES_VERSION} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=${k8s_minor}"
+# helm's default Kubernetes version for `helm template` and `helm lint` (its Makefile sets it the same way:
+# the minor version of the k8s.io/client-go it is built with).
+helm_k8s_minor="$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "${TOOLS_DIR}/helm/go.mod")"
+HELM_X="-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+for pkg in pkg/lint/rules pkg/chartutil; do
+    HELM_X+=" -X helm.sh/helm/v3/${pkg}.k8sVersionMajor=1 -X helm.sh/helm/v3/${pkg}.k8sVersionMinor=${helm_k8s_minor}"
+done
 spec_of() {
     case "$1" in
         etcd)           echo "etcd|go.etcd.io/etcd/server/v3|${ETCD_VERSION}|" ;;
@@ -77,6 +84,7 @@ spec_of() {
         kubectl)        echo "kubernetes|k8s.io/kubernetes/cmd/kubectl|${KUBERNETES_VERSION}|${K8S_X}" ;;
         kueue)          echo "kueue|sigs.k8s.io/kueue/cmd/kueue|${KUEUE_VERSION}|-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" ;;
         vc-scheduler)   echo "volcano|volcano.sh/volcano/cmd/scheduler|${VOLCANO_VERSION}|-X volcano.sh/volcano/pkg/version.Version=${VOLCANO_VERSION}" ;;
+        helm)           echo "helm|helm.sh/helm/v3/cmd/helm|${HELM_VERSION}|${HELM_X}" ;;
         *) return 1 ;;
     esac
 }

@@ -20,8 +20,12 @@
 from __future__ import annotations
 
 import json
+import os
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +38,7 @@ from cluster import (
     REPO,
     SYSTEM_NS,
     FakeNode,
+    Gangslice,
     clean_namespace,
     create,
     delete,
@@ -48,7 +53,7 @@ from cluster import (
     service_account_kubeconfig,
     wait_for,
 )
-from controlplane import ControlPlane
+from controlplane import ControlPlane, free_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -61,6 +66,8 @@ CHECKED_EXAMPLES = (
     "plain/prefill-decode.yaml",
     "kueue/llama-70b-tp8.yaml",
     "kueue/prefill-decode.yaml",
+    "kueue-queues.yaml",
+    "llm-d/llama-70b-pd.yaml",
 )
 LEADER_WORKER_SET_EXAMPLES = (
     "plain/llama-405b-tp8-pp2.yaml",
@@ -134,6 +141,24 @@ def test_only_leaderworkerset_examples_are_left_out() -> None:
     for example in LEADER_WORKER_SET_EXAMPLES:
         kinds = {(d["apiVersion"], d["kind"]) for d in documents((EXAMPLES / example).read_text())}
         assert kinds == {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")}, (example, kinds)
+
+
+def test_kubectl_runs_gangslice_as_a_plugin(control_plane: ControlPlane) -> None:
+    """The built kubectl finds the installed ``kubectl-gangslice`` on PATH and runs it."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    kubectl_exe = str(control_plane.bin_dir / "kubectl")
+    listed = subprocess.run(
+        [kubectl_exe, "plugin", "list"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "kubectl-gangslice" in listed.stdout, listed.stdout + listed.stderr
+    clusters, gangs = REPO / "examples" / "clusters", REPO / "examples" / "gangs"
+    argv = [kubectl_exe, "gangslice", "place", "--json", "--cluster", str(clusters / "hgx-h100-4leaf.yaml")]
+    run = subprocess.run(
+        [*argv, "--gang", str(gangs / "llama-70b-tp8.yaml")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout)["placed"] is True, run.stdout
 
 
 def run_gangslice(*args: str) -> subprocess.CompletedProcess[str]:
@@ -260,3 +285,79 @@ def test_explain_runs_under_the_explain_role(installed: ControlPlane, explain_ku
     finally:
         clean_namespace(cp, ns)
         remove_node(cp, node.name)
+
+
+def _token(cp: ControlPlane, account: str) -> str:
+    review = cp.request(
+        "POST",
+        f"/api/v1/namespaces/{SYSTEM_NS}/serviceaccounts/{account}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    return str(review["status"]["token"])
+
+
+def _scrape(url: str, context: ssl.SSLContext, token: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=10, context=context
+        ) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+def test_the_metrics_port_serves_only_tokens_granted_get_metrics(
+    installed: ControlPlane, tmp_path: Path
+) -> None:
+    """``serve --metrics-port`` under the controller's shipped RBAC (tokenreviews, subjectaccessreviews) asks
+    the real API server about each scraper's token: a ServiceAccount bound to the shipped ClusterRole
+    gangslice-metrics-reader reads the metrics; an unbound one gets 403, no token 401, a bad token 401."""
+    cp = installed
+    kubectl(cp, "apply", "--server-side", "-f", str(MANIFESTS / "monitoring" / "metrics-reader.yaml"))
+    reader, stranger = "e2e-prometheus", "e2e-stranger"
+    binding = {
+        "apiVersion": f"{RBAC_GROUP}/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": reader},
+        "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": "gangslice-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": reader, "namespace": SYSTEM_NS}],
+    }
+    for account in (reader, stranger):
+        sa = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": account, "namespace": SYSTEM_NS},
+        }
+        create(cp, sa, exist_ok=True)
+    create(cp, binding, exist_ok=True)
+    (metrics_port,) = free_ports(1)
+    server = Gangslice(
+        cp,
+        service_account_kubeconfig(cp, tmp_path / "controller.kubeconfig", "gangslice-controller"),
+        name="gangslice-metrics-port",
+        tls=True,
+        extra_args=(f"--metrics-port={metrics_port}",),
+    )
+    try:
+        server.start()
+        assert cp.ca_file is not None
+        context = ssl.create_default_context(cafile=str(cp.ca_file))
+        url = f"https://127.0.0.1:{metrics_port}/metrics"
+        status, body = _scrape(url, context, _token(cp, reader))
+        assert status == 200 and "gangslice_gpus" in body, (status, body[:500])
+        assert 'gangslice_certificate_expiry_timestamp_seconds{certificate="serving"}' in body, body
+        status, body = _scrape(url, context, _token(cp, stranger))
+        assert status == 403 and f"system:serviceaccount:{SYSTEM_NS}:{stranger}" in body, (status, body)
+        assert _scrape(url, context, None)[0] == 401
+        assert _scrape(url, context, "not-a-token")[0] == 401
+    finally:
+        server.stop()
+        delete(cp, "ClusterRoleBinding", reader)
+        delete(cp, "ClusterRole", "gangslice-metrics-reader")
+        for account in (reader, stranger):
+            delete(cp, "ServiceAccount", account, SYSTEM_NS)

@@ -16,7 +16,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster import Gangslice, events_for, extender_stack, get, gpu_pod, hgx_leaves, merge_patch, wait_for
+from cluster import (
+    Gangslice,
+    create,
+    events_for,
+    extender_stack,
+    get,
+    gpu_pod,
+    hgx_leaves,
+    merge_patch,
+    wait_for,
+)
 from controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
@@ -39,8 +49,19 @@ def accepted(cp: ControlPlane, node: str) -> dict[str, Any] | None:
     return None
 
 
+def probe_pod(cp: ControlPlane) -> dict[str, Any]:
+    """A pod that exists (the extender answers only for pods it watches) and that no
+    scheduler serves, so it stays a question and never takes a node."""
+    pod = get(cp, "Pod", "probe", "default")
+    if pod is None:
+        pod = gpu_pod("probe", 8, POOL, scheduler="no-such-scheduler")
+        pod["metadata"]["namespace"] = "default"
+        pod = create(cp, pod)
+    return pod
+
+
 def filter_reply(server: Gangslice, names: list[str]) -> dict[str, Any]:
-    body = json.dumps({"Pod": gpu_pod("probe", 8, POOL), "NodeNames": names}).encode()
+    body = json.dumps({"Pod": probe_pod(server.cp), "NodeNames": names}).encode()
     req = urllib.request.Request(server.url + "/gangslice/filter", data=body, method="POST")
     req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -79,7 +100,11 @@ def test_an_unreadable_spec_is_said_on_the_object_the_node_and_the_filter(
             30,
         )
         assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Node"
-        reply = filter_reply(gangslice, [bad, good])
+        reply = wait_for(
+            "the filter to know the probe pod",
+            lambda: (r := filter_reply(gangslice, [bad, good])) and "not known" not in json.dumps(r) and r,
+            30,
+        )
         assert reply["NodeNames"] == [good]
         assert "no link given" in reply["FailedNodes"][bad]
     finally:

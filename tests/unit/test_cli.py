@@ -371,3 +371,16 @@ def test_a_closed_pipe_exits_quietly() -> None:
     assert "Traceback" not in done.stderr, done.stderr
     assert "BrokenPipeError" not in done.stderr, done.stderr
     assert done.returncode == cli.EXIT_BROKEN_PIPE
+
+
+def test_the_kubectl_plugin_is_the_same_command() -> None:
+    """`kubectl gangslice ...` runs the installed `kubectl-gangslice`: the same entry point, and
+    its usage names itself the way the user typed it."""
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[cli.KUBECTL_PLUGIN] == scripts["gangslice"] == "extender.cli:main"
+    plugin = Path(sys.executable).parent / cli.KUBECTL_PLUGIN
+    assert plugin.is_file(), f"{plugin}: reinstall the package (make venv)"
+    proc = subprocess.run([str(plugin), "place"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == EXIT_BAD_INPUT and "usage: kubectl gangslice place" in proc.stderr, proc.stderr

@@ -87,11 +87,42 @@ def test_offline_gang_that_waits_names_the_closest_domain_and_what_it_lacks(
 ) -> None:
     code = main(["explain", "--cluster", str(busy_cluster(tmp_path)), "--gang", str(leaf_gang(tmp_path))])
     out = capsys.readouterr().out
-    assert code == 0
+    assert code == 3  # as `gangslice place`: no slice
     assert "dry run now: no slice" in out
     assert "  why: pod set tp: no leaf has room for 4 pods" in out
     assert "  closest: leaf leaf-a; lacks 2 more pod(s) of pod set tp (16 GPUs)" in out
     assert len(out.splitlines()) < 25
+
+
+def test_a_pod_set_that_fits_nowhere_is_not_said_to_lack_one_pod_of_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every node busy: no domain holds a single pod, so there is no closest one to name."""
+    data = yaml.safe_load(busy_cluster(tmp_path).read_text())
+    data["nodes"] = [{**n, "allocatedGpus": list(range(8))} for n in data["nodes"]]
+    full = tmp_path / "full.yaml"
+    full.write_text(yaml.safe_dump(data))
+    gang = tmp_path / "one.yaml"
+    gang.write_text(
+        yaml.safe_dump({"name": "serving/one", "podSets": [{"name": "w", "count": 1, "gpusPerPod": 8}]})
+    )
+    code = main(["explain", "--cluster", str(full), "--gang", str(gang)])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "closest: none" not in out and "lacks" not in out, out
+    assert "  no domain holds even one of its pods: short by 1 pod(s) of pod set w (8 GPUs)" in out, out
+
+
+def test_online_commands_without_a_kubeconfig_say_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["explain", "gang/serving/tp32"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("gangslice explain: no cluster to talk to") and "--kubeconfig" in err, err
 
 
 def test_offline_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,6 +28,8 @@ from extender.placement.solver import place
 
 PLAIN = yaml_files(K8S_EXAMPLES / "plain")
 KUEUE = yaml_files(K8S_EXAMPLES / "kueue")
+#: llm-d's prefill and decode Deployments as one gang of gangslice's labels (docs/llm-d.md).
+LLM_D = yaml_files(K8S_EXAMPLES / "llm-d")
 LEVEL_KEYS = (names.REQUIRED_LEVEL, names.PREFERRED_LEVEL)
 
 
@@ -74,7 +76,7 @@ def test_there_are_four_shapes_in_each_flavour() -> None:
 # -- plain labels ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", PLAIN, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [*PLAIN, *LLM_D], ids=lambda p: p.stem)
 def test_plain_examples_become_the_gangs_they_describe(path: Path) -> None:
     members: dict[str, list[tuple[PodInfo, str | None]]] = defaultdict(list)
     pods = 0

@@ -143,6 +143,7 @@ def test_the_derivation_sees_the_calls_we_know_of() -> None:
     assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # controllers/controller.py SSA
     assert ("coordination.k8s.io", "leases", "update") in got  # controllers/leader.py replace
     assert ("kueue.x-k8s.io", "admissionchecks", "watch") in got  # kopf
+    assert ("authorization.k8s.io", "subjectaccessreviews", "create") in got  # secure_metrics.py
 
 
 def test_the_controller_is_granted_exactly_what_its_code_calls() -> None:

@@ -94,7 +94,12 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
         seen.update(kwargs)
 
     async def fake_serve(
-        cache: Any, options: Any, api: Any = None, controller: Any = None, topology_status: Any = None
+        cache: Any,
+        options: Any,
+        api: Any = None,
+        controller: Any = None,
+        topology_status: Any = None,
+        reviewer: Any = None,
     ) -> None:
         seen["topology_status"] = topology_status
         await controller(asyncio.Event(), lambda leading: None)

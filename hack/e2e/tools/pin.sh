@@ -76,7 +76,14 @@ pin_etcd() {
     (cd "$d" && go mod edit -require="go.etcd.io/etcd/server/v3@${ETCD_VERSION}" -tool=go.etcd.io/etcd/server/v3 && go mod tidy)
 }
 
+pin_helm() {
+    local d="${TOOLS_DIR}/helm"
+    log "helm ${HELM_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/helm
+    (cd "$d" && go mod edit -require="helm.sh/helm/v3@${HELM_VERSION}" -tool=helm.sh/helm/v3/cmd/helm && go mod tidy)
+}
+
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kueue volcano)
+[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kueue volcano helm)
 for t in "${targets[@]}"; do "pin_$t"; done
 log "done"

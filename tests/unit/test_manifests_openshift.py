@@ -1,0 +1,95 @@
+"""manifests/components/openshift and manifests/openshift-scheduler: the agent's SCC grants what
+its DaemonSet asks for and nothing more, the component leaves the controller to restricted-v2,
+and the Secondary Scheduler Operator runs our scheduler configuration. The real API server
+with OpenShift's CRDs accepts every object (tests/e2e/test_openshift.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from test_manifests import MANIFESTS, build, load_all
+
+COMPONENT = MANIFESTS / "components" / "openshift"
+AGENT_ACCOUNT = "system:serviceaccount:gangslice-system:gangslice-agent"
+#: DaemonSet volume kinds as SCC names them.
+VOLUME_KINDS = {"hostPath": "hostPath", "emptyDir": "emptyDir", "secret": "secret", "configMap": "configMap"}
+
+
+def scc() -> dict[str, Any]:
+    (obj,) = [o for o in load_all(COMPONENT / "scc.yaml") if o["kind"] == "SecurityContextConstraints"]
+    return obj
+
+
+def test_the_agent_scc_allows_exactly_what_the_daemonset_asks() -> None:
+    s = scc()
+    assert s["users"] == [AGENT_ACCOUNT] and not s["groups"]
+    assert s["runAsUser"] == {"type": "MustRunAs", "uid": 0}
+    assert s["allowPrivilegedContainer"] is False and s["allowPrivilegeEscalation"] is False
+    assert s["requiredDropCapabilities"] == ["ALL"] and s["allowedCapabilities"] == []
+    assert s["readOnlyRootFilesystem"] is True and s["allowHostDirVolumePlugin"] is True
+    for host in ("allowHostNetwork", "allowHostPID", "allowHostIPC", "allowHostPorts"):
+        assert s[host] is False, host
+    agent = build("").find("DaemonSet", "gangslice-agent", "gangslice-system")
+    assert agent is not None
+    pod = agent["spec"]["template"]["spec"]
+    used = {VOLUME_KINDS[k] for v in pod["volumes"] for k in v if k in VOLUME_KINDS}
+    assert used <= set(s["volumes"]), used
+    assert pod["securityContext"]["runAsUser"] == 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert s["seccompProfiles"] == ["runtime/default"]
+    (host,) = [v["hostPath"] for v in pod["volumes"] if "hostPath" in v]
+    assert host["path"] == "/var/lib/kubelet/pod-resources"
+    mounts = [m for c in pod["containers"] for m in c["volumeMounts"] if m["mountPath"] == host["path"]]
+    assert mounts and all(m["readOnly"] for m in mounts)
+
+
+def _patches() -> dict[str, list[dict[str, Any]]]:
+    """The component's JSON patches by target kind."""
+    k = yaml.safe_load((COMPONENT / "kustomization.yaml").read_text())
+    return {p["target"]["kind"]: yaml.safe_load(p["patch"]) for p in k["patches"]}
+
+
+def test_the_component_hands_ids_to_openshift_and_the_selinux_type_to_the_scc() -> None:
+    patches = _patches()
+    removed = {
+        op["path"] for op in patches["Deployment"] if op["op"] == "remove" and "securityContext" in op["path"]
+    }
+    base = build("").find("Deployment", "gangslice-controller", "gangslice-system")
+    assert base is not None
+    fixed = {f"/spec/template/spec/securityContext/{k}" for k in ("runAsUser", "runAsGroup", "fsGroup")}
+    assert fixed == removed and all(k in base["spec"]["template"]["spec"]["securityContext"] for k in (
+        "runAsUser", "runAsGroup", "fsGroup"))  # fmt: skip
+    (selinux,) = patches["DaemonSet"]
+    assert selinux["value"] == scc()["seLinuxContext"]["seLinuxOptions"]
+
+
+def test_the_service_ca_issues_the_secret_the_controller_mounts() -> None:
+    (op,) = _patches()["Service"]
+    secret = op["value"]["service.beta.openshift.io/serving-cert-secret-name"]
+    deploy = build("").find("Deployment", "gangslice-controller", "gangslice-system")
+    assert deploy is not None
+    volumes = deploy["spec"]["template"]["spec"]["volumes"]
+    assert secret in {v["secret"]["secretName"] for v in volumes if "secret" in v}
+
+
+def test_the_secondary_scheduler_runs_our_configuration() -> None:
+    b = build("openshift-scheduler")
+    (ss,) = b.of_kind("SecondaryScheduler")
+    (cm,) = b.of_kind("ConfigMap")
+    assert ss["metadata"]["name"] == "cluster"  # the one the operator reconciles
+    assert ss["spec"]["schedulerConfig"] == cm["metadata"]["name"]
+    assert (
+        cm["metadata"]["namespace"] == ss["metadata"]["namespace"] == "openshift-secondary-scheduler-operator"
+    )
+    ours = yaml.safe_load(cm["data"]["config.yaml"])
+    (shipped,) = build("scheduler").of_kind("ConfigMap")
+    expected = yaml.safe_load(shipped["data"]["config.yaml"])
+    expected["leaderElection"] = {"leaderElect": False}
+    # The service CA; no client certificate (the operator's pod cannot mount one).
+    service_ca = "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt"
+    expected["extenders"][0]["tlsConfig"] = {"caFile": service_ca}
+    assert ours == expected
+    (sched,) = build("scheduler").of_kind("Deployment")
+    (container,) = sched["spec"]["template"]["spec"]["containers"]
+    assert ss["spec"]["imageSpec"] == container["image"]
