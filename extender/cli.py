@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "extender.agent.commands",
     "extender.webhook.commands",
     "extender.admission.commands",
+    "extender.bench.commands",
 )
 
 

@@ -43,7 +43,8 @@ from cluster import (
     remove_node,
     service_account_kubeconfig,
 )
-from controlplane import ControlPlane
+
+from extender.bench.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 
