@@ -401,6 +401,11 @@ class Decider:
     def plan_bind(self, pod: PodInfo, node: str) -> BindPlan:
         """Choose the slot (gang) or the GPU set (otherwise) on ``node`` and record it as
         taken before the API call; :meth:`undo_bind` reverts. Raises :class:`Refused`."""
+        if pod.node is not None and pod.node != node:
+            # A Binding cannot move a pod, and the GPU annotation written before it would
+            # overwrite the GPUs the pod holds on its node. kube-scheduler asks again after
+            # a bind that answered past its httpTimeout but went through.
+            raise Refused(f"pod {pod.key} is bound to {pod.node} already")
         try:
             ref = self.gang_of(pod)
         except PodError as exc:

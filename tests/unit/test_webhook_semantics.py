@@ -466,3 +466,27 @@ def test_filter_and_bind_answer_before_the_reservation_is_saved(tmp_path: Path) 
             assert saved["status"]["boundPods"], saved["status"]
 
     asyncio.run(go())
+
+
+def test_a_second_bind_to_another_node_is_refused_and_keeps_the_gpus(tmp_path: Path) -> None:
+    """kube-scheduler binds again when a bind answered past its httpTimeout, possibly to
+    another node: the pod stays where it is, with its GPUs, and nothing is written for it."""
+    binder = LocalBinder()
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+
+    async def go() -> None:
+        app = build_app(cache, binder=binder, housekeeping_s=None)
+        async with client_for(app) as client:
+            pod = pod_obj("tp2", gpus=2)
+            await filter_(client, pod)
+            assert await bind(client, pod, "h-0") == ""
+            held = cache.snapshot().free_gpus("h-0")
+            got = await bind(client, pod, "h-1")
+            assert "bound to h-0 already" in got, got
+            assert await bind(client, pod, "h-0") == ""  # the same node again is fine
+            assert cache.snapshot().free_gpus("h-0") == held
+            assert cache.snapshot().free_gpus("h-1") == frozenset(range(8))
+
+    asyncio.run(go())
+    assert [node for _, node, _ in binder.bound] == ["h-0", "h-0"]
+    assert binder.bound[0][2] == binder.bound[1][2]
