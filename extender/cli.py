@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "extender.commands.serve",
     "extender.commands.explain",
     "extender.commands.hypernodes",
+    "extender.commands.bench_scheduler",
 )
 
 

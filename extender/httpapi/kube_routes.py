@@ -67,8 +67,10 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("filter").time():
             out = nodelist.filter_known(decider, pod, names)
-    if cache.unflushed:
-        await cache.flush()
+    # The hold is in the ledger, which every decision reads; saving its SliceReservation
+    # does not gate the answer (kube-scheduler's one scheduling loop waits on filter).
+    # After a restart before the save, the next member's filter places the gang again.
+    cache.flush_soon()
     request.app[METRICS].decisions.labels(out.outcome).inc()
     names_only = args.nodes is None and args.node_names is not None
     if names_only:
@@ -191,12 +193,16 @@ async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any
     except Exception as exc:
         async with cache.lock:
             decider.undo_bind(plan)
-        await cache.flush()
+        cache.flush_soon()
         if not isinstance(exc, KubeError):
             raise  # a bug, not a refusal: answered, logged and counted as an internal error
         metrics.decisions.labels("bind-failed").inc()
         return {"Error": f"binding {pod.key} to {args.node} failed: {exc}"}
-    await cache.flush()
+    # The Binding and the GPU annotation are the truth of what the pod holds; the
+    # reservation's record of it (spec.bound, status) is written in the background, several
+    # binds of a gang together. After a restart before that write, the pod watch gives the
+    # bound pod its slot again (ClusterCache._pod_bound).
+    cache.flush_soon()
     metrics.decisions.labels("bound").inc()
     return {"Error": ""}
 

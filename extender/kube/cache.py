@@ -125,6 +125,8 @@ class ClusterCache:
         self._gang_pods: dict[str, dict[str, PodInfo]] = {}
         self._lock: asyncio.Lock | None = None
         self._flush_lock: asyncio.Lock | None = None
+        #: The background write :meth:`flush_soon` started and that has not begun yet.
+        self._flush_queued: asyncio.Task[None] | None = None
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -521,6 +523,19 @@ class ClusterCache:
             log.warning(
                 "deleting the reservation of gang %s failed: %s", r.gang, exc, extra=fields(gang=r.gang)
             )
+
+    def flush_soon(self) -> None:
+        """Write queued ledger changes in the background, on the running loop, without
+        waiting for them. At most one such write waits to begin, so a burst of changes is
+        written together; what fails stays queued for the next flush (housekeeping retries)."""
+        if not self._pending or self._flush_queued is not None:
+            return
+
+        async def write() -> None:
+            self._flush_queued = None  # changes queued from here on start a write of their own
+            await self.flush()
+
+        self._flush_queued = asyncio.get_running_loop().create_task(write())
 
     @property
     def unflushed(self) -> int:

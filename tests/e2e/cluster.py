@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from controlplane import ControlPlane, ManagedProcess, free_ports
 
+from extender.bench.controlplane import ControlPlane, ManagedProcess, free_ports
 from extender.topology.presets import preset_graph
 from extender.topology.serialize import graph_to_dict
 

@@ -18,7 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import Gangslice, clean_namespace, new_namespace
-from controlplane import ControlPlane, build_binaries
+
+from extender.bench.controlplane import ControlPlane, build_binaries
 
 
 def pytest_configure(config: pytest.Config) -> None:

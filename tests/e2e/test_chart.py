@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 from cluster import MANIFESTS, REPO, kubectl
-from controlplane import ControlPlane
+
+from extender.bench.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 from cluster import wait_for
-from controlplane import ControlPlane
 from kubernetes import client
+
+from extender.bench.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

@@ -28,8 +28,8 @@ from cluster import (
     scheduled_condition,
     wait_for,
 )
-from controlplane import ControlPlane
 
+from extender.bench.controlplane import ControlPlane
 from extender.topology.model import PcieLevel
 from extender.topology.presets import preset_graph
 

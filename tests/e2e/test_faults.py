@@ -31,7 +31,8 @@ from cluster import (
     wait_for,
     wait_for_or_false,
 )
-from controlplane import ControlPlane
+
+from extender.bench.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

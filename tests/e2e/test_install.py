@@ -53,7 +53,8 @@ from cluster import (
     service_account_kubeconfig,
     wait_for,
 )
-from controlplane import ControlPlane, free_ports
+
+from extender.bench.controlplane import ControlPlane, free_ports
 
 pytestmark = pytest.mark.e2e
 

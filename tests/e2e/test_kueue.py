@@ -47,7 +47,8 @@ from cluster import (
     reserved_nodes,
     wait_for,
 )
-from controlplane import ControlPlane, ControlPlaneError, free_ports
+
+from extender.bench.controlplane import ControlPlane, ControlPlaneError, free_ports
 
 pytestmark = pytest.mark.e2e
 

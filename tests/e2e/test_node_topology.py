@@ -27,7 +27,8 @@ from cluster import (
     merge_patch,
     wait_for,
 )
-from controlplane import ControlPlane
+
+from extender.bench.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

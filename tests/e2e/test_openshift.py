@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 from cluster import MANIFESTS, REPO, create, install_gangslice, kubectl
-from controlplane import ControlPlane
 from test_chart import CHART, helm
+
+from extender.bench.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,8 @@ from cluster import (
     reserved_nodes,
     wait_for,
 )
-from controlplane import ControlPlane, free_ports
+
+from extender.bench.controlplane import ControlPlane, free_ports
 
 pytestmark = pytest.mark.e2e
 

@@ -18,6 +18,8 @@ from extender.kube import names as keys
 from extender.kube.api import Kind, KubeError
 from extender.kube.binder import LocalBinder
 from extender.kube.cache import ClusterCache
+from extender.kube.store import InMemoryReservationStore
+from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
@@ -428,3 +430,66 @@ def test_a_restart_rebuilds_the_same_reservation_and_doubles_nothing(tmp_path: P
     # the restarted service still knows g-0 holds its slot, so g-1 is offered the other two
     assert list(r["bound"].values()) == ["g-0"]
     assert after == sorted(set(before) - {bound_node})
+
+
+class _SlowStore(InMemoryReservationStore):
+    """Saves only once ``go`` is set: a SliceReservation write that takes a while."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+
+    async def save(self, r: Reservation) -> None:
+        await self.go.wait()
+        await super().save(r)
+
+
+def test_filter_and_bind_answer_before_the_reservation_is_saved(tmp_path: Path) -> None:
+    """kube-scheduler's one scheduling loop waits on filter, and a bind that takes longer than
+    its httpTimeout fails the pod: the hold is in the ledger at once and its SliceReservation
+    is written in the background, the bound pod's slot with it."""
+    store = _SlowStore()
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
+
+    async def go() -> None:
+        app = build_app(cache, housekeeping_s=None)
+        async with client_for(app) as client:
+            pod = gang_pod("g-0", "g", 2, 8)
+            got = await asyncio.wait_for(filter_(client, pod), 5)
+            assert got["NodeNames"] and cache.reservation("llm/g") is not None
+            assert not store.objects and cache.unflushed == 0  # the write has begun, not ended
+            assert await asyncio.wait_for(bind(client, pod, got["NodeNames"][0]), 5) == ""
+            assert not store.objects
+            store.go.set()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if cache.unflushed == 0 and store.objects:
+                    break
+            (saved,) = store.objects.values()
+            assert saved["status"]["boundPods"], saved["status"]
+
+    asyncio.run(go())
+
+
+def test_a_second_bind_to_another_node_is_refused_and_keeps_the_gpus(tmp_path: Path) -> None:
+    """kube-scheduler binds again when a bind answered past its httpTimeout, possibly to
+    another node: the pod stays where it is, with its GPUs, and nothing is written for it."""
+    binder = LocalBinder()
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+
+    async def go() -> None:
+        app = build_app(cache, binder=binder, housekeeping_s=None)
+        async with client_for(app) as client:
+            pod = pod_obj("tp2", gpus=2)
+            await filter_(client, pod)
+            assert await bind(client, pod, "h-0") == ""
+            held = cache.snapshot().free_gpus("h-0")
+            got = await bind(client, pod, "h-1")
+            assert "already bound to node h-0" in got, got  # extender/httpapi/checks.py
+            assert await bind(client, pod, "h-0") == ""  # the same node again is fine
+            assert cache.snapshot().free_gpus("h-0") == held
+            assert cache.snapshot().free_gpus("h-1") == frozenset(range(8))
+
+    asyncio.run(go())
+    assert [node for _, node, _ in binder.bound] == ["h-0", "h-0"]
+    assert binder.bound[0][2] == binder.bound[1][2]

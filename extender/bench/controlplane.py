@@ -1,4 +1,5 @@
-"""A real, throwaway Kubernetes control plane on loopback for the end-to-end tier.
+"""A real, throwaway Kubernetes control plane on loopback, for the end-to-end tier and
+``gangslice bench scheduler``.
 
 Starts etcd, kube-apiserver and (optionally) kube-scheduler from the binaries that ``hack/e2e/build.sh``
 builds, each in its own process group, on free loopback ports picked at run time. Everything it writes
@@ -41,10 +42,19 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-__all__ = ["REPO_ROOT", "ControlPlane", "ControlPlaneError", "ManagedProcess", "build_binaries", "free_ports"]
+__all__ = [
+    "REPO_ROOT",
+    "ControlPlane",
+    "ControlPlaneError",
+    "ManagedProcess",
+    "build_binaries",
+    "default_bin_dir",
+    "free_ports",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "e2e" / "build.sh"
+VERSIONS_FILE = REPO_ROOT / "hack" / "e2e" / "tools" / "versions.env"
 
 StrPath = str | os.PathLike[str]
 
@@ -79,6 +89,34 @@ def build_binaries(components: Sequence[str] = (), *, stream: TextIO | None = No
         if line.startswith("GANGSLICE_E2E_BIN="):
             return Path(line.split("=", 1)[1].strip())
     raise ControlPlaneError(f"hack/e2e/build.sh printed no GANGSLICE_E2E_BIN= line:\n{out[-2000:]}")
+
+
+def default_bin_dir() -> Path:
+    """Where ``hack/e2e/build.sh`` puts the binaries: ``$GANGSLICE_E2E_BIN`` if set, else
+    ``${GANGSLICE_CACHE:-~/.cache/gangslice}/e2e/<versions key>/bin`` (the key from the
+    pinned versions, as the script computes it). Nothing is built or checked here."""
+    prebuilt = os.environ.get("GANGSLICE_E2E_BIN")
+    if prebuilt:
+        return Path(prebuilt)
+    try:
+        text = VERSIONS_FILE.read_text()
+    except OSError as exc:
+        raise ControlPlaneError(
+            f"cannot read {VERSIONS_FILE} ({exc}): run from a clone of the repository, or set "
+            "$GANGSLICE_E2E_BIN to a folder with etcd, kube-apiserver and kube-scheduler"
+        ) from None
+    pins = dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.lstrip().startswith("#")
+    )
+    try:
+        key = (
+            f"k8s-{pins['KUBERNETES_VERSION']}_kueue-{pins['KUEUE_VERSION']}"
+            f"_volcano-{pins['VOLCANO_VERSION']}_etcd-{pins['ETCD_VERSION']}"
+        )
+    except KeyError as exc:
+        raise ControlPlaneError(f"{VERSIONS_FILE} pins no {exc.args[0]}") from None
+    cache = Path(os.environ.get("GANGSLICE_CACHE") or Path.home() / ".cache" / "gangslice")
+    return cache / "e2e" / key / "bin"
 
 
 def free_ports(n: int) -> list[int]:
