@@ -55,7 +55,10 @@ def filter_known(
     stand_in_failed, stand_in_unresolvable = failed.pop(STAND_IN, None), unresolvable.pop(STAND_IN, None)
     for n in names:
         if not view.has_node(n):
-            if stand_in_passed:
+            problem = decider.cache.node_problem(n)  # a real node whose NodeTopology is refused
+            if problem is not None:
+                failed[n] = problem
+            elif stand_in_passed:
                 passed.add(n)
             elif stand_in_failed is not None:
                 failed[n] = stand_in_failed

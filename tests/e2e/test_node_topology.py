@@ -103,7 +103,11 @@ def test_an_unreadable_spec_is_said_on_the_object_the_node_and_the_filter(
         assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Node"
         reply = wait_for(
             "the filter to know the probe pod",
-            lambda: (r := filter_reply(gangslice, [bad, good])) and "not known" not in json.dumps(r) and r,
+            lambda: (
+                (r := filter_reply(gangslice, [bad, good]))
+                and "not known to gangslice (not in its pod watch)" not in json.dumps(r)
+                and r
+            ),
             30,
         )
         assert reply["NodeNames"] == [good]

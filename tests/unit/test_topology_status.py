@@ -12,6 +12,7 @@ from typing import Any
 from extender.agent.publish import build_object, build_spec
 from extender.commands.explain import refused_nodes
 from extender.httpapi.decide import Decider
+from extender.httpapi.nodelist import filter_known
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
@@ -79,6 +80,11 @@ def test_the_filter_and_explain_name_the_reason() -> None:
     assert out.failed == {"b": f"NodeTopology b is refused: {ZERO}"}
     assert out.unresolvable == {}
     assert refused_nodes(cache) == [f"node b kept out of placement: its NodeTopology is refused: {ZERO}"]
+    # The routes' filter (unknown names asked about as one stand-in) names it too.
+    routed = filter_known(decider, pod, ["a", "b", "no-such-node"])
+    assert routed.passed == ["a"]
+    assert routed.failed["b"] == f"NodeTopology b is refused: {ZERO}"
+    assert "not known to gangslice" in routed.failed["no-such-node"]
 
 
 class RecordingStatusApi:
