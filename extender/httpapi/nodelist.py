@@ -61,7 +61,9 @@ def filter_known(
                 failed[n] = stand_in_failed
             elif stand_in_unresolvable is not None:
                 unresolvable[n] = stand_in_unresolvable
-    return FilterOutcome([n for n in names if n in passed], failed, unresolvable, out.outcome)
+    return FilterOutcome(
+        [n for n in names if n in passed], failed, unresolvable, out.outcome, reserved=out.reserved
+    )
 
 
 def prioritize_known(
