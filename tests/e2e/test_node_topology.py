@@ -16,7 +16,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster import Gangslice, events_for, extender_stack, get, gpu_pod, hgx_leaves, merge_patch, wait_for
+from cluster import (
+    Gangslice,
+    create,
+    events_for,
+    extender_stack,
+    get,
+    gpu_pod,
+    hgx_leaves,
+    merge_patch,
+    wait_for,
+)
 from controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
@@ -40,12 +50,24 @@ def accepted(cp: ControlPlane, node: str) -> dict[str, Any] | None:
 
 
 def filter_reply(server: Gangslice, names: list[str]) -> dict[str, Any]:
-    body = json.dumps({"Pod": gpu_pod("probe", 8, POOL), "NodeNames": names}).encode()
-    req = urllib.request.Request(server.url + "/gangslice/filter", data=body, method="POST")
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        reply: dict[str, Any] = json.loads(resp.read())
-    return reply
+    """The extender's filter for an 8-GPU pod. The pod exists (the verbs answer only for pods
+    in gangslice's pod watch) under a scheduler name nobody serves, so it is never bound."""
+    probe = gpu_pod("probe", 8, POOL, scheduler="gangslice-e2e-nobody")
+    probe["metadata"]["namespace"] = "default"
+    if get(server.cp, "Pod", "probe", "default") is None:
+        create(server.cp, probe)
+    pod = get(server.cp, "Pod", "probe", "default")
+    body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
+
+    def ask() -> dict[str, Any] | None:
+        req = urllib.request.Request(server.url + "/gangslice/filter", data=body, method="POST")
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            reply: dict[str, Any] = json.loads(resp.read())
+        unknown = any("not in its pod watch" in r for r in (reply.get("FailedNodes") or {}).values())
+        return None if unknown else reply
+
+    return wait_for("the probe pod in gangslice's pod watch", ask, 30)
 
 
 def test_the_api_server_refuses_a_zero_nvlink_bandwidth(
