@@ -4,8 +4,12 @@ The extender places a plain gang (``gangslice.io/gang`` + ``gangslice.io/gang-si
 its first member's filter and answers "unresolvable" when no slice exists even on an empty
 cluster; kube-scheduler then only retries. This reporter, run by the controller's leader on
 the pod watch, checks an unbound member of a gang without a reservation against the empty
-cluster once per gang shape, and when the gang can never fit it puts the reason on every
-such pod: a Warning Event ``NeverFits`` and the annotation ``gangslice.io/status``.
+cluster once per gang shape, and when the gang can never fit it says why on every such
+pod with a Warning Event ``NeverFits`` (``InvalidGang`` for settings it cannot read), once
+per pod and message. It writes nothing on the pods (the controller has no cluster-wide
+``pods: patch``): the Event is the signal, next to the pod's ``PodScheduled`` condition, in
+which kube-scheduler records the extender's filter reason (the same words), and
+``gangslice explain pod``.
 
 A gang that merely waits for capacity is left to the extender (its filter reason shows in
 kube-scheduler's own ``FailedScheduling`` Event); an expired hold is placed again on the
@@ -14,7 +18,8 @@ next member's filter.
 A verdict holds for the cluster it was made on: it is kept with the cache's
 ``node_generation`` and made again once a node joins, leaves or changes, so a gang that
 could not fit fits when a big enough node arrives. One verdict per gang, forgotten when the
-gang is placed or a member is deleted, and at most :data:`MAX_VERDICTS` in all.
+gang is placed or a member is deleted, and at most :data:`MAX_VERDICTS` in all; with it
+goes what was said to which pod (after a restart each pod is told once more).
 """
 
 from __future__ import annotations
@@ -27,8 +32,7 @@ from typing import Any
 
 from extender.controllers import owned
 from extender.controllers.controller import Cache
-from extender.kube import names
-from extender.kube.api import PODS, KubeClient, KubeError
+from extender.kube.api import KubeClient
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.logs import fields
@@ -68,6 +72,8 @@ class PlainGangReporter:
         #: gang key -> (the request judged, the cache's node generation then, the reason
         #: it never fits or None).
         self._verdicts: OrderedDict[str, tuple[GangRequest, int, str | None]] = OrderedDict()
+        #: gang key -> pod key -> what its last Event said (each pod is told a message once).
+        self._told: dict[str, dict[str, str]] = {}
 
     @property
     def remembered(self) -> int:
@@ -106,23 +112,24 @@ class PlainGangReporter:
         self._verdicts[gang] = (request, generation, reason)
         self._verdicts.move_to_end(gang)
         while len(self._verdicts) > MAX_VERDICTS:
-            self._verdicts.popitem(last=False)
+            self._told.pop(self._verdicts.popitem(last=False)[0], None)
         return reason
 
     def forget(self, gang: str) -> None:
         """Drop the verdict of ``gang`` (placed, or a member deleted)."""
         self._verdicts.pop(gang, None)
+        self._told.pop(gang, None)
 
     async def _say(self, obj: Mapping[str, Any], pod: PodInfo, state: str, message: str, reason: str) -> None:
         text = f"{state}: {message}"[:1024]
-        if pod.annotations.get(names.STATUS) == text:
+        gang = pod.gang or ""
+        told = self._told.get(gang, {})
+        if told.get(pod.key) == text:
             return
-        try:
-            body = {"metadata": {"annotations": {names.STATUS: text}}}
-            await self.api.patch(PODS, pod.name, body, namespace=pod.namespace)
-        except KubeError as exc:
-            log.warning("pod %s: %s", pod.key, exc, extra=fields(gang=pod.gang, pod=pod.key))
-            return
+        self._told.setdefault(gang, {})[pod.key] = text
+        while len(self._told) > MAX_VERDICTS:
+            self._told.pop(next(iter(self._told)))
+        log.info("pod %s: %s", pod.key, text, extra=fields(gang=pod.gang, pod=pod.key))
         await owned.post_event(
             self.api,
             {"apiVersion": "v1", "kind": "Pod", **obj},

@@ -68,11 +68,15 @@ class FilterOutcome:
     passed: list[str]
     failed: dict[str, str]
     unresolvable: dict[str, str]
-    #: Metric label: fit, no-fit, reserved, unplaceable, waiting, invalid.
+    #: Metric label: fit, no-fit, reserved, unplaceable, waiting, invalid (and unsaved,
+    #: set by the routes: see :func:`extender.httpapi.nodelist.saved`).
     outcome: str
     #: Encoded replies of this outcome by wire form, filled by the routes: a remembered
     #: outcome (see :mod:`extender.httpapi.memo`) is then answered without encoding again.
     replies: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    #: The gang this filter reserved a slice for (its reservation is to be saved before
+    #: the reply says so).
+    reserved: str | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -187,7 +191,7 @@ class Decider:
                 outcome = "reserved"
             try:
                 if r is not None and _outside_slice(ref.reservation_label, r, pod):
-                    return FilterOutcome(list(names), {}, {}, outcome)
+                    return FilterOutcome(list(names), {}, {}, outcome, reserved=ref.key if r else None)
             except Refused as exc:
                 return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
             if r is not None:
@@ -196,6 +200,7 @@ class Decider:
                     got = self._slot_split(names, nodes, reason)
                     if got.outcome == "fit":
                         got.outcome = outcome
+                    got.reserved = ref.key
                     return got
                 # The answer is a function of the slot nodes and the reason alone.
                 key = NamesKey(names)

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi import checks, nodelist
+from extender.httpapi import checks, nodelist, saving
 from extender.httpapi.decide import Refused, lookup
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.httpapi.wire import (
@@ -67,10 +67,7 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("filter").time():
             out = nodelist.filter_known(decider, pod, names)
-    # The hold is in the ledger, which every decision reads; saving its SliceReservation
-    # does not gate the answer (kube-scheduler's one scheduling loop waits on filter).
-    # After a restart before the save, the next member's filter places the gang again.
-    cache.flush_soon()
+    out = await saving.saved(cache, out)
     request.app[METRICS].decisions.labels(out.outcome).inc()
     names_only = args.nodes is None and args.node_names is not None
     if names_only:

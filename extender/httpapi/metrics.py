@@ -5,7 +5,8 @@
 - ``gangslice_decision_duration_seconds{verb}``: histogram of the decision alone (the
   decider's call, without decoding the request or encoding the reply).
 - ``gangslice_decisions_total{outcome}``: decisions by outcome (``fit``, ``no-fit``,
-  ``reserved``, ``unplaceable``, ``waiting``, ``invalid``, ``bound``, ``bind-failed``,
+  ``reserved``, ``unsaved`` (a reservation the store could not write: not promised),
+  ``unplaceable``, ``waiting``, ``invalid``, ``bound``, ``bind-failed``,
   ``scored``, ``preempt``, ``permit``, ``reject``, ``abstain``, ``allocated``, ``error``,
   ``standby``: refused because another replica leads).
 - ``gangslice_reservations{phase}``: reservations held now, by phase (Reserved, Bound).

@@ -45,26 +45,31 @@ def filter_known(
 ) -> FilterOutcome:
     """``decider.filter`` over ``names``, with every name that is no known node asked about
     as the one :data:`STAND_IN` (the answer for such a name depends on the pod alone)."""
-    view = decider.cache.view()
+    cache = decider.cache
+    view = cache.view()
     if view.all_known(names):
         return decider.filter(pod, names, job)
-    out = decider.filter(pod, [*(n for n in names if view.has_node(n)), STAND_IN], job)
+
+    def known(n: str) -> bool:
+        # A node whose NodeTopology gangslice refused is no stand-in: its reply names why.
+        return view.has_node(n) or cache.node_problem(n) is not None
+
+    out = decider.filter(pod, [*(n for n in names if known(n)), STAND_IN], job)
     passed, failed, unresolvable = set(out.passed), dict(out.failed), dict(out.unresolvable)
     stand_in_passed = STAND_IN in passed
     passed.discard(STAND_IN)
     stand_in_failed, stand_in_unresolvable = failed.pop(STAND_IN, None), unresolvable.pop(STAND_IN, None)
     for n in names:
-        if not view.has_node(n):
-            problem = decider.cache.node_problem(n)  # a real node whose NodeTopology is refused
-            if problem is not None:
-                failed[n] = problem
-            elif stand_in_passed:
+        if not known(n):
+            if stand_in_passed:
                 passed.add(n)
             elif stand_in_failed is not None:
                 failed[n] = stand_in_failed
             elif stand_in_unresolvable is not None:
                 unresolvable[n] = stand_in_unresolvable
-    return FilterOutcome([n for n in names if n in passed], failed, unresolvable, out.outcome)
+    return FilterOutcome(
+        [n for n in names if n in passed], failed, unresolvable, out.outcome, reserved=out.reserved
+    )
 
 
 def prioritize_known(

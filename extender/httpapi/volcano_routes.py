@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi import checks, nodelist
+from extender.httpapi import checks, nodelist, saving
 from extender.httpapi.decide import Refused
 from extender.httpapi.handling import CACHE, DECIDER, METRICS, dumps, json_endpoint
 from extender.httpapi.volcano_wire import (
@@ -86,8 +86,7 @@ async def predicate(request: web.Request, args: PredicateRequest) -> dict[str, A
     async with cache.lock:
         with request.app[METRICS].decision_duration.labels("volcano-predicate").time():
             out = nodelist.filter_known(decider, pod, [node], job)
-    if cache.unflushed:
-        await cache.flush()
+    out = await saving.saved(cache, out)
     request.app[METRICS].decisions.labels(out.outcome).inc()
     if out.passed:
         return {"status": "", "code": SUCCESS}

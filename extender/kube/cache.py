@@ -119,6 +119,8 @@ class ClusterCache:
         #: Gangs whose change the store is writing now: an echo of an older write must not
         #: undo it (see :meth:`_apply_reservation`).
         self._writing: set[str] = set()
+        #: Gangs whose reservation object the store could not write, with the error.
+        self._unsaved: dict[str, str] = {}
         self._recent: OrderedDict[str, PodInfo] = OrderedDict()
         #: Plain gang key -> pod key -> the pod as :meth:`pod` gives it (watched, else seen in
         #: a request): a gang's members without a walk over every pod.
@@ -137,9 +139,11 @@ class ClusterCache:
         ttl_s: float = DEFAULT_TTL_S,
         store: ReservationStore | None = None,
         clock: Callable[[], float] = time.time,
+        awaiting: Iterable[Kind] = (),
     ) -> ClusterCache:
-        """A cache over a fixed set of nodes (no API server); ready at once."""
-        cache = cls(hierarchy=snap.hierarchy, ttl_s=ttl_s, store=store, clock=clock, awaiting=())
+        """A cache over a fixed set of nodes (no API server); ready at once, or once each
+        kind of ``awaiting`` is listed (``(Kind.PODS,)``: pods come from a watch)."""
+        cache = cls(hierarchy=snap.hierarchy, ttl_s=ttl_s, store=store, clock=clock, awaiting=awaiting)
         for n in snap.nodes:
             cache._static[n.name] = _StaticNode(dict(n.labels), n.graph, n.allocated, n.unhealthy)
             cache._dirty_nodes.add(n.name)
@@ -437,6 +441,7 @@ class ClusterCache:
             self._ledger.release(r.gang)
             self._held_changed(r.slice.nodes)
         self._pending.clear()
+        self._unsaved.clear()
         self._named = None
         refused = [
             r
@@ -491,8 +496,10 @@ class ClusterCache:
                 await self.store.save(current)
             elif deleted is not None:
                 await self.store.delete(deleted)
+            self._unsaved.pop(gang, None)
             return True
         except StatusNotSaved as exc:
+            self._unsaved.pop(gang, None)
             log.warning("%s; will retry", exc, extra=fields(gang=gang))
             self._pending.setdefault(gang, deleted)
             return True
@@ -510,6 +517,8 @@ class ClusterCache:
                 extra=fields(gang=gang, reservation=where),
             )
             self._pending.setdefault(gang, deleted)
+            if current is not None:
+                self._unsaved[gang] = str(exc)
             return False
         finally:
             self._writing.discard(gang)
@@ -536,6 +545,11 @@ class ClusterCache:
             await self.flush()
 
         self._flush_queued = asyncio.get_running_loop().create_task(write())
+
+    def save_error(self, gang: str) -> str | None:
+        """Why the reservation object of ``gang`` is not saved (its last write failed), or
+        None once it is (a status not yet written does not count: the spec is the record)."""
+        return self._unsaved.get(gang) if gang in self._ledger else None
 
     @property
     def unflushed(self) -> int:

@@ -29,8 +29,8 @@ from functools import partial
 from typing import Any
 
 import pytest
-from cluster import POOL as POOL_LABEL
 from cluster import (
+    LEAF,
     Gangslice,
     create,
     delete,
@@ -45,8 +45,10 @@ from cluster import (
     node_of,
     remove_crds,
     reserved_nodes,
+    scheduled_condition,
     wait_for,
 )
+from cluster import POOL as POOL_LABEL
 
 from extender.bench.controlplane import ControlPlane, ControlPlaneError, free_ports
 
@@ -439,3 +441,83 @@ def retry_then_release(cp: ControlPlane, ns: str, requeue_after: int) -> None:
     assert not items(cp, "SliceReservation", ns)
     reasons = {e["reason"] for e in events_for(cp, ns, name)}
     assert "SliceRetry" in reasons, reasons
+
+
+def leading(server: Gangslice) -> bool:
+    """The restarted process holds the Lease (a kill -9 leaves the old one to expire)."""
+    try:
+        with urllib.request.urlopen(server.url + "/readyz", timeout=3, context=server._ssl()) as resp:
+            return "(leader)" in resp.read().decode()
+    except OSError:
+        return False
+
+
+def restart_after_kill9(server: Gangslice) -> None:
+    server.kill9()
+    server.start()
+    wait_for("the restarted gangslice to lead", lambda: leading(server), 60, 0.5)
+
+
+def member(ns: str, name: str, update: dict[str, Any]) -> dict[str, Any]:
+    pod = gpu_pod(name, 8, POOL, labels=update.get("labels"), annotations=update.get("annotations"))
+    pod["metadata"]["namespace"] = ns
+    pod["spec"]["nodeSelector"].update(update.get("nodeSelector") or {})
+    return pod
+
+
+def test_kill9_after_the_reservation_is_saved_and_during_the_binds_promises_no_gpu_twice(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """Kill -9 (1) once the Workload's SliceReservation is saved and its check Ready, before any
+    member binds, and (2) after its first member bound: each restart rebuilds the same
+    reservation, a rival pod on the gang's leaf is kept off the nodes only gangslice's ledger
+    holds, the gang completes on its slots, and once it ends nothing is left."""
+    cp = control_plane
+
+    def admitted() -> dict[str, Any] | None:
+        wl = get(cp, "Workload", "llm", ns)
+        return wl if is_true(wl, "Admitted") else None
+
+    create(cp, workload(ns, "llm", 2))
+    ready = our_check(wait_for("the Workload admitted with our check Ready", admitted, 60))
+    assert ready and ready["state"] == "Ready", ready
+    (saved,) = items(cp, "SliceReservation", ns)
+    slot_nodes = reserved_nodes(saved)
+    leaf = LEAF_OF[slot_nodes[0]]
+    update = {u["name"]: u for u in ready.get("podSetUpdates") or []}["workers"]
+
+    restart_after_kill9(gangslice)
+    (kept,) = items(cp, "SliceReservation", ns)
+    assert kept["metadata"]["uid"] == saved["metadata"]["uid"] and reserved_nodes(kept) == slot_nodes
+
+    rival = gpu_pod("rival", 8, POOL)
+    rival["metadata"]["namespace"] = ns
+    rival["spec"]["nodeSelector"][LEAF] = leaf
+    create(cp, rival)
+
+    def rival_unschedulable() -> bool:
+        cond = scheduled_condition(get(cp, "Pod", "rival", ns) or {})
+        return bool(cond and cond["status"] == "False" and cond.get("reason") == "Unschedulable")
+
+    wait_for("the rival marked Unschedulable", rival_unschedulable, 60)
+
+    create(cp, member(ns, "llm-0", update))
+    first = wait_for("llm-0 bound", partial(node_of, cp, ns, "llm-0"), 60)
+    assert first in slot_nodes
+
+    restart_after_kill9(gangslice)
+    create(cp, member(ns, "llm-1", update))
+    second = wait_for("llm-1 bound", partial(node_of, cp, ns, "llm-1"), 90)
+    assert sorted([first, second]) == sorted(slot_nodes)
+    for name in ("llm-0", "llm-1"):
+        assert sorted(gpus_of(get(cp, "Pod", name, ns) or {})) == list(range(8))
+    assert node_of(cp, ns, "rival") is None
+    assert not double_booked(cp, LEAF_OF), double_booked(cp, LEAF_OF)
+
+    # The gang ends: its reservation goes, and the rival gets a node of the leaf.
+    for name in ("llm-0", "llm-1"):
+        delete(cp, "Pod", name, ns)
+    delete(cp, "Workload", "llm", ns)
+    wait_for("the reservation released", lambda: not items(cp, "SliceReservation", ns) or None, 60)
+    assert LEAF_OF[wait_for("the rival bound", partial(node_of, cp, ns, "rival"), 60)] == leaf
+    assert not double_booked(cp, LEAF_OF)

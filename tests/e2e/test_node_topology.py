@@ -50,24 +50,25 @@ def accepted(cp: ControlPlane, node: str) -> dict[str, Any] | None:
     return None
 
 
-def probe_pod(cp: ControlPlane) -> dict[str, Any]:
-    """A pod that exists (the extender answers only for pods it watches) and that no
-    scheduler serves, so it stays a question and never takes a node."""
-    pod = get(cp, "Pod", "probe", "default")
-    if pod is None:
-        pod = gpu_pod("probe", 8, POOL, scheduler="no-such-scheduler")
-        pod["metadata"]["namespace"] = "default"
-        pod = create(cp, pod)
-    return pod
-
-
 def filter_reply(server: Gangslice, names: list[str]) -> dict[str, Any]:
-    body = json.dumps({"Pod": probe_pod(server.cp), "NodeNames": names}).encode()
-    req = urllib.request.Request(server.url + "/gangslice/filter", data=body, method="POST")
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        reply: dict[str, Any] = json.loads(resp.read())
-    return reply
+    """The extender's filter for an 8-GPU pod. The pod exists (the verbs answer only for pods
+    in gangslice's pod watch) under a scheduler name nobody serves, so it is never bound."""
+    probe = gpu_pod("probe", 8, POOL, scheduler="gangslice-e2e-nobody")
+    probe["metadata"]["namespace"] = "default"
+    if get(server.cp, "Pod", "probe", "default") is None:
+        create(server.cp, probe)
+    pod = get(server.cp, "Pod", "probe", "default")
+    body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
+
+    def ask() -> dict[str, Any] | None:
+        req = urllib.request.Request(server.url + "/gangslice/filter", data=body, method="POST")
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            reply: dict[str, Any] = json.loads(resp.read())
+        unknown = any("not in its pod watch" in r for r in (reply.get("FailedNodes") or {}).values())
+        return None if unknown else reply
+
+    return wait_for("the probe pod in gangslice's pod watch", ask, 30)
 
 
 def test_the_api_server_refuses_a_zero_nvlink_bandwidth(
@@ -101,15 +102,7 @@ def test_an_unreadable_spec_is_said_on_the_object_the_node_and_the_filter(
             30,
         )
         assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Node"
-        reply = wait_for(
-            "the filter to know the probe pod",
-            lambda: (
-                (r := filter_reply(gangslice, [bad, good]))
-                and "not known to gangslice (not in its pod watch)" not in json.dumps(r)
-                and r
-            ),
-            30,
-        )
+        reply = filter_reply(gangslice, [bad, good])
         assert reply["NodeNames"] == [good]
         assert "no link given" in reply["FailedNodes"][bad]
     finally:

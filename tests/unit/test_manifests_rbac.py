@@ -228,3 +228,23 @@ def test_the_leader_label_is_granted_in_the_controllers_namespace() -> None:
 def test_podgroup_writes_are_the_replace_the_code_makes() -> None:
     derived = {v for g, r, v in derived_grants() if r == "podgroups"}
     assert "update" in derived and not derived & {"create", "patch", "delete"}
+
+
+def test_no_cluster_wide_pod_writes_the_leader_label_is_the_only_pod_patch() -> None:
+    """A bind is one Binding (pods/binding) and a plain gang that never fits is told by an
+    Event, so the ClusterRole writes no pod; the one pod patch in serve's code is the leader
+    label on the controller's own pod, granted by a Role in its namespace."""
+    cluster = granted(("ClusterRole",))
+    assert {v for _, r, v in cluster if r == "pods"} == {"get", "list", "watch"}
+    assert ("", "pods/binding", "create") in cluster
+    patches = [
+        (name, ast.unparse(call))
+        for name, method, call in client_calls()
+        if method in ("patch", "replace", "apply") and ast.unparse(call.args[0]).endswith("PODS")
+    ]
+    assert [name for name, _ in patches] == ["extender.httpapi.server"], patches
+    b = build("")
+    role = b.find("Role", "gangslice-controller-leader-label", "gangslice-system")
+    assert role is not None and role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
+    ]

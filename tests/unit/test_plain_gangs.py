@@ -1,7 +1,8 @@
 """Plain gangs (kube-scheduler + the extender only): a hold that expires before its members
 bind is released and placed again on the next member's filter; a gang that can never fit
-gets a Warning Event and a status annotation on its pods; a LeaderWorkerSet whose templates
-carry the labels works unchanged, one gang per replica group."""
+gets a Warning Event on each of its pods, once (nothing is written on the pods); a
+LeaderWorkerSet whose templates carry the labels works unchanged, one gang per replica
+group."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def huge(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once() -> None:
+def test_a_gang_that_can_never_fit_gets_a_warning_event_on_each_pod_once() -> None:
     cache, clock, _ = cache_with()
     api = FakeKube()
     reporter = PlainGangReporter(api, cache, clock=clock)
@@ -110,12 +111,14 @@ def test_a_gang_that_can_never_fit_gets_a_warning_event_and_an_annotation_once()
         asyncio.run(reporter.on_pod("ADDED", p))
     for p in pods:
         got = api.peek("pods", p["metadata"]["name"], "serving")
-        assert got is not None
-        assert got["metadata"]["annotations"][STATUS].startswith(f"NeverFits: gang {GANG} can never fit")
-    assert [(e["type"], e["reason"], e["involvedObject"]["kind"]) for e in api.events] == [
-        ("Warning", "NeverFits", "Pod")
-    ] * 2
-    # The watch delivers the annotated pod again: nothing new is said.
+        assert got is not None and STATUS not in got["metadata"]["annotations"]
+    # No write to any pod: the controller needs no pods: patch outside its namespace.
+    assert [c.label for c in api.writes()] == ["create events"] * 2
+    assert [(e["type"], e["reason"], e["involvedObject"]["name"]) for e in api.events] == [
+        ("Warning", "NeverFits", p["metadata"]["name"]) for p in pods
+    ]
+    assert api.events[0]["message"].startswith(f"gang {GANG} can never fit")
+    # The watch delivers the pod again (kube-scheduler's condition changed): nothing new is said.
     again = api.peek("pods", pods[0]["metadata"]["name"], "serving")
     assert again is not None
     asyncio.run(reporter.on_pod("MODIFIED", again))

@@ -433,37 +433,43 @@ def test_a_restart_rebuilds_the_same_reservation_and_doubles_nothing(tmp_path: P
 
 
 class _SlowStore(InMemoryReservationStore):
-    """Saves only once ``go`` is set: a SliceReservation write that takes a while."""
+    """Saves only while ``go`` is set: a SliceReservation write that takes a while."""
 
     def __init__(self) -> None:
         super().__init__()
         self.go = asyncio.Event()
+        self.go.set()
 
     async def save(self, r: Reservation) -> None:
         await self.go.wait()
         await super().save(r)
 
 
-def test_filter_and_bind_answer_before_the_reservation_is_saved(tmp_path: Path) -> None:
-    """kube-scheduler's one scheduling loop waits on filter, and a bind that takes longer than
-    its httpTimeout fails the pod: the hold is in the ledger at once and its SliceReservation
-    is written in the background, the bound pod's slot with it."""
+def test_only_a_new_reservation_gates_the_filter_and_binds_answer_before_their_save(tmp_path: Path) -> None:
+    """The filter that reserves a gang answers once its SliceReservation is saved (the promise
+    must outlive a restart); after that, kube-scheduler's one scheduling loop never waits on
+    the store: a bind and the next member's filter answer while the bind's update is still
+    being written, and the update lands afterwards."""
     store = _SlowStore()
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
 
     async def go() -> None:
         app = build_app(cache, housekeeping_s=None)
         async with client_for(app) as client:
-            pod = gang_pod("g-0", "g", 2, 8)
-            got = await asyncio.wait_for(filter_(client, pod), 5)
-            assert got["NodeNames"] and cache.reservation("llm/g") is not None
-            assert not store.objects and cache.unflushed == 0  # the write has begun, not ended
-            assert await asyncio.wait_for(bind(client, pod, got["NodeNames"][0]), 5) == ""
-            assert not store.objects
+            first, second = gang_pod("g-0", "g", 2, 8), gang_pod("g-1", "g", 2, 8)
+            got = await asyncio.wait_for(filter_(client, first), 5)
+            assert got["NodeNames"] and len(store.objects) == 1  # saved before the reply
+            store.go.clear()  # from here on every write waits
+            assert await asyncio.wait_for(bind(client, first, got["NodeNames"][0]), 5) == ""
+            again = await asyncio.wait_for(filter_(client, second), 5)
+            assert again["NodeNames"]
+            (held,) = store.objects.values()
+            assert not (held.get("status") or {}).get("boundPods")  # the bind's update waits
             store.go.set()
             for _ in range(100):
                 await asyncio.sleep(0.01)
-                if cache.unflushed == 0 and store.objects:
+                (saved,) = store.objects.values()
+                if cache.unflushed == 0 and (saved.get("status") or {}).get("boundPods"):
                     break
             (saved,) = store.objects.values()
             assert saved["status"]["boundPods"], saved["status"]
