@@ -294,7 +294,7 @@ def test_matrix(source: str, fault: Fault) -> None:
 
 
 def test_matrix_summary() -> None:
-    """Prints the matrix (points x sources); runs the cells this session has not."""
+    """Prints the matrix (points x sources); runs the cells this pytest run has not."""
     for s, f in CELLS:
         if (s, f.id) not in RESULTS:
             run_cell(s, f)
