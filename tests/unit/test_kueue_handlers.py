@@ -10,12 +10,11 @@ from typing import Any
 import kopf
 
 from extender.controllers.handlers import connection_info, operator_settings, register
-from extender.controllers.leader import LeaseConfig
-from extender.controllers.runner import run_controller
 from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
 from extender.placement.files import cluster_from_data
 from extender.testing.kube import FakeKube
+from extender.testing.leading import lead
 
 
 class Recorder:
@@ -90,22 +89,8 @@ def test_run_controller_leads_on_the_callers_loop_and_hands_the_lease_back() -> 
             {"nodes": [{"name": "n", "gpuTopology": "hgx-h100"}]}, base=Path(__file__).parent
         )
         cache = ClusterCache.from_snapshot(snap, store=KubeReservationStore(api))
-        stop = asyncio.Event()
         leading: list[bool] = []
-        lease = LeaseConfig(namespace="gs", name="ctl", retry_period_s=0.01)
-        task = asyncio.create_task(
-            run_controller(
-                cache,
-                api=api,
-                lease=lease,
-                identity="me",
-                on_leadership=leading.append,
-                stop=stop,
-                watch=False,
-            )
-        )
-        while not leading:
-            await asyncio.sleep(0.01)
+        task, stop = await lead(cache, api, leading)
         got = api.peek("leases", "ctl", "gs")
         assert got is not None and got["spec"]["holderIdentity"] == "me"
         assert "list slicereservations" in api.labels()  # the ledger was rebuilt on becoming leader

@@ -10,9 +10,7 @@ from typing import Any
 
 import yaml
 
-from extender.controllers.leader import LeaseConfig
 from extender.controllers.objects import reservation_to_object
-from extender.controllers.runner import run_controller
 from extender.kube.api import SLICE_RESERVATIONS, Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.reserve import Claim, reserve
@@ -21,6 +19,7 @@ from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
 from extender.testing.kube import FakeKube
+from extender.testing.leading import lead
 
 VOLCANO = Path(__file__).resolve().parents[1] / "fixtures" / "volcano"
 
@@ -58,21 +57,8 @@ def test_a_new_leader_rebuilds_the_ledger_once_for_every_component() -> None:
         cache.replace(Kind.SLICE_RESERVATIONS, api.objects(SLICE_RESERVATIONS))
         assert len(cache.ledger) == 0 and cache.rebuilds == 0
 
-        stop, leading = asyncio.Event(), list[bool]()
-        lease = LeaseConfig(namespace="gs", name="ctl", retry_period_s=0.01)
-        task = asyncio.create_task(
-            run_controller(
-                cache,
-                api=api,
-                lease=lease,
-                identity="me",
-                on_leadership=leading.append,
-                stop=stop,
-                watch=False,
-            )
-        )
-        while not leading:
-            await asyncio.sleep(0.01)
+        leading: list[bool] = []
+        task, stop = await lead(cache, api, leading)
         for _ in range(5):  # a few more lease renewals: no further rebuild
             await asyncio.sleep(0.02)
         stop.set()
