@@ -53,6 +53,7 @@ from extender.logs import fields
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
 from extender.topology.model import GpuGraph
 
@@ -70,6 +71,7 @@ class _StaticNode:
     graph: GpuGraph
     allocated: frozenset[int]
     unhealthy: frozenset[int]
+    allocation: Allocation = Allocation.DEVICE_PLUGIN
 
 
 class ClusterCache:
@@ -816,7 +818,8 @@ class ClusterCache:
             if rec.gpu_count <= 0:
                 return None
             graph = fallback_graph(rec.gpu_count, rec.product)
-        return _StaticNode(rec.labels, graph, frozenset(), frozenset())
+        allocation = topo.allocation if topo is not None else Allocation.DEVICE_PLUGIN
+        return _StaticNode(rec.labels, graph, frozenset(), frozenset(), allocation)
 
     def _build_state(self, name: str) -> NodeState | None:
         src = self._source(name)
@@ -844,12 +847,14 @@ class ClusterCache:
             free = [g for g in order if g not in taken][: p.gpus]
             self._pod_gpus[p.key] = frozenset(free)
             taken.update(free)
-        return NodeState(name, src.labels, src.graph, frozenset(taken), frozenset(sick & known))
+        return NodeState(
+            name, src.labels, src.graph, frozenset(taken), frozenset(sick & known), allocation=src.allocation
+        )
 
 
 def _offer(state: NodeState | None) -> tuple[object, ...] | None:
     """What of a node counts on an empty cluster (see :attr:`ClusterCache.node_generation`)."""
-    return None if state is None else (state.labels, state.graph, state.unhealthy)
+    return None if state is None else (state.labels, state.graph, state.unhealthy, state.allocation)
 
 
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:

@@ -39,6 +39,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from extender.kube import names
 from extender.placement.ledger import Phase, Reservation
+from extender.topology.allocation import Allocation
 from extender.topology.model import GpuGraph, TopologyError
 from extender.topology.serialize import graph_from_dict
 
@@ -208,6 +209,10 @@ class NodeTopologySpec(_Model):
         description="device IDs the kubelet can allocate",
         json_schema_extra=_list("atomic"),
     )
+    allocation: Allocation = Field(
+        Allocation.DEVICE_PLUGIN,
+        description="who picks a pod's GPUs: devicePlugin (the kubelet asks the NVIDIA device plugin) or dra",
+    )
     source: Source
 
     def graph_dict(self) -> dict[str, Any]:
@@ -335,6 +340,7 @@ class NodeTopology:
     node: str
     graph: GpuGraph | None
     in_use: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    allocation: Allocation = Allocation.DEVICE_PLUGIN
 
 
 def first_problem(err: ValidationError, prefix: str) -> tuple[str, str]:
@@ -363,13 +369,13 @@ def parse_node_topology(obj: Mapping[str, Any]) -> NodeTopology:
         loc, problem = first_problem(err, "spec")
         raise CrdError(f"{where}: {loc}: {problem}", loc, problem) from None
     if spec.source is Source.NONE or not spec.gpus:
-        return NodeTopology(name, None)
+        return NodeTopology(name, None, allocation=spec.allocation)
     try:
         graph = spec.to_graph()
     except TopologyError as exc:
         problem = str(exc).removeprefix("NodeTopology spec: ")
         raise CrdError(f"{where}: {problem}", "spec", problem) from None
-    return NodeTopology(name, graph, spec.gpus_in_use())
+    return NodeTopology(name, graph, spec.gpus_in_use(), spec.allocation)
 
 
 # -- SliceReservation objects -------------------------------------------------------------

@@ -42,6 +42,7 @@ from extender.cost import Comm, ModelDims
 from extender.placement.request import Colocation, GangRequest, NodeRequirement, PodSet
 from extender.placement.scoring import LevelError, resolve_level
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, HierarchyError, NetworkModel, parse_levels
 from extender.topology.model import GpuGraph, TopologyError
 
@@ -142,6 +143,7 @@ class NodeSpec(_Strict):
     allocated_gpus: list[int] = Field(default_factory=list, alias="allocatedGpus")
     unhealthy_gpus: list[int] = Field(default_factory=list, alias="unhealthyGpus")
     count: int | None = Field(None, ge=1)
+    allocation: Allocation = Allocation.DEVICE_PLUGIN
 
 
 class NetworkSpec(_Strict):
@@ -312,7 +314,14 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
             labels.setdefault(HOSTNAME_LABEL, name)
             try:
                 nodes.append(
-                    NodeState(name, labels, graph, frozenset(ns.allocated_gpus), frozenset(ns.unhealthy_gpus))
+                    NodeState(
+                        name,
+                        labels,
+                        graph,
+                        frozenset(ns.allocated_gpus),
+                        frozenset(ns.unhealthy_gpus),
+                        allocation=ns.allocation,
+                    )
                 )
             except ValueError as exc:
                 raise FileError(f"{at}: {exc}") from None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from extender.placement.request import NodeRequirement
+from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
 from extender.topology.model import GpuGraph, NodeShape
 
@@ -28,6 +29,8 @@ class NodeState:
     unhealthy: frozenset[int] = frozenset()
     #: The gang that holds this node's multi-node NVLink (IMEX) channel, if any.
     mnnvl_gang: str | None = None
+    #: Who picks the pod's GPUs on this node (see :mod:`extender.topology.allocation`).
+    allocation: Allocation = Allocation.DEVICE_PLUGIN
 
     def __post_init__(self) -> None:
         sick = {g.index for g in self.graph.gpus if not self.graph.healthy(g.index)}
@@ -217,7 +220,7 @@ class ClusterSnapshot:
 
     def emptied(self) -> ClusterSnapshot:
         """The same cluster with nothing allocated, reserved or holding an NVLink channel."""
-        nodes = [NodeState(n.name, n.labels, n.graph, frozenset(), n.unhealthy, None) for n in self.nodes]
+        nodes = [replace(n, allocated=frozenset(), mnnvl_gang=None) for n in self.nodes]
         snap = ClusterSnapshot(nodes, self.hierarchy)
         snap._domains = self._domains
         return snap

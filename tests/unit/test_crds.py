@@ -26,7 +26,7 @@ from extender.topology.serialize import graph_to_dict
 
 CRDS = Path(__file__).resolve().parents[2] / "manifests" / "crds"
 #: NodeTopology spec fields the node agent adds to graph_to_dict's.
-AGENT_FIELDS = {"devicesInUse", "allocatableDevices", "source"}
+AGENT_FIELDS = {"devicesInUse", "allocatableDevices", "source", "allocation"}
 
 
 def _crd(plural: str) -> dict[str, Any]:
