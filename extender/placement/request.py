@@ -85,6 +85,19 @@ def _is_int(text: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class PodRequests:
+    """What one pod of a pod set requests of a node besides GPUs (the sum over its
+    containers, as kube-scheduler's NodeResourcesFit counts it), and its QoS class."""
+
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    ephemeral_bytes: int = 0
+    #: Guaranteed QoS: every container's requests equal its limits. With integer CPUs this
+    #: is the pod the kubelet's static CPU manager and Topology Manager align.
+    guaranteed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class PodSet:
     name: str
     count: int
@@ -97,6 +110,7 @@ class PodSet:
     #: Node-label requirements every pod's node meets (all of them), as a pod's
     #: ``nodeSelector`` and required node affinity state them.
     node_selector: tuple[NodeRequirement, ...] = ()
+    requests: PodRequests = field(default_factory=PodRequests)
 
     @property
     def gpus(self) -> int:
