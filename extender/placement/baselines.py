@@ -6,9 +6,12 @@ section 2c), not from their code. All of them:
 
 - are all-or-nothing, like the gangslice solver: pods are placed one by one on a working
   copy of the free GPUs, and if any pod finds no room the gang is :class:`Unplaceable`;
-- choose nodes only. The exact GPUs are what the stock NVIDIA device plugin hands out once
-  the node is fixed: its ``GetPreferredAllocation`` is best-effort and no scheduler can steer
-  it, so we model it as *first free* (the lowest free GPU indices);
+- choose nodes only. The exact GPUs are what the node hands out once the node is fixed: on a
+  device-plugin node, the stock NVIDIA device plugin's ``GetPreferredAllocation``
+  (go-gpuallocator's best-effort policy, predicted by :mod:`extender.placement.choice`),
+  which no scheduler can steer; where the plugin has no usable answer, and on DRA nodes
+  (the peers write no claim that names devices), the kubelet's or driver's *first free*
+  (the lowest free GPU indices);
 - never book a GPU that is taken, unhealthy or reserved, nor one GPU twice (the capacity
   rules). They may break gangslice's topology rules (a TP group across a socket, a pod set
   across leaves): :func:`extender.placement.scoring.violations` reports that, and
@@ -25,7 +28,7 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from extender.placement import solver
+from extender.placement import choice, solver
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import ANYWHERE, gang_micros, node_scope, resolve_need
@@ -72,11 +75,13 @@ class _Work:
         self.taken, self.slots = other.taken, other.slots
 
     def take(self, ps: PodSet, i: int) -> None:
-        """Give the next pod of ``ps`` the first free GPUs of node ``i`` (the caller checked room)."""
-        mask = first_free(self.free(i), ps.gpus_per_pod)
+        """Give the next pod of ``ps`` the GPUs node ``i`` hands out (the caller checked room)."""
+        node = self.snap.nodes[i]
+        mask = choice.handed(node, self.free(i), ps.gpus_per_pod)
+        if mask is None:
+            mask = first_free(self.free(i), ps.gpus_per_pod)
         assert mask is not None, f"node {i}: no room for {ps.gpus_per_pod} GPUs"
         self.taken[i] = self.taken.get(i, 0) | mask
-        node = self.snap.nodes[i]
         gpus, numa, nic = fit_for(node.shape).slot_of(mask)
         placed = self.slots.setdefault(ps.name, [])
         placed.append(PodSlot(ps.name, len(placed), node.name, gpus, numa, nic))
@@ -226,7 +231,7 @@ def spread(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     cpu and memory only; we know only GPUs, which stand in for requests that scale with them).
     With a single resource ``BalancedAllocation`` is the same for every node, so it drops out.
     All feasible nodes are scored (``percentageOfNodesToScore`` 100); the default soft
-    PodTopologySpread is not modelled (it would only spread more). GPUs: first free.
+    PodTopologySpread is not modelled (it would only spread more). GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _per_pod(most=False), "spread")
 
@@ -321,7 +326,7 @@ def _descend(
     counts: dict[int, int],
     least_free: bool,
 ) -> None:
-    """Walk down from a chosen domain to nodes, then give each node its pods, first free GPUs."""
+    """Walk down from a chosen domain to nodes, then give each node its pods (the GPUs it hands out)."""
     if level > node_scope(snap.hierarchy):
         for _ in range(need):
             work.take(ps, nodes[0])
@@ -412,7 +417,7 @@ def kueue_tas(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     order. From the chosen domain down
     (``updateCountsToMinimumGeneric``): BestFit takes the fewest children, largest first, the
     last one the tightest that holds the rest. In-node levels (``nvlink``, ``numa``) have no Kueue
-    equivalent and are ignored; so is ``colocateWith``. GPUs: first free.
+    equivalent and are ignored; so is ``colocateWith``. GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _kueue_core, "kueue-tas")
 
@@ -553,7 +558,7 @@ def volcano(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     free GPUs cover the job is dry-run: each pod set, as a sub-job, searches the same way
     inside it up to its own tier and binpacks its pods on that HyperNode's nodes
     (MostAllocated per pod). The first tier with a solution wins, and in it the HyperNode with
-    the best ``HyperNodeOrderFn`` bin-pack score (fullest). GPUs: first free.
+    the best ``HyperNodeOrderFn`` bin-pack score (fullest). GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _volcano_core, "volcano")
 

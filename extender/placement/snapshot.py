@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
+from extender.placement.plugin_fit import plugin_kind
 from extender.placement.request import NodeRequirement
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
@@ -44,6 +46,17 @@ class NodeState:
     @property
     def shape(self) -> NodeShape:
         return self.graph.shape
+
+    @property
+    def plugin(self) -> bool:
+        """Whether the device plugin, not gangslice, picks the pod's GPUs here."""
+        return self.allocation == Allocation.DEVICE_PLUGIN
+
+    @cached_property
+    def kind(self) -> str:
+        """The node's type as placement memoises it: its GPU graph's shape, and under the
+        device plugin also what the plugin sees of the graph (the in-node choice differs)."""
+        return plugin_kind(self.graph) if self.plugin else self.shape.key
 
 
 @dataclass
@@ -109,9 +122,10 @@ class ClusterSnapshot:
         return self._free
 
     def kinds(self) -> list[str]:
-        """Every node's type (its GPU graph shape's key), by node index (cached; do not modify)."""
+        """Every node's type (:attr:`NodeState.kind`: its GPU graph's shape and who picks its
+        GPUs), by node index (cached; do not modify)."""
         if self._kinds is None or self._kinds[0] is not self.nodes:
-            self._kinds = (self.nodes, [n.shape.key for n in self.nodes])
+            self._kinds = (self.nodes, [n.kind for n in self.nodes])
         return self._kinds[1]
 
     def admitted(self, selector: Selector) -> frozenset[int] | None:
@@ -209,12 +223,11 @@ class ClusterSnapshot:
 
     def topology(self) -> TopologyKey:
         """What placement sees of this cluster apart from what is taken: the hierarchy, and
-        each node's name, GPU graph shape, label path and unhealthy GPUs. Two snapshots with
-        equal keys give every gang the same slice once nothing is allocated or reserved."""
+        each node's name, type (GPU graph shape and who picks its GPUs), label path and
+        unhealthy GPUs. Two snapshots with equal keys give every gang the same slice once
+        nothing is allocated or reserved."""
         if self._topology is None or self._topology[0] is not self.nodes:
-            parts = tuple(
-                (n.name, n.shape.key, self._paths[i], n.unhealthy) for i, n in enumerate(self.nodes)
-            )
+            parts = tuple((n.name, n.kind, self._paths[i], n.unhealthy) for i, n in enumerate(self.nodes))
             self._topology = (self.nodes, TopologyKey((self.hierarchy, parts)))
         return self._topology[1]
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.cost import Comm
+from extender.placement import choice
 from extender.placement.exact import exact_slice
 from extender.placement.node_fit import NodeFit, fit_for
 from extender.placement.request import GangRequest, PodSet
@@ -519,7 +520,7 @@ class Solver:
         tier = pod_tier(self.snap, i, ps, need, preferred)
         if tier is None:
             return None
-        cap = fit_for(self.snap.nodes[i].shape).capacity(free, ps.gpus_per_pod, tier)
+        cap = choice.capacity(self.snap.nodes[i], free, ps.gpus_per_pod, tier)
         return (min(cap, ps.count), free, tier) if cap else None
 
     def _pass(
@@ -559,16 +560,17 @@ class Solver:
 
     # -- one node ------------------------------------------------------------------------
     def _node_pick(self, ps: PodSet, i: int, free: int, tier: Tier) -> _NodePick:
-        """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free mask)."""
-        shape = self.snap.nodes[i].shape
-        key = (ps.name, shape.key, free, tier)
+        """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free
+        mask); on a device-plugin node, the sets the plugin hands out."""
+        node = self.snap.nodes[i]
+        key = (ps.name, self.snap.kinds()[i], free, tier)
         got = self._picks.get(key)
         if got is None:
-            fit = fit_for(shape)
-            masks = fit.pick(free, ps.gpus_per_pod, tier, ps.count)
+            fit = fit_for(node.shape)
+            masks = choice.pick(node, free, ps.gpus_per_pod, tier, ps.count)
             assert masks is not None, "capacity said the pods fit; pick must agree"
             got = self._node_pick_of(ps, fit, free, masks)
-            if ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
+            if not node.plugin and ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
                 # The pods talk over the links among all their GPUs: try every set of GPUs
                 # they could share and keep the cheapest, then the most coherent remainder.
                 for union in fit.subsets(ps.count * ps.gpus_per_pod, Tier.NODE):
@@ -708,9 +710,9 @@ class Solver:
         key = (ps.gpus_per_pod, self.snap.kinds()[i], free, tier)
         got = self._gbps.get(key)
         if got is None:
-            fit = fit_for(self.snap.nodes[i].shape)
-            picked = fit.pick(free, ps.gpus_per_pod, tier, 1)
-            got = self._gbps[key] = fit.gbps(picked[0]) if picked else 0.0
+            node = self.snap.nodes[i]
+            picked = choice.pick(node, free, ps.gpus_per_pod, tier, 1)
+            got = self._gbps[key] = fit_for(node.shape).gbps(picked[0]) if picked else 0.0
         return got
 
     def _top_gbps(self, ps: PodSet, caps: Caps) -> float:
@@ -887,7 +889,7 @@ class Solver:
         masks: dict[int, int] = {}
         for i in sorted(assignment, key=lambda j: self.snap.nodes[j].name):
             _, free, tier = caps[i]
-            picked = fit_for(self.snap.nodes[i].shape).pick(free, ps.gpus_per_pod, tier, assignment[i])
+            picked = choice.pick(self.snap.nodes[i], free, ps.gpus_per_pod, tier, assignment[i])
             if picked is None:  # capacity said it fits; pick must agree
                 raise AssertionError(f"node {self.snap.nodes[i].name}: cannot pick {assignment[i]} pods")
             for m in picked:
@@ -964,7 +966,32 @@ class Solver:
 
     # -- reasons -------------------------------------------------------------------------
     def _shortfall(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> _Shortfall:
-        return _Shortfall(ps.name, lambda: self._reason(gang, ps, need, caps))
+        def explain() -> tuple[str, str | None, int]:
+            reason, closest, short_by = self._reason(gang, ps, need, caps)
+            return reason + self._plugin_note(ps, need), closest, short_by
+
+        return _Shortfall(ps.name, explain)
+
+    def _plugin_note(self, ps: PodSet, need: Need) -> str:
+        """When the device plugin is why a node is out: the first device-plugin node (in the
+        tie-break order) that gangslice's own choice would give more of these pods, and the
+        answer of the plugin that breaks the pod set's tier there."""
+        gpus = ps.gpus_per_pod
+        admitted = self.snap.admitted(ps.node_selector)
+        order = self.snap.order()
+        for i in sorted(range(len(self.snap.nodes)), key=order.__getitem__):
+            node, free = self.snap.nodes[i], self.snap.free_mask(i)
+            if not node.plugin or free.bit_count() < gpus or (admitted is not None and i not in admitted):
+                continue
+            tier = pod_tier(self.snap, i, ps, need)
+            if tier is None:
+                continue
+            served = choice.capacity(node, free, gpus, tier)
+            if served < min(ps.count, fit_for(node.shape).capacity(free, gpus, tier)):
+                why = choice.reason(node, free, gpus, tier, served + 1)
+                if why:
+                    return f"; node {node.name} would hold more, but {why}"
+        return ""
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
