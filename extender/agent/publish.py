@@ -27,6 +27,7 @@ declares the ``status`` subresource)::
            namespace, pod, container}
       allocatableDevices: [<device ids from GetAllocatableResources, sorted>]
       source: nvml | nvidia-smi | none
+      allocation: devicePlugin | dra   # who picks each pod's GPUs (``gangslice agent --allocation``)
     status:
       conditions:
         - {type: Discovered | PodResourcesAvailable, status: "True" | "False",
@@ -61,6 +62,7 @@ from typing import Any, Protocol
 from extender.agent.podresources import DeviceUse
 from extender.kube.api import APPLY_PATCH, NODE_TOPOLOGIES, NODES, KubeClient
 from extender.kube.names import API_VERSION
+from extender.topology.allocation import Allocation
 from extender.topology.model import GpuGraph
 from extender.topology.serialize import graph_to_dict
 
@@ -130,7 +132,11 @@ def devices_in_use(uses: Sequence[DeviceUse], graph: GpuGraph) -> list[dict[str,
 
 
 def build_spec(
-    graph: GpuGraph, source: str, in_use: Sequence[Mapping[str, Any]], allocatable: Sequence[str]
+    graph: GpuGraph,
+    source: str,
+    in_use: Sequence[Mapping[str, Any]],
+    allocatable: Sequence[str],
+    allocation: Allocation = Allocation.DEVICE_PLUGIN,
 ) -> dict[str, Any]:
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
@@ -139,6 +145,7 @@ def build_spec(
         "devicesInUse": [dict(d) for d in in_use],
         "allocatableDevices": sorted(allocatable),
         "source": source,
+        "allocation": str(allocation),
     }
 
 

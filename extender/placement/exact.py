@@ -81,7 +81,8 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
             i, mask, nth = opts[j]
             node = snap.nodes[i]
             if nth >= 0:
-                handed = _handed(snap, i, ps, tiers[ps.name][i], taken.get(i, 0), own.get((ps.name, i), 0), nth)
+                held = own.get((ps.name, i), 0)
+                handed = _handed(snap, i, ps, tiers[ps.name][i], taken.get(i, 0), held, nth)
                 if handed is None:
                     continue
                 mask = handed
