@@ -147,7 +147,9 @@ class ClusterCache:
         kind of ``awaiting`` is listed (``(Kind.PODS,)``: pods come from a watch)."""
         cache = cls(hierarchy=snap.hierarchy, ttl_s=ttl_s, store=store, clock=clock, awaiting=awaiting)
         for n in snap.nodes:
-            cache._static[n.name] = _StaticNode(dict(n.labels), n.graph, n.allocated, n.unhealthy)
+            cache._static[n.name] = _StaticNode(
+                dict(n.labels), n.graph, n.allocated, n.unhealthy, n.allocation
+            )
             cache._dirty_nodes.add(n.name)
         return cache
 
