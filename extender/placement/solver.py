@@ -978,11 +978,15 @@ class Solver:
         answer of the plugin that breaks the pod set's tier there."""
         gpus = ps.gpus_per_pod
         admitted = self.snap.admitted(ps.node_selector)
-        order = self.snap.order()
+        order, kinds = self.snap.order(), self.snap.kinds()
+        seen: set[tuple[str, int]] = set()  # one look per node type and free GPUs
         for i in sorted(range(len(self.snap.nodes)), key=order.__getitem__):
             node, free = self.snap.nodes[i], self.snap.free_mask(i)
             if not node.plugin or free.bit_count() < gpus or (admitted is not None and i not in admitted):
                 continue
+            if (kinds[i], free) in seen:
+                continue
+            seen.add((kinds[i], free))
             tier = pod_tier(self.snap, i, ps, need)
             if tier is None:
                 continue
