@@ -207,8 +207,9 @@ DEFINITIONS = """\
   token. Over placed gangs whose reference slice communicates. On a mixed fleet the best slice
   is often on faster hardware (a GB200 tray's NVLink 5) than the gang could get under load.
 - **vs same hw**: the same ratio against the solver's slice on the empty cluster cut down to the
-  node types the gang actually got: what placement *within* that hardware costs (an NVLink
-  island or socket split, a leaf crossed, prefill and decode apart).
+  node types the gang actually got, each in the allocation mode it got them in (device plugin
+  or DRA): what placement *within* that hardware costs (an NVLink island or socket split, a
+  leaf crossed, prefill and decode apart).
 - **wait s**: seconds from a gang's arrival to its start, over placed gangs.
 - **GPUs in use**: time-averaged share of the cluster's schedulable GPUs held by gangs.
 - **whole free nodes**: time-averaged number of nodes with every GPU free (for every built-in
