@@ -18,6 +18,7 @@ or when there were too many tied partitions to look at all of them.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from extender.topology.device_plugin import PluginView, plugin_view, preferred_allocation
@@ -133,18 +134,25 @@ class PluginFit:
 
 _FITS: dict[str, PluginFit] = {}
 _KINDS: dict[str, str] = {}
+#: The kind of each live graph object, by id (nodes of one type usually share one graph).
+_OF_GRAPH: dict[int, tuple[weakref.ref[GpuGraph], str]] = {}
 
 
 def plugin_kind(graph: GpuGraph) -> str:
     """The node type of ``graph`` under the device plugin: its shape and what the plugin sees
     of it (two boards of one shape can differ in the PCIe levels under their NVLinks, which
-    the plugin scores). One shared string per kind."""
+    the plugin scores). One shared string per kind, computed once per graph object."""
+    ident = id(graph)
+    known = _OF_GRAPH.get(ident)
+    if known is not None and known[0]() is graph:
+        return known[1]
     view = plugin_view(graph)
     key = repr((graph.shape.key, "devicePlugin", sorted(view.pcie.items()), sorted(view.nvlinks.items())))
     got = _KINDS.get(key)
     if got is None:
         got = _KINDS[key] = key
         _FITS[key] = PluginFit(graph, view)
+    _OF_GRAPH[ident] = (weakref.ref(graph, lambda _: _OF_GRAPH.pop(ident, None)), got)
     return got
 
 

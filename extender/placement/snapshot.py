@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import Any
 
 from extender.placement.plugin_fit import plugin_kind
@@ -52,11 +51,11 @@ class NodeState:
         """Whether the device plugin, not gangslice, picks the pod's GPUs here."""
         return self.allocation == Allocation.DEVICE_PLUGIN
 
-    @cached_property
+    @property
     def kind(self) -> str:
         """The node's type as placement memoises it: its GPU graph's shape, and under the
         device plugin also what the plugin sees of the graph (the in-node choice differs)."""
-        return plugin_kind(self.graph) if self.plugin else self.shape.key
+        return plugin_kind(self.graph) if self.plugin else self.graph.shape.key
 
 
 @dataclass
