@@ -991,10 +991,11 @@ class Solver:
             if tier is None:
                 continue
             served = choice.capacity(node, free, gpus, tier)
-            if served < min(ps.count, fit_for(node.shape).capacity(free, gpus, tier)):
+            own = min(ps.count, fit_for(node.shape).capacity(free, gpus, tier))
+            if served < own:
                 why = choice.reason(node, free, gpus, tier, served + 1)
                 if why:
-                    return f"; node {node.name} would hold more, but {why}"
+                    return f"; node {node.name}'s free GPUs hold {own} such pods, but {why}"
         return ""
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:

@@ -113,7 +113,10 @@ def test_one_node_type_in_two_modes_is_two_kinds() -> None:
     # says what the device plugin does on the other.
     two = Solver(s).place(socket_gang(2))
     assert isinstance(two, Unplaceable)
-    assert "node a-plugin would hold more, but the device plugin may answer GPUs 0,1,4" in two.reason
+    assert (
+        "node a-plugin's free GPUs hold 1 such pods, but the device plugin may answer GPUs 0,1,4"
+        in two.reason
+    )
 
 
 def test_the_exact_search_follows_the_plugin() -> None:
