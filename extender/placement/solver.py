@@ -978,11 +978,11 @@ class Solver:
         answer of the plugin that breaks the pod set's tier there."""
         gpus = ps.gpus_per_pod
         admitted = self.snap.admitted(ps.node_selector)
-        order, kinds = self.snap.order(), self.snap.kinds()
+        order, kinds, nodes = self.snap.order(), self.snap.kinds(), self.snap.nodes
         seen: set[tuple[str, int]] = set()  # one look per node type and free GPUs
-        for i in sorted(range(len(self.snap.nodes)), key=order.__getitem__):
-            node, free = self.snap.nodes[i], self.snap.free_mask(i)
-            if not node.plugin or free.bit_count() < gpus or (admitted is not None and i not in admitted):
+        for i in sorted((i for i, n in enumerate(nodes) if n.plugin), key=order.__getitem__):
+            node, free = nodes[i], self.snap.free_mask(i)
+            if free.bit_count() < gpus or (admitted is not None and i not in admitted):
                 continue
             if (kinds[i], free) in seen:
                 continue
