@@ -355,6 +355,7 @@ def _check(inst: Instance, optimum: tuple[Key, list[PodSlot]] | None, solver: So
     assert scoring.violations(inst.snap, inst.gang, got.slots) == [], (inst, got)
     assert optimum is not None, ("the exhaustive search missed a slice", inst, got)
     _check_colocation_notes(inst, got)
+    _check_plugin_sets(inst, got)
     waste, micros = scoring.objective(inst.snap, inst.gang, got.slots)
     (best_waste, best_micros), _ = optimum
     assert abs(micros - got.per_layer_micros) <= 1e-6 * max(1.0, micros), "the slice misreports its cost"
@@ -363,6 +364,30 @@ def _check(inst: Instance, optimum: tuple[Key, list[PodSlot]] | None, solver: So
         return MORE_WASTE
     assert micros >= best_micros * (1 - 1e-9), ("cheaper than the exhaustive optimum", inst, got)
     return micros / best_micros if best_micros > 0 else (1.0 if micros == 0 else float("inf"))
+
+
+def _check_plugin_sets(inst: Instance, got: Slice) -> None:
+    """On a device-plugin node the slots hold what the plugin hands out: for some order of the
+    pod sets there, each pod set's GPU sets are the plugin's answers in turn."""
+    snap, gang = inst.snap, inst.gang
+    names = [ps.name for ps in gang.pod_sets]
+    for i, node in enumerate(snap.nodes):
+        mine = sorted(
+            (s for s in got.slots if s.node == node.name and s.gpus), key=lambda s: names.index(s.pod_set)
+        )
+        if node.allocation != Allocation.DEVICE_PLUGIN or not mine:
+            continue
+        pods = [s.pod_set for s in mine]
+
+        def by_set(masks: Sequence[int], pods: Sequence[str] = pods) -> dict[str, list[int]]:
+            out: dict[str, list[int]] = {}
+            for name, m in zip(pods, masks, strict=True):
+                out.setdefault(name, []).append(m)
+            return {k: sorted(v) for k, v in out.items()}
+
+        held = by_set([node.shape.mask_of(s.gpus) for s in mine])
+        choices = [by_set(c) for c in _plugin_choices(snap, gang, i, pods)]
+        assert held in choices, ("not the device plugin's answers", inst, got.slots)
 
 
 def _check_colocation_notes(inst: Instance, got: Slice) -> None:
@@ -441,6 +466,7 @@ def test_exact_fallback_alone_is_complete(allocation: Allocation, drawn: Instanc
         assert isinstance(got, Slice), ("the exact fallback missed a slice", inst, got)
         assert got.notes[0] == "placed by exact search"
         assert scoring.violations(inst.snap, inst.gang, got.slots) == []
+        _check_plugin_sets(inst, got)
         waste, micros = scoring.objective(inst.snap, inst.gang, got.slots)
         assert (waste, micros) >= (optimum[0][0], optimum[0][1] * (1 - 1e-9))
         # Every colocation it misses is said.
