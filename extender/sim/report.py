@@ -253,6 +253,37 @@ def _node_types(r: dict[str, Any]) -> list[str]:
     ]
 
 
+#: Gang sizes the trade-off table groups by: (label, fewest GPUs, most GPUs).
+_SIZES = (("1-4 GPUs", 1, 4), ("8-16 GPUs", 5, 16), ("24+ GPUs", 17, 1 << 30))
+
+
+def _by_size(r: dict[str, Any]) -> list[str]:
+    """Gangs placed per policy by gang size, and the trade gangslice makes between them."""
+    rows = []
+    for policy, x in r["policies"].items():
+        cells = []
+        for _, lo, hi in _SIZES:
+            t = [v for v in x["byTemplate"].values() if lo <= v["gpus"] <= hi]
+            cells.append(f"{sum(v['placed'] for v in t):,} of {sum(v['arrived'] for v in t):,}")
+        rows.append([policy, *cells, _pct(x["allocation"]["meanShare"])])
+    return [
+        "## Gangs placed by size",
+        "",
+        *_md_table(["policy", *(label for label, _, _ in _SIZES), "GPUs in use"], rows),
+        "",
+        "A trade gangslice makes on purpose: multi-node NVLink cliques (GB200 NVL72 racks) are "
+        "kept for the pod sets that span them, and a pod set that does not use multi-node NVLink "
+        "takes clique nodes only when nothing else fits. That is what lets gangslice place the "
+        "wide-EP and prefill/decode gangs that need a whole rack's NVLink; the peers fill the "
+        "racks' trays with small replicas and so place few of those, but they gain the trays as "
+        "spare room for small replicas, which leaves more whole 8-GPU nodes for the gangs that "
+        "can run only there (TP=8, 405B, P/D pairs on HGX or PCIe boxes). On a busy day gangslice "
+        "can therefore place fewer of those and keep them waiting longer at p99 while keeping "
+        "more GPUs in use.",
+        "",
+    ]
+
+
 def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
     r = outcome.results
     lines = [
@@ -275,6 +306,7 @@ def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
             else []
         ),
         *_node_types(r),
+        *_by_size(r),
         "## Definitions",
         "",
         DEFINITIONS,
