@@ -636,6 +636,7 @@ def test_once_dry_run_prints_the_object_as_yaml(
     assert {c["type"]: c["status"] for c in obj["status"]["conditions"]} == {
         "Discovered": "True",
         "PodResourcesAvailable": "True",
+        "DevicesKnown": "True",
     }
 
 
