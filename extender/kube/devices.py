@@ -165,7 +165,7 @@ def devices_condition(
         message = "; ".join(m.message() for m in sorted(mismatches, key=lambda m: m.pod))
     elif before is not None:
         status, reason = "False", DEVICES_MATCH
-        message = "the kubelet reports every bound pod holding the GPUs it was promised"
+        message = "no bound pod is reported holding other GPUs than it was promised"
     else:
         return None
     since = stamp
