@@ -135,9 +135,7 @@ def devices_in_use(uses: Sequence[DeviceUse], graph: GpuGraph) -> list[dict[str,
     return out
 
 
-def devices_known(
-    uses: Sequence[DeviceUse], allocatable: Sequence[str], graph: GpuGraph
-) -> Condition:
+def devices_known(uses: Sequence[DeviceUse], allocatable: Sequence[str], graph: GpuGraph) -> Condition:
     """``DevicesKnown``: whether every GPU device id the kubelet names is a GPU NVML sees.
     MIG devices (``MIG-…``) are not whole GPUs of the graph and are not counted as unknown."""
     seen = {g.uuid for g in graph.gpus if g.uuid}
