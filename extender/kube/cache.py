@@ -7,10 +7,12 @@ and the persisted reservations in step. Everything runs on one asyncio loop; mut
 synchronous, so no decision sees a half-applied event. Decisions that span an ``await``
 take :attr:`ClusterCache.lock`.
 
-GPUs taken on a node: the cluster file's ``allocatedGpus``, plus every bound, unfinished
-pod's ``gangslice.io/gpus`` annotation, or else the GPUs the node agent reports the kubelet
-gave it (NodeTopology ``devicesInUse``); a bound pod with neither takes as many of the
-lowest free GPU indices as it requests (pods in name order).
+GPUs taken on a node: the cluster file's ``allocatedGpus``, plus, for every bound, unfinished
+pod, the GPUs the node agent reports the kubelet gave it (NodeTopology ``devicesInUse``: the
+truth), or else its ``gangslice.io/gpus`` annotation; a bound pod with neither takes as many
+of the lowest free GPU indices as it requests (pods in name order). A pod reported on other
+GPUs than its annotation promised is a device mismatch (:mod:`extender.kube.devices`): its
+reservation slot is moved onto the reported GPUs and its SliceReservation says so.
 
 A node whose NodeTopology fails validation is kept out of the snapshot (never given a
 guessed graph) and listed by :meth:`ClusterCache.refused_topologies` with the field and the
