@@ -21,7 +21,9 @@ which keeps the node out of placement and names the field (see
 (``gang``, ``slice``, ``expiresAt``, ``bound``, ``phase``, ``meta``), so
 ``Reservation.from_dict(obj["spec"])`` reads it back; a restart rebuilds the ledger from spec
 alone. Its ``status`` (:func:`reservation_status`) is what people and kubectl read: phase,
-which pod holds which slot, nodes, GPU count and a ``Held`` condition. Whoever writes the
+which pod holds which slot, nodes, GPU count, a ``Held`` condition and, once the kubelet
+reports a bound pod on other GPUs than promised, a ``DevicesMismatch`` condition
+(:mod:`extender.kube.devices`). Whoever writes the
 object writes its status too, through the ``/status`` subresource, and again whenever a slot
 binds or is freed.
 """
