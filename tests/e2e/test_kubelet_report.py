@@ -1,10 +1,12 @@
 """The kubelet's report is the truth, on a real API server: the node agent (``gangslice agent``,
 fake NVML) reads a fake kubelet's PodResources socket that reports a bound pod holding other GPUs
-than its ``gangslice.io/gpus`` annotation. gangslice serve (shipped RBAC) then counts the pod's
-GPUs as reported, moves the gang's SliceReservation slot onto them and sets its
-``DevicesMismatch`` condition naming both sets, tells the pod by a Warning Event, counts it in
+than its ``gangslice.io/gpus`` annotation. gangslice serve (shipped RBAC, ``--on-mismatch=evict``)
+then counts the pod's GPUs as reported, moves the gang's SliceReservation slot onto them and sets
+its ``DevicesMismatch`` condition naming both sets, tells the pod by a Warning Event, counts it in
 ``gangslice_devices_mismatch_total``; the next gang is given the GPUs the first was promised and
-does not hold, never the ones it holds.
+does not hold, never the ones it holds. The eviction meets the API server's own answer for a
+PodDisruptionBudget that allows no disruption (429: reported, retried), and goes through once
+the budget is gone.
 
 Nodes (pool ``dvm``): one HGX H100 node whose NodeTopology the agent publishes.
 """
@@ -29,6 +31,7 @@ from cluster import (
     gang_pods,
     get,
     gpus_of,
+    merge_patch,
     node_of,
     pod_token_kubeconfig,
     wait_for,
@@ -64,7 +67,9 @@ class Agent:
 
 @pytest.fixture(scope="module")
 def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
-    with extender_stack(control_plane, POOL, [NODE], name="gangslice-dvm") as server:
+    with extender_stack(
+        control_plane, POOL, [NODE], name="gangslice-dvm", extra_args=["--on-mismatch=evict"]
+    ) as server:
         yield server
 
 
@@ -118,10 +123,21 @@ def test_the_ledger_follows_the_kubelet_and_the_next_gang_is_not_promised_its_gp
 ) -> None:
     cp = control_plane
     uuids = agent.uuids()
+    # No controller-manager computes the budget's status, so the API server allows no eviction
+    # of a running pod it covers (429) until the budget is deleted.
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "g", "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"gangslice.io/gang": "g"}}},
+    }
+    create(cp, budget)
     for pod in gang_pods("g", 1, 4, POOL):
         pod["metadata"]["namespace"] = ns
         create(cp, pod)
     first = bound(cp, ns, "g-0")
+    # As its kubelet would say once it runs (a pending pod is evicted whatever its budget says).
+    merge_patch(cp, "Pod", "g-0", {"status": {"phase": "Running"}}, ns, sub="status")
     promised = gpus_of(first)
     annotations = first["metadata"]["annotations"]
     # Bind wrote the UUIDs of the promised GPUs, from the graph the agent published.
@@ -154,6 +170,20 @@ def test_the_ledger_follows_the_kubelet_and_the_next_gang_is_not_promised_its_gp
     assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Pod"
     assert f'gangslice_devices_mismatch_total{{node="{NODE.name}"}} 1.0' in gangslice.metrics()
     assert "gangslice_devices_mismatched_pods 1.0" in gangslice.metrics()
+    # --on-mismatch=evict: the budget holds the eviction off; said, and tried again.
+    blocked = wait_for(
+        "the eviction held off by the PodDisruptionBudget",
+        lambda: [e for e in events_for(cp, ns, "g-0") if e["reason"] == "DevicesMismatchEvictionBlocked"],
+        30,
+    )
+    assert "PodDisruptionBudget" in blocked[0]["message"]
+    wait_for(
+        "the condition to say the budget held the eviction off",
+        lambda: "PodDisruptionBudget" in ((devices_condition(cp, ns, "g") or {}).get("message") or ""),
+        30,
+    )
+    assert 'gangslice_mismatch_evictions_total{result="blocked"}' in gangslice.metrics()
+    assert get(cp, "Pod", "g-0", ns) is not None
     # The next gang gets the GPUs the first was promised and does not hold.
     for pod in gang_pods("h", 1, 4, POOL):
         pod["metadata"]["namespace"] = ns
@@ -169,3 +199,22 @@ def test_the_ledger_follows_the_kubelet_and_the_next_gang_is_not_promised_its_gp
         30,
     )
     assert cond["reason"] == "DevicesMatch"
+    # Reported again, and the budget deleted: the pod is evicted (to be placed again).
+    agent.kubelet.assign(ns, "g-0", "main", [uuids[i] for i in reported])
+    wait_for(
+        "the second difference counted",
+        lambda: f'gangslice_devices_mismatch_total{{node="{NODE.name}"}} 2.0' in gangslice.metrics(),
+        30,
+    )
+    delete(cp, "PodDisruptionBudget", "g", ns)
+    wait_for(
+        "pod g-0 evicted",
+        lambda: (p := get(cp, "Pod", "g-0", ns)) is None or bool(p["metadata"].get("deletionTimestamp")),
+        30,
+    )
+    wait_for(
+        "the eviction told on the pod",
+        lambda: [e for e in events_for(cp, ns, "g-0") if e["reason"] == "DevicesMismatchEvicted"],
+        30,
+    )
+    assert 'gangslice_mismatch_evictions_total{result="evicted"} 1.0' in gangslice.metrics()
