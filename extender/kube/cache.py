@@ -322,7 +322,7 @@ class ClusterCache:
             self._gang_pods.setdefault(now.gang, {})[key] = now
 
     def gpus_of(self, pod_key: str) -> frozenset[int]:
-        """The GPUs a bound pod holds (annotated, or counted as lowest free indices)."""
+        """The GPUs a bound pod holds (as the kubelet reports, annotated, or the lowest free)."""
         pod = self._pods.get(pod_key)
         if pod is None or not pod.holds_gpus or pod.node is None:
             return frozenset()
