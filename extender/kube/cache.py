@@ -46,7 +46,7 @@ from extender.kube.crd_models import (
     parse_node_topology,
     reservation_from_object,
 )
-from extender.kube.devices import DeviceMismatch, compare
+from extender.kube.devices import DeviceMismatch, node_mismatches
 from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
@@ -601,16 +601,9 @@ class ClusterCache:
         nodes, self._devices_dirty = self._devices_dirty, set()
         for node in sorted(nodes):
             topo = self._topologies.get(node)
-            in_use = topo.in_use if topo is not None else {}
             graph = topo.graph if topo is not None else None
-            found: dict[str, DeviceMismatch] = {}
-            for key in sorted(self._by_node.get(node, ())):
-                pod = self._pods.get(key)
-                if pod is None or pod.node != node or not pod.holds_gpus or pod.deleting or key not in in_use:
-                    continue
-                m = compare(pod, in_use[key], graph, self.hierarchy)
-                if m is not None:
-                    found[key] = m
+            pods = [self._pods[k] for k in sorted(self._by_node.get(node, ())) if k in self._pods]
+            found = node_mismatches(node, pods, topo, self.hierarchy)
             for key in [k for k, m in self._mismatches.items() if m.node == node and k not in found]:
                 gone = self._mismatches.pop(key)
                 log.info("pod %s: the kubelet's report and the promise agree again (or it is gone)", key)

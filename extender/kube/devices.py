@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extender.kube.pods import PodInfo
 from extender.placement.scoring import LevelError, resolve_level
 from extender.topology.hierarchy import Hierarchy
 from extender.topology.model import GpuGraph, Tier
+
+if TYPE_CHECKING:  # crd_models imports this module (the condition)
+    from extender.kube.crd_models import NodeTopology
 
 #: The SliceReservation condition type, and its reasons.
 DEVICES_MISMATCH = "DevicesMismatch"
@@ -140,6 +143,24 @@ def compare(
         rule=pod_rule(pod, graph, hierarchy) if graph is not None else None,
         actual=tier_of(graph, got) if graph is not None else None,
     )
+
+
+def node_mismatches(
+    node: str, pods: Iterable[PodInfo], topology: NodeTopology | None, hierarchy: Hierarchy
+) -> dict[str, DeviceMismatch]:
+    """The mismatches of the bound, running pods of ``node`` its NodeTopology reports (pod key
+    -> mismatch); none without a NodeTopology or a report of the pod."""
+    if topology is None:
+        return {}
+    out = {}
+    for pod in pods:
+        reported = topology.in_use.get(pod.key)
+        if pod.node != node or not pod.holds_gpus or pod.deleting or not reported:
+            continue
+        m = compare(pod, reported, topology.graph, hierarchy)
+        if m is not None:
+            out[pod.key] = m
+    return out
 
 
 def _uuids(graph: GpuGraph | None, gpus: Sequence[int]) -> tuple[str, ...] | None:
