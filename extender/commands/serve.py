@@ -14,7 +14,7 @@ from extender.controllers.podgroup_controller import PodGroupConfig
 from extender.httpapi.bench import TARGET_RPS
 from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
 from extender.httpapi.limits import Limits
-from extender.kube.mismatch import OnMismatch, on_mismatch_choices
+from extender.kube.mismatch import OnMismatch
 from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
@@ -86,7 +86,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--on-mismatch",
-        choices=on_mismatch_choices(),
+        choices=[o.value for o in OnMismatch],
         default=OnMismatch.REPORT.value,
         help="a pod the kubelet gave other GPUs than promised: report it (Event, DevicesMismatch "
         "condition, metric; default) or also evict it to be placed again (pods/eviction, which "

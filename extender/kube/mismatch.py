@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -131,7 +130,3 @@ class MismatchReporter:
             await self.api.create(EVENTS, pod_event(m, reason, message, now))
         except KubeError as exc:
             log.debug("event for pod %s: %s", m.pod, exc)
-
-
-def on_mismatch_choices() -> Sequence[str]:
-    return [o.value for o in OnMismatch]
