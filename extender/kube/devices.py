@@ -37,7 +37,7 @@ DEVICES_MATCH = "DevicesMatch"
 
 
 def _tier_words(tier: Tier) -> str:
-    return tier.words or "anywhere on the node"
+    return tier.words or "node-wide (across sockets)"
 
 
 def _gpus(indices: Sequence[int], uuids: Sequence[str] | None) -> str:
