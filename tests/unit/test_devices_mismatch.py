@@ -363,3 +363,19 @@ def test_bind_writes_the_slots_gpu_uuids_when_the_graph_has_them(uuids: bool) ->
         else:
             assert keys.GPU_UUIDS not in annotations
     assert gang.gpus == placed.slots[0].gpus
+
+
+def test_devices_nvml_does_not_see_change_nothing_held() -> None:
+    """Bad input reaching the cache: the agent lists a device of the pod without a GPU index
+    (NVML does not see it; the agent's DevicesKnown condition names it). The pod keeps its
+    promised GPUs, its slot stays, nothing is counted as a mismatch."""
+    cache, graph, slot = setup()
+    topo = topology(graph, {})
+    ghost = {"deviceId": "GPU-ghost", "namespace": "llm", "pod": "g-0", "container": "main"}
+    topo["spec"]["devicesInUse"] = [ghost]
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topo)
+    assert cache.refused_topologies() == {}
+    assert cache.gpus_of("llm/g-0") == frozenset(slot.gpus)
+    assert cache.device_mismatches() == []
+    r = cache.reservation("llm/g")
+    assert r is not None and r.slice.slot(slot.key).gpus == slot.gpus
