@@ -295,7 +295,8 @@ def _header(node_type: str, repeat: int, seed: int) -> list[str]:
         f"gangslice bench placement: {node_type} nodes ({len(preset_graph(node_type).gpus)} GPUs each), "
         f"core/spine/leaf + hostname, {NODES_PER_LEAF} nodes per leaf, {LEAVES_PER_SPINE} leaves per "
         f"spine, {SPINES_PER_CORE} spines per core; 50% of GPUs allocated at random (seed {seed}); "
-        f"GPUs allocated by the {BENCH_ALLOCATION.words} on every node (every policy gets its answers)",
+        f"GPUs allocated by the {BENCH_ALLOCATION.words} on every node, the default of a node without "
+        "DRA (every policy gets its answers; gangslice pays for predicting them)",
         f"each decision: 1 cold call, then {repeat} timed calls on the same snapshot "
         f"(median and nearest-rank p99, ms); us/layer = predicted communication per layer "
         f"(scoring.gang_micros); broken = gangslice rules the slice breaks (scoring.violations)",
