@@ -11,7 +11,8 @@ loses to any that keeps it). Among equally good candidates it keeps the preferre
 room next to the pod set for the sets that colocate with it (on its own nodes for KV
 hand-offs), then breaks the fewest whole free nodes, then the finer domain, then the node
 type worth least to others, the fullest enclosing domains and the tightest fit (so large
-blocks stay whole), then topology path and name; inside a node it takes the GPU sets that
+blocks stay whole; for a pod set without a required level the tightest fit comes before
+the domains), then topology path and name; inside a node it takes the GPU sets that
 are tightest and leave the largest coherent remainder. Node requirements (a pod's
 nodeSelector and required node affinity) are hard.
 
@@ -613,7 +614,7 @@ class Solver:
                 # One node's pods do not talk over the fabric (a KV hand-off to a partner in
                 # the same clique may: the relation classes below offer that node too).
                 waste = ps.gpus if self._fabric_of(i) is not None else 0
-                ranked.append(((waste, _q(pick.cost), *self._tie(i, pick)), i))
+                ranked.append(((waste, _q(pick.cost), *self._tie(i, pick, ps)), i))
         if not ranked:
             return []
         ranked.sort()
@@ -646,27 +647,33 @@ class Solver:
         slots = self._slots(ps, [(i, m) for m in pick.masks])
         waste, cost = self._price(ps, slots, links, pick.cost)
         name = self.snap.nodes[i].name
-        fit = self._tie(i, pick)
+        fit = self._tie(i, pick, ps)
         kinds = frozenset({self.snap.nodes[i].shape.key})
         return _Option(
             slots, {i: pick.union}, node_scope(self.h), f"node {name}", waste, cost, fit, kinds=kinds
         )
 
-    def _tie(self, i: int, pick: _NodePick) -> tuple[float, ...]:
+    def _tie(self, i: int, pick: _NodePick, ps: PodSet) -> tuple[float, ...]:
         """How one-node placements of equal price rank, best first: a node already in use
         before a node with every GPU free (whole nodes stay whole); the node type whose GPUs
         are worth least to others (the lowest all-GPU ring bandwidth, so NVLink islands stay
-        for the gangs that pay for them); the fullest enclosing domains from the coarsest
-        level down (as Kueue's BestFit picks the fullest block, then rack, so a later gang
-        that needs a whole domain still finds one); the tightest fit on the node and the most
-        coherent remainder; then topology path and name (:meth:`ClusterSnapshot.order`)."""
+        for the gangs that pay for them); then, for a pod set with a required level, the
+        fullest enclosing domains from the coarsest level down (as Kueue's BestFit picks the
+        fullest block, then rack, so a later gang that needs a whole domain still finds one)
+        before the tightest fit on the node and the most coherent remainder; for a pod set
+        without one, the tightest fit first (Kueue sorts every node at once for such pod sets,
+        fullest first: the nearly full nodes fill up and more nodes stay whole for gangs that
+        need them), then the fullest domains; then topology path and name
+        (:meth:`ClusterSnapshot.order`)."""
         node = self.snap.nodes[i]
+        fit = (float(pick.leftover), float(-pick.coherent))
+        full = self.snap.fullness(i)
+        first, then = (fit, full) if self._needs[ps.name].scope == ANYWHERE else (full, fit)
         return (
             float(self.snap.free_mask(i).bit_count() == node.shape.size),
             self._worth(i),
-            *self.snap.fullness(i),
-            float(pick.leftover),
-            float(-pick.coherent),
+            *first,
+            *then,
             float(self.snap.order()[i]),
         )
 
