@@ -13,7 +13,11 @@ section 2c), not from their code. All of them:
   rules). They may break gangslice's topology rules (a TP group across a socket, a pod set
   across leaves): :func:`extender.placement.scoring.violations` reports that, and
   :func:`~extender.placement.scoring.gang_micros` prices it with the same yardstick;
-- know nothing of multi-node NVLink (IMEX) channels.
+- know nothing of multi-node NVLink (IMEX) channels;
+- keep kube-scheduler's NodeUnschedulable, TaintToleration, NodeAffinity and NodeResourcesFit
+  filters for every pod (:mod:`extender.placement.feasibility`), as kube-scheduler itself,
+  Kueue TAS (``fillLeafCounts`` counts the pods whose requests fit each node that passes the
+  pod's node selector, affinity and tolerations) and Volcano's predicates plugin do.
 
 Ties that the real schedulers break at random are broken here by snapshot order, so a
 comparison is repeatable.
@@ -25,7 +29,8 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from extender.placement import solver
+from extender.placement import feasibility, solver
+from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import ANYWHERE, gang_micros, node_scope, resolve_need
@@ -55,9 +60,19 @@ class _Work:
     base: Sequence[int]
     taken: dict[int, int] = field(default_factory=dict)
     slots: dict[str, list[PodSlot]] = field(default_factory=dict)
+    #: What this gang's pods take of each node's cpu, memory and pod slots so far.
+    used: dict[int, Resources] = field(default_factory=dict)
 
     def free(self, i: int) -> int:
         return self.base[i] & ~self.taken.get(i, 0)
+
+    def room(self, i: int, ps: PodSet) -> int:
+        """Pods of ``ps`` NodeResourcesFit still lets onto node ``i`` (cpu, memory, pods)."""
+        return self.snap.room(i, ps.requests, self.used.get(i))
+
+    def fits(self, i: int, ps: PodSet) -> bool:
+        """Whether node ``i`` has the GPUs and the room for one more pod of ``ps``."""
+        return self.free(i).bit_count() >= ps.gpus_per_pod and self.room(i, ps) > 0
 
     def alloc(self, i: int) -> int:
         """Allocatable GPUs of node ``i`` as a device plugin reports them (healthy ones)."""
@@ -66,16 +81,24 @@ class _Work:
 
     def copy(self) -> _Work:
         """A trial copy for a dry run: cheap, since only this gang's changes are copied."""
-        return _Work(self.snap, self.base, dict(self.taken), {k: list(v) for k, v in self.slots.items()})
+        return _Work(
+            self.snap,
+            self.base,
+            dict(self.taken),
+            {k: list(v) for k, v in self.slots.items()},
+            dict(self.used),
+        )
 
     def adopt(self, other: _Work) -> None:
-        self.taken, self.slots = other.taken, other.slots
+        self.taken, self.slots, self.used = other.taken, other.slots, other.used
 
     def take(self, ps: PodSet, i: int) -> None:
         """Give the next pod of ``ps`` the first free GPUs of node ``i`` (the caller checked room)."""
         mask = first_free(self.free(i), ps.gpus_per_pod)
         assert mask is not None, f"node {i}: no room for {ps.gpus_per_pod} GPUs"
         self.taken[i] = self.taken.get(i, 0) | mask
+        if self.snap.limits_resources:
+            self.used[i] = self.used.get(i, feasibility.NOTHING).plus(feasibility.usage(ps.requests))
         node = self.snap.nodes[i]
         gpus, numa, nic = fit_for(node.shape).slot_of(mask)
         placed = self.slots.setdefault(ps.name, [])
@@ -175,17 +198,13 @@ def _place_by_score(work: _Work, ps: PodSet, candidates: Iterable[int], most: bo
     tie). A heap with lazy re-scoring gives exactly the full scan's answer: only nodes this
     pod set took from change score, and their entries are refreshed when they surface."""
     g = ps.gpus_per_pod
-    heap = [
-        (-_fit_score(work, i, g, most), i)
-        for i in candidates
-        if work.free(i).bit_count() >= g and work.alloc(i)
-    ]
+    heap = [(-_fit_score(work, i, g, most), i) for i in candidates if work.fits(i, ps) and work.alloc(i)]
     heapq.heapify(heap)
     for k in range(ps.count):
         while heap:
             neg, i = heap[0]
-            if work.free(i).bit_count() < g:
-                heapq.heappop(heap)  # free only shrinks while a gang is placed
+            if not work.fits(i, ps):
+                heapq.heappop(heap)  # free GPUs and room only shrink while a gang is placed
                 continue
             now = -_fit_score(work, i, g, most)
             if now != neg:
@@ -199,10 +218,11 @@ def _place_by_score(work: _Work, ps: PodSet, candidates: Iterable[int], most: bo
 
 
 def _admitted(snap: ClusterSnapshot, ps: PodSet, nodes: Iterable[int]) -> Iterable[int]:
-    """The nodes among ``nodes`` that pass the pod's ``nodeSelector`` and required node
-    affinity: kube-scheduler's ``NodeAffinity`` filter, which Kueue TAS applies when it counts
-    a node's capacity for a pod set and Volcano's predicates plugin applies per task."""
-    admitted = snap.admitted(ps.node_selector) if ps.gpus_per_pod else None
+    """The nodes among ``nodes`` that pass kube-scheduler's NodeUnschedulable,
+    TaintToleration and NodeAffinity filters for the pod (nodeSelector, required node
+    affinity, tolerations), which Kueue TAS applies when it counts a node's capacity for a
+    pod set and Volcano's predicates plugin applies per task."""
+    admitted = snap.admitted(ps.node_needs)
     return nodes if admitted is None else [i for i in nodes if i in admitted]
 
 
@@ -252,9 +272,10 @@ class _Domain:
 def _pods_fit(work: _Work, i: int, ps: PodSet) -> int:
     """Kueue's leaf capacity (``fillLeafCounts``): copies of the pod's request that fit the
     node's free resources, counted. No device model, so no NVLink or PCIe coherence."""
+    room = work.room(i, ps)
     if ps.gpus_per_pod == 0:
-        return ps.count
-    return work.free(i).bit_count() // ps.gpus_per_pod
+        return min(ps.count, room)
+    return min(room, work.free(i).bit_count() // ps.gpus_per_pod)
 
 
 def _domains_at(snap: ClusterSnapshot, level: int, counts: dict[int, int]) -> list[_Domain]:

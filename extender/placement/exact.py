@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from extender.cost import Comm
+from extender.placement import feasibility
+from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
@@ -52,6 +54,8 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
     best: list[tuple[tuple[int, float], list[PodSlot]]] = []
     chosen: list[PodSlot] = []
     taken: dict[int, int] = {}
+    used: dict[int, Resources] = {}
+    limits = snap.limits_resources
     alone = {
         (ps.name, k): GangRequest(gang.name, (_alone(ps, k),)) for ps in order for k in range(1, ps.count + 1)
     }
@@ -72,6 +76,9 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
             i, mask = opts[j]
             if taken.get(i, 0) & mask:
                 continue
+            here = used.get(i, feasibility.NOTHING)
+            if limits and snap.room(i, ps.requests, here) < 1:
+                continue  # NodeResourcesFit: the gang's pods already there fill the node
             node = snap.nodes[i]
             gpus, numa, nic = fit_for(node.shape).slot_of(mask)
             chosen.append(PodSlot(ps.name, index, node.name, gpus, numa, nic))
@@ -81,8 +88,10 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
             spans = len({s.node for s in mine}) > len({s.node for s in mine[:-1]}) > 0
             if not spans or not violations(snap, alone[(ps.name, index + 1)], mine):
                 taken[i] = taken.get(i, 0) | mask
+                used[i] = here.plus(feasibility.usage(ps.requests))
                 search(k + 1, j if ps.gpus_per_pod == 0 else j + 1)
                 taken[i] &= ~mask
+                used[i] = here
             chosen.pop()
 
     search(0, 0)
@@ -104,13 +113,15 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
 
 
 def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, int]]:
-    """(node index, GPU mask) for one pod of ``ps``: free, at its tier; nodes outside cliques
-    first for a pod set whose pods do not talk, then the tightest and fastest sets."""
+    """(node index, GPU mask) for one pod of ``ps``: free, at its tier, on a node that
+    kube-scheduler's filters admit and that has room for it (:mod:`extender.placement.feasibility`); nodes
+    outside cliques first for a pod set whose pods do not talk, then the tightest and
+    fastest sets."""
     found: list[tuple[bool, int, float, int, int]] = []
     quiet = not pods_talk(ps)
-    admitted = snap.admitted(ps.node_selector) if ps.gpus_per_pod else None
+    admitted = snap.admitted(ps.node_needs)
     for i, node in enumerate(snap.nodes):
-        if admitted is not None and i not in admitted:
+        if (admitted is not None and i not in admitted) or snap.room(i, ps.requests) < 1:
             continue
         tier = pod_tier(snap, i, ps, need)
         if tier is None and ps.gpus_per_pod:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from extender import cost
 from extender.cost import Comm
+from extender.placement import feasibility
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
@@ -352,6 +353,7 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
         if taken & set(s.gpus):
             problems.append(f"slot {s.key}: GPUs {sorted(taken & set(s.gpus))} on {s.node} given twice")
         taken.update(s.gpus)
+    pods_on: dict[int, feasibility.Resources] = {}  # what the gang's pods take per node so far
     for ps in gang.pod_sets:
         got = by_set[ps.name]
         need = resolve_need(ps, h)
@@ -361,12 +363,17 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
             if len(s.gpus) != ps.gpus_per_pod or not snap.has_node(s.node):
                 problems.append(f"slot {s.key}: {len(s.gpus)} GPUs for a pod of {ps.gpus_per_pod}")
                 continue
+            i = snap.index(s.node)
+            node = snap.nodes[i]
+            refused = feasibility.refusal(ps.node_needs, node.name, node.labels, node.facts)
+            if refused is None:
+                here = pods_on.get(i, feasibility.NOTHING)
+                refused = feasibility.room_refusal(ps.requests, node.facts, here)
+                pods_on[i] = here.plus(feasibility.usage(ps.requests))
+            if refused is not None:
+                problems.append(f"slot {s.key}: {s.node} refused by {refused}")
             if ps.gpus_per_pod == 0:
                 continue  # a pod without GPUs has no in-node tier to keep
-            i = snap.index(s.node)
-            if not ps.admits(snap.nodes[i].labels):
-                unmet = [str(r) for r in ps.node_selector if not r.matches(snap.nodes[i].labels)]
-                problems.append(f"slot {s.key}: {s.node} does not meet {', '.join(unmet)}")
             tier = pod_tier(snap, i, ps, need)
             actual = snap.nodes[i].shape.tier_of(snap.nodes[i].shape.mask_of(s.gpus))
             if tier is None:

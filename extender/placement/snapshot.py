@@ -7,7 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.placement.request import NodeRequirement
+from extender.placement import feasibility
+from extender.placement.feasibility import NO_FACTS, UNLIMITED, NodeFacts, Resources
+from extender.placement.request import NodeNeeds, NodeRequirement, PodRequests
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
 from extender.topology.model import GpuGraph, NodeShape
@@ -31,6 +33,9 @@ class NodeState:
     mnnvl_gang: str | None = None
     #: Who picks the pod's GPUs on this node (see :mod:`extender.topology.allocation`).
     allocation: Allocation = Allocation.DEVICE_PLUGIN
+    #: Taints, cordon, allocatable and what other pods request: what kube-scheduler's
+    #: filters read (:mod:`extender.placement.feasibility`); the default constrains nothing.
+    facts: NodeFacts = NO_FACTS
 
     def __post_init__(self) -> None:
         sick = {g.index for g in self.graph.gpus if not self.graph.healthy(g.index)}
@@ -71,7 +76,8 @@ class ClusterSnapshot:
         self._cliques: tuple[list[tuple[str | None, ...]], list[Clique | None]] | None = None
         self._topology: tuple[list[NodeState], TopologyKey] | None = None
         self._kinds: tuple[list[NodeState], list[str]] | None = None
-        self._admitted: tuple[list[NodeState], dict[Selector, frozenset[int]]] | None = None
+        self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
+        self._limits: tuple[list[NodeState], bool] | None = None
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
@@ -114,20 +120,50 @@ class ClusterSnapshot:
             self._kinds = (self.nodes, [n.shape.key for n in self.nodes])
         return self._kinds[1]
 
-    def admitted(self, selector: Selector) -> frozenset[int] | None:
-        """The indices of the nodes whose labels meet every requirement of ``selector``
-        (None: no requirement, every node; cached per selector)."""
-        if not selector:
-            return None
+    def admitted(self, needs: NodeNeeds | Selector) -> frozenset[int] | None:
+        """The indices of the nodes a pod with these needs passes kube-scheduler's
+        NodeUnschedulable, TaintToleration and NodeAffinity filters on (None: every node;
+        cached per needs). A bare selector is a pod with only a nodeSelector."""
+        if not isinstance(needs, NodeNeeds):
+            needs = NodeNeeds(tuple(needs))
         if self._admitted is None or self._admitted[0] is not self.nodes:
             self._admitted = (self.nodes, {})
         table = self._admitted[1]
-        got = table.get(selector)
-        if got is None:
-            got = table[selector] = frozenset(
-                i for i, n in enumerate(self.nodes) if all(r.matches(n.labels) for r in selector)
+        if needs in table:
+            return table[needs]
+        if not needs and not any(n.facts.constrains for n in self.nodes):
+            got = None
+        else:
+            found = frozenset(
+                i for i, n in enumerate(self.nodes) if feasibility.admits(needs, n.name, n.labels, n.facts)
             )
+            got = None if len(found) == len(self.nodes) else found
+        table[needs] = got
         return got
+
+    def refusals(self, needs: NodeNeeds) -> list[feasibility.Refusal]:
+        """Why each node the filters refuse for ``needs`` is refused (see :meth:`admitted`)."""
+        out = []
+        for n in self.nodes:
+            r = feasibility.refusal(needs, n.name, n.labels, n.facts)
+            if r is not None:
+                out.append(r)
+        return out
+
+    @property
+    def limits_resources(self) -> bool:
+        """Whether any node reports allocatable resources (else :meth:`room` is unlimited)."""
+        if self._limits is None or self._limits[0] is not self.nodes:
+            self._limits = (self.nodes, any(n.facts.allocatable.reported for n in self.nodes))
+        return self._limits[1]
+
+    def room(self, i: int, requests: PodRequests, taken: Resources | None = None) -> int:
+        """How many pods with ``requests`` node ``i`` takes by NodeResourcesFit (cpu, memory,
+        ephemeral storage, the pod count), after what its pods request and ``taken``."""
+        if not self.limits_resources:
+            return UNLIMITED
+        facts = self.nodes[i].facts
+        return feasibility.room(requests, facts, taken or feasibility.NOTHING)
 
     def domain_free(self) -> dict[DomainKey, int]:
         """Free GPUs of every domain at every level (cached per free table)."""
@@ -209,18 +245,22 @@ class ClusterSnapshot:
 
     def topology(self) -> TopologyKey:
         """What placement sees of this cluster apart from what is taken: the hierarchy, and
-        each node's name, GPU graph shape, label path and unhealthy GPUs. Two snapshots with
-        equal keys give every gang the same slice once nothing is allocated or reserved."""
+        each node's name, GPU graph shape, label path, unhealthy GPUs and filter facts
+        (taints, cordon, allocatable). Two snapshots with equal keys give every gang the same
+        slice once nothing is allocated or reserved."""
         if self._topology is None or self._topology[0] is not self.nodes:
             parts = tuple(
-                (n.name, n.shape.key, self._paths[i], n.unhealthy) for i, n in enumerate(self.nodes)
+                (n.name, n.shape.key, self._paths[i], n.unhealthy, n.facts.static())
+                for i, n in enumerate(self.nodes)
             )
             self._topology = (self.nodes, TopologyKey((self.hierarchy, parts)))
         return self._topology[1]
 
     def emptied(self) -> ClusterSnapshot:
         """The same cluster with nothing allocated, reserved or holding an NVLink channel."""
-        nodes = [replace(n, allocated=frozenset(), mnnvl_gang=None) for n in self.nodes]
+        nodes = [
+            replace(n, allocated=frozenset(), mnnvl_gang=None, facts=n.facts.emptied()) for n in self.nodes
+        ]
         snap = ClusterSnapshot(nodes, self.hierarchy)
         snap._domains = self._domains
         return snap
@@ -236,6 +276,7 @@ class ClusterSnapshot:
         snap._topology = self._topology
         snap._kinds = self._kinds
         snap._admitted = self._admitted
+        snap._limits = self._limits
         snap._order = self._order
         return snap
 

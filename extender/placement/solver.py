@@ -36,7 +36,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.cost import Comm
+from extender.placement import feasibility
 from extender.placement.exact import exact_slice
+from extender.placement.feasibility import Resources
 from extender.placement.node_fit import NodeFit, fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
@@ -114,12 +116,14 @@ class _Done:
 
 @dataclass
 class _State:
-    """GPUs taken by pod sets of this gang placed so far, per node index."""
+    """GPUs taken by pod sets of this gang placed so far, per node index, and what their
+    pods take of the nodes' other resources (NodeResourcesFit: cpu, memory, pod slots)."""
 
     taken: dict[int, int] = field(default_factory=dict)
+    used: dict[int, Resources] = field(default_factory=dict)
 
     def copy(self) -> _State:
-        return _State(dict(self.taken))
+        return _State(dict(self.taken), dict(self.used))
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,9 @@ class Solver:
         self.h = snapshot.hierarchy
         self.exact_fallback = exact_fallback
         # Capacity tables per (pod set, preferred tier, GPUs this gang took so far).
-        self._caps_memo: dict[tuple[str, bool, tuple[tuple[int, int], ...]], Caps] = {}
+        self._caps_memo: dict[
+            tuple[str, bool, tuple[tuple[int, int], ...], tuple[tuple[int, Resources], ...]], Caps
+        ] = {}
         # Capacity entries per (pod set, preferred tier), then per (node type, free mask).
         self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
         self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
@@ -209,6 +215,7 @@ class Solver:
         self._has_fabric = snapshot.has_cliques
         self._work = 0
         self._needs: dict[str, Need] = {}  # the gang being placed: each pod set's resolved rules
+        self._placing: PodSet | None = None  # the pod set whose options are being found
 
     # -- entry point ---------------------------------------------------------------------
     def place(self, gang: GangRequest) -> Placement:
@@ -282,7 +289,7 @@ class Solver:
                 if n and self._work > WORK_BUDGET:
                     break
                 trial = state.copy()
-                self._commit(opt, trial)
+                self._commit(opt, trial, ps)
                 go(k + 1, trial, {**placed, ps.name: opt})
 
         go(0, _State(), {})
@@ -290,9 +297,14 @@ class Solver:
             return best[0]
         return failure[0]
 
-    def _commit(self, opt: _Option, state: _State) -> None:
+    def _commit(self, opt: _Option, state: _State, ps: PodSet | None = None) -> None:
         for i, mask in opt.masks.items():
             state.taken[i] = state.taken.get(i, 0) | mask
+        if ps is not None and self.snap.limits_resources:
+            one = feasibility.usage(ps.requests)
+            for slot in opt.slots:
+                i = self.snap.index(slot.node)
+                state.used[i] = state.used.get(i, feasibility.NOTHING).plus(one)
 
     def _finish(self, gang: GangRequest, placed: dict[str, _Option]) -> _Done:
         slots = [s for ps in gang.pod_sets for s in placed[ps.name].slots]
@@ -321,8 +333,10 @@ class Solver:
         self, gang: GangRequest, ps: PodSet, need: Need, state: _State, placed: dict[str, _Option]
     ) -> list[_Option] | _Shortfall:
         """Every candidate placement of ``ps`` found, best first; or why there is none."""
+        self._placing = ps
         if ps.gpus_per_pod == 0:
-            return [self._gpuless(ps, state, placed)]
+            got = self._gpuless(ps, state, placed)
+            return [got] if isinstance(got, _Option) else got
         colo = ps.colocate_with
         partner: tuple[PodSlot, ...] = placed[colo.pod_set].slots if colo and colo.pod_set in placed else ()
         within = (
@@ -366,17 +380,43 @@ class Solver:
         opts.sort(key=_Option.key)
         return [dataclasses.replace(o, notes=self._explain(ps, o, opts, within_found)) for o in opts]
 
-    def _gpuless(self, ps: PodSet, state: _State, placed: Mapping[str, _Option]) -> _Option:
+    def _gpuless(self, ps: PodSet, state: _State, placed: Mapping[str, _Option]) -> _Option | _Shortfall:
         """Pods without GPUs go next to their colocateWith set when it is placed, else to a
-        node the gang already uses (or the first node)."""
+        node the gang already uses, else to the first node; each to the first of those its
+        filters admit and that has room (NodeResourcesFit), then any other such node."""
         c = ps.colocate_with
-        if c is not None and c.pod_set in placed and placed[c.pod_set].slots:
-            name = placed[c.pod_set].slots[0].node
-        else:
-            name = self.snap.nodes[min(state.taken, default=0)].name
-        slots = tuple(PodSlot(ps.name, k, name, ()) for k in range(ps.count))
+        first: list[int] = []
+        if c is not None and c.pod_set in placed:
+            first = [self.snap.index(s.node) for s in placed[c.pod_set].slots]
+        first += sorted(state.taken)
+        admitted = self.snap.admitted(ps.node_needs)
+        rest = range(len(self.snap.nodes))
+        slots: list[PodSlot] = []
+        names: list[str] = []
+        for i in dict.fromkeys([*first, *rest]):
+            if admitted is not None and i not in admitted:
+                continue
+            room = min(self.snap.room(i, ps.requests, state.used.get(i)), ps.count - len(slots))
+            name = self.snap.nodes[i].name
+            slots += [PodSlot(ps.name, len(slots) + k, name, ()) for k in range(room)]
+            if room:
+                names.append(name)
+            if len(slots) == ps.count:
+                break
+        if len(slots) < ps.count:
+            have = len(slots)
+            return _Shortfall(
+                ps.name,
+                lambda: (
+                    f"pod set {ps.name}: the cluster has room for {have} of {ps.count} pods without GPUs"
+                    + self._refused_words(ps),
+                    None,
+                    ps.count - have,
+                ),
+            )
         cost = pod_set_micros(self.snap, ps, slots)
-        return _Option(slots, {}, node_scope(self.h), f"node {name}", 0, cost, ())
+        where = f"node {names[0]}" if len(names) == 1 else "cluster"
+        return _Option(tuple(slots), {}, node_scope(self.h), where, 0, cost, ())
 
     def _judge(
         self,
@@ -426,7 +466,7 @@ class Solver:
             room = 0
             for i in masks:
                 free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~masks[i]
-                entry = self._cap_entry(d, need, i, free, False)
+                entry = self._cap_entry(d, need, i, free, False, state.used.get(i))
                 room += entry[0] if entry else 0
             short += max(0, d.count - room)
         return short
@@ -468,15 +508,16 @@ class Solver:
     def _caps(self, gang: GangRequest, ps: PodSet, need: Need, state: _State, preferred: bool) -> Caps:
         """Nodes that fit at least one pod of ``ps`` given what this gang already took (the
         same table for every order and beam branch that took the same GPUs)."""
-        key = (ps.name, preferred, tuple(sorted(state.taken.items())))
+        key = (ps.name, preferred, tuple(sorted(state.taken.items())), tuple(sorted(state.used.items())))
         got = self._caps_memo.get(key)
         if got is not None:
             return got
-        if state.taken:
+        if state.taken or state.used:
             caps = dict(self._caps(gang, ps, need, _State(), preferred))
-            for i, taken in state.taken.items():
+            for i in {*state.taken, *state.used}:
                 caps.pop(i, None)
-                entry = self._cap_entry(ps, need, i, self.snap.free_mask(i) & ~taken, preferred)
+                free = self.snap.free_mask(i) & ~state.taken.get(i, 0)
+                entry = self._cap_entry(ps, need, i, free, preferred, state.used.get(i))
                 if entry is not None:
                     caps[i] = entry
         else:
@@ -490,30 +531,44 @@ class Solver:
         memo = self._entries.setdefault((ps.name, preferred), {})
         gpus = ps.gpus_per_pod
         caps: Caps = {}
-        admitted = self.snap.admitted(ps.node_selector)
+        admitted = self.snap.admitted(ps.node_needs)
+        limits = self.snap.limits_resources
         for i, k in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
             if k[1].bit_count() < gpus or (admitted is not None and i not in admitted):
                 continue
             entry = memo.get(k, _MISSING)
             if entry is _MISSING:
                 entry = memo[k] = self._entry(ps, need, i, k[1], preferred)
+            if entry is not None and limits:
+                entry = self._within_room(ps, i, entry, None)
             if entry is not None:
                 caps[i] = entry
         return caps
 
-    def _cap_entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
-        """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits;
-        the same for every node of one type with the same free GPUs."""
+    def _cap_entry(
+        self, ps: PodSet, need: Need, i: int, free: int, preferred: bool, used: Resources | None = None
+    ) -> Entry | None:
+        """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits:
+        the same for every node of one type with the same free GPUs, capped by what the
+        node's other resources hold (``used``: taken there by this gang already)."""
         if free.bit_count() < ps.gpus_per_pod:
             return None
-        admitted = self.snap.admitted(ps.node_selector)
+        admitted = self.snap.admitted(ps.node_needs)
         if admitted is not None and i not in admitted:
             return None
         memo = self._entries.setdefault((ps.name, preferred), {})
         k = (self.snap.kinds()[i], free)
         if k not in memo:
             memo[k] = self._entry(ps, need, i, free, preferred)
-        return memo[k]
+        got = memo[k]
+        return self._within_room(ps, i, got, used) if got is not None else None
+
+    def _within_room(self, ps: PodSet, i: int, entry: Entry, used: Resources | None) -> Entry | None:
+        """``entry`` with at most as many pods as NodeResourcesFit lets onto node ``i``."""
+        room = self.snap.room(i, ps.requests, used)
+        if room >= entry[0]:
+            return entry
+        return (room, entry[1], entry[2]) if room > 0 else None
 
     def _entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
         tier = pod_tier(self.snap, i, ps, need, preferred)
@@ -660,6 +715,7 @@ class Solver:
         coherent remainder; then topology path and name (:meth:`ClusterSnapshot.order`)."""
         node = self.snap.nodes[i]
         return (
+            float(-self._preference(i)),
             float(self.snap.free_mask(i).bit_count() == node.shape.size),
             self._worth(i),
             *self.snap.fullness(i),
@@ -667,6 +723,14 @@ class Solver:
             float(-pick.coherent),
             float(self.snap.order()[i]),
         )
+
+    def _preference(self, i: int) -> int:
+        """The preferred node affinity score of node ``i`` for the pod set being placed."""
+        ps = self._placing
+        if ps is None or not ps.preferred:
+            return 0
+        node = self.snap.nodes[i]
+        return feasibility.preference(ps.preferred, node.name, node.labels)
 
     def _worth(self, i: int) -> float:
         kind = self.snap.kinds()[i]
@@ -861,12 +925,13 @@ class Solver:
     ) -> dict[int, int]:
         out: dict[int, int] = {}
         order = self.snap.order()
-        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], order[i]))
+        pref = {i: self._preference(i) for i in nodes}
+        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], -pref[i], order[i]))
         remaining = need
         while remaining > 0:
             fitting = [i for i in pool if caps[i][0] >= remaining]
             if fitting:
-                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], order[i]))
+                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], -pref[i], order[i]))
                 out[i] = remaining
                 return out
             i = pool.pop(0)
@@ -956,7 +1021,7 @@ class Solver:
             room = 0
             for i in domain:
                 free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~masks.get(i, 0)
-                entry = self._cap_entry(d, need, i, free, False)
+                entry = self._cap_entry(d, need, i, free, False, state.used.get(i))
                 room += entry[0] if entry else 0
             if room < d.count:
                 return False
@@ -1031,7 +1096,26 @@ class Solver:
                 f"pod set {ps.name}: no {level} has room for {what}; best is {where} "
                 f"with {have} (needs {need_more} more)"
             )
-        return reason, where, need_more
+        return reason + self._refused_words(ps), where, need_more
+
+    def _refused_words(self, ps: PodSet) -> str:
+        """``; kube-scheduler's filters refuse 3 of 8 nodes: 2 by TaintToleration (...)``, or
+        nothing when they refuse none."""
+        snap = self.snap
+        refused = snap.refusals(ps.node_needs)
+        admitted = snap.admitted(ps.node_needs)
+        if snap.limits_resources:
+            for i, n in enumerate(snap.nodes):
+                if admitted is None or i in admitted:
+                    r = feasibility.room_refusal(ps.requests, n.facts)
+                    if r is not None:
+                        refused.append(r)
+        if not refused:
+            return ""
+        return (
+            f"; kube-scheduler's filters refuse {len(refused)} of {len(snap.nodes)} nodes for its pods: "
+            + feasibility.summarize(refused)
+        )
 
     def _tier_words(self, ps: PodSet, need: Need) -> str:
         if need.tier is not None:
