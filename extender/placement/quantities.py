@@ -38,7 +38,7 @@ def parse(value: object) -> Fraction:
     """A quantity as an exact number; a YAML/JSON number is taken as written."""
     if isinstance(value, bool):
         raise QuantityError(f"{value!r} is not a quantity")
-    if isinstance(value, int):
+    if isinstance(value, int | Fraction):
         return Fraction(value)
     if isinstance(value, float):
         if not math.isfinite(value):
