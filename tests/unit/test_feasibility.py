@@ -465,3 +465,13 @@ def test_nodes_and_gangs_without_the_new_fields_constrain_nothing() -> None:
     s = cluster_from_data({"nodes": [{"name": "n", "gpuTopology": "hgx-h100"}]}, base=Path("."))
     assert s.nodes[0].facts == NodeFacts() and s.nodes[0].facts.requested == NOTHING
     assert s.admitted(NodeNeeds()) is None and not s.limits_resources
+
+
+def test_explain_says_what_a_pod_set_asks_of_its_node_and_which_filters_refuse() -> None:
+    from extender.controllers.explain import Facts, render
+
+    s, g = snap(), gang_from_data({**GANG, "podSets": [{**GANG["podSets"][0], "count": 2}]})
+    text = render(Facts("workload llm/llm", gang=g, dry_run=Solver(s).place(g)))
+    assert "of its node: nodeSelector disk=nvme; tolerates nvidia.com/gpu:NoSchedule" in text, text
+    assert "requests cpu 16000m, memory 64Gi" in text, text
+    assert "NodeUnschedulable" in text and "TaintToleration" in text, text
