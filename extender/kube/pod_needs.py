@@ -47,7 +47,7 @@ def pod_needs(spec: Mapping[str, Any], where: str = "spec") -> PodNeeds:
         node_selector=_node_selector(spec.get("nodeSelector"), f"{where}.nodeSelector"),
         affinity=_required_terms(spec, where),
         preferred=_preferred_terms(spec, where),
-        tolerations=_tolerations(spec.get("tolerations"), f"{where}.tolerations"),
+        tolerations=tolerations(spec.get("tolerations"), f"{where}.tolerations"),
         requests=pod_requests(spec, where),
     )
 
@@ -144,7 +144,8 @@ def _requirement(raw: Any, where: str) -> NodeRequirement:
         raise NeedsError(f"{where}: {exc}") from None
 
 
-def _tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
+def tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
+    """A ``tolerations`` list (a pod's, or a Kueue ResourceFlavor's ``spec.tolerations``)."""
     if raw is None:
         return ()
     if not isinstance(raw, list):

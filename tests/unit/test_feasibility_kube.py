@@ -135,3 +135,29 @@ def test_a_podgroup_pod_set_carries_its_first_members_needs_and_a_bad_one_fails_
     bad = with_spec(pod_obj("m-0", gpus=8), tolerations=[{"key": "k", "effect": "Soon"}])
     with pytest.raises(PodGroupError, match="effect"):
         gang_request(pg, [PodInfo.from_obj(bad)], snap)
+
+
+def test_a_resource_flavors_tolerations_count_as_the_pods_own() -> None:
+    """Kueue adds the flavor's ``spec.tolerations`` to the pods it starts: nodes tainted
+    ``nvidia.com/gpu:NoSchedule`` are open to the fixture flavor's pods, others' taints not."""
+    from dataclasses import replace
+
+    from test_kueue_controller import cluster
+
+    from extender.placement.feasibility import NodeFacts
+    from extender.placement.snapshot import ClusterSnapshot
+
+    def tainted(key: str) -> ClusterSnapshot:
+        base = cluster()
+        facts = NodeFacts(taints=(Taint(key, "", "NoSchedule"),))
+        return ClusterSnapshot([replace(n, facts=facts) for n in base.nodes], base.hierarchy)
+
+    async def body(key: str) -> str:
+        w = World(tainted(key))
+        await w.start()
+        await w.kueue_writes(load("workload-lws.yaml"), None)
+        return str(w.our_entry()["state"]) + ": " + str(w.our_entry()["message"])
+
+    assert asyncio.run(body("nvidia.com/gpu")).startswith("Ready"), "the flavor tolerates this taint"
+    waiting = asyncio.run(body("dedicated"))
+    assert waiting.startswith("Pending") and "TaintToleration" in waiting, waiting
