@@ -225,7 +225,8 @@ def room(requests: PodRequests, facts: NodeFacts, taken: Resources = NOTHING) ->
     A pod fits when ``pods + 1 <= allocatable.pods`` and, for each of cpu, memory and
     ephemeral-storage it requests (> 0), ``request <= allocatable - requested``; so k pods
     fit when k * request fits what is left (:data:`UNLIMITED` when nothing limits)."""
-    alloc, used = facts.allocatable, facts.requested.plus(taken)
+    alloc = facts.allocatable
+    used = facts.requested if taken is NOTHING else facts.requested.plus(taken)
     best = UNLIMITED
     for want, have, already in (
         (requests.cpu_millis, alloc.cpu_millis, used.cpu_millis),

@@ -78,6 +78,7 @@ class ClusterSnapshot:
         self._kinds: tuple[list[NodeState], list[str]] | None = None
         self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
         self._limits: tuple[list[NodeState], bool] | None = None
+        self._rooms: tuple[list[NodeState], dict[PodRequests, list[int]]] | None = None
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
@@ -162,8 +163,14 @@ class ClusterSnapshot:
         ephemeral storage, the pod count), after what its pods request and ``taken``."""
         if not self.limits_resources:
             return UNLIMITED
-        facts = self.nodes[i].facts
-        return feasibility.room(requests, facts, taken or feasibility.NOTHING)
+        if taken is not None and taken != feasibility.NOTHING:
+            return feasibility.room(requests, self.nodes[i].facts, taken)
+        if self._rooms is None or self._rooms[0] is not self.nodes:
+            self._rooms = (self.nodes, {})
+        table = self._rooms[1].get(requests)
+        if table is None:
+            table = self._rooms[1][requests] = [feasibility.room(requests, n.facts) for n in self.nodes]
+        return table[i]
 
     def domain_free(self) -> dict[DomainKey, int]:
         """Free GPUs of every domain at every level (cached per free table)."""
@@ -277,6 +284,7 @@ class ClusterSnapshot:
         snap._kinds = self._kinds
         snap._admitted = self._admitted
         snap._limits = self._limits
+        snap._rooms = self._rooms
         snap._order = self._order
         return snap
 
@@ -316,6 +324,16 @@ class ClusterSnapshot:
             for name, state in states.items():
                 snap.nodes[self._index[name]] = state
                 snap._by_name[name] = state
+        if states and self._rooms is not None and self._rooms[0] is self.nodes:
+            # What a node's other resources hold changes with its pods: recompute those only.
+            changed = [self._index[name] for name in states]
+            rooms = {}
+            for requests, table in self._rooms[1].items():
+                table = list(table)
+                for i in changed:
+                    table[i] = feasibility.room(requests, snap.nodes[i].facts)
+                rooms[requests] = table
+            snap._rooms = (snap.nodes, rooms)
         snap._free = list(self._free)
         for name in {*states, *also}:
             if name in snap._index:

@@ -475,3 +475,19 @@ def test_explain_says_what_a_pod_set_asks_of_its_node_and_which_filters_refuse()
     assert "of its node: nodeSelector disk=nvme; tolerates nvidia.com/gpu:NoSchedule" in text, text
     assert "requests cpu 16000m, memory 64Gi" in text, text
     assert "NodeUnschedulable" in text and "TaintToleration" in text, text
+
+
+def test_room_tables_follow_a_node_whose_pods_changed() -> None:
+    from dataclasses import replace
+
+    s = snap()
+    ask = PodRequests(memory_bytes=30 * GI)
+    c = s.index("c-full")
+    assert s.room(c, ask) == 1  # 50Gi of 100Gi left
+    busier = replace(s.nodes[c], facts=replace(s.nodes[c].facts, requested=Resources(0, 90 * GI, 0, 2)))
+    after = s.updated({"c-full": busier})
+    assert after.room(c, ask) == 0 and s.room(c, ask) == 1
+    fresh = ClusterSnapshot(list(after.nodes), after.hierarchy)
+    assert [after.room(i, ask) for i in range(len(after.nodes))] == [
+        fresh.room(i, ask) for i in range(len(fresh.nodes))
+    ]
