@@ -220,10 +220,6 @@ class PodSet:
     def node_needs(self) -> NodeNeeds:
         return NodeNeeds(self.node_selector, self.affinity, self.tolerations)
 
-    def admits(self, labels: Mapping[str, str]) -> bool:
-        """Whether a node with these labels meets every node requirement."""
-        return all(r.matches(labels) for r in self.node_selector)
-
 
 @dataclass(frozen=True, slots=True)
 class GangRequest:

@@ -16,6 +16,8 @@ from extender.topology.model import GpuGraph, NodeShape
 
 #: A multi-node NVLink clique: a node's label path down to the fabric level.
 Clique = tuple[str | None, ...]
+#: How many pod requests' room tables a snapshot keeps (the oldest goes first).
+ROOM_TABLES = 8
 #: A pod set's node requirements, all of which a node meets.
 Selector = tuple[NodeRequirement, ...]
 
@@ -167,9 +169,12 @@ class ClusterSnapshot:
             return feasibility.room(requests, self.nodes[i].facts, taken)
         if self._rooms is None or self._rooms[0] is not self.nodes:
             self._rooms = (self.nodes, {})
-        table = self._rooms[1].get(requests)
+        tables = self._rooms[1]
+        table = tables.get(requests)
         if table is None:
-            table = self._rooms[1][requests] = [feasibility.room(requests, n.facts) for n in self.nodes]
+            while len(tables) >= ROOM_TABLES:
+                tables.pop(next(iter(tables)))
+            table = tables[requests] = [feasibility.room(requests, n.facts) for n in self.nodes]
         return table[i]
 
     def domain_free(self) -> dict[DomainKey, int]:
