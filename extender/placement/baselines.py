@@ -63,16 +63,22 @@ class _Work:
     #: What this gang's pods take of each node's cpu, memory and pod slots so far.
     used: dict[int, Resources] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        #: Whether any node limits resources at all (else room is never the limit).
+        self.limits = self.snap.limits_resources
+
     def free(self, i: int) -> int:
         return self.base[i] & ~self.taken.get(i, 0)
 
     def room(self, i: int, ps: PodSet) -> int:
         """Pods of ``ps`` NodeResourcesFit still lets onto node ``i`` (cpu, memory, pods)."""
+        if not self.limits:
+            return feasibility.UNLIMITED
         return self.snap.room(i, ps.requests, self.used.get(i))
 
     def fits(self, i: int, ps: PodSet) -> bool:
         """Whether node ``i`` has the GPUs and the room for one more pod of ``ps``."""
-        return self.free(i).bit_count() >= ps.gpus_per_pod and self.room(i, ps) > 0
+        return self.free(i).bit_count() >= ps.gpus_per_pod and (not self.limits or self.room(i, ps) > 0)
 
     def alloc(self, i: int) -> int:
         """Allocatable GPUs of node ``i`` as a device plugin reports them (healthy ones)."""
@@ -97,7 +103,7 @@ class _Work:
         mask = first_free(self.free(i), ps.gpus_per_pod)
         assert mask is not None, f"node {i}: no room for {ps.gpus_per_pod} GPUs"
         self.taken[i] = self.taken.get(i, 0) | mask
-        if self.snap.limits_resources:
+        if self.limits:
             self.used[i] = self.used.get(i, feasibility.NOTHING).plus(feasibility.usage(ps.requests))
         node = self.snap.nodes[i]
         gpus, numa, nic = fit_for(node.shape).slot_of(mask)
@@ -272,10 +278,11 @@ class _Domain:
 def _pods_fit(work: _Work, i: int, ps: PodSet) -> int:
     """Kueue's leaf capacity (``fillLeafCounts``): copies of the pod's request that fit the
     node's free resources, counted. No device model, so no NVLink or PCIe coherence."""
-    room = work.room(i, ps)
+    room = work.room(i, ps) if work.limits else feasibility.UNLIMITED
     if ps.gpus_per_pod == 0:
         return min(ps.count, room)
-    return min(room, work.free(i).bit_count() // ps.gpus_per_pod)
+    fit = work.free(i).bit_count() // ps.gpus_per_pod
+    return fit if fit < room else room
 
 
 def _domains_at(snap: ClusterSnapshot, level: int, counts: dict[int, int]) -> list[_Domain]:

@@ -21,12 +21,13 @@ import statistics
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from extender.cost import Comm
 from extender.placement.baselines import POLICIES, Policy
-from extender.placement.request import GangRequest, PodSet
+from extender.placement.feasibility import NO_FACTS, NodeFacts, Resources, Taint
+from extender.placement.request import GangRequest, PodRequests, PodSet, Toleration
 from extender.placement.scoring import violations
 from extender.placement.slice import Slice
 from extender.placement.snapshot import ClusterSnapshot, NodeState
@@ -60,11 +61,33 @@ class BenchGang:
     gang: GangRequest
 
 
-def bench_gangs() -> tuple[BenchGang, ...]:
+#: With ``--node-facts``: every node tainted for GPU pods (the gangs tolerate it), one in ten
+#: tainted for others, one in fifty cordoned; allocatable as an HGX H100 server reports it, a
+#: random share of it requested by other pods; each pod asks 8 CPUs and 128Gi per GPU.
+GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
+OTHER_TAINT = Taint("dedicated", "training", "NoSchedule")
+ALLOCATABLE = Resources(cpu_millis=192_000, memory_bytes=2048 * 2**30, ephemeral_bytes=7000 * 2**30, pods=110)
+
+
+def node_facts(i: int, rng: random.Random) -> NodeFacts:
+    taints = (GPU_TAINT, OTHER_TAINT) if i % 10 == 0 else (GPU_TAINT,)
+    a = ALLOCATABLE
+    assert a.cpu_millis is not None and a.memory_bytes is not None
+    requested = Resources(
+        rng.randrange(0, a.cpu_millis // 2), rng.randrange(0, a.memory_bytes // 2), 0, rng.randrange(0, 30)
+    )
+    return NodeFacts(taints, i % 50 == 1, a, requested)
+
+
+def bench_gangs(node_facts: bool = False) -> tuple[BenchGang, ...]:
     """One gang per size; GPUs per pod shrink with the pod count so every gang fits a
-    half-allocated cluster of 1,000 nodes."""
+    half-allocated cluster of 1,000 nodes. With ``node_facts`` its pods tolerate the GPU
+    taint and ask for CPUs and memory (see :data:`GPU_TAINT`)."""
 
     def one(label: str, what: str, ps: PodSet) -> BenchGang:
+        if node_facts:
+            asks = PodRequests(8_000 * ps.gpus_per_pod, 128 * 2**30 * ps.gpus_per_pod)
+            ps = replace(ps, tolerations=(Toleration(GPU_TAINT.key, "Exists"),), requests=asks)
         return BenchGang(label, what, GangRequest(f"bench-{label}", (ps,)))
 
     return (
@@ -128,17 +151,26 @@ class BuildTimes:
 
 
 def synthetic_cluster(
-    nodes: int, graph: GpuGraph, fraction: float = 0.5, seed: int = 1
+    nodes: int, graph: GpuGraph, fraction: float = 0.5, seed: int = 1, facts: bool = False
 ) -> tuple[ClusterSnapshot, BuildTimes]:
     """A cluster of ``nodes`` identical nodes under leaf/spine/core switches, with ``fraction``
-    of the GPUs allocated; returns the snapshot and how long building it took (node states,
-    the snapshot, its domain index), which no decision pays."""
+    of the GPUs allocated (and with ``facts``, taints, cordons and resources: :func:`node_facts`);
+    returns the snapshot and how long building it took (node states, the snapshot, its domain
+    index), which no decision pays."""
     indices = graph.indices
     allocation = random_allocation(nodes, len(indices), fraction, seed)
     labels = [node_labels(i) for i in range(nodes)]
+    rng = random.Random(seed + 1)
+    node_state_facts = [node_facts(i, rng) if facts else NO_FACTS for i in range(nodes)]
     t0 = time.perf_counter()
     states = [
-        NodeState(labels[i][HOSTNAME_LABEL], labels[i], graph, frozenset(indices[p] for p in allocation[i]))
+        NodeState(
+            labels[i][HOSTNAME_LABEL],
+            labels[i],
+            graph,
+            frozenset(indices[p] for p in allocation[i]),
+            facts=node_state_facts[i],
+        )
         for i in range(nodes)
     ]
     t1 = time.perf_counter()
@@ -256,14 +288,19 @@ def ratios(runs: Sequence[ClusterRun]) -> list[Ratio]:
 
 
 def run_bench(
-    sizes: Sequence[int], node_type: str, repeat: int, seed: int, policies: Sequence[str]
+    sizes: Sequence[int],
+    node_type: str,
+    repeat: int,
+    seed: int,
+    policies: Sequence[str],
+    node_facts: bool = False,
 ) -> tuple[list[ClusterRun], list[Target]]:
     graph = preset_graph(node_type)
-    gangs = bench_gangs()
+    gangs = bench_gangs(node_facts)
     runs: list[ClusterRun] = []
     targets: list[Target] = []
     for n in sizes:
-        snap, build = synthetic_cluster(n, graph, 0.5, seed)
+        snap, build = synthetic_cluster(n, graph, 0.5, seed, node_facts)
         results = tuple(measure(snap, g, p, POLICIES[p], repeat) for g in gangs for p in policies)
         runs.append(ClusterRun(n, build, results))
         pods = {g.label: g.gang.pods for g in gangs}
@@ -404,6 +441,12 @@ def register(sub: Any) -> None:
         choices=list(POLICIES),
         help="policies to run (default: all)",
     )
+    p.add_argument(
+        "--node-facts",
+        action="store_true",
+        help="give nodes taints, cordons and allocatable resources partly requested, and the gangs' "
+        "pods tolerations and cpu/memory requests (kube-scheduler's filters in every decision)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
     p.set_defaults(func=run)
 
@@ -413,7 +456,12 @@ def run(args: argparse.Namespace) -> int:
     if repeat < 1 or any(n < 1 for n in args.nodes):
         print("gangslice bench placement: --repeat and --nodes must be at least 1")
         return 2
-    runs, targets = run_bench(args.nodes, args.node_type, repeat, args.seed, args.policy)
+    runs, targets = run_bench(args.nodes, args.node_type, repeat, args.seed, args.policy, args.node_facts)
+    if args.node_facts and not args.json:
+        print(
+            "with node facts: 1 in 10 nodes tainted against the gangs, 1 in 50 cordoned, "
+            "resources partly requested"
+        )
     if args.json:
         print(json.dumps(to_json(runs, targets, args.node_type, repeat, args.seed), indent=2))
     else:
