@@ -329,6 +329,22 @@ class ClusterSnapshot:
             for name, state in states.items():
                 snap.nodes[self._index[name]] = state
                 snap._by_name[name] = state
+        if states and self._admitted is not None and self._admitted[0] is self.nodes:
+            # Labels are the same (else the snapshot is built afresh), so only the changed
+            # nodes' taints or cordon can change which nodes a pod set's filters admit.
+            changed = [self._index[name] for name in states]
+            count = len(snap.nodes)
+            admitted: dict[NodeNeeds, frozenset[int] | None] = {}
+            for needs, got in self._admitted[1].items():
+                members = set(range(count)) if got is None else set(got)
+                for i in changed:
+                    n = snap.nodes[i]
+                    if feasibility.admits(needs, n.name, n.labels, n.facts):
+                        members.add(i)
+                    else:
+                        members.discard(i)
+                admitted[needs] = None if len(members) == count else frozenset(members)
+            snap._admitted = (snap.nodes, admitted)
         if states and self._rooms is not None and self._rooms[0] is self.nodes:
             # What a node's other resources hold changes with its pods: recompute those only.
             changed = [self._index[name] for name in states]

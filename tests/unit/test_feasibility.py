@@ -491,3 +491,21 @@ def test_room_tables_follow_a_node_whose_pods_changed() -> None:
     assert [after.room(i, ask) for i in range(len(after.nodes))] == [
         fresh.room(i, ask) for i in range(len(fresh.nodes))
     ]
+
+
+def test_admitted_tables_follow_a_node_tainted_or_cordoned_later() -> None:
+    from dataclasses import replace
+
+    s = snap()
+    plain, tolerant = NodeNeeds(), NodeNeeds(tolerations=(Toleration("dedicated", "Exists"),))
+    before = {needs: s.admitted(needs) for needs in (plain, tolerant)}
+    e = s.index("e-good")
+    assert e not in (before[plain] or ())  # its GPU taint is not tolerated by a bare pod
+    d = s.index("d-hdd")
+    cordoned = replace(s.nodes[d], facts=replace(s.nodes[d].facts, unschedulable=True))
+    after = s.updated({"d-hdd": cordoned})
+    fresh = ClusterSnapshot(list(after.nodes), after.hierarchy)
+    for needs in (plain, tolerant):
+        assert after.admitted(needs) == fresh.admitted(needs)
+        assert d not in (after.admitted(needs) or ())
+    assert s.admitted(plain) == before[plain]  # the old snapshot is unchanged
