@@ -509,3 +509,19 @@ def test_admitted_tables_follow_a_node_tainted_or_cordoned_later() -> None:
         assert after.admitted(needs) == fresh.admitted(needs)
         assert d not in (after.admitted(needs) or ())
     assert s.admitted(plain) == before[plain]  # the old snapshot is unchanged
+
+
+def test_two_required_affinities_at_once_need_a_term_of_each() -> None:
+    from extender.placement.request import both_terms
+
+    a = (
+        NodeTerm((NodeRequirement("zone", "In", ("a",)),)),
+        NodeTerm((NodeRequirement("zone", "In", ("b",)),)),
+    )
+    b = (NodeTerm((NodeRequirement("disk", "In", ("nvme",)),)),)
+    both = both_terms(a, b)
+    assert both_terms((), b) == b and both_terms(a, ()) == a
+    assert any(t.matches("n", {"zone": "b", "disk": "nvme"}) for t in both)
+    assert not any(t.matches("n", {"zone": "b", "disk": "hdd"}) for t in both)
+    assert not any(t.matches("n", {"zone": "c", "disk": "nvme"}) for t in both)
+    assert not any(t.matches("n", {"zone": "a"}) for t in both_terms((NodeTerm(),), b))  # empty: none
