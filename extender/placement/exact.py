@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from extender.cost import Comm
+from extender.placement import numa_fit
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
@@ -79,7 +80,9 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
             # Options already keep each pod's own rules (free GPUs at its tier); what a new
             # pod can break is its pod set's span, and only when it adds a node.
             spans = len({s.node for s in mine}) > len({s.node for s in mine[:-1]}) > 0
-            if not spans or not violations(snap, alone[(ps.name, index + 1)], mine):
+            if _numa_ok(snap, gang, i, chosen) and (
+                not spans or not violations(snap, alone[(ps.name, index + 1)], mine)
+            ):
                 taken[i] = taken.get(i, 0) | mask
                 search(k + 1, j if ps.gpus_per_pod == 0 else j + 1)
                 taken[i] &= ~mask
@@ -103,6 +106,19 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
     )
 
 
+def _numa_ok(snap: ClusterSnapshot, gang: GangRequest, i: int, chosen: list[PodSlot]) -> bool:
+    """Whether the kubelet of node ``i`` admits every pod chosen there so far."""
+    node = snap.nodes[i]
+    if node.kubelet is None:
+        return True
+    pods = [
+        (s.key, gang.pod_set(s.pod_set), node.shape.mask_of(s.gpus))
+        for s in chosen
+        if s.node == node.name and s.gpus
+    ]
+    return not numa_fit.violations(node, pods, snap.free_mask(i))
+
+
 def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, int]]:
     """(node index, GPU mask) for one pod of ``ps``: free, at its tier; nodes outside cliques
     first for a pod set whose pods do not talk, then the tightest and fastest sets."""
@@ -119,6 +135,11 @@ def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, i
         free = snap.free_mask(i)
         subs = fit.subsets(ps.gpus_per_pod, tier) if tier is not None and ps.gpus_per_pod else (0,)
         off = quiet and snap.clique(i) is not None
+        rule = numa_fit.rule_for(node, ps)
+        if rule is not None and rule.why:
+            continue  # the kubelet admits no pod of this pod set here
+        if rule is not None and rule.gpus_aligned:
+            subs = tuple(m for m in subs if any(m & ~h[1] == 0 for h in rule.hints))
         found.extend((off, node.shape.tier_of(m), -fit.gbps(m), i, m) for m in subs if m & free == m)
     found.sort()
     return [(i, m) for *_, i, m in found]

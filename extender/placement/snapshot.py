@@ -10,6 +10,7 @@ from typing import Any
 from extender.placement.request import NodeRequirement
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
+from extender.topology.kubelet import KubeletAlignment
 from extender.topology.model import GpuGraph, NodeShape
 
 #: A multi-node NVLink clique: a node's label path down to the fabric level.
@@ -31,6 +32,8 @@ class NodeState:
     mnnvl_gang: str | None = None
     #: Who picks the pod's GPUs on this node (see :mod:`extender.topology.allocation`).
     allocation: Allocation = Allocation.DEVICE_PLUGIN
+    #: What the kubelet aligns to NUMA nodes here (None: not known, taken as no alignment).
+    kubelet: KubeletAlignment | None = None
 
     def __post_init__(self) -> None:
         sick = {g.index for g in self.graph.gpus if not self.graph.healthy(g.index)}
@@ -213,14 +216,18 @@ class ClusterSnapshot:
         equal keys give every gang the same slice once nothing is allocated or reserved."""
         if self._topology is None or self._topology[0] is not self.nodes:
             parts = tuple(
-                (n.name, n.shape.key, self._paths[i], n.unhealthy) for i, n in enumerate(self.nodes)
+                (n.name, n.shape.key, self._paths[i], n.unhealthy, n.kubelet and n.kubelet.emptied())
+                for i, n in enumerate(self.nodes)
             )
             self._topology = (self.nodes, TopologyKey((self.hierarchy, parts)))
         return self._topology[1]
 
     def emptied(self) -> ClusterSnapshot:
         """The same cluster with nothing allocated, reserved or holding an NVLink channel."""
-        nodes = [replace(n, allocated=frozenset(), mnnvl_gang=None) for n in self.nodes]
+        nodes = [
+            replace(n, allocated=frozenset(), mnnvl_gang=None, kubelet=n.kubelet and n.kubelet.emptied())
+            for n in self.nodes
+        ]
         snap = ClusterSnapshot(nodes, self.hierarchy)
         snap._domains = self._domains
         return snap

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 from extender.cost import Comm
 from extender.placement.exact import exact_slice
-from extender.placement.node_fit import NodeFit, fit_for
+from extender.placement.node_fit import fit_for
+from extender.placement.numa_fit import GpuFit, NumaRule, fit_on, refusal, rule_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
     ANYWHERE,
@@ -201,10 +202,12 @@ class Solver:
         self.exact_fallback = exact_fallback
         # Capacity tables per (pod set, preferred tier, GPUs this gang took so far).
         self._caps_memo: dict[tuple[str, bool, tuple[tuple[int, int], ...]], Caps] = {}
-        # Capacity entries per (pod set, preferred tier), then per (node type, free mask).
-        self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
-        self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
-        self._gbps: dict[tuple[int, str, int, Tier], float] = {}
+        # Capacity entries per (pod set, preferred tier), then per (node type, free mask, the
+        # kubelet's NUMA rule for the pod set there).
+        self._entries: dict[tuple[str, bool], dict[tuple[str, int, NumaRule | None], Entry | None]] = {}
+        self._picks: dict[tuple[str, str, int, Tier, NumaRule | None], _NodePick] = {}
+        self._gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = {}
+        self._rules: dict[tuple[int, str], NumaRule | None] = {}
         self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
         self._work = 0
@@ -216,6 +219,7 @@ class Solver:
         self._caps_memo.clear()
         self._entries.clear()
         self._picks.clear()
+        self._rules.clear()
         self._work = 0
         needs = self._needs = {ps.name: resolve_need(ps, self.h) for ps in gang.pod_sets}
         best: _Done | None = None
@@ -491,12 +495,13 @@ class Solver:
         gpus = ps.gpus_per_pod
         caps: Caps = {}
         admitted = self.snap.admitted(ps.node_selector)
-        for i, k in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
-            if k[1].bit_count() < gpus or (admitted is not None and i not in admitted):
+        for i, (kind, free) in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
+            if free.bit_count() < gpus or (admitted is not None and i not in admitted):
                 continue
+            k = (kind, free, self._rule(i, ps))
             entry = memo.get(k, _MISSING)
             if entry is _MISSING:
-                entry = memo[k] = self._entry(ps, need, i, k[1], preferred)
+                entry = memo[k] = self._entry(ps, need, i, free, preferred)
             if entry is not None:
                 caps[i] = entry
         return caps
@@ -510,7 +515,7 @@ class Solver:
         if admitted is not None and i not in admitted:
             return None
         memo = self._entries.setdefault((ps.name, preferred), {})
-        k = (self.snap.kinds()[i], free)
+        k = (self.snap.kinds()[i], free, self._rule(i, ps))
         if k not in memo:
             memo[k] = self._entry(ps, need, i, free, preferred)
         return memo[k]
@@ -519,8 +524,20 @@ class Solver:
         tier = pod_tier(self.snap, i, ps, need, preferred)
         if tier is None:
             return None
-        cap = fit_for(self.snap.nodes[i].shape).capacity(free, ps.gpus_per_pod, tier)
+        cap = self._fit(i, ps).capacity(free, ps.gpus_per_pod, tier)
         return (min(cap, ps.count), free, tier) if cap else None
+
+    def _rule(self, i: int, ps: PodSet) -> NumaRule | None:
+        """The kubelet's Topology Manager rule for a pod of ``ps`` on node ``i`` (memoised)."""
+        key = (i, ps.name)
+        if key not in self._rules:
+            self._rules[key] = rule_for(self.snap.nodes[i], ps)
+        return self._rules[key]
+
+    def _fit(self, i: int, ps: PodSet) -> GpuFit:
+        """The GPU sets a pod of ``ps`` may get on node ``i``: the one place the kubelet's
+        Topology Manager (:mod:`extender.placement.numa_fit`) restricts them."""
+        return fit_on(self.snap.nodes[i], self._rule(i, ps))
 
     def _pass(
         self,
@@ -561,14 +578,18 @@ class Solver:
     def _node_pick(self, ps: PodSet, i: int, free: int, tier: Tier) -> _NodePick:
         """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free mask)."""
         shape = self.snap.nodes[i].shape
-        key = (ps.name, shape.key, free, tier)
+        rule = self._rule(i, ps)
+        key = (ps.name, shape.key, free, tier, rule)
         got = self._picks.get(key)
         if got is None:
-            fit = fit_for(shape)
+            fit = self._fit(i, ps)
             masks = fit.pick(free, ps.gpus_per_pod, tier, ps.count)
             assert masks is not None, "capacity said the pods fit; pick must agree"
             got = self._node_pick_of(ps, fit, free, masks)
-            if ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
+            # Where the kubelet aligns the GPUs it picks each pod's NUMA node itself, from all
+            # free GPUs: other unions are not deliverable.
+            aligned = rule is not None and rule.gpus_aligned
+            if not aligned and ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
                 # The pods talk over the links among all their GPUs: try every set of GPUs
                 # they could share and keep the cheapest, then the most coherent remainder.
                 for union in fit.subsets(ps.count * ps.gpus_per_pod, Tier.NODE):
@@ -584,7 +605,7 @@ class Solver:
         return got
 
     @staticmethod
-    def _node_pick_of(ps: PodSet, fit: NodeFit, free: int, masks: tuple[int, ...]) -> _NodePick:
+    def _node_pick_of(ps: PodSet, fit: GpuFit, free: int, masks: tuple[int, ...]) -> _NodePick:
         union = 0
         for m in masks:
             union |= m
@@ -705,10 +726,10 @@ class Solver:
     def _pod_gbps(self, ps: PodSet, i: int, entry: tuple[int, int, Tier]) -> float:
         """The best ring bandwidth one pod of ``ps`` gets on node ``i`` now."""
         _, free, tier = entry
-        key = (ps.gpus_per_pod, self.snap.kinds()[i], free, tier)
+        key = (ps.gpus_per_pod, self.snap.kinds()[i], free, tier, self._rule(i, ps))
         got = self._gbps.get(key)
         if got is None:
-            fit = fit_for(self.snap.nodes[i].shape)
+            fit = self._fit(i, ps)
             picked = fit.pick(free, ps.gpus_per_pod, tier, 1)
             got = self._gbps[key] = fit.gbps(picked[0]) if picked else 0.0
         return got
@@ -759,11 +780,11 @@ class Solver:
         # here, and the best ring bandwidth one pod gets on it (the same for every node of
         # one type with the same free GPUs).
         kinds = self.snap.kinds()
-        by_kind: dict[tuple[str, int, Tier], float] = {}
+        by_kind: dict[tuple[str, int, Tier, NumaRule | None], float] = {}
         gbps: dict[int, float] = {}
         held_cap: dict[int, int] = {}
         for i, entry in caps.items():
-            key = (kinds[i], entry[1], entry[2])
+            key = (kinds[i], entry[1], entry[2], self._rule(i, ps))
             got = by_kind.get(key)
             if got is None:
                 got = by_kind[key] = self._pod_gbps(ps, i, entry)
@@ -887,7 +908,7 @@ class Solver:
         masks: dict[int, int] = {}
         for i in sorted(assignment, key=lambda j: self.snap.nodes[j].name):
             _, free, tier = caps[i]
-            picked = fit_for(self.snap.nodes[i].shape).pick(free, ps.gpus_per_pod, tier, assignment[i])
+            picked = self._fit(i, ps).pick(free, ps.gpus_per_pod, tier, assignment[i])
             if picked is None:  # capacity said it fits; pick must agree
                 raise AssertionError(f"node {self.snap.nodes[i].name}: cannot pick {assignment[i]} pods")
             for m in picked:
@@ -964,7 +985,30 @@ class Solver:
 
     # -- reasons -------------------------------------------------------------------------
     def _shortfall(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> _Shortfall:
-        return _Shortfall(ps.name, lambda: self._reason(gang, ps, need, caps))
+        return _Shortfall(ps.name, lambda: self._numa_reason(ps, need, self._reason(gang, ps, need, caps)))
+
+    def _numa_reason(
+        self, ps: PodSet, need: Need, why: tuple[str, str | None, int]
+    ) -> tuple[str, str | None, int]:
+        """``why`` with the nodes whose kubelet Topology Manager leaves no room for a pod of
+        ``ps`` that its GPUs alone would (the first one's reason in full)."""
+        refused: list[str] = []
+        admitted = self.snap.admitted(ps.node_selector)
+        for i, node in enumerate(self.snap.nodes):
+            if self._rule(i, ps) is None or (admitted is not None and i not in admitted):
+                continue
+            tier = pod_tier(self.snap, i, ps, need)
+            free = self.snap.free_mask(i)
+            if tier is None or not fit_for(node.shape).capacity(free, ps.gpus_per_pod, tier):
+                continue
+            text = refusal(node, ps, free, tier)
+            if text is not None:
+                refused.append(text)
+        if not refused:
+            return why
+        others = len(refused) - 1
+        more = f" (and {others} more node{'s' if others > 1 else ''})" if others else ""
+        return (f"{why[0]}; the kubelet would refuse it: {refused[0]}{more}", why[1], why[2])
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
