@@ -55,6 +55,7 @@ from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase,
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
+from extender.topology.kubelet import KubeletAlignment
 from extender.topology.model import GpuGraph
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class _StaticNode:
     allocated: frozenset[int]
     unhealthy: frozenset[int]
     allocation: Allocation = Allocation.DEVICE_PLUGIN
+    kubelet: KubeletAlignment | None = None
 
 
 class ClusterCache:
@@ -147,7 +149,9 @@ class ClusterCache:
         kind of ``awaiting`` is listed (``(Kind.PODS,)``: pods come from a watch)."""
         cache = cls(hierarchy=snap.hierarchy, ttl_s=ttl_s, store=store, clock=clock, awaiting=awaiting)
         for n in snap.nodes:
-            cache._static[n.name] = _StaticNode(dict(n.labels), n.graph, n.allocated, n.unhealthy)
+            cache._static[n.name] = _StaticNode(
+                dict(n.labels), n.graph, n.allocated, n.unhealthy, n.allocation, n.kubelet
+            )
             cache._dirty_nodes.add(n.name)
         return cache
 
@@ -819,7 +823,8 @@ class ClusterCache:
                 return None
             graph = fallback_graph(rec.gpu_count, rec.product)
         allocation = topo.allocation if topo is not None else Allocation.DEVICE_PLUGIN
-        return _StaticNode(rec.labels, graph, frozenset(), frozenset(), allocation)
+        kubelet = topo.kubelet if topo is not None else None
+        return _StaticNode(rec.labels, graph, frozenset(), frozenset(), allocation, kubelet)
 
     def _build_state(self, name: str) -> NodeState | None:
         src = self._source(name)
@@ -848,13 +853,22 @@ class ClusterCache:
             self._pod_gpus[p.key] = frozenset(free)
             taken.update(free)
         return NodeState(
-            name, src.labels, src.graph, frozenset(taken), frozenset(sick & known), allocation=src.allocation
+            name,
+            src.labels,
+            src.graph,
+            frozenset(taken),
+            frozenset(sick & known),
+            allocation=src.allocation,
+            kubelet=src.kubelet,
         )
 
 
 def _offer(state: NodeState | None) -> tuple[object, ...] | None:
     """What of a node counts on an empty cluster (see :attr:`ClusterCache.node_generation`)."""
-    return None if state is None else (state.labels, state.graph, state.unhealthy, state.allocation)
+    if state is None:
+        return None
+    kubelet = state.kubelet.emptied() if state.kubelet is not None else None
+    return (state.labels, state.graph, state.unhealthy, state.allocation, kubelet)
 
 
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:
