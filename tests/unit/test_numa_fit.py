@@ -8,11 +8,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.cli import main
 from extender.placement import baselines, numa_fit, scoring
 from extender.placement.exact import exact_slice
 from extender.placement.request import GangRequest, PodRequests, PodSet
@@ -322,3 +325,35 @@ def test_the_solver_places_exactly_what_the_kubelets_admit(inst: tuple[ClusterSn
         assert scoring.violations(snap, g, list(got.slots)) == []
     else:
         assert not _feasible(snap, g), got.reason
+
+
+# -- gangslice place on the example cluster ---------------------------------------------------
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+TP8 = str(EXAMPLES / "gangs" / "llama-70b-tp8.yaml")
+
+
+def test_place_sends_tp8_to_the_nodes_without_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = EXAMPLES / "clusters" / "hgx-h100-single-numa.yaml"
+    code = main(
+        ["place", "--cluster", str(cluster), "--gang", str(EXAMPLES / "gangs" / "llama-70b-tp8.yaml")]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "plain-h100-0" in out and "aligned-h100" not in out
+
+
+def test_place_names_the_policy_when_no_node_admits_the_pod(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = yaml.safe_load((EXAMPLES / "clusters" / "hgx-h100-single-numa.yaml").read_text())
+    data["nodes"] = data["nodes"][:1]  # the aligned nodes only
+    cluster = tmp_path / "aligned.yaml"
+    cluster.write_text(yaml.safe_dump(data))
+    code = main(
+        ["place", "--cluster", str(cluster), "--gang", str(EXAMPLES / "gangs" / "llama-70b-tp8.yaml")]
+    )
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "topologyManagerPolicy single-numa-node on aligned-h100-0: no NUMA node has 8 GPUs" in out
+    assert "(and 3 more nodes)" in out
