@@ -79,6 +79,15 @@ class NumaRule:
     cpu_free: tuple[tuple[int, int], ...]
     memory_free: tuple[tuple[int, int], ...]
     why: str = ""
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Rules key the solver's memo tables on every node it scans: hash once.
+        fields = (self.policy, self.hints, self.gpus, self.gpus_aligned, self.cpus, self.memory)
+        object.__setattr__(self, "_hash", hash((*fields, self.cpu_free, self.memory_free, self.why)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def budgets(self) -> tuple[Budget, Budget]:
         return dict(self.cpu_free), dict(self.memory_free)
@@ -147,10 +156,32 @@ def _width(ids: Sequence[int], need: int, amount: Mapping[int, int]) -> int | No
 
 def rule_for(node: NodeState, ps: PodSet) -> NumaRule | None:
     """The Topology Manager's rule for a pod of ``ps`` on ``node``; None where it sets none
-    (no refusing policy, nothing of the pod aligned, one NUMA node, or counts not known)."""
+    (no refusing policy, nothing of the pod aligned, one NUMA node, or counts not known).
+    Memoised on the node state, per kind of pod."""
     k = node.kubelet
-    if k is None or not k.topology_policy.refuses or ps.gpus_per_pod <= 0:
+    if k is None or k.topology_policy not in _REFUSING or ps.gpus_per_pod <= 0:
         return None
+    req = ps.requests
+    key = (ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed)
+    memo = node.numa_rules
+    got = memo.get(key, _UNSET)
+    if got is _UNSET:
+        rule = _rule_for(node, ps)
+        # One object per distinct rule: the solver's memo tables compare rules by identity first.
+        got = memo[key] = None if rule is None else _INTERNED.setdefault(rule, rule)
+        if len(_INTERNED) > NUMA_FITS_KEPT:
+            _INTERNED.clear()
+    return got  # type: ignore[return-value]
+
+
+_REFUSING = frozenset(t for t in TopologyPolicy if t.refuses)
+_UNSET = object()
+_INTERNED: dict[NumaRule, NumaRule] = {}
+
+
+def _rule_for(node: NodeState, ps: PodSet) -> NumaRule | None:
+    k = node.kubelet
+    assert k is not None
     shape = node.shape
     req = ps.requests
     gpu_numa = {n for n in shape.numa if n is not None}
@@ -213,8 +244,9 @@ def rule_for(node: NodeState, ps: PodSet) -> NumaRule | None:
         gpus_aligned=gpus_aligned,
         cpus=cpus,
         memory=memory,
-        cpu_free=tuple((n.id, n.cpus_free) for n in k.numa_nodes),
-        memory_free=tuple((n.id, n.memory_free) for n in k.numa_nodes),
+        # Only what the rule reads, so nodes that differ in nothing else share one rule.
+        cpu_free=tuple((n.id, n.cpus_free) for n in k.numa_nodes) if cpus else (),
+        memory_free=tuple((n.id, n.memory_free) for n in k.numa_nodes) if memory else (),
         why=why,
     )
 
@@ -246,6 +278,7 @@ class NumaFit:
     base: NodeFit
     rule: NumaRule
     _filled: dict[tuple[int, int, Tier, int], tuple[int, ...]] = field(default_factory=dict)
+    _refusals: dict[tuple[int, int, Tier], str | None] = field(default_factory=dict)
 
     def _fill(self, free: int, gpus: int, tier: Tier, pods: int) -> tuple[int, ...]:
         key = (free, gpus, tier, pods)
@@ -288,6 +321,27 @@ class NumaFit:
             return 0
         return len(self._fill(free, gpus, tier, free.bit_count() // gpus))
 
+    def refusal(self, free: int, gpus: int, tier: Tier) -> str | None:
+        """Why no pod fits ``free`` under the rule, in words (None: one does; memoised, since a
+        refusal is explained for every node of the cluster)."""
+        key = (free, gpus, tier)
+        if key in self._refusals:
+            return self._refusals[key]
+        rule = self.rule
+        why: str | None = None
+        if self.capacity(free, gpus, tier) == 0:
+            cpu, mem = rule.budgets()
+            hint = rule.choose(free, cpu, mem)
+            if hint is None:
+                why = rule.no_room()
+            else:
+                why = (
+                    f"the pod would get the GPUs of NUMA node{'s' if len(hint[0]) > 1 else ''} "
+                    f"{','.join(map(str, hint[0]))}, and they hold no {tier.words or 'free'} set of {gpus}"
+                )
+        self._refusals[key] = why
+        return why
+
     def pick(self, free: int, gpus: int, tier: Tier, pods: int) -> tuple[int, ...] | None:
         got = self._fill(free, gpus, tier, pods)
         return got if len(got) == pods else None
@@ -326,21 +380,14 @@ def fit_on(node: NodeState, rule: NumaRule | None) -> GpuFit:
 
 def refusal(node: NodeState, ps: PodSet, free: int, tier: Tier | None) -> str | None:
     """Why the Topology Manager leaves no room for a pod of ``ps`` on ``node`` (None: it leaves
-    some, or sets no rule), in words naming the policy."""
+    some, or sets no rule), in words naming the policy and the node."""
     rule = rule_for(node, ps)
     if rule is None or tier is None:
         return None
-    if fit_on(node, rule).capacity(free, ps.gpus_per_pod, tier) > 0:
-        return None
-    head = f"topologyManagerPolicy {rule.policy} on {node.name}"
-    cpu, mem = rule.budgets()
-    hint = rule.choose(free, cpu, mem)
-    if hint is None:
-        return f"{head}: {rule.no_room()}"
-    return (
-        f"{head}: the pod would get the GPUs of NUMA node{'s' if len(hint[0]) > 1 else ''} "
-        f"{','.join(map(str, hint[0]))}, and they hold no {tier.words or 'free'} set of {ps.gpus_per_pod}"
-    )
+    fit = fit_on(node, rule)
+    assert isinstance(fit, NumaFit)
+    why = fit.refusal(free, ps.gpus_per_pod, tier)
+    return None if why is None else f"topologyManagerPolicy {rule.policy} on {node.name}: {why}"
 
 
 # -- checking a slice, and the kubelet's own choice for policies that choose nodes only ------

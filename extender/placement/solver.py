@@ -60,7 +60,7 @@ from extender.placement.scoring import (
     resolve_need,
 )
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, TopologyKey
+from extender.placement.snapshot import ClusterSnapshot, NodeState, TopologyKey
 from extender.topology.hierarchy import DomainKey
 from extender.topology.model import Tier
 
@@ -207,7 +207,7 @@ class Solver:
         self._entries: dict[tuple[str, bool], dict[tuple[str, int, NumaRule | None], Entry | None]] = {}
         self._picks: dict[tuple[str, str, int, Tier, NumaRule | None], _NodePick] = {}
         self._gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = {}
-        self._rules: dict[tuple[int, str], NumaRule | None] = {}
+        self._aligning = snapshot.aligning()  # any node whose kubelet aligns pods to NUMA nodes
         self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
         self._work = 0
@@ -219,7 +219,6 @@ class Solver:
         self._caps_memo.clear()
         self._entries.clear()
         self._picks.clear()
-        self._rules.clear()
         self._work = 0
         needs = self._needs = {ps.name: resolve_need(ps, self.h) for ps in gang.pod_sets}
         best: _Done | None = None
@@ -495,10 +494,11 @@ class Solver:
         gpus = ps.gpus_per_pod
         caps: Caps = {}
         admitted = self.snap.admitted(ps.node_selector)
+        rules = self._rules(ps) if self._aligning else None
         for i, (kind, free) in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
             if free.bit_count() < gpus or (admitted is not None and i not in admitted):
                 continue
-            k = (kind, free, self._rule(i, ps))
+            k = (kind, free, rules[i] if rules is not None else None)
             entry = memo.get(k, _MISSING)
             if entry is _MISSING:
                 entry = memo[k] = self._entry(ps, need, i, free, preferred)
@@ -528,11 +528,14 @@ class Solver:
         return (min(cap, ps.count), free, tier) if cap else None
 
     def _rule(self, i: int, ps: PodSet) -> NumaRule | None:
-        """The kubelet's Topology Manager rule for a pod of ``ps`` on node ``i`` (memoised)."""
-        key = (i, ps.name)
-        if key not in self._rules:
-            self._rules[key] = rule_for(self.snap.nodes[i], ps)
-        return self._rules[key]
+        """The kubelet's Topology Manager rule for a pod of ``ps`` on node ``i``."""
+        return self._rules(ps)[i] if self._aligning else None
+
+    def _rules(self, ps: PodSet) -> list[NumaRule | None]:
+        """Every node's rule for a pod of ``ps``, by node index (cached on the snapshot)."""
+        req = ps.requests
+        key = ("numa-rule", ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed)
+        return self.snap.per_node(key, functools.partial(_rule_on, ps=ps))
 
     def _fit(self, i: int, ps: PodSet) -> GpuFit:
         """The GPU sets a pod of ``ps`` may get on node ``i``: the one place the kubelet's
@@ -783,8 +786,9 @@ class Solver:
         by_kind: dict[tuple[str, int, Tier, NumaRule | None], float] = {}
         gbps: dict[int, float] = {}
         held_cap: dict[int, int] = {}
+        rules = self._rules(ps) if self._aligning else None
         for i, entry in caps.items():
-            key = (kinds[i], entry[1], entry[2], self._rule(i, ps))
+            key = (kinds[i], entry[1], entry[2], rules[i] if rules is not None else None)
             got = by_kind.get(key)
             if got is None:
                 got = by_kind[key] = self._pod_gbps(ps, i, entry)
@@ -992,23 +996,31 @@ class Solver:
     ) -> tuple[str, str | None, int]:
         """``why`` with the nodes whose kubelet Topology Manager leaves no room for a pod of
         ``ps`` that its GPUs alone would (the first one's reason in full)."""
-        refused: list[str] = []
-        admitted = self.snap.admitted(ps.node_selector)
-        for i, node in enumerate(self.snap.nodes):
-            if self._rule(i, ps) is None or (admitted is not None and i not in admitted):
-                continue
-            tier = pod_tier(self.snap, i, ps, need)
-            free = self.snap.free_mask(i)
-            if tier is None or not fit_for(node.shape).capacity(free, ps.gpus_per_pod, tier):
-                continue
-            text = refusal(node, ps, free, tier)
-            if text is not None:
-                refused.append(text)
-        if not refused:
+        if not self._aligning:
             return why
-        others = len(refused) - 1
+        first: str | None = None
+        refused = 0
+        admitted = self.snap.admitted(ps.node_selector)
+        kinds, frees = self.snap.kinds(), self.snap.free_masks()
+        seen: dict[tuple[str, int, NumaRule], bool] = {}
+        for i, node in enumerate(self.snap.nodes):
+            rule = self._rule(i, ps)
+            if rule is None or (admitted is not None and i not in admitted):
+                continue
+            key = (kinds[i], frees[i], rule)
+            if key not in seen:
+                tier = pod_tier(self.snap, i, ps, need)
+                fits = tier is not None and fit_for(node.shape).capacity(frees[i], ps.gpus_per_pod, tier) > 0
+                seen[key] = fits and refusal(node, ps, frees[i], tier) is not None
+            if seen[key]:
+                refused += 1
+                if first is None:
+                    first = refusal(node, ps, frees[i], pod_tier(self.snap, i, ps, need))
+        if first is None:
+            return why
+        others = refused - 1
         more = f" (and {others} more node{'s' if others > 1 else ''})" if others else ""
-        return (f"{why[0]}; the kubelet would refuse it: {refused[0]}{more}", why[1], why[2])
+        return (f"{why[0]}; the kubelet would refuse it: {first}{more}", why[1], why[2])
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
@@ -1119,6 +1131,10 @@ class _Relation:
                     return ("fabric", level, clique_gbps(self.solver.snap.nodes[i].graph))
                 return ("level", level)
         return ("level", ANYWHERE)
+
+
+def _rule_on(node: NodeState, ps: PodSet) -> NumaRule | None:
+    return rule_for(node, ps)
 
 
 def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:

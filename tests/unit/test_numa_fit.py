@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -357,3 +358,18 @@ def test_place_names_the_policy_when_no_node_admits_the_pod(
     assert code == 3, out
     assert "topologyManagerPolicy single-numa-node on aligned-h100-0: no NUMA node has 8 GPUs" in out
     assert "(and 3 more nodes)" in out
+
+
+def test_bench_placement_with_single_numa_node_kubelets(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "placement", "--repeat", "1", "--nodes", "40", "--policy", "gangslice", "spread"]
+    assert main([*args, "--topology-manager-policy", "single-numa-node", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["topologyManagerPolicy"] == "single-numa-node"
+    rows = {(r["gang"], r["policy"]): r for r in data["clusters"][0]["results"]}
+    for policy in ("gangslice", "spread"):
+        assert not rows[("1x8", policy)]["placed"]  # TP=8 needs both sockets of an HGX node
+    # 12 CPUs held per allocated GPU: a pod of 4 GPUs and 48 CPUs finds too few NUMA nodes.
+    assert "no NUMA node has 4 GPUs and 48 CPUs free" in rows[("8x4", "gangslice")]["reason"]
+    for gang in ("1x8", "8x4", "64x2", "512x1"):
+        # broken counts what the kubelets would refuse too (scoring.violations)
+        assert rows[(gang, "gangslice")]["broken"] == 0
