@@ -135,8 +135,10 @@ def _run(snap: ClusterSnapshot, gang: GangRequest, core: _Core, policy: str) -> 
     fail = core(snap, gang, work) or _refused(work)
     if fail is None:
         return _finish(snap, gang, work, policy)
-    trial = _Work(snap, _empty_free(snap))
-    empty = core(snap, gang, trial) or _refused(trial)
+    # Nothing in use: neither GPUs nor, where kubelets align pods, the CPUs they count.
+    bare = snap.emptied() if snap.aligning() else snap
+    trial = _Work(bare, _empty_free(bare))
+    empty = core(bare, gang, trial) or _refused(trial)
     return Unplaceable(
         gang=gang.name,
         reason=f"{policy}: {fail.reason}",

@@ -291,7 +291,9 @@ def instances(draw: st.DrawFn) -> tuple[ClusterSnapshot, GangRequest]:
         allocated = draw(st.sets(st.integers(0, 7), max_size=5))
         in_use = (draw(st.integers(0, 56)), draw(st.integers(0, 56)))
         policy = draw(st.sampled_from([SINGLE, RESTRICTED]))
-        nodes.append(node(f"n{i}", k=kubelet(policy, in_use=in_use), allocated=sorted(allocated)))
+        allocation = draw(st.sampled_from([Allocation.DEVICE_PLUGIN, Allocation.DRA]))
+        k = kubelet(policy, in_use=in_use)
+        nodes.append(node(f"n{i}", k=k, allocated=sorted(allocated), allocation=allocation))
     sets = []
     for j in range(draw(st.integers(1, 2))):
         gpus = draw(st.sampled_from([1, 2, 4, 8]))
