@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,10 @@ from extender.agent.kubelet_config import (
     read_numa_cpus,
 )
 from extender.agent.podresources import PodResourcesClient
+from extender.agent.publish import build_object, build_spec
 from extender.cli import main
+from extender.kube.api import Kind
+from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import CrdError, NodeTopologyObject, parse_node_topology
 from extender.placement.files import FileError, cluster_from_data
 from extender.placement.request import GangRequest, PodRequests, PodSet
@@ -33,10 +37,12 @@ from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import place
 from extender.testing.clock import FakeClock
+from extender.testing.extender import node_obj
 from extender.testing.kubelet import FakeKubelet, serve
 from extender.testing.publish import RecordingWriter
 from extender.topology.fake_nvml import FakeNvml
 from extender.topology.kubelet import CpuPolicy, MemoryPolicy, TopologyPolicy, TopologyScope
+from extender.topology.presets import preset_graph
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "kubelet"
 NODE = "gpu-a-01"
@@ -299,3 +305,31 @@ def test_cluster_files_carry_the_kubelet_policies(tmp_path: Path) -> None:
     data["nodes"][0]["kubelet"] = {"numaNodes": [{"id": 0}, {"id": 0}]}
     with pytest.raises(FileError, match="kubelet: duplicate NUMA node ids"):
         cluster_from_data(data, tmp_path)
+
+
+def test_the_cache_follows_the_published_cpus_and_places_by_them() -> None:
+    cache = ClusterCache()
+    for kind in Kind:
+        cache.replace(kind, [])
+    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def publish(in_use_numa0: str) -> None:
+        spec = build_spec(preset_graph("hgx-h100"), "nvml", [], [])
+        spec["kubelet"] = {
+            "topologyManagerPolicy": "single-numa-node",
+            "cpuManagerPolicy": "static",
+            "numaNodes": [
+                {"id": 0, "cpus": "0-51", "allocatableCpus": "0-51", "cpusInUse": in_use_numa0},
+                {"id": 1, "cpus": "52-103", "allocatableCpus": "52-103", "cpusInUse": ""},
+            ],
+        }
+        cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", build_object("a", spec, [], at))
+
+    ps = PodSet("w", 1, 4, requests=PodRequests(cpu_millis=32000, guaranteed=True))
+    publish("")
+    first = place(cache.snapshot(), GangRequest("g", (ps,)))
+    assert isinstance(first, Slice) and first.slots[0].gpus == (0, 1, 2, 3)
+    publish("0-29")  # a pod took 30 CPUs of NUMA node 0: 22 are left there
+    second = place(cache.snapshot(), GangRequest("g", (ps,)))
+    assert isinstance(second, Slice) and second.slots[0].gpus == (4, 5, 6, 7)
