@@ -210,25 +210,31 @@ def _rule_for(node: NodeState, ps: PodSet) -> NumaRule | None:
         return None
     by_id = {n.id: n for n in k.numa_nodes}
     policy = k.topology_policy
-    wanted: list[tuple[str, int | None]] = []
+    # (what, NUMA nodes it needs at least, the most one NUMA node has), per aligned resource
+    wanted: list[tuple[str, int | None, str]] = []
     if gpus_aligned:
         all_gpus = {n: sum(1 for m in shape.numa if m == n) for n in ids}
-        wanted.append((f"{ps.gpus_per_pod} GPUs", _width(ids, ps.gpus_per_pod, all_gpus)))
+        most = max(all_gpus.values())
+        wanted.append((f"{ps.gpus_per_pod} GPUs", _width(ids, ps.gpus_per_pod, all_gpus), str(most)))
     if cpus:
-        wanted.append((f"{cpus} CPUs", _width(ids, cpus, {n: by_id[n].cpus for n in by_id})))
+        all_cpus = {n: by_id[n].cpus for n in by_id}
+        wanted.append((f"{cpus} CPUs", _width(ids, cpus, all_cpus), str(max(all_cpus.values()))))
     if memory:
         mem_all = {n: by_id[n].memory_bytes or 0 for n in by_id}
-        wanted.append((f"{_gib(memory)} of memory", _width(ids, memory, mem_all)))
+        most_memory = _gib(max(mem_all.values()))
+        wanted.append((f"{_gib(memory)} of memory", _width(ids, memory, mem_all), most_memory))
     why = ""
-    widths = {w for _, w in wanted}
+    widths = {w for _, w, _ in wanted}
     if None in widths:
-        what = next(w for w, width in wanted if width is None)
+        what = next(w for w, width, _ in wanted if width is None)
         why = f"the node has fewer than {what} on all its NUMA nodes together"
     elif policy is TopologyPolicy.SINGLE_NUMA_NODE and widths != {1}:
-        what = next(w for w, width in wanted if width != 1)
-        why = f"no NUMA node has {what}"
+        what, _, most_text = next(x for x in wanted if x[1] != 1)
+        why = f"no NUMA node has {what} (the most is {most_text})"
     elif len(widths) > 1:
-        spans = ", ".join(f"the {w} need {width} NUMA node{'s' if width != 1 else ''}" for w, width in wanted)
+        spans = ", ".join(
+            f"the {w} need {width} NUMA node{'s' if width != 1 else ''}" for w, width, _ in wanted
+        )
         why = f"{spans}: no alignment is the narrowest for all of them"
     hints: tuple[Hint, ...] = ()
     if not why:
