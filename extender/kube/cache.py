@@ -64,6 +64,7 @@ from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase,
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
+from extender.topology.kubelet import KubeletAlignment
 from extender.topology.model import GpuGraph
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class _StaticNode:
     unhealthy: frozenset[int]
     allocation: Allocation = Allocation.DEVICE_PLUGIN
     facts: NodeFacts = NO_FACTS
+    kubelet: KubeletAlignment | None = None
 
 
 class ClusterCache:
@@ -165,7 +167,7 @@ class ClusterCache:
         cache = cls(hierarchy=snap.hierarchy, ttl_s=ttl_s, store=store, clock=clock, awaiting=awaiting)
         for n in snap.nodes:
             cache._static[n.name] = _StaticNode(
-                dict(n.labels), n.graph, n.allocated, n.unhealthy, n.allocation, n.facts
+                dict(n.labels), n.graph, n.allocated, n.unhealthy, n.allocation, n.facts, n.kubelet
             )
             cache._dirty_nodes.add(n.name)
         return cache
@@ -926,7 +928,8 @@ class ClusterCache:
                 return None
             graph = fallback_graph(rec.gpu_count, rec.product)
         allocation = topo.allocation if topo is not None else Allocation.DEVICE_PLUGIN
-        return _StaticNode(rec.labels, graph, frozenset(), frozenset(), allocation, rec.facts)
+        kubelet = topo.kubelet if topo is not None else None
+        return _StaticNode(rec.labels, graph, frozenset(), frozenset(), allocation, rec.facts, kubelet)
 
     def _build_state(self, name: str) -> NodeState | None:
         src = self._source(name)
@@ -962,6 +965,7 @@ class ClusterCache:
             frozenset(sick & known),
             allocation=src.allocation,
             facts=self._facts(name, src),
+            kubelet=src.kubelet,
         )
 
     def _facts(self, name: str, src: _StaticNode) -> NodeFacts:
@@ -977,11 +981,10 @@ class ClusterCache:
 
 def _offer(state: NodeState | None) -> tuple[object, ...] | None:
     """What of a node counts on an empty cluster (see :attr:`ClusterCache.node_generation`)."""
-    return (
-        None
-        if state is None
-        else (state.labels, state.graph, state.unhealthy, state.allocation, state.facts.static())
-    )
+    if state is None:
+        return None
+    kubelet = state.kubelet.emptied() if state.kubelet is not None else None
+    return (state.labels, state.graph, state.unhealthy, state.allocation, state.facts.static(), kubelet)
 
 
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:

@@ -13,7 +13,10 @@ section 2c), not from their code. All of them:
   rules). They may break gangslice's topology rules (a TP group across a socket, a pod set
   across leaves): :func:`extender.placement.scoring.violations` reports that, and
   :func:`~extender.placement.scoring.gang_micros` prices it with the same yardstick;
-- know nothing of multi-node NVLink (IMEX) channels;
+- know nothing of multi-node NVLink (IMEX) channels, nor of the kubelet's Topology Manager:
+  they choose a node its kubelet then refuses at admission (``TopologyAffinityError``, see
+  :mod:`extender.placement.numa_fit`), and such a gang does not run. The GPUs a pod gets
+  there are the first free ones of the NUMA nodes the kubelet aligns it to;
 - keep kube-scheduler's NodeUnschedulable, TaintToleration, NodeAffinity and NodeResourcesFit
   filters for every pod (:mod:`extender.placement.feasibility`), as kube-scheduler itself,
   Kueue TAS (``fillLeafCounts`` counts the pods whose requests fit each node that passes the
@@ -29,7 +32,7 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from extender.placement import feasibility, solver
+from extender.placement import feasibility, numa_fit, solver
 from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
@@ -62,6 +65,10 @@ class _Work:
     slots: dict[str, list[PodSlot]] = field(default_factory=dict)
     #: What this gang's pods take of each node's cpu, memory and pod slots so far.
     used: dict[int, Resources] = field(default_factory=dict)
+    #: Per node index, the pods booked there in order (pod set, GPU mask), for the kubelet.
+    booked: dict[int, list[tuple[PodSet, int]]] = field(default_factory=dict)
+    #: Pods the node's kubelet would refuse at admission: (pod set, why).
+    refused: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         #: Whether any node limits resources at all (else room is never the limit).
@@ -93,19 +100,32 @@ class _Work:
             dict(self.taken),
             {k: list(v) for k, v in self.slots.items()},
             dict(self.used),
+            {k: list(v) for k, v in self.booked.items()},
+            list(self.refused),
         )
 
     def adopt(self, other: _Work) -> None:
         self.taken, self.slots, self.used = other.taken, other.slots, other.used
+        self.booked, self.refused = other.booked, other.refused
 
     def take(self, ps: PodSet, i: int) -> None:
         """Give the next pod of ``ps`` the first free GPUs of node ``i`` (the caller checked room)."""
-        mask = first_free(self.free(i), ps.gpus_per_pod)
+        free = self.free(i)
+        node = self.snap.nodes[i]
+        offered: int | None = free
+        if node.kubelet is not None and ps.gpus_per_pod:
+            offered = numa_fit.offer(node, self.booked.get(i, ()), ps, free)
+            if offered is None:
+                rule = numa_fit.rule_for(node, ps)
+                assert rule is not None
+                why = f"topologyManagerPolicy {rule.policy} on {node.name}: {rule.no_room()}"
+                self.refused.append((ps.name, why))
+        mask = first_free(free if offered is None else offered, ps.gpus_per_pod)
         assert mask is not None, f"node {i}: no room for {ps.gpus_per_pod} GPUs"
         self.taken[i] = self.taken.get(i, 0) | mask
         if self.limits:
             self.used[i] = self.used.get(i, feasibility.NOTHING).plus(feasibility.usage(ps.requests))
-        node = self.snap.nodes[i]
+        self.booked.setdefault(i, []).append((ps, mask))
         gpus, numa, nic = fit_for(node.shape).slot_of(mask)
         placed = self.slots.setdefault(ps.name, [])
         placed.append(PodSlot(ps.name, len(placed), node.name, gpus, numa, nic))
@@ -136,10 +156,13 @@ _Core = Callable[[ClusterSnapshot, GangRequest, _Work], _Fail | None]
 
 def _run(snap: ClusterSnapshot, gang: GangRequest, core: _Core, policy: str) -> Placement:
     work = _Work(snap, snap.free_masks())
-    fail = core(snap, gang, work)
+    fail = core(snap, gang, work) or _refused(work)
     if fail is None:
         return _finish(snap, gang, work, policy)
-    empty = core(snap, gang, _Work(snap, _empty_free(snap)))
+    # Nothing in use: neither GPUs nor, where kubelets align pods, the CPUs they count.
+    bare = snap.emptied() if snap.aligning() else snap
+    trial = _Work(bare, _empty_free(bare))
+    empty = core(bare, gang, trial) or _refused(trial)
     return Unplaceable(
         gang=gang.name,
         reason=f"{policy}: {fail.reason}",
@@ -147,6 +170,20 @@ def _run(snap: ClusterSnapshot, gang: GangRequest, core: _Core, policy: str) -> 
         closest=fail.closest,
         short_by=fail.short_by,
         feasible_when_empty=empty is None,
+    )
+
+
+def _refused(work: _Work) -> _Fail | None:
+    """The first pod a kubelet would refuse at admission: the gang would not run."""
+    if not work.refused:
+        return None
+    pod_set, why = work.refused[0]
+    count = sum(1 for name, _ in work.refused if name == pod_set)
+    return _Fail(
+        pod_set,
+        f"pod set {pod_set}: the kubelet would refuse {count} of its pods at admission "
+        f"(TopologyAffinityError): {why}",
+        count,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from extender.cost import Comm
-from extender.placement import feasibility
+from extender.placement import feasibility, numa_fit
 from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
@@ -86,7 +86,9 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
             # Options already keep each pod's own rules (free GPUs at its tier); what a new
             # pod can break is its pod set's span, and only when it adds a node.
             spans = len({s.node for s in mine}) > len({s.node for s in mine[:-1]}) > 0
-            if not spans or not violations(snap, alone[(ps.name, index + 1)], mine):
+            if _numa_ok(snap, gang, i, chosen) and (
+                not spans or not violations(snap, alone[(ps.name, index + 1)], mine)
+            ):
                 taken[i] = taken.get(i, 0) | mask
                 used[i] = here.plus(feasibility.usage(ps.requests))
                 search(k + 1, j if ps.gpus_per_pod == 0 else j + 1)
@@ -112,6 +114,19 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
     )
 
 
+def _numa_ok(snap: ClusterSnapshot, gang: GangRequest, i: int, chosen: list[PodSlot]) -> bool:
+    """Whether the kubelet of node ``i`` admits every pod chosen there so far."""
+    node = snap.nodes[i]
+    if node.kubelet is None:
+        return True
+    pods = [
+        (s.key, gang.pod_set(s.pod_set), node.shape.mask_of(s.gpus))
+        for s in chosen
+        if s.node == node.name and s.gpus
+    ]
+    return not numa_fit.violations(node, pods, snap.free_mask(i))
+
+
 def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, int]]:
     """(node index, GPU mask) for one pod of ``ps``: free, at its tier, on a node that
     kube-scheduler's filters admit and that has room for it (:mod:`extender.placement.feasibility`); nodes
@@ -130,6 +145,11 @@ def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, i
         free = snap.free_mask(i)
         subs = fit.subsets(ps.gpus_per_pod, tier) if tier is not None and ps.gpus_per_pod else (0,)
         off = quiet and snap.clique(i) is not None
+        rule = numa_fit.rule_for(node, ps)
+        if rule is not None and rule.why:
+            continue  # the kubelet admits no pod of this pod set here
+        if rule is not None and rule.gpus_aligned:
+            subs = tuple(m for m in subs if any(m & ~h[1] == 0 for h in rule.hints))
         found.extend((off, node.shape.tier_of(m), -fit.gbps(m), i, m) for m in subs if m & free == m)
     found.sort()
     return [(i, m) for *_, i, m in found]

@@ -15,6 +15,13 @@ Cluster file::
         unschedulable: false            # optional: cordoned
         allocatable: {cpu: "192", memory: 2Ti, ephemeral-storage: 7Ti, pods: 110}   # optional
         requested: {cpu: "8", memory: 64Gi, pods: 3}   # optional: what pods there already request
+        kubelet:                        # optional: what the node's kubelet aligns to NUMA nodes
+          topologyManagerPolicy: single-numa-node   # none | best-effort | restricted | single-numa-node
+          topologyManagerScope: container           # container | pod
+          cpuManagerPolicy: static                  # none | static
+          memoryManagerPolicy: None                 # None | Static
+          numaNodes:                    # allocatable CPUs (and memory, Static) per NUMA node
+            - {id: 0, cpus: 56, cpusInUse: 0, memory: 512Gi, memoryInUse: 0}
 
 Gang file::
 
@@ -73,6 +80,14 @@ from extender.placement.scoring import LevelError, resolve_level
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, HierarchyError, NetworkModel, parse_levels
+from extender.topology.kubelet import (
+    CpuPolicy,
+    KubeletAlignment,
+    MemoryPolicy,
+    NumaNode,
+    TopologyPolicy,
+    TopologyScope,
+)
 from extender.topology.model import GpuGraph, TopologyError
 
 
@@ -260,6 +275,46 @@ class GangSpec(_Strict):
         )
 
 
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _bytes(v: Any) -> Any:
+    """A size in bytes, or with a binary suffix (``512Gi``)."""
+    if isinstance(v, str) and v[-2:] in _BINARY and v[:-2].isdigit():
+        return int(v[:-2]) * _BINARY[v[-2:]]
+    return v
+
+
+class NumaNodeSpec(_Strict):
+    id: int = Field(ge=0)
+    cpus: int = Field(0, ge=0)
+    cpus_in_use: int = Field(0, alias="cpusInUse", ge=0)
+    memory: int | None = Field(None, ge=0)
+    memory_in_use: int = Field(0, alias="memoryInUse", ge=0)
+
+    @field_validator("memory", "memory_in_use", mode="before")
+    @classmethod
+    def _sizes(cls, v: Any) -> Any:
+        return _bytes(v)
+
+
+class KubeletSpec(_Strict):
+    topology_manager_policy: TopologyPolicy = Field(TopologyPolicy.NONE, alias="topologyManagerPolicy")
+    topology_manager_scope: TopologyScope = Field(TopologyScope.CONTAINER, alias="topologyManagerScope")
+    cpu_manager_policy: CpuPolicy = Field(CpuPolicy.NONE, alias="cpuManagerPolicy")
+    memory_manager_policy: MemoryPolicy = Field(MemoryPolicy.NONE, alias="memoryManagerPolicy")
+    numa_nodes: list[NumaNodeSpec] = Field(default_factory=list, alias="numaNodes")
+
+    def alignment(self) -> KubeletAlignment:
+        return KubeletAlignment(
+            self.topology_manager_policy,
+            self.topology_manager_scope,
+            self.cpu_manager_policy,
+            self.memory_manager_policy,
+            tuple(NumaNode(n.id, n.cpus, n.cpus_in_use, n.memory, n.memory_in_use) for n in self.numa_nodes),
+        )
+
+
 class NodeSpec(_Strict):
     name: str
     labels: dict[str, str] = Field(default_factory=dict)
@@ -280,6 +335,8 @@ class NodeSpec(_Strict):
             self.allocatable.resources() if self.allocatable else Resources(),
             NOTHING.plus(self.requested.resources()) if self.requested else NOTHING,
         )
+
+    kubelet: KubeletSpec | None = None
 
 
 class NetworkSpec(_Strict):
@@ -444,6 +501,10 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
     for k, ns in enumerate(spec.nodes):
         at = f"{where}: nodes[{k}] ({ns.name})"
         graph = _graph_for(ns.gpu_topology, base, graphs, at)
+        try:
+            kubelet = ns.kubelet.alignment() if ns.kubelet is not None else None
+        except ValueError as exc:
+            raise FileError(f"{at}: kubelet: {exc}") from None
         names = [ns.name] if ns.count is None else [f"{ns.name}-{i}" for i in range(ns.count)]
         facts = ns.facts()
         for name in names:
@@ -459,6 +520,7 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
                         frozenset(ns.unhealthy_gpus),
                         allocation=ns.allocation,
                         facts=facts,
+                        kubelet=kubelet,
                     )
                 )
             except ValueError as exc:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from extender import cost
 from extender.cost import Comm
-from extender.placement import feasibility
+from extender.placement import feasibility, numa_fit
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
@@ -390,7 +390,26 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
                 problems.append(f"pod set {ps.name}: spans more than one {h.levels[need.scope].name}")
             if pods_talk(ps):
                 problems.extend(_mnnvl_violations(snap, gang.name, ps.name, nodes))
+    problems.extend(_numa_violations(snap, gang, slots))
     return problems
+
+
+def _numa_violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> list[str]:
+    """What the kubelets' Topology Managers refuse of the slice (:mod:`.numa_fit`)."""
+    per_node: dict[str, list[tuple[str, PodSet, int]]] = {}
+    names = {ps.name: ps for ps in gang.pod_sets}
+    for s in slots:
+        ps = names.get(s.pod_set)
+        if ps is None or not ps.gpus_per_pod or not snap.has_node(s.node):
+            continue
+        node = snap.node(s.node)
+        if node.kubelet is None or not set(s.gpus) <= set(node.shape.indices):
+            continue
+        per_node.setdefault(s.node, []).append((s.key, ps, node.shape.mask_of(s.gpus)))
+    out: list[str] = []
+    for name, pods in per_node.items():
+        out.extend(numa_fit.violations(snap.node(name), pods, snap.free_mask(snap.index(name))))
+    return out
 
 
 def _mnnvl_violations(snap: ClusterSnapshot, gang: str, pod_set: str, nodes: Sequence[str]) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -12,6 +12,7 @@ from extender.placement.feasibility import NO_FACTS, UNLIMITED, NodeFacts, Resou
 from extender.placement.request import NodeNeeds, NodeRequirement, PodRequests
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
+from extender.topology.kubelet import KubeletAlignment
 from extender.topology.model import GpuGraph, NodeShape
 
 #: A multi-node NVLink clique: a node's label path down to the fabric level.
@@ -38,6 +39,11 @@ class NodeState:
     #: Taints, cordon, allocatable and what other pods request: what kube-scheduler's
     #: filters read (:mod:`extender.placement.feasibility`); the default constrains nothing.
     facts: NodeFacts = NO_FACTS
+    #: What the kubelet aligns to NUMA nodes here (None: not known, taken as no alignment).
+    kubelet: KubeletAlignment | None = None
+    #: The Topology Manager rule per kind of pod (:func:`extender.placement.numa_fit.rule_for`),
+    #: kept with the node state it was derived from (a changed node is a new state).
+    numa_rules: dict[object, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sick = {g.index for g in self.graph.gpus if not self.graph.healthy(g.index)}
@@ -78,6 +84,8 @@ class ClusterSnapshot:
         self._cliques: tuple[list[tuple[str | None, ...]], list[Clique | None]] | None = None
         self._topology: tuple[list[NodeState], TopologyKey] | None = None
         self._kinds: tuple[list[NodeState], list[str]] | None = None
+        self._aligning: tuple[list[NodeState], bool] | None = None
+        self._per_node: tuple[list[NodeState], dict[object, list[Any]]] | None = None
         self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
         self._limits: tuple[list[NodeState], bool] | None = None
         self._rooms: tuple[list[NodeState], dict[PodRequests, list[int]]] | None = None
@@ -122,6 +130,25 @@ class ClusterSnapshot:
         if self._kinds is None or self._kinds[0] is not self.nodes:
             self._kinds = (self.nodes, [n.shape.key for n in self.nodes])
         return self._kinds[1]
+
+    def aligning(self) -> bool:
+        """Whether the kubelet of any node may refuse a pod it cannot align to NUMA nodes
+        (``single-numa-node`` or ``restricted``; cached per node list)."""
+        if self._aligning is None or self._aligning[0] is not self.nodes:
+            found = any(n.kubelet is not None and n.kubelet.topology_policy.refuses for n in self.nodes)
+            self._aligning = (self.nodes, found)
+        return self._aligning[1]
+
+    def per_node(self, key: object, derive: Callable[[NodeState], Any]) -> list[Any]:
+        """``derive(node)`` for every node, by node index, cached per node list under ``key``
+        (which must name everything ``derive`` depends on besides the node; do not modify)."""
+        if self._per_node is None or self._per_node[0] is not self.nodes:
+            self._per_node = (self.nodes, {})
+        table = self._per_node[1]
+        got = table.get(key)
+        if got is None:
+            got = table[key] = [derive(n) for n in self.nodes]
+        return got
 
     def admitted(self, needs: NodeNeeds | Selector) -> frozenset[int] | None:
         """The indices of the nodes a pod with these needs passes kube-scheduler's
@@ -262,7 +289,14 @@ class ClusterSnapshot:
         slice once nothing is allocated or reserved."""
         if self._topology is None or self._topology[0] is not self.nodes:
             parts = tuple(
-                (n.name, n.shape.key, self._paths[i], n.unhealthy, n.facts.static())
+                (
+                    n.name,
+                    n.shape.key,
+                    self._paths[i],
+                    n.unhealthy,
+                    n.facts.static(),
+                    n.kubelet and n.kubelet.emptied(),
+                )
                 for i, n in enumerate(self.nodes)
             )
             self._topology = (self.nodes, TopologyKey((self.hierarchy, parts)))
@@ -271,7 +305,14 @@ class ClusterSnapshot:
     def emptied(self) -> ClusterSnapshot:
         """The same cluster with nothing allocated, reserved or holding an NVLink channel."""
         nodes = [
-            replace(n, allocated=frozenset(), mnnvl_gang=None, facts=n.facts.emptied()) for n in self.nodes
+            replace(
+                n,
+                allocated=frozenset(),
+                mnnvl_gang=None,
+                facts=n.facts.emptied(),
+                kubelet=n.kubelet and n.kubelet.emptied(),
+            )
+            for n in self.nodes
         ]
         snap = ClusterSnapshot(nodes, self.hierarchy)
         snap._domains = self._domains
@@ -287,6 +328,8 @@ class ClusterSnapshot:
         snap._cliques = self._cliques
         snap._topology = self._topology
         snap._kinds = self._kinds
+        snap._aligning = self._aligning
+        snap._per_node = self._per_node
         snap._admitted = self._admitted
         snap._limits = self._limits
         snap._rooms = self._rooms

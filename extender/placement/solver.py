@@ -39,7 +39,8 @@ from extender.cost import Comm
 from extender.placement import feasibility
 from extender.placement.exact import exact_slice
 from extender.placement.feasibility import Resources
-from extender.placement.node_fit import NodeFit, fit_for
+from extender.placement.node_fit import fit_for
+from extender.placement.numa_fit import GpuFit, NumaRule, fit_on, refusal, rule_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
     ANYWHERE,
@@ -61,7 +62,7 @@ from extender.placement.scoring import (
     resolve_need,
 )
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, TopologyKey
+from extender.placement.snapshot import ClusterSnapshot, NodeState, TopologyKey
 from extender.topology.hierarchy import DomainKey
 from extender.topology.model import Tier
 
@@ -207,10 +208,12 @@ class Solver:
         self._caps_memo: dict[
             tuple[str, bool, tuple[tuple[int, int], ...], tuple[tuple[int, Resources], ...]], Caps
         ] = {}
-        # Capacity entries per (pod set, preferred tier), then per (node type, free mask).
-        self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
-        self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
-        self._gbps: dict[tuple[int, str, int, Tier], float] = {}
+        # Capacity entries per (pod set, preferred tier), then per (node type, free mask, the
+        # kubelet's NUMA rule for the pod set there).
+        self._entries: dict[tuple[str, bool], dict[tuple[str, int, NumaRule | None], Entry | None]] = {}
+        self._picks: dict[tuple[str, str, int, Tier, NumaRule | None], _NodePick] = {}
+        self._gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = {}
+        self._aligning = snapshot.aligning()  # any node whose kubelet aligns pods to NUMA nodes
         self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
         self._work = 0
@@ -533,12 +536,14 @@ class Solver:
         caps: Caps = {}
         admitted = self.snap.admitted(ps.node_needs)
         limits = self.snap.limits_resources
-        for i, k in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
-            if k[1].bit_count() < gpus or (admitted is not None and i not in admitted):
+        rules = self._rules(ps) if self._aligning else None
+        for i, (kind, free) in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
+            if free.bit_count() < gpus or (admitted is not None and i not in admitted):
                 continue
+            k = (kind, free, rules[i] if rules is not None else None)
             entry = memo.get(k, _MISSING)
             if entry is _MISSING:
-                entry = memo[k] = self._entry(ps, need, i, k[1], preferred)
+                entry = memo[k] = self._entry(ps, need, i, free, preferred)
             if entry is not None and limits:
                 entry = self._within_room(ps, i, entry, None)
             if entry is not None:
@@ -557,7 +562,7 @@ class Solver:
         if admitted is not None and i not in admitted:
             return None
         memo = self._entries.setdefault((ps.name, preferred), {})
-        k = (self.snap.kinds()[i], free)
+        k = (self.snap.kinds()[i], free, self._rule(i, ps))
         if k not in memo:
             memo[k] = self._entry(ps, need, i, free, preferred)
         got = memo[k]
@@ -574,8 +579,23 @@ class Solver:
         tier = pod_tier(self.snap, i, ps, need, preferred)
         if tier is None:
             return None
-        cap = fit_for(self.snap.nodes[i].shape).capacity(free, ps.gpus_per_pod, tier)
+        cap = self._fit(i, ps).capacity(free, ps.gpus_per_pod, tier)
         return (min(cap, ps.count), free, tier) if cap else None
+
+    def _rule(self, i: int, ps: PodSet) -> NumaRule | None:
+        """The kubelet's Topology Manager rule for a pod of ``ps`` on node ``i``."""
+        return self._rules(ps)[i] if self._aligning else None
+
+    def _rules(self, ps: PodSet) -> list[NumaRule | None]:
+        """Every node's rule for a pod of ``ps``, by node index (cached on the snapshot)."""
+        req = ps.requests
+        key = ("numa-rule", ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed)
+        return self.snap.per_node(key, functools.partial(_rule_on, ps=ps))
+
+    def _fit(self, i: int, ps: PodSet) -> GpuFit:
+        """The GPU sets a pod of ``ps`` may get on node ``i``: the one place the kubelet's
+        Topology Manager (:mod:`extender.placement.numa_fit`) restricts them."""
+        return fit_on(self.snap.nodes[i], self._rule(i, ps))
 
     def _pass(
         self,
@@ -616,14 +636,18 @@ class Solver:
     def _node_pick(self, ps: PodSet, i: int, free: int, tier: Tier) -> _NodePick:
         """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free mask)."""
         shape = self.snap.nodes[i].shape
-        key = (ps.name, shape.key, free, tier)
+        rule = self._rule(i, ps)
+        key = (ps.name, shape.key, free, tier, rule)
         got = self._picks.get(key)
         if got is None:
-            fit = fit_for(shape)
+            fit = self._fit(i, ps)
             masks = fit.pick(free, ps.gpus_per_pod, tier, ps.count)
             assert masks is not None, "capacity said the pods fit; pick must agree"
             got = self._node_pick_of(ps, fit, free, masks)
-            if ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
+            # Where the kubelet aligns the GPUs it picks each pod's NUMA node itself, from all
+            # free GPUs: other unions are not deliverable.
+            aligned = rule is not None and rule.gpus_aligned
+            if not aligned and ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
                 # The pods talk over the links among all their GPUs: try every set of GPUs
                 # they could share and keep the cheapest, then the most coherent remainder.
                 for union in fit.subsets(ps.count * ps.gpus_per_pod, Tier.NODE):
@@ -639,7 +663,7 @@ class Solver:
         return got
 
     @staticmethod
-    def _node_pick_of(ps: PodSet, fit: NodeFit, free: int, masks: tuple[int, ...]) -> _NodePick:
+    def _node_pick_of(ps: PodSet, fit: GpuFit, free: int, masks: tuple[int, ...]) -> _NodePick:
         union = 0
         for m in masks:
             union |= m
@@ -769,10 +793,10 @@ class Solver:
     def _pod_gbps(self, ps: PodSet, i: int, entry: tuple[int, int, Tier]) -> float:
         """The best ring bandwidth one pod of ``ps`` gets on node ``i`` now."""
         _, free, tier = entry
-        key = (ps.gpus_per_pod, self.snap.kinds()[i], free, tier)
+        key = (ps.gpus_per_pod, self.snap.kinds()[i], free, tier, self._rule(i, ps))
         got = self._gbps.get(key)
         if got is None:
-            fit = fit_for(self.snap.nodes[i].shape)
+            fit = self._fit(i, ps)
             picked = fit.pick(free, ps.gpus_per_pod, tier, 1)
             got = self._gbps[key] = fit.gbps(picked[0]) if picked else 0.0
         return got
@@ -823,11 +847,12 @@ class Solver:
         # here, and the best ring bandwidth one pod gets on it (the same for every node of
         # one type with the same free GPUs).
         kinds = self.snap.kinds()
-        by_kind: dict[tuple[str, int, Tier], float] = {}
+        by_kind: dict[tuple[str, int, Tier, NumaRule | None], float] = {}
         gbps: dict[int, float] = {}
         held_cap: dict[int, int] = {}
+        rules = self._rules(ps) if self._aligning else None
         for i, entry in caps.items():
-            key = (kinds[i], entry[1], entry[2])
+            key = (kinds[i], entry[1], entry[2], rules[i] if rules is not None else None)
             got = by_kind.get(key)
             if got is None:
                 got = by_kind[key] = self._pod_gbps(ps, i, entry)
@@ -952,7 +977,7 @@ class Solver:
         masks: dict[int, int] = {}
         for i in sorted(assignment, key=lambda j: self.snap.nodes[j].name):
             _, free, tier = caps[i]
-            picked = fit_for(self.snap.nodes[i].shape).pick(free, ps.gpus_per_pod, tier, assignment[i])
+            picked = self._fit(i, ps).pick(free, ps.gpus_per_pod, tier, assignment[i])
             if picked is None:  # capacity said it fits; pick must agree
                 raise AssertionError(f"node {self.snap.nodes[i].name}: cannot pick {assignment[i]} pods")
             for m in picked:
@@ -1029,7 +1054,38 @@ class Solver:
 
     # -- reasons -------------------------------------------------------------------------
     def _shortfall(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> _Shortfall:
-        return _Shortfall(ps.name, lambda: self._reason(gang, ps, need, caps))
+        return _Shortfall(ps.name, lambda: self._numa_reason(ps, need, self._reason(gang, ps, need, caps)))
+
+    def _numa_reason(
+        self, ps: PodSet, need: Need, why: tuple[str, str | None, int]
+    ) -> tuple[str, str | None, int]:
+        """``why`` with the nodes whose kubelet Topology Manager leaves no room for a pod of
+        ``ps`` that its GPUs alone would (the first one's reason in full)."""
+        if not self._aligning:
+            return why
+        first: str | None = None
+        refused = 0
+        admitted = self.snap.admitted(ps.node_selector)
+        kinds, frees = self.snap.kinds(), self.snap.free_masks()
+        seen: dict[tuple[str, int, NumaRule], bool] = {}
+        for i, node in enumerate(self.snap.nodes):
+            rule = self._rule(i, ps)
+            if rule is None or (admitted is not None and i not in admitted):
+                continue
+            key = (kinds[i], frees[i], rule)
+            if key not in seen:
+                tier = pod_tier(self.snap, i, ps, need)
+                fits = tier is not None and fit_for(node.shape).capacity(frees[i], ps.gpus_per_pod, tier) > 0
+                seen[key] = fits and refusal(node, ps, frees[i], tier) is not None
+            if seen[key]:
+                refused += 1
+                if first is None:
+                    first = refusal(node, ps, frees[i], pod_tier(self.snap, i, ps, need))
+        if first is None:
+            return why
+        others = refused - 1
+        more = f" (and {others} more node{'s' if others > 1 else ''})" if others else ""
+        return (f"{why[0]}; the kubelet would refuse it: {first}{more}", why[1], why[2])
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
@@ -1159,6 +1215,10 @@ class _Relation:
                     return ("fabric", level, clique_gbps(self.solver.snap.nodes[i].graph))
                 return ("level", level)
         return ("level", ANYWHERE)
+
+
+def _rule_on(node: NodeState, ps: PodSet) -> NumaRule | None:
+    return rule_for(node, ps)
 
 
 def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
