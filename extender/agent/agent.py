@@ -40,6 +40,7 @@ from extender.agent.publish import (
     devices_in_use,
     devices_known,
 )
+from extender.topology.allocation import Allocation
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class AgentConfig:
     resync_s: float = 1800.0
     backoff_base_s: float = 2.0
     backoff_cap_s: float = 300.0
+    #: Who picks the pods' GPUs on this node, published as ``spec.allocation``.
+    allocation: Allocation = Allocation.DEVICE_PLUGIN
 
     def __post_init__(self) -> None:
         if not self.node:
@@ -143,7 +146,7 @@ class Agent:
             in_use, allocatable = [], []
             pr = Condition(POD_RESOURCES_AVAILABLE, False, "Error", f"{type(exc).__name__}: {exc}")
             self.metrics.discovery_errors.labels("pod-resources").inc()
-        spec = build_spec(seen.graph, seen.source, in_use, allocatable)
+        spec = build_spec(seen.graph, seen.source, in_use, allocatable, self.config.allocation)
         observed: list[Condition] = []
         if self.kubelet is not None:
             entry, (ok, reason, message) = self.kubelet.observe()

@@ -35,6 +35,7 @@ declares the ``status`` subresource)::
           - {id, cpus: "0-27,56-83" (sysfs), allocatableCpus, cpusInUse (PodResources),
              memory?, memoryInUse? (bytes; only with memoryManagerPolicy Static)}
       source: nvml | nvidia-smi | none
+      allocation: devicePlugin | dra   # who picks each pod's GPUs (``gangslice agent --allocation``)
     status:
       conditions:
         - {type: Discovered | PodResourcesAvailable | DevicesKnown | KubeletTopologyRead,
@@ -75,6 +76,7 @@ from typing import Any, Protocol
 from extender.agent.podresources import DeviceUse
 from extender.kube.api import APPLY_PATCH, NODE_TOPOLOGIES, NODES, KubeClient
 from extender.kube.names import API_VERSION
+from extender.topology.allocation import Allocation
 from extender.topology.model import GpuGraph
 from extender.topology.serialize import graph_to_dict
 
@@ -175,7 +177,11 @@ def devices_known(uses: Sequence[DeviceUse], allocatable: Sequence[str], graph: 
 
 
 def build_spec(
-    graph: GpuGraph, source: str, in_use: Sequence[Mapping[str, Any]], allocatable: Sequence[str]
+    graph: GpuGraph,
+    source: str,
+    in_use: Sequence[Mapping[str, Any]],
+    allocatable: Sequence[str],
+    allocation: Allocation = Allocation.DEVICE_PLUGIN,
 ) -> dict[str, Any]:
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
@@ -184,6 +190,7 @@ def build_spec(
         "devicesInUse": [dict(d) for d in in_use],
         "allocatableDevices": sorted(allocatable),
         "source": source,
+        "allocation": str(allocation),
     }
 
 

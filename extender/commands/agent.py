@@ -35,6 +35,7 @@ from extender.agent.publish import KubeWriter
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, UsageError
 from extender.kube.names import GPU_RESOURCE, GPUS, NUMA_NODE
 from extender.logs import FORMATS, configure
+from extender.topology.allocation import Allocation
 from extender.topology.model import GpuGraph
 from extender.topology.nvml import SYSFS, HealthThresholds, NvmlBackend, PynvmlBackend, discover
 
@@ -67,6 +68,14 @@ def register(sub: Any) -> None:
     )
     a.add_argument(
         "--backoff-cap", type=float, default=300.0, help="longest retry delay after API errors (300)"
+    )
+    a.add_argument(
+        "--allocation",
+        default=str(Allocation.DEVICE_PLUGIN),
+        choices=[str(a) for a in Allocation],
+        help="who picks each pod's GPUs on this node, published as spec.allocation: devicePlugin "
+        "(default: the NVIDIA device plugin; gangslice places by the plugin's predicted answer) "
+        "or dra (a DRA driver; the ResourceClaim names the GPUs gangslice chose)",
     )
     a.add_argument("--once", action="store_true", help="observe and publish once, then exit")
     a.add_argument("--dry-run", action="store_true", help="print the object as YAML instead of publishing it")
@@ -191,6 +200,7 @@ def run_agent(args: argparse.Namespace) -> int:
             jitter=args.jitter,
             resync_s=args.resync,
             backoff_cap_s=args.backoff_cap,
+            allocation=Allocation(args.allocation),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

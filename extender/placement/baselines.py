@@ -6,9 +6,12 @@ section 2c), not from their code. All of them:
 
 - are all-or-nothing, like the gangslice solver: pods are placed one by one on a working
   copy of the free GPUs, and if any pod finds no room the gang is :class:`Unplaceable`;
-- choose nodes only. The exact GPUs are what the stock NVIDIA device plugin hands out once
-  the node is fixed: its ``GetPreferredAllocation`` is best-effort and no scheduler can steer
-  it, so we model it as *first free* (the lowest free GPU indices);
+- choose nodes only. The exact GPUs are what the node hands out once the node is fixed: on a
+  device-plugin node, the stock NVIDIA device plugin's ``GetPreferredAllocation``
+  (go-gpuallocator's best-effort policy, predicted by :mod:`extender.placement.choice`),
+  which no scheduler can steer; where the plugin has no usable answer, and on DRA nodes
+  (the peers write no claim that names devices), the kubelet's or driver's *first free*
+  (the lowest free GPU indices);
 - never book a GPU that is taken, unhealthy or reserved, nor one GPU twice (the capacity
   rules). They may break gangslice's topology rules (a TP group across a socket, a pod set
   across leaves): :func:`extender.placement.scoring.violations` reports that, and
@@ -32,7 +35,7 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from extender.placement import feasibility, numa_fit, solver
+from extender.placement import choice, feasibility, numa_fit, solver
 from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
@@ -109,7 +112,9 @@ class _Work:
         self.booked, self.refused = other.booked, other.refused
 
     def take(self, ps: PodSet, i: int) -> None:
-        """Give the next pod of ``ps`` the first free GPUs of node ``i`` (the caller checked room)."""
+        """Give the next pod of ``ps`` the GPUs node ``i`` hands out (the caller checked room):
+        the kubelet offers the GPUs of the NUMA set it aligns the pod to (all free ones when it
+        aligns nothing), then the device plugin picks among them (else the lowest free ids)."""
         free = self.free(i)
         node = self.snap.nodes[i]
         offered: int | None = free
@@ -120,7 +125,10 @@ class _Work:
                 assert rule is not None
                 why = f"topologyManagerPolicy {rule.policy} on {node.name}: {rule.no_room()}"
                 self.refused.append((ps.name, why))
-        mask = first_free(free if offered is None else offered, ps.gpus_per_pod)
+        pool = free if offered is None else offered
+        mask = choice.handed(node, pool, ps.gpus_per_pod)
+        if mask is None:
+            mask = first_free(pool, ps.gpus_per_pod)
         assert mask is not None, f"node {i}: no room for {ps.gpus_per_pod} GPUs"
         self.taken[i] = self.taken.get(i, 0) | mask
         if self.limits:
@@ -289,7 +297,7 @@ def spread(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     cpu and memory only; we know only GPUs, which stand in for requests that scale with them).
     With a single resource ``BalancedAllocation`` is the same for every node, so it drops out.
     All feasible nodes are scored (``percentageOfNodesToScore`` 100); the default soft
-    PodTopologySpread is not modelled (it would only spread more). GPUs: first free.
+    PodTopologySpread is not modelled (it would only spread more). GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _per_pod(most=False), "spread")
 
@@ -386,7 +394,7 @@ def _descend(
     counts: dict[int, int],
     least_free: bool,
 ) -> None:
-    """Walk down from a chosen domain to nodes, then give each node its pods, first free GPUs."""
+    """Walk down from a chosen domain to nodes, then give each node its pods (the GPUs it hands out)."""
     if level > node_scope(snap.hierarchy):
         for _ in range(need):
             work.take(ps, nodes[0])
@@ -477,7 +485,7 @@ def kueue_tas(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     order. From the chosen domain down
     (``updateCountsToMinimumGeneric``): BestFit takes the fewest children, largest first, the
     last one the tightest that holds the rest. In-node levels (``nvlink``, ``numa``) have no Kueue
-    equivalent and are ignored; so is ``colocateWith``. GPUs: first free.
+    equivalent and are ignored; so is ``colocateWith``. GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _kueue_core, "kueue-tas")
 
@@ -618,7 +626,7 @@ def volcano(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     free GPUs cover the job is dry-run: each pod set, as a sub-job, searches the same way
     inside it up to its own tier and binpacks its pods on that HyperNode's nodes
     (MostAllocated per pod). The first tier with a solution wins, and in it the HyperNode with
-    the best ``HyperNodeOrderFn`` bin-pack score (fullest). GPUs: first free.
+    the best ``HyperNodeOrderFn`` bin-pack score (fullest). GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _volcano_core, "volcano")
 

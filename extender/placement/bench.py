@@ -32,6 +32,7 @@ from extender.placement.request import GangRequest, PodRequests, PodSet, Tolerat
 from extender.placement.scoring import violations
 from extender.placement.slice import Slice
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, parse_levels
 from extender.topology.kubelet import CpuPolicy, KubeletAlignment, NumaNode, TopologyPolicy
 from extender.topology.model import GpuGraph
@@ -44,6 +45,11 @@ LEAF_LABEL = "fabric.topograph.run/tier-0"
 NODES_PER_LEAF = 32
 LEAVES_PER_SPINE = 8
 SPINES_PER_CORE = 4
+#: Who picks the GPUs on the synthetic nodes: the stock NVIDIA device plugin, the default of a
+#: node without DRA (and of a NodeTopology without spec.allocation). Every policy's slots are
+#: then the plugin's answers, and gangslice pays for predicting them; on HGX boards every
+#: answer is NVLink-connected, so the slices equal those of DRA nodes.
+BENCH_ALLOCATION = Allocation.DEVICE_PLUGIN
 
 DEFAULT_NODES = (1000, 5000, 20000)
 DEFAULT_REPEAT = 20
@@ -194,7 +200,13 @@ def synthetic_cluster(
         kubelet = kubelet_of(graph, taken, policy)
         states.append(
             NodeState(
-                labels[i][HOSTNAME_LABEL], labels[i], graph, taken, facts=node_state_facts[i], kubelet=kubelet
+                labels[i][HOSTNAME_LABEL],
+                labels[i],
+                graph,
+                taken,
+                facts=node_state_facts[i],
+                kubelet=kubelet,
+                allocation=BENCH_ALLOCATION,
             )
         )
     t1 = time.perf_counter()
@@ -361,7 +373,9 @@ def _header(node_type: str, repeat: int, seed: int) -> list[str]:
     return [
         f"gangslice bench placement: {node_type} nodes ({len(preset_graph(node_type).gpus)} GPUs each), "
         f"core/spine/leaf + hostname, {NODES_PER_LEAF} nodes per leaf, {LEAVES_PER_SPINE} leaves per "
-        f"spine, {SPINES_PER_CORE} spines per core; 50% of GPUs allocated at random (seed {seed})",
+        f"spine, {SPINES_PER_CORE} spines per core; 50% of GPUs allocated at random (seed {seed}); "
+        f"GPUs allocated by the {BENCH_ALLOCATION.words} on every node, the default of a node without "
+        "DRA (every policy gets its answers; gangslice pays for predicting them)",
         f"each decision: 1 cold call, then {repeat} timed calls on the same snapshot "
         f"(median and nearest-rank p99, ms); us/layer = predicted communication per layer "
         f"(scoring.gang_micros); broken = gangslice rules the slice breaks (scoring.violations)",
@@ -418,6 +432,7 @@ def to_json(
         "repeat": repeat,
         "seed": seed,
         "allocatedFraction": 0.5,
+        "allocation": str(BENCH_ALLOCATION),
         "fabric": {
             "nodesPerLeaf": NODES_PER_LEAF,
             "leavesPerSpine": LEAVES_PER_SPINE,

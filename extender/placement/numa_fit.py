@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from extender.placement.node_fit import NodeFit, fit_for
+from extender.placement import choice
 from extender.placement.request import PodSet
 from extender.placement.snapshot import NodeState
 from extender.topology.allocation import Allocation
@@ -261,8 +261,9 @@ def _rule_for(node: NodeState, ps: PodSet) -> NumaRule | None:
 
 
 class GpuFit(Protocol):
-    """What the solver asks of a node type's GPU sets (:class:`NodeFit`, or :class:`NumaFit`
-    for a node whose kubelet aligns the pod)."""
+    """What the solver asks of a node type's GPU sets: :class:`NodeFit` on a DRA node,
+    :class:`~extender.placement.choice.PluginChoice` under the device plugin, or
+    :class:`NumaFit` over either for a node whose kubelet aligns the pod."""
 
     def capacity(self, free: int, gpus: int, tier: Tier) -> int: ...
 
@@ -281,7 +282,7 @@ class NumaFit:
     the kubelet admits them, each on the first hint with room, and take GPUs of that hint only
     (where GPUs are aligned) at the pod set's tier."""
 
-    base: NodeFit
+    base: GpuFit  # what the node hands out from the GPUs the kubelet offers (extender.placement.choice)
     rule: NumaRule
     _filled: dict[tuple[int, int, Tier, int], tuple[int, ...]] = field(default_factory=dict)
     _refusals: dict[tuple[int, int, Tier], str | None] = field(default_factory=dict)
@@ -370,10 +371,10 @@ NUMA_FITS_KEPT = 4096
 
 def fit_on(node: NodeState, rule: NumaRule | None) -> GpuFit:
     """The GPU-set tables for a pod set on ``node``: the node type's own, or under ``rule``."""
-    base = fit_for(node.shape)
+    base = choice.fit(node)
     if rule is None:
         return base
-    key = (node.shape.key, rule)
+    key = (node.kind, rule)
     got = _NUMA_FITS.get(key)
     if got is None:
         got = _NUMA_FITS[key] = NumaFit(base, rule)

@@ -9,6 +9,7 @@ from typing import Any
 
 from extender.placement import feasibility
 from extender.placement.feasibility import NO_FACTS, UNLIMITED, NodeFacts, Resources
+from extender.placement.plugin_fit import plugin_kind
 from extender.placement.request import NodeNeeds, NodeRequirement, PodRequests
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
@@ -57,6 +58,17 @@ class NodeState:
     @property
     def shape(self) -> NodeShape:
         return self.graph.shape
+
+    @property
+    def plugin(self) -> bool:
+        """Whether the device plugin, not gangslice, picks the pod's GPUs here."""
+        return self.allocation == Allocation.DEVICE_PLUGIN
+
+    @property
+    def kind(self) -> str:
+        """The node's type as placement memoises it: its GPU graph's shape, and under the
+        device plugin also what the plugin sees of the graph (the in-node choice differs)."""
+        return plugin_kind(self.graph) if self.plugin else self.graph.shape.key
 
 
 @dataclass
@@ -126,9 +138,10 @@ class ClusterSnapshot:
         return self._free
 
     def kinds(self) -> list[str]:
-        """Every node's type (its GPU graph shape's key), by node index (cached; do not modify)."""
+        """Every node's type (:attr:`NodeState.kind`: its GPU graph's shape and who picks its
+        GPUs), by node index (cached; do not modify)."""
         if self._kinds is None or self._kinds[0] is not self.nodes:
-            self._kinds = (self.nodes, [n.shape.key for n in self.nodes])
+            self._kinds = (self.nodes, [n.kind for n in self.nodes])
         return self._kinds[1]
 
     def aligning(self) -> bool:
@@ -284,14 +297,15 @@ class ClusterSnapshot:
 
     def topology(self) -> TopologyKey:
         """What placement sees of this cluster apart from what is taken: the hierarchy, and
-        each node's name, GPU graph shape, label path, unhealthy GPUs and filter facts
-        (taints, cordon, allocatable). Two snapshots with equal keys give every gang the same
-        slice once nothing is allocated or reserved."""
+        each node's name, type (GPU graph shape and who picks its GPUs), label path, unhealthy
+        GPUs, filter facts (taints, cordon, allocatable) and what its kubelet aligns. Two
+        snapshots with equal keys give every gang the same slice once nothing is allocated or
+        reserved."""
         if self._topology is None or self._topology[0] is not self.nodes:
             parts = tuple(
                 (
                     n.name,
-                    n.shape.key,
+                    n.kind,
                     self._paths[i],
                     n.unhealthy,
                     n.facts.static(),

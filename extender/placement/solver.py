@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.cost import Comm
-from extender.placement import feasibility
+from extender.placement import choice, feasibility
 from extender.placement.exact import exact_slice
 from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
@@ -634,20 +634,21 @@ class Solver:
 
     # -- one node ------------------------------------------------------------------------
     def _node_pick(self, ps: PodSet, i: int, free: int, tier: Tier) -> _NodePick:
-        """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free mask)."""
-        shape = self.snap.nodes[i].shape
+        """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free
+        mask); on a device-plugin node, the sets the plugin hands out."""
+        node = self.snap.nodes[i]
         rule = self._rule(i, ps)
-        key = (ps.name, shape.key, free, tier, rule)
+        key = (ps.name, self.snap.kinds()[i], free, tier, rule)
         got = self._picks.get(key)
         if got is None:
             fit = self._fit(i, ps)
             masks = fit.pick(free, ps.gpus_per_pod, tier, ps.count)
             assert masks is not None, "capacity said the pods fit; pick must agree"
             got = self._node_pick_of(ps, fit, free, masks)
-            # Where the kubelet aligns the GPUs it picks each pod's NUMA node itself, from all
-            # free GPUs: other unions are not deliverable.
-            aligned = rule is not None and rule.gpus_aligned
-            if not aligned and ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
+            # Where the device plugin picks, or the kubelet aligns the GPUs and picks each pod's
+            # NUMA node itself from all free GPUs, other unions are not deliverable.
+            chosen = node.plugin or (rule is not None and rule.gpus_aligned)
+            if not chosen and ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
                 # The pods talk over the links among all their GPUs: try every set of GPUs
                 # they could share and keep the cheapest, then the most coherent remainder.
                 for union in fit.subsets(ps.count * ps.gpus_per_pod, Tier.NODE):
@@ -1054,7 +1055,11 @@ class Solver:
 
     # -- reasons -------------------------------------------------------------------------
     def _shortfall(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> _Shortfall:
-        return _Shortfall(ps.name, lambda: self._numa_reason(ps, need, self._reason(gang, ps, need, caps)))
+        def explain() -> tuple[str, str | None, int]:
+            reason, closest, short_by = self._reason(gang, ps, need, caps)
+            return self._numa_reason(ps, need, (reason + self._plugin_note(ps, need), closest, short_by))
+
+        return _Shortfall(ps.name, explain)
 
     def _numa_reason(
         self, ps: PodSet, need: Need, why: tuple[str, str | None, int]
@@ -1065,7 +1070,7 @@ class Solver:
             return why
         first: str | None = None
         refused = 0
-        admitted = self.snap.admitted(ps.node_selector)
+        admitted = self.snap.admitted(ps.node_needs)
         kinds, frees = self.snap.kinds(), self.snap.free_masks()
         seen: dict[tuple[str, int, NumaRule], bool] = {}
         for i, node in enumerate(self.snap.nodes):
@@ -1075,7 +1080,7 @@ class Solver:
             key = (kinds[i], frees[i], rule)
             if key not in seen:
                 tier = pod_tier(self.snap, i, ps, need)
-                fits = tier is not None and fit_for(node.shape).capacity(frees[i], ps.gpus_per_pod, tier) > 0
+                fits = tier is not None and choice.capacity(node, frees[i], ps.gpus_per_pod, tier) > 0
                 seen[key] = fits and refusal(node, ps, frees[i], tier) is not None
             if seen[key]:
                 refused += 1
@@ -1086,6 +1091,32 @@ class Solver:
         others = refused - 1
         more = f" (and {others} more node{'s' if others > 1 else ''})" if others else ""
         return (f"{why[0]}; the kubelet would refuse it: {first}{more}", why[1], why[2])
+
+    def _plugin_note(self, ps: PodSet, need: Need) -> str:
+        """When the device plugin is why a node is out: the first device-plugin node (in the
+        tie-break order) that gangslice's own choice would give more of these pods, and the
+        answer of the plugin that breaks the pod set's tier there."""
+        gpus = ps.gpus_per_pod
+        admitted = self.snap.admitted(ps.node_needs)
+        order, kinds, nodes = self.snap.order(), self.snap.kinds(), self.snap.nodes
+        seen: set[tuple[str, int]] = set()  # one look per node type and free GPUs
+        for i in sorted((i for i, n in enumerate(nodes) if n.plugin), key=order.__getitem__):
+            node, free = nodes[i], self.snap.free_mask(i)
+            if free.bit_count() < gpus or (admitted is not None and i not in admitted):
+                continue
+            if (kinds[i], free) in seen:
+                continue
+            seen.add((kinds[i], free))
+            tier = pod_tier(self.snap, i, ps, need)
+            if tier is None:
+                continue
+            served = choice.capacity(node, free, gpus, tier)
+            own = min(ps.count, fit_for(node.shape).capacity(free, gpus, tier))
+            if served < own:
+                why = choice.reason(node, free, gpus, tier, served + 1)
+                if why:
+                    return f"; node {node.name}'s free GPUs hold {own} such pods, but {why}"
+        return ""
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
