@@ -26,11 +26,20 @@ declares the ``status`` subresource)::
            index: <GPU index; absent, i.e. null, when the id is no GPU of the graph (MIG)>,
            namespace, pod, container}
       allocatableDevices: [<device ids from GetAllocatableResources, sorted>]
+      kubelet:                     # absent when the kubelet configuration could not be read
+        topologyManagerPolicy: none | best-effort | restricted | single-numa-node
+        topologyManagerScope: container | pod
+        cpuManagerPolicy: none | static
+        memoryManagerPolicy: None | Static
+        numaNodes:                 # absent when sysfs or PodResources could not be read
+          - {id, cpus: "0-27,56-83" (sysfs), allocatableCpus, cpusInUse (PodResources),
+             memory?, memoryInUse? (bytes; only with memoryManagerPolicy Static)}
       source: nvml | nvidia-smi | none
       allocation: devicePlugin | dra   # who picks each pod's GPUs (``gangslice agent --allocation``)
     status:
       conditions:
-        - {type: Discovered | PodResourcesAvailable | DevicesKnown, status: "True" | "False",
+        - {type: Discovered | PodResourcesAvailable | DevicesKnown | KubeletTopologyRead,
+           status: "True" | "False",
            reason: <CamelCase>, message, lastTransitionTime: <RFC 3339>}
       observedGeneration: <metadata.generation the status describes>
       lastPublished: <RFC 3339, when the agent wrote the object>

@@ -19,6 +19,8 @@ from prometheus_client import start_http_server
 from extender.agent.agent import Agent, AgentConfig, Outcome
 from extender.agent.discovery import Discovery, run_command
 from extender.agent.fakes import FAKES, fake_name, fake_node
+from extender.agent.kubelet_config import DEFAULT_CONFIG as DEFAULT_KUBELET_CONFIG
+from extender.agent.kubelet_config import KubeletReader
 from extender.agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from extender.agent.preflight import (
     DEFAULT_ANNOTATIONS,
@@ -88,6 +90,12 @@ def register(sub: Any) -> None:
         "--resource", default=GPU_RESOURCE, help=f"extended resource of GPUs (default {GPU_RESOURCE})"
     )
     a.add_argument("--sysfs-root", type=Path, default=SYSFS, help=f"where sysfs is mounted (default {SYSFS})")
+    a.add_argument(
+        "--kubelet-config",
+        default=str(DEFAULT_KUBELET_CONFIG),
+        help="the kubelet's KubeletConfiguration file, mounted read-only, for its Topology Manager, "
+        f"CPU and memory manager policies (default {DEFAULT_KUBELET_CONFIG}; empty: do not publish them)",
+    )
     a.add_argument(
         "--nvlink-errors-per-s",
         type=float,
@@ -207,7 +215,16 @@ def run_agent(args: argparse.Namespace) -> int:
         _discovery(args) as discovery,
         PodResourcesClient(args.pod_resources_socket, resource=args.resource) as pod_resources,
     ):
-        agent = Agent(config, discovery, pod_resources, writer)
+        kubelet = (
+            KubeletReader(
+                Path(args.kubelet_config),
+                (discovery.sysfs_root or args.sysfs_root) / "devices" / "system" / "node",
+                pod_resources,
+            )
+            if args.kubelet_config
+            else None
+        )
+        agent = Agent(config, discovery, pod_resources, writer, kubelet=kubelet)
         if args.metrics_port:
             start_http_server(args.metrics_port, registry=agent.metrics.registry)
         if args.once and args.dry_run:

@@ -15,12 +15,45 @@ arrive, and the agent's report of what each pod holds is the truth when that dif
 
 from __future__ import annotations
 
-from extender.placement.node_fit import fit_for
-from extender.placement.plugin_fit import plugin_fit_for
+from dataclasses import dataclass
+
+from extender.placement.node_fit import NodeFit, fit_for
+from extender.placement.plugin_fit import PluginFit, plugin_fit_for
 from extender.placement.snapshot import NodeState
 from extender.topology.model import Tier
 
-__all__ = ["capacity", "handed", "pick", "reason"]
+__all__ = ["PluginChoice", "capacity", "fit", "handed", "pick", "reason"]
+
+
+@dataclass(frozen=True)
+class PluginChoice:
+    """A device-plugin node type's GPU sets: the plugin's answers, the node type's own
+    bandwidth and block tables (the same shape of answer as :class:`NodeFit`)."""
+
+    own: NodeFit
+    plugin: PluginFit
+
+    def capacity(self, free: int, gpus: int, tier: Tier) -> int:
+        return self.plugin.capacity(free, gpus, tier)
+
+    def pick(self, free: int, gpus: int, tier: Tier, pods: int) -> tuple[int, ...] | None:
+        return self.plugin.pick(free, gpus, tier, pods)
+
+    def gbps(self, mask: int) -> float:
+        return self.own.gbps(mask)
+
+    def coherent_block(self, free: int) -> int:
+        return self.own.coherent_block(free)
+
+    def subsets(self, gpus: int, tier: Tier) -> tuple[int, ...]:
+        return self.own.subsets(gpus, tier)
+
+
+def fit(node: NodeState) -> NodeFit | PluginChoice:
+    """The GPU sets ``node`` hands out: gangslice's own on a DRA node, the plugin's otherwise."""
+    if node.plugin:
+        return PluginChoice(fit_for(node.shape), plugin_fit_for(node.graph, node.kind))
+    return fit_for(node.shape)
 
 
 def capacity(node: NodeState, free: int, gpus: int, tier: Tier) -> int:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 
 from extender.cost import Comm
-from extender.placement import choice
+from extender.placement import feasibility, numa_fit
+from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
@@ -58,6 +59,8 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
     best: list[tuple[tuple[int, float], list[PodSlot]]] = []
     chosen: list[PodSlot] = []
     taken: dict[int, int] = {}
+    used: dict[int, Resources] = {}
+    limits = snap.limits_resources
     # GPUs of device-plugin nodes each pod set holds there so far, per (pod set, node).
     own: dict[tuple[str, int], int] = {}
     tiers = {ps.name: [pod_tier(snap, i, ps, needs[ps.name]) for i in range(len(snap.nodes))] for ps in order}
@@ -79,6 +82,9 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
                 return
             budget[0] -= 1
             i, mask, nth = opts[j]
+            here = used.get(i, feasibility.NOTHING)
+            if limits and snap.room(i, ps.requests, here) < 1:
+                continue  # NodeResourcesFit: the gang's pods already there fill the node
             node = snap.nodes[i]
             if nth >= 0:
                 held = own.get((ps.name, i), 0)
@@ -94,12 +100,16 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
             # Options already keep each pod's own rules (free GPUs at its tier); what a new
             # pod can break is its pod set's span, and only when it adds a node.
             spans = len({s.node for s in mine}) > len({s.node for s in mine[:-1]}) > 0
-            if not spans or not violations(snap, alone[(ps.name, index + 1)], mine):
+            if _numa_ok(snap, gang, i, chosen) and (
+                not spans or not violations(snap, alone[(ps.name, index + 1)], mine)
+            ):
                 taken[i] = taken.get(i, 0) | mask
+                used[i] = here.plus(feasibility.usage(ps.requests))
                 if nth >= 0:
                     own[(ps.name, i)] = own.get((ps.name, i), 0) | mask
                 search(k + 1, j if ps.gpus_per_pod == 0 else j + 1)
                 taken[i] &= ~mask
+                used[i] = here
                 if nth >= 0:
                     own[(ps.name, i)] &= ~mask
             chosen.pop()
@@ -122,6 +132,19 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
     )
 
 
+def _numa_ok(snap: ClusterSnapshot, gang: GangRequest, i: int, chosen: list[PodSlot]) -> bool:
+    """Whether the kubelet of node ``i`` admits every pod chosen there so far."""
+    node = snap.nodes[i]
+    if node.kubelet is None:
+        return True
+    pods = [
+        (s.key, gang.pod_set(s.pod_set), node.shape.mask_of(s.gpus))
+        for s in chosen
+        if s.node == node.name and s.gpus
+    ]
+    return not numa_fit.violations(node, pods, snap.free_mask(i))
+
+
 def _handed(
     snap: ClusterSnapshot, i: int, ps: PodSet, tier: Tier | None, taken: int, own: int, nth: int
 ) -> int | None:
@@ -131,20 +154,23 @@ def _handed(
     if tier is None or own.bit_count() != nth * ps.gpus_per_pod:
         return None
     base = snap.free_mask(i) & ~(taken & ~own)
-    got = choice.pick(snap.nodes[i], base, ps.gpus_per_pod, tier, nth + 1)
+    node = snap.nodes[i]
+    got = numa_fit.fit_on(node, numa_fit.rule_for(node, ps)).pick(base, ps.gpus_per_pod, tier, nth + 1)
     return None if got is None else got[nth]
 
 
 def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, int, int]]:
-    """(node index, GPU mask, -1) for one pod of ``ps``: free, at its tier; nodes outside cliques
-    first for a pod set whose pods do not talk, then the tightest and fastest sets. On a
+    """(node index, GPU mask, -1) for one pod of ``ps``: free, at its tier, on a node that
+    kube-scheduler's filters admit, that has room for it (:mod:`extender.placement.feasibility`)
+    and whose kubelet admits it; nodes outside cliques first for a pod set whose pods do not
+    talk, then the tightest and fastest sets. On a
     device-plugin node, (node index, the plugin's n-th answer on the free GPUs, n) for each pod
     n the node can serve in turn (the mask is recomputed from what the gang took there)."""
     found: list[tuple[bool, int, float, int, int, int]] = []  # (..., node, n, mask)
     quiet = not pods_talk(ps)
-    admitted = snap.admitted(ps.node_selector) if ps.gpus_per_pod else None
+    admitted = snap.admitted(ps.node_needs)
     for i, node in enumerate(snap.nodes):
-        if admitted is not None and i not in admitted:
+        if (admitted is not None and i not in admitted) or snap.room(i, ps.requests) < 1:
             continue
         tier = pod_tier(snap, i, ps, need)
         if tier is None and ps.gpus_per_pod:
@@ -152,9 +178,13 @@ def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, i
         fit = fit_for(node.shape)
         free = snap.free_mask(i)
         off = quiet and snap.clique(i) is not None
+        rule = numa_fit.rule_for(node, ps)
+        if rule is not None and rule.why:
+            continue  # the kubelet admits no pod of this pod set here
         if node.plugin and tier is not None and ps.gpus_per_pod:
-            served = choice.capacity(node, free, ps.gpus_per_pod, tier)
-            chain = choice.pick(node, free, ps.gpus_per_pod, tier, min(served, ps.count)) or ()
+            handed = numa_fit.fit_on(node, rule)
+            served = handed.capacity(free, ps.gpus_per_pod, tier)
+            chain = handed.pick(free, ps.gpus_per_pod, tier, min(served, ps.count)) or ()
             # One node's answers stay together, in turn: the n-th pod there takes the n-th.
             first = chain[0] if chain else 0
             found.extend(
@@ -162,6 +192,8 @@ def _options(snap: ClusterSnapshot, ps: PodSet, need: Need) -> list[tuple[int, i
             )
             continue
         subs = fit.subsets(ps.gpus_per_pod, tier) if tier is not None and ps.gpus_per_pod else (0,)
+        if rule is not None and rule.gpus_aligned:
+            subs = tuple(m for m in subs if any(m & ~h[1] == 0 for h in rule.hints))
         found.extend((off, node.shape.tier_of(m), -fit.gbps(m), i, -1, m) for m in subs if m & free == m)
     found.sort()
     return [(i, m, n) for *_, i, n, m in found]

@@ -641,11 +641,12 @@ def test_once_dry_run_prints_the_object_as_yaml(
     with serve(kubelet, workdir / "k.sock") as sock:
         code = main(
             ["agent", "--once", "--dry-run", "--node", NODE, "--nvml-fake", "hgx-h100",
-             "--pod-resources-socket", str(sock)]
+             "--pod-resources-socket", str(sock), "--kubelet-config="]
         )  # fmt: skip
     assert code == 0
     obj = yaml.safe_load(capsys.readouterr().out)
     assert obj["kind"] == "NodeTopology" and obj["metadata"] == {"name": NODE}
+    assert "kubelet" not in obj["spec"]  # --kubelet-config= : not published
     assert obj["spec"]["source"] == "nvml"
     assert len(obj["spec"]["gpus"]) == 8 and len(obj["spec"]["links"]) == 28
     assert {lk["link"] for lk in obj["spec"]["links"]} == {"NV18"}

@@ -3,6 +3,7 @@ it is gangslice's own (plain data: shipped presets and example files)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from extender.cost import Comm
@@ -19,6 +20,7 @@ from extender.placement.solver import Solver
 from extender.topology.allocation import Allocation
 from extender.topology.device_plugin import plugin_view, preferred_allocation
 from extender.topology.hierarchy import Hierarchy, Level
+from extender.topology.kubelet import KubeletAlignment, NumaNode, TopologyPolicy
 from extender.topology.model import GpuGraph, Tier
 from extender.topology.presets import preset_graph
 
@@ -180,3 +182,28 @@ def test_pd_pair_on_pcie_boxes_differs_by_mode() -> None:
     refused = Solver(plugin).place(small)
     assert isinstance(refused, Unplaceable)
     assert "device plugin" in refused.reason
+
+
+def test_under_single_numa_node_the_plugin_picks_among_the_gpus_of_the_numa_node_offered() -> None:
+    """The kubelet's devicemanager hands the plugin only the GPUs of the NUMA node the Topology
+    Manager aligned the pod to. On the dual-socket box with GPUs 0-4 free the plugin alone
+    answers 0,1,4 across the sockets; with single-numa-node the kubelet offers socket 0's
+    0-3, so the pod gets the plugin's answer among those and the socket-tier pod set fits,
+    in the solver, the exact search and every baseline alike."""
+    numa = tuple(NumaNode(n, 32, 0, None, 0) for n in range(2))
+    aligned = KubeletAlignment(TopologyPolicy.SINGLE_NUMA_NODE, numa_nodes=numa)
+    n = dataclasses.replace(node("p", PCIE, PLUGIN, (0, 1, 2, 3, 4)), kubelet=aligned)
+    s = snap(n)
+    g = socket_gang()
+    expected = preferred_allocation(plugin_view(PCIE), (0, 1, 2, 3), 3).gpus
+    assert set(expected) <= {0, 1, 2, 3}
+    got = placed(Solver(s).place(g))
+    assert got.slots[0].gpus == tuple(sorted(expected))
+    exact = exact_slice(s, g, {ps.name: resolve_need(ps, s.hierarchy) for ps in g.pod_sets})
+    assert exact is not None and exact.slots[0].gpus == tuple(sorted(expected))
+    for name, policy in POLICIES.items():
+        if name == "gangslice":
+            continue
+        result = policy(s, g)
+        assert isinstance(result, Slice), (name, result)
+        assert result.slots[0].gpus == tuple(sorted(expected)), name

@@ -410,3 +410,16 @@ def test_another_module_can_add_a_bench_action() -> None:
     assert bench_subparsers(sub) is bench_subparsers(sub)
     assert parser.parse_args(["bench", "extender"]).func == "extender-bench"
     assert parser.parse_args(["bench", "placement", "--quick"]).quick
+
+
+def test_bench_placement_with_node_facts_keeps_every_filter(capsys: pytest.CaptureFixture[str]) -> None:
+    """With ``--node-facts`` (taints, cordons, resources partly requested) every policy's slice
+    still breaks no rule: scoring.violations, the ``broken`` column, names filter refusals too."""
+    assert cli.main(["bench", "placement", "--quick", "--nodes", "200", "--node-facts"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("with node facts:")
+    rows = _rows(out)
+    assert rows[("8x4", "gangslice")][3] == "placed"
+    for cells in rows.values():
+        if cells[3] == "placed":
+            assert cells[5] == "0", cells  # broken
