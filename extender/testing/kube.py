@@ -56,10 +56,22 @@ _BY_PLURAL = {
         kube_api.ADMISSION_CHECKS,
         kube_api.RESOURCE_FLAVORS,
         kube_api.PODGROUPS,
+        kube_api.RESOURCE_SLICES,
+        kube_api.DEVICE_CLASSES,
+        kube_api.RESOURCE_CLAIMS,
+        kube_api.RESOURCE_CLAIM_TEMPLATES,
     )
 }
 #: Kinds with a status subresource (PodGroup has none).
-_HAS_STATUS = {"slicereservations", "nodetopologies", "workloads", "admissionchecks", "pods", "nodes"}
+_HAS_STATUS = {
+    "slicereservations",
+    "nodetopologies",
+    "workloads",
+    "admissionchecks",
+    "pods",
+    "nodes",
+    "resourceclaims",
+}
 #: List fields that server-side apply merges by a key (``+listType=map``).
 _LIST_MAPS = {"conditions": "type", "admissionChecks": "name"}
 _WRITES = {"create", "replace", "patch", "apply", "delete"}
