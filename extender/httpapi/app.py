@@ -5,6 +5,7 @@ Routes (``prefix`` defaults to ``/gangslice``)::
     POST {prefix}/filter | /prioritize | /bind | /preempt     kube-scheduler extender v1
     POST {prefix}/volcano/predicate | /prioritize | /jobEnqueueable | /allocate | /deallocate
          | /onSessionOpen | /onSessionClose                   Volcano extender plugin
+    POST /admission/pods   mutating admission webhook: a DRA gang pod's GPU claim -> its slot's
     GET  /healthz   the process answers
     GET  /readyz    503 until the cache has listed every kind it watches
     GET  /metrics   Prometheus text format
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from extender.httpapi import kube_routes, volcano_routes
+from extender.httpapi import admission, kube_routes, volcano_routes
 from extender.httpapi.access import ACCESS, Access, checked
 from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
@@ -112,6 +113,7 @@ def build_app(
     app[TOPOLOGY_STATUS] = topology_status
     kube_routes.add_routes(app, prefix)
     volcano_routes.add_routes(app, prefix)
+    admission.add_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

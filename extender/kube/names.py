@@ -34,6 +34,13 @@ NUMA_NODE = "gangslice.io/numa-node"
 #: Pod annotation written at bind: the UUIDs of those GPUs (comma-separated, as NVML names
 #: them), so ``gangslice preflight`` catches a swap that indices and NUMA nodes cannot show.
 GPU_UUIDS = "gangslice.io/gpu-uuids"
+#: DRA (written at pod creation by the admission webhook): pod annotation, the slot the pod
+#: got (``<pod set>/<index>``; on its ResourceClaim, a label ``<pod set>-<index>``); pod
+#: annotation, how many GPUs its claim asks for (the pod requests no ``nvidia.com/gpu``);
+#: claim annotation, the node of the slot.
+SLOT = "gangslice.io/slot"
+CLAIM_GPUS = "gangslice.io/claim-gpus"
+SLOT_NODE = "gangslice.io/node"
 #: PodGroup (and plain gang pod) annotation: gangslice's state for the gang (a PodGroup has no
 #: status subresource gangslice may write).
 STATUS = "gangslice.io/status"

@@ -80,7 +80,8 @@ def gpu_slice(
             "driverVersion": {"version": DRIVER_VERSION},
             "cudaDriverVersion": {"version": CUDA_DRIVER_VERSION},
             dra.PCI_BUS_ID: {"string": pci},
-            dra.PCIE_ROOT: {"string": f"pci{pci.split(':')[0]}:{pci.split(':')[1]}"},
+            # One root complex per socket (the GPUs' NUMA node), as on a dual-socket box.
+            dra.PCIE_ROOT: {"string": f"pci0000:{0x80 * (g.numa_node or 0):02x}"},
         }
         for name in (drop or {}).get(g.index, ()):
             attrs.pop(name, None)

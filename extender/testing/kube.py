@@ -469,11 +469,12 @@ def _fresh(v: Mapping[str, Any]) -> dict[str, Any]:
 
 
 #: The one module that may write each object through the client (see extender/kube/store.py,
-#: extender/kube/binder.py, extender/agent/publish.py): what tests/conftest.py checks
-#: after every test on every fake API server the test made.
+#: extender/kube/binder.py, extender/agent/publish.py, extender/kube/slot_claims.py): what
+#: tests/conftest.py checks after every test on every fake API server the test made.
 WRITERS = {
     "slicereservations": "extender.kube.store",
     "nodetopologies": "extender.agent.publish",
+    "resourceclaims": "extender.kube.slot_claims",
 }
 BINDER = "extender.kube.binder"
 #: The one part of a NodeTopology the agent does not write: the controller's ``Accepted``

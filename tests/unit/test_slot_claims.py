@@ -1,0 +1,322 @@
+"""Per-slot ResourceClaims on DRA nodes: the claim builder, slot matching at pod creation, and
+the mutating admission webhook that points a gang pod at its slot's claim."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from extender.agent.publish import build_object, build_spec
+from extender.httpapi.app import build_app
+from extender.kube import dra, names
+from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, Kind
+from extender.kube.cache import ClusterCache
+from extender.kube.pods import PodInfo
+from extender.kube.slot_claims import (
+    GpuRequest,
+    SlotError,
+    build_claim,
+    claim_name,
+    gpu_request_of,
+    handed_out,
+    pick_slot,
+    uuid_selector,
+)
+from extender.kube.store import KubeReservationStore
+from extender.placement.ledger import Phase, Reservation
+from extender.placement.slice import PodSlot, Slice
+from extender.testing.dra import device_classes, gpu_slice, gpu_uuid, with_identities
+from extender.testing.extender import node_obj
+from extender.testing.kube import FakeKube
+from extender.topology.presets import preset_graph
+
+PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "nvidia-dra"
+
+
+def slot(pod_set: str, index: int, gpus: tuple[int, ...], node: str = "p0") -> PodSlot:
+    return PodSlot(pod_set=pod_set, index=index, node=node, gpus=gpus)
+
+
+def reservation(*slots: PodSlot) -> Reservation:
+    return Reservation(
+        "llm/tp4", Slice("llm/tp4", tuple(slots), {}), 1e12, {}, Phase.RESERVED, {"name": "tp4"}
+    )
+
+
+def template(count: int = 4, cls: str = dra.GPU_DEVICE_CLASS, mode: str = "ExactCount") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpus", "namespace": "llm"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {"deviceClassName": cls, "allocationMode": mode, "count": count},
+                        }
+                    ],
+                    "config": [{"requests": ["gpu"], "opaque": {"driver": dra.GPU_DRIVER, "parameters": {}}}],
+                }
+            }
+        },
+    }
+
+
+def devices(node: str, gpus: tuple[int, ...]) -> list[dra.Device]:
+    graph = with_identities(node, preset_graph("pcie-8gpu-2socket"))
+    info = dra.parse_slice(gpu_slice(node, graph))
+    assert info is not None
+    by_name = {d.name: d for d in info.devices}
+    return [by_name[f"gpu-{g}"] for g in gpus]
+
+
+# -- the claim ---------------------------------------------------------------------------------
+def test_the_claim_pins_the_slot_uuids_with_count_and_keeps_the_template_config() -> None:
+    s = slot("worker", 1, (4, 5, 6, 7))
+    devs = devices("p0", s.gpus)
+    claim = build_claim(
+        namespace="llm",
+        name=claim_name("tp4", s),
+        template=template(),
+        request=GpuRequest("gpu", dra.GPU_DEVICE_CLASS, 4),
+        slot=s,
+        devices=devs,
+        reservation={"name": "tp4", "uid": "u-1", "gang": "tp4"},
+    )
+    assert claim["metadata"]["name"] == "tp4-worker-1"
+    (req,) = claim["spec"]["devices"]["requests"]
+    assert req["exactly"]["count"] == 4 and req["exactly"]["allocationMode"] == "ExactCount"
+    (sel,) = req["exactly"]["selectors"]
+    expr = sel["cel"]["expression"]
+    assert expr == uuid_selector([gpu_uuid("p0", g) for g in (4, 5, 6, 7)])
+    assert all(gpu_uuid("p0", g) in expr for g in (4, 5, 6, 7)) and gpu_uuid("p0", 3) not in expr
+    # GPUs 4-7 sit under one socket's root complex: the safety net holds and is added.
+    assert claim["spec"]["devices"]["constraints"] == [{"requests": ["gpu"], "matchAttribute": dra.PCIE_ROOT}]
+    assert claim["spec"]["devices"]["config"] == template()["spec"]["spec"]["devices"]["config"]
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert owner["kind"] == "SliceReservation" and owner["uid"] == "u-1"
+    assert claim["metadata"]["labels"][names.SLOT] == "worker-1"
+
+
+def test_no_pcie_root_constraint_where_the_slot_spans_two_roots() -> None:
+    s = slot("tp", 0, (2, 3, 4, 5))
+    claim = build_claim(
+        namespace="llm",
+        name="x",
+        template=template(),
+        request=GpuRequest("gpu", dra.GPU_DEVICE_CLASS, 4),
+        slot=s,
+        devices=devices("p0", s.gpus),
+        reservation={"name": "tp4", "uid": "u"},
+    )
+    assert "constraints" not in claim["spec"]["devices"]
+
+
+def test_a_device_count_that_differs_from_the_request_is_refused() -> None:
+    s = slot("tp", 0, (0, 1))
+    with pytest.raises(SlotError, match="asks for 4"):
+        build_claim(
+            namespace="llm",
+            name="x",
+            template=template(),
+            request=GpuRequest("gpu", dra.GPU_DEVICE_CLASS, 4),
+            slot=s,
+            devices=devices("p0", s.gpus),
+            reservation={"name": "tp4", "uid": "u"},
+        )
+
+
+def test_gpu_requests_are_recognised_by_class_driver() -> None:
+    drivers = {"gpu.nvidia.com": frozenset({dra.GPU_DRIVER}), "my-gpus": frozenset({dra.GPU_DRIVER})}
+    assert gpu_request_of(template(2), drivers.get) == GpuRequest("gpu", "gpu.nvidia.com", 2)
+    assert gpu_request_of(template(2, "my-gpus"), drivers.get) == GpuRequest("gpu", "my-gpus", 2)
+    assert gpu_request_of(template(2, "nic.example.com"), drivers.get) is None
+    with pytest.raises(SlotError, match="ExactCount"):
+        gpu_request_of(template(2, mode="All"), drivers.get)
+
+
+# -- slot matching -----------------------------------------------------------------------------
+def gang_pod(name: str, **labels: str) -> PodInfo:
+    return PodInfo(
+        namespace="llm",
+        name=name,
+        gpus=4,
+        labels={names.GANG: "tp4", **labels},
+        annotations={names.GANG_SIZE: "2"},
+    )
+
+
+def test_an_indexed_pod_gets_the_slot_of_its_index_and_keeps_it_on_replacement() -> None:
+    r = reservation(slot("pod", 0, (0, 1, 2, 3)), slot("pod", 1, (4, 5, 6, 7)))
+    second = gang_pod("job-1-abc", **{"batch.kubernetes.io/job-completion-index": "1"})
+    assert pick_slot(r, second, {}).key == "pod/1"
+    # The pod of index 0 is still alive: a second pod asking for index 0 is refused.
+    other = gang_pod("job-0-new", **{"batch.kubernetes.io/job-completion-index": "0"})
+    with pytest.raises(SlotError, match="held by pod job-0-old"):
+        pick_slot(r, other, {"pod/0": "job-0-old"})
+    assert pick_slot(r, other, {}).key == "pod/0"
+
+
+def test_an_unindexed_pod_takes_the_first_slot_not_handed_out() -> None:
+    r = reservation(slot("pod", 0, (0, 1, 2, 3)), slot("pod", 1, (4, 5, 6, 7)))
+    assert pick_slot(r, gang_pod("a"), {}).key == "pod/0"
+    assert pick_slot(r, gang_pod("b"), {"pod/0": "a"}).key == "pod/1"
+    assert pick_slot(r, gang_pod("a"), {"pod/0": "a"}).key == "pod/0"  # a retried admission
+    with pytest.raises(SlotError, match="every slot"):
+        pick_slot(r, gang_pod("c"), {"pod/0": "a", "pod/1": "b"})
+
+
+def test_a_pod_set_gets_only_its_own_slots() -> None:
+    r = reservation(slot("prefill", 0, (0, 1, 2, 3)), slot("decode", 0, (4, 5, 6, 7)))
+    pod = PodInfo(namespace="llm", name="d", gpus=4, labels={names.GANG: "pd", names.POD_SET: "decode"})
+    assert pick_slot(r, pod, {}).key == "decode/0"
+
+
+def test_handed_out_slots_are_read_back_from_live_pods() -> None:
+    alive = PodInfo(namespace="llm", name="a", annotations={names.SLOT: "pod/0"})
+    done = PodInfo(namespace="llm", name="b", phase="Failed", annotations={names.SLOT: "pod/1"})
+    assert handed_out([alive, done]) == {"pod/0": "a"}
+
+
+# -- the webhook -------------------------------------------------------------------------------
+NODE = "p0"
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[FakeKube, ClusterCache]]:
+    api = FakeKube()
+    cache = ClusterCache(store=KubeReservationStore(api))
+    for kind in Kind:
+        cache.replace(kind, [])
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    cache.apply(Kind.NODES, "ADDED", node_obj(NODE, gpus=0))
+    cache.apply(
+        Kind.NODE_TOPOLOGIES, "ADDED", build_object(NODE, build_spec(graph, "nvml", [], []), [], PUBLISHED)
+    )
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(NODE, graph))
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    api.put(RESOURCE_CLAIM_TEMPLATES, template(4))
+    yield api, cache
+
+
+def review(pod: dict[str, Any], uid: str = "r-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "namespace": "llm",
+            "object": pod,
+        },
+    }
+
+
+def dra_pod(name: str, gang: str | None = "tp4", size: int = 2) -> dict[str, Any]:
+    labels = {names.GANG: gang} if gang else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": {names.GANG_SIZE: str(size)}},
+        "spec": {
+            "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpus"}]}}],
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpus"}],
+        },
+    }
+
+
+def admit(api: FakeKube, cache: ClusterCache, *pods: dict[str, Any]) -> list[dict[str, Any]]:
+    async def run() -> list[dict[str, Any]]:
+        app = build_app(cache, api=api, housekeeping_s=None)
+        async with TestClient(TestServer(app)) as client:
+            out = []
+            for i, pod in enumerate(pods):
+                resp = await client.post("/admission/pods", json=review(pod, f"r-{i}"))
+                assert resp.status == 200
+                out.append((await resp.json())["response"])
+            return out
+
+    return asyncio.run(run())
+
+
+def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """Apply the JSONPatch of a response (the ops the webhook uses: add, replace)."""
+    out = json.loads(json.dumps(pod))
+    for op in json.loads(base64.b64decode(response["patch"])):
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for p in parents:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        if isinstance(target, list):
+            target[int(last)] = op["value"]
+        else:
+            target[last] = op["value"]
+    return out
+
+
+def test_the_webhook_reserves_the_gang_creates_one_claim_per_slot_and_points_each_pod_at_its_own(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    api, cache = world
+    first, second = dra_pod("tp4-0"), dra_pod("tp4-1")
+    a, b = admit(api, cache, first, second)
+    assert a["allowed"] and b["allowed"], (a, b)
+    pods = [patched(first, a), patched(second, b)]
+    claims = {c["metadata"]["name"]: c for c in api.objects(RESOURCE_CLAIMS)}
+    assert set(claims) == {p["spec"]["resourceClaims"][0]["resourceClaimName"] for p in pods}
+    assert len(claims) == 2
+    assert all("resourceClaimTemplateName" not in p["spec"]["resourceClaims"][0] for p in pods)
+    r = cache.reservation("llm/tp4")
+    assert r is not None
+    for p in pods:
+        ann = p["metadata"]["annotations"]
+        got = r.slice.slot(ann[names.SLOT])
+        assert ann[names.GPUS] == ",".join(map(str, got.gpus))
+        assert ann[names.CLAIM_GPUS] == "4"
+        claim = claims[p["spec"]["resourceClaims"][0]["resourceClaimName"]]
+        expr = claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+        assert expr == uuid_selector([gpu_uuid(NODE, g) for g in got.gpus])
+        assert claim["metadata"]["ownerReferences"][0]["name"] == r.meta["name"]
+    # Disjoint slots, each coherent (TP=4 stays under one socket on the PCIe box).
+    sets = [set(map(int, p["metadata"]["annotations"][names.GPUS].split(","))) for p in pods]
+    assert not sets[0] & sets[1]
+    assert PodInfo.from_obj({**pods[0], "metadata": {**pods[0]["metadata"], "namespace": "llm"}}).gpus == 4
+
+
+def test_pods_outside_gangs_and_without_gpu_claims_pass_unchanged(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    api, cache = world
+    plain = dra_pod("solo", gang=None)
+    cpu_only = {**dra_pod("cpu"), "spec": {"containers": [{"name": "m", "image": "x"}]}}
+    got = admit(api, cache, plain, cpu_only)
+    assert all(r["allowed"] and "patch" not in r for r in got)
+    assert api.objects(RESOURCE_CLAIMS) == []
+
+
+def test_a_gang_that_cannot_fit_is_refused_naming_gangslice(world: tuple[FakeKube, ClusterCache]) -> None:
+    api, cache = world
+    (r,) = admit(api, cache, dra_pod("big-0", size=3))
+    assert not r["allowed"]
+    assert r["status"]["message"].startswith("gangslice: gang llm/tp4")
+    assert api.objects(RESOURCE_CLAIMS) == []
+
+
+def test_a_missing_template_is_refused_with_its_name(world: tuple[FakeKube, ClusterCache]) -> None:
+    api, cache = world
+    pod = dra_pod("tp4-0")
+    pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "nope"
+    (r,) = admit(api, cache, pod)
+    assert not r["allowed"] and "ResourceClaimTemplate llm/nope does not exist" in r["status"]["message"]
