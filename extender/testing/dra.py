@@ -24,7 +24,7 @@ from extender.kube import dra
 from extender.topology.model import GpuGraph
 
 #: The driver release the fake slices imitate (attributes as of v25.12: standard pciBusID).
-DRIVER_VERSION = "580.95.05"
+DRIVER_VERSION = "580.95.5"  # semver: the driver drops the leading zero of 580.95.05
 CUDA_DRIVER_VERSION = "13.0.0"
 
 
