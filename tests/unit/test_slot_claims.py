@@ -320,3 +320,82 @@ def test_a_missing_template_is_refused_with_its_name(world: tuple[FakeKube, Clus
     pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "nope"
     (r,) = admit(api, cache, pod)
     assert not r["allowed"] and "ResourceClaimTemplate llm/nope does not exist" in r["status"]["message"]
+
+
+# -- the examples -------------------------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "k8s" / "dra"
+
+
+def example_world(preset: str, node: str, files: str) -> tuple[FakeKube, ClusterCache, list[dict[str, Any]]]:
+    """A DRA node of ``preset`` and the example's templates; returns its Jobs' first pods (index 0)."""
+    import yaml
+
+    api = FakeKube()
+    cache = ClusterCache(store=KubeReservationStore(api))
+    for kind in Kind:
+        cache.replace(kind, [])
+    graph = with_identities(node, preset_graph(preset))
+    cache.apply(Kind.NODES, "ADDED", node_obj(node, gpus=0))
+    cache.apply(
+        Kind.NODE_TOPOLOGIES, "ADDED", build_object(node, build_spec(graph, "nvml", [], []), [], PUBLISHED)
+    )
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(node, graph))
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    pods = []
+    for doc in yaml.safe_load_all((EXAMPLES / files).read_text()):
+        if doc["kind"] == "ResourceClaimTemplate":
+            api.put(RESOURCE_CLAIM_TEMPLATES, {**doc, "metadata": {**doc["metadata"], "namespace": "llm"}})
+        elif doc["kind"] == "Job":
+            for index in range(doc["spec"]["completions"]):
+                tpl = json.loads(json.dumps(doc["spec"]["template"]))
+                tpl["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
+                pods.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {**tpl["metadata"], "name": f"{doc['metadata']['name']}-{index}"},
+                        "spec": tpl["spec"],
+                    }
+                )
+    return api, cache, pods
+
+
+def pinned(pod: dict[str, Any]) -> set[int]:
+    return {int(g) for g in pod["metadata"]["annotations"][names.GPUS].split(",")}
+
+
+def test_the_tp4_pair_example_gets_one_socket_per_replica_on_the_pcie_box() -> None:
+    api, cache, pods = example_world("pcie-8gpu-2socket", "p0", "tp4-pair-pcie.yaml")
+    got = admit(api, cache, *pods)
+    assert all(r["allowed"] for r in got), got
+    admitted = [patched(p, r) for p, r in zip(pods, got, strict=True)]
+    numa = {g.index: g.numa_node for g in preset_graph("pcie-8gpu-2socket").gpus}
+    halves = [pinned(p) for p in admitted]
+    assert not halves[0] & halves[1]
+    assert all(len({numa[g] for g in h}) == 1 for h in halves), halves
+    claims = sorted(c["metadata"]["name"] for c in api.objects(RESOURCE_CLAIMS))
+    assert claims == ["tp4-pods-0", "tp4-pods-1"]
+    # The completion index picks the slot: index 1 gets slot pods/1.
+    assert admitted[1]["metadata"]["annotations"][names.SLOT] == "pods/1"
+
+
+def test_the_prefill_decode_example_gets_disjoint_numa_aligned_halves_of_one_hgx_node() -> None:
+    api, cache, pods = example_world("hgx-h100", "h0", "prefill-decode-hgx.yaml")
+    prefill, decode = pods
+    first, second, again = admit(api, cache, prefill, decode, prefill)
+    # Until a pod of each pod set was seen, the gang cannot be planned: the first is refused and
+    # its Job creates it again.
+    assert not first["allowed"] and "retry" in first["status"]["message"], first
+    assert second["allowed"] and again["allowed"], (second, again)
+    halves = {
+        p["metadata"]["labels"][names.POD_SET]: pinned(patched(p, r))
+        for p, r in ((decode, second), (prefill, again))
+    }
+    assert not halves["prefill"] & halves["decode"]
+    numa = {g.index: g.numa_node for g in preset_graph("hgx-h100").gpus}
+    for h in halves.values():
+        assert len(h) == 4 and len({numa[g] for g in h}) == 1, halves
+    assert sorted(c["metadata"]["name"] for c in api.objects(RESOURCE_CLAIMS)) == [
+        "pd-decode-0",
+        "pd-prefill-0",
+    ]
