@@ -31,12 +31,15 @@ from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
 from extender.kube.cache import ClusterCache
+from extender.kube.claim_sync import SlotClaimSync
 from extender.kube.topology_status import TopologyStatusReporter
 from extender.logs import fields
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/gangslice"
+#: Re-plans gangs whose pinned devices someone else took (DRA nodes; None without an API server).
+CLAIM_SYNC: web.AppKey[SlotClaimSync | None] = web.AppKey("claim_sync")
 #: How often reservations past their TTL are dropped and unsaved changes retried.
 HOUSEKEEPING_S = 5.0
 
@@ -80,6 +83,9 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
             reporter = app.get(TOPOLOGY_STATUS)
             if reporter is not None:
                 await reporter.sync(cache, cache.clock())
+            claims = app.get(CLAIM_SYNC)
+            if claims is not None:
+                await claims.sync(cache)
         except Exception:
             log.exception("housekeeping failed; continuing")
 
@@ -111,6 +117,7 @@ def build_app(
     app[BINDER] = binder or (ApiBinder(api) if api is not None else LocalBinder())
     app[METRICS] = Metrics(cache)
     app[TOPOLOGY_STATUS] = topology_status
+    app[CLAIM_SYNC] = SlotClaimSync(api, cache.clock) if api is not None else None
     kube_routes.add_routes(app, prefix)
     volcano_routes.add_routes(app, prefix)
     admission.add_routes(app)

@@ -316,6 +316,19 @@ class ClusterCache:
         """The drivers DeviceClass ``name`` selects; None when there is no such class."""
         return self._device_classes.get(name)
 
+    def claim_devices(self, namespace: str, name: str) -> tuple[tuple[str, str, str], ...]:
+        """``(driver, pool, device)`` of the ``gpu.nvidia.com`` devices claim ``namespace/name`` holds."""
+        return self._claim_devices.get(f"{namespace}/{name}", ())
+
+    def claims_holding(self, node: str, devices: Iterable[str]) -> list[str]:
+        """The claims (``ns/name``) whose allocations hold any of ``devices`` of pool ``node``."""
+        wanted = set(devices)
+        return sorted(
+            key
+            for key, held in self._claim_devices.items()
+            if any(p == node and d in wanted for _, p, d in held)
+        )
+
     def allocated_devices(self, node: str) -> frozenset[str]:
         """Devices of ``gpu.nvidia.com`` in pool ``node`` that allocated claims hold."""
         return frozenset(self._allocated_by_pool.get(node, ()))
@@ -897,7 +910,9 @@ class ClusterCache:
             for s in r.free_slots()
             if s.node == pod.node and (pod.pod_set not in pod_sets or s.pod_set == pod.pod_set)
         ]
-        candidates.sort(key=lambda s: (set(s.gpus) != assigned, s.key))
+        # The slot the admission webhook gave it (DRA), else the one with its GPUs.
+        given = pod.annotations.get(names.SLOT)
+        candidates.sort(key=lambda s: (s.key != given, set(s.gpus) != assigned, s.key))
         if candidates:
             self.bind_slot(r.gang, candidates[0].key, pod.name)
 
@@ -978,7 +993,10 @@ class ClusterCache:
         topo = self._topologies.get(name)
         in_use = topo.in_use if topo is not None else {}
         keys = sorted(k for k in self._by_node.get(name, ()) if k in self._pods)
-        holding = [self._pods[k] for k in keys if self._pods[k].holds_gpus]
+        # On a DRA node the allocated claims are the truth of what is taken (a pod's
+        # annotation is what was planned at its admission); no device plugin hands out GPUs.
+        dra_node = src.allocation is Allocation.DRA and name in self._device_maps
+        holding = [] if dra_node else [self._pods[k] for k in keys if self._pods[k].holds_gpus]
         guessed = []
         # Exact first (our annotation, then what the kubelet reports), guesses last.
         for p in holding:

@@ -399,3 +399,50 @@ def test_the_prefill_decode_example_gets_disjoint_numa_aligned_halves_of_one_hgx
         "pd-decode-0",
         "pd-prefill-0",
     ]
+
+
+# -- a device taken before our claim is allocated ------------------------------------------------
+def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_stale_claim(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    from extender.kube.api import EVENTS
+    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+
+    api, cache = world
+    pod = dra_pod("tp4-0", size=1)
+    (r,) = admit(api, cache, pod)
+    admitted = patched(pod, r)
+    admitted["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    cache.apply(Kind.PODS, "ADDED", admitted)
+    planned = pinned(admitted)
+    (claim,) = api.objects(RESOURCE_CLAIMS)
+    victim = min(planned)
+    foreign = {
+        "metadata": {"name": "foreign", "namespace": "other"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": f"gpu-{victim}"}
+                    ]
+                }
+            }
+        },
+    }
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign)
+    sync = SlotClaimSync(api, lambda: 0.0)
+    assert list(sync.conflicts(cache)) == ["llm/tp4"]
+    assert asyncio.run(sync.sync(cache)) == 1
+    (replaced,) = api.objects(RESOURCE_CLAIMS)
+    assert replaced["metadata"]["name"] == claim["metadata"]["name"]  # the pod still points at it
+    expr = replaced["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert len(expr) == 1  # the old pin is gone, not stacked
+    now = {int(g) for g in replaced["metadata"]["annotations"][names.GPUS].split(",")}
+    assert victim not in now and len(now) == 4
+    assert gpu_uuid(NODE, victim) not in expr[0]["cel"]["expression"]
+    (event,) = [e for e in api.objects(EVENTS) if e["reason"] == DEVICE_TAKEN]
+    assert f"gpu-{victim}" in event["message"] and "other/foreign" in event["message"]
+    assert event["involvedObject"]["name"] == "tp4-0"
+    r2 = cache.reservation("llm/tp4")
+    assert r2 is not None and set(r2.slice.slots[0].gpus) == now
+    assert sync.conflicts(cache) == {}
