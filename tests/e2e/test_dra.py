@@ -8,6 +8,11 @@ dual-socket PCIe node that publishes a ResourceSlice shaped like NVIDIA's driver
 (same UUIDs and PCI bus IDs). ``gangslice serve`` runs under the shipped RBAC with the shipped
 MutatingWebhookConfiguration (manifests/dra) pointed at it over HTTPS.
 
+Tests: a TP=4 pod set on a fragmented PCIe node gets exactly the planned devices and loses its claim with
+the gang; what kube-scheduler does with a claim pinned to a taken device; a foreign claim grabbing a planned
+device makes gangslice re-plan; a prefill/decode pair gets disjoint, NUMA-aligned halves of one HGX node; with
+gangslice down, gang pods are refused naming the webhook and other pods pass.
+
 No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts it); that is expected.
 """
 
@@ -29,6 +34,7 @@ from cluster import (
     Gangslice,
     create,
     delete,
+    events_for,
     extender_stack,
     get,
     merge_patch,
@@ -79,19 +85,19 @@ def post(cp: ControlPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:
         raise AssertionError(f"creating {what}: HTTP {e.code} {e.read()[:800]!r}") from e
 
 
-def _dra_node(cp: ControlPlane) -> None:
-    labels = {"kubernetes.io/hostname": NODE, POOL_LABEL: POOL_NAME}
-    node = create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": labels}})
+def _dra_node(cp: ControlPlane, name: str = NODE, preset: str = PRESET) -> None:
+    labels = {"kubernetes.io/hostname": name, POOL_LABEL: POOL_NAME}
+    node = create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
     resources = {"cpu": "128", "memory": "1Ti", "pods": "110"}  # no nvidia.com/gpu: the GPUs are DRA's
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node for e2e"}
     merge_patch(
         cp,
         "Node",
-        NODE,
+        name,
         {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
         sub="status",
     )
-    graph = with_identities(NODE, preset_graph(PRESET))
+    graph = with_identities(name, preset_graph(preset))
     spec = graph_to_dict(graph)
     spec["source"] = "nvml"
     spec["allocation"] = "dra"
@@ -100,11 +106,11 @@ def _dra_node(cp: ControlPlane) -> None:
         {
             "apiVersion": "gangslice.io/v1alpha1",
             "kind": "NodeTopology",
-            "metadata": {"name": NODE},
+            "metadata": {"name": name},
             "spec": spec,
         },
     )
-    post(cp, f"{RESOURCE}/resourceslices", gpu_slice(NODE, graph, uid=node["metadata"]["uid"]))
+    post(cp, f"{RESOURCE}/resourceslices", gpu_slice(name, graph, uid=node["metadata"]["uid"]))
 
 
 def _webhook(cp: ControlPlane, server: Gangslice) -> None:
@@ -290,6 +296,101 @@ def test_the_allocator_leaves_a_pod_pending_when_its_pinned_device_is_taken(
     assert get(cp, "Pod", "late", ns)["spec"].get("nodeName") is None  # type: ignore[index]
     delete(cp, "Pod", "late", ns)
     delete(cp, "Pod", "foreign", ns)
+
+
+def test_a_foreign_claim_grabbing_a_planned_device_makes_gangslice_re_plan(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """The gang pod is held back by a scheduling gate after its admission (its claim exists, not yet
+    allocated); another pod's claim takes one of its planned GPUs; gangslice re-plans and replaces the
+    claim under the same name; once the gate is lifted, kube-scheduler allocates the new devices."""
+    cp = control_plane
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp4-gpus", 4))
+    pod = dra_pod(
+        ns,
+        "held-0",
+        claim={"resourceClaimTemplateName": "tp4-gpus"},
+        labels={"gangslice.io/gang": "held"},
+        **{"gangslice.io/gang-size": "1"},
+    )
+    pod["spec"]["schedulingGates"] = [{"name": "e2e.gangslice.io/hold"}]
+    created = create(cp, pod)
+    claim_name = created["spec"]["resourceClaims"][0]["resourceClaimName"]
+    planned = [int(g) for g in created["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+    victim = planned[1]
+    foreign = foreign_pod_on_gpu(cp, ns, victim)
+    assert [r["device"] for r in foreign["status"]["allocation"]["devices"]["results"]] == [f"gpu-{victim}"]
+
+    def replaced() -> dict[str, Any] | None:
+        claim = claim_of(cp, ns, claim_name)
+        if claim is None:
+            return None
+        now = [int(g) for g in claim["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+        return claim if victim not in now else None
+
+    claim = wait_for("the stale claim replaced by a re-plan", replaced, 60)
+    now = [int(g) for g in claim["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+    told = wait_for(
+        "the DeviceTaken event on the pod",
+        lambda: [e for e in events_for(cp, ns, "held-0") if e["reason"] == "DeviceTaken"],
+        30,
+    )
+    assert f"gpu-{victim}" in told[0]["message"] and f"{ns}/foreign" in told[0]["message"], told
+    merge_patch(cp, "Pod", "held-0", {"spec": {"schedulingGates": None}}, ns)
+    allocated_claim = wait_for("the new claim allocated", lambda: allocated(cp, ns, claim_name), 60)
+    results = sorted(r["device"] for r in allocated_claim["status"]["allocation"]["devices"]["results"])
+    assert results == sorted(f"gpu-{g}" for g in now) and f"gpu-{victim}" not in results
+    delete(cp, "Pod", "held-0", ns)
+    delete(cp, "Pod", "foreign", ns)
+    wait_for("the gang's claim deleted", lambda: claim_of(cp, ns, claim_name) is None, 90)
+
+
+def test_a_prefill_decode_pair_gets_disjoint_numa_aligned_halves_of_one_hgx_node(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    cp = control_plane
+    hgx = "dra-h0"
+    merge_patch(cp, "Node", NODE, {"spec": {"unschedulable": True}})  # only the HGX node this time
+    try:
+        _dra_node(cp, hgx, "hgx-h100")
+        post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "half", 4))
+        pods = {}
+        for role, other in (("prefill", "decode"), ("decode", "prefill")):
+            ann = {"gangslice.io/gang-size": "2", "gangslice.io/pod-set-size": "1"}
+            if role == "prefill":
+                ann |= {"gangslice.io/colocate-with": f"{other}@node", "gangslice.io/comm": "kv-transfer"}
+            pods[role] = dra_pod(
+                ns,
+                f"pd-{role}",
+                claim={"resourceClaimTemplateName": "half"},
+                labels={"gangslice.io/gang": "pd", "gangslice.io/pod-set": role},
+                **ann,
+            )
+        # The first pod is refused until a pod of the other pod set was seen (a Job would retry).
+        with pytest.raises(AssertionError, match="retry once a pod of every pod set was created"):
+            create(cp, pods["prefill"])
+        made = {"decode": create(cp, pods["decode"]), "prefill": create(cp, pods["prefill"])}
+        numa = {g.index: g.numa_node for g in preset_graph("hgx-h100").gpus}
+        halves = {}
+        for role, pod in made.items():
+            name = pod["spec"]["resourceClaims"][0]["resourceClaimName"]
+            claim = wait_for(f"the {role} claim allocated", lambda n=name: allocated(cp, ns, n), 60)
+            results = claim["status"]["allocation"]["devices"]["results"]
+            assert {r["pool"] for r in results} == {hgx}
+            halves[role] = {int(r["device"].removeprefix("gpu-")) for r in results}
+            planned = {int(g) for g in pod["metadata"]["annotations"]["gangslice.io/gpus"].split(",")}
+            assert halves[role] == planned
+            assert len({numa[g] for g in planned}) == 1, (role, planned)
+        assert not halves["prefill"] & halves["decode"] and len(halves["prefill"] | halves["decode"]) == 8
+        for role in made:
+            wait_for(
+                f"pd-{role} bound",
+                lambda r=role: (get(cp, "Pod", f"pd-{r}", ns) or {}).get("spec", {}).get("nodeName"),
+                60,
+            )
+            delete(cp, "Pod", f"pd-{role}", ns)
+    finally:
+        merge_patch(cp, "Node", NODE, {"spec": {"unschedulable": False}})
 
 
 def test_with_gangslice_down_gang_pods_are_refused_naming_it_and_other_pods_pass(
