@@ -233,7 +233,7 @@ def _reserve(cache: ClusterCache, pod: PodInfo, gang: str) -> Any:
         cache.remember(pod)  # its pod set counts for the gang's next pod; its controller retries
         raise Refusal(f"gang {gang}: {request.reason}; retry once a pod of every pod set was created")
     try:
-        placed = reserve(cache, request, Claim(gang))
+        placed = reserve(cache, request, Claim(gang, {names.META_SLOT_CLAIMS: "true"}))
     except LevelError as exc:
         raise Refusal(f"gang {gang}: {exc}") from None
     if isinstance(placed, Unplaceable):

@@ -85,4 +85,6 @@ META_OWNER_KIND = "ownerKind"
 META_OWNER_NAME = "ownerName"
 META_OWNER_UID = "ownerUid"
 META_OWNER_API_VERSION = "ownerApiVersion"
+#: Reservation meta: "true" when its slots are pinned by per-slot ResourceClaims (DRA nodes).
+META_SLOT_CLAIMS = "slotClaims"
 OWNER_MANAGED_KINDS = frozenset({"Workload", "PodGroup"})

@@ -216,6 +216,55 @@ def handed_out(pods: Iterable[PodInfo]) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimState:
+    """What a slot's ResourceClaim says now, for ``gangslice explain``."""
+
+    name: str
+    exists: bool
+    #: Devices its allocation holds (None: not allocated).
+    allocated: tuple[str, ...] | None = None
+    #: Pods (names or UIDs) it is reserved for.
+    reserved_for: tuple[str, ...] = ()
+    #: Whether the driver reported every allocated device prepared (a ``Ready`` condition in
+    #: ``status.devices``), or the pod using it runs (the kubelet prepared it).
+    prepared: bool = False
+
+    def describe(self) -> str:
+        if not self.exists:
+            return f"claim {self.name}: missing"
+        if self.allocated is None:
+            return f"claim {self.name}: not allocated"
+        held = ",".join(self.allocated)
+        who = f", reserved for {','.join(self.reserved_for)}" if self.reserved_for else ""
+        return (
+            f"claim {self.name}: allocated {held}{who}, {'prepared' if self.prepared else 'not yet prepared'}"
+        )
+
+
+def claim_state(name: str, claim: Mapping[str, Any] | None, pod_running: bool = False) -> ClaimState:
+    if claim is None:
+        return ClaimState(name, False)
+    status = _map(claim.get("status"))
+    held = dra.allocated_devices(claim)
+    if not _map(status.get("allocation")):
+        return ClaimState(name, True)
+    reserved = tuple(
+        str(_map(r).get("name") or _map(r).get("uid") or "") for r in status.get("reservedFor") or ()
+    )
+    ready = {
+        str(_map(d).get("device"))
+        for d in status.get("devices") or ()
+        if any(
+            _map(c).get("type") == "Ready" and _map(c).get("status") == "True"
+            for c in _map(d).get("conditions") or ()
+        )
+    }
+    devices = tuple(d for _, _, d in held)
+    prepared = pod_running or (bool(devices) and set(devices) <= ready)
+    return ClaimState(name, True, devices, reserved, prepared)
+
+
 class SlotClaims:
     """The one writer of ResourceClaims (through the one client)."""
 

@@ -293,6 +293,12 @@ def test_the_webhook_reserves_the_gang_creates_one_claim_per_slot_and_points_eac
     sets = [set(map(int, p["metadata"]["annotations"][names.GPUS].split(","))) for p in pods]
     assert not sets[0] & sets[1]
     assert PodInfo.from_obj({**pods[0], "metadata": {**pods[0]["metadata"], "namespace": "llm"}}).gpus == 4
+    # The SliceReservation's status names each slot's claim (kubectl get -o yaml shows it).
+    (saved,) = api.objects("slicereservations")
+    assert {x["name"]: x.get("claim") for x in saved["status"]["slots"]} == {
+        p["metadata"]["annotations"][names.SLOT]: p["spec"]["resourceClaims"][0]["resourceClaimName"]
+        for p in pods
+    }
 
 
 def test_pods_outside_gangs_and_without_gpu_claims_pass_unchanged(
@@ -446,3 +452,52 @@ def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_st
     r2 = cache.reservation("llm/tp4")
     assert r2 is not None and set(r2.slice.slots[0].gpus) == now
     assert sync.conflicts(cache) == {}
+
+
+def test_explain_shows_per_slot_the_claim_its_pinned_devices_and_whether_it_is_prepared(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    from extender.commands.explain import add_slot_claims, explain_pods
+    from extender.controllers.explain import render, to_json
+
+    api, cache = world
+    first, second = dra_pod("tp4-0"), dra_pod("tp4-1")
+    responses = admit(api, cache, first, second)
+    pods = [patched(p, r) for p, r in zip((first, second), responses, strict=True)]
+    for p in pods:
+        p["metadata"]["namespace"] = "llm"
+        cache.apply(Kind.PODS, "ADDED", p)
+    claim_names = [p["spec"]["resourceClaims"][0]["resourceClaimName"] for p in pods]
+    # kube-scheduler allocated the first claim; the driver reported its devices ready.
+    done = api.peek(RESOURCE_CLAIMS, claim_names[0], "llm")
+    assert done is not None
+    devices = [f"gpu-{g}" for g in pods[0]["metadata"]["annotations"][names.GPUS].split(",")]
+    done["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": d} for d in devices
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "tp4-0", "uid": "u0"}],
+        "devices": [
+            {
+                "driver": dra.GPU_DRIVER,
+                "pool": NODE,
+                "device": d,
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+            for d in devices
+        ],
+    }
+    api.put(RESOURCE_CLAIMS, done)
+    facts = explain_pods(cache, "gang", "llm", "tp4", None)
+    asyncio.run(add_slot_claims(api, cache, facts))
+    text = render(facts)
+    assert f"claim {claim_names[0]}: allocated {','.join(devices)}, reserved for tp4-0, prepared" in text, (
+        text
+    )
+    assert f"claim {claim_names[1]}: not allocated" in text, text
+    assert f"pins {','.join(devices)}" in text
+    assert set(to_json(facts)["slotClaims"]) == {p["metadata"]["annotations"][names.SLOT] for p in pods}
