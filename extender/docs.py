@@ -124,6 +124,14 @@ USER_KEYS = (
         "the named pod set of the same Workload or plain gang (level defaults to `node`); on a "
         "member of a joint gang, `<member or pod set>[@level]` names another member.",
     ),
+    Key(
+        f"{NAMES}:COMPUTE_DOMAIN",
+        "annotation",
+        "Pod (DRA, GB200)",
+        "read by the admission webhook",
+        "The ComputeDomain (same namespace) a gang across a multi-node NVLink clique joins, instead "
+        "of the one gangslice creates for it (`<reservation>-imex`).",
+    ),
 )
 
 #: What gangslice writes.

@@ -37,8 +37,15 @@ from typing import Any
 from aiohttp import web
 
 from extender.httpapi.handling import API, CACHE, leads
+from extender.kube import compute_domains as cds
 from extender.kube import names
-from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, SLICE_RESERVATIONS, KubeError, NotFound
+from extender.kube.api import (
+    COMPUTE_DOMAINS,
+    RESOURCE_CLAIM_TEMPLATES,
+    SLICE_RESERVATIONS,
+    KubeError,
+    NotFound,
+)
 from extender.kube.cache import ClusterCache
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
@@ -211,12 +218,68 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         names.GPUS: ",".join(str(g) for g in slot.gpus),
         names.GPU_UUIDS: ",".join(d.uuid or "" for d in devices),
     }
+    if slot.node in r.slice.mnnvl_nodes:
+        ops += await _join_domain(api, namespace, owner, slot.node, pod, spec, str(entry.get("name")))
     for key, value in wanted.items():
         ops.append(
             {
                 "op": "add",
                 "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"),
                 "value": value,
+            }
+        )
+    return ops
+
+
+async def _join_domain(
+    api: Any,
+    namespace: str,
+    owner: Mapping[str, str],
+    node: str,
+    pod: PodInfo,
+    spec: Mapping[str, Any],
+    gpu_entry: str,
+) -> list[dict[str, Any]]:
+    """The gang's ComputeDomain (created, or the one the pod names) and this node's channel claim;
+    the patch that adds the claim to the pod and to the containers that use its GPUs."""
+    if any(_map(c).get("name") == cds.POD_CLAIM for c in spec.get("resourceClaims") or ()):
+        raise Refusal(f"the pod already has a resourceClaims entry {cds.POD_CLAIM}; gangslice adds it")
+    adopted = pod.annotations.get(names.COMPUTE_DOMAIN)
+    try:
+        if adopted:
+            try:
+                domain = await api.get(COMPUTE_DOMAINS, adopted, namespace)
+            except NotFound:
+                raise Refusal(
+                    f"ComputeDomain {namespace}/{adopted} ({names.COMPUTE_DOMAIN}) does not exist"
+                ) from None
+        else:
+            domain = await cds.ComputeDomains(api).ensure(cds.build_domain(namespace, owner))
+        uid = str(_map(domain.get("metadata")).get("uid") or "")
+        channel = cds.build_channel_claim(namespace, node, uid, owner)
+        await SlotClaims(api).ensure(channel)
+    except SlotError as exc:
+        raise Refusal(str(exc)) from None
+    except KubeError as exc:
+        raise Refusal(f"ComputeDomain for the gang on {node}: {exc}") from None
+    name = channel["metadata"]["name"]
+    ops: list[dict[str, Any]] = [
+        {
+            "op": "add",
+            "path": "/spec/resourceClaims/-",
+            "value": {"name": cds.POD_CLAIM, "resourceClaimName": name},
+        }
+    ]
+    for i, container in enumerate(spec.get("containers") or ()):
+        resources = _map(_map(container).get("resources"))
+        claims = resources.get("claims")
+        if not any(_map(c).get("name") == gpu_entry for c in claims or ()):
+            continue
+        ops.append(
+            {
+                "op": "add",
+                "path": f"/spec/containers/{i}/resources/claims/-",
+                "value": {"name": cds.POD_CLAIM},
             }
         )
     return ops

@@ -69,6 +69,10 @@ RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceC
 RESOURCE_CLAIM_TEMPLATES = Resource(
     "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True
 )
+#: NVIDIA's DRA driver: a multi-node NVLink (IMEX) domain.
+COMPUTE_DOMAINS = Resource(
+    "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain", namespaced=True
+)
 TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False)
 SUBJECT_ACCESS_REVIEWS = Resource(
     "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False

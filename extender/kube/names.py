@@ -41,6 +41,9 @@ GPU_UUIDS = "gangslice.io/gpu-uuids"
 SLOT = "gangslice.io/slot"
 CLAIM_GPUS = "gangslice.io/claim-gpus"
 SLOT_NODE = "gangslice.io/node"
+#: Pod annotation (DRA, GB200): the ComputeDomain (same namespace) the gang joins instead of
+#: the one gangslice creates for it.
+COMPUTE_DOMAIN = "gangslice.io/compute-domain"
 #: PodGroup (and plain gang pod) annotation: gangslice's state for the gang (a PodGroup has no
 #: status subresource gangslice may write).
 STATUS = "gangslice.io/status"

@@ -60,6 +60,7 @@ _BY_PLURAL = {
         kube_api.DEVICE_CLASSES,
         kube_api.RESOURCE_CLAIMS,
         kube_api.RESOURCE_CLAIM_TEMPLATES,
+        kube_api.COMPUTE_DOMAINS,
     )
 }
 #: Kinds with a status subresource (PodGroup has none).
@@ -469,12 +470,14 @@ def _fresh(v: Mapping[str, Any]) -> dict[str, Any]:
 
 
 #: The one module that may write each object through the client (see extender/kube/store.py,
-#: extender/kube/binder.py, extender/agent/publish.py, extender/kube/slot_claims.py): what
+#: extender/kube/binder.py, extender/agent/publish.py, extender/kube/slot_claims.py,
+#: extender/kube/compute_domains.py): what
 #: tests/conftest.py checks after every test on every fake API server the test made.
 WRITERS = {
     "slicereservations": "extender.kube.store",
     "nodetopologies": "extender.agent.publish",
     "resourceclaims": "extender.kube.slot_claims",
+    "computedomains": "extender.kube.compute_domains",
 }
 BINDER = "extender.kube.binder"
 #: The one part of a NodeTopology the agent does not write: the controller's ``Accepted``

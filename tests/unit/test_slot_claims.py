@@ -252,14 +252,16 @@ def admit(api: FakeKube, cache: ClusterCache, *pods: dict[str, Any]) -> list[dic
 
 
 def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-    """Apply the JSONPatch of a response (the ops the webhook uses: add, replace)."""
+    """Apply the JSONPatch of a response (the ops the webhook uses: add, append, replace)."""
     out = json.loads(json.dumps(pod))
     for op in json.loads(base64.b64decode(response["patch"])):
         *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
         target = out
         for p in parents:
             target = target[int(p)] if isinstance(target, list) else target[p]
-        if isinstance(target, list):
+        if isinstance(target, list) and last == "-":
+            target.append(op["value"])
+        elif isinstance(target, list):
             target[int(last)] = op["value"]
         else:
             target[last] = op["value"]
@@ -501,3 +503,78 @@ def test_explain_shows_per_slot_the_claim_its_pinned_devices_and_whether_it_is_p
     assert f"claim {claim_names[1]}: not allocated" in text, text
     assert f"pins {','.join(devices)}" in text
     assert set(to_json(facts)["slotClaims"]) == {p["metadata"]["annotations"][names.SLOT] for p in pods}
+
+
+# -- ComputeDomains on GB200 ---------------------------------------------------------------------
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+def gb200_world(trays: int = 4) -> tuple[FakeKube, ClusterCache]:
+    api = FakeKube()
+    cache = ClusterCache(store=KubeReservationStore(api))
+    for kind in Kind:
+        cache.replace(kind, [])
+    for i in range(trays):
+        node = f"t{i}"
+        graph = with_identities(node, preset_graph("gb200-tray"))
+        cache.apply(
+            Kind.NODES, "ADDED", node_obj(node, gpus=0, labels={CLIQUE: "c0.1"}, product="NVIDIA-GB200")
+        )
+        cache.apply(
+            Kind.NODE_TOPOLOGIES,
+            "ADDED",
+            build_object(node, build_spec(graph, "nvml", [], []), [], PUBLISHED),
+        )
+        cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(node, graph))
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    api.put(RESOURCE_CLAIM_TEMPLATES, template(4))
+    return api, cache
+
+
+def wide_ep_pod(name: str, gang: str, size: int) -> dict[str, Any]:
+    pod = dra_pod(name, gang=gang, size=size)
+    pod["metadata"]["annotations"] |= {names.REQUIRED_LEVEL: "clique", names.COMM: "alltoall"}
+    return pod
+
+
+def test_a_wide_ep_gang_on_a_clique_gets_one_compute_domain_and_a_channel_claim_per_node() -> None:
+    from extender.kube import compute_domains as cds
+    from extender.kube.api import COMPUTE_DOMAINS
+
+    api, cache = gb200_world()
+    pods = [wide_ep_pod(f"ep-{i}", "ep", 2) for i in range(2)]
+    got = admit(api, cache, *pods)
+    assert all(r["allowed"] for r in got), got
+    (domain,) = api.objects(COMPUTE_DOMAINS)
+    assert domain["metadata"]["ownerReferences"][0]["kind"] == "SliceReservation"
+    assert domain["spec"]["numNodes"] == 0
+    uid = domain["metadata"]["uid"]
+    admitted = [patched(p, r) for p, r in zip(pods, got, strict=True)]
+    channels = {
+        c["metadata"]["name"]: c for c in api.objects(RESOURCE_CLAIMS) if "imex" in c["metadata"]["name"]
+    }
+    assert len(channels) == 2  # one per node
+    for p in admitted:
+        entries = {e["name"]: e for e in p["spec"]["resourceClaims"]}
+        channel = channels[entries[cds.POD_CLAIM]["resourceClaimName"]]
+        params = channel["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+        assert params["domainID"] == uid and params["kind"] == "ComputeDomainChannelConfig"
+        assert channel["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == cds.CHANNEL_CLASS
+        assert {"name": cds.POD_CLAIM} in p["spec"]["containers"][0]["resources"]["claims"]
+    # A second gang in the same clique: its own ComputeDomain, never a node of the first.
+    second = [wide_ep_pod(f"ep2-{i}", "ep2", 2) for i in range(2)]
+    got2 = admit(api, cache, *second)
+    assert all(r["allowed"] for r in got2), got2
+    r1, r2 = cache.reservation("llm/ep"), cache.reservation("llm/ep2")
+    assert r1 is not None and r2 is not None
+    assert set(r1.slice.mnnvl_nodes) and not set(r1.slice.nodes) & set(r2.slice.nodes)
+    assert len(api.objects(COMPUTE_DOMAINS)) == 2
+
+
+def test_a_gang_on_one_node_needs_no_compute_domain() -> None:
+    from extender.kube.api import COMPUTE_DOMAINS
+
+    api, cache = gb200_world()
+    (r,) = admit(api, cache, dra_pod("solo-0", gang="solo", size=1))
+    assert r["allowed"]
+    assert api.objects(COMPUTE_DOMAINS) == []
