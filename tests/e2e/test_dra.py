@@ -37,6 +37,7 @@ from cluster import (
     events_for,
     extender_stack,
     get,
+    items,
     merge_patch,
     scheduled_condition,
     wait_for,
@@ -45,7 +46,7 @@ from cluster import POOL as POOL_LABEL
 
 from extender.bench.controlplane import ControlPlane
 from extender.kube import dra
-from extender.testing.dra import device_classes, gpu_slice, gpu_uuid, with_identities
+from extender.testing.dra import compute_domain_slice, device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.topology.presets import preset_graph
 from extender.topology.serialize import graph_to_dict
 
@@ -85,8 +86,10 @@ def post(cp: ControlPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:
         raise AssertionError(f"creating {what}: HTTP {e.code} {e.read()[:800]!r}") from e
 
 
-def _dra_node(cp: ControlPlane, name: str = NODE, preset: str = PRESET) -> None:
-    labels = {"kubernetes.io/hostname": name, POOL_LABEL: POOL_NAME}
+def _dra_node(
+    cp: ControlPlane, name: str = NODE, preset: str = PRESET, labels: dict[str, str] | None = None
+) -> None:
+    labels = {"kubernetes.io/hostname": name, POOL_LABEL: POOL_NAME, **(labels or {})}
     node = create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
     resources = {"cpu": "128", "memory": "1Ti", "pods": "110"}  # no nvidia.com/gpu: the GPUs are DRA's
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node for e2e"}
@@ -391,6 +394,75 @@ def test_a_prefill_decode_pair_gets_disjoint_numa_aligned_halves_of_one_hgx_node
             delete(cp, "Pod", f"pd-{role}", ns)
     finally:
         merge_patch(cp, "Node", NODE, {"spec": {"unschedulable": False}})
+
+
+def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang_never_shares_a_node(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    cp = control_plane
+    cp.install_crds(UPSTREAM / "resource.nvidia.com_computedomains.yaml")
+    others = [
+        n["metadata"]["name"] for n in items(cp, "Node") if not n["metadata"]["name"].startswith("dra-t")
+    ]
+    for other in others:  # only the GB200 trays this time
+        merge_patch(cp, "Node", other, {"spec": {"unschedulable": True}})
+    trays = [f"dra-t{i}" for i in range(4)]
+    try:
+        for tray in trays:
+            _dra_node(cp, tray, "gb200-tray", labels={"nvidia.com/gpu.clique": "c0.1"})
+            post(cp, f"{RESOURCE}/resourceslices", compute_domain_slice(tray))
+        post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tray-gpus", 4))
+
+        def gang(name: str) -> list[dict[str, Any]]:
+            ann = {
+                "gangslice.io/gang-size": "2",
+                "gangslice.io/required-level": "clique",
+                "gangslice.io/comm": "alltoall",
+            }
+            return [
+                create(
+                    cp,
+                    dra_pod(
+                        ns,
+                        f"{name}-{i}",
+                        claim={"resourceClaimTemplateName": "tray-gpus"},
+                        labels={"gangslice.io/gang": name},
+                        **ann,
+                    ),
+                )
+                for i in range(2)
+            ]
+
+        first, second = gang("ep"), gang("ep2")
+        domains = cp.request("GET", f"/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains")[
+            "items"
+        ]
+        assert sorted(d["metadata"]["name"] for d in domains) == ["ep-imex", "ep2-imex"]
+        uids = {d["metadata"]["name"]: d["metadata"]["uid"] for d in domains}
+        placed: dict[str, set[str]] = {}
+        for name, pods in (("ep", first), ("ep2", second)):
+            for pod in pods:
+                entries = {e["name"]: e["resourceClaimName"] for e in pod["spec"]["resourceClaims"]}
+                channel = wait_for(
+                    f"the channel claim of {pod['metadata']['name']} allocated",
+                    lambda c=entries["imex-channel"]: allocated(cp, ns, c),
+                    60,
+                )
+                params = channel["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+                assert params["domainID"] == uids[f"{name}-imex"]
+                (result,) = channel["status"]["allocation"]["devices"]["results"]
+                assert result["driver"] == dra.COMPUTE_DOMAIN_DRIVER and result["device"] == "channel-0"
+                gpus = wait_for("the GPU claim allocated", lambda c=entries["gpus"]: allocated(cp, ns, c), 60)
+                pools = {r["pool"] for r in gpus["status"]["allocation"]["devices"]["results"]}
+                assert pools == {result["pool"]}, (pools, result)  # channel and GPUs on one node
+                placed.setdefault(name, set()).add(result["pool"])
+        assert len(placed["ep"]) == 2 and len(placed["ep2"]) == 2
+        assert not placed["ep"] & placed["ep2"], placed
+        for pod in first + second:
+            delete(cp, "Pod", pod["metadata"]["name"], ns)
+    finally:
+        for other in others:
+            merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
 
 
 def test_with_gangslice_down_gang_pods_are_refused_naming_it_and_other_pods_pass(
