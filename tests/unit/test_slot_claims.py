@@ -193,12 +193,13 @@ def test_handed_out_slots_are_read_back_from_live_pods() -> None:
 NODE = "p0"
 
 
-@pytest.fixture
-def world() -> Iterator[tuple[FakeKube, ClusterCache]]:
-    api = FakeKube()
+def pcie_cache(api: FakeKube) -> ClusterCache:
+    """A cache over one DRA PCIe node (the pods and reservations as ``api`` holds them)."""
     cache = ClusterCache(store=KubeReservationStore(api))
     for kind in Kind:
-        cache.replace(kind, [])
+        cache.replace(
+            kind, api.objects(kind.resource) if kind in (Kind.PODS, Kind.SLICE_RESERVATIONS) else []
+        )
     graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
     cache.apply(Kind.NODES, "ADDED", node_obj(NODE, gpus=0))
     cache.apply(
@@ -206,6 +207,13 @@ def world() -> Iterator[tuple[FakeKube, ClusterCache]]:
     )
     cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(NODE, graph))
     cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    return cache
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[FakeKube, ClusterCache]]:
+    api = FakeKube()
+    cache = pcie_cache(api)
     api.put(RESOURCE_CLAIM_TEMPLATES, template(4))
     yield api, cache
 
@@ -578,3 +586,28 @@ def test_a_gang_on_one_node_needs_no_compute_domain() -> None:
     (r,) = admit(api, cache, dra_pod("solo-0", gang="solo", size=1))
     assert r["allowed"]
     assert api.objects(COMPUTE_DOMAINS) == []
+
+
+def test_after_a_restart_the_slots_handed_out_come_back_from_the_pods_and_none_is_given_twice(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    api, cache = world
+    first = dra_pod("tp4-0")
+    (r0,) = admit(api, cache, first)
+    admitted = patched(first, r0)
+    admitted["metadata"]["namespace"] = "llm"
+    api.put("pods", admitted)
+    # A new replica: its cache lists what the API holds and rebuilds the ledger from the store.
+    fresh = pcie_cache(api)
+    assert asyncio.run(fresh.rebuild_ledger()) == 1
+    second = dra_pod("tp4-1")
+    (r1,) = admit(api, fresh, second)
+    assert r1["allowed"], r1
+    slots = [
+        admitted["metadata"]["annotations"][names.SLOT],
+        patched(second, r1)["metadata"]["annotations"][names.SLOT],
+    ]
+    assert len(set(slots)) == 2, slots
+    gpus = [pinned(admitted), pinned(patched(second, r1))]
+    assert not gpus[0] & gpus[1]
+    assert len(api.objects(RESOURCE_CLAIMS)) == 2
