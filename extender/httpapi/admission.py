@@ -147,6 +147,8 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     assert gang is not None
     pending: dict[str, dict[str, tuple[str, float]]] = app[PENDING]
     async with cache.lock:
+        for other in [g for g in pending if g != gang and cache.reservation(g) is None]:
+            del pending[other]  # released gangs: nothing of theirs is handed out any more
         r = cache.reservation(gang)
         if r is None:
             r = _reserve(cache, pod, gang)

@@ -451,10 +451,17 @@ class ClusterCache:
 
     def expire(self) -> list[Reservation]:
         """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
-        PodGroup stay until their controller releases them."""
-        gone = self._ledger.expire(
-            self.clock(), keep=lambda r: r.meta.get(names.META_OWNER_KIND) in names.OWNER_MANAGED_KINDS
-        )
+        PodGroup stay until their controller releases them, and so does a hold whose slots are
+        ResourceClaims while a pod of its gang lives (the pods point at those claims)."""
+
+        def keep(r: Reservation) -> bool:
+            if r.meta.get(names.META_OWNER_KIND) in names.OWNER_MANAGED_KINDS:
+                return True
+            if r.meta.get(names.META_SLOT_CLAIMS) != "true":
+                return False
+            return any(not p.terminal and not p.deleting for p in self._gang_pods.get(r.gang, {}).values())
+
+        gone = self._ledger.expire(self.clock(), keep=keep)
         for r in gone:
             self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
         return gone

@@ -611,3 +611,29 @@ def test_after_a_restart_the_slots_handed_out_come_back_from_the_pods_and_none_i
     gpus = [pinned(admitted), pinned(patched(second, r1))]
     assert not gpus[0] & gpus[1]
     assert len(api.objects(RESOURCE_CLAIMS)) == 2
+
+
+def test_a_hold_pinned_by_claims_outlives_its_ttl_while_a_pod_of_the_gang_lives(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    api, _ = world
+    clock = [1000.0]
+    cache = ClusterCache(store=KubeReservationStore(api), clock=lambda: clock[0], ttl_s=30)
+    for kind in Kind:
+        cache.replace(kind, [])
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    cache.apply(Kind.NODES, "ADDED", node_obj(NODE, gpus=0))
+    cache.apply(
+        Kind.NODE_TOPOLOGIES, "ADDED", build_object(NODE, build_spec(graph, "nvml", [], []), [], PUBLISHED)
+    )
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(NODE, graph))
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    pod = dra_pod("tp4-0")
+    (r,) = admit(api, cache, pod)
+    admitted = patched(pod, r)
+    admitted["metadata"]["namespace"] = "llm"
+    cache.apply(Kind.PODS, "ADDED", admitted)
+    clock[0] += 31
+    assert cache.expire() == [] and cache.reservation("llm/tp4") is not None
+    cache.apply(Kind.PODS, "DELETED", admitted)
+    assert [x.gang for x in cache.expire()] == ["llm/tp4"]
