@@ -168,69 +168,73 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
             )
         mine[slot.key] = (pod.name or "<generated name>", now)
         pending[gang] = mine
-    if not await cache.persist(gang):
-        raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.save_error(gang)}")
-    res_name = r.meta.get("name", "")
     try:
-        saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
-    except KubeError as exc:
-        raise Refusal(f"gang {gang}: reading SliceReservation {namespace}/{res_name}: {exc}") from None
-    owner = {
-        "name": res_name,
-        "uid": str(_map(saved.get("metadata")).get("uid") or ""),
-        "gang": labels[names.GANG],
-    }
-    name = claim_name(res_name, slot)
-    devices = [device_map.device(g) for g in slot.gpus]
-    try:
-        claim = build_claim(
-            namespace=namespace,
-            name=name,
-            template=template,
-            request=gpu,
-            slot=slot,
-            devices=devices,
-            reservation=owner,
+        if not await cache.persist(gang):
+            raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.save_error(gang)}")
+        res_name = r.meta.get("name", "")
+        try:
+            saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
+        except KubeError as exc:
+            raise Refusal(f"gang {gang}: reading SliceReservation {namespace}/{res_name}: {exc}") from None
+        owner = {
+            "name": res_name,
+            "uid": str(_map(saved.get("metadata")).get("uid") or ""),
+            "gang": labels[names.GANG],
+        }
+        name = claim_name(res_name, slot)
+        devices = [device_map.device(g) for g in slot.gpus]
+        try:
+            claim = build_claim(
+                namespace=namespace,
+                name=name,
+                template=template,
+                request=gpu,
+                slot=slot,
+                devices=devices,
+                reservation=owner,
+            )
+            await SlotClaims(api).ensure(claim)
+        except SlotError as exc:
+            raise Refusal(f"gang {gang}: {exc}") from None
+        except KubeError as exc:
+            raise Refusal(f"gang {gang}: creating ResourceClaim {namespace}/{name}: {exc}") from None
+        log.info(
+            "pod %s of gang %s: slot %s on %s, claim %s pins %s",
+            pod.name or meta.get("generateName"),
+            gang,
+            slot.key,
+            slot.node,
+            name,
+            ",".join(d.name for d in devices),
+            extra=fields(gang=gang),
         )
-        await SlotClaims(api).ensure(claim)
-    except SlotError as exc:
-        raise Refusal(f"gang {gang}: {exc}") from None
-    except KubeError as exc:
-        raise Refusal(f"gang {gang}: creating ResourceClaim {namespace}/{name}: {exc}") from None
-    log.info(
-        "pod %s of gang %s: slot %s on %s, claim %s pins %s",
-        pod.name or meta.get("generateName"),
-        gang,
-        slot.key,
-        slot.node,
-        name,
-        ",".join(d.name for d in devices),
-        extra=fields(gang=gang),
-    )
-    pinned = {**dict(entry), "resourceClaimName": name}
-    pinned.pop("resourceClaimTemplateName", None)
-    ops: list[dict[str, Any]] = [
-        {"op": "replace", "path": f"/spec/resourceClaims/{position}", "value": pinned}
-    ]
-    if not isinstance(meta.get("annotations"), Mapping):
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-    wanted = {
-        names.CLAIM_GPUS: str(gpu.count),
-        names.SLOT: slot.key,
-        names.GPUS: ",".join(str(g) for g in slot.gpus),
-        names.GPU_UUIDS: ",".join(d.uuid or "" for d in devices),
-    }
-    if slot.node in r.slice.mnnvl_nodes:
-        ops += await _join_domain(api, namespace, owner, slot.node, pod, spec, str(entry.get("name")))
-    for key, value in wanted.items():
-        ops.append(
-            {
-                "op": "add",
-                "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"),
-                "value": value,
-            }
-        )
-    return ops
+        pinned = {**dict(entry), "resourceClaimName": name}
+        pinned.pop("resourceClaimTemplateName", None)
+        ops: list[dict[str, Any]] = [
+            {"op": "replace", "path": f"/spec/resourceClaims/{position}", "value": pinned}
+        ]
+        if not isinstance(meta.get("annotations"), Mapping):
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        wanted = {
+            names.CLAIM_GPUS: str(gpu.count),
+            names.SLOT: slot.key,
+            names.GPUS: ",".join(str(g) for g in slot.gpus),
+            names.GPU_UUIDS: ",".join(d.uuid or "" for d in devices),
+        }
+        if slot.node in r.slice.mnnvl_nodes:
+            ops += await _join_domain(api, namespace, owner, slot.node, pod, spec, str(entry.get("name")))
+        for key, value in wanted.items():
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"),
+                    "value": value,
+                }
+            )
+        return ops
+    except Refusal:
+        pending.get(gang, {}).pop(slot.key, None)  # refused: the slot is not handed out
+        raise
 
 
 async def _join_domain(

@@ -637,3 +637,20 @@ def test_a_hold_pinned_by_claims_outlives_its_ttl_while_a_pod_of_the_gang_lives(
     assert cache.expire() == [] and cache.reservation("llm/tp4") is not None
     cache.apply(Kind.PODS, "DELETED", admitted)
     assert [x.gang for x in cache.expire()] == ["llm/tp4"]
+
+
+def test_a_pod_refused_after_its_slot_was_picked_leaves_the_slot_free_for_its_retry(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    from extender.kube.api import Unavailable
+
+    api, cache = world
+    pod = dra_pod("ignored", size=2)
+    del pod["metadata"]["name"]
+    pod["metadata"]["generateName"] = "tp4-0-"
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = "0"
+    api.fail_next("create resourceclaims", Unavailable(503, "etcd is slow"))
+    refused, retried = admit(api, cache, pod, pod)
+    assert not refused["allowed"] and "creating ResourceClaim" in refused["status"]["message"], refused
+    assert retried["allowed"], retried
+    assert patched(pod, retried)["metadata"]["annotations"][names.SLOT] == "pods/0"
