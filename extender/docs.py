@@ -22,6 +22,7 @@ from pathlib import Path
 CONSTANT_MODULES = (
     "extender.kube.names",
     "extender.topology.hierarchy",
+    "extender.placement.feasibility",
 )
 
 
@@ -339,6 +340,14 @@ FOREIGN_KEYS = (
         "ResourceSlice device (DRA)",
         "read by the claim builder",
         "A GPU's PCIe root: a slot whose GPUs share one gets `matchAttribute` on it as a safety net.",
+    ),
+    Key(
+        "extender.placement.feasibility:UNSCHEDULABLE_TAINT",
+        "taint (toleration key)",
+        "Pod tolerations",
+        "read by every placement policy",
+        "A pod that tolerates it may be placed on a cordoned node (`spec.unschedulable`), as "
+        "kube-scheduler's NodeUnschedulable filter allows.",
     ),
 )
 
