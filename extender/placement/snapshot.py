@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,10 @@ from extender.topology.model import GpuGraph, NodeShape
 Clique = tuple[str | None, ...]
 #: A pod set's node requirements, all of which a node meets.
 Selector = tuple[NodeRequirement, ...]
+#: Nodes alike for placement as far as allocation goes: (node type, free mask).
+FreeClass = tuple[str, int]
+#: A domain's parts one level down: its child domains, and its nodes outside any of them.
+DomainParts = tuple[tuple[DomainKey, ...], tuple[int, ...]]
 
 
 @dataclass
@@ -75,6 +80,8 @@ class ClusterSnapshot:
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
+        self._parts: tuple[list[tuple[str | None, ...]], dict[DomainKey, DomainParts]] | None = None
+        self._classes: tuple[list[int], list[str], dict[FreeClass, list[int]]] | None = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -113,6 +120,22 @@ class ClusterSnapshot:
         if self._kinds is None or self._kinds[0] is not self.nodes:
             self._kinds = (self.nodes, [n.shape.key for n in self.nodes])
         return self._kinds[1]
+
+    def free_classes(self) -> dict[FreeClass, list[int]]:
+        """The node indices by node type and free mask, each list in index order: what the
+        solver computes once per class instead of once per node (cached per free table, and
+        kept up to date by :meth:`updated`; do not modify)."""
+        kinds = self.kinds()
+        if self._classes is None or self._classes[0] is not self._free or self._classes[1] is not kinds:
+            table: dict[FreeClass, list[int]] = {}
+            for i, k in enumerate(zip(kinds, self._free, strict=True)):
+                got = table.get(k)
+                if got is None:
+                    table[k] = [i]
+                else:
+                    got.append(i)
+            self._classes = (self._free, kinds, table)
+        return self._classes[2]
 
     def admitted(self, selector: Selector) -> frozenset[int] | None:
         """The indices of the nodes whose labels meet every requirement of ``selector``
@@ -190,6 +213,30 @@ class ClusterSnapshot:
             self._domains = out
         return self._domains
 
+    def domain_parts(self) -> dict[DomainKey, DomainParts]:
+        """Every domain split into its parts one level down: the child domains it contains
+        and its nodes that have no domain there (every node, at the finest level), so a sum
+        over a domain's nodes can be built from its children's sums (cached per snapshot)."""
+        if self._parts is None or self._parts[0] is not self._paths:
+            finest = len(self.hierarchy.levels) - 1
+            table: dict[DomainKey, DomainParts] = {}
+            for key, members in self.domains().items():
+                level = key[0]
+                if level == finest:
+                    table[key] = ((), tuple(members))
+                    continue
+                children: dict[DomainKey, None] = {}
+                loose: list[int] = []
+                for i in members:
+                    child = self.hierarchy.domain(self._paths[i], level + 1)
+                    if child is None:
+                        loose.append(i)
+                    else:
+                        children[child] = None
+                table[key] = (tuple(children), tuple(loose))
+            self._parts = (self._paths, table)
+        return self._parts[1]
+
     @property
     def has_cliques(self) -> bool:
         """Whether the hierarchy has a multi-node NVLink (fabric) level at all."""
@@ -237,6 +284,11 @@ class ClusterSnapshot:
         snap._kinds = self._kinds
         snap._admitted = self._admitted
         snap._order = self._order
+        snap._parts = self._parts
+        if self._classes_current():
+            # Only the nodes held here or in this snapshot can differ in free GPUs.
+            changed = sorted(self._index[n] for n in {*held, *self.reserved} if n in self._index)
+            snap._classes = (snap._free, snap.kinds(), self._moved_classes(snap, changed))
         return snap
 
     def updated(
@@ -276,11 +328,53 @@ class ClusterSnapshot:
                 snap.nodes[self._index[name]] = state
                 snap._by_name[name] = state
         snap._free = list(self._free)
-        for name in {*states, *also}:
-            if name in snap._index:
-                i = snap._index[name]
-                snap._free[i] = snap._compute_free(snap.nodes[i])
+        changed = sorted(snap._index[name] for name in {*states, *also} if name in snap._index)
+        for i in changed:
+            snap._free[i] = snap._compute_free(snap.nodes[i])
+        if states and self._kinds is not None and self._kinds[0] is self.nodes:
+            kinds = list(self._kinds[1])
+            for name, state in states.items():
+                kinds[self._index[name]] = state.shape.key
+            snap._kinds = (snap.nodes, kinds)
+        if self._classes_current() and snap._kinds is not None and snap._kinds[0] is snap.nodes:
+            snap._classes = (snap._free, snap._kinds[1], self._moved_classes(snap, changed))
         return snap
+
+    def _classes_current(self) -> bool:
+        """Whether :meth:`free_classes` is computed for this snapshot's free table and nodes."""
+        return (
+            self._classes is not None
+            and self._classes[0] is self._free
+            and self._kinds is not None
+            and self._kinds[0] is self.nodes
+            and self._classes[1] is self._kinds[1]
+        )
+
+    def _moved_classes(self, snap: ClusterSnapshot, changed: Iterable[int]) -> dict[FreeClass, list[int]]:
+        """This snapshot's :meth:`free_classes` with the ``changed`` nodes moved to their class
+        in ``snap`` (copy on write: the lists this snapshot hands out stay as they are)."""
+        assert self._classes is not None
+        old_kinds, table = self._classes[1], dict(self._classes[2])
+        new_kinds = snap.kinds()
+        copied: set[FreeClass] = set()
+
+        def own(k: FreeClass) -> list[int]:
+            if k not in copied:
+                table[k] = list(table.get(k, ()))
+                copied.add(k)
+            return table[k]
+
+        for i in changed:
+            old, new = (old_kinds[i], self._free[i]), (new_kinds[i], snap._free[i])
+            if old == new:
+                continue
+            members = own(old)
+            members.remove(i)
+            if not members:
+                del table[old]
+                copied.discard(old)
+            bisect.insort(own(new), i)
+        return table
 
     @property
     def total_gpus(self) -> int:

@@ -28,6 +28,7 @@ solver does not call a gang unplaceable while a slice exists.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
@@ -59,7 +60,7 @@ from extender.placement.scoring import (
     resolve_need,
 )
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, TopologyKey
+from extender.placement.snapshot import ClusterSnapshot, DomainParts, TopologyKey
 from extender.topology.hierarchy import DomainKey
 from extender.topology.model import Tier
 
@@ -83,6 +84,20 @@ COLOCATE = "colocation"
 #: node index -> (pods of the pod set that fit, at most its count; free mask; tier per pod)
 Entry = tuple[int, int, Tier]
 Caps = dict[int, Entry]
+#: Nodes with the same capacity entry, by (node type, entry): what is worked out once each.
+Groups = dict[tuple[str, Entry], list[int]]
+
+
+class _Caps(dict[int, Entry]):
+    """A capacity table that also holds its nodes grouped (:data:`Groups`)."""
+
+    def __init__(self, groups: Groups) -> None:
+        super().__init__()
+        self.groups = groups
+        for (_, entry), members in groups.items():
+            self.update(dict.fromkeys(members, entry))
+
+
 #: How a finished slice ranks: (clique GPUs off the fabric, cost, notes), lower is better.
 SliceKey = tuple[int, int, float, int]
 #: (clique GPUs off the fabric, cost) of a placement: the objective, lexicographic.
@@ -352,7 +367,7 @@ class Solver:
         for preferred in (True, False) if need.preferred_tier is not None else (False,):
             every = self._caps(gang, ps, need, state, preferred)
             for restrict in (within, None) if within is not None else (None,):
-                caps = every if restrict is None else {i: c for i, c in every.items() if i in restrict}
+                caps = every if restrict is None else self._restricted(every, restrict)
                 opts = self._pass(gang, ps, need, caps, state, links, dependents)
                 if not opts and not preferred and restrict is None:
                     shortfall = self._shortfall(gang, ps, need, caps)
@@ -473,12 +488,29 @@ class Solver:
         if got is not None:
             return got
         if state.taken:
-            caps = dict(self._caps(gang, ps, need, _State(), preferred))
+            base = self._caps(gang, ps, need, _State(), preferred)
+            groups = dict(_groups_of(base, self.snap.kinds()))
+            kinds = self.snap.kinds()
+            touched: set[tuple[str, Entry]] = set()
             for i, taken in state.taken.items():
-                caps.pop(i, None)
+                old = base.get(i)
+                if old is not None:
+                    k = (kinds[i], old)
+                    if k not in touched:
+                        groups[k] = list(groups[k])
+                        touched.add(k)
+                    groups[k].remove(i)
+                    if not groups[k]:
+                        del groups[k]
+                        touched.discard(k)
                 entry = self._cap_entry(ps, need, i, self.snap.free_mask(i) & ~taken, preferred)
                 if entry is not None:
-                    caps[i] = entry
+                    k = (kinds[i], entry)
+                    if k not in touched:
+                        groups[k] = list(groups.get(k, ()))
+                        touched.add(k)
+                    bisect.insort(groups[k], i)
+            caps: Caps = _Caps(groups)
         else:
             caps = self._scan(ps, need, preferred)
         self._caps_memo[key] = caps
@@ -489,17 +521,31 @@ class Solver:
         one tier per node type."""
         memo = self._entries.setdefault((ps.name, preferred), {})
         gpus = ps.gpus_per_pod
-        caps: Caps = {}
+        groups: Groups = {}
         admitted = self.snap.admitted(ps.node_selector)
-        for i, k in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
-            if k[1].bit_count() < gpus or (admitted is not None and i not in admitted):
+        for k, members in self.snap.free_classes().items():
+            if k[1].bit_count() < gpus:
                 continue
+            if admitted is not None:
+                members = [i for i in members if i in admitted]
+                if not members:
+                    continue
             entry = memo.get(k, _MISSING)
             if entry is _MISSING:
-                entry = memo[k] = self._entry(ps, need, i, k[1], preferred)
+                entry = memo[k] = self._entry(ps, need, members[0], k[1], preferred)
             if entry is not None:
-                caps[i] = entry
-        return caps
+                groups[(k[0], entry)] = members
+        return _Caps(groups)
+
+    def _restricted(self, caps: Caps, nodes: set[int]) -> _Caps:
+        """``caps`` on ``nodes`` only."""
+        kinds = self.snap.kinds()
+        groups: Groups = {}
+        for i in sorted(nodes) if len(nodes) < len(caps) else caps:
+            entry = caps.get(i) if i in nodes else None
+            if entry is not None:
+                groups.setdefault((kinds[i], entry), []).append(i)
+        return _Caps(groups)
 
     def _cap_entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
         """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits;
@@ -605,8 +651,10 @@ class Solver:
         one per relation to the pod sets it hands a KV cache to or from, and the best one
         that leaves room for pod sets colocating with this one."""
         ranked: list[tuple[tuple[float, ...], int]] = []
-        for i, (cap, free, tier) in caps.items():
-            if cap >= ps.count:
+        for (_, (cap, free, tier)), members in _groups_of(caps, self.snap.kinds()).items():
+            if cap < ps.count:
+                continue
+            for i in members:
                 pick = self._node_pick(ps, i, free, tier)
                 # One node's pods do not talk over the fabric (a KV hand-off to a partner in
                 # the same clique may: the relation classes below offer that node too).
@@ -678,11 +726,11 @@ class Solver:
 
     # -- several nodes -------------------------------------------------------------------
     @functools.cached_property
-    def _domains_by_level(self) -> dict[int, list[list[int]]]:
-        """The snapshot's domains (their node indices), by level index."""
-        out: dict[int, list[list[int]]] = {}
+    def _domains_by_level(self) -> dict[int, list[tuple[DomainKey | None, list[int]]]]:
+        """The snapshot's domains (their keys and node indices), by level index."""
+        out: dict[int, list[tuple[DomainKey | None, list[int]]]] = {}
         for key, members in self.snap.domains().items():
-            out.setdefault(key[0], []).append(members)
+            out.setdefault(key[0], []).append((key, members))
         return out
 
     def _fabric_of(self, i: int) -> tuple[str | None, ...] | None:
@@ -691,6 +739,14 @@ class Solver:
     def _owns_mnnvl(self, gang: str, i: int) -> bool:
         owner = self.snap.mnnvl_owner(i)
         return owner is None or owner == gang
+
+    def _multi_floor(self, gang: str, ps: PodSet, i: int) -> int | None:
+        """The coarsest level at which node ``i`` may be one of several nodes of ``ps``
+        (ANYWHERE: any; None: none), as :meth:`_multi_usable` rules."""
+        fd = self._fabric_of(i)
+        if fd is None or not pods_talk(ps):
+            return ANYWHERE
+        return len(fd) - 1 if self._owns_mnnvl(gang, i) else None
 
     def _multi_usable(self, gang: str, ps: PodSet, i: int, level: int) -> bool:
         """May node ``i`` be one of several nodes of ``ps`` spanning a domain at ``level``?
@@ -716,8 +772,8 @@ class Solver:
     def _top_gbps(self, ps: PodSet, caps: Caps) -> float:
         """At least the best ring bandwidth a pod of ``ps`` gets on any of these nodes: the
         fastest GPU set its tier allows on each node type."""
-        names = self.snap.kinds()
-        kinds = {(names[i], entry[2]): i for i, entry in caps.items()}
+        groups = _groups_of(caps, self.snap.kinds())
+        kinds = {(kind, entry[2]): members[0] for (kind, entry), members in groups.items()}
         best = 0.0
         for (_, tier), i in kinds.items():
             fit = fit_for(self.snap.nodes[i].shape)
@@ -755,63 +811,94 @@ class Solver:
         # Pods sharing one node are priced by that node's own links (single-node options);
         # these options span two nodes at least, so no node takes every pod.
         limit = ps.count - 1
-        # Per node, once per call (the levels below all read them): the pods it may take
-        # here, and the best ring bandwidth one pod gets on it (the same for every node of
-        # one type with the same free GPUs).
         kinds = self.snap.kinds()
+        # Once per call (the levels below all read them), per group of alike nodes: the best
+        # ring bandwidth one pod gets, per node type and free GPUs.
         by_kind: dict[tuple[str, int, Tier], float] = {}
-        gbps: dict[int, float] = {}
-        held_cap: dict[int, int] = {}
-        for i, entry in caps.items():
-            key = (kinds[i], entry[1], entry[2])
-            got = by_kind.get(key)
-            if got is None:
-                got = by_kind[key] = self._pod_gbps(ps, i, entry)
-            gbps[i] = got
-            held_cap[i] = entry[0] if entry[0] < limit else limit
-        top_gbps = self._top_gbps(ps, caps)
-        by_level = self._domains_by_level
         # A pod set whose pods do not talk takes clique nodes last (they are off the fabric).
         quiet = self._has_fabric and not pods_talk(ps)
+        # Nodes alike for the search below (same speed class and the same coarsest level they
+        # may span), each group's nodes as a table by node index of _pack(pods, free GPUs, 1).
+        groups: dict[tuple[int, float, int], list[int]] = {}
+        size = len(self.snap.nodes)
+        for (kind, entry), members in _groups_of(caps, kinds).items():
+            got = by_kind.get((kind, entry[1], entry[2]))
+            if got is None:
+                got = by_kind[(kind, entry[1], entry[2])] = self._pod_gbps(ps, members[0], entry)
+            packed = _pack(min(entry[0], limit), entry[1].bit_count(), 1)
+            if not self._has_fabric:
+                table = groups.get((0, got, ANYWHERE))
+                if table is None:
+                    table = groups[(0, got, ANYWHERE)] = [0] * size
+                for i in members:
+                    table[i] = packed
+                continue
+            for i in members:
+                floor = self._multi_floor(gang.name, ps, i)
+                if floor is None:
+                    continue
+                group = (1 if quiet and self._fabric_of(i) is not None else 0, got, floor)
+                table = groups.get(group)
+                if table is None:
+                    table = groups[group] = [0] * size
+                table[i] = packed
+
+        def gbps_of(i: int) -> float:
+            entry = caps[i]
+            return by_kind[(kinds[i], entry[1], entry[2])]
+
+        top_gbps = self._top_gbps(ps, caps)
+        by_level = self._domains_by_level
+        sums = _DomainSums(self.snap.domain_parts(), list(groups.values()))
         opts: list[_Option] = []
         for level in range(len(h.levels) - 1, max(need.scope, ANYWHERE) - 1, -1):
             fabric = level >= 0 and h.levels[level].fabric
             bound = (0, _q(self._bound(ps, level, top_gbps, links)))
             if not fabric and (bound > best if ties else bound >= best):
                 break
-            domains = [list(caps)] if level == ANYWHERE else by_level.get(level, [])
+            domains = [(None, list(caps))] if level == ANYWHERE else by_level.get(level, [])
             cap_gbps = self._span_cap(ps, level)
-            found: list[tuple[tuple[float, ...], list[int], list[int]]] = []
             # The fastest nodes that together hold every pod; a faster node than the
-            # network between them buys nothing, so those count as equal.
-            rank: dict[int, tuple[int, float]] = {}
-            for i, g in gbps.items():
-                off = 1 if quiet and self._fabric_of(i) is not None else 0
-                rank[i] = (off, -(g if g < cap_gbps else cap_gbps))
-            for members in domains:
-                if self._has_fabric:
-                    usable = [i for i in members if i in caps and self._multi_usable(gang.name, ps, i, level)]
-                else:
-                    usable = [i for i in members if i in caps]
-                if sum([held_cap[i] for i in usable]) < ps.count:
+            # network between them buys nothing, so those count as equal. Each domain is
+            # ranked from its groups' sums; only the best few are then looked at node by node.
+            speeds: dict[tuple[int, float], list[int]] = {}
+            for k, (off, g, floor) in enumerate(groups):
+                if floor <= level:
+                    speeds.setdefault((off, -(g if g < cap_gbps else cap_gbps)), []).append(k)
+            ranks = sorted(speeds.items())
+            found: list[tuple[tuple[float, ...], list[int]]] = []
+            for key, members in domains:
+                vec = sums.whole() if key is None else sums.of(key)
+                if sum(_unpack(vec[k])[0] for _, ks in ranks for k in ks) < ps.count:
                     continue
-                usable.sort(key=rank.__getitem__)
-                held, threshold = 0, (0, 0.0)
-                for i in usable:
-                    held += held_cap[i]
-                    threshold = rank[i]
+                held, spare, count = 0, -ps.count * ps.gpus_per_pod, 0
+                threshold = (0, 0.0)
+                for speed, ks in ranks:
+                    for k in ks:
+                        pods, free, nodes = _unpack(vec[k])
+                        spare += free
+                        count += nodes
+                        held += pods
+                    threshold = speed
                     if held >= ps.count:
                         break
-                fast = [i for i in usable if rank[i] <= threshold]
-                spare = sum(caps[i][1].bit_count() for i in fast) - ps.count * ps.gpus_per_pod
-                # Off-fabric nodes first: every non-clique node is used before any clique node.
-                first = [i for i in fast if rank[i][0] < threshold[0]]
-                found.append(((threshold[0], threshold[1], float(spare), float(len(fast))), fast, first))
+                found.append(((threshold[0], threshold[1], float(spare), float(count)), members))
             found.sort(key=lambda f: f[0])
-            for n, (rank_, fast, first) in enumerate(found[:CANDIDATES]):
+            for n, (rank_, members) in enumerate(found[:CANDIDATES]):
                 if n and not fabric and not ties and bound >= best:
                     break  # one candidate already costs the least any domain here can
-                capped = {i: (held_cap[i], caps[i][1], caps[i][2]) for i in fast}
+                threshold = (int(rank_[0]), rank_[1])
+                rank: dict[int, tuple[int, float]] = {}
+                gbps: dict[int, float] = {}
+                for i in members:
+                    if i in caps and (not self._has_fabric or self._multi_usable(gang.name, ps, i, level)):
+                        off = 1 if quiet and self._fabric_of(i) is not None else 0
+                        gbps[i] = g = gbps_of(i)
+                        rank[i] = (off, -(g if g < cap_gbps else cap_gbps))
+                fast = sorted((i for i in rank if rank[i] <= threshold), key=rank.__getitem__)
+                # Off-fabric nodes first: every non-clique node is used before any clique node.
+                first = [i for i in fast if rank[i][0] < threshold[0]]
+                capped = {i: (min(caps[i][0], limit), caps[i][1], caps[i][2]) for i in fast}
                 assignment = {i: capped[i][0] for i in first}
                 rest = [i for i in fast if i not in assignment]
                 need_rest = ps.count - sum(assignment.values())
@@ -982,7 +1069,7 @@ class Solver:
             roomiest = (single[0], f"node {self.snap.nodes[single[1]].name}") if single else None
             return self._shortfall_reason(ps, "node", what, roomiest)
         if need.scope == ANYWHERE:
-            have, where = self._room_in(gang.name, ps, list(caps), caps)
+            have, where = self._room_in(gang.name, ps, sorted(caps), caps)
             if not pods_talk(ps) or not any(self._fabric_of(i) for i in caps):
                 return self._shortfall_reason(ps, None, what, (have, "cluster"))
             return self._shortfall_reason(ps, "clique, nor the nodes outside cliques,", what, (have, where))
@@ -1075,6 +1162,54 @@ class _Relation:
                     return ("fabric", level, clique_gbps(self.solver.snap.nodes[i].graph))
                 return ("level", level)
         return ("level", ANYWHERE)
+
+
+def _groups_of(caps: Caps, kinds: Sequence[str]) -> Groups:
+    """The nodes of ``caps`` grouped by node type and entry."""
+    if isinstance(caps, _Caps):
+        return caps.groups
+    groups: Groups = {}
+    for i, entry in caps.items():
+        groups.setdefault((kinds[i], entry), []).append(i)
+    return groups
+
+
+#: Bits per field of a packed node count (:func:`_pack`): room for any cluster's GPUs.
+_FIELD = 32
+_MASK = (1 << _FIELD) - 1
+
+
+def _pack(pods: int, free: int, nodes: int) -> int:
+    """Pods, free GPUs and nodes in one int, so one C-level ``sum`` adds all three."""
+    return pods | free << _FIELD | nodes << 2 * _FIELD
+
+
+def _unpack(packed: int) -> tuple[int, int, int]:
+    return packed & _MASK, packed >> _FIELD & _MASK, packed >> 2 * _FIELD
+
+
+class _DomainSums:
+    """Per domain, the sum of each group's table (node index -> packed counts) over its
+    nodes, built from the children's sums (:meth:`ClusterSnapshot.domain_parts`), so each
+    node is added once however many levels are searched."""
+
+    def __init__(self, parts: Mapping[DomainKey, DomainParts], tables: Sequence[list[int]]) -> None:
+        self.parts = parts
+        self.tables = tables
+        self.memo: dict[DomainKey, list[int]] = {}
+
+    def of(self, key: DomainKey) -> list[int]:
+        got = self.memo.get(key)
+        if got is None:
+            children, loose = self.parts[key]
+            got = [sum(map(t.__getitem__, loose)) for t in self.tables]
+            for child in children:
+                got = [a + b for a, b in zip(got, self.of(child), strict=True)]
+            self.memo[key] = got
+        return got
+
+    def whole(self) -> list[int]:
+        return [sum(t) for t in self.tables]
 
 
 def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
