@@ -19,8 +19,6 @@ Clique = tuple[str | None, ...]
 Selector = tuple[NodeRequirement, ...]
 #: Nodes alike for placement as far as allocation goes: (node type, free mask).
 FreeClass = tuple[str, int]
-#: A domain's parts one level down: its child domains, and its nodes outside any of them.
-DomainParts = tuple[tuple[DomainKey, ...], tuple[int, ...]]
 
 
 @dataclass
@@ -80,7 +78,7 @@ class ClusterSnapshot:
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
-        self._parts: tuple[list[tuple[str | None, ...]], dict[DomainKey, DomainParts]] | None = None
+        self._spans: tuple[list[tuple[str | None, ...]], dict[DomainKey, tuple[int, int]]] | None = None
         self._classes: tuple[list[int], list[str], dict[FreeClass, list[int]]] | None = None
 
     def _compute_free(self, node: NodeState) -> int:
@@ -213,29 +211,18 @@ class ClusterSnapshot:
             self._domains = out
         return self._domains
 
-    def domain_parts(self) -> dict[DomainKey, DomainParts]:
-        """Every domain split into its parts one level down: the child domains it contains
-        and its nodes that have no domain there (every node, at the finest level), so a sum
-        over a domain's nodes can be built from its children's sums (cached per snapshot)."""
-        if self._parts is None or self._parts[0] is not self._paths:
-            finest = len(self.hierarchy.levels) - 1
-            table: dict[DomainKey, DomainParts] = {}
+    def domain_spans(self) -> dict[DomainKey, tuple[int, int]]:
+        """Each domain's nodes as a range ``[lo, hi)`` of ranks in :meth:`order`: that order
+        sorts by label path, so every domain's nodes are contiguous in it and a sum over a
+        domain is a difference of two prefix sums (cached per snapshot)."""
+        if self._spans is None or self._spans[0] is not self._paths:
+            rank = self.order()
+            table: dict[DomainKey, tuple[int, int]] = {}
             for key, members in self.domains().items():
-                level = key[0]
-                if level == finest:
-                    table[key] = ((), tuple(members))
-                    continue
-                children: dict[DomainKey, None] = {}
-                loose: list[int] = []
-                for i in members:
-                    child = self.hierarchy.domain(self._paths[i], level + 1)
-                    if child is None:
-                        loose.append(i)
-                    else:
-                        children[child] = None
-                table[key] = (tuple(children), tuple(loose))
-            self._parts = (self._paths, table)
-        return self._parts[1]
+                ranks = [rank[i] for i in members]
+                table[key] = (min(ranks), max(ranks) + 1)
+            self._spans = (self._paths, table)
+        return self._spans[1]
 
     @property
     def has_cliques(self) -> bool:
@@ -284,7 +271,7 @@ class ClusterSnapshot:
         snap._kinds = self._kinds
         snap._admitted = self._admitted
         snap._order = self._order
-        snap._parts = self._parts
+        snap._spans = self._spans
         if self._classes_current():
             # Only the nodes held here or in this snapshot can differ in free GPUs.
             changed = sorted(self._index[n] for n in {*held, *self.reserved} if n in self._index)

@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.cost import Comm
@@ -47,7 +47,6 @@ from extender.placement.scoring import (
     clique_gbps,
     colocation_misses,
     fabric_waste,
-    gang_micros,
     in_node_span,
     mnnvl_nodes,
     node_scope,
@@ -60,7 +59,7 @@ from extender.placement.scoring import (
     resolve_need,
 )
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, DomainParts, TopologyKey
+from extender.placement.snapshot import ClusterSnapshot, FreeClass, TopologyKey
 from extender.topology.hierarchy import DomainKey
 from extender.topology.model import Tier
 
@@ -83,19 +82,81 @@ COLOCATE = "colocation"
 
 #: node index -> (pods of the pod set that fit, at most its count; free mask; tier per pod)
 Entry = tuple[int, int, Tier]
-Caps = dict[int, Entry]
+Caps = Mapping[int, Entry]
 #: Nodes with the same capacity entry, by (node type, entry): what is worked out once each.
 Groups = dict[tuple[str, Entry], list[int]]
 
 
-class _Caps(dict[int, Entry]):
-    """A capacity table that also holds its nodes grouped (:data:`Groups`)."""
+class _Caps(Mapping[int, Entry]):
+    """A capacity table of the nodes in ``groups``. A node's entry is looked up by its class
+    (node type, free mask) in ``entries``, the pod set's entry per class, unless ``override``
+    has it (nodes this gang took GPUs from): a search reads a few nodes' entries, and a table
+    of every node's would cost more than the search itself on a large cluster."""
 
-    def __init__(self, groups: Groups) -> None:
-        super().__init__()
+    __slots__ = ("_admitted", "_entries", "_free", "_kinds", "_len", "_override", "_within", "groups")
+
+    def __init__(
+        self,
+        groups: Groups,
+        entries: Mapping[FreeClass, Entry | None],
+        kinds: Sequence[str],
+        free: Sequence[int],
+        admitted: frozenset[int] | None,
+        override: Mapping[int, Entry | None] | None = None,
+        within: set[int] | None = None,
+    ) -> None:
         self.groups = groups
-        for (_, entry), members in groups.items():
-            self.update(dict.fromkeys(members, entry))
+        self._entries, self._kinds, self._free = entries, kinds, free
+        self._admitted, self._override, self._within = admitted, override, within
+        self._len = sum(map(len, groups.values()))
+
+    def get(self, i: int, default: Entry | None = None) -> Entry | None:  # type: ignore[override]
+        if self._override is not None and i in self._override:
+            entry = self._override[i]
+        elif self._admitted is not None and i not in self._admitted:
+            return default
+        else:
+            entry = self._entries.get((self._kinds[i], self._free[i]))
+        if entry is None or (self._within is not None and i not in self._within):
+            return default
+        return entry
+
+    def __getitem__(self, i: int) -> Entry:
+        entry = self.get(i)
+        if entry is None:
+            raise KeyError(i)
+        return entry
+
+    def __contains__(self, i: object) -> bool:
+        return isinstance(i, int) and self.get(i) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain.from_iterable(self.groups.values())
+
+    def __len__(self) -> int:
+        return self._len
+
+    def patched(self, groups: Groups, override: Mapping[int, Entry | None], within: set[int] | None) -> _Caps:
+        """The same lookups over other groups, with more overrides or fewer nodes."""
+        merged = {**(self._override or {}), **override} if override else self._override
+        if within is not None and self._within is not None:
+            within = within & self._within
+        return _Caps(
+            groups,
+            self._entries,
+            self._kinds,
+            self._free,
+            self._admitted,
+            merged,
+            within if within is not None else self._within,
+        )
+
+    def table(self) -> dict[int, Entry]:
+        """Every node's entry (for the paths that read them all)."""
+        out: dict[int, Entry] = {}
+        for (_, entry), members in self.groups.items():
+            out.update(dict.fromkeys(members, entry))
+        return out
 
 
 #: How a finished slice ranks: (clique GPUs off the fabric, cost, notes), lower is better.
@@ -220,6 +281,8 @@ class Solver:
         self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
         self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
         self._gbps: dict[tuple[int, str, int, Tier], float] = {}
+        # pod_set_micros per (pod set, slots, partner slots), the tuples kept alive with it.
+        self._micros: dict[tuple[str, int, int], tuple[float, object, object]] = {}
         self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
         self._work = 0
@@ -229,6 +292,7 @@ class Solver:
     def place(self, gang: GangRequest) -> Placement:
         # Memo tables keyed by pod set name belong to one gang.
         self._caps_memo.clear()
+        self._micros.clear()
         self._entries.clear()
         self._picks.clear()
         self._work = 0
@@ -311,12 +375,19 @@ class Solver:
 
     def _finish(self, gang: GangRequest, placed: dict[str, _Option]) -> _Done:
         slots = [s for ps in gang.pod_sets for s in placed[ps.name].slots]
-        micros = gang_micros(self.snap, gang, slots)
+        # As scoring.gang_micros: each pod set on its slots, with its colocateWith set's.
+        micros = {
+            ps.name: self._pod_set_micros(
+                ps, placed[ps.name].slots, placed[ps.colocate_with.pod_set].slots if ps.colocate_with else ()
+            )
+            for ps in gang.pod_sets
+        }
         notes = [n for ps in gang.pod_sets for n in placed[ps.name].notes]
         # Every colocation the slice misses carries a note: one placed before its colocateWith
         # set was not judged against it, and one judged against a set spread over several
         # domains may sit next to some of its pods only.
-        for name, why in colocation_misses(self.snap, gang, slots).items():
+        misses = colocation_misses(self.snap, gang, slots)
+        for name, why in misses.items():
             if COLOCATE not in placed[name].misses:
                 notes.append(f"pod set {name}: {why}; placed within {placed[name].where}")
         sl = Slice(
@@ -328,8 +399,17 @@ class Solver:
             notes=tuple(notes),
             mnnvl_nodes=mnnvl_nodes(self.snap, gang, slots),
         )
-        apart = len(colocation_misses(self.snap, gang, slots))
-        return _Done((fabric_waste(self.snap, gang, slots), apart, _q(sl.per_layer_micros), len(notes)), sl)
+        waste = fabric_waste(self.snap, gang, slots)
+        return _Done((waste, len(misses), _q(sl.per_layer_micros), len(notes)), sl)
+
+    def _pod_set_micros(self, ps: PodSet, slots: tuple[PodSlot, ...], partner: tuple[PodSlot, ...]) -> float:
+        """scoring.pod_set_micros, once per placement: the price of an option and the
+        finished slice read the same slots."""
+        key = (ps.name, id(slots), id(partner))
+        got = self._micros.get(key)
+        if got is None:
+            got = self._micros[key] = (pod_set_micros(self.snap, ps, slots, partner), slots, partner)
+        return got[0]
 
     # -- one pod set: candidates ---------------------------------------------------------
     def _options(
@@ -492,6 +572,7 @@ class Solver:
             groups = dict(_groups_of(base, self.snap.kinds()))
             kinds = self.snap.kinds()
             touched: set[tuple[str, Entry]] = set()
+            override: dict[int, Entry | None] = {}
             for i, taken in state.taken.items():
                 old = base.get(i)
                 if old is not None:
@@ -503,14 +584,14 @@ class Solver:
                     if not groups[k]:
                         del groups[k]
                         touched.discard(k)
-                entry = self._cap_entry(ps, need, i, self.snap.free_mask(i) & ~taken, preferred)
+                entry = override[i] = self._cap_entry(ps, need, i, self.snap.free_mask(i) & ~taken, preferred)
                 if entry is not None:
                     k = (kinds[i], entry)
                     if k not in touched:
                         groups[k] = list(groups.get(k, ()))
                         touched.add(k)
                     bisect.insort(groups[k], i)
-            caps: Caps = _Caps(groups)
+            caps = _patched(base, groups, override, None)
         else:
             caps = self._scan(ps, need, preferred)
         self._caps_memo[key] = caps
@@ -535,9 +616,9 @@ class Solver:
                 entry = memo[k] = self._entry(ps, need, members[0], k[1], preferred)
             if entry is not None:
                 groups[(k[0], entry)] = members
-        return _Caps(groups)
+        return _Caps(groups, memo, self.snap.kinds(), self.snap.free_masks(), admitted)
 
-    def _restricted(self, caps: Caps, nodes: set[int]) -> _Caps:
+    def _restricted(self, caps: Caps, nodes: set[int]) -> Caps:
         """``caps`` on ``nodes`` only."""
         kinds = self.snap.kinds()
         groups: Groups = {}
@@ -545,7 +626,7 @@ class Solver:
             entry = caps.get(i) if i in nodes else None
             if entry is not None:
                 groups.setdefault((kinds[i], entry), []).append(i)
-        return _Caps(groups)
+        return _patched(caps, groups, {}, nodes)
 
     def _cap_entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
         """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits;
@@ -589,13 +670,15 @@ class Solver:
             opts.extend(self._multi_options(gang, ps, need, caps, state, links, best, ties))
         return opts
 
-    def _price(self, ps: PodSet, slots: Sequence[PodSlot], links: _Links, own: float | None = None) -> Price:
+    def _price(
+        self, ps: PodSet, slots: tuple[PodSlot, ...], links: _Links, own: float | None = None
+    ) -> Price:
         """What placing ``ps`` on ``slots`` adds to the gang's objective: clique GPUs taken off
         the fabric, and cost: its own communication (``own`` when already known) and the KV
         hand-offs to its placed dependents."""
         if own is None or links.partner:
-            own = pod_set_micros(self.snap, ps, slots, links.partner)
-        cost = own + sum(pod_set_micros(self.snap, d, d_slots, slots) for d, d_slots in links.dependents)
+            own = self._pod_set_micros(ps, slots, links.partner)
+        cost = own + sum(self._pod_set_micros(d, d_slots, slots) for d, d_slots in links.dependents)
         waste = 0
         if self._has_fabric:
             waste = pod_set_fabric_waste(self.snap, ps, slots, links.partner) + sum(
@@ -818,9 +901,11 @@ class Solver:
         # A pod set whose pods do not talk takes clique nodes last (they are off the fabric).
         quiet = self._has_fabric and not pods_talk(ps)
         # Nodes alike for the search below (same speed class and the same coarsest level they
-        # may span), each group's nodes as a table by node index of _pack(pods, free GPUs, 1).
+        # may span): per group, _pack(pods, free GPUs, 1) of each of its nodes at the node's
+        # rank in the snapshot's order, where every domain is a range (domain_spans).
         groups: dict[tuple[int, float, int], list[int]] = {}
         size = len(self.snap.nodes)
+        order = self.snap.order()
         for (kind, entry), members in _groups_of(caps, kinds).items():
             got = by_kind.get((kind, entry[1], entry[2]))
             if got is None:
@@ -831,7 +916,7 @@ class Solver:
                 if table is None:
                     table = groups[(0, got, ANYWHERE)] = [0] * size
                 for i in members:
-                    table[i] = packed
+                    table[order[i]] = packed
                 continue
             for i in members:
                 floor = self._multi_floor(gang.name, ps, i)
@@ -841,64 +926,71 @@ class Solver:
                 table = groups.get(group)
                 if table is None:
                     table = groups[group] = [0] * size
-                table[i] = packed
-
-        def gbps_of(i: int) -> float:
-            entry = caps[i]
-            return by_kind[(kinds[i], entry[1], entry[2])]
+                table[order[i]] = packed
+        # Prefix sums: a domain's sum per group is two lookups.
+        prefix = [list(itertools.accumulate(t, initial=0)) for t in groups.values()]
+        spans = self.snap.domain_spans()
 
         top_gbps = self._top_gbps(ps, caps)
         by_level = self._domains_by_level
-        sums = _DomainSums(self.snap.domain_parts(), list(groups.values()))
         opts: list[_Option] = []
         for level in range(len(h.levels) - 1, max(need.scope, ANYWHERE) - 1, -1):
             fabric = level >= 0 and h.levels[level].fabric
             bound = (0, _q(self._bound(ps, level, top_gbps, links)))
             if not fabric and (bound > best if ties else bound >= best):
                 break
-            domains = [(None, list(caps))] if level == ANYWHERE else by_level.get(level, [])
+            domains: Sequence[tuple[DomainKey | None, list[int] | None]] = (
+                [(None, None)] if level == ANYWHERE else by_level.get(level, [])
+            )
             cap_gbps = self._span_cap(ps, level)
             # The fastest nodes that together hold every pod; a faster node than the
             # network between them buys nothing, so those count as equal. Each domain is
             # ranked from its groups' sums; only the best few are then looked at node by node.
-            speeds: dict[tuple[int, float], list[int]] = {}
-            for k, (off, g, floor) in enumerate(groups):
+            speeds: dict[tuple[int, float], list[list[int]]] = {}
+            for (off, g, floor), p in zip(groups, prefix, strict=True):
                 if floor <= level:
-                    speeds.setdefault((off, -(g if g < cap_gbps else cap_gbps)), []).append(k)
-            ranks = sorted(speeds.items())
-            found: list[tuple[tuple[float, ...], list[int]]] = []
-            for key, members in domains:
-                vec = sums.whole() if key is None else sums.of(key)
-                if sum(_unpack(vec[k])[0] for _, ks in ranks for k in ks) < ps.count:
+                    speeds.setdefault((off, -(g if g < cap_gbps else cap_gbps)), []).append(p)
+            ranks = sorted(speeds.items(), key=lambda r: r[0])
+            usable = [p for _, tables in ranks for p in tables]
+            found: list[tuple[tuple[float, ...], list[int] | None]] = []
+            for key, listed in domains:
+                lo, hi = (0, size) if key is None else spans[key]
+                # Packed sums add field by field (no field overflows into the next).
+                if _unpack(sum([p[hi] - p[lo] for p in usable]))[0] < ps.count:
                     continue
-                held, spare, count = 0, -ps.count * ps.gpus_per_pod, 0
-                threshold = (0, 0.0)
-                for speed, ks in ranks:
-                    for k in ks:
-                        pods, free, nodes = _unpack(vec[k])
-                        spare += free
-                        count += nodes
-                        held += pods
+                total, threshold = 0, (0, 0.0)
+                for speed, tables in ranks:
+                    for p in tables:
+                        total += p[hi] - p[lo]
                     threshold = speed
-                    if held >= ps.count:
+                    if total & _MASK >= ps.count:
                         break
-                found.append(((threshold[0], threshold[1], float(spare), float(count)), members))
+                _, free, count = _unpack(total)
+                spare = free - ps.count * ps.gpus_per_pod
+                found.append(((threshold[0], threshold[1], float(spare), float(count)), listed))
             found.sort(key=lambda f: f[0])
-            for n, (rank_, members) in enumerate(found[:CANDIDATES]):
+            for n, (rank_, listed) in enumerate(found[:CANDIDATES]):
                 if n and not fabric and not ties and bound >= best:
                     break  # one candidate already costs the least any domain here can
                 threshold = (int(rank_[0]), rank_[1])
+                members = list(caps) if listed is None else listed
                 rank: dict[int, tuple[int, float]] = {}
                 gbps: dict[int, float] = {}
+                capped: dict[int, Entry] = {}
                 for i in members:
-                    if i in caps and (not self._has_fabric or self._multi_usable(gang.name, ps, i, level)):
-                        off = 1 if quiet and self._fabric_of(i) is not None else 0
-                        gbps[i] = g = gbps_of(i)
-                        rank[i] = (off, -(g if g < cap_gbps else cap_gbps))
-                fast = sorted((i for i in rank if rank[i] <= threshold), key=rank.__getitem__)
+                    here = caps.get(i)
+                    if here is None:
+                        continue
+                    if self._has_fabric and not self._multi_usable(gang.name, ps, i, level):
+                        continue
+                    off = 1 if quiet and self._fabric_of(i) is not None else 0
+                    gbps[i] = g = by_kind[(kinds[i], here[1], here[2])]
+                    rank[i] = r = (off, -(g if g < cap_gbps else cap_gbps))
+                    if r <= threshold:
+                        capped[i] = (here[0] if here[0] < limit else limit, here[1], here[2])
+                fast = sorted(capped, key=rank.__getitem__)
                 # Off-fabric nodes first: every non-clique node is used before any clique node.
                 first = [i for i in fast if rank[i][0] < threshold[0]]
-                capped = {i: (min(caps[i][0], limit), caps[i][1], caps[i][2]) for i in fast}
                 assignment = {i: capped[i][0] for i in first}
                 rest = [i for i in fast if i not in assignment]
                 need_rest = ps.count - sum(assignment.values())
@@ -1055,6 +1147,8 @@ class Solver:
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
+        if isinstance(caps, _Caps):
+            caps = caps.table()
         words = self._tier_words(ps, need)
         what = f"{ps.count} pods of {ps.gpus_per_pod} free {words}GPU{'s' if ps.gpus_per_pod != 1 else ''}"
         largest = max((n.shape.size for n in self.snap.nodes), default=0)
@@ -1164,6 +1258,15 @@ class _Relation:
         return ("level", ANYWHERE)
 
 
+def _patched(
+    caps: Caps, groups: Groups, override: Mapping[int, Entry | None], within: set[int] | None
+) -> Caps:
+    """``caps`` over ``groups``, with ``override`` and restricted to ``within``."""
+    if isinstance(caps, _Caps):
+        return caps.patched(groups, override, within)
+    return {i: e for (_, e), members in groups.items() for i in members}
+
+
 def _groups_of(caps: Caps, kinds: Sequence[str]) -> Groups:
     """The nodes of ``caps`` grouped by node type and entry."""
     if isinstance(caps, _Caps):
@@ -1186,30 +1289,6 @@ def _pack(pods: int, free: int, nodes: int) -> int:
 
 def _unpack(packed: int) -> tuple[int, int, int]:
     return packed & _MASK, packed >> _FIELD & _MASK, packed >> 2 * _FIELD
-
-
-class _DomainSums:
-    """Per domain, the sum of each group's table (node index -> packed counts) over its
-    nodes, built from the children's sums (:meth:`ClusterSnapshot.domain_parts`), so each
-    node is added once however many levels are searched."""
-
-    def __init__(self, parts: Mapping[DomainKey, DomainParts], tables: Sequence[list[int]]) -> None:
-        self.parts = parts
-        self.tables = tables
-        self.memo: dict[DomainKey, list[int]] = {}
-
-    def of(self, key: DomainKey) -> list[int]:
-        got = self.memo.get(key)
-        if got is None:
-            children, loose = self.parts[key]
-            got = [sum(map(t.__getitem__, loose)) for t in self.tables]
-            for child in children:
-                got = [a + b for a, b in zip(got, self.of(child), strict=True)]
-            self.memo[key] = got
-        return got
-
-    def whole(self) -> list[int]:
-        return [sum(t) for t in self.tables]
 
 
 def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:

@@ -1,6 +1,6 @@
 """The snapshot's derived tables the solver reads instead of walking every node: the nodes
-by node type and free mask (kept up to date across updates) and each domain's parts one
-level down (a domain's nodes are exactly its children's nodes plus its loose ones)."""
+by node type and free mask (kept up to date across updates), and each domain as a range of
+the snapshot's order (sorted by label path, so each domain's nodes are contiguous)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.placement.snapshot import ClusterSnapshot, NodeState
-from extender.topology.hierarchy import DomainKey, Hierarchy, Level
+from extender.topology.hierarchy import Hierarchy, Level
 from extender.topology.presets import preset_graph
 
 LEVELS = (Level("spine", "x/spine"), Level("leaf", "x/leaf"), Level("rack", "x/rack", kind="group"))
@@ -73,21 +73,11 @@ def test_free_classes_follow_updates_as_a_fresh_build(
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(LABELS, min_size=1, max_size=16))
-def test_domain_parts_partition_each_domain(labels: list[dict[str, str]]) -> None:
+def test_each_domain_is_a_range_of_the_snapshot_order(labels: list[dict[str, str]]) -> None:
     snap = cluster(labels, [frozenset()] * len(labels))
-    domains = snap.domains()
-    parts = snap.domain_parts()
-    assert set(parts) == set(domains)
-
-    def nodes_of(key: DomainKey) -> list[int]:
-        children, loose = parts[key]
-        out = list(loose)
-        for child in children:
-            assert child[0] == key[0] + 1
-            out.extend(nodes_of(child))
-        return out
-
-    for key, members in domains.items():
-        got = nodes_of(key)
-        assert sorted(got) == sorted(members), key
-        assert len(got) == len(set(got)), ("a node counted twice", key)
+    rank = snap.order()
+    spans = snap.domain_spans()
+    assert set(spans) == set(snap.domains())
+    for key, members in snap.domains().items():
+        lo, hi = spans[key]
+        assert {i for i in range(len(snap.nodes)) if lo <= rank[i] < hi} == set(members), key
