@@ -280,7 +280,7 @@ class Solver:
         # Capacity entries per (pod set, preferred tier), then per (node type, free mask).
         self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
         self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
-        self._gbps: dict[tuple[int, str, int, Tier], float] = {}
+        self._gbps: dict[tuple[int, str, int, Tier], float] = _CLASS_TABLES.gbps
         # pod_set_micros per (pod set, slots, partner slots), the tuples kept alive with it.
         self._micros: dict[tuple[str, int, int], tuple[float, object, object]] = {}
         self._worths: dict[str, float] = {}
@@ -600,7 +600,7 @@ class Solver:
     def _scan(self, ps: PodSet, need: Need, preferred: bool) -> Caps:
         """Every node's capacity for ``ps``: one capacity search per node type and free mask,
         one tier per node type."""
-        memo = self._entries.setdefault((ps.name, preferred), {})
+        memo = self._entry_memo(ps, need, preferred)
         gpus = ps.gpus_per_pod
         groups: Groups = {}
         admitted = self.snap.admitted(ps.node_selector)
@@ -636,11 +636,19 @@ class Solver:
         admitted = self.snap.admitted(ps.node_selector)
         if admitted is not None and i not in admitted:
             return None
-        memo = self._entries.setdefault((ps.name, preferred), {})
+        memo = self._entry_memo(ps, need, preferred)
         k = (self.snap.kinds()[i], free)
         if k not in memo:
             memo[k] = self._entry(ps, need, i, free, preferred)
         return memo[k]
+
+    def _entry_memo(self, ps: PodSet, need: Need, preferred: bool) -> dict[FreeClass, Entry | None]:
+        """The capacity entries of ``ps`` per class, shared with earlier decisions for the same
+        pod set (:data:`_CLASS_TABLES`)."""
+        got = self._entries.get((ps.name, preferred))
+        if got is None:
+            got = self._entries[(ps.name, preferred)] = _CLASS_TABLES.entries((ps, need, preferred))
+        return got
 
     def _entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
         tier = pod_tier(self.snap, i, ps, need, preferred)
@@ -895,9 +903,9 @@ class Solver:
         # these options span two nodes at least, so no node takes every pod.
         limit = ps.count - 1
         kinds = self.snap.kinds()
-        # Once per call (the levels below all read them), per group of alike nodes: the best
-        # ring bandwidth one pod gets, per node type and free GPUs.
-        by_kind: dict[tuple[str, int, Tier], float] = {}
+        # Per class of nodes: the best ring bandwidth one pod gets, and the packed counts.
+        per_class = _CLASS_TABLES.speeds
+        shape = (ps.gpus_per_pod, ps.count)
         # A pod set whose pods do not talk takes clique nodes last (they are off the fabric).
         quiet = self._has_fabric and not pods_talk(ps)
         # Nodes alike for the search below (same speed class and the same coarsest level they
@@ -907,10 +915,11 @@ class Solver:
         size = len(self.snap.nodes)
         order = self.snap.order()
         for (kind, entry), members in _groups_of(caps, kinds).items():
-            got = by_kind.get((kind, entry[1], entry[2]))
-            if got is None:
-                got = by_kind[(kind, entry[1], entry[2])] = self._pod_gbps(ps, members[0], entry)
-            packed = _pack(min(entry[0], limit), entry[1].bit_count(), 1)
+            known = per_class.get((shape, kind, entry))
+            if known is None:
+                packed = _pack(min(entry[0], limit), entry[1].bit_count(), 1)
+                known = per_class[(shape, kind, entry)] = (self._pod_gbps(ps, members[0], entry), packed)
+            got, packed = known
             if not self._has_fabric:
                 table = groups.get((0, got, ANYWHERE))
                 if table is None:
@@ -984,7 +993,7 @@ class Solver:
                     if self._has_fabric and not self._multi_usable(gang.name, ps, i, level):
                         continue
                     off = 1 if quiet and self._fabric_of(i) is not None else 0
-                    gbps[i] = g = by_kind[(kinds[i], here[1], here[2])]
+                    gbps[i] = g = per_class[(shape, kinds[i], here)][0]
                     rank[i] = r = (off, -(g if g < cap_gbps else cap_gbps))
                     if r <= threshold:
                         capped[i] = (here[0] if here[0] < limit else limit, here[1], here[2])
@@ -1310,6 +1319,41 @@ def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
         out.extend(o for o in opts if not o.no_room)
         out = out[: width + 1]
     return out
+
+
+class _ClassTables:
+    """What the solver works out per class of nodes (node type, free mask) for a pod set,
+    kept across decisions as :mod:`~extender.placement.node_fit` keeps its tables per node
+    type: each is a function of the pod set, its resolved rules and the class alone, and a
+    cluster's classes recur from one decision to the next while its nodes change hands. The
+    capacity entries of the last few hundred pod sets, one pod's best ring bandwidth per
+    (GPUs, node type, free mask, tier), and what the multi-node search reads per entry.
+    """
+
+    POD_SETS = 256
+    GBPS = 1 << 20
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[PodSet, Need, bool], dict[FreeClass, Entry | None]] = OrderedDict()
+        self.gbps: dict[tuple[int, str, int, Tier], float] = {}
+        #: Per ((GPUs per pod, pods), node type, entry): (pod bandwidth, _pack of its counts).
+        self.speeds: dict[tuple[tuple[int, int], str, Entry], tuple[float, int]] = {}
+
+    def entries(self, key: tuple[PodSet, Need, bool]) -> dict[FreeClass, Entry | None]:
+        got = self._entries.get(key)
+        if got is None:
+            got = self._entries[key] = {}
+            while len(self._entries) > self.POD_SETS:
+                self._entries.popitem(last=False)
+            if len(self.gbps) + len(self.speeds) > self.GBPS:
+                self.gbps.clear()
+                self.speeds.clear()
+        else:
+            self._entries.move_to_end(key)
+        return got
+
+
+_CLASS_TABLES = _ClassTables()
 
 
 class _EmptyFits:

@@ -1,0 +1,56 @@
+"""The per-class tables the solver keeps across decisions (capacity entries, pod bandwidth)
+must never change an answer: a decision made with tables warmed by other clusters, other
+allocations and other gangs equals the same decision made with empty tables."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extender.cost import Comm
+from extender.placement import solver
+from extender.placement.bench import synthetic_cluster
+from extender.placement.request import GangRequest, PodSet
+from extender.placement.slice import Slice
+from extender.topology.presets import preset_graph
+
+GANGS = (
+    GangRequest("tp", (PodSet("server", 1, 4, Comm.ALLREDUCE),)),
+    GangRequest("pp", (PodSet("stages", 6, 2, Comm.PIPELINE, preferred_level="leaf"),)),
+    GangRequest(
+        "ep", (PodSet("experts", 24, 1, Comm.ALLTOALL, required_level="spine", preferred_level="leaf"),)
+    ),
+    # Same name and rules, other shapes: nothing may be shared between them by name.
+    GangRequest(
+        "ep2", (PodSet("experts", 10, 2, Comm.ALLTOALL, required_level="spine", preferred_level="leaf"),)
+    ),
+    GangRequest(
+        "ep3", (PodSet("experts", 5, 3, Comm.ALLTOALL, required_level="spine", preferred_level="leaf"),)
+    ),
+    GangRequest("one", (PodSet("experts", 12, 2, Comm.ALLTOALL, required_level="leaf"),)),
+)
+
+
+def answer(got: object) -> object:
+    if isinstance(got, Slice):
+        return (got.slots, got.score, got.notes, got.domains)
+    return got
+
+
+@pytest.mark.parametrize("preset", ["hgx-h100", "pcie-8gpu-2socket", "l40s-4gpu"])
+def test_warm_tables_give_the_answers_of_empty_ones(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(7)
+    clusters = [
+        synthetic_cluster(n, preset_graph(preset), fraction, seed)[0]
+        for n, fraction, seed in ((96, 0.5, 1), (160, 0.7, 2), (64, 0.3, 3))
+    ]
+    warm = solver._ClassTables()
+    monkeypatch.setattr(solver, "_CLASS_TABLES", warm)
+    asked = [(snap, gang) for snap in clusters for gang in GANGS]
+    rng.shuffle(asked)
+    warm_answers = [answer(solver.place(snap, gang)) for snap, gang in asked]
+    assert warm._entries, "the tables were not used"
+    for (snap, gang), expected in zip(asked, warm_answers, strict=True):
+        monkeypatch.setattr(solver, "_CLASS_TABLES", solver._ClassTables())
+        assert answer(solver.place(snap, gang)) == expected, (preset, gang.name, len(snap.nodes))
