@@ -153,8 +153,8 @@ WRITTEN_KEYS = (
         f"{NAMES}:GPU_UUIDS",
         "annotation",
         "Pod",
-        "read by `gangslice preflight`, which fails when the visible GPUs' UUIDs differ "
-        "(bind does not write it yet)",
+        "written at bind (when the node's graph has UUIDs, as NVML discovery gives); read by "
+        "`gangslice preflight`, which fails when the visible GPUs' UUIDs differ",
         "The UUIDs of those GPUs, comma-separated, e.g. `GPU-5c8e...,GPU-9a1f...`.",
     ),
     Key(

@@ -37,6 +37,7 @@ from extender.agent.publish import (
     build_spec,
     change_key,
     devices_in_use,
+    devices_known,
 )
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class Agent:
         seen = self.observer.observe()
         for source in seen.failed:
             self.metrics.discovery_errors.labels(source).inc()
+        known: Condition | None = None
         try:
             uses = self.pod_resources.devices_in_use()
             allocatable = self.pod_resources.allocatable()
@@ -123,6 +125,7 @@ class Agent:
                 "Listed",
                 f"{len(on_gpus)} of {len(allocatable)} allocatable GPUs held by {len(pods)} pods",
             )
+            known = devices_known(uses, allocatable, seen.graph)
         except PodResourcesUnavailable as exc:
             in_use, allocatable = [], []
             pr = Condition(POD_RESOURCES_AVAILABLE, False, exc.reason, str(exc))
@@ -133,7 +136,8 @@ class Agent:
             self.metrics.discovery_errors.labels("pod-resources").inc()
         spec = build_spec(seen.graph, seen.source, in_use, allocatable)
         now = self.wall()
-        conditions = self._conditions.stamp([seen.condition, pr], now)
+        listed = [seen.condition, pr] + ([known] if known is not None else [])
+        conditions = self._conditions.stamp(listed, now)
         uid = self._owner_uid() if with_owner else None
         return build_object(self.config.node, spec, conditions, now, node_uid=uid)
 

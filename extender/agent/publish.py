@@ -29,10 +29,15 @@ declares the ``status`` subresource)::
       source: nvml | nvidia-smi | none
     status:
       conditions:
-        - {type: Discovered | PodResourcesAvailable, status: "True" | "False",
+        - {type: Discovered | PodResourcesAvailable | DevicesKnown, status: "True" | "False",
            reason: <CamelCase>, message, lastTransitionTime: <RFC 3339>}
       observedGeneration: <metadata.generation the status describes>
       lastPublished: <RFC 3339, when the agent wrote the object>
+
+``DevicesKnown`` (present while PodResources is listed) is ``False``, reason
+``UnknownDevices``, when the kubelet names GPU device ids NVML does not see on the node; its
+message names the PodResources field and the ids. Those devices carry no ``index`` in
+``devicesInUse``, so gangslice counts nothing on them and drops nothing it holds.
 
 Reading it: with ``source: none`` the graph is empty (no GPUs known) and ``Discovered`` is
 ``False`` naming why. ``devicesInUse`` and ``allocatableDevices`` are empty whenever
@@ -74,6 +79,7 @@ APPLY_CONTENT_TYPE = APPLY_PATCH
 
 DISCOVERED = "Discovered"
 POD_RESOURCES_AVAILABLE = "PodResourcesAvailable"
+DEVICES_KNOWN = "DevicesKnown"
 
 SOURCES = ("nvml", "nvidia-smi", "none")
 
@@ -127,6 +133,36 @@ def devices_in_use(uses: Sequence[DeviceUse], graph: GpuGraph) -> list[dict[str,
             entry["index"] = by_uuid[u.device_id]
         out.append({**entry, "namespace": u.namespace, "pod": u.pod, "container": u.container})
     return out
+
+
+def devices_known(uses: Sequence[DeviceUse], allocatable: Sequence[str], graph: GpuGraph) -> Condition:
+    """``DevicesKnown``: whether every GPU device id the kubelet names is a GPU NVML sees.
+    MIG devices (``MIG-…``) are not whole GPUs of the graph and are not counted as unknown."""
+    seen = {g.uuid for g in graph.gpus if g.uuid}
+
+    def unknown(device: str) -> bool:
+        return device not in seen and not device.upper().startswith("MIG-")
+
+    held: dict[str, set[str]] = {}
+    for u in uses:
+        if unknown(u.device_id):
+            held.setdefault(u.device_id, set()).add(f"{u.namespace}/{u.pod}")
+    spare = sorted({d for d in allocatable if unknown(d)} - set(held))
+    if not held and not spare:
+        return Condition(DEVICES_KNOWN, True, "AllSeen", "every GPU the kubelet names is one NVML sees")
+    parts = []
+    if held:
+        listed = ", ".join(f"{d} (pod {', '.join(sorted(p))})" for d, p in sorted(held.items()))
+        parts.append(f"List: containers[].devices[].device_ids {listed}")
+    if spare:
+        parts.append(f"GetAllocatableResources: devices[].device_ids {', '.join(spare)}")
+    return Condition(
+        DEVICES_KNOWN,
+        False,
+        "UnknownDevices",
+        "the kubelet's PodResources names GPUs NVML does not see on this node (not counted): "
+        + "; ".join(parts),
+    )
 
 
 def build_spec(

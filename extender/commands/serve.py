@@ -14,6 +14,7 @@ from extender.controllers.podgroup_controller import PodGroupConfig
 from extender.httpapi.bench import TARGET_RPS
 from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
 from extender.httpapi.limits import Limits
+from extender.kube.mismatch import OnMismatch
 from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
@@ -82,6 +83,14 @@ def register(sub: Any) -> None:
         default=DEFAULT_TTL_S,
         metavar="SECONDS",
         help=f"how long a slice is held for pods that have not bound (default {DEFAULT_TTL_S:g})",
+    )
+    p.add_argument(
+        "--on-mismatch",
+        choices=[o.value for o in OnMismatch],
+        default=OnMismatch.REPORT.value,
+        help="a pod the kubelet gave other GPUs than promised: report it (Event, DevicesMismatch "
+        "condition, metric; default) or also evict it to be placed again (pods/eviction, which "
+        "honours its PodDisruptionBudget)",
     )
     p.add_argument(
         "--no-controller",
@@ -282,6 +291,7 @@ def run_serve(args: argparse.Namespace) -> int:
         asyncio.run(serve(cache, options))
         return EXIT_OK
     from extender.kube.client import ApiServerClient
+    from extender.kube.mismatch import MismatchReporter
     from extender.kube.topology_status import KubeTopologyStatusApi, TopologyStatusReporter
 
     try:
@@ -290,13 +300,16 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
     cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
     reporter = TopologyStatusReporter(KubeTopologyStatusApi(api))
+    mismatches = MismatchReporter(api, OnMismatch(args.on_mismatch))
     reviewer = None
     if args.metrics_port:
         from extender.httpapi.secure_metrics import ApiReviewer
 
         reviewer = ApiReviewer(api)
     if args.no_controller:
-        asyncio.run(serve(cache, options, api, topology_status=reporter, reviewer=reviewer))
+        asyncio.run(
+            serve(cache, options, api, topology_status=reporter, reviewer=reviewer, mismatches=mismatches)
+        )
         return EXIT_OK
     from extender.controllers.runner import run_controller
 
@@ -311,7 +324,17 @@ def run_serve(args: argparse.Namespace) -> int:
             podgroup_config=podgroup_config,
         )
 
-    asyncio.run(serve(cache, options, api, controller, topology_status=reporter, reviewer=reviewer))
+    asyncio.run(
+        serve(
+            cache,
+            options,
+            api,
+            controller,
+            topology_status=reporter,
+            reviewer=reviewer,
+            mismatches=mismatches,
+        )
+    )
     return EXIT_OK
 
 

@@ -24,12 +24,23 @@ from extender.httpapi import kube_routes, volcano_routes
 from extender.httpapi.access import ACCESS, Access, checked
 from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
-from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS, TOPOLOGY_STATUS, leads
+from extender.httpapi.handling import (
+    API,
+    BINDER,
+    CACHE,
+    DECIDER,
+    LEADING,
+    METRICS,
+    MISMATCHES,
+    TOPOLOGY_STATUS,
+    leads,
+)
 from extender.httpapi.limits import LIMITS, Limits, bounded
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
 from extender.kube.cache import ClusterCache
+from extender.kube.mismatch import MismatchReporter
 from extender.kube.topology_status import TopologyStatusReporter
 from extender.logs import fields
 
@@ -62,9 +73,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) -> None:
-    """Expire holds whose TTL ran out, and say on each refused NodeTopology why, on the
-    leader only: a standby's copies of the reservations are read-only (the leader may have
-    refreshed them a moment ago)."""
+    """Expire holds whose TTL ran out, say on each refused NodeTopology why, and tell (or
+    evict) the pods the kubelet gave other GPUs than promised, on the leader only: a
+    standby's copies of the reservations are read-only (the leader may have refreshed them a
+    moment ago)."""
     cache = app[CACHE]
     while True:
         await asyncio.sleep(every_s)
@@ -75,6 +87,9 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
                 gone = cache.expire()
             for r in gone:
                 log.info("reservation of gang %s expired", r.gang, extra=fields(gang=r.gang))
+            mismatches = app.get(MISMATCHES)
+            if mismatches is not None:
+                await mismatches.sync(cache, cache.clock())
             await cache.flush()
             reporter = app.get(TOPOLOGY_STATUS)
             if reporter is not None:
@@ -94,10 +109,12 @@ def build_app(
     schedulers: Schedulers | None = None,
     access: Access | None = None,
     topology_status: TopologyStatusReporter | None = None,
+    mismatches: MismatchReporter | None = None,
 ) -> web.Application:
     """The service over ``cache``. With ``api`` pods are bound through the API server;
     without it binds are only recorded (file mode). With ``topology_status`` housekeeping
-    writes the ``Accepted`` condition of NodeTopologies the cache refused."""
+    writes the ``Accepted`` condition of NodeTopologies the cache refused; with
+    ``mismatches`` it tells (or evicts) pods the kubelet gave other GPUs than promised."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
     limits = limits or Limits()
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[checked, bounded])
@@ -110,6 +127,7 @@ def build_app(
     app[BINDER] = binder or (ApiBinder(api) if api is not None else LocalBinder())
     app[METRICS] = Metrics(cache)
     app[TOPOLOGY_STATUS] = topology_status
+    app[MISMATCHES] = mismatches
     kube_routes.add_routes(app, prefix)
     volcano_routes.add_routes(app, prefix)
     app.router.add_get("/healthz", healthz)

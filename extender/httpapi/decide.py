@@ -113,6 +113,9 @@ class BindPlan:
     #: The pod as the cache had it before the plan recorded it bound (for undo).
     previous: PodInfo | None = None
     noted: bool = False
+    #: The GPUs' UUIDs from the node's graph, in the order of ``gpus`` (empty when the graph
+    #: has none, e.g. one parsed from ``nvidia-smi topo -m``).
+    uuids: tuple[str, ...] = ()
 
     def annotations(self) -> dict[str, str]:
         if not self.gpus:
@@ -120,6 +123,8 @@ class BindPlan:
         out = {keys.GPUS: ",".join(map(str, self.gpus))}
         if self.numa_nodes:
             out[keys.NUMA_NODE] = ",".join(map(str, self.numa_nodes))
+        if self.uuids:
+            out[keys.GPU_UUIDS] = ",".join(self.uuids)
         return out
 
 
@@ -439,9 +444,21 @@ class Decider:
         else:
             plan = BindPlan(pod, node, (), ())
         if plan.gpus:
+            plan = replace(plan, uuids=self._uuids(node, plan.gpus))
             bound = replace(pod, node=node, annotations={**pod.annotations, **plan.annotations()})
             plan = replace(plan, previous=self.cache.note_bound(bound), noted=True)
         return plan
+
+    def _uuids(self, node: str, gpus: Sequence[int]) -> tuple[str, ...]:
+        """The UUIDs of ``gpus`` on ``node`` (``gangslice.io/gpu-uuids``); empty when the
+        node's graph lacks one of them."""
+        snap = self.cache.snapshot()
+        if not snap.has_node(node):
+            return ()
+        graph = snap.node(node).graph
+        if any(g not in graph.indices for g in gpus):
+            return ()
+        return graph.uuids(gpus) or ()
 
     def _plan_gpus(self, pod: PodInfo, node: str) -> BindPlan:
         if pod.node == node and pod.assigned_gpus:

@@ -24,6 +24,7 @@ from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import Binder
 from extender.kube.cache import ClusterCache
+from extender.kube.mismatch import MismatchReporter
 from extender.kube.topology_status import TopologyStatusReporter
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ LEADING: web.AppKey[dict[str, bool]] = web.AppKey("leading")
 
 #: Writes the ``Accepted`` condition of refused NodeTopologies (None in file mode).
 TOPOLOGY_STATUS: web.AppKey[TopologyStatusReporter | None] = web.AppKey("topology_status")
+#: Tells (and with --on-mismatch=evict, evicts) pods the kubelet gave other GPUs (None in file mode).
+MISMATCHES: web.AppKey[MismatchReporter | None] = web.AppKey("mismatches")
 
 STANDBY = "this gangslice replica is a standby (another holds the leader lease); retry"
 

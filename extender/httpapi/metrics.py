@@ -16,6 +16,12 @@
 - ``gangslice_level_gpus{level,state}``: per hierarchy level (and ``node``), GPUs held by
   reservations (``reserved``) and by bound slots (``bound``) on the nodes inside some domain
   of that level (see :func:`level_gpus`).
+- ``gangslice_devices_mismatch_total{node}``: bound pods found holding other GPUs than their
+  ``gangslice.io/gpus`` promise, as the kubelet reports them (one per new difference).
+- ``gangslice_devices_mismatched_pods``: pods with such a difference now.
+- ``gangslice_mismatch_evictions_total{result}``: evictions of such pods under
+  ``--on-mismatch=evict`` (``evicted``; ``blocked``: a PodDisruptionBudget answered 429;
+  ``failed``).
 - ``gangslice_cache_ready``: 1 once the first full list of every watched kind is in.
 - ``gangslice_cache_nodes``: GPU nodes in the snapshot.
 
@@ -30,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.httpapi.health_metrics import HealthCollector
@@ -141,7 +147,7 @@ class _CacheCollector(Collector):
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         reservations = self.cache.ledger.reservations()
         by_phase = {Phase.RESERVED.value: 0, Phase.BOUND.value: 0}
         for r in reservations:
@@ -164,6 +170,29 @@ class _CacheCollector(Collector):
             for state, n in counts.items():
                 by_level.add_metric([level, state], n)
         yield by_level
+        found = CounterMetricFamily(
+            "gangslice_devices_mismatch",
+            "Bound pods found holding other GPUs than promised (gangslice.io/gpus), as the node "
+            "agent reports the kubelet's allocation, by node.",
+            labels=["node"],
+        )
+        for node, n in sorted(self.cache.mismatches_found.items()):
+            found.add_metric([node], n)
+        yield found
+        yield GaugeMetricFamily(
+            "gangslice_devices_mismatched_pods",
+            "Pods holding other GPUs than promised now.",
+            value=len(self.cache.device_mismatches()),
+        )
+        evictions = CounterMetricFamily(
+            "gangslice_mismatch_evictions",
+            "Evictions of pods holding other GPUs than promised (--on-mismatch=evict), by result "
+            "(evicted; blocked: a PodDisruptionBudget answered 429; failed).",
+            labels=["result"],
+        )
+        for result, n in sorted(self.cache.mismatch_evictions.items()):
+            evictions.add_metric([result], n)
+        yield evictions
         yield GaugeMetricFamily(
             "gangslice_cache_ready", "1 once every watched kind is listed.", value=int(self.cache.ready)
         )

@@ -23,6 +23,7 @@ from extender.httpapi.secure_metrics import Reviewer, start_metrics_site
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import PODS, KubeClient, KubeError
 from extender.kube.cache import ClusterCache
+from extender.kube.mismatch import MismatchReporter
 from extender.kube.names import LEADER_LABEL
 from extender.kube.topology_status import TopologyStatusReporter
 from extender.kube.watch import Watcher
@@ -84,6 +85,7 @@ async def serve(
     controller: Controller | None = None,
     topology_status: TopologyStatusReporter | None = None,
     reviewer: Reviewer | None = None,
+    mismatches: MismatchReporter | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
@@ -103,6 +105,7 @@ async def serve(
         schedulers=options.schedulers,
         access=access,
         topology_status=topology_status,
+        mismatches=mismatches,
     )
     leading = {"now": False}
     if controller is not None:

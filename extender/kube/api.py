@@ -15,6 +15,7 @@ Errors are mapped once, in the client, with the underlying exception chained as
      +-- Forbidden        401, 403 (RBAC: the message names the verb and resource)
      +-- Gone             410 (a watch's resourceVersion is too old: list again)
      +-- Unavailable      no answer, 429, 5xx (worth retrying later)
+          +-- Throttled    429 (too many requests; an eviction a PodDisruptionBudget forbids now)
 
 Writes of our own fields use server-side apply with one field manager, :data:`FIELD_MANAGER`
 (``force``: gangslice owns those fields and nobody else should set them).
@@ -119,9 +120,16 @@ class Unavailable(KubeError):
     pass
 
 
+class Throttled(Unavailable):
+    """429: the server asks to try later; for an eviction, a PodDisruptionBudget allows no
+    disruption now."""
+
+
 def error_for(status: int, message: str) -> KubeError:
     """The typed error for an HTTP status (0: the server gave no answer)."""
-    if status == 0 or status == 429 or status >= 500:
+    if status == 429:
+        return Throttled(status, message)
+    if status == 0 or status >= 500:
         return Unavailable(status, message)
     cls = {401: Forbidden, 403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
     return cls(status, message)
@@ -184,6 +192,12 @@ class KubeClient(Protocol):
         ...
 
     async def delete(self, res: Resource, name: str, namespace: str = "") -> None: ...
+
+    async def evict(self, namespace: str, name: str, uid: str = "") -> None:
+        """Evict a pod through the ``pods/eviction`` subresource (a policy/v1 Eviction), so
+        its PodDisruptionBudget is honoured: :class:`Throttled` (429) while the budget allows
+        no disruption; ``uid``: only this very pod (409 for a later one of the name)."""
+        ...
 
     async def serves(self, res: Resource) -> bool:
         """Whether the API server serves ``res`` (Kueue and Volcano are optional)."""

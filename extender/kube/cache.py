@@ -7,10 +7,12 @@ and the persisted reservations in step. Everything runs on one asyncio loop; mut
 synchronous, so no decision sees a half-applied event. Decisions that span an ``await``
 take :attr:`ClusterCache.lock`.
 
-GPUs taken on a node: the cluster file's ``allocatedGpus``, plus every bound, unfinished
-pod's ``gangslice.io/gpus`` annotation, or else the GPUs the node agent reports the kubelet
-gave it (NodeTopology ``devicesInUse``); a bound pod with neither takes as many of the
-lowest free GPU indices as it requests (pods in name order).
+GPUs taken on a node: the cluster file's ``allocatedGpus``, plus, for every bound, unfinished
+pod, the GPUs the node agent reports the kubelet gave it (NodeTopology ``devicesInUse``: the
+truth), or else its ``gangslice.io/gpus`` annotation; a bound pod with neither takes as many
+of the lowest free GPU indices as it requests (pods in name order). A pod reported on other
+GPUs than its annotation promised is a device mismatch (:mod:`extender.kube.devices`): its
+reservation slot is moved onto the reported GPUs and its SliceReservation says so.
 
 A node whose NodeTopology fails validation is kept out of the snapshot (never given a
 guessed graph) and listed by :meth:`ClusterCache.refused_topologies` with the field and the
@@ -44,6 +46,7 @@ from extender.kube.crd_models import (
     parse_node_topology,
     reservation_from_object,
 )
+from extender.kube.devices import DeviceMismatch, node_mismatches
 from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
@@ -131,6 +134,13 @@ class ClusterCache:
         self._flush_lock: asyncio.Lock | None = None
         #: The background write :meth:`flush_soon` started and that has not begun yet.
         self._flush_queued: asyncio.Task[None] | None = None
+        #: Bound pods whose GPUs, as the kubelet reports them, differ from their annotation
+        #: (pod key -> mismatch), and the nodes to compare again (see :meth:`_check_devices`).
+        self._mismatches: dict[str, DeviceMismatch] = {}
+        self._devices_dirty: set[str] = set()
+        #: Mismatches found, per node, and evictions of mismatched pods, per result (counters).
+        self.mismatches_found: dict[str, int] = {}
+        self.mismatch_evictions: dict[str, int] = {}
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -312,7 +322,7 @@ class ClusterCache:
             self._gang_pods.setdefault(now.gang, {})[key] = now
 
     def gpus_of(self, pod_key: str) -> frozenset[int]:
-        """The GPUs a bound pod holds (annotated, or counted as lowest free indices)."""
+        """The GPUs a bound pod holds (as the kubelet reports, annotated, or the lowest free)."""
         pod = self._pods.get(pod_key)
         if pod is None or not pod.holds_gpus or pod.node is None:
             return frozenset()
@@ -454,6 +464,9 @@ class ClusterCache:
         ]
         self.rebuilds += 1
         self._reconcile_bindings()
+        # The rebuilt slots are the persisted ones: make them follow the kubelet again.
+        self._devices_dirty.update(m.node for m in self._mismatches.values())
+        self._check_devices()
         return refused
 
     async def rebuild_ledger(self) -> int:
@@ -495,7 +508,7 @@ class ClusterCache:
         self._writing.add(gang)
         try:
             if current is not None:
-                await self.store.save(current)
+                await self.store.save(current, self.device_mismatches(gang))
             elif deleted is not None:
                 await self.store.delete(deleted)
             self._unsaved.pop(gang, None)
@@ -557,6 +570,85 @@ class ClusterCache:
     def unflushed(self) -> int:
         return len(self._pending)
 
+    # -- the kubelet's report ----------------------------------------------------------------
+    def device_mismatches(self, gang: str | None = None) -> list[DeviceMismatch]:
+        """Bound pods the kubelet reports holding other GPUs than their annotation says (of
+        ``gang``'s reservation only, when given), in pod order."""
+        found = [m for m in self._mismatches.values() if gang is None or m.gang == gang]
+        return sorted(found, key=lambda m: m.pod)
+
+    def note_eviction(self, pod_key: str, result: str, text: str) -> None:
+        """What evicting a mismatched pod came to (``result``: evicted, blocked, failed);
+        ``text`` goes into its reservation's condition."""
+        self.mismatch_evictions[result] = self.mismatch_evictions.get(result, 0) + 1
+        m = self._mismatches.get(pod_key)
+        if m is not None and m.eviction != text:
+            self._mismatches[pod_key] = m = dataclasses.replace(m, eviction=text)
+            self._status_changed(m.gang)
+
+    def _status_changed(self, gang: str | None) -> None:
+        """A reservation's status must be written again (its spec did not change)."""
+        if gang is not None and gang in self._ledger:
+            self._pending.setdefault(gang, None)
+
+    def _check_devices(self) -> None:
+        """On the nodes whose pods or NodeTopology changed: compare what the kubelet reports
+        each bound pod holds with its ``gangslice.io/gpus``, record the differences, and move
+        each such pod's reservation slot onto the GPUs it really holds (see
+        :mod:`extender.kube.devices`). Only once pods are watched and listed."""
+        if not self._devices_dirty or not self._pods_watched or self._awaiting:
+            return
+        nodes, self._devices_dirty = self._devices_dirty, set()
+        for node in sorted(nodes):
+            topo = self._topologies.get(node)
+            graph = topo.graph if topo is not None else None
+            pods = [self._pods[k] for k in sorted(self._by_node.get(node, ())) if k in self._pods]
+            found = node_mismatches(node, pods, topo, self.hierarchy)
+            for key in [k for k, m in self._mismatches.items() if m.node == node and k not in found]:
+                gone = self._mismatches.pop(key)
+                log.info("pod %s: the kubelet's report and the promise agree again (or it is gone)", key)
+                self._status_changed(gone.gang)
+            for key, m in found.items():
+                old = self._mismatches.get(key)
+                fresh = old is None or old.sets != m.sets
+                m = self._follow_kubelet(m, graph)
+                if not fresh and old is not None:
+                    m = dataclasses.replace(m, eviction=old.eviction)
+                else:
+                    self.mismatches_found[node] = self.mismatches_found.get(node, 0) + 1
+                    log.warning("GPUs differ from the promise: %s", m.message(), extra=fields(gang=m.gang))
+                self._mismatches[key] = m
+                if m != old:
+                    self._status_changed(m.gang)
+
+    def _follow_kubelet(self, m: DeviceMismatch, graph: GpuGraph | None) -> DeviceMismatch:
+        """Move the pod's reservation slot onto the GPUs the kubelet reports it holds, so the
+        GPUs it was promised are free again and the ones it holds are not handed out."""
+        pod = self._pods[m.pod]
+        held = None
+        for r in self._ledger.reservations():
+            if (r.meta.get("namespace") or gang_namespace(r.gang)) == pod.namespace:
+                slot = r.slot_of(pod.name)
+                if slot is not None:
+                    held = r, slot
+                    break
+        if held is None:
+            return m
+        r, slot = held
+        m = dataclasses.replace(m, gang=r.gang, slot=slot.key)
+        if slot.node != m.node:
+            return dataclasses.replace(m, not_corrected=f"its slot is on node {slot.node}")
+        numa = None
+        if graph is not None and all(g in graph.indices for g in m.reported):
+            numa = graph.shape.numa_of(graph.shape.mask_of(m.reported))
+        try:
+            moved = self._ledger.move_slot(r.gang, slot.key, m.reported, numa)
+        except (LedgerError, KeyError) as exc:
+            return dataclasses.replace(m, not_corrected=str(exc))
+        if moved is not r:
+            self._ledger_changed(r.gang, [m.node])
+        return m
+
     # -- watch events ----------------------------------------------------------------------
     def replace(self, kind: Kind, objs: Iterable[Mapping[str, Any]]) -> None:
         """A full list of one kind: the new truth for it (a relist after 410 Gone lands here,
@@ -596,9 +688,14 @@ class ClusterCache:
         self._awaiting.discard(kind)
         if was_awaiting and kind in (Kind.PODS, Kind.SLICE_RESERVATIONS):
             self._reconcile_bindings()
+        self._check_devices()
 
     def apply(self, kind: Kind, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED or DELETED)."""
+        self._apply_event(kind, event_type, obj)
+        self._check_devices()
+
+    def _apply_event(self, kind: Kind, event_type: str, obj: Mapping[str, Any]) -> None:
         deleted = event_type == "DELETED"
         if kind is Kind.NODES:
             rec = NodeRecord.from_obj(obj)
@@ -668,6 +765,7 @@ class ClusterCache:
     def _mark(self, node: str) -> None:
         """A node's state must be rebuilt (its labels, graph or pods changed)."""
         self._dirty_nodes.add(node)
+        self._devices_dirty.add(node)
         self._log_change(node)
 
     def _held_changed(self, nodes: Iterable[str]) -> None:
@@ -833,9 +931,9 @@ class ClusterCache:
         keys = sorted(k for k in self._by_node.get(name, ()) if k in self._pods)
         holding = [self._pods[k] for k in keys if self._pods[k].holds_gpus]
         guessed = []
-        # Exact first (our annotation, then what the kubelet reports), guesses last.
+        # Exact first (what the kubelet reports, then our annotation), guesses last.
         for p in holding:
-            exact = p.assigned_gpus or in_use.get(p.key)
+            exact = in_use.get(p.key) or p.assigned_gpus
             if not exact:
                 guessed.append(p)
                 continue

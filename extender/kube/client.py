@@ -26,6 +26,7 @@ from extender.kube.api import (
     APPLY_PATCH,
     FIELD_MANAGER,
     MERGE_PATCH,
+    PODS,
     KubeError,
     Listing,
     Resource,
@@ -264,6 +265,16 @@ class ApiServerClient:
 
     async def delete(self, res: Resource, name: str, namespace: str = "") -> None:
         await self._call("DELETE", path_of(res, namespace, name))
+
+    async def evict(self, namespace: str, name: str, uid: str = "") -> None:
+        eviction: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if uid:
+            eviction["deleteOptions"] = {"preconditions": {"uid": uid}}
+        await self._call("POST", path_of(PODS, namespace, name, "eviction"), body=eviction)
 
     async def serves(self, res: Resource) -> bool:
         base = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"

@@ -21,7 +21,9 @@ which keeps the node out of placement and names the field (see
 (``gang``, ``slice``, ``expiresAt``, ``bound``, ``phase``, ``meta``), so
 ``Reservation.from_dict(obj["spec"])`` reads it back; a restart rebuilds the ledger from spec
 alone. Its ``status`` (:func:`reservation_status`) is what people and kubectl read: phase,
-which pod holds which slot, nodes, GPU count and a ``Held`` condition. Whoever writes the
+which pod holds which slot, nodes, GPU count, a ``Held`` condition and, once the kubelet
+reports a bound pod on other GPUs than promised, a ``DevicesMismatch`` condition
+(:mod:`extender.kube.devices`). Whoever writes the
 object writes its status too, through the ``/status`` subresource, and again whenever a slot
 binds or is freed.
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -38,6 +40,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from extender.kube import names
+from extender.kube.devices import DeviceMismatch, devices_condition
 from extender.placement.ledger import Phase, Reservation
 from extender.topology.allocation import Allocation
 from extender.topology.model import GpuGraph, TopologyError
@@ -435,11 +438,16 @@ def rfc3339(t: float) -> str:
 
 
 def reservation_status(
-    r: Reservation, now: float, previous: Mapping[str, Any] | None = None
+    r: Reservation,
+    now: float,
+    previous: Mapping[str, Any] | None = None,
+    mismatches: Sequence[DeviceMismatch] = (),
 ) -> dict[str, Any]:
     """The ``status`` of ``r``'s SliceReservation. ``previous`` is the status written before:
-    the ``Held`` condition keeps its lastTransitionTime while its status does not change, so
-    an unchanged reservation yields an equal dict (and needs no write)."""
+    each condition keeps its lastTransitionTime while its status does not change, so an
+    unchanged reservation yields an equal dict (and needs no write). ``mismatches``: its
+    bound pods the kubelet reports holding other GPUs than promised (the ``DevicesMismatch``
+    condition, see :mod:`extender.kube.devices`)."""
     sl = r.slice
     held = "True" if r.phase in (Phase.RESERVED, Phase.BOUND) else "False"
     since = rfc3339(now)
@@ -450,18 +458,22 @@ def reservation_status(
         f"{len(r.bound)} of {len(sl.slots)} pods bound on {len(sl.nodes)} node(s), "
         f"{sl.per_layer_micros:.1f} us/layer"
     )
+    conditions = [
+        {
+            "type": HELD_CONDITION,
+            "status": held,
+            "reason": r.phase.value,
+            "message": message,
+            "lastTransitionTime": since,
+        }
+    ]
+    devices = devices_condition(mismatches, previous, rfc3339(now))
+    if devices is not None:
+        conditions.append(devices)
     return {
         "phase": r.phase.value,
         "boundPods": dict(r.bound),
         "nodes": ",".join(sl.nodes),
         "gpus": sl.gpus,
-        "conditions": [
-            {
-                "type": HELD_CONDITION,
-                "status": held,
-                "reason": r.phase.value,
-                "message": message,
-                "lastTransitionTime": since,
-            }
-        ],
+        "conditions": conditions,
     }

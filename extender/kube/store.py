@@ -21,7 +21,7 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from extender.kube import names
@@ -32,6 +32,7 @@ from extender.kube.crd_models import (
     reservation_object,
     reservation_status,
 )
+from extender.kube.devices import DeviceMismatch
 from extender.placement.ledger import Reservation
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,9 @@ _Ref = tuple[str, str]
 
 
 class ReservationStore(Protocol):
-    async def save(self, r: Reservation) -> None:
-        """Write ``r``'s object; raises :class:`StatusNotSaved` when only its status failed."""
+    async def save(self, r: Reservation, mismatches: Sequence[DeviceMismatch] = ()) -> None:
+        """Write ``r``'s object; raises :class:`StatusNotSaved` when only its status failed.
+        ``mismatches``: its pods the kubelet reports on other GPUs (a status condition)."""
         ...
 
     async def delete(self, r: Reservation) -> None: ...
@@ -116,11 +118,11 @@ class InMemoryReservationStore:
         self.writes = 0
         self.clock = clock
 
-    async def save(self, r: Reservation) -> None:
+    async def save(self, r: Reservation, mismatches: Sequence[DeviceMismatch] = ()) -> None:
         obj = reservation_manifest(r)
         ref = _ref(obj)
         previous = self.objects.get(ref, {}).get("status")
-        obj["status"] = reservation_status(r, self.clock(), previous)
+        obj["status"] = reservation_status(r, self.clock(), previous, mismatches)
         self.objects[ref] = copy.deepcopy(obj)
         self.writes += 1
 
@@ -143,7 +145,7 @@ class KubeReservationStore:
         #: The status last written to each object: an unchanged one is not written again.
         self._status: dict[_Ref, dict[str, Any]] = {}
 
-    async def save(self, r: Reservation) -> None:
+    async def save(self, r: Reservation, mismatches: Sequence[DeviceMismatch] = ()) -> None:
         """Apply the object, then its status; an error from the object's write propagates,
         one from the status's becomes :class:`StatusNotSaved` (the cache retries either)."""
         obj = reservation_manifest(r)
@@ -158,7 +160,7 @@ class KubeReservationStore:
                 await self.api.apply(SLICE_RESERVATIONS, obj)
             self._applied[ref] = obj
         previous = self._status.get(ref)
-        status = reservation_status(r, self.clock(), previous)
+        status = reservation_status(r, self.clock(), previous, mismatches)
         if status == previous:
             return
         try:

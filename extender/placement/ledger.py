@@ -149,6 +149,40 @@ class Ledger:
         self._by_gang[gang] = r
         return r
 
+    def move_slot(
+        self, gang: str, slot_key: str, gpus: Iterable[int], numa_nodes: Iterable[int] | None = None
+    ) -> Reservation:
+        """Point a slot at other GPUs of its node (and their NUMA nodes): the ones its pod
+        really holds, since the kubelet's report wins over the promise. Refuses GPUs another
+        reservation, or another slot of the same one, holds (LedgerError)."""
+        r = self._require(gang)
+        slot = r.slice.slot(slot_key)  # KeyError for an unknown slot
+        moved = tuple(sorted(gpus))
+        if moved == tuple(sorted(slot.gpus)):
+            return r
+        others = self.held(exclude=[gang]).get(slot.node, frozenset())
+        clash = others & set(moved)
+        if clash:
+            holders = sorted(
+                o.gang
+                for o in self._by_gang.values()
+                if o.gang != gang and clash & o.slice.held().get(slot.node, frozenset())
+            )
+            raise LedgerError(
+                f"gang {gang}: GPUs {sorted(clash)} on {slot.node} are reserved for {', '.join(holders)}"
+            )
+        mine = {s.key: s.gpus for s in r.slice.slots if s.key != slot_key and s.node == slot.node}
+        inside = {g for gs in mine.values() for g in gs} & set(moved)
+        if inside:
+            raise LedgerError(f"gang {gang}: GPUs {sorted(inside)} on {slot.node} are another slot's")
+        numa = tuple(sorted(numa_nodes)) if numa_nodes is not None else slot.numa_nodes
+        slots = tuple(
+            replace(s, gpus=moved, numa_nodes=numa) if s.key == slot_key else s for s in r.slice.slots
+        )
+        r = replace(r, slice=replace(r.slice, slots=slots))
+        self._by_gang[gang] = r
+        return r
+
     def unbind(self, gang: str, slot_key: str) -> Reservation:
         r = self._require(gang)
         bound = {k: v for k, v in r.bound.items() if k != slot_key}

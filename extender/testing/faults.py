@@ -45,7 +45,7 @@ from extender.httpapi.app import build_app
 from extender.httpapi.volcano_wire import EventHandlerRequest, PredicateRequest
 from extender.httpapi.wire import ExtenderArgs, ExtenderBindingArgs
 from extender.kube import names
-from extender.kube.api import Kind, KubeError, Resource, Unavailable
+from extender.kube.api import PODS, Kind, KubeError, Resource, Unavailable
 from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import reservation_from_object
 from extender.kube.pods import PodInfo
@@ -150,6 +150,9 @@ class FaultyKube:
 
     async def delete(self, res: Resource, name: str, namespace: str = "") -> None:
         await self._call("delete", res, "", lambda: self.inner.delete(res, name, namespace))
+
+    async def evict(self, namespace: str, name: str, uid: str = "") -> None:
+        await self._call("create", PODS, "eviction", lambda: self.inner.evict(namespace, name, uid))
 
     async def serves(self, res: Resource) -> bool:
         return await self.inner.serves(res)

@@ -16,7 +16,10 @@ What it emulates of the API server, because the code relies on it:
 - ``pods/binding``: sets ``spec.nodeName`` and copies the Binding's ``metadata.annotations``
   onto the pod in the same write (as the API server's BindingREST does); 409 when the pod is
   bound already or its UID differs;
-- ``generateName``; ``replace`` guarded by ``metadata.resourceVersion``.
+- ``generateName``; ``replace`` guarded by ``metadata.resourceVersion``;
+- ``pods/eviction`` (:meth:`FakeKube.evict`, recorded as ``create pods/eviction``): deletes
+  the pod, or 429 while a test says its PodDisruptionBudget allows no disruption
+  (:attr:`FakeKube.budget_blocks`); 409 when the UID differs.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from extender.kube.api import (
     Listing,
     NotFound,
     Resource,
+    Throttled,
     WatchEvent,
     name_of,
     namespace_of,
@@ -131,6 +135,8 @@ class FakeKube:
         self.events: list[dict[str, Any]] = []
         #: API groups this fake does not serve (a cluster without Kueue or Volcano).
         self.unserved: set[str] = set()
+        #: Pods (``namespace/name``) whose PodDisruptionBudget allows no eviction now.
+        self.budget_blocks: set[str] = set()
         self.closed = False
 
     # -- test controls -------------------------------------------------------------------
@@ -332,6 +338,17 @@ class FakeKube:
             self._enter("delete", res, ns, name)
             self._remove(self._key(res, ns, name))
 
+    async def evict(self, namespace: str, name: str, uid: str = "") -> None:
+        with self._lock:
+            self._enter("create", kube_api.PODS, namespace, name, "eviction")
+            key = self._key(kube_api.PODS, namespace, name)
+            pod = self._require(key)
+            if uid and pod["metadata"].get("uid") not in (None, uid):
+                raise Conflict(409, f"pod {namespace}/{name}: uid precondition failed")
+            if f"{namespace}/{name}" in self.budget_blocks:
+                raise Throttled(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+            self._remove(key)
+
     async def serves(self, res: Resource) -> bool:
         with self._lock:
             self._enter("serves", res)
@@ -464,6 +481,8 @@ WRITERS = {
     "nodetopologies": "extender.agent.publish",
 }
 BINDER = "extender.kube.binder"
+#: The one module that evicts pods (a pod the kubelet gave other GPUs than promised).
+EVICTOR = "extender.kube.mismatch"
 #: The one part of a NodeTopology the agent does not write: the controller's ``Accepted``
 #: condition on its status (extender/kube/topology_status.py).
 SUBRESOURCE_WRITERS = {("nodetopologies", "status"): "extender.kube.topology_status"}
@@ -480,6 +499,8 @@ def foreign_writes(api: FakeKube) -> list[str]:
             owner = call.caller
         if call.subresource == "binding":
             owner = BINDER
+        if call.subresource == "eviction":
+            owner = EVICTOR
         if owner is not None and call.caller != owner:
             bad.append(f"{call.label} {call.namespace}/{call.name} by {call.caller}")
     return bad

@@ -63,6 +63,7 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
     "AdmissionCheck": ("/apis/kueue.x-k8s.io/v1beta2", "admissionchecks", False),
     "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads", True),
     "PodGroup": ("/apis/scheduling.volcano.sh/v1beta1", "podgroups", True),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
     "Queue": ("/apis/scheduling.volcano.sh/v1beta1", "queues", False),
 }
 
@@ -487,6 +488,7 @@ def extender_stack(
     controller: bool = False,
     name: str = "gangslice",
     tls: bool = False,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[Gangslice]:
     """Fake nodes of ``pool`` + ``gangslice serve`` under the shipped RBAC + kube-scheduler with the shipped
     extender config. On exit: gangslice stopped, kube-scheduler back to its default config, nodes removed."""
@@ -495,7 +497,7 @@ def extender_stack(
     kubeconfig = service_account_kubeconfig(cp, cp.workdir / f"{name}.kubeconfig")
     for node in nodes:
         make_node(cp, node, pool)
-    server = Gangslice(cp, kubeconfig, controller=controller, name=name, tls=tls)
+    server = Gangslice(cp, kubeconfig, controller=controller, name=name, tls=tls, extra_args=extra_args)
     try:
         server.start()
         client = cp.issue_cert(SCHEDULER_CLIENT, [SCHEDULER_CLIENT], client=True) if tls else None

@@ -636,6 +636,7 @@ def test_once_dry_run_prints_the_object_as_yaml(
     assert {c["type"]: c["status"] for c in obj["status"]["conditions"]} == {
         "Discovered": "True",
         "PodResourcesAvailable": "True",
+        "DevicesKnown": "True",
     }
 
 
@@ -680,3 +681,26 @@ def test_health_type_in_graph_is_the_model_type(node: Node) -> None:
     node.agent.cycle()
     graph = graph_from_dict(node.last["spec"])
     assert all(isinstance(h, GpuHealth) and h.healthy for h in graph.health.values())
+
+
+def test_devices_nvml_does_not_see_are_a_condition_naming_the_field_and_ids(node: Node) -> None:
+    """Bad input: the kubelet names GPUs this node's NVML does not have. The agent keeps
+    publishing, says so on DevicesKnown, and those devices carry no GPU index (nothing
+    counts on them); the known one is still in use."""
+    ghost, spare = "GPU-deadbeef-0000-0000-0000-000000000000", "GPU-feedface-0000-0000-0000-000000000000"
+    node.kubelet.allocatable = {"nvidia.com/gpu": [*(g.uuid for g in node.fake.gpus), ghost, spare]}
+    node.kubelet.assign("ml", "llama-0", "server", [node.uuid(1), ghost])
+    assert node.agent.cycle() is Outcome.PUBLISHED
+    known = _conditions(node.last)["DevicesKnown"]
+    assert known["status"] == "False" and known["reason"] == "UnknownDevices"
+    assert f"List: containers[].devices[].device_ids {ghost} (pod ml/llama-0)" in known["message"]
+    assert f"GetAllocatableResources: devices[].device_ids {spare}" in known["message"]
+    assert ghost not in known["message"].split("GetAllocatableResources")[1]
+    in_use = node.last["spec"]["devicesInUse"]
+    assert [d.get("index") for d in in_use if d["pod"] == "llama-0"] == [1, None]
+    assert _conditions(node.last)["PodResourcesAvailable"]["status"] == "True"
+    # Fixed on the kubelet's side: the condition turns True and the object is written again.
+    node.kubelet.allocatable = {"nvidia.com/gpu": [g.uuid for g in node.fake.gpus]}
+    node.kubelet.remove("ml", "llama-0")
+    assert node.step() is Outcome.PUBLISHED
+    assert _conditions(node.last)["DevicesKnown"]["status"] == "True"

@@ -26,6 +26,7 @@ from extender.kube.api import (
     Gone,
     KubeError,
     NotFound,
+    Throttled,
     Unavailable,
 )
 from extender.kube.client import ApiServerClient
@@ -128,7 +129,7 @@ def test_paths_apply_and_binding(server: tuple[ApiServerClient, Any]) -> None:
 @pytest.mark.parametrize(
     ("code", "error"),
     [(404, NotFound), (409, Conflict), (403, Forbidden), (401, Forbidden), (410, Gone), (503, Unavailable),
-     (429, Unavailable), (422, KubeError)],
+     (429, Throttled), (422, KubeError)],
 )  # fmt: skip
 def test_errors_are_typed_with_the_cause_chained(
     server: tuple[ApiServerClient, Any], code: int, error: type[KubeError]
@@ -139,6 +140,7 @@ def test_errors_are_typed_with_the_cause_chained(
     with pytest.raises(error) as got:
         asyncio.run(api.get(PODS, "p", "llm"))
     assert type(got.value) is error
+    assert isinstance(got.value, Unavailable) is (code in (429, 503))  # worth retrying later
     assert got.value.status == code and got.value.message == said
     assert got.value.__cause__ is not None
 
@@ -183,3 +185,23 @@ def test_serves_reads_discovery(server: tuple[ApiServerClient, Any]) -> None:
     handler.replies[("GET", "/apis/kueue.x-k8s.io/v1beta2")] = status(404, "not found")
     assert asyncio.run(api.serves(PODGROUPS)) is True
     assert asyncio.run(api.serves(WORKLOADS)) is False
+
+
+def test_evict_posts_a_policy_v1_eviction_and_a_budget_429_is_throttled(
+    server: tuple[ApiServerClient, Any],
+) -> None:
+    api, handler = server
+    asyncio.run(api.evict("llm", "p", "uid-1"))
+    method, path, _, body = handler.seen[-1]
+    assert (method, path) == ("POST", "/api/v1/namespaces/llm/pods/p/eviction")
+    assert body == {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "p", "namespace": "llm"},
+        "deleteOptions": {"preconditions": {"uid": "uid-1"}},
+    }
+    said = "Cannot evict pod as it would violate the pod's disruption budget."
+    handler.replies[("POST", "/api/v1/namespaces/llm/pods/p/eviction")] = status(429, said)
+    with pytest.raises(Throttled) as got:
+        asyncio.run(api.evict("llm", "p"))
+    assert got.value.message == said

@@ -33,6 +33,8 @@ CLIENT_HOMES: set[str] = set()
 #: Client method -> RBAC verb. A server-side apply of a main resource may create the object.
 VERBS = {"get": {"get"}, "list": {"list"}, "watch": {"watch"}, "create": {"create"}}
 VERBS |= {"replace": {"update"}, "patch": {"patch"}, "apply": {"patch", "create"}, "delete": {"delete"}}
+#: Client methods that address one fixed subresource (no resource argument).
+FIXED = {"evict": ("", "pods/eviction", "create")}
 #: Receivers of client calls as they are written in the code.
 RECEIVERS = {"api", "self.api", "self._api"}
 
@@ -93,7 +95,7 @@ def client_calls() -> Iterator[tuple[str, str, ast.Call]]:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr in VERBS
+                and (node.func.attr in VERBS or node.func.attr in FIXED)
                 and ast.unparse(node.func.value) in RECEIVERS
             ):
                 yield name, node.func.attr, node
@@ -102,6 +104,9 @@ def client_calls() -> Iterator[tuple[str, str, ast.Call]]:
 def derived_grants() -> set[Grant]:
     grants: set[Grant] = set()
     for name, method, call in client_calls():
+        if method in FIXED:
+            grants.add(FIXED[method])
+            continue
         module = importlib.import_module(name)
         assert call.args, f"{name}: {ast.unparse(call)} names no resource"
         for res in _resources(call.args[0], module):
@@ -139,6 +144,7 @@ def test_the_derivation_sees_the_calls_we_know_of() -> None:
     got = derived_grants()
     # A sample from each source, so a broken scan cannot pass by finding nothing.
     assert ("", "pods/binding", "create") in got  # kube/binder.py
+    assert ("", "pods/eviction", "create") in got  # kube/mismatch.py
     assert ("", "nodes", "watch") in got  # kube/watch.py, for every watched kind
     assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # controllers/controller.py SSA
     assert ("coordination.k8s.io", "leases", "update") in got  # controllers/leader.py replace

@@ -13,6 +13,7 @@ from extender.cli import UsageError, build_parser
 from extender.commands import serve as commands
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.podgroup_controller import PodGroupConfig
+from extender.kube.mismatch import OnMismatch
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -100,8 +101,10 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
         controller: Any = None,
         topology_status: Any = None,
         reviewer: Any = None,
+        mismatches: Any = None,
     ) -> None:
         seen["topology_status"] = topology_status
+        seen["mismatches"] = mismatches
         await controller(asyncio.Event(), lambda leading: None)
 
     api_client = object()
@@ -121,3 +124,13 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
     assert seen["loaded"] == "kc"
     assert seen["api"].api_client is api_client and seen["api_client"] is api_client
     assert seen["topology_status"] is not None
+    assert seen["mismatches"].on_mismatch is OnMismatch.REPORT  # the default: report, evict nothing
+    assert seen["mismatches"].api is seen["api"]
+
+
+def test_on_mismatch_takes_report_or_evict_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse("--on-mismatch", "evict").on_mismatch == "evict"
+    assert parse().on_mismatch == "report"
+    with pytest.raises(SystemExit):
+        parse("--on-mismatch", "delete")
+    assert "invalid choice: 'delete'" in capsys.readouterr().err

@@ -5,7 +5,7 @@ l-0 four L40S."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from extender.kube import names as keys
 from extender.kube.api import Kind, KubeError
 from extender.kube.binder import LocalBinder
 from extender.kube.cache import ClusterCache
+from extender.kube.devices import DeviceMismatch
 from extender.kube.store import InMemoryReservationStore
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
@@ -440,9 +441,9 @@ class _SlowStore(InMemoryReservationStore):
         self.go = asyncio.Event()
         self.go.set()
 
-    async def save(self, r: Reservation) -> None:
+    async def save(self, r: Reservation, mismatches: Sequence[DeviceMismatch] = ()) -> None:
         await self.go.wait()
-        await super().save(r)
+        await super().save(r, mismatches)
 
 
 def test_only_a_new_reservation_gates_the_filter_and_binds_answer_before_their_save(tmp_path: Path) -> None:
