@@ -866,9 +866,15 @@ class Solver:
         groups = _groups_of(caps, self.snap.kinds())
         kinds = {(kind, entry[2]): members[0] for (kind, entry), members in groups.items()}
         best = 0.0
-        for (_, tier), i in kinds.items():
-            fit = fit_for(self.snap.nodes[i].shape)
-            best = max(best, *(fit.gbps(m) for m in fit.subsets(ps.gpus_per_pod, tier)))
+        tops = _CLASS_TABLES.tops
+        for (kind, tier), i in kinds.items():
+            top = tops.get((kind, ps.gpus_per_pod, tier))
+            if top is None:
+                fit = fit_for(self.snap.nodes[i].shape)
+                top = tops[(kind, ps.gpus_per_pod, tier)] = max(
+                    (fit.gbps(m) for m in fit.subsets(ps.gpus_per_pod, tier)), default=0.0
+                )
+            best = max(best, top)
         return best
 
     def _span_cap(self, ps: PodSet, level: int) -> float:
@@ -960,23 +966,21 @@ class Solver:
                 if floor <= level:
                     speeds.setdefault((off, -(g if g < cap_gbps else cap_gbps)), []).append(p)
             ranks = sorted(speeds.items(), key=lambda r: r[0])
-            usable = [p for _, tables in ranks for p in tables]
+            pods, gpus = ps.count, ps.count * ps.gpus_per_pod
             found: list[tuple[tuple[float, ...], list[int] | None]] = []
             for key, listed in domains:
                 lo, hi = (0, size) if key is None else spans[key]
-                # Packed sums add field by field (no field overflows into the next).
-                if _unpack(sum([p[hi] - p[lo] for p in usable]))[0] < ps.count:
-                    continue
-                total, threshold = 0, (0, 0.0)
+                # Packed sums add field by field (no field overflows into the next). The
+                # fastest groups first, until they hold every pod; a domain whose groups
+                # never do cannot hold the pod set.
+                total = 0
                 for speed, tables in ranks:
                     for p in tables:
                         total += p[hi] - p[lo]
-                    threshold = speed
-                    if total & _MASK >= ps.count:
+                    if total & _MASK >= pods:
+                        _, free, count = _unpack(total)
+                        found.append(((speed[0], speed[1], float(free - gpus), float(count)), listed))
                         break
-                _, free, count = _unpack(total)
-                spare = free - ps.count * ps.gpus_per_pod
-                found.append(((threshold[0], threshold[1], float(spare), float(count)), listed))
             found.sort(key=lambda f: f[0])
             for n, (rank_, listed) in enumerate(found[:CANDIDATES]):
                 if n and not fabric and not ties and bound >= best:
@@ -1033,15 +1037,19 @@ class Solver:
         out: dict[int, int] = {}
         pool = sorted(groups, key=lambda k: (-cap_of[k], str(k)))
         remaining = need
-        while remaining > 0:
-            fitting = [k for k in pool if cap_of[k] >= remaining]
-            if fitting:
-                k = min(fitting, key=lambda k: (cap_of[k], str(k)))
-                out.update(self._fill(groups[k], level + 1, remaining, caps, ps, gbps))
+        # Roomiest first: once one child holds the rest, those that do are the ones up to
+        # the first that does not.
+        for n, k in enumerate(pool):
+            if remaining <= 0:
+                break
+            if cap_of[k] >= remaining:
+                fitting = [c for c in pool[n:] if cap_of[c] >= remaining]
+                best = min(fitting, key=lambda c: (cap_of[c], str(c)))
+                out.update(self._fill(groups[best], level + 1, remaining, caps, ps, gbps))
                 return out
-            k = pool.pop(0)
             out.update(self._fill(groups[k], level + 1, cap_of[k], caps, ps, gbps))
             remaining -= cap_of[k]
+        assert remaining <= 0, "the domains hold fewer pods than counted"
         return out
 
     def _fill_nodes(
@@ -1051,15 +1059,17 @@ class Solver:
         order = self.snap.order()
         pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], order[i]))
         remaining = need
-        while remaining > 0:
-            fitting = [i for i in pool if caps[i][0] >= remaining]
-            if fitting:
-                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], order[i]))
-                out[i] = remaining
+        for n, i in enumerate(pool):  # roomiest first, as in _fill
+            if remaining <= 0:
+                break
+            if caps[i][0] >= remaining:
+                fitting = [j for j in pool[n:] if caps[j][0] >= remaining]
+                best = min(fitting, key=lambda j: (caps[j][0], -gbps[j], order[j]))
+                out[best] = remaining
                 return out
-            i = pool.pop(0)
             out[i] = caps[i][0]
             remaining -= caps[i][0]
+        assert remaining <= 0, "the nodes hold fewer pods than counted"
         return out
 
     def _realise(
@@ -1104,10 +1114,14 @@ class Solver:
 
     def _slots(self, ps: PodSet, placed: Sequence[tuple[int, int]]) -> tuple[PodSlot, ...]:
         out = []
+        last, name, fit = -1, "", None
         for index, (i, mask) in enumerate(placed):
-            node = self.snap.nodes[i]
-            gpus, numa, nic = fit_for(node.shape).slot_of(mask)
-            out.append(PodSlot(ps.name, index, node.name, gpus, numa, nic))
+            if i != last:  # a node's pods come one after another: look the node up once
+                node = self.snap.nodes[i]
+                last, name, fit = i, node.name, fit_for(node.shape)
+            assert fit is not None
+            gpus, numa, nic = fit.slot_of(mask)
+            out.append(PodSlot(ps.name, index, name, gpus, numa, nic))
         return tuple(out)
 
     # -- colocation ----------------------------------------------------------------------
@@ -1338,6 +1352,8 @@ class _ClassTables:
         self.gbps: dict[tuple[int, str, int, Tier], float] = {}
         #: Per ((GPUs per pod, pods), node type, entry): (pod bandwidth, _pack of its counts).
         self.speeds: dict[tuple[tuple[int, int], str, Entry], tuple[float, int]] = {}
+        #: Per (node type, GPUs per pod, tier): the fastest GPU set's bandwidth (_top_gbps).
+        self.tops: dict[tuple[str, int, Tier], float] = {}
 
     def entries(self, key: tuple[PodSet, Need, bool]) -> dict[FreeClass, Entry | None]:
         got = self._entries.get(key)
