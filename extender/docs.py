@@ -22,6 +22,7 @@ from pathlib import Path
 CONSTANT_MODULES = (
     "extender.kube.names",
     "extender.topology.hierarchy",
+    "extender.placement.feasibility",
 )
 
 
@@ -275,6 +276,14 @@ FOREIGN_KEYS = (
         "Node",
         "read by the cluster cache",
         "The node level; accepted (and ignored) in a list of levels.",
+    ),
+    Key(
+        "extender.placement.feasibility:UNSCHEDULABLE_TAINT",
+        "taint (toleration key)",
+        "Pod tolerations",
+        "read by every placement policy",
+        "A pod that tolerates it may be placed on a cordoned node (`spec.unschedulable`), as "
+        "kube-scheduler's NodeUnschedulable filter allows.",
     ),
 )
 

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from extender.agent.discovery import Observation
+from extender.agent.kubelet_config import CONDITION as KUBELET_TOPOLOGY_READ
 from extender.agent.metrics import AgentMetrics
 from extender.agent.podresources import DeviceUse, PodResourcesUnavailable
 from extender.agent.publish import (
@@ -39,12 +40,19 @@ from extender.agent.publish import (
     devices_in_use,
     devices_known,
 )
+from extender.topology.allocation import Allocation
 
 log = logging.getLogger(__name__)
 
 
 class Observer(Protocol):
     def observe(self) -> Observation: ...
+
+
+class KubeletSource(Protocol):
+    """The ``kubelet`` field and its condition (:class:`~extender.agent.kubelet_config.KubeletReader`)."""
+
+    def observe(self) -> tuple[dict[str, Any] | None, tuple[bool, str, str]]: ...
 
 
 class PodResources(Protocol):
@@ -61,6 +69,8 @@ class AgentConfig:
     resync_s: float = 1800.0
     backoff_base_s: float = 2.0
     backoff_cap_s: float = 300.0
+    #: Who picks the pods' GPUs on this node, published as ``spec.allocation``.
+    allocation: Allocation = Allocation.DEVICE_PLUGIN
 
     def __post_init__(self) -> None:
         if not self.node:
@@ -97,6 +107,8 @@ class Agent:
     wall: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     rng: random.Random = field(default_factory=random.Random)
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
+    #: Reads what the kubelet aligns to NUMA nodes (None: the ``kubelet`` field is not published).
+    kubelet: KubeletSource | None = None
 
     def __post_init__(self) -> None:
         self._conditions = ConditionClock()
@@ -134,9 +146,17 @@ class Agent:
             in_use, allocatable = [], []
             pr = Condition(POD_RESOURCES_AVAILABLE, False, "Error", f"{type(exc).__name__}: {exc}")
             self.metrics.discovery_errors.labels("pod-resources").inc()
-        spec = build_spec(seen.graph, seen.source, in_use, allocatable)
+        spec = build_spec(seen.graph, seen.source, in_use, allocatable, self.config.allocation)
+        observed: list[Condition] = []
+        if self.kubelet is not None:
+            entry, (ok, reason, message) = self.kubelet.observe()
+            if entry is not None:
+                spec["kubelet"] = entry
+            observed.append(Condition(KUBELET_TOPOLOGY_READ, ok, reason, message))
+            if not ok:
+                self.metrics.discovery_errors.labels("kubelet").inc()
         now = self.wall()
-        listed = [seen.condition, pr] + ([known] if known is not None else [])
+        listed = [seen.condition, pr] + ([known] if known is not None else []) + observed
         conditions = self._conditions.stamp(listed, now)
         uid = self._owner_uid() if with_owner else None
         return build_object(self.config.node, spec, conditions, now, node_uid=uid)

@@ -118,6 +118,11 @@ class Discovery:
         self._counters: Mapping[int, HealthCounters] = {}
         self._sampled_at: float | None = None
 
+    @property
+    def sysfs_root(self) -> Path | None:
+        """Where sysfs is read (None: not at all)."""
+        return self._sysfs_root
+
     def close(self) -> None:
         backend, self._backend = self._backend, None
         close = getattr(backend, "close", None)

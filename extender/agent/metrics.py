@@ -5,8 +5,10 @@
   ``applied`` (written), ``unchanged`` (nothing to write), ``error`` (the write or the
   object's build failed; retried after back-off).
 - ``gangslice_agent_discovery_errors_total{source}``: observations in which a source
-  failed: ``nvml``, ``nvidia-smi`` (the fallback, when configured) or ``pod-resources``
-  (the kubelet's PodResources API).
+  failed: ``nvml``, ``nvidia-smi`` (the fallback, when configured), ``pod-resources``
+  (the kubelet's PodResources API) or ``kubelet`` (what the kubelet aligns to NUMA nodes:
+  its configuration file, sysfs NUMA nodes, PodResources CPU ids; see the
+  ``KubeletTopologyRead`` condition).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 PUBLISH_RESULTS = ("applied", "unchanged", "error")
-DISCOVERY_SOURCES = ("nvml", "nvidia-smi", "pod-resources")
+DISCOVERY_SOURCES = ("nvml", "nvidia-smi", "pod-resources", "kubelet")
 
 
 class AgentMetrics:
@@ -28,7 +30,7 @@ class AgentMetrics:
         )
         self.discovery_errors = Counter(
             "gangslice_agent_discovery_errors",
-            "Observations in which a source failed, by source (nvml, nvidia-smi, pod-resources).",
+            "Observations in which a source failed, by source (nvml, nvidia-smi, pod-resources, kubelet).",
             ["source"],
             registry=self.registry,
         )

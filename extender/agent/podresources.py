@@ -54,6 +54,29 @@ class DeviceUse:
     device_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class CpuUse:
+    """The CPUs one container holds exclusively (the static CPU manager's)."""
+
+    namespace: str
+    pod: str
+    container: str
+    cpu_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """Memory (``memory_type`` ``memory``, bytes) per NUMA node: what the kubelet may hand out
+    and what containers hold (a container's block over several NUMA nodes split evenly)."""
+
+    allocatable: dict[int, int]
+    in_use: dict[int, int]
+
+
+#: The PodResources ``memory_type`` of ordinary memory (hugepages are ``hugepages-<size>``).
+MEMORY = "memory"
+
+
 def device_id(raw: str) -> str:
     """``GPU-…::3`` (a shared replica) -> ``GPU-…``; anything else unchanged."""
     base, sep, replica = raw.rpartition("::")
@@ -132,6 +155,31 @@ class PodResourcesClient:
             }
         )
 
+    def cpus(self) -> tuple[list[int], list[CpuUse]]:
+        """(the CPU ids the kubelet may hand out exclusively, sorted; each container's
+        exclusive CPUs), from the same cached replies as the device questions."""
+        alloc: pb.AllocatableResourcesResponse = self._ask("GetAllocatableResources", self._allocatable)
+        reply: pb.ListPodResourcesResponse = self._ask("List", self._list)
+        uses = [
+            CpuUse(pod.namespace, pod.name, container.name, tuple(sorted(container.cpu_ids)))
+            for pod in reply.pod_resources
+            for container in pod.containers
+            if container.cpu_ids
+        ]
+        return sorted(set(alloc.cpu_ids)), uses
+
+    def memory(self) -> MemoryUse:
+        """Memory per NUMA node (reported where the memory manager is Static)."""
+        alloc: pb.AllocatableResourcesResponse = self._ask("GetAllocatableResources", self._allocatable)
+        reply: pb.ListPodResourcesResponse = self._ask("List", self._list)
+        allocatable = _per_numa(alloc.memory)
+        in_use: dict[int, int] = {}
+        for pod in reply.pod_resources:
+            for container in pod.containers:
+                for n, size in _per_numa(container.memory).items():
+                    in_use[n] = in_use.get(n, 0) + size
+        return MemoryUse(allocatable, in_use)
+
     # -- plumbing -----------------------------------------------------------------------
 
     def _list(self, stub: pb_grpc.PodResourcesListerStub) -> pb.ListPodResourcesResponse:
@@ -185,6 +233,18 @@ class PodResourcesClient:
             stub: Any = pb_grpc.PodResourcesListerStub  # generated code is untyped
             self._stub = stub(self._channel)
         return self._stub
+
+
+def _per_numa(blocks: Any) -> dict[int, int]:
+    """Bytes of ordinary memory per NUMA node in a list of ``ContainerMemory``."""
+    out: dict[int, int] = {}
+    for block in blocks:
+        if block.memory_type != MEMORY:
+            continue
+        nodes = [int(n.ID) for n in block.topology.nodes]
+        for n in nodes:
+            out[n] = out.get(n, 0) + int(block.size) // len(nodes)
+    return out
 
 
 def _unavailable(method: str, socket: Path, exc: grpc.RpcError) -> PodResourcesUnavailable:

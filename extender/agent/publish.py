@@ -26,10 +26,20 @@ declares the ``status`` subresource)::
            index: <GPU index; absent, i.e. null, when the id is no GPU of the graph (MIG)>,
            namespace, pod, container}
       allocatableDevices: [<device ids from GetAllocatableResources, sorted>]
+      kubelet:                     # absent when the kubelet configuration could not be read
+        topologyManagerPolicy: none | best-effort | restricted | single-numa-node
+        topologyManagerScope: container | pod
+        cpuManagerPolicy: none | static
+        memoryManagerPolicy: None | Static
+        numaNodes:                 # absent when sysfs or PodResources could not be read
+          - {id, cpus: "0-27,56-83" (sysfs), allocatableCpus, cpusInUse (PodResources),
+             memory?, memoryInUse? (bytes; only with memoryManagerPolicy Static)}
       source: nvml | nvidia-smi | none
+      allocation: devicePlugin | dra   # who picks each pod's GPUs (``gangslice agent --allocation``)
     status:
       conditions:
-        - {type: Discovered | PodResourcesAvailable | DevicesKnown, status: "True" | "False",
+        - {type: Discovered | PodResourcesAvailable | DevicesKnown | KubeletTopologyRead,
+           status: "True" | "False",
            reason: <CamelCase>, message, lastTransitionTime: <RFC 3339>}
       observedGeneration: <metadata.generation the status describes>
       lastPublished: <RFC 3339, when the agent wrote the object>
@@ -66,6 +76,7 @@ from typing import Any, Protocol
 from extender.agent.podresources import DeviceUse
 from extender.kube.api import APPLY_PATCH, NODE_TOPOLOGIES, NODES, KubeClient
 from extender.kube.names import API_VERSION
+from extender.topology.allocation import Allocation
 from extender.topology.model import GpuGraph
 from extender.topology.serialize import graph_to_dict
 
@@ -166,7 +177,11 @@ def devices_known(uses: Sequence[DeviceUse], allocatable: Sequence[str], graph: 
 
 
 def build_spec(
-    graph: GpuGraph, source: str, in_use: Sequence[Mapping[str, Any]], allocatable: Sequence[str]
+    graph: GpuGraph,
+    source: str,
+    in_use: Sequence[Mapping[str, Any]],
+    allocatable: Sequence[str],
+    allocation: Allocation = Allocation.DEVICE_PLUGIN,
 ) -> dict[str, Any]:
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
@@ -175,6 +190,7 @@ def build_spec(
         "devicesInUse": [dict(d) for d in in_use],
         "allocatableDevices": sorted(allocatable),
         "source": source,
+        "allocation": str(allocation),
     }
 
 

@@ -19,6 +19,8 @@ from prometheus_client import start_http_server
 from extender.agent.agent import Agent, AgentConfig, Outcome
 from extender.agent.discovery import Discovery, run_command
 from extender.agent.fakes import FAKES, fake_name, fake_node
+from extender.agent.kubelet_config import DEFAULT_CONFIG as DEFAULT_KUBELET_CONFIG
+from extender.agent.kubelet_config import KubeletReader
 from extender.agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from extender.agent.preflight import (
     DEFAULT_ANNOTATIONS,
@@ -33,6 +35,7 @@ from extender.agent.publish import KubeWriter
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, UsageError
 from extender.kube.names import GPU_RESOURCE, GPUS, NUMA_NODE
 from extender.logs import FORMATS, configure
+from extender.topology.allocation import Allocation
 from extender.topology.model import GpuGraph
 from extender.topology.nvml import SYSFS, HealthThresholds, NvmlBackend, PynvmlBackend, discover
 
@@ -66,6 +69,14 @@ def register(sub: Any) -> None:
     a.add_argument(
         "--backoff-cap", type=float, default=300.0, help="longest retry delay after API errors (300)"
     )
+    a.add_argument(
+        "--allocation",
+        default=str(Allocation.DEVICE_PLUGIN),
+        choices=[str(a) for a in Allocation],
+        help="who picks each pod's GPUs on this node, published as spec.allocation: devicePlugin "
+        "(default: the NVIDIA device plugin; gangslice places by the plugin's predicted answer) "
+        "or dra (a DRA driver; the ResourceClaim names the GPUs gangslice chose)",
+    )
     a.add_argument("--once", action="store_true", help="observe and publish once, then exit")
     a.add_argument("--dry-run", action="store_true", help="print the object as YAML instead of publishing it")
     a.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials)")
@@ -79,6 +90,12 @@ def register(sub: Any) -> None:
         "--resource", default=GPU_RESOURCE, help=f"extended resource of GPUs (default {GPU_RESOURCE})"
     )
     a.add_argument("--sysfs-root", type=Path, default=SYSFS, help=f"where sysfs is mounted (default {SYSFS})")
+    a.add_argument(
+        "--kubelet-config",
+        default=str(DEFAULT_KUBELET_CONFIG),
+        help="the kubelet's KubeletConfiguration file, mounted read-only, for its Topology Manager, "
+        f"CPU and memory manager policies (default {DEFAULT_KUBELET_CONFIG}; empty: do not publish them)",
+    )
     a.add_argument(
         "--nvlink-errors-per-s",
         type=float,
@@ -183,6 +200,7 @@ def run_agent(args: argparse.Namespace) -> int:
             jitter=args.jitter,
             resync_s=args.resync,
             backoff_cap_s=args.backoff_cap,
+            allocation=Allocation(args.allocation),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -197,7 +215,16 @@ def run_agent(args: argparse.Namespace) -> int:
         _discovery(args) as discovery,
         PodResourcesClient(args.pod_resources_socket, resource=args.resource) as pod_resources,
     ):
-        agent = Agent(config, discovery, pod_resources, writer)
+        kubelet = (
+            KubeletReader(
+                Path(args.kubelet_config),
+                (discovery.sysfs_root or args.sysfs_root) / "devices" / "system" / "node",
+                pod_resources,
+            )
+            if args.kubelet_config
+            else None
+        )
+        agent = Agent(config, discovery, pod_resources, writer, kubelet=kubelet)
         if args.metrics_port:
             start_http_server(args.metrics_port, registry=agent.metrics.registry)
         if args.once and args.dry_run:

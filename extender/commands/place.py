@@ -10,6 +10,8 @@ from typing import Any
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNPLACEABLE
 from extender.placement.files import FileError, load_cluster, load_gang
 from extender.placement.slice import Placement, Slice
+from extender.placement.snapshot import ClusterSnapshot
+from extender.topology.allocation import Allocation
 
 
 def register(sub: Any) -> None:
@@ -23,22 +25,47 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def placement_json(result: Placement) -> dict[str, Any]:
+def placement_json(result: Placement, cluster: ClusterSnapshot | None = None) -> dict[str, Any]:
+    """The placement as JSON; with ``cluster``, also how the nodes' GPUs are allocated: the
+    count of nodes per mode, and for a slice the mode of each node it uses."""
+    modes: dict[str, Any] = {}
+    if cluster is not None:
+        modes["allocation"] = {str(a): sum(n.allocation == a for n in cluster.nodes) for a in Allocation}
+        if isinstance(result, Slice):
+            used = dict.fromkeys(s.node for s in result.slots)
+            modes["nodeAllocation"] = {n: str(cluster.node(n).allocation) for n in used}
     if isinstance(result, Slice):
         d = result.to_dict()
-        return {"placed": True, **d, "reason": None}
-    return {"placed": False, "pods": [], "cost": None, **result.to_dict()}
+        return {"placed": True, **d, "reason": None, **modes}
+    return {"placed": False, "pods": [], "cost": None, **result.to_dict(), **modes}
 
 
-def render(result: Placement) -> str:
+def allocation_line(result: Placement, cluster: ClusterSnapshot) -> str:
+    """Who hands out the GPUs: on the slice's nodes for a placement, in the cluster otherwise."""
+    if isinstance(result, Slice):
+        nodes = [cluster.node(n) for n in dict.fromkeys(s.node for s in result.slots)]
+        where = "the slice's nodes"
+    else:
+        nodes, where = cluster.nodes, "the cluster"
+    counts = {a: sum(n.allocation == a for n in nodes) for a in Allocation}
+    parts = [f"{a.words} on {k} node{'s' if k != 1 else ''}" for a, k in counts.items() if k]
+    line = f"  GPU allocation on {where}: {', '.join(parts) or 'no nodes'}"
+    if isinstance(result, Slice) and counts[Allocation.DEVICE_PLUGIN]:
+        line += " (there each pod's GPUs are the device plugin's predicted answer)"
+    return line
+
+
+def render(result: Placement, cluster: ClusterSnapshot | None = None) -> str:
+    modes = [allocation_line(result, cluster)] if cluster is not None else []
     if not isinstance(result, Slice):
         never = (
             ""
             if result.feasible_when_empty
             else "\n  (this gang cannot fit this cluster even when it is empty)"
         )
-        return f"gang {result.gang}: unplaceable\n  {result.reason}{never}"
+        return "\n".join([f"gang {result.gang}: unplaceable\n  {result.reason}{never}", *modes])
     lines = [f"gang {result.gang}: placed, predicted {result.per_layer_micros:.1f} us/layer of communication"]
+    lines.extend(modes)
     for name, micros in result.pod_set_micros.items():
         where = result.domains.get(name, "")
         lines.append(f"  pod set {name}: {micros:.1f} us/layer, within {where}")
@@ -65,5 +92,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"gangslice place: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     result = policy(cluster, gang)
-    print(json.dumps(placement_json(result), indent=2) if args.json else render(result))
+    print(json.dumps(placement_json(result, cluster), indent=2) if args.json else render(result, cluster))
     return EXIT_OK if isinstance(result, Slice) else EXIT_UNPLACEABLE

@@ -17,7 +17,7 @@ from extender.controllers.kueue import Stage, assignments, pod_sets
 from extender.controllers.objects import mapping
 from extender.controllers.workload_gang import describe_request, strict_gang
 from extender.kube import names
-from extender.placement.request import GangRequest
+from extender.placement.request import GangRequest, Toleration
 from extender.placement.scoring import gang_micros, mnnvl_nodes
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
@@ -85,6 +85,21 @@ def pod_set_nodes(
         levels = tuple(str(x) for x in ta.get("levels") or ()) if ta else ()
         out[name] = PodSetNodes(selector, domains, levels)
     return out
+
+
+def with_flavor_tolerations(
+    gang: GangRequest, wl: Mapping[str, Any], tolerations: Mapping[str, Sequence[Toleration]]
+) -> GangRequest:
+    """The gang with each pod set tolerating what its ResourceFlavors' ``spec.tolerations``
+    say (Kueue adds them to the pods it starts, as it adds the flavors' nodeLabels to their
+    nodeSelector). ``tolerations``: ResourceFlavor name -> its tolerations."""
+    assigned = assignments(wl)
+    out = []
+    for ps in gang.pod_sets:
+        flavors = sorted({str(f) for f in mapping(assigned.get(ps.name, {}).get("flavors")).values()})
+        extra = tuple(t for f in flavors for t in tolerations.get(f, ()) if t not in ps.tolerations)
+        out.append(replace(ps, tolerations=(*ps.tolerations, *extra)) if extra else ps)
+    return replace(gang, pod_sets=tuple(out))
 
 
 def _only(view: ClusterSnapshot, keep: list[NodeState]) -> ClusterSnapshot:

@@ -41,7 +41,7 @@ from extender.controllers.objects import (
     rfc3339,
 )
 from extender.controllers.workload_gang import WorkloadError
-from extender.kube import names
+from extender.kube import names, pod_needs
 from extender.kube.api import (
     ADMISSION_CHECKS,
     RESOURCE_FLAVORS,
@@ -57,6 +57,7 @@ from extender.kube.pods import PodInfo
 from extender.kube.reserve import Claim, Reserving, reserve, reserve_all
 from extender.logs import fields
 from extender.placement.ledger import Ledger, Reservation
+from extender.placement.request import Toleration
 from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 
@@ -285,16 +286,20 @@ class AdmissionController:
                 held = None
         try:
             gang = workload_gang.gang_from_workload(wl, self.cache.snapshot().hierarchy)
+            flavors = await self._flavors(wl)
         except WorkloadError as exc:
             await self._write(wl, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
             return
-        allowed = assignment.pod_set_nodes(wl, await self._flavor_labels(wl))
+        request = assignment.with_flavor_tolerations(
+            gang.request, wl, {f: t for f, (_, t) in flavors.items()}
+        )
+        allowed = assignment.pod_set_nodes(wl, {f: labels for f, (labels, _) in flavors.items()})
         if held is None:
             started = parse_rfc3339(kueue.wait_started(wl)) or now
             stage = kueue.wait_stage(now - started, self.config)
             solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
             async with self.cache.lock:
-                got = reserve(self.cache, gang.request, self._claim(key, wl, now), solve=solve)
+                got = reserve(self.cache, request, self._claim(key, wl, now), solve=solve)
             if isinstance(got, Unplaceable):
                 await self._wait(wl, got, stage)
                 return
@@ -402,11 +407,15 @@ class AdmissionController:
         started = now
         for name, w in wls.items():
             try:
-                requests[name] = workload_gang.gang_from_workload(w, h).request
+                flavors = await self._flavors(w)
+                requests[name] = assignment.with_flavor_tolerations(
+                    workload_gang.gang_from_workload(w, h).request, w, {f: t for f, (_, t) in flavors.items()}
+                )
             except WorkloadError as exc:
                 await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
                 return False
-            for ps, rule in assignment.pod_set_nodes(w, await self._flavor_labels(w)).items():
+            labels = {f: lb for f, (lb, _) in flavors.items()}
+            for ps, rule in assignment.pod_set_nodes(w, labels).items():
                 allowed[f"{name}{joint.SEP}{ps}"] = rule
             started = min(started, parse_rfc3339(kueue.wait_started(w)) or now)
         colocate = {n: m.colocate_with for n, m in declared.items() if m.colocate_with}
@@ -537,17 +546,30 @@ class AdmissionController:
             await self._event(wl, "Normal", "SliceReleased", f"released {object_name(key)}: {why}")
 
     async def _flavor_labels(self, wl: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        return {f: labels for f, (labels, _) in (await self._flavors(wl)).items()}
+
+    async def _flavors(
+        self, wl: Mapping[str, Any]
+    ) -> dict[str, tuple[dict[str, str], tuple[Toleration, ...]]]:
+        """The Workload's ResourceFlavors: name -> (``spec.nodeLabels``, ``spec.tolerations``);
+        Kueue adds both to the pods it starts. Raises WorkloadError for tolerations that
+        cannot be read."""
         flavors: set[str] = set()
         for psa in ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ():
             flavors.update(str(f) for f in (psa.get("flavors") or {}).values())
-        out: dict[str, dict[str, str]] = {}
+        out: dict[str, tuple[dict[str, str], tuple[Toleration, ...]]] = {}
         for f in sorted(flavors):
             try:
                 rf = await self.api.get(RESOURCE_FLAVORS, f)
             except NotFound:
                 continue
-            labels = (rf.get("spec") or {}).get("nodeLabels") or {}
-            out[f] = {str(k): str(v) for k, v in labels.items()}
+            spec = rf.get("spec") or {}
+            labels = spec.get("nodeLabels") or {}
+            try:
+                tolerations = pod_needs.tolerations(spec.get("tolerations"), "spec.tolerations")
+            except pod_needs.NeedsError as exc:
+                raise WorkloadError(f"ResourceFlavor {f}: {exc}") from None
+            out[f] = ({str(k): str(v) for k, v in labels.items()}, tolerations)
         return out
 
     async def _event(self, wl: Mapping[str, Any], kind: str, reason: str, message: str) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.placement.ledger import Reservation
-from extender.placement.request import GangRequest
+from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.topology.serialize import index_ranges
 
@@ -48,7 +48,34 @@ def _ask_lines(gang: GangRequest) -> list[str]:
         if ps.colocate_with:
             bits.append(f"with {ps.colocate_with.pod_set} in one {ps.colocate_with.level}")
         lines.append(f"  {ps.name:<12} " + ", ".join(bits))
+        needs = _needs_words(ps)
+        if needs:
+            lines.append(f"  {'':<12} of its node: {needs}")
     return lines
+
+
+def _needs_words(ps: PodSet) -> str:
+    """What the pod set's pods ask of a node, as kube-scheduler's filters read it."""
+    out = []
+    if ps.node_selector:
+        out.append("nodeSelector " + ", ".join(str(r) for r in ps.node_selector))
+    if ps.affinity:
+        out.append("node affinity " + " or ".join(f"({t})" for t in ps.affinity))
+    if ps.tolerations:
+        out.append("tolerates " + ", ".join(str(t) for t in ps.tolerations))
+    r = ps.requests
+    asked = [
+        f"{what} {amount}"
+        for what, amount in (
+            ("cpu", f"{r.cpu_millis}m" if r.cpu_millis else ""),
+            ("memory", f"{r.memory_bytes / 2**30:g}Gi" if r.memory_bytes else ""),
+            ("ephemeral-storage", f"{r.ephemeral_bytes / 2**30:g}Gi" if r.ephemeral_bytes else ""),
+        )
+        if amount
+    ]
+    if asked:
+        out.append("requests " + ", ".join(asked))
+    return "; ".join(out)
 
 
 def _slots(sl: Slice, limit: int = 12) -> list[str]:

@@ -209,8 +209,8 @@ def gang_request(pg: PodGroup, pods: Sequence[PodInfo], snap: ClusterSnapshot) -
     pod_sets = []
     for role, members in roles.items():
         first = members[0]
-        if first.problems:
-            raise PodGroupError(first.problems[0])
+        if first.problems or first.needs_problem:
+            raise PodGroupError(first.problems[0] if first.problems else str(first.needs_problem))
         count = len(members)
         wanted = pg.min_task_member.get(role)
         if wanted is not None and 0 < wanted < count:
@@ -231,13 +231,15 @@ def gang_request(pg: PodGroup, pods: Sequence[PodInfo], snap: ClusterSnapshot) -
                     f"give them different {names.VOLCANO_TASK_SPEC} roles"
                 )
         pod_sets.append(
-            PodSet(
-                name=role,
-                count=count,
-                gpus_per_pod=first.gpus,
-                comm=comm,
-                required_level=required,
-                preferred_level=preferred,
+            first.needs.on(
+                PodSet(
+                    name=role,
+                    count=count,
+                    gpus_per_pod=first.gpus,
+                    comm=comm,
+                    required_level=required,
+                    preferred_level=preferred,
+                )
             )
         )
     try:

@@ -1,7 +1,9 @@
 """The gang a Kueue Workload asks for, from its pod sets and their pod templates.
 
 One pod set per ``spec.podSets`` entry: its count as admitted (partial admission may lower
-it), GPUs per pod from the template's ``nvidia.com/gpu`` requests/limits, and the levels
+it), GPUs per pod from the template's ``nvidia.com/gpu`` requests/limits, what its pods ask
+of a node (node selector and affinity, tolerations, requests: :mod:`extender.kube.pod_needs`;
+a field that cannot be read rejects the Workload naming it), and the levels
 from the template's ``gangslice.io/*`` annotations, else from Kueue's ``topologyRequest``
 or its ``kueue.x-k8s.io/podset-{required,preferred}-topology`` annotations (label keys,
 understood when they are levels of gangslice's hierarchy), so a Kueue TAS user changes
@@ -18,6 +20,7 @@ from extender.controllers.kueue import assignments, gang_key, pod_sets
 from extender.controllers.objects import mapping
 from extender.cost import Comm
 from extender.kube import names
+from extender.kube.pod_needs import NeedsError, pod_needs
 from extender.kube.pods import PodError, gpu_request
 from extender.placement.request import Colocation, GangRequest, PodSet, split_colocation
 from extender.placement.scoring import LevelError, resolve_level
@@ -93,7 +96,8 @@ def gang_from_workload(wl: Mapping[str, Any], h: Hierarchy) -> WorkloadGang:
             continue
         try:
             gpus = gpu_request(mapping(template.get("spec")))
-        except PodError as exc:
+            needs = pod_needs(mapping(template.get("spec")), "template.spec")
+        except (PodError, NeedsError) as exc:
             raise WorkloadError(f"{where}: {exc}") from None
         topo = mapping(raw.get("topologyRequest"))
         required = _template_value(template, names.REQUIRED_LEVEL)
@@ -118,7 +122,7 @@ def gang_from_workload(wl: Mapping[str, Any], h: Hierarchy) -> WorkloadGang:
         group = topo.get("podSetGroupName") or _template_value(template, names.KUEUE_PODSET_GROUP_NAME)
         if isinstance(group, str) and group and colocate is None:
             groups.setdefault(group, []).append((name, count, required or preferred))
-        wanted.append(PodSet(name, count, gpus, comm, required, preferred, colocate))
+        wanted.append(needs.on(PodSet(name, count, gpus, comm, required, preferred, colocate)))
     if not wanted:
         raise WorkloadError(f"workload {key}: every pod set has count 0")
     wanted = _group_colocations(wanted, groups)

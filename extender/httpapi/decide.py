@@ -32,6 +32,7 @@ from extender.kube.crd_models import gang_namespace, object_name
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.reserve import Claim, reserve
+from extender.placement import choice
 from extender.placement.ledger import Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
@@ -304,18 +305,23 @@ class Decider:
             table[name] = UNKNOWN_NODE if problem is None else Verdict(Code.UNSCHEDULABLE, problem)
             return table[name]
         i = view.index(name)
-        shape = view.nodes[i].shape
+        node = view.nodes[i]
+        shape = node.shape
         fit = fit_for(shape)
         rule = tier if tier is not None else fit.tightest(gpus)
         if rule is None:
             v = Verdict(Code.UNRESOLVABLE, f"node type has {shape.size} GPUs; the pod needs {gpus}")
         elif fit.capacity(shape.full_mask, gpus, rule) == 0:
             v = Verdict(Code.UNRESOLVABLE, f"no {gpus} GPUs of this node type are {_words(rule)}")
-        elif fit.capacity(view.free_mask(i), gpus, rule) == 0:
+        elif choice.capacity(node, shape.full_mask, gpus, rule) == 0:
+            why = choice.reason(node, shape.full_mask, gpus, rule, 1)
+            v = Verdict(Code.UNRESOLVABLE, why or f"the device plugin gives no {_words(rule)} set of {gpus}")
+        elif choice.capacity(node, view.free_mask(i), gpus, rule) == 0:
             free = view.free_mask(i).bit_count()
+            why = choice.reason(node, view.free_mask(i), gpus, rule, 1)
             v = Verdict(
                 Code.UNSCHEDULABLE,
-                f"{free} free GPUs (after reservations) hold no {_words(rule)} set of {gpus}",
+                why or f"{free} free GPUs (after reservations) hold no {_words(rule)} set of {gpus}",
             )
         else:
             v = PASS
@@ -389,7 +395,7 @@ class Decider:
             fit = fit_for(shape)
             rule = tier if tier is not None else fit.tightest(gpus)
             free = view.free_mask(i)
-            picked = fit.pick(free, gpus, rule, 1) if rule is not None else None
+            picked = choice.pick(view.nodes[i], free, gpus, rule, 1) if rule is not None else None
             if picked:
                 sub = picked[0]
                 rest = free & ~sub
@@ -479,7 +485,8 @@ class Decider:
         shape = view.nodes[i].shape
         fit = fit_for(shape)
         rule = tier if tier is not None else fit.tightest(pod.gpus)
-        picked = fit.pick(view.free_mask(i), pod.gpus, rule, 1) if rule is not None else None
+        free = view.free_mask(i)
+        picked = choice.pick(view.nodes[i], free, pod.gpus, rule, 1) if rule is not None else None
         if not picked:
             raise Refused(f"node {node} no longer has {pod.gpus} free GPUs meeting the pod's rule")
         return BindPlan(pod, node, shape.gpus_of(picked[0]), shape.numa_of(picked[0]))
@@ -532,7 +539,7 @@ class Decider:
             free = view.free_mask(i) | shape.mask_of(freed)
             fit = fit_for(shape)
             rule = tier if tier is not None else fit.tightest(pod.gpus)
-            if rule is not None and fit.capacity(free, pod.gpus, rule) > 0:
+            if rule is not None and choice.capacity(view.nodes[i], free, pod.gpus, rule) > 0:
                 keep.append(node)
         return keep
 

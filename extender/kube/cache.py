@@ -14,6 +14,11 @@ of the lowest free GPU indices as it requests (pods in name order). A pod report
 GPUs than its annotation promised is a device mismatch (:mod:`extender.kube.devices`): its
 reservation slot is moved onto the reported GPUs and its SliceReservation says so.
 
+What kube-scheduler's filters read of a node (taints, ``spec.unschedulable``,
+``status.allocatable``) comes from its Node object, and what its non-terminal pods request
+from those pods (:class:`~extender.placement.feasibility.NodeFacts`); a cordoned node stays
+in the snapshot, for the pods that tolerate it. A NotReady node is left out.
+
 A node whose NodeTopology fails validation is kept out of the snapshot (never given a
 guessed graph) and listed by :meth:`ClusterCache.refused_topologies` with the field and the
 problem; :mod:`extender.kube.topology_status` says so on the object and its Node.
@@ -53,11 +58,13 @@ from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore, ReservationStore, StatusNotSaved
 from extender.kube.topology_status import accepted_condition
 from extender.logs import fields
+from extender.placement.feasibility import NO_FACTS, NodeFacts, usage
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
+from extender.topology.kubelet import KubeletAlignment
 from extender.topology.model import GpuGraph
 
 log = logging.getLogger(__name__)
@@ -75,6 +82,8 @@ class _StaticNode:
     allocated: frozenset[int]
     unhealthy: frozenset[int]
     allocation: Allocation = Allocation.DEVICE_PLUGIN
+    facts: NodeFacts = NO_FACTS
+    kubelet: KubeletAlignment | None = None
 
 
 class ClusterCache:
@@ -157,7 +166,9 @@ class ClusterCache:
         kind of ``awaiting`` is listed (``(Kind.PODS,)``: pods come from a watch)."""
         cache = cls(hierarchy=snap.hierarchy, ttl_s=ttl_s, store=store, clock=clock, awaiting=awaiting)
         for n in snap.nodes:
-            cache._static[n.name] = _StaticNode(dict(n.labels), n.graph, n.allocated, n.unhealthy)
+            cache._static[n.name] = _StaticNode(
+                dict(n.labels), n.graph, n.allocated, n.unhealthy, n.allocation, n.facts, n.kubelet
+            )
             cache._dirty_nodes.add(n.name)
         return cache
 
@@ -908,7 +919,7 @@ class ClusterCache:
         if static is not None:
             return static
         rec = self._records.get(name)
-        if rec is None or not rec.schedulable or name in self._refused:
+        if rec is None or not rec.ready or name in self._refused:
             return None
         topo = self._topologies.get(name)
         graph = topo.graph if topo is not None else None
@@ -917,7 +928,8 @@ class ClusterCache:
                 return None
             graph = fallback_graph(rec.gpu_count, rec.product)
         allocation = topo.allocation if topo is not None else Allocation.DEVICE_PLUGIN
-        return _StaticNode(rec.labels, graph, frozenset(), frozenset(), allocation)
+        kubelet = topo.kubelet if topo is not None else None
+        return _StaticNode(rec.labels, graph, frozenset(), frozenset(), allocation, rec.facts, kubelet)
 
     def _build_state(self, name: str) -> NodeState | None:
         src = self._source(name)
@@ -946,15 +958,35 @@ class ClusterCache:
             self._pod_gpus[p.key] = frozenset(free)
             taken.update(free)
         return NodeState(
-            name, src.labels, src.graph, frozenset(taken), frozenset(sick & known), allocation=src.allocation
+            name,
+            src.labels,
+            src.graph,
+            frozenset(taken),
+            frozenset(sick & known),
+            allocation=src.allocation,
+            facts=self._facts(name, src),
+            kubelet=src.kubelet,
         )
+
+    def _facts(self, name: str, src: _StaticNode) -> NodeFacts:
+        """The node's filter facts with what its non-terminal pods request (kube-scheduler's
+        NodeInfo.Requested counts every pod bound to the node until it is gone or finished)."""
+        requested = src.facts.requested
+        for key in sorted(self._by_node.get(name, ())):
+            p = self._pods.get(key)
+            if p is not None and not p.terminal:
+                requested = requested.plus(usage(p.needs.requests))
+        return dataclasses.replace(src.facts, requested=requested)
 
 
 def _offer(state: NodeState | None) -> tuple[object, ...] | None:
     """What of a node counts on an empty cluster (see :attr:`ClusterCache.node_generation`)."""
-    return None if state is None else (state.labels, state.graph, state.unhealthy, state.allocation)
+    if state is None:
+        return None
+    kubelet = state.kubelet.emptied() if state.kubelet is not None else None
+    return (state.labels, state.graph, state.unhealthy, state.allocation, state.facts.static(), kubelet)
 
 
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:
     """What of a pod decides the GPUs it takes (a status-only update changes none of it)."""
-    return pod.node, pod.holds_gpus, pod.gpus, pod.annotations.get(GPUS_ANNOTATION)
+    return pod.node, pod.holds_gpus, pod.gpus, pod.annotations.get(GPUS_ANNOTATION), pod.needs.requests

@@ -43,8 +43,16 @@ from extender.kube import names
 from extender.kube.devices import DeviceMismatch, devices_condition
 from extender.placement.ledger import Phase, Reservation
 from extender.topology.allocation import Allocation
+from extender.topology.kubelet import (
+    CpuPolicy,
+    KubeletAlignment,
+    MemoryPolicy,
+    NumaNode,
+    TopologyPolicy,
+    TopologyScope,
+)
 from extender.topology.model import GpuGraph, TopologyError
-from extender.topology.serialize import graph_from_dict
+from extender.topology.serialize import graph_from_dict, parse_cpu_ranges
 
 
 class CrdError(ValueError):
@@ -180,6 +188,64 @@ class DeviceInUse(_Model):
     container: str
 
 
+class NumaNodeEntry(_Model):
+    id: int = Field(ge=0)
+    cpus: str = Field("", description="the NUMA node's CPUs (sysfs cpulist, e.g. 0-27,56-83)")
+    allocatable_cpus: str = Field(
+        "",
+        alias="allocatableCpus",
+        description="its CPUs the kubelet may hand out exclusively (PodResources GetAllocatableResources)",
+    )
+    cpus_in_use: str = Field(
+        "", alias="cpusInUse", description="its CPUs containers hold exclusively (PodResources List)"
+    )
+    memory: int | None = Field(
+        None, ge=0, description="allocatable memory, bytes (only where memoryManagerPolicy is Static)"
+    )
+    memory_in_use: int = Field(0, alias="memoryInUse", ge=0, description="memory containers hold, bytes")
+
+
+class KubeletEntry(_Model):
+    topology_manager_policy: TopologyPolicy = Field(
+        TopologyPolicy.NONE,
+        alias="topologyManagerPolicy",
+        description="the kubelet's topologyManagerPolicy: none, best-effort, restricted or single-numa-node",
+    )
+    topology_manager_scope: TopologyScope = Field(
+        TopologyScope.CONTAINER, alias="topologyManagerScope", description="container or pod"
+    )
+    cpu_manager_policy: CpuPolicy = Field(
+        CpuPolicy.NONE, alias="cpuManagerPolicy", description="none or static"
+    )
+    memory_manager_policy: MemoryPolicy = Field(
+        MemoryPolicy.NONE, alias="memoryManagerPolicy", description="None or Static"
+    )
+    numa_nodes: list[NumaNodeEntry] = Field(
+        default_factory=list, alias="numaNodes", json_schema_extra=_list("map", "id")
+    )
+
+    def alignment(self) -> KubeletAlignment:
+        """The pure-core view; ValueError naming the field for a CPU list that does not parse."""
+        nodes = []
+        for k, n in enumerate(self.numa_nodes):
+            counts = []
+            for name, text in (("allocatableCpus", n.allocatable_cpus), ("cpusInUse", n.cpus_in_use)):
+                try:
+                    counts.append(len(parse_cpu_ranges(text)))
+                except TopologyError:
+                    raise ValueError(
+                        f"kubelet.numaNodes[{k}].{name}: expected CPU ranges like 0-27,56-83"
+                    ) from None
+            nodes.append(NumaNode(n.id, counts[0], counts[1], n.memory, n.memory_in_use))
+        return KubeletAlignment(
+            self.topology_manager_policy,
+            self.topology_manager_scope,
+            self.cpu_manager_policy,
+            self.memory_manager_policy,
+            tuple(nodes),
+        )
+
+
 class NodeTopologySpec(_Model):
     gpus: list[GpuEntry] = Field(json_schema_extra=_list("map", "index"))
     links: list[LinkEntry] = Field(
@@ -215,6 +281,13 @@ class NodeTopologySpec(_Model):
     allocation: Allocation = Field(
         Allocation.DEVICE_PLUGIN,
         description="who picks a pod's GPUs: devicePlugin (the kubelet asks the NVIDIA device plugin) or dra",
+    )
+    kubelet: KubeletEntry | None = Field(
+        None,
+        description=(
+            "what the kubelet aligns to NUMA nodes (Topology Manager, CPU and memory managers) and each "
+            "NUMA node's CPUs and memory; absent when the agent could not read the kubelet's configuration"
+        ),
     )
     source: Source
 
@@ -344,6 +417,7 @@ class NodeTopology:
     graph: GpuGraph | None
     in_use: Mapping[str, frozenset[int]] = field(default_factory=dict)
     allocation: Allocation = Allocation.DEVICE_PLUGIN
+    kubelet: KubeletAlignment | None = None
 
 
 def first_problem(err: ValidationError, prefix: str) -> tuple[str, str]:
@@ -371,14 +445,21 @@ def parse_node_topology(obj: Mapping[str, Any]) -> NodeTopology:
     except ValidationError as err:
         loc, problem = first_problem(err, "spec")
         raise CrdError(f"{where}: {loc}: {problem}", loc, problem) from None
+    kubelet = None
+    if spec.kubelet is not None:
+        try:
+            kubelet = spec.kubelet.alignment()
+        except ValueError as exc:
+            loc, _, problem = str(exc).partition(": ")
+            raise CrdError(f"{where}: spec.{loc}: {problem}", f"spec.{loc}", problem) from None
     if spec.source is Source.NONE or not spec.gpus:
-        return NodeTopology(name, None, allocation=spec.allocation)
+        return NodeTopology(name, None, allocation=spec.allocation, kubelet=kubelet)
     try:
         graph = spec.to_graph()
     except TopologyError as exc:
         problem = str(exc).removeprefix("NodeTopology spec: ")
         raise CrdError(f"{where}: {problem}", "spec", problem) from None
-    return NodeTopology(name, graph, spec.gpus_in_use(), spec.allocation)
+    return NodeTopology(name, graph, spec.gpus_in_use(), spec.allocation, kubelet)
 
 
 # -- SliceReservation objects -------------------------------------------------------------

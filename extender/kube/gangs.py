@@ -1,7 +1,8 @@
 """A plain gang as a gang request: pods labelled ``gangslice.io/gang`` with the gang's size
 in ``gangslice.io/gang-size``, so the extender can place the whole gang on first sight.
 
-Every pod of a pod set is taken to look like the first one seen. Without
+Every pod of a pod set is taken to look like the first one seen, down to what it asks of a
+node (node selector and affinity, tolerations, requests: :mod:`extender.kube.pod_needs`). Without
 ``gangslice.io/pod-set-size`` the gang is N pods alike, placed on first sight (a
 ``gangslice.io/pod-set`` role then only names pods). A gang of pod sets that differ
 (prefill and decode of other sizes, a leader and its workers) gives every pod its pod set's
@@ -77,6 +78,8 @@ def _sizes(counts: dict[str, int]) -> str:
 
 
 def _pod_set(pod: PodInfo, name: str, count: int) -> PodSet:
+    if pod.needs_problem:
+        raise PodError(pod.needs_problem)
     comm = Comm.NONE
     if pod.comm is not None:
         try:
@@ -91,12 +94,14 @@ def _pod_set(pod: PodInfo, name: str, count: int) -> PodSet:
         except ValueError as exc:
             raise PodError(f"pod {pod.key}: {names.COLOCATE_WITH}: {exc}") from None
         colocate = Colocation(target, level or "node")
-    return PodSet(
-        name=name,
-        count=count,
-        gpus_per_pod=pod.gpus,
-        comm=comm,
-        required_level=pod.required_level,
-        preferred_level=pod.preferred_level,
-        colocate_with=colocate,
+    return pod.needs.on(
+        PodSet(
+            name=name,
+            count=count,
+            gpus_per_pod=pod.gpus,
+            comm=comm,
+            required_level=pod.required_level,
+            preferred_level=pod.preferred_level,
+            colocate_with=colocate,
+        )
     )

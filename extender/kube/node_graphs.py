@@ -25,14 +25,19 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from extender.kube import names
 from extender.kube.pods import PodError, quantity
+from extender.placement import quantities
+from extender.placement.feasibility import NO_FACTS, NodeFacts, Resources, Taint
 from extender.topology.hierarchy import HOSTNAME_LABEL
 from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel
+
+log = logging.getLogger(__name__)
 
 UNIFORM = "uniform"
 
@@ -80,7 +85,11 @@ class NodeRecord:
     name: str
     labels: Mapping[str, str]
     gpu_count: int
-    schedulable: bool
+    #: The Ready condition is not False-or-Unknown (a NotReady node is left out altogether).
+    ready: bool
+    #: ``spec.unschedulable``, ``spec.taints`` and ``status.allocatable``: what
+    #: kube-scheduler's filters read (:mod:`extender.placement.feasibility`).
+    facts: NodeFacts = NO_FACTS
 
     @property
     def product(self) -> str | None:
@@ -107,12 +116,54 @@ class NodeRecord:
             gpus = quantity(capacity.get(names.GPU_RESOURCE, 0))
         except PodError:
             gpus = 0
-        return cls(name=name, labels=labels, gpu_count=gpus, schedulable=_schedulable(spec, status))
+        facts = NodeFacts(
+            _taints(spec.get("taints"), name),
+            spec.get("unschedulable") is True,
+            _allocatable(status.get("allocatable"), name),
+        )
+        return cls(name=name, labels=labels, gpu_count=gpus, ready=_ready(status), facts=facts)
 
 
-def _schedulable(spec: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-    if spec.get("unschedulable") is True:
-        return False
+def _taints(raw: Any, node: str) -> tuple[Taint, ...]:
+    """``spec.taints``; one that cannot be read is logged and kept as a NoSchedule taint
+    (refusing pods that do not tolerate its key is the safe reading)."""
+    out = []
+    for t in raw if isinstance(raw, list) else ():
+        if not isinstance(t, Mapping):
+            continue
+        key, value, effect = t.get("key"), t.get("value") or "", t.get("effect")
+        if not isinstance(key, str) or not key:
+            continue
+        try:
+            out.append(Taint(key, str(value), str(effect)))
+        except ValueError as exc:
+            log.warning("node %s: spec.taints: %s; treated as NoSchedule", node, exc)
+            out.append(Taint(key, str(value), "NoSchedule"))
+    return tuple(out)
+
+
+def _allocatable(raw: Any, node: str) -> Resources:
+    """``status.allocatable`` cpu, memory, ephemeral-storage and pods; a resource the node
+    does not report (or that cannot be read) limits nothing."""
+    if not isinstance(raw, Mapping):
+        return Resources()
+    got: list[int | None] = []
+    for name, read in (
+        ("cpu", quantities.milli),
+        ("memory", quantities.whole),
+        ("ephemeral-storage", quantities.whole),
+        ("pods", quantities.whole),
+    ):
+        value = raw.get(name)
+        try:
+            got.append(None if value is None else read(value))
+        except quantities.QuantityError as exc:
+            log.warning("node %s: status.allocatable[%s]: %s; not limited", node, name, exc)
+            got.append(None)
+    return Resources(*got)
+
+
+def _ready(status: Mapping[str, Any]) -> bool:
     conditions = status.get("conditions")
     if isinstance(conditions, list):
         for c in conditions:

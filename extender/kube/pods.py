@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.kube import names
+from extender.kube.pod_needs import NeedsError, pod_needs
+from extender.placement.request import PodNeeds
 
 #: Larger gangs are refused before any search (a typo such as ``gang-size: 1000000``).
 MAX_GANG_SIZE = 100_000
@@ -38,6 +40,11 @@ class PodInfo:
     problems: tuple[str, ...] = ()
     #: ``spec.schedulerName`` (the API server defaults it to ``default-scheduler``).
     scheduler: str = "default-scheduler"
+    #: What the pod asks of its node besides GPUs (:mod:`extender.kube.pod_needs`).
+    needs: PodNeeds = field(default_factory=PodNeeds)
+    #: Why :attr:`needs` could not be read (then it is empty); a gang built from this pod
+    #: reports it. The pod's own resource count on a node is then taken as zero.
+    needs_problem: str | None = None
 
     @property
     def key(self) -> str:
@@ -142,6 +149,11 @@ class PodInfo:
         except PodError as exc:
             problems.append(str(exc))
         node = spec.get("nodeName")
+        needs, needs_problem = PodNeeds(), None
+        try:
+            needs = pod_needs(spec)
+        except NeedsError as exc:
+            needs_problem = f"pod {_str(meta.get('namespace')) or 'default'}/{_str(meta.get('name'))}: {exc}"
         return cls(
             namespace=_str(meta.get("namespace")) or "default",
             name=_str(meta.get("name")),
@@ -154,6 +166,8 @@ class PodInfo:
             deleting=meta.get("deletionTimestamp") is not None,
             problems=tuple(problems),
             scheduler=_str(spec.get("schedulerName")) or "default-scheduler",
+            needs=needs,
+            needs_problem=needs_problem,
         )
 
 

@@ -6,14 +6,24 @@ section 2c), not from their code. All of them:
 
 - are all-or-nothing, like the gangslice solver: pods are placed one by one on a working
   copy of the free GPUs, and if any pod finds no room the gang is :class:`Unplaceable`;
-- choose nodes only. The exact GPUs are what the stock NVIDIA device plugin hands out once
-  the node is fixed: its ``GetPreferredAllocation`` is best-effort and no scheduler can steer
-  it, so we model it as *first free* (the lowest free GPU indices);
+- choose nodes only. The exact GPUs are what the node hands out once the node is fixed: on a
+  device-plugin node, the stock NVIDIA device plugin's ``GetPreferredAllocation``
+  (go-gpuallocator's best-effort policy, predicted by :mod:`extender.placement.choice`),
+  which no scheduler can steer; where the plugin has no usable answer, and on DRA nodes
+  (the peers write no claim that names devices), the kubelet's or driver's *first free*
+  (the lowest free GPU indices);
 - never book a GPU that is taken, unhealthy or reserved, nor one GPU twice (the capacity
   rules). They may break gangslice's topology rules (a TP group across a socket, a pod set
   across leaves): :func:`extender.placement.scoring.violations` reports that, and
   :func:`~extender.placement.scoring.gang_micros` prices it with the same yardstick;
-- know nothing of multi-node NVLink (IMEX) channels.
+- know nothing of multi-node NVLink (IMEX) channels, nor of the kubelet's Topology Manager:
+  they choose a node its kubelet then refuses at admission (``TopologyAffinityError``, see
+  :mod:`extender.placement.numa_fit`), and such a gang does not run. The GPUs a pod gets
+  there are the first free ones of the NUMA nodes the kubelet aligns it to;
+- keep kube-scheduler's NodeUnschedulable, TaintToleration, NodeAffinity and NodeResourcesFit
+  filters for every pod (:mod:`extender.placement.feasibility`), as kube-scheduler itself,
+  Kueue TAS (``fillLeafCounts`` counts the pods whose requests fit each node that passes the
+  pod's node selector, affinity and tolerations) and Volcano's predicates plugin do.
 
 Ties that the real schedulers break at random are broken here by snapshot order, so a
 comparison is repeatable.
@@ -25,7 +35,8 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from extender.placement import solver
+from extender.placement import choice, feasibility, numa_fit, solver
+from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import ANYWHERE, gang_micros, node_scope, resolve_need
@@ -55,9 +66,29 @@ class _Work:
     base: Sequence[int]
     taken: dict[int, int] = field(default_factory=dict)
     slots: dict[str, list[PodSlot]] = field(default_factory=dict)
+    #: What this gang's pods take of each node's cpu, memory and pod slots so far.
+    used: dict[int, Resources] = field(default_factory=dict)
+    #: Per node index, the pods booked there in order (pod set, GPU mask), for the kubelet.
+    booked: dict[int, list[tuple[PodSet, int]]] = field(default_factory=dict)
+    #: Pods the node's kubelet would refuse at admission: (pod set, why).
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        #: Whether any node limits resources at all (else room is never the limit).
+        self.limits = self.snap.limits_resources
 
     def free(self, i: int) -> int:
         return self.base[i] & ~self.taken.get(i, 0)
+
+    def room(self, i: int, ps: PodSet) -> int:
+        """Pods of ``ps`` NodeResourcesFit still lets onto node ``i`` (cpu, memory, pods)."""
+        if not self.limits:
+            return feasibility.UNLIMITED
+        return self.snap.room(i, ps.requests, self.used.get(i))
+
+    def fits(self, i: int, ps: PodSet) -> bool:
+        """Whether node ``i`` has the GPUs and the room for one more pod of ``ps``."""
+        return self.free(i).bit_count() >= ps.gpus_per_pod and (not self.limits or self.room(i, ps) > 0)
 
     def alloc(self, i: int) -> int:
         """Allocatable GPUs of node ``i`` as a device plugin reports them (healthy ones)."""
@@ -66,17 +97,43 @@ class _Work:
 
     def copy(self) -> _Work:
         """A trial copy for a dry run: cheap, since only this gang's changes are copied."""
-        return _Work(self.snap, self.base, dict(self.taken), {k: list(v) for k, v in self.slots.items()})
+        return _Work(
+            self.snap,
+            self.base,
+            dict(self.taken),
+            {k: list(v) for k, v in self.slots.items()},
+            dict(self.used),
+            {k: list(v) for k, v in self.booked.items()},
+            list(self.refused),
+        )
 
     def adopt(self, other: _Work) -> None:
-        self.taken, self.slots = other.taken, other.slots
+        self.taken, self.slots, self.used = other.taken, other.slots, other.used
+        self.booked, self.refused = other.booked, other.refused
 
     def take(self, ps: PodSet, i: int) -> None:
-        """Give the next pod of ``ps`` the first free GPUs of node ``i`` (the caller checked room)."""
-        mask = first_free(self.free(i), ps.gpus_per_pod)
+        """Give the next pod of ``ps`` the GPUs node ``i`` hands out (the caller checked room):
+        the kubelet offers the GPUs of the NUMA set it aligns the pod to (all free ones when it
+        aligns nothing), then the device plugin picks among them (else the lowest free ids)."""
+        free = self.free(i)
+        node = self.snap.nodes[i]
+        offered: int | None = free
+        if node.kubelet is not None and ps.gpus_per_pod:
+            offered = numa_fit.offer(node, self.booked.get(i, ()), ps, free)
+            if offered is None:
+                rule = numa_fit.rule_for(node, ps)
+                assert rule is not None
+                why = f"topologyManagerPolicy {rule.policy} on {node.name}: {rule.no_room()}"
+                self.refused.append((ps.name, why))
+        pool = free if offered is None else offered
+        mask = choice.handed(node, pool, ps.gpus_per_pod)
+        if mask is None:
+            mask = first_free(pool, ps.gpus_per_pod)
         assert mask is not None, f"node {i}: no room for {ps.gpus_per_pod} GPUs"
         self.taken[i] = self.taken.get(i, 0) | mask
-        node = self.snap.nodes[i]
+        if self.limits:
+            self.used[i] = self.used.get(i, feasibility.NOTHING).plus(feasibility.usage(ps.requests))
+        self.booked.setdefault(i, []).append((ps, mask))
         gpus, numa, nic = fit_for(node.shape).slot_of(mask)
         placed = self.slots.setdefault(ps.name, [])
         placed.append(PodSlot(ps.name, len(placed), node.name, gpus, numa, nic))
@@ -107,10 +164,13 @@ _Core = Callable[[ClusterSnapshot, GangRequest, _Work], _Fail | None]
 
 def _run(snap: ClusterSnapshot, gang: GangRequest, core: _Core, policy: str) -> Placement:
     work = _Work(snap, snap.free_masks())
-    fail = core(snap, gang, work)
+    fail = core(snap, gang, work) or _refused(work)
     if fail is None:
         return _finish(snap, gang, work, policy)
-    empty = core(snap, gang, _Work(snap, _empty_free(snap)))
+    # Nothing in use: neither GPUs nor, where kubelets align pods, the CPUs they count.
+    bare = snap.emptied() if snap.aligning() else snap
+    trial = _Work(bare, _empty_free(bare))
+    empty = core(bare, gang, trial) or _refused(trial)
     return Unplaceable(
         gang=gang.name,
         reason=f"{policy}: {fail.reason}",
@@ -118,6 +178,20 @@ def _run(snap: ClusterSnapshot, gang: GangRequest, core: _Core, policy: str) -> 
         closest=fail.closest,
         short_by=fail.short_by,
         feasible_when_empty=empty is None,
+    )
+
+
+def _refused(work: _Work) -> _Fail | None:
+    """The first pod a kubelet would refuse at admission: the gang would not run."""
+    if not work.refused:
+        return None
+    pod_set, why = work.refused[0]
+    count = sum(1 for name, _ in work.refused if name == pod_set)
+    return _Fail(
+        pod_set,
+        f"pod set {pod_set}: the kubelet would refuse {count} of its pods at admission "
+        f"(TopologyAffinityError): {why}",
+        count,
     )
 
 
@@ -175,17 +249,13 @@ def _place_by_score(work: _Work, ps: PodSet, candidates: Iterable[int], most: bo
     tie). A heap with lazy re-scoring gives exactly the full scan's answer: only nodes this
     pod set took from change score, and their entries are refreshed when they surface."""
     g = ps.gpus_per_pod
-    heap = [
-        (-_fit_score(work, i, g, most), i)
-        for i in candidates
-        if work.free(i).bit_count() >= g and work.alloc(i)
-    ]
+    heap = [(-_fit_score(work, i, g, most), i) for i in candidates if work.fits(i, ps) and work.alloc(i)]
     heapq.heapify(heap)
     for k in range(ps.count):
         while heap:
             neg, i = heap[0]
-            if work.free(i).bit_count() < g:
-                heapq.heappop(heap)  # free only shrinks while a gang is placed
+            if not work.fits(i, ps):
+                heapq.heappop(heap)  # free GPUs and room only shrink while a gang is placed
                 continue
             now = -_fit_score(work, i, g, most)
             if now != neg:
@@ -199,10 +269,11 @@ def _place_by_score(work: _Work, ps: PodSet, candidates: Iterable[int], most: bo
 
 
 def _admitted(snap: ClusterSnapshot, ps: PodSet, nodes: Iterable[int]) -> Iterable[int]:
-    """The nodes among ``nodes`` that pass the pod's ``nodeSelector`` and required node
-    affinity: kube-scheduler's ``NodeAffinity`` filter, which Kueue TAS applies when it counts
-    a node's capacity for a pod set and Volcano's predicates plugin applies per task."""
-    admitted = snap.admitted(ps.node_selector) if ps.gpus_per_pod else None
+    """The nodes among ``nodes`` that pass kube-scheduler's NodeUnschedulable,
+    TaintToleration and NodeAffinity filters for the pod (nodeSelector, required node
+    affinity, tolerations), which Kueue TAS applies when it counts a node's capacity for a
+    pod set and Volcano's predicates plugin applies per task."""
+    admitted = snap.admitted(ps.node_needs)
     return nodes if admitted is None else [i for i in nodes if i in admitted]
 
 
@@ -226,7 +297,7 @@ def spread(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     cpu and memory only; we know only GPUs, which stand in for requests that scale with them).
     With a single resource ``BalancedAllocation`` is the same for every node, so it drops out.
     All feasible nodes are scored (``percentageOfNodesToScore`` 100); the default soft
-    PodTopologySpread is not modelled (it would only spread more). GPUs: first free.
+    PodTopologySpread is not modelled (it would only spread more). GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _per_pod(most=False), "spread")
 
@@ -252,9 +323,11 @@ class _Domain:
 def _pods_fit(work: _Work, i: int, ps: PodSet) -> int:
     """Kueue's leaf capacity (``fillLeafCounts``): copies of the pod's request that fit the
     node's free resources, counted. No device model, so no NVLink or PCIe coherence."""
+    room = work.room(i, ps) if work.limits else feasibility.UNLIMITED
     if ps.gpus_per_pod == 0:
-        return ps.count
-    return work.free(i).bit_count() // ps.gpus_per_pod
+        return min(ps.count, room)
+    fit = work.free(i).bit_count() // ps.gpus_per_pod
+    return fit if fit < room else room
 
 
 def _domains_at(snap: ClusterSnapshot, level: int, counts: dict[int, int]) -> list[_Domain]:
@@ -321,7 +394,7 @@ def _descend(
     counts: dict[int, int],
     least_free: bool,
 ) -> None:
-    """Walk down from a chosen domain to nodes, then give each node its pods, first free GPUs."""
+    """Walk down from a chosen domain to nodes, then give each node its pods (the GPUs it hands out)."""
     if level > node_scope(snap.hierarchy):
         for _ in range(need):
             work.take(ps, nodes[0])
@@ -412,7 +485,7 @@ def kueue_tas(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     order. From the chosen domain down
     (``updateCountsToMinimumGeneric``): BestFit takes the fewest children, largest first, the
     last one the tightest that holds the rest. In-node levels (``nvlink``, ``numa``) have no Kueue
-    equivalent and are ignored; so is ``colocateWith``. GPUs: first free.
+    equivalent and are ignored; so is ``colocateWith``. GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _kueue_core, "kueue-tas")
 
@@ -553,7 +626,7 @@ def volcano(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     free GPUs cover the job is dry-run: each pod set, as a sub-job, searches the same way
     inside it up to its own tier and binpacks its pods on that HyperNode's nodes
     (MostAllocated per pod). The first tier with a solution wins, and in it the HyperNode with
-    the best ``HyperNodeOrderFn`` bin-pack score (fullest). GPUs: first free.
+    the best ``HyperNodeOrderFn`` bin-pack score (fullest). GPUs: as the node hands them out.
     """
     return _run(snapshot, gang, _volcano_core, "volcano")
 

@@ -14,6 +14,7 @@ The ``bench`` command is a group of actions. Another module adds its own action 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -22,16 +23,19 @@ import statistics
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from extender.cost import Comm
 from extender.placement.baselines import POLICIES, Policy
-from extender.placement.request import GangRequest, PodSet
+from extender.placement.feasibility import NO_FACTS, NodeFacts, Resources, Taint
+from extender.placement.request import GangRequest, PodRequests, PodSet, Toleration
 from extender.placement.scoring import violations
 from extender.placement.slice import Slice
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, parse_levels
+from extender.topology.kubelet import CpuPolicy, KubeletAlignment, NumaNode, TopologyPolicy
 from extender.topology.model import GpuGraph
 from extender.topology.presets import PRESETS, preset_graph
 
@@ -42,6 +46,11 @@ LEAF_LABEL = "fabric.topograph.run/tier-0"
 NODES_PER_LEAF = 32
 LEAVES_PER_SPINE = 8
 SPINES_PER_CORE = 4
+#: Who picks the GPUs on the synthetic nodes: the stock NVIDIA device plugin, the default of a
+#: node without DRA (and of a NodeTopology without spec.allocation). Every policy's slots are
+#: then the plugin's answers, and gangslice pays for predicting them; on HGX boards every
+#: answer is NVLink-connected, so the slices equal those of DRA nodes.
+BENCH_ALLOCATION = Allocation.DEVICE_PLUGIN
 
 DEFAULT_NODES = (1000, 5000, 20000)
 DEFAULT_REPEAT = 20
@@ -61,11 +70,33 @@ class BenchGang:
     gang: GangRequest
 
 
-def bench_gangs() -> tuple[BenchGang, ...]:
+#: With ``--node-facts``: every node tainted for GPU pods (the gangs tolerate it), one in ten
+#: tainted for others, one in fifty cordoned; allocatable as an HGX H100 server reports it, a
+#: random share of it requested by other pods; each pod asks 8 CPUs and 128Gi per GPU.
+GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
+OTHER_TAINT = Taint("dedicated", "training", "NoSchedule")
+ALLOCATABLE = Resources(cpu_millis=192_000, memory_bytes=2048 * 2**30, ephemeral_bytes=7000 * 2**30, pods=110)
+
+
+def node_facts(i: int, rng: random.Random) -> NodeFacts:
+    taints = (GPU_TAINT, OTHER_TAINT) if i % 10 == 0 else (GPU_TAINT,)
+    a = ALLOCATABLE
+    assert a.cpu_millis is not None and a.memory_bytes is not None
+    requested = Resources(
+        rng.randrange(0, a.cpu_millis // 2), rng.randrange(0, a.memory_bytes // 2), 0, rng.randrange(0, 30)
+    )
+    return NodeFacts(taints, i % 50 == 1, a, requested)
+
+
+def bench_gangs(node_facts: bool = False) -> tuple[BenchGang, ...]:
     """One gang per size; GPUs per pod shrink with the pod count so every gang fits a
-    half-allocated cluster of 1,000 nodes."""
+    half-allocated cluster of 1,000 nodes. With ``node_facts`` its pods tolerate the GPU
+    taint and ask for CPUs and memory (see :data:`GPU_TAINT`)."""
 
     def one(label: str, what: str, ps: PodSet) -> BenchGang:
+        if node_facts:
+            asks = PodRequests(8_000 * ps.gpus_per_pod, 128 * 2**30 * ps.gpus_per_pod)
+            ps = replace(ps, tolerations=(Toleration(GPU_TAINT.key, "Exists"),), requests=asks)
         return BenchGang(label, what, GangRequest(f"bench-{label}", (ps,)))
 
     return (
@@ -128,20 +159,57 @@ class BuildTimes:
         return self.nodes_ms + self.snapshot_ms + self.domains_ms
 
 
+#: CPUs per NUMA node of a synthetic node, and how many each allocated GPU's pod holds there.
+CPUS_PER_NUMA = 56
+CPUS_PER_GPU = 12
+
+
+def kubelet_of(graph: GpuGraph, allocated: frozenset[int], policy: TopologyPolicy) -> KubeletAlignment | None:
+    """A synthetic node's kubelet: ``policy`` with the static CPU manager; each allocated GPU's
+    pod holds :data:`CPUS_PER_GPU` CPUs of its NUMA node (None for policy ``none``)."""
+    if policy is TopologyPolicy.NONE:
+        return None
+    numa = sorted({g.numa_node for g in graph.gpus if g.numa_node is not None})
+    held = [g.numa_node for g in graph.gpus if g.index in allocated]
+    used = {n: CPUS_PER_GPU * held.count(n) for n in numa}
+    nodes = tuple(NumaNode(n, CPUS_PER_NUMA, min(CPUS_PER_NUMA, used[n])) for n in numa)
+    return KubeletAlignment(policy, cpu_policy=CpuPolicy.STATIC, numa_nodes=nodes)
+
+
 def synthetic_cluster(
-    nodes: int, graph: GpuGraph, fraction: float = 0.5, seed: int = 1
+    nodes: int,
+    graph: GpuGraph,
+    fraction: float = 0.5,
+    seed: int = 1,
+    facts: bool = False,
+    policy: TopologyPolicy = TopologyPolicy.NONE,
 ) -> tuple[ClusterSnapshot, BuildTimes]:
     """A cluster of ``nodes`` identical nodes under leaf/spine/core switches, with ``fraction``
-    of the GPUs allocated; returns the snapshot and how long building it took (node states,
-    the snapshot, its domain index), which no decision pays."""
+    of the GPUs allocated (with ``facts``, taints, cordons and resources: :func:`node_facts`)
+    and every kubelet running ``policy`` (:func:`kubelet_of`); returns the snapshot and how
+    long building it took (node states, the snapshot, its domain index), which no decision
+    pays."""
     indices = graph.indices
     allocation = random_allocation(nodes, len(indices), fraction, seed)
     labels = [node_labels(i) for i in range(nodes)]
+    rng = random.Random(seed + 1)
+    node_state_facts = [node_facts(i, rng) if facts else NO_FACTS for i in range(nodes)]
     t0 = time.perf_counter()
-    states = [
-        NodeState(labels[i][HOSTNAME_LABEL], labels[i], graph, frozenset(indices[p] for p in allocation[i]))
-        for i in range(nodes)
-    ]
+    states = []
+    for i in range(nodes):
+        taken = frozenset(indices[p] for p in allocation[i])
+        kubelet = kubelet_of(graph, taken, policy)
+        states.append(
+            NodeState(
+                labels[i][HOSTNAME_LABEL],
+                labels[i],
+                graph,
+                taken,
+                facts=node_state_facts[i],
+                kubelet=kubelet,
+                allocation=BENCH_ALLOCATION,
+            )
+        )
     t1 = time.perf_counter()
     snap = ClusterSnapshot(states, bench_hierarchy())
     t2 = time.perf_counter()
@@ -260,15 +328,38 @@ def ratios(runs: Sequence[ClusterRun]) -> list[Ratio]:
     return out
 
 
+def _guaranteed(bench: BenchGang) -> BenchGang:
+    """The gang with Guaranteed pods of :data:`CPUS_PER_GPU` integer CPUs per GPU, the pods the
+    static CPU manager and the Topology Manager align."""
+    sets = tuple(
+        dataclasses.replace(
+            ps,
+            requests=dataclasses.replace(
+                ps.requests, cpu_millis=1000 * CPUS_PER_GPU * ps.gpus_per_pod, guaranteed=True
+            ),
+        )
+        for ps in bench.gang.pod_sets
+    )
+    return dataclasses.replace(bench, gang=dataclasses.replace(bench.gang, pod_sets=sets))
+
+
 def run_bench(
-    sizes: Sequence[int], node_type: str, repeat: int, seed: int, policies: Sequence[str]
+    sizes: Sequence[int],
+    node_type: str,
+    repeat: int,
+    seed: int,
+    policies: Sequence[str],
+    node_facts: bool = False,
+    topology_policy: TopologyPolicy = TopologyPolicy.NONE,
 ) -> tuple[list[ClusterRun], list[Target]]:
     graph = preset_graph(node_type)
-    gangs = bench_gangs()
+    gangs = bench_gangs(node_facts)
+    if topology_policy is not TopologyPolicy.NONE:
+        gangs = tuple(_guaranteed(g) for g in gangs)
     runs: list[ClusterRun] = []
     targets: list[Target] = []
     for n in sizes:
-        snap, build = synthetic_cluster(n, graph, 0.5, seed)
+        snap, build = synthetic_cluster(n, graph, 0.5, seed, node_facts, topology_policy)
         results = tuple(measure(snap, g, p, POLICIES[p], repeat) for g in gangs for p in policies)
         runs.append(ClusterRun(n, build, results))
         pods = {g.label: g.gang.pods for g in gangs}
@@ -287,7 +378,9 @@ def _header(node_type: str, repeat: int, seed: int) -> list[str]:
     return [
         f"gangslice bench placement: {node_type} nodes ({len(preset_graph(node_type).gpus)} GPUs each), "
         f"core/spine/leaf + hostname, {NODES_PER_LEAF} nodes per leaf, {LEAVES_PER_SPINE} leaves per "
-        f"spine, {SPINES_PER_CORE} spines per core; 50% of GPUs allocated at random (seed {seed})",
+        f"spine, {SPINES_PER_CORE} spines per core; 50% of GPUs allocated at random (seed {seed}); "
+        f"GPUs allocated by the {BENCH_ALLOCATION.words} on every node, the default of a node without "
+        "DRA (every policy gets its answers; gangslice pays for predicting them)",
         f"each decision: 1 cold call, then {repeat} timed calls on the same snapshot "
         f"(median and nearest-rank p99, ms); us/layer = predicted communication per layer "
         f"(scoring.gang_micros); broken = gangslice rules the slice breaks (scoring.violations)",
@@ -344,6 +437,7 @@ def to_json(
         "repeat": repeat,
         "seed": seed,
         "allocatedFraction": 0.5,
+        "allocation": str(BENCH_ALLOCATION),
         "fabric": {
             "nodesPerLeaf": NODES_PER_LEAF,
             "leavesPerSpine": LEAVES_PER_SPINE,
@@ -409,6 +503,19 @@ def register(sub: Any) -> None:
         choices=list(POLICIES),
         help="policies to run (default: all)",
     )
+    p.add_argument(
+        "--node-facts",
+        action="store_true",
+        help="give nodes taints, cordons and allocatable resources partly requested, and the gangs' "
+        "pods tolerations and cpu/memory requests (kube-scheduler's filters in every decision)",
+    )
+    p.add_argument(
+        "--topology-manager-policy",
+        default=str(TopologyPolicy.NONE),
+        choices=[str(t) for t in TopologyPolicy],
+        help="every node's kubelet runs this Topology Manager policy with the static CPU manager "
+        f"({CPUS_PER_NUMA} CPUs per NUMA node, {CPUS_PER_GPU} held per allocated GPU; default none)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
     p.set_defaults(func=run)
 
@@ -418,9 +525,25 @@ def run(args: argparse.Namespace) -> int:
     if repeat < 1 or any(n < 1 for n in args.nodes):
         print("gangslice bench placement: --repeat and --nodes must be at least 1")
         return 2
-    runs, targets = run_bench(args.nodes, args.node_type, repeat, args.seed, args.policy)
+    topology_policy = TopologyPolicy(args.topology_manager_policy)
+    runs, targets = run_bench(
+        args.nodes, args.node_type, repeat, args.seed, args.policy, args.node_facts, topology_policy
+    )
+    if args.node_facts and not args.json:
+        print(
+            "with node facts: 1 in 10 nodes tainted against the gangs, 1 in 50 cordoned, "
+            "resources partly requested"
+        )
     if args.json:
-        print(json.dumps(to_json(runs, targets, args.node_type, repeat, args.seed), indent=2))
+        data = to_json(runs, targets, args.node_type, repeat, args.seed)
+        data["topologyManagerPolicy"] = str(topology_policy)
+        print(json.dumps(data, indent=2))
     else:
+        if topology_policy is not TopologyPolicy.NONE:
+            print(
+                f"kubelets: topologyManagerPolicy {topology_policy} with the static CPU manager "
+                f"({CPUS_PER_NUMA} CPUs per NUMA node, {CPUS_PER_GPU} held per allocated GPU); "
+                f"every pod Guaranteed with {CPUS_PER_GPU} CPUs per GPU"
+            )
         print(render(runs, targets, args.node_type, repeat, args.seed))
     return 0

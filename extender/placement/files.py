@@ -11,6 +11,17 @@ Cluster file::
         gpuTopology: hgx-h100           # a preset, or an nvidia-smi topo -m file (relative path)
         allocatedGpus: [0, 1]           # optional
         unhealthyGpus: []               # optional
+        taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]   # optional
+        unschedulable: false            # optional: cordoned
+        allocatable: {cpu: "192", memory: 2Ti, ephemeral-storage: 7Ti, pods: 110}   # optional
+        requested: {cpu: "8", memory: 64Gi, pods: 3}   # optional: what pods there already request
+        kubelet:                        # optional: what the node's kubelet aligns to NUMA nodes
+          topologyManagerPolicy: single-numa-node   # none | best-effort | restricted | single-numa-node
+          topologyManagerScope: container           # container | pod
+          cpuManagerPolicy: static                  # none | static
+          memoryManagerPolicy: None                 # None | Static
+          numaNodes:                    # allocatable CPUs (and memory, Static) per NUMA node
+            - {id: 0, cpus: 56, cpusInUse: 0, memory: 512Gi, memoryInUse: 0}
 
 Gang file::
 
@@ -27,6 +38,20 @@ Gang file::
         nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}   # optional, as a pod's
         nodeAffinity:                   # optional: required node affinity match expressions
           - {key: nvidia.com/gpu.memory, operator: Gt, values: ["80000"]}
+        nodeSelectorTerms:              # optional: a pod's required nodeSelectorTerms (any one)
+          - matchExpressions: [{key: pool, operator: In, values: [a, b]}]
+            matchFields: [{key: metadata.name, operator: NotIn, values: [n7]}]
+        preferredNodeAffinity:          # optional: a tie-break among equally good slices
+          - {weight: 50, preference: {matchExpressions: [{key: disk, operator: In, values: [nvme]}]}}
+        tolerations:                    # optional, as a pod's
+          - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+        requests: {cpu: "16", memory: 256Gi, ephemeral-storage: 100Gi}   # optional, per pod
+        guaranteed: false               # optional: Guaranteed QoS (requests equal limits)
+
+Node facts and a pod set's requirements are judged as kube-scheduler's NodeUnschedulable,
+TaintToleration, NodeAffinity and NodeResourcesFit filters judge them
+(:mod:`extender.placement.feasibility`). A node without ``allocatable`` (or without one of
+its resources) is not limited in that resource.
 """
 
 from __future__ import annotations
@@ -36,14 +61,33 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from extender.cost import Comm, ModelDims
-from extender.placement.request import Colocation, GangRequest, NodeRequirement, PodSet
+from extender.placement import quantities
+from extender.placement.feasibility import NOTHING, NodeFacts, Resources, Taint
+from extender.placement.request import (
+    Colocation,
+    GangRequest,
+    NodeRequirement,
+    NodeTerm,
+    PodRequests,
+    PodSet,
+    PreferredTerm,
+    Toleration,
+)
 from extender.placement.scoring import LevelError, resolve_level
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import HOSTNAME_LABEL, Hierarchy, HierarchyError, NetworkModel, parse_levels
+from extender.topology.kubelet import (
+    CpuPolicy,
+    KubeletAlignment,
+    MemoryPolicy,
+    NumaNode,
+    TopologyPolicy,
+    TopologyScope,
+)
 from extender.topology.model import GpuGraph, TopologyError
 
 
@@ -86,6 +130,79 @@ class RequirementSpec(_Strict):
         return [str(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v]
 
 
+class TermSpec(_Strict):
+    match_expressions: list[RequirementSpec] = Field(default_factory=list, alias="matchExpressions")
+    match_fields: list[RequirementSpec] = Field(default_factory=list, alias="matchFields")
+
+    def term(self) -> NodeTerm:
+        return NodeTerm(
+            tuple(NodeRequirement(r.key, r.operator, tuple(r.values)) for r in self.match_expressions),
+            tuple(NodeRequirement(r.key, r.operator, tuple(r.values)) for r in self.match_fields),
+        )
+
+
+class PreferredSpec(_Strict):
+    weight: int = Field(ge=1, le=100)
+    preference: TermSpec
+
+
+class TolerationSpec(_Strict):
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    @model_validator(mode="after")
+    def _valid(self) -> TolerationSpec:
+        Toleration(self.key, self.operator, self.value, self.effect)
+        return self
+
+
+class TaintSpec(_Strict):
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: str
+
+    @model_validator(mode="after")
+    def _valid(self) -> TaintSpec:
+        Taint(self.key, self.value, self.effect)
+        return self
+
+
+Quantity = str | int | float
+
+
+def _quantity(v: Any) -> Any:
+    if v is not None:
+        quantities.whole(v)  # raises QuantityError (a ValueError) naming the value
+    return v
+
+
+class RequestsSpec(_Strict):
+    cpu: Quantity = 0
+    memory: Quantity = 0
+    ephemeral_storage: Quantity = Field(0, alias="ephemeral-storage")
+
+    _quantities = field_validator("cpu", "memory", "ephemeral_storage")(_quantity)
+
+
+class ResourcesSpec(_Strict):
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
+    ephemeral_storage: Quantity | None = Field(None, alias="ephemeral-storage")
+    pods: int | None = Field(None, ge=0)
+
+    _quantities = field_validator("cpu", "memory", "ephemeral_storage")(_quantity)
+
+    def resources(self) -> Resources:
+        return Resources(
+            None if self.cpu is None else quantities.milli(self.cpu),
+            None if self.memory is None else quantities.whole(self.memory),
+            None if self.ephemeral_storage is None else quantities.whole(self.ephemeral_storage),
+            self.pods,
+        )
+
+
 class PodSetSpec(_Strict):
     name: str
     count: int = Field(ge=1)
@@ -97,6 +214,20 @@ class PodSetSpec(_Strict):
     model: ModelSpec = Field(default_factory=lambda: ModelSpec.model_validate({}))
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     node_affinity: list[RequirementSpec] = Field(default_factory=list, alias="nodeAffinity")
+    node_selector_terms: list[TermSpec] = Field(default_factory=list, alias="nodeSelectorTerms")
+    preferred_node_affinity: list[PreferredSpec] = Field(default_factory=list, alias="preferredNodeAffinity")
+    tolerations: list[TolerationSpec] = Field(default_factory=list)
+    requests: RequestsSpec = Field(default_factory=lambda: RequestsSpec.model_validate({}))
+    guaranteed: bool = False
+
+    def pod_requests(self) -> PodRequests:
+        r = self.requests
+        return PodRequests(
+            quantities.milli(r.cpu),
+            quantities.whole(r.memory),
+            quantities.whole(r.ephemeral_storage),
+            self.guaranteed,
+        )
 
     def requirements(self) -> tuple[NodeRequirement, ...]:
         """``nodeSelector`` entries (each an ``In`` of one value), then the affinity's."""
@@ -130,9 +261,57 @@ class GangSpec(_Strict):
                     else None,
                     model=p.model.dims(),
                     node_selector=p.requirements(),
+                    requests=p.pod_requests(),
+                    affinity=tuple(t.term() for t in p.node_selector_terms),
+                    preferred=tuple(
+                        PreferredTerm(t.weight, t.preference.term()) for t in p.preferred_node_affinity
+                    ),
+                    tolerations=tuple(
+                        Toleration(t.key, t.operator, t.value, t.effect) for t in p.tolerations
+                    ),
                 )
                 for p in self.pod_sets
             ),
+        )
+
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _bytes(v: Any) -> Any:
+    """A size in bytes, or with a binary suffix (``512Gi``)."""
+    if isinstance(v, str) and v[-2:] in _BINARY and v[:-2].isdigit():
+        return int(v[:-2]) * _BINARY[v[-2:]]
+    return v
+
+
+class NumaNodeSpec(_Strict):
+    id: int = Field(ge=0)
+    cpus: int = Field(0, ge=0)
+    cpus_in_use: int = Field(0, alias="cpusInUse", ge=0)
+    memory: int | None = Field(None, ge=0)
+    memory_in_use: int = Field(0, alias="memoryInUse", ge=0)
+
+    @field_validator("memory", "memory_in_use", mode="before")
+    @classmethod
+    def _sizes(cls, v: Any) -> Any:
+        return _bytes(v)
+
+
+class KubeletSpec(_Strict):
+    topology_manager_policy: TopologyPolicy = Field(TopologyPolicy.NONE, alias="topologyManagerPolicy")
+    topology_manager_scope: TopologyScope = Field(TopologyScope.CONTAINER, alias="topologyManagerScope")
+    cpu_manager_policy: CpuPolicy = Field(CpuPolicy.NONE, alias="cpuManagerPolicy")
+    memory_manager_policy: MemoryPolicy = Field(MemoryPolicy.NONE, alias="memoryManagerPolicy")
+    numa_nodes: list[NumaNodeSpec] = Field(default_factory=list, alias="numaNodes")
+
+    def alignment(self) -> KubeletAlignment:
+        return KubeletAlignment(
+            self.topology_manager_policy,
+            self.topology_manager_scope,
+            self.cpu_manager_policy,
+            self.memory_manager_policy,
+            tuple(NumaNode(n.id, n.cpus, n.cpus_in_use, n.memory, n.memory_in_use) for n in self.numa_nodes),
         )
 
 
@@ -144,6 +323,20 @@ class NodeSpec(_Strict):
     unhealthy_gpus: list[int] = Field(default_factory=list, alias="unhealthyGpus")
     count: int | None = Field(None, ge=1)
     allocation: Allocation = Allocation.DEVICE_PLUGIN
+    taints: list[TaintSpec] = Field(default_factory=list)
+    unschedulable: bool = False
+    allocatable: ResourcesSpec | None = None
+    requested: ResourcesSpec | None = None
+
+    def facts(self) -> NodeFacts:
+        return NodeFacts(
+            tuple(Taint(t.key, t.value, t.effect) for t in self.taints),
+            self.unschedulable,
+            self.allocatable.resources() if self.allocatable else Resources(),
+            NOTHING.plus(self.requested.resources()) if self.requested else NOTHING,
+        )
+
+    kubelet: KubeletSpec | None = None
 
 
 class NetworkSpec(_Strict):
@@ -308,7 +501,12 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
     for k, ns in enumerate(spec.nodes):
         at = f"{where}: nodes[{k}] ({ns.name})"
         graph = _graph_for(ns.gpu_topology, base, graphs, at)
+        try:
+            kubelet = ns.kubelet.alignment() if ns.kubelet is not None else None
+        except ValueError as exc:
+            raise FileError(f"{at}: kubelet: {exc}") from None
         names = [ns.name] if ns.count is None else [f"{ns.name}-{i}" for i in range(ns.count)]
+        facts = ns.facts()
         for name in names:
             labels = dict(ns.labels)
             labels.setdefault(HOSTNAME_LABEL, name)
@@ -321,6 +519,8 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
                         frozenset(ns.allocated_gpus),
                         frozenset(ns.unhealthy_gpus),
                         allocation=ns.allocation,
+                        facts=facts,
+                        kubelet=kubelet,
                     )
                 )
             except ValueError as exc:

@@ -18,12 +18,20 @@ or when there were too many tied partitions to look at all of them.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from extender.topology.device_plugin import PluginView, plugin_view, preferred_allocation
 from extender.topology.model import GpuGraph, Tier
 
-__all__ = ["PluginFit", "plugin_capacity", "plugin_fit_for", "plugin_pick", "plugin_reason"]
+__all__ = [
+    "PluginFit",
+    "plugin_capacity",
+    "plugin_fit_for",
+    "plugin_kind",
+    "plugin_pick",
+    "plugin_reason",
+]
 
 
 @dataclass
@@ -34,6 +42,7 @@ class PluginFit:
     view: PluginView
     _chain: dict[tuple[int, int, Tier, int], tuple[int, ...] | None] = field(default_factory=dict)
     _sound: dict[tuple[int, int, Tier, int], bool] = field(default_factory=dict)
+    _capacity: dict[tuple[int, int, Tier], int] = field(default_factory=dict)
 
     def answers(self, free: int, gpus: int) -> tuple[tuple[int, ...], frozenset[int], bool]:
         """The plugin's answer for one pod (ascending order), every possible answer (as
@@ -103,27 +112,60 @@ class PluginFit:
         self._chain[key] = result
         return result
 
+    def pick(self, free: int, gpus: int, tier: Tier, pods: int) -> tuple[int, ...] | None:
+        """:func:`plugin_pick` on this node type (the counterpart of :meth:`NodeFit.pick`)."""
+        if gpus <= 0 or pods <= 0:
+            return ()
+        return self.chain(free, gpus, tier, pods)
 
-_FITS: dict[tuple[str, str], PluginFit] = {}
+    def capacity(self, free: int, gpus: int, tier: Tier) -> int:
+        """:func:`plugin_capacity` on this node type (the counterpart of :meth:`NodeFit.capacity`)."""
+        if gpus <= 0:
+            return 0
+        key = (free, gpus, tier)
+        got = self._capacity.get(key)
+        if got is None:
+            got = 0
+            while (got + 1) * gpus <= free.bit_count() and self.sound(free, gpus, tier, got + 1):
+                got += 1
+            self._capacity[key] = got
+        return got
 
 
-def plugin_fit_for(graph: GpuGraph) -> PluginFit:
-    """The memo tables of this graph's node type (keyed by its shape and its plugin view)."""
+_FITS: dict[str, PluginFit] = {}
+_KINDS: dict[str, str] = {}
+#: The kind of each live graph object, by id (nodes of one type usually share one graph).
+_OF_GRAPH: dict[int, tuple[weakref.ref[GpuGraph], str]] = {}
+
+
+def plugin_kind(graph: GpuGraph) -> str:
+    """The node type of ``graph`` under the device plugin: its shape and what the plugin sees
+    of it (two boards of one shape can differ in the PCIe levels under their NVLinks, which
+    the plugin scores). One shared string per kind, computed once per graph object."""
+    ident = id(graph)
+    known = _OF_GRAPH.get(ident)
+    if known is not None and known[0]() is graph:
+        return known[1]
     view = plugin_view(graph)
-    key = (graph.shape.key, repr((sorted(view.pcie.items()), sorted(view.nvlinks.items()))))
-    fit = _FITS.get(key)
-    if fit is None:
-        fit = _FITS[key] = PluginFit(graph, view)
-    return fit
+    key = repr((graph.shape.key, "devicePlugin", sorted(view.pcie.items()), sorted(view.nvlinks.items())))
+    got = _KINDS.get(key)
+    if got is None:
+        got = _KINDS[key] = key
+        _FITS[key] = PluginFit(graph, view)
+    _OF_GRAPH[ident] = (weakref.ref(graph, lambda _: _OF_GRAPH.pop(ident, None)), got)
+    return got
+
+
+def plugin_fit_for(graph: GpuGraph, kind: str | None = None) -> PluginFit:
+    """The memo tables of this graph's node type (``kind``: its :func:`plugin_kind`, when known)."""
+    return _FITS[kind if kind is not None else plugin_kind(graph)]
 
 
 def plugin_pick(graph: GpuGraph, free: int, gpus: int, tier: Tier, pods: int) -> tuple[int, ...] | None:
     """The masks the plugin hands ``pods`` pods of ``gpus`` GPUs in turn from ``free`` (for the
     free devices listed in ascending order), or None when some order of some request would
     give a pod GPUs looser than ``tier``."""
-    if gpus <= 0 or pods <= 0:
-        return ()
-    return plugin_fit_for(graph).chain(free, gpus, tier, pods)
+    return plugin_fit_for(graph).pick(free, gpus, tier, pods)
 
 
 def plugin_reason(graph: GpuGraph, free: int, gpus: int, tier: Tier, pods: int) -> str | None:
@@ -140,10 +182,4 @@ def _gpus(indices: tuple[int, ...]) -> str:
 
 def plugin_capacity(graph: GpuGraph, free: int, gpus: int, tier: Tier) -> int:
     """How many pods of ``gpus`` GPUs the plugin serves from ``free`` in turn, all within ``tier``."""
-    if gpus <= 0:
-        return 0
-    fit = plugin_fit_for(graph)
-    pods = 0
-    while (pods + 1) * gpus <= free.bit_count() and fit.sound(free, gpus, tier, pods + 1):
-        pods += 1
-    return pods
+    return plugin_fit_for(graph).capacity(free, gpus, tier)

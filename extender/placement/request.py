@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from extender.cost import Comm, ModelDims
 
@@ -84,6 +84,101 @@ def _is_int(text: str) -> bool:
     return True
 
 
+#: The field selector key a ``matchFields`` requirement may name (the only one Kubernetes
+#: supports: ``ValidateNodeFieldSelectorRequirement`` in pkg/apis/core/validation).
+NODE_NAME_FIELD = "metadata.name"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTerm:
+    """One ``NodeSelectorTerm`` of a pod's node affinity: label match expressions and
+    ``matchFields`` on ``metadata.name``, all of them ANDed. A term with neither selects no
+    node (k8s.io/component-helpers/scheduling/corev1/nodeaffinity ``nodeSelectorTerm.match``)."""
+
+    expressions: tuple[NodeRequirement, ...] = ()
+    fields: tuple[NodeRequirement, ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in self.fields:
+            if f.key != NODE_NAME_FIELD:
+                raise ValueError(f"matchFields key {f.key!r}: only {NODE_NAME_FIELD} is supported")
+            if f.operator not in ("In", "NotIn") or len(f.values) != 1:
+                raise ValueError(f"matchFields {f.key}: operator In or NotIn with exactly one value")
+
+    def matches(self, name: str, labels: Mapping[str, str]) -> bool:
+        if not self.expressions and not self.fields:
+            return False
+        node_fields = {NODE_NAME_FIELD: name}
+        return all(r.matches(labels) for r in self.expressions) and all(
+            r.matches(node_fields) for r in self.fields
+        )
+
+    def __str__(self) -> str:
+        parts = [str(r) for r in (*self.expressions, *self.fields)]
+        return " and ".join(parts) if parts else "(empty term)"
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredTerm:
+    """One ``preferredDuringSchedulingIgnoredDuringExecution`` entry: a node that matches
+    ``term`` scores ``weight`` (1-100) more, as kube-scheduler's NodeAffinity Score sums them."""
+
+    weight: int
+    term: NodeTerm
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.weight <= 100:
+            raise ValueError(f"weight {self.weight}: must be between 1 and 100")
+
+
+#: Toleration operators and taint effects core/v1 knows (``Exists``, ``Equal``;
+#: ``NoSchedule``, ``PreferNoSchedule``, ``NoExecute``).
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """One entry of a pod's ``spec.tolerations``. An empty ``key`` with ``Exists`` tolerates
+    every taint; an empty ``effect`` matches every effect (core/v1 ``Toleration``)."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def __post_init__(self) -> None:
+        if self.operator not in TOLERATION_OPERATORS:
+            raise ValueError(f"operator {self.operator!r}: expected one of {', '.join(TOLERATION_OPERATORS)}")
+        if self.effect and self.effect not in TAINT_EFFECTS:
+            raise ValueError(f"effect {self.effect!r}: expected one of {', '.join(TAINT_EFFECTS)} or none")
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"key {self.key!r}: operator Exists takes no value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("an empty key needs operator Exists")
+
+    def __str__(self) -> str:
+        what = self.key or "*"
+        if self.operator == "Equal":
+            what += f"={self.value}"
+        return f"{what}:{self.effect or '*'}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeNeeds:
+    """What a pod asks of a node's labels, name and taints: the part of kube-scheduler's
+    filters that is the same for every pod of a pod set whatever else runs on the node
+    (NodeUnschedulable, TaintToleration, NodeAffinity). Hashable: snapshots cache the nodes
+    that admit each one."""
+
+    node_selector: tuple[NodeRequirement, ...] = ()
+    affinity: tuple[NodeTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.node_selector or self.affinity or self.tolerations)
+
+
 @dataclass(frozen=True, slots=True)
 class PodRequests:
     """What one pod of a pod set requests of a node besides GPUs (the sum over its
@@ -111,14 +206,19 @@ class PodSet:
     #: ``nodeSelector`` and required node affinity state them.
     node_selector: tuple[NodeRequirement, ...] = ()
     requests: PodRequests = field(default_factory=PodRequests)
+    #: Required node affinity: the node meets one of these terms (none: no requirement).
+    affinity: tuple[NodeTerm, ...] = ()
+    #: Preferred node affinity: among equally good placements, nodes scoring more win.
+    preferred: tuple[PreferredTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
 
     @property
     def gpus(self) -> int:
         return self.count * self.gpus_per_pod
 
-    def admits(self, labels: Mapping[str, str]) -> bool:
-        """Whether a node with these labels meets every node requirement."""
-        return all(r.matches(labels) for r in self.node_selector)
+    @property
+    def node_needs(self) -> NodeNeeds:
+        return NodeNeeds(self.node_selector, self.affinity, self.tolerations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +254,41 @@ class GangRequest:
             if ps.name == name:
                 return ps
         raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class PodNeeds:
+    """Everything one pod's spec asks of its node, as a pod set carries it (read from a pod,
+    a Workload's pod template or a gang file)."""
+
+    node_selector: tuple[NodeRequirement, ...] = ()
+    affinity: tuple[NodeTerm, ...] = ()
+    preferred: tuple[PreferredTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    requests: PodRequests = field(default_factory=PodRequests)
+
+    def on(self, ps: PodSet) -> PodSet:
+        """``ps`` asking for these (its own node requirements kept, these added)."""
+        return replace(
+            ps,
+            node_selector=(*ps.node_selector, *self.node_selector),
+            affinity=both_terms(ps.affinity, self.affinity),
+            preferred=(*ps.preferred, *self.preferred),
+            tolerations=(*ps.tolerations, *self.tolerations),
+            requests=self.requests,
+        )
+
+
+def both_terms(a: tuple[NodeTerm, ...], b: tuple[NodeTerm, ...]) -> tuple[NodeTerm, ...]:
+    """Two required node affinities at once (each an OR of terms) as one: every pair of
+    terms ANDed; either alone when the other is empty (no requirement)."""
+    if not a or not b:
+        return a or b
+    live = [t for t in (*a, *b) if t.expressions or t.fields]
+    pairs = tuple(
+        NodeTerm((*x.expressions, *y.expressions), (*x.fields, *y.fields))
+        for x in a
+        for y in b
+        if x in live and y in live
+    )
+    return pairs or (NodeTerm(),)  # an empty term selects no node

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from extender import cost
 from extender.cost import Comm
+from extender.placement import feasibility, numa_fit
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
@@ -352,6 +353,7 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
         if taken & set(s.gpus):
             problems.append(f"slot {s.key}: GPUs {sorted(taken & set(s.gpus))} on {s.node} given twice")
         taken.update(s.gpus)
+    pods_on: dict[int, feasibility.Resources] = {}  # what the gang's pods take per node so far
     for ps in gang.pod_sets:
         got = by_set[ps.name]
         need = resolve_need(ps, h)
@@ -361,12 +363,17 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
             if len(s.gpus) != ps.gpus_per_pod or not snap.has_node(s.node):
                 problems.append(f"slot {s.key}: {len(s.gpus)} GPUs for a pod of {ps.gpus_per_pod}")
                 continue
+            i = snap.index(s.node)
+            node = snap.nodes[i]
+            refused = feasibility.refusal(ps.node_needs, node.name, node.labels, node.facts)
+            if refused is None:
+                here = pods_on.get(i, feasibility.NOTHING)
+                refused = feasibility.room_refusal(ps.requests, node.facts, here)
+                pods_on[i] = here.plus(feasibility.usage(ps.requests))
+            if refused is not None:
+                problems.append(f"slot {s.key}: {s.node} refused by {refused}")
             if ps.gpus_per_pod == 0:
                 continue  # a pod without GPUs has no in-node tier to keep
-            i = snap.index(s.node)
-            if not ps.admits(snap.nodes[i].labels):
-                unmet = [str(r) for r in ps.node_selector if not r.matches(snap.nodes[i].labels)]
-                problems.append(f"slot {s.key}: {s.node} does not meet {', '.join(unmet)}")
             tier = pod_tier(snap, i, ps, need)
             actual = snap.nodes[i].shape.tier_of(snap.nodes[i].shape.mask_of(s.gpus))
             if tier is None:
@@ -383,7 +390,26 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
                 problems.append(f"pod set {ps.name}: spans more than one {h.levels[need.scope].name}")
             if pods_talk(ps):
                 problems.extend(_mnnvl_violations(snap, gang.name, ps.name, nodes))
+    problems.extend(_numa_violations(snap, gang, slots))
     return problems
+
+
+def _numa_violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> list[str]:
+    """What the kubelets' Topology Managers refuse of the slice (:mod:`.numa_fit`)."""
+    per_node: dict[str, list[tuple[str, PodSet, int]]] = {}
+    names = {ps.name: ps for ps in gang.pod_sets}
+    for s in slots:
+        ps = names.get(s.pod_set)
+        if ps is None or not ps.gpus_per_pod or not snap.has_node(s.node):
+            continue
+        node = snap.node(s.node)
+        if node.kubelet is None or not set(s.gpus) <= set(node.shape.indices):
+            continue
+        per_node.setdefault(s.node, []).append((s.key, ps, node.shape.mask_of(s.gpus)))
+    out: list[str] = []
+    for name, pods in per_node.items():
+        out.extend(numa_fit.violations(snap.node(name), pods, snap.free_mask(snap.index(name))))
+    return out
 
 
 def _mnnvl_violations(snap: ClusterSnapshot, gang: str, pod_set: str, nodes: Sequence[str]) -> list[str]:

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import bisect
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.placement.request import NodeRequirement
+from extender.placement import feasibility
+from extender.placement.feasibility import NO_FACTS, UNLIMITED, NodeFacts, Resources
+from extender.placement.plugin_fit import plugin_kind
+from extender.placement.request import NodeNeeds, NodeRequirement, PodRequests
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
+from extender.topology.kubelet import KubeletAlignment
 from extender.topology.model import GpuGraph, NodeShape
 
 #: A multi-node NVLink clique: a node's label path down to the fabric level.
 Clique = tuple[str | None, ...]
+#: How many pod requests' room tables a snapshot keeps (the oldest goes first).
+ROOM_TABLES = 8
 #: A pod set's node requirements, all of which a node meets.
 Selector = tuple[NodeRequirement, ...]
-#: Nodes alike for placement as far as allocation goes: (node type, free mask).
+#: Nodes alike for placement as far as allocation goes: (node kind, free mask).
 FreeClass = tuple[str, int]
 
 
@@ -34,6 +40,14 @@ class NodeState:
     mnnvl_gang: str | None = None
     #: Who picks the pod's GPUs on this node (see :mod:`extender.topology.allocation`).
     allocation: Allocation = Allocation.DEVICE_PLUGIN
+    #: Taints, cordon, allocatable and what other pods request: what kube-scheduler's
+    #: filters read (:mod:`extender.placement.feasibility`); the default constrains nothing.
+    facts: NodeFacts = NO_FACTS
+    #: What the kubelet aligns to NUMA nodes here (None: not known, taken as no alignment).
+    kubelet: KubeletAlignment | None = None
+    #: The Topology Manager rule per kind of pod (:func:`extender.placement.numa_fit.rule_for`),
+    #: kept with the node state it was derived from (a changed node is a new state).
+    numa_rules: dict[object, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sick = {g.index for g in self.graph.gpus if not self.graph.healthy(g.index)}
@@ -47,6 +61,17 @@ class NodeState:
     @property
     def shape(self) -> NodeShape:
         return self.graph.shape
+
+    @property
+    def plugin(self) -> bool:
+        """Whether the device plugin, not gangslice, picks the pod's GPUs here."""
+        return self.allocation == Allocation.DEVICE_PLUGIN
+
+    @property
+    def kind(self) -> str:
+        """The node's type as placement memoises it: its GPU graph's shape, and under the
+        device plugin also what the plugin sees of the graph (the in-node choice differs)."""
+        return plugin_kind(self.graph) if self.plugin else self.graph.shape.key
 
 
 @dataclass
@@ -74,7 +99,11 @@ class ClusterSnapshot:
         self._cliques: tuple[list[tuple[str | None, ...]], list[Clique | None]] | None = None
         self._topology: tuple[list[NodeState], TopologyKey] | None = None
         self._kinds: tuple[list[NodeState], list[str]] | None = None
-        self._admitted: tuple[list[NodeState], dict[Selector, frozenset[int]]] | None = None
+        self._aligning: tuple[list[NodeState], bool] | None = None
+        self._per_node: tuple[list[NodeState], dict[object, list[Any]]] | None = None
+        self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
+        self._limits: tuple[list[NodeState], bool] | None = None
+        self._rooms: tuple[list[NodeState], dict[PodRequests, list[int]]] | None = None
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
@@ -114,9 +143,10 @@ class ClusterSnapshot:
         return self._free
 
     def kinds(self) -> list[str]:
-        """Every node's type (its GPU graph shape's key), by node index (cached; do not modify)."""
+        """Every node's type (:attr:`NodeState.kind`: its GPU graph's shape and who picks its
+        GPUs), by node index (cached; do not modify)."""
         if self._kinds is None or self._kinds[0] is not self.nodes:
-            self._kinds = (self.nodes, [n.shape.key for n in self.nodes])
+            self._kinds = (self.nodes, [n.kind for n in self.nodes])
         return self._kinds[1]
 
     def free_classes(self) -> dict[FreeClass, list[int]]:
@@ -135,20 +165,78 @@ class ClusterSnapshot:
             self._classes = (self._free, kinds, table)
         return self._classes[2]
 
-    def admitted(self, selector: Selector) -> frozenset[int] | None:
-        """The indices of the nodes whose labels meet every requirement of ``selector``
-        (None: no requirement, every node; cached per selector)."""
-        if not selector:
-            return None
+    def aligning(self) -> bool:
+        """Whether the kubelet of any node may refuse a pod it cannot align to NUMA nodes
+        (``single-numa-node`` or ``restricted``; cached per node list)."""
+        if self._aligning is None or self._aligning[0] is not self.nodes:
+            found = any(n.kubelet is not None and n.kubelet.topology_policy.refuses for n in self.nodes)
+            self._aligning = (self.nodes, found)
+        return self._aligning[1]
+
+    def per_node(self, key: object, derive: Callable[[NodeState], Any]) -> list[Any]:
+        """``derive(node)`` for every node, by node index, cached per node list under ``key``
+        (which must name everything ``derive`` depends on besides the node; do not modify)."""
+        if self._per_node is None or self._per_node[0] is not self.nodes:
+            self._per_node = (self.nodes, {})
+        table = self._per_node[1]
+        got = table.get(key)
+        if got is None:
+            got = table[key] = [derive(n) for n in self.nodes]
+        return got
+
+    def admitted(self, needs: NodeNeeds | Selector) -> frozenset[int] | None:
+        """The indices of the nodes a pod with these needs passes kube-scheduler's
+        NodeUnschedulable, TaintToleration and NodeAffinity filters on (None: every node;
+        cached per needs). A bare selector is a pod with only a nodeSelector."""
+        if not isinstance(needs, NodeNeeds):
+            needs = NodeNeeds(tuple(needs))
         if self._admitted is None or self._admitted[0] is not self.nodes:
             self._admitted = (self.nodes, {})
         table = self._admitted[1]
-        got = table.get(selector)
-        if got is None:
-            got = table[selector] = frozenset(
-                i for i, n in enumerate(self.nodes) if all(r.matches(n.labels) for r in selector)
+        if needs in table:
+            return table[needs]
+        if not needs and not any(n.facts.constrains for n in self.nodes):
+            got = None
+        else:
+            found = frozenset(
+                i for i, n in enumerate(self.nodes) if feasibility.admits(needs, n.name, n.labels, n.facts)
             )
+            got = None if len(found) == len(self.nodes) else found
+        table[needs] = got
         return got
+
+    def refusals(self, needs: NodeNeeds) -> list[feasibility.Refusal]:
+        """Why each node the filters refuse for ``needs`` is refused (see :meth:`admitted`)."""
+        out = []
+        for n in self.nodes:
+            r = feasibility.refusal(needs, n.name, n.labels, n.facts)
+            if r is not None:
+                out.append(r)
+        return out
+
+    @property
+    def limits_resources(self) -> bool:
+        """Whether any node reports allocatable resources (else :meth:`room` is unlimited)."""
+        if self._limits is None or self._limits[0] is not self.nodes:
+            self._limits = (self.nodes, any(n.facts.allocatable.reported for n in self.nodes))
+        return self._limits[1]
+
+    def room(self, i: int, requests: PodRequests, taken: Resources | None = None) -> int:
+        """How many pods with ``requests`` node ``i`` takes by NodeResourcesFit (cpu, memory,
+        ephemeral storage, the pod count), after what its pods request and ``taken``."""
+        if not self.limits_resources:
+            return UNLIMITED
+        if taken is not None and taken != feasibility.NOTHING:
+            return feasibility.room(requests, self.nodes[i].facts, taken)
+        if self._rooms is None or self._rooms[0] is not self.nodes:
+            self._rooms = (self.nodes, {})
+        tables = self._rooms[1]
+        table = tables.get(requests)
+        if table is None:
+            while len(tables) >= ROOM_TABLES:
+                tables.pop(next(iter(tables)))
+            table = tables[requests] = [feasibility.room(requests, n.facts) for n in self.nodes]
+        return table[i]
 
     def domain_free(self) -> dict[DomainKey, int]:
         """Free GPUs of every domain at every level (cached per free table)."""
@@ -243,18 +331,37 @@ class ClusterSnapshot:
 
     def topology(self) -> TopologyKey:
         """What placement sees of this cluster apart from what is taken: the hierarchy, and
-        each node's name, GPU graph shape, label path and unhealthy GPUs. Two snapshots with
-        equal keys give every gang the same slice once nothing is allocated or reserved."""
+        each node's name, type (GPU graph shape and who picks its GPUs), label path, unhealthy
+        GPUs, filter facts (taints, cordon, allocatable) and what its kubelet aligns. Two
+        snapshots with equal keys give every gang the same slice once nothing is allocated or
+        reserved."""
         if self._topology is None or self._topology[0] is not self.nodes:
             parts = tuple(
-                (n.name, n.shape.key, self._paths[i], n.unhealthy) for i, n in enumerate(self.nodes)
+                (
+                    n.name,
+                    n.kind,
+                    self._paths[i],
+                    n.unhealthy,
+                    n.facts.static(),
+                    n.kubelet and n.kubelet.emptied(),
+                )
+                for i, n in enumerate(self.nodes)
             )
             self._topology = (self.nodes, TopologyKey((self.hierarchy, parts)))
         return self._topology[1]
 
     def emptied(self) -> ClusterSnapshot:
         """The same cluster with nothing allocated, reserved or holding an NVLink channel."""
-        nodes = [replace(n, allocated=frozenset(), mnnvl_gang=None) for n in self.nodes]
+        nodes = [
+            replace(
+                n,
+                allocated=frozenset(),
+                mnnvl_gang=None,
+                facts=n.facts.emptied(),
+                kubelet=n.kubelet and n.kubelet.emptied(),
+            )
+            for n in self.nodes
+        ]
         snap = ClusterSnapshot(nodes, self.hierarchy)
         snap._domains = self._domains
         return snap
@@ -269,7 +376,11 @@ class ClusterSnapshot:
         snap._cliques = self._cliques
         snap._topology = self._topology
         snap._kinds = self._kinds
+        snap._aligning = self._aligning
+        snap._per_node = self._per_node
         snap._admitted = self._admitted
+        snap._limits = self._limits
+        snap._rooms = self._rooms
         snap._order = self._order
         snap._spans = self._spans
         if self._classes_current():
@@ -314,6 +425,32 @@ class ClusterSnapshot:
             for name, state in states.items():
                 snap.nodes[self._index[name]] = state
                 snap._by_name[name] = state
+        if states and self._admitted is not None and self._admitted[0] is self.nodes:
+            # Labels are the same (else the snapshot is built afresh), so only the changed
+            # nodes' taints or cordon can change which nodes a pod set's filters admit.
+            changed = [self._index[name] for name in states]
+            count = len(snap.nodes)
+            admitted: dict[NodeNeeds, frozenset[int] | None] = {}
+            for needs, got in self._admitted[1].items():
+                members = set(range(count)) if got is None else set(got)
+                for i in changed:
+                    n = snap.nodes[i]
+                    if feasibility.admits(needs, n.name, n.labels, n.facts):
+                        members.add(i)
+                    else:
+                        members.discard(i)
+                admitted[needs] = None if len(members) == count else frozenset(members)
+            snap._admitted = (snap.nodes, admitted)
+        if states and self._rooms is not None and self._rooms[0] is self.nodes:
+            # What a node's other resources hold changes with its pods: recompute those only.
+            changed = [self._index[name] for name in states]
+            rooms = {}
+            for requests, table in self._rooms[1].items():
+                table = list(table)
+                for i in changed:
+                    table[i] = feasibility.room(requests, snap.nodes[i].facts)
+                rooms[requests] = table
+            snap._rooms = (snap.nodes, rooms)
         snap._free = list(self._free)
         changed = sorted(snap._index[name] for name in {*states, *also} if name in snap._index)
         for i in changed:
@@ -321,7 +458,7 @@ class ClusterSnapshot:
         if states and self._kinds is not None and self._kinds[0] is self.nodes:
             kinds = list(self._kinds[1])
             for name, state in states.items():
-                kinds[self._index[name]] = state.shape.key
+                kinds[self._index[name]] = state.kind
             snap._kinds = (snap.nodes, kinds)
         if self._classes_current() and snap._kinds is not None and snap._kinds[0] is snap.nodes:
             snap._classes = (snap._free, snap._kinds[1], self._moved_classes(snap, changed))

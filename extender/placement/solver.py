@@ -37,8 +37,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.cost import Comm
+from extender.placement import choice, feasibility
 from extender.placement.exact import exact_slice
-from extender.placement.node_fit import NodeFit, fit_for
+from extender.placement.feasibility import Resources
+from extender.placement.node_fit import fit_for
+from extender.placement.numa_fit import GpuFit, NumaRule, fit_on, refusal, rule_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
     ANYWHERE,
@@ -59,7 +62,7 @@ from extender.placement.scoring import (
     resolve_need,
 )
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, FreeClass, TopologyKey
+from extender.placement.snapshot import ClusterSnapshot, NodeState, TopologyKey
 from extender.topology.hierarchy import DomainKey
 from extender.topology.model import Tier
 
@@ -83,30 +86,47 @@ COLOCATE = "colocation"
 #: node index -> (pods of the pod set that fit, at most its count; free mask; tier per pod)
 Entry = tuple[int, int, Tier]
 Caps = Mapping[int, Entry]
-#: Nodes with the same capacity entry, by (node type, entry): what is worked out once each.
-Groups = dict[tuple[str, Entry], list[int]]
+#: Nodes alike for a pod set's capacity: (node type, free mask, the kubelet's NUMA rule there).
+EntryClass = tuple[str, int, NumaRule | None]
+#: (node type, the kubelet's NUMA rule, capacity entry): nodes the solver works out once.
+GroupKey = tuple[str, NumaRule | None, Entry]
+#: Nodes with the same capacity entry, by group key.
+Groups = dict[GroupKey, list[int]]
 
 
 class _Caps(Mapping[int, Entry]):
     """A capacity table of the nodes in ``groups``. A node's entry is looked up by its class
-    (node type, free mask) in ``entries``, the pod set's entry per class, unless ``override``
-    has it (nodes this gang took GPUs from): a search reads a few nodes' entries, and a table
-    of every node's would cost more than the search itself on a large cluster."""
+    (node type, free mask, the kubelet's NUMA rule: ``rules`` by node index, None where no
+    kubelet aligns) in ``entries``, the pod set's entry per class, unless ``override`` has it
+    (nodes this gang took from): a search reads a few nodes' entries, and a table of every
+    node's would cost more than the search itself on a large cluster. Only where no node
+    limits resources: there a node's room caps its entry."""
 
-    __slots__ = ("_admitted", "_entries", "_free", "_kinds", "_len", "_override", "_within", "groups")
+    __slots__ = (
+        "_admitted",
+        "_entries",
+        "_free",
+        "_kinds",
+        "_len",
+        "_override",
+        "_rules",
+        "_within",
+        "groups",
+    )
 
     def __init__(
         self,
         groups: Groups,
-        entries: Mapping[FreeClass, Entry | None],
+        entries: Mapping[EntryClass, Entry | None],
         kinds: Sequence[str],
         free: Sequence[int],
         admitted: frozenset[int] | None,
+        rules: Sequence[NumaRule | None] | None,
         override: Mapping[int, Entry | None] | None = None,
         within: set[int] | None = None,
     ) -> None:
         self.groups = groups
-        self._entries, self._kinds, self._free = entries, kinds, free
+        self._entries, self._kinds, self._free, self._rules = entries, kinds, free, rules
         self._admitted, self._override, self._within = admitted, override, within
         self._len = sum(map(len, groups.values()))
 
@@ -116,7 +136,8 @@ class _Caps(Mapping[int, Entry]):
         elif self._admitted is not None and i not in self._admitted:
             return default
         else:
-            entry = self._entries.get((self._kinds[i], self._free[i]))
+            rule = self._rules[i] if self._rules is not None else None
+            entry = self._entries.get((self._kinds[i], self._free[i], rule))
         if entry is None or (self._within is not None and i not in self._within):
             return default
         return entry
@@ -147,6 +168,7 @@ class _Caps(Mapping[int, Entry]):
             self._kinds,
             self._free,
             self._admitted,
+            self._rules,
             merged,
             within if within is not None else self._within,
         )
@@ -154,7 +176,7 @@ class _Caps(Mapping[int, Entry]):
     def table(self) -> dict[int, Entry]:
         """Every node's entry (for the paths that read them all)."""
         out: dict[int, Entry] = {}
-        for (_, entry), members in self.groups.items():
+        for (_, _, entry), members in self.groups.items():
             out.update(dict.fromkeys(members, entry))
         return out
 
@@ -190,12 +212,14 @@ class _Done:
 
 @dataclass
 class _State:
-    """GPUs taken by pod sets of this gang placed so far, per node index."""
+    """GPUs taken by pod sets of this gang placed so far, per node index, and what their
+    pods take of the nodes' other resources (NodeResourcesFit: cpu, memory, pod slots)."""
 
     taken: dict[int, int] = field(default_factory=dict)
+    used: dict[int, Resources] = field(default_factory=dict)
 
     def copy(self) -> _State:
-        return _State(dict(self.taken))
+        return _State(dict(self.taken), dict(self.used))
 
 
 @dataclass(frozen=True)
@@ -276,17 +300,22 @@ class Solver:
         self.h = snapshot.hierarchy
         self.exact_fallback = exact_fallback
         # Capacity tables per (pod set, preferred tier, GPUs this gang took so far).
-        self._caps_memo: dict[tuple[str, bool, tuple[tuple[int, int], ...]], Caps] = {}
-        # Capacity entries per (pod set, preferred tier), then per (node type, free mask).
-        self._entries: dict[tuple[str, bool], dict[tuple[str, int], Entry | None]] = {}
-        self._picks: dict[tuple[str, str, int, Tier], _NodePick] = {}
-        self._gbps: dict[tuple[int, str, int, Tier], float] = _CLASS_TABLES.gbps
+        self._caps_memo: dict[
+            tuple[str, bool, tuple[tuple[int, int], ...], tuple[tuple[int, Resources], ...]], Caps
+        ] = {}
+        # Capacity entries per (pod set, preferred tier), then per class (node type, free mask,
+        # the kubelet's NUMA rule for the pod set there).
+        self._entries: dict[tuple[str, bool], dict[EntryClass, Entry | None]] = {}
+        self._picks: dict[tuple[str, str, int, Tier, NumaRule | None], _NodePick] = {}
+        self._gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = _CLASS_TABLES.gbps
         # pod_set_micros per (pod set, slots, partner slots), the tuples kept alive with it.
         self._micros: dict[tuple[str, int, int], tuple[float, object, object]] = {}
+        self._aligning = snapshot.aligning()  # any node whose kubelet aligns pods to NUMA nodes
         self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
         self._work = 0
         self._needs: dict[str, Need] = {}  # the gang being placed: each pod set's resolved rules
+        self._placing: PodSet | None = None  # the pod set whose options are being found
 
     # -- entry point ---------------------------------------------------------------------
     def place(self, gang: GangRequest) -> Placement:
@@ -361,7 +390,7 @@ class Solver:
                 if n and self._work > WORK_BUDGET:
                     break
                 trial = state.copy()
-                self._commit(opt, trial)
+                self._commit(opt, trial, ps)
                 go(k + 1, trial, {**placed, ps.name: opt})
 
         go(0, _State(), {})
@@ -369,9 +398,14 @@ class Solver:
             return best[0]
         return failure[0]
 
-    def _commit(self, opt: _Option, state: _State) -> None:
+    def _commit(self, opt: _Option, state: _State, ps: PodSet | None = None) -> None:
         for i, mask in opt.masks.items():
             state.taken[i] = state.taken.get(i, 0) | mask
+        if ps is not None and self.snap.limits_resources:
+            one = feasibility.usage(ps.requests)
+            for slot in opt.slots:
+                i = self.snap.index(slot.node)
+                state.used[i] = state.used.get(i, feasibility.NOTHING).plus(one)
 
     def _finish(self, gang: GangRequest, placed: dict[str, _Option]) -> _Done:
         slots = [s for ps in gang.pod_sets for s in placed[ps.name].slots]
@@ -416,8 +450,10 @@ class Solver:
         self, gang: GangRequest, ps: PodSet, need: Need, state: _State, placed: dict[str, _Option]
     ) -> list[_Option] | _Shortfall:
         """Every candidate placement of ``ps`` found, best first; or why there is none."""
+        self._placing = ps
         if ps.gpus_per_pod == 0:
-            return [self._gpuless(ps, state, placed)]
+            got = self._gpuless(ps, state, placed)
+            return [got] if isinstance(got, _Option) else got
         colo = ps.colocate_with
         partner: tuple[PodSlot, ...] = placed[colo.pod_set].slots if colo and colo.pod_set in placed else ()
         within = (
@@ -447,7 +483,7 @@ class Solver:
         for preferred in (True, False) if need.preferred_tier is not None else (False,):
             every = self._caps(gang, ps, need, state, preferred)
             for restrict in (within, None) if within is not None else (None,):
-                caps = every if restrict is None else self._restricted(every, restrict)
+                caps = every if restrict is None else self._restricted(ps, every, restrict)
                 opts = self._pass(gang, ps, need, caps, state, links, dependents)
                 if not opts and not preferred and restrict is None:
                     shortfall = self._shortfall(gang, ps, need, caps)
@@ -461,17 +497,43 @@ class Solver:
         opts.sort(key=_Option.key)
         return [dataclasses.replace(o, notes=self._explain(ps, o, opts, within_found)) for o in opts]
 
-    def _gpuless(self, ps: PodSet, state: _State, placed: Mapping[str, _Option]) -> _Option:
+    def _gpuless(self, ps: PodSet, state: _State, placed: Mapping[str, _Option]) -> _Option | _Shortfall:
         """Pods without GPUs go next to their colocateWith set when it is placed, else to a
-        node the gang already uses (or the first node)."""
+        node the gang already uses, else to the first node; each to the first of those its
+        filters admit and that has room (NodeResourcesFit), then any other such node."""
         c = ps.colocate_with
-        if c is not None and c.pod_set in placed and placed[c.pod_set].slots:
-            name = placed[c.pod_set].slots[0].node
-        else:
-            name = self.snap.nodes[min(state.taken, default=0)].name
-        slots = tuple(PodSlot(ps.name, k, name, ()) for k in range(ps.count))
+        first: list[int] = []
+        if c is not None and c.pod_set in placed:
+            first = [self.snap.index(s.node) for s in placed[c.pod_set].slots]
+        first += sorted(state.taken)
+        admitted = self.snap.admitted(ps.node_needs)
+        rest = range(len(self.snap.nodes))
+        slots: list[PodSlot] = []
+        names: list[str] = []
+        for i in dict.fromkeys([*first, *rest]):
+            if admitted is not None and i not in admitted:
+                continue
+            room = min(self.snap.room(i, ps.requests, state.used.get(i)), ps.count - len(slots))
+            name = self.snap.nodes[i].name
+            slots += [PodSlot(ps.name, len(slots) + k, name, ()) for k in range(room)]
+            if room:
+                names.append(name)
+            if len(slots) == ps.count:
+                break
+        if len(slots) < ps.count:
+            have = len(slots)
+            return _Shortfall(
+                ps.name,
+                lambda: (
+                    f"pod set {ps.name}: the cluster has room for {have} of {ps.count} pods without GPUs"
+                    + self._refused_words(ps),
+                    None,
+                    ps.count - have,
+                ),
+            )
         cost = pod_set_micros(self.snap, ps, slots)
-        return _Option(slots, {}, node_scope(self.h), f"node {name}", 0, cost, ())
+        where = f"node {names[0]}" if len(names) == 1 else "cluster"
+        return _Option(tuple(slots), {}, node_scope(self.h), where, 0, cost, ())
 
     def _judge(
         self,
@@ -521,7 +583,7 @@ class Solver:
             room = 0
             for i in masks:
                 free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~masks[i]
-                entry = self._cap_entry(d, need, i, free, False)
+                entry = self._cap_entry(d, need, i, free, False, state.used.get(i))
                 room += entry[0] if entry else 0
             short += max(0, d.count - room)
         return short
@@ -563,20 +625,22 @@ class Solver:
     def _caps(self, gang: GangRequest, ps: PodSet, need: Need, state: _State, preferred: bool) -> Caps:
         """Nodes that fit at least one pod of ``ps`` given what this gang already took (the
         same table for every order and beam branch that took the same GPUs)."""
-        key = (ps.name, preferred, tuple(sorted(state.taken.items())))
+        key = (ps.name, preferred, tuple(sorted(state.taken.items())), tuple(sorted(state.used.items())))
         got = self._caps_memo.get(key)
         if got is not None:
             return got
-        if state.taken:
+        if state.taken or state.used:
             base = self._caps(gang, ps, need, _State(), preferred)
-            groups = dict(_groups_of(base, self.snap.kinds()))
             kinds = self.snap.kinds()
-            touched: set[tuple[str, Entry]] = set()
+            rules = self._rules(ps) if self._aligning else None
+            groups = dict(_groups_of(base, kinds, rules))
+            touched: set[GroupKey] = set()
             override: dict[int, Entry | None] = {}
-            for i, taken in state.taken.items():
+            for i in dict.fromkeys([*state.taken, *state.used]):
+                rule = rules[i] if rules is not None else None
                 old = base.get(i)
                 if old is not None:
-                    k = (kinds[i], old)
+                    k = (kinds[i], rule, old)
                     if k not in touched:
                         groups[k] = list(groups[k])
                         touched.add(k)
@@ -584,9 +648,10 @@ class Solver:
                     if not groups[k]:
                         del groups[k]
                         touched.discard(k)
-                entry = override[i] = self._cap_entry(ps, need, i, self.snap.free_mask(i) & ~taken, preferred)
+                free = self.snap.free_mask(i) & ~state.taken.get(i, 0)
+                entry = override[i] = self._cap_entry(ps, need, i, free, preferred, state.used.get(i))
                 if entry is not None:
-                    k = (kinds[i], entry)
+                    k = (kinds[i], rule, entry)
                     if k not in touched:
                         groups[k] = list(groups.get(k, ()))
                         touched.add(k)
@@ -603,46 +668,80 @@ class Solver:
         memo = self._entry_memo(ps, need, preferred)
         gpus = ps.gpus_per_pod
         groups: Groups = {}
-        admitted = self.snap.admitted(ps.node_selector)
-        for k, members in self.snap.free_classes().items():
-            if k[1].bit_count() < gpus:
+        admitted = self.snap.admitted(ps.node_needs)
+        kinds, frees = self.snap.kinds(), self.snap.free_masks()
+        rules = self._rules(ps) if self._aligning else None
+        if self.snap.limits_resources:
+            # A node's room (NodeResourcesFit) caps its entry: node by node, not per class.
+            caps: dict[int, Entry] = {}
+            for i, (kind, free) in enumerate(zip(kinds, frees, strict=True)):
+                if free.bit_count() < gpus or (admitted is not None and i not in admitted):
+                    continue
+                k = (kind, free, rules[i] if rules is not None else None)
+                entry = memo.get(k, _MISSING)
+                if entry is _MISSING:
+                    entry = memo[k] = self._entry(ps, need, i, free, preferred)
+                if entry is not None:
+                    entry = self._within_room(ps, i, entry, None)
+                if entry is not None:
+                    caps[i] = entry
+            return caps
+        for (kind, free), members in self.snap.free_classes().items():
+            if free.bit_count() < gpus:
                 continue
             if admitted is not None:
                 members = [i for i in members if i in admitted]
                 if not members:
                     continue
-            entry = memo.get(k, _MISSING)
-            if entry is _MISSING:
-                entry = memo[k] = self._entry(ps, need, members[0], k[1], preferred)
-            if entry is not None:
-                groups[(k[0], entry)] = members
-        return _Caps(groups, memo, self.snap.kinds(), self.snap.free_masks(), admitted)
+            for rule, alike in _by_rule(members, rules):
+                k = (kind, free, rule)
+                entry = memo.get(k, _MISSING)
+                if entry is _MISSING:
+                    entry = memo[k] = self._entry(ps, need, alike[0], free, preferred)
+                if entry is not None:
+                    groups[(kind, rule, entry)] = alike
+        return _Caps(groups, memo, kinds, frees, admitted, rules)
 
-    def _restricted(self, caps: Caps, nodes: set[int]) -> Caps:
+    def _groups(self, ps: PodSet, caps: Caps) -> Groups:
+        """The nodes of ``caps`` by node type, the kubelet's rule for ``ps`` and entry."""
+        return _groups_of(caps, self.snap.kinds(), self._rules(ps) if self._aligning else None)
+
+    def _restricted(self, ps: PodSet, caps: Caps, nodes: set[int]) -> Caps:
         """``caps`` on ``nodes`` only."""
         kinds = self.snap.kinds()
         groups: Groups = {}
         for i in sorted(nodes) if len(nodes) < len(caps) else caps:
             entry = caps.get(i) if i in nodes else None
             if entry is not None:
-                groups.setdefault((kinds[i], entry), []).append(i)
+                groups.setdefault((kinds[i], self._rule(i, ps), entry), []).append(i)
         return _patched(caps, groups, {}, nodes)
 
-    def _cap_entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
-        """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits;
-        the same for every node of one type with the same free GPUs."""
+    def _cap_entry(
+        self, ps: PodSet, need: Need, i: int, free: int, preferred: bool, used: Resources | None = None
+    ) -> Entry | None:
+        """(pods of ``ps`` that fit, free mask, tier) on node ``i``, or None when none fits:
+        the same for every node of one type with the same free GPUs, capped by what the
+        node's other resources hold (``used``: taken there by this gang already)."""
         if free.bit_count() < ps.gpus_per_pod:
             return None
-        admitted = self.snap.admitted(ps.node_selector)
+        admitted = self.snap.admitted(ps.node_needs)
         if admitted is not None and i not in admitted:
             return None
         memo = self._entry_memo(ps, need, preferred)
-        k = (self.snap.kinds()[i], free)
+        k = (self.snap.kinds()[i], free, self._rule(i, ps))
         if k not in memo:
             memo[k] = self._entry(ps, need, i, free, preferred)
-        return memo[k]
+        got = memo[k]
+        return self._within_room(ps, i, got, used) if got is not None else None
 
-    def _entry_memo(self, ps: PodSet, need: Need, preferred: bool) -> dict[FreeClass, Entry | None]:
+    def _within_room(self, ps: PodSet, i: int, entry: Entry, used: Resources | None) -> Entry | None:
+        """``entry`` with at most as many pods as NodeResourcesFit lets onto node ``i``."""
+        room = self.snap.room(i, ps.requests, used)
+        if room >= entry[0]:
+            return entry
+        return (room, entry[1], entry[2]) if room > 0 else None
+
+    def _entry_memo(self, ps: PodSet, need: Need, preferred: bool) -> dict[EntryClass, Entry | None]:
         """The capacity entries of ``ps`` per class, shared with earlier decisions for the same
         pod set (:data:`_CLASS_TABLES`)."""
         got = self._entries.get((ps.name, preferred))
@@ -654,8 +753,23 @@ class Solver:
         tier = pod_tier(self.snap, i, ps, need, preferred)
         if tier is None:
             return None
-        cap = fit_for(self.snap.nodes[i].shape).capacity(free, ps.gpus_per_pod, tier)
+        cap = self._fit(i, ps).capacity(free, ps.gpus_per_pod, tier)
         return (min(cap, ps.count), free, tier) if cap else None
+
+    def _rule(self, i: int, ps: PodSet) -> NumaRule | None:
+        """The kubelet's Topology Manager rule for a pod of ``ps`` on node ``i``."""
+        return self._rules(ps)[i] if self._aligning else None
+
+    def _rules(self, ps: PodSet) -> list[NumaRule | None]:
+        """Every node's rule for a pod of ``ps``, by node index (cached on the snapshot)."""
+        req = ps.requests
+        key = ("numa-rule", ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed)
+        return self.snap.per_node(key, functools.partial(_rule_on, ps=ps))
+
+    def _fit(self, i: int, ps: PodSet) -> GpuFit:
+        """The GPU sets a pod of ``ps`` may get on node ``i``: the one place the kubelet's
+        Topology Manager (:mod:`extender.placement.numa_fit`) restricts them."""
+        return fit_on(self.snap.nodes[i], self._rule(i, ps))
 
     def _pass(
         self,
@@ -696,16 +810,21 @@ class Solver:
 
     # -- one node ------------------------------------------------------------------------
     def _node_pick(self, ps: PodSet, i: int, free: int, tier: Tier) -> _NodePick:
-        """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free mask)."""
-        shape = self.snap.nodes[i].shape
-        key = (ps.name, shape.key, free, tier)
+        """The GPU sets of all of ``ps``'s pods on node ``i`` (memoised per node type and free
+        mask); on a device-plugin node, the sets the plugin hands out."""
+        node = self.snap.nodes[i]
+        rule = self._rule(i, ps)
+        key = (ps.name, self.snap.kinds()[i], free, tier, rule)
         got = self._picks.get(key)
         if got is None:
-            fit = fit_for(shape)
+            fit = self._fit(i, ps)
             masks = fit.pick(free, ps.gpus_per_pod, tier, ps.count)
             assert masks is not None, "capacity said the pods fit; pick must agree"
             got = self._node_pick_of(ps, fit, free, masks)
-            if ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
+            # Where the device plugin picks, or the kubelet aligns the GPUs and picks each pod's
+            # NUMA node itself from all free GPUs, other unions are not deliverable.
+            chosen = node.plugin or (rule is not None and rule.gpus_aligned)
+            if not chosen and ps.count > 1 and ps.comm in (Comm.ALLREDUCE, Comm.ALLTOALL, Comm.PIPELINE):
                 # The pods talk over the links among all their GPUs: try every set of GPUs
                 # they could share and keep the cheapest, then the most coherent remainder.
                 for union in fit.subsets(ps.count * ps.gpus_per_pod, Tier.NODE):
@@ -721,7 +840,7 @@ class Solver:
         return got
 
     @staticmethod
-    def _node_pick_of(ps: PodSet, fit: NodeFit, free: int, masks: tuple[int, ...]) -> _NodePick:
+    def _node_pick_of(ps: PodSet, fit: GpuFit, free: int, masks: tuple[int, ...]) -> _NodePick:
         union = 0
         for m in masks:
             union |= m
@@ -742,7 +861,7 @@ class Solver:
         one per relation to the pod sets it hands a KV cache to or from, and the best one
         that leaves room for pod sets colocating with this one."""
         ranked: list[tuple[tuple[float, ...], int]] = []
-        for (_, (cap, free, tier)), members in _groups_of(caps, self.snap.kinds()).items():
+        for (_, _, (cap, free, tier)), members in self._groups(ps, caps).items():
             if cap < ps.count:
                 continue
             for i in members:
@@ -799,6 +918,7 @@ class Solver:
         coherent remainder; then topology path and name (:meth:`ClusterSnapshot.order`)."""
         node = self.snap.nodes[i]
         return (
+            float(-self._preference(i)),
             float(self.snap.free_mask(i).bit_count() == node.shape.size),
             self._worth(i),
             *self.snap.fullness(i),
@@ -806,6 +926,14 @@ class Solver:
             float(-pick.coherent),
             float(self.snap.order()[i]),
         )
+
+    def _preference(self, i: int) -> int:
+        """The preferred node affinity score of node ``i`` for the pod set being placed."""
+        ps = self._placing
+        if ps is None or not ps.preferred:
+            return 0
+        node = self.snap.nodes[i]
+        return feasibility.preference(ps.preferred, node.name, node.labels)
 
     def _worth(self, i: int) -> float:
         kind = self.snap.kinds()[i]
@@ -852,10 +980,10 @@ class Solver:
     def _pod_gbps(self, ps: PodSet, i: int, entry: tuple[int, int, Tier]) -> float:
         """The best ring bandwidth one pod of ``ps`` gets on node ``i`` now."""
         _, free, tier = entry
-        key = (ps.gpus_per_pod, self.snap.kinds()[i], free, tier)
+        key = (ps.gpus_per_pod, self.snap.kinds()[i], free, tier, self._rule(i, ps))
         got = self._gbps.get(key)
         if got is None:
-            fit = fit_for(self.snap.nodes[i].shape)
+            fit = self._fit(i, ps)
             picked = fit.pick(free, ps.gpus_per_pod, tier, 1)
             got = self._gbps[key] = fit.gbps(picked[0]) if picked else 0.0
         return got
@@ -863,8 +991,8 @@ class Solver:
     def _top_gbps(self, ps: PodSet, caps: Caps) -> float:
         """At least the best ring bandwidth a pod of ``ps`` gets on any of these nodes: the
         fastest GPU set its tier allows on each node type."""
-        groups = _groups_of(caps, self.snap.kinds())
-        kinds = {(kind, entry[2]): members[0] for (kind, entry), members in groups.items()}
+        groups = self._groups(ps, caps)
+        kinds = {(kind, entry[2]): members[0] for (kind, _, entry), members in groups.items()}
         best = 0.0
         tops = _CLASS_TABLES.tops
         for (kind, tier), i in kinds.items():
@@ -909,6 +1037,7 @@ class Solver:
         # these options span two nodes at least, so no node takes every pod.
         limit = ps.count - 1
         kinds = self.snap.kinds()
+        rules = self._rules(ps) if self._aligning else None
         # Per class of nodes: the best ring bandwidth one pod gets, and the packed counts.
         per_class = _CLASS_TABLES.speeds
         shape = (ps.gpus_per_pod, ps.count)
@@ -920,11 +1049,12 @@ class Solver:
         groups: dict[tuple[int, float, int], list[int]] = {}
         size = len(self.snap.nodes)
         order = self.snap.order()
-        for (kind, entry), members in _groups_of(caps, kinds).items():
-            known = per_class.get((shape, kind, entry))
+        for (kind, rule, entry), members in self._groups(ps, caps).items():
+            known = per_class.get((shape, kind, rule, entry))
             if known is None:
                 packed = _pack(min(entry[0], limit), entry[1].bit_count(), 1)
-                known = per_class[(shape, kind, entry)] = (self._pod_gbps(ps, members[0], entry), packed)
+                pod_gbps = self._pod_gbps(ps, members[0], entry)
+                known = per_class[(shape, kind, rule, entry)] = (pod_gbps, packed)
             got, packed = known
             if not self._has_fabric:
                 table = groups.get((0, got, ANYWHERE))
@@ -997,7 +1127,8 @@ class Solver:
                     if self._has_fabric and not self._multi_usable(gang.name, ps, i, level):
                         continue
                     off = 1 if quiet and self._fabric_of(i) is not None else 0
-                    gbps[i] = g = per_class[(shape, kinds[i], here)][0]
+                    rule = rules[i] if rules is not None else None
+                    gbps[i] = g = per_class[(shape, kinds[i], rule, here)][0]
                     rank[i] = r = (off, -(g if g < cap_gbps else cap_gbps))
                     if r <= threshold:
                         capped[i] = (here[0] if here[0] < limit else limit, here[1], here[2])
@@ -1057,14 +1188,15 @@ class Solver:
     ) -> dict[int, int]:
         out: dict[int, int] = {}
         order = self.snap.order()
-        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], order[i]))
+        pref = {i: self._preference(i) for i in nodes}
+        pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], -pref[i], order[i]))
         remaining = need
         for n, i in enumerate(pool):  # roomiest first, as in _fill
             if remaining <= 0:
                 break
             if caps[i][0] >= remaining:
                 fitting = [j for j in pool[n:] if caps[j][0] >= remaining]
-                best = min(fitting, key=lambda j: (caps[j][0], -gbps[j], order[j]))
+                best = min(fitting, key=lambda j: (caps[j][0], -gbps[j], -pref[j], order[j]))
                 out[best] = remaining
                 return out
             out[i] = caps[i][0]
@@ -1085,7 +1217,7 @@ class Solver:
         masks: dict[int, int] = {}
         for i in sorted(assignment, key=lambda j: self.snap.nodes[j].name):
             _, free, tier = caps[i]
-            picked = fit_for(self.snap.nodes[i].shape).pick(free, ps.gpus_per_pod, tier, assignment[i])
+            picked = self._fit(i, ps).pick(free, ps.gpus_per_pod, tier, assignment[i])
             if picked is None:  # capacity said it fits; pick must agree
                 raise AssertionError(f"node {self.snap.nodes[i].name}: cannot pick {assignment[i]} pods")
             for m in picked:
@@ -1158,7 +1290,7 @@ class Solver:
             room = 0
             for i in domain:
                 free = self.snap.free_mask(i) & ~state.taken.get(i, 0) & ~masks.get(i, 0)
-                entry = self._cap_entry(d, need, i, free, False)
+                entry = self._cap_entry(d, need, i, free, False, state.used.get(i))
                 room += entry[0] if entry else 0
             if room < d.count:
                 return False
@@ -1166,7 +1298,68 @@ class Solver:
 
     # -- reasons -------------------------------------------------------------------------
     def _shortfall(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> _Shortfall:
-        return _Shortfall(ps.name, lambda: self._reason(gang, ps, need, caps))
+        def explain() -> tuple[str, str | None, int]:
+            reason, closest, short_by = self._reason(gang, ps, need, caps)
+            return self._numa_reason(ps, need, (reason + self._plugin_note(ps, need), closest, short_by))
+
+        return _Shortfall(ps.name, explain)
+
+    def _numa_reason(
+        self, ps: PodSet, need: Need, why: tuple[str, str | None, int]
+    ) -> tuple[str, str | None, int]:
+        """``why`` with the nodes whose kubelet Topology Manager leaves no room for a pod of
+        ``ps`` that its GPUs alone would (the first one's reason in full)."""
+        if not self._aligning:
+            return why
+        first: str | None = None
+        refused = 0
+        admitted = self.snap.admitted(ps.node_needs)
+        kinds, frees = self.snap.kinds(), self.snap.free_masks()
+        seen: dict[tuple[str, int, NumaRule], bool] = {}
+        for i, node in enumerate(self.snap.nodes):
+            rule = self._rule(i, ps)
+            if rule is None or (admitted is not None and i not in admitted):
+                continue
+            key = (kinds[i], frees[i], rule)
+            if key not in seen:
+                tier = pod_tier(self.snap, i, ps, need)
+                fits = tier is not None and choice.capacity(node, frees[i], ps.gpus_per_pod, tier) > 0
+                seen[key] = fits and refusal(node, ps, frees[i], tier) is not None
+            if seen[key]:
+                refused += 1
+                if first is None:
+                    first = refusal(node, ps, frees[i], pod_tier(self.snap, i, ps, need))
+        if first is None:
+            return why
+        others = refused - 1
+        more = f" (and {others} more node{'s' if others > 1 else ''})" if others else ""
+        return (f"{why[0]}; the kubelet would refuse it: {first}{more}", why[1], why[2])
+
+    def _plugin_note(self, ps: PodSet, need: Need) -> str:
+        """When the device plugin is why a node is out: the first device-plugin node (in the
+        tie-break order) that gangslice's own choice would give more of these pods, and the
+        answer of the plugin that breaks the pod set's tier there."""
+        gpus = ps.gpus_per_pod
+        admitted = self.snap.admitted(ps.node_needs)
+        order, kinds, nodes = self.snap.order(), self.snap.kinds(), self.snap.nodes
+        seen: set[tuple[str, int]] = set()  # one look per node type and free GPUs
+        for i in sorted((i for i, n in enumerate(nodes) if n.plugin), key=order.__getitem__):
+            node, free = nodes[i], self.snap.free_mask(i)
+            if free.bit_count() < gpus or (admitted is not None and i not in admitted):
+                continue
+            if (kinds[i], free) in seen:
+                continue
+            seen.add((kinds[i], free))
+            tier = pod_tier(self.snap, i, ps, need)
+            if tier is None:
+                continue
+            served = choice.capacity(node, free, gpus, tier)
+            own = min(ps.count, fit_for(node.shape).capacity(free, gpus, tier))
+            if served < own:
+                why = choice.reason(node, free, gpus, tier, served + 1)
+                if why:
+                    return f"; node {node.name}'s free GPUs hold {own} such pods, but {why}"
+        return ""
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
@@ -1235,7 +1428,26 @@ class Solver:
                 f"pod set {ps.name}: no {level} has room for {what}; best is {where} "
                 f"with {have} (needs {need_more} more)"
             )
-        return reason, where, need_more
+        return reason + self._refused_words(ps), where, need_more
+
+    def _refused_words(self, ps: PodSet) -> str:
+        """``; kube-scheduler's filters refuse 3 of 8 nodes: 2 by TaintToleration (...)``, or
+        nothing when they refuse none."""
+        snap = self.snap
+        refused = snap.refusals(ps.node_needs)
+        admitted = snap.admitted(ps.node_needs)
+        if snap.limits_resources:
+            for i, n in enumerate(snap.nodes):
+                if admitted is None or i in admitted:
+                    r = feasibility.room_refusal(ps.requests, n.facts)
+                    if r is not None:
+                        refused.append(r)
+        if not refused:
+            return ""
+        return (
+            f"; kube-scheduler's filters refuse {len(refused)} of {len(snap.nodes)} nodes for its pods: "
+            + feasibility.summarize(refused)
+        )
 
     def _tier_words(self, ps: PodSet, need: Need) -> str:
         if need.tier is not None:
@@ -1287,17 +1499,29 @@ def _patched(
     """``caps`` over ``groups``, with ``override`` and restricted to ``within``."""
     if isinstance(caps, _Caps):
         return caps.patched(groups, override, within)
-    return {i: e for (_, e), members in groups.items() for i in members}
+    return {i: e for (_, _, e), members in groups.items() for i in members}
 
 
-def _groups_of(caps: Caps, kinds: Sequence[str]) -> Groups:
-    """The nodes of ``caps`` grouped by node type and entry."""
+def _groups_of(caps: Caps, kinds: Sequence[str], rules: Sequence[NumaRule | None] | None) -> Groups:
+    """The nodes of ``caps`` grouped by node type, the kubelet's NUMA rule and entry."""
     if isinstance(caps, _Caps):
         return caps.groups
     groups: Groups = {}
     for i, entry in caps.items():
-        groups.setdefault((kinds[i], entry), []).append(i)
+        groups.setdefault((kinds[i], rules[i] if rules is not None else None, entry), []).append(i)
     return groups
+
+
+def _by_rule(
+    members: list[int], rules: Sequence[NumaRule | None] | None
+) -> Iterable[tuple[NumaRule | None, list[int]]]:
+    """``members`` split by the kubelet's NUMA rule for the pod set (each part in order)."""
+    if rules is None:
+        return ((None, members),)
+    parts: dict[NumaRule | None, list[int]] = {}
+    for i in members:
+        parts.setdefault(rules[i], []).append(i)
+    return parts.items()
 
 
 #: Bits per field of a packed node count (:func:`_pack`): room for any cluster's GPUs.
@@ -1312,6 +1536,10 @@ def _pack(pods: int, free: int, nodes: int) -> int:
 
 def _unpack(packed: int) -> tuple[int, int, int]:
     return packed & _MASK, packed >> _FIELD & _MASK, packed >> 2 * _FIELD
+
+
+def _rule_on(node: NodeState, ps: PodSet) -> NumaRule | None:
+    return rule_for(node, ps)
 
 
 def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
@@ -1336,7 +1564,7 @@ def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
 
 
 class _ClassTables:
-    """What the solver works out per class of nodes (node type, free mask) for a pod set,
+    """What the solver works out per class of nodes (node type, free mask, NUMA rule) for a pod set,
     kept across decisions as :mod:`~extender.placement.node_fit` keeps its tables per node
     type: each is a function of the pod set, its resolved rules and the class alone, and a
     cluster's classes recur from one decision to the next while its nodes change hands. The
@@ -1348,14 +1576,15 @@ class _ClassTables:
     GBPS = 1 << 20
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[tuple[PodSet, Need, bool], dict[FreeClass, Entry | None]] = OrderedDict()
-        self.gbps: dict[tuple[int, str, int, Tier], float] = {}
-        #: Per ((GPUs per pod, pods), node type, entry): (pod bandwidth, _pack of its counts).
-        self.speeds: dict[tuple[tuple[int, int], str, Entry], tuple[float, int]] = {}
+        self._entries: OrderedDict[tuple[PodSet, Need, bool], dict[EntryClass, Entry | None]] = OrderedDict()
+        self.gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = {}
+        #: Per ((GPUs per pod, pods), node type, NUMA rule, entry): (pod bandwidth, _pack of
+        #: its counts).
+        self.speeds: dict[tuple[tuple[int, int], str, NumaRule | None, Entry], tuple[float, int]] = {}
         #: Per (node type, GPUs per pod, tier): the fastest GPU set's bandwidth (_top_gbps).
         self.tops: dict[tuple[str, int, Tier], float] = {}
 
-    def entries(self, key: tuple[PodSet, Need, bool]) -> dict[FreeClass, Entry | None]:
+    def entries(self, key: tuple[PodSet, Need, bool]) -> dict[EntryClass, Entry | None]:
         got = self._entries.get(key)
         if got is None:
             got = self._entries[key] = {}

@@ -69,8 +69,10 @@ class Reference:
     """Ideal placements, memoised per request; shared by every policy of a run.
 
     ``best``: on the whole cluster with no simulated gang. ``same_hardware``: on that cluster
-    cut down to the node types (GPU graphs) a slice actually got, which separates a worse
-    topology (a split NVLink island, a socket crossed, a leaf crossed) from slower hardware.
+    cut down to the node types a slice actually got (GPU graphs, and who hands out their
+    GPUs: :attr:`NodeState.kind`), which separates a worse topology (a split NVLink island, a
+    socket crossed, a leaf crossed) from slower hardware; on device-plugin nodes both are the
+    best the plugin's answers allow.
     """
 
     def __init__(self, empty: ClusterSnapshot) -> None:
@@ -108,7 +110,7 @@ class Reference:
     def _cut(self, node_types: frozenset[str]) -> ClusterSnapshot:
         got = self._clusters.get(node_types)
         if got is None:
-            nodes = [n for n in self.empty.nodes if n.shape.key in node_types]
+            nodes = [n for n in self.empty.nodes if n.kind in node_types]
             got = self._clusters[node_types] = ClusterSnapshot(nodes, self.empty.hierarchy)
         return got
 
@@ -438,7 +440,7 @@ class Simulation:
         rec.micros = sum(micros.values())
         rec.comm_ms = comm_millis(rec.gang, micros)
         rec.ideal = self.reference.best(rec.gang)
-        kinds = frozenset(snap.node(s.node).shape.key for s in got.slots)
+        kinds = frozenset(snap.node(s.node).kind for s in got.slots)
         rec.ideal_same_hardware = self.reference.same_hardware(rec.gang, kinds)
         rec.incoherent = incoherence(snap, rec.gang, got.slots)
         rec.nodes = len({s.node for s in got.slots})

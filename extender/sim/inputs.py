@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from extender.placement import feasibility
 from extender.placement.files import cluster_from_data, load_cluster
 from extender.placement.request import GangRequest
 from extender.placement.scoring import LevelError, resolve_level, resolve_need
@@ -42,10 +43,10 @@ def misfit(gang: GangRequest, cluster: ClusterSnapshot) -> str | None:
                 resolve_level(ps.colocate_with.level, h)
         except LevelError as exc:
             return f"pod set {ps.name}: {exc}"
-        admitted = cluster.admitted(ps.node_selector) if ps.gpus_per_pod else None
+        admitted = cluster.admitted(ps.node_needs) if ps.gpus_per_pod else None
         if admitted is not None and not admitted:
-            wants = ", ".join(str(r) for r in ps.node_selector)
-            return f"pod set {ps.name}: no node meets {wants}"
+            refused = feasibility.summarize(cluster.refusals(ps.node_needs))
+            return f"pod set {ps.name}: kube-scheduler's filters refuse every node: {refused}"
     return None
 
 

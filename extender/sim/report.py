@@ -12,6 +12,7 @@ import yaml
 
 from extender.sim.metrics import gang_rows
 from extender.sim.runner import Outcome
+from extender.topology.allocation import Allocation
 
 _DASH = "-"
 
@@ -206,8 +207,9 @@ DEFINITIONS = """\
   token. Over placed gangs whose reference slice communicates. On a mixed fleet the best slice
   is often on faster hardware (a GB200 tray's NVLink 5) than the gang could get under load.
 - **vs same hw**: the same ratio against the solver's slice on the empty cluster cut down to the
-  node types the gang actually got: what placement *within* that hardware costs (an NVLink
-  island or socket split, a leaf crossed, prefill and decode apart).
+  node types the gang actually got, each in the allocation mode it got them in (device plugin
+  or DRA): what placement *within* that hardware costs (an NVLink island or socket split, a
+  leaf crossed, prefill and decode apart).
 - **wait s**: seconds from a gang's arrival to its start, over placed gangs.
 - **GPUs in use**: time-averaged share of the cluster's schedulable GPUs held by gangs.
 - **whole free nodes**: time-averaged number of nodes with every GPU free (for every built-in
@@ -222,17 +224,31 @@ DEFINITIONS = """\
 
 
 def _node_types(r: dict[str, Any]) -> list[str]:
-    """What the in-node figures rest on: how each node type's GPUs are handed out."""
-    kinds = ", ".join(f"{name} ({count})" for name, count in r["cluster"]["nodeTypes"].items())
+    """What the in-node figures rest on: who hands out each node type's GPUs."""
+    cluster = r["cluster"]
+    modes: dict[str, dict[str, int]] = cluster.get("nodeAllocation") or {
+        name: {str(Allocation.DEVICE_PLUGIN): count} for name, count in cluster["nodeTypes"].items()
+    }
+    rows = ["| node type | nodes | device plugin | DRA |", "|---|---:|---:|---:|"]
+    for name, count in cluster["nodeTypes"].items():
+        by = modes.get(name, {})
+        plugin, dra = by.get(str(Allocation.DEVICE_PLUGIN), 0), by.get(str(Allocation.DRA), 0)
+        rows.append(f"| {name} | {count} | {plugin} | {dra} |")
     return [
         "## Node types",
         "",
-        f"Node types: {kinds}. Every node type of this run is modelled as a device-plugin node "
-        "(the NVIDIA device plugin hands GPUs out on the node; none is a DRA node). The in-node "
-        "figures (coherent share, per-layer and TTFT communication, vs same hw) assume each pod "
-        "gets the GPU set its policy chose; gangslice delivers that choice through its node agent "
-        "(or a DRA claim), the peers' choices are modelled as the device plugin's first free GPUs. "
-        "On nodes where the choice cannot be delivered, only the node-level figures hold.",
+        *rows,
+        "",
+        "On device-plugin nodes the NVIDIA device plugin picks each pod's GPUs (go-gpuallocator's "
+        "best-effort policy, from the free GPUs and a count), so every policy, gangslice included, "
+        "gets the plugin's choice there: gangslice places by its prediction of that choice and "
+        "takes a node only where every answer the plugin may give keeps the pod set's rule; the "
+        "peers get whatever it answers. On DRA nodes a ResourceClaim names the GPUs: gangslice's "
+        "claims name the GPUs it chose, the peers' name none and get the lowest free ones. The "
+        "in-node figures (coherent share, per-layer and TTFT communication, vs same hw) are computed "
+        "on the GPUs each node hands out, so gangslice's in-node advantage is claimed only where "
+        "its choice can be delivered: on the DRA nodes. 'vs same hw' compares with the best slice "
+        "on the same node types in the same allocation mode.",
         "",
     ]
 

@@ -13,6 +13,7 @@ from extender.placement.snapshot import ClusterSnapshot
 from extender.sim.engine import Policy, PolicyRun, Progress, Reference, Simulation
 from extender.sim.metrics import policy_results
 from extender.sim.trace import Trace
+from extender.topology.allocation import Allocation
 
 SCHEMA_VERSION = 1
 QUEUE = "fifo-backfill"
@@ -26,13 +27,25 @@ class Outcome:
     cluster: ClusterSnapshot
 
 
-def _node_types(cluster: ClusterSnapshot) -> dict[str, int]:
-    kinds = Counter(
-        f"{n.graph.model or 'unnamed'} x{n.shape.size}"
-        + (" (NVLink clique)" if cluster.clique(k) is not None else "")
-        for k, n in enumerate(cluster.nodes)
+def _node_type(cluster: ClusterSnapshot, k: int) -> str:
+    n = cluster.nodes[k]
+    return f"{n.graph.model or 'unnamed'} x{n.shape.size}" + (
+        " (NVLink clique)" if cluster.clique(k) is not None else ""
     )
+
+
+def _node_types(cluster: ClusterSnapshot) -> dict[str, int]:
+    kinds = Counter(_node_type(cluster, k) for k in range(len(cluster.nodes)))
     return dict(sorted(kinds.items()))
+
+
+def _node_allocation(cluster: ClusterSnapshot) -> dict[str, dict[str, int]]:
+    """Per node type, how many of its nodes hand out GPUs by each allocation mode."""
+    out: dict[str, dict[str, int]] = {}
+    for k, n in enumerate(cluster.nodes):
+        modes = out.setdefault(_node_type(cluster, k), {str(a): 0 for a in Allocation})
+        modes[str(n.allocation)] += 1
+    return dict(sorted(out.items()))
 
 
 def run_simulation(
@@ -65,6 +78,7 @@ def run_simulation(
             "nodes": len(cluster.nodes),
             "gpus": runs[0].total_gpus if runs else cluster.total_gpus,
             "nodeTypes": _node_types(cluster),
+            "nodeAllocation": _node_allocation(cluster),
         },
         "trace": {
             "source": trace.source,

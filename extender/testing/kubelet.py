@@ -26,6 +26,8 @@ from extender.kube.names import GPU_RESOURCE
 @dataclass
 class _Container:
     devices: dict[str, list[str]] = field(default_factory=dict)  # resource -> device ids
+    cpu_ids: list[int] = field(default_factory=list)
+    memory: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # (bytes, NUMA nodes)
 
 
 class FakeKubelet(pb_grpc.PodResourcesListerServicer):
@@ -38,6 +40,9 @@ class FakeKubelet(pb_grpc.PodResourcesListerServicer):
         self._lock = threading.Lock()
         self.pods: dict[tuple[str, str], dict[str, _Container]] = {}
         self.allocatable: dict[str, list[str]] = {}
+        #: CPU ids the kubelet may hand out exclusively, and memory (bytes) per NUMA node.
+        self.allocatable_cpus: list[int] = []
+        self.allocatable_memory: dict[int, int] = {}
         self.fail: dict[str, grpc.StatusCode] = {}
         self.calls: Counter[str] = Counter()
 
@@ -53,6 +58,20 @@ class FakeKubelet(pb_grpc.PodResourcesListerServicer):
             c = self.pods.setdefault((namespace, pod), {}).setdefault(container, _Container())
             c.devices.setdefault(resource, []).extend(device_ids)
 
+    def pin(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        cpu_ids: Sequence[int],
+        memory: Sequence[tuple[int, tuple[int, ...]]] = (),
+    ) -> None:
+        """Give a container exclusive CPUs (and memory blocks: bytes on NUMA nodes)."""
+        with self._lock:
+            c = self.pods.setdefault((namespace, pod), {}).setdefault(container, _Container())
+            c.cpu_ids.extend(cpu_ids)
+            c.memory.extend(memory)
+
     def remove(self, namespace: str, pod: str) -> None:
         with self._lock:
             self.pods.pop((namespace, pod), None)
@@ -65,6 +84,8 @@ class FakeKubelet(pb_grpc.PodResourcesListerServicer):
                     pb.ContainerDevices(resource_name=r, device_ids=ids)
                     for r, ids in sorted(c.devices.items())
                 ],
+                cpu_ids=c.cpu_ids,
+                memory=[_memory(size, nodes) for size, nodes in c.memory],
             )
             for name, c in sorted(self.pods[key].items())
         ]
@@ -89,7 +110,9 @@ class FakeKubelet(pb_grpc.PodResourcesListerServicer):
             devices = [
                 pb.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in self.allocatable.items()
             ]
-        return pb.AllocatableResourcesResponse(devices=devices)
+            cpus = list(self.allocatable_cpus)
+            memory = [_memory(size, (n,)) for n, size in sorted(self.allocatable_memory.items())]
+        return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=cpus, memory=memory)
 
     def Get(self, request: pb.GetPodResourcesRequest, context: Any) -> pb.GetPodResourcesResponse:
         self._answer("Get", context)
@@ -98,6 +121,11 @@ class FakeKubelet(pb_grpc.PodResourcesListerServicer):
             if key not in self.pods:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"pod {key[0]}/{key[1]} not found")
             return pb.GetPodResourcesResponse(pod_resources=self._pod(key))
+
+
+def _memory(size: int, nodes: Sequence[int]) -> pb.ContainerMemory:
+    topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in nodes])
+    return pb.ContainerMemory(memory_type="memory", size=size, topology=topology)
 
 
 @contextmanager

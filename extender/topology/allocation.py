@@ -17,3 +17,8 @@ __all__ = ["Allocation"]
 class Allocation(enum.StrEnum):
     DEVICE_PLUGIN = "devicePlugin"
     DRA = "dra"
+
+    @property
+    def words(self) -> str:
+        """The mode's name in reports: ``device plugin`` or ``DRA``."""
+        return "device plugin" if self is Allocation.DEVICE_PLUGIN else "DRA"

@@ -217,7 +217,16 @@ class FakeNvml:
     # -- sysfs -------------------------------------------------------------------------
 
     def write_sysfs(self, root: Path) -> Path:
-        """Write ``devices/…``, ``bus/pci/devices/<bdf>`` and ``class/infiniband/<nic>/device``."""
+        """Write ``devices/…``, ``bus/pci/devices/<bdf>``, ``class/infiniband/<nic>/device`` and
+        ``devices/system/node/node<N>/cpulist`` (the GPUs' CPUs, per NUMA node)."""
+        numa: dict[int, set[int]] = {}
+        for gpu in self.gpus:
+            if gpu.numa_node is not None and gpu.numa_node >= 0:
+                numa.setdefault(gpu.numa_node, set()).update(gpu.cpus)
+        for n, cpus in numa.items():
+            node_dir = root / "devices" / "system" / "node" / f"node{n}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            (node_dir / "cpulist").write_text(_cpulist(cpus) + "\n")
         for gpu in self.gpus:
             bdf = normalize_bus_id(gpu.bus_id)
             dev = _write_device(root, gpu.pci_path or ("pci0000:00", bdf), gpu.numa_node)
@@ -458,3 +467,14 @@ def _symlink(link: Path, target: Path) -> None:
     if link.is_symlink():
         link.unlink()
     link.symlink_to(os.path.relpath(target, link.parent))
+
+
+def _cpulist(cpus: set[int]) -> str:
+    """The kernel's cpulist form: ``0-51,104-155``."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and runs[-1][1] == c - 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)

@@ -60,6 +60,7 @@ pytestmark = pytest.mark.e2e
 
 POOL = "inst"
 EXAMPLES = REPO / "examples" / "k8s"
+KUBELET_CONFIG = REPO / "tests" / "fixtures" / "kubelet" / "single-numa-node.yaml"
 OVERLAYS = ("scheduler", "kueue", "volcano")
 CHECKED_EXAMPLES = (
     "namespace.yaml",
@@ -183,6 +184,7 @@ def test_agent_publishes_its_node_topology_under_the_shipped_rbac(
             "--nvml-fake=hgx-h100",
             f"--kubeconfig={kubeconfig}",
             f"--pod-resources-socket={tmp_path / 'no-kubelet.sock'}",  # no kubelet on a fake node
+            f"--kubelet-config={KUBELET_CONFIG}",
         )
         assert run.returncode == 0, f"gangslice agent exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
         topology = get(cp, "NodeTopology", node.name)
@@ -192,7 +194,14 @@ def test_agent_publishes_its_node_topology_under_the_shipped_rbac(
         owners = [o.get("uid") for o in topology["metadata"].get("ownerReferences") or []]
         assert owners == [node_uid], f"owner reference missing (get nodes denied?):\n{run.stderr}"
         conditions = {c["type"]: c["status"] for c in (topology.get("status") or {}).get("conditions") or []}
-        assert conditions == {"Discovered": "True", "PodResourcesAvailable": "False"}, conditions
+        assert conditions == {
+            "Discovered": "True",
+            "PodResourcesAvailable": "False",
+            "KubeletTopologyRead": "False",  # the policies are read, the CPUs not (no kubelet here)
+        }, conditions
+        # The API server's CRD schema takes what the agent read of the kubelet.
+        assert topology["spec"]["kubelet"]["topologyManagerPolicy"] == "single-numa-node"
+        assert topology["spec"]["kubelet"]["cpuManagerPolicy"] == "static"
     finally:
         delete(cp, "Pod", f"gangslice-agent-{node.name}", SYSTEM_NS)
         remove_node(cp, node.name)

@@ -10,7 +10,8 @@ certificate; nothing on the machine changes.
 gangslice runs with the controller (Lease in gangslice-system) under the shipped RBAC; the Retry test
 restarts it with short waits (``--widen-after``, ``--retry-after``, ``--requeue-after``, ``--resync``).
 
-Nodes (pool ``kq``): spine s1, leaves a and b of two HGX H100 nodes each.
+Nodes (pool ``kq``): spine s1, leaves a and b of two HGX H100 nodes each (the feasibility test adds
+and removes a leaf f of its own).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from typing import Any
 
 import pytest
 from cluster import (
+    GPU,
     LEAF,
+    FakeNode,
     Gangslice,
     create,
     delete,
@@ -42,8 +45,11 @@ from cluster import (
     gpus_of,
     hgx_leaves,
     items,
+    make_node,
+    merge_patch,
     node_of,
     remove_crds,
+    remove_node,
     reserved_nodes,
     scheduled_condition,
     wait_for,
@@ -150,12 +156,13 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
                         "namespaceSelector": {},
                         "resourceGroups": [
                             {
-                                "coveredResources": ["cpu", "nvidia.com/gpu"],
+                                "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
                                 "flavors": [
                                     {
                                         "name": FLAVOR,
                                         "resources": [
                                             {"name": "cpu", "nominalQuota": "1000"},
+                                            {"name": "memory", "nominalQuota": "100Ti"},
                                             {"name": "nvidia.com/gpu", "nominalQuota": "64"},
                                         ],
                                     }
@@ -521,3 +528,93 @@ def test_kill9_after_the_reservation_is_saved_and_during_the_binds_promises_no_g
     wait_for("the reservation released", lambda: not items(cp, "SliceReservation", ns) or None, 60)
     assert LEAF_OF[wait_for("the rival bound", partial(node_of, cp, ns, "rival"), 60)] == leaf
     assert not double_booked(cp, LEAF_OF)
+
+
+# -- pod feasibility ---------------------------------------------------------------------------------
+DISK = "e2e.gangslice.io/disk"
+#: Leaf f: each of f1..f4 is refused by one of kube-scheduler's filters for the Workload's pods; f5 is
+#: the only node they may use. f5 sorts last, so a slice that ignored a filter would pick another.
+FEASIBILITY_NODES = [
+    FakeNode(f"kq-f{i}-{what}", "hgx-h100", "s1", "kq-leaf-f")
+    for i, what in enumerate(("taint", "cordon", "full", "hdd", "good"), start=1)
+]
+
+
+def feasibility_nodes(cp: ControlPlane, ns: str) -> None:
+    """Leaf f as described at :data:`FEASIBILITY_NODES`."""
+    for node in FEASIBILITY_NODES:
+        make_node(cp, node, POOL)
+        disk = "hdd" if node.name.endswith("hdd") else "nvme"
+        spec: dict[str, Any] = {}
+        if node.name.endswith("taint"):
+            spec["taints"] = [
+                {"key": "e2e.gangslice.io/dedicated", "value": "training", "effect": "NoSchedule"}
+            ]
+        if node.name.endswith("good"):  # a taint the pods tolerate
+            spec["taints"] = [{"key": GPU, "value": "present", "effect": "NoSchedule"}]
+        if node.name.endswith("cordon"):
+            spec["unschedulable"] = True
+        merge_patch(cp, "Node", node.name, {"metadata": {"labels": {DISK: disk}}, "spec": spec})
+    # f3: 100Gi allocatable, of which a pod already bound there requests 60Gi; the Workload's pods ask 64Gi.
+    full = FEASIBILITY_NODES[2].name
+    resources = {"cpu": "128", "memory": "100Gi", "pods": "110", GPU: "8"}
+    merge_patch(cp, "Node", full, {"status": {"capacity": resources, "allocatable": resources}}, sub="status")
+    squatter = gpu_pod("squatter", 0, POOL)
+    squatter["metadata"]["namespace"] = ns
+    squatter["spec"]["nodeName"] = full
+    squatter["spec"]["containers"][0]["resources"] = {"requests": {"memory": "60Gi"}}
+    create(cp, squatter)
+
+
+def feasibility_workload(ns: str, name: str) -> dict[str, Any]:
+    wl = workload(ns, name, 1, required_level=None)
+    template = wl["spec"]["podSets"][0]["template"]
+    template["spec"]["nodeSelector"][DISK] = "nvme"
+    template["spec"]["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+    template["spec"]["containers"][0]["resources"]["requests"]["memory"] = "64Gi"
+    return wl
+
+
+def test_a_workloads_reservation_keeps_to_nodes_its_pods_pass_kube_schedulers_filters_on(
+    control_plane: ControlPlane, ns: str
+) -> None:
+    cp = control_plane
+    try:
+        feasibility_nodes(cp, ns)
+        wait_for(
+            "gangslice to see leaf f",
+            lambda: all(get(cp, "NodeTopology", n.name) for n in FEASIBILITY_NODES),
+            30,
+        )
+        create(cp, feasibility_workload(ns, "fits"))
+
+        def admitted(name: str) -> dict[str, Any] | None:
+            wl = get(cp, "Workload", name, ns)
+            return wl if is_true(wl, "Admitted") else None
+
+        wait_for("Kueue to admit the Workload once our check is Ready", lambda: admitted("fits"), 60)
+        (reservation,) = items(cp, "SliceReservation", ns)
+        assert reserved_nodes(reservation) == ["kq-f5-good"], reservation["spec"]
+
+        # f5 is held now: a second such Workload has no node, and says which filters refused the others.
+        create(cp, feasibility_workload(ns, "waits"))
+        check = wait_for(
+            "the second Workload pending with our message",
+            lambda: pending_with_message(cp, ns, "waits"),
+            60,
+        )
+        for words in (
+            "TaintToleration",
+            "e2e.gangslice.io/dedicated=training:NoSchedule",
+            "NodeUnschedulable",
+            "NodeResourcesFit",
+            "insufficient memory",
+        ):
+            assert words in check["message"], (words, check["message"])
+        assert len(items(cp, "SliceReservation", ns)) == 1
+    finally:
+        delete(cp, "Pod", "squatter", ns)
+        for name in ("fits", "waits"):
+            delete(cp, "Workload", name, ns)
+        for node in FEASIBILITY_NODES:
+            remove_node(cp, node.name)

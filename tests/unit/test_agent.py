@@ -30,10 +30,12 @@ from extender.agent.publish import (
 from extender.cli import main
 from extender.kube.api import Forbidden, Kind
 from extender.kube.client import ApiServerClient
+from extender.kube.crd_models import parse_node_topology
 from extender.testing.clock import FakeClock
 from extender.testing.kube import FakeKube
 from extender.testing.kubelet import FakeKubelet, serve
 from extender.testing.publish import RecordingWriter
+from extender.topology.allocation import Allocation
 from extender.topology.fake_nvml import FakeNvml
 from extender.topology.model import GpuHealth
 from extender.topology.nvidia_smi import render_topo
@@ -144,6 +146,22 @@ def node(workdir: Path) -> Iterator[Node]:
 # --- what is published -----------------------------------------------------------------
 
 
+def test_publishes_the_allocation_mode_the_operator_names(workdir: Path) -> None:
+    """`gangslice agent --allocation dra` publishes spec.allocation: dra, and the object reads
+    back as a DRA node (the cache's NodeState then places by gangslice's own choice)."""
+    fake = FakeNvml.hgx_h100()
+    sysfs = fake.write_sysfs(workdir / "sys")
+    kubelet = FakeKubelet()
+    kubelet.allocatable = {"nvidia.com/gpu": [g.uuid for g in fake.gpus]}
+    writer = RecordingWriter(uid=NODE_UID)
+    with serve(kubelet, workdir / "kubelet.sock") as sock:
+        for mode in Allocation:
+            agent = _agent(fake, sock, sysfs, FakeClock(5000.0), writer, allocation=mode)
+            obj = agent.build()
+            assert obj["spec"]["allocation"] == str(mode)
+            assert parse_node_topology(obj).allocation is mode
+
+
 def test_publishes_the_node_topology(node: Node) -> None:
     node.kubelet.assign("ml", "llama-0", "server", [node.uuid(3), f"{node.uuid(2)}::1"])
     node.kubelet.assign("ml", "llama-0", "server", ["MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"])
@@ -160,7 +178,8 @@ def test_publishes_the_node_topology(node: Node) -> None:
     spec = obj["spec"]
     graph = discover(node.fake, sysfs_root=node.sysfs)
     graph = dataclasses.replace(graph, health=health_from_rates({}, health_counters(node.fake), 1.0))
-    graph_part = {k: v for k, v in spec.items() if k not in ("devicesInUse", "allocatableDevices", "source")}
+    kubelet_part = ("devicesInUse", "allocatableDevices", "source", "allocation")
+    graph_part = {k: v for k, v in spec.items() if k not in kubelet_part}
     assert graph_part == graph_to_dict(graph)
     assert len(spec["gpus"]) == 8 and len(spec["nics"]) == 8
     assert spec["devicesInUse"] == [
@@ -171,6 +190,7 @@ def test_publishes_the_node_topology(node: Node) -> None:
     ]  # fmt: skip
     assert spec["allocatableDevices"] == sorted(g.uuid for g in node.fake.gpus)
     assert spec["source"] == "nvml"
+    assert spec["allocation"] == "devicePlugin"  # the default of `gangslice agent --allocation`
     conditions = _conditions(obj)
     assert conditions["Discovered"] == {
         "type": "Discovered",
@@ -621,11 +641,12 @@ def test_once_dry_run_prints_the_object_as_yaml(
     with serve(kubelet, workdir / "k.sock") as sock:
         code = main(
             ["agent", "--once", "--dry-run", "--node", NODE, "--nvml-fake", "hgx-h100",
-             "--pod-resources-socket", str(sock)]
+             "--pod-resources-socket", str(sock), "--kubelet-config="]
         )  # fmt: skip
     assert code == 0
     obj = yaml.safe_load(capsys.readouterr().out)
     assert obj["kind"] == "NodeTopology" and obj["metadata"] == {"name": NODE}
+    assert "kubelet" not in obj["spec"]  # --kubelet-config= : not published
     assert obj["spec"]["source"] == "nvml"
     assert len(obj["spec"]["gpus"]) == 8 and len(obj["spec"]["links"]) == 28
     assert {lk["link"] for lk in obj["spec"]["links"]} == {"NV18"}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from extender.agent.kubelet_config import DEFAULT_CONFIG as DEFAULT_KUBELET_CONFIG
 from extender.agent.podresources import DEFAULT_SOCKET
 from extender.agent.publish import GROUP, PLURAL
 
@@ -55,7 +56,16 @@ def test_the_daemonset_runs_unprivileged_with_the_socket_directory_read_only(
     socket_dir = str(DEFAULT_SOCKET.parent)
     assert mounts["pod-resources"] == {"name": "pod-resources", "mountPath": socket_dir, "readOnly": True}
     assert volumes["pod-resources"]["hostPath"] == {"path": socket_dir, "type": "Directory"}
-    assert all("hostPath" not in v for name, v in volumes.items() if name != "pod-resources")
+    # The kubelet's configuration (its Topology Manager and CPU manager policies): one file,
+    # read-only, type File (a missing file fails the mount instead of creating a host directory).
+    assert mounts["kubelet-config"] == {
+        "name": "kubelet-config",
+        "mountPath": str(DEFAULT_KUBELET_CONFIG),
+        "readOnly": True,
+    }
+    assert volumes["kubelet-config"]["hostPath"] == {"path": str(DEFAULT_KUBELET_CONFIG), "type": "File"}
+    host = {name for name, v in volumes.items() if "hostPath" in v}
+    assert host == {"pod-resources", "kubelet-config"}
     assert "nvidia.com/gpu" not in str(container["resources"])  # it must not take a GPU from workloads
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
 

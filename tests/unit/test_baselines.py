@@ -21,6 +21,7 @@ from extender.placement.bench import register as register_bench
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy, Level
 from extender.topology.model import GpuGraph, Tier
 from extender.topology.presets import preset_graph
@@ -34,10 +35,15 @@ BASELINES = ("spread", "binpack", "kueue-tas", "volcano")
 
 
 def node(
-    name: str, leaf: str, graph: GpuGraph = HGX, allocated: Sequence[int] = (), spine: str = "s0"
+    name: str,
+    leaf: str,
+    graph: GpuGraph = HGX,
+    allocated: Sequence[int] = (),
+    spine: str = "s0",
+    allocation: Allocation = Allocation.DEVICE_PLUGIN,
 ) -> NodeState:
     labels = {SPINE.label: spine, LEAF.label: leaf}
-    return NodeState(name, labels, graph, frozenset(allocated))
+    return NodeState(name, labels, graph, frozenset(allocated), allocation=allocation)
 
 
 def gang(*pod_sets: PodSet) -> GangRequest:
@@ -278,8 +284,9 @@ def test_volcano_places_a_node_scope_gang_on_one_node() -> None:
 
 def test_first_free_gets_a_pair_across_sockets_where_gangslice_gets_a_pix_pair() -> None:
     # Free GPUs 3, 4, 6, 7 of a dual-socket PCIe node: 3 and 4 sit on different sockets (SYS),
-    # 6 and 7 share a PCIe switch (PIX).
-    snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 1, 2, 5))], HIER)
+    # 6 and 7 share a PCIe switch (PIX). A DRA node: the peers' claims name no devices, so
+    # they get the lowest free ones, while gangslice's claim names its own choice.
+    snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 1, 2, 5), allocation=Allocation.DRA)], HIER)
     g = gang(PodSet("tp", 1, 2, Comm.ALLREDUCE))
     ours = placed(solver.place(snap, g))
     assert ours.slots[0].gpus == (6, 7)
@@ -297,12 +304,28 @@ def test_first_free_gets_a_pair_across_sockets_where_gangslice_gets_a_pix_pair()
         assert scoring.violations(snap, g, ours.slots) == []
 
 
+def test_on_a_device_plugin_node_every_policy_gets_the_plugins_choice() -> None:
+    """The same free GPUs on a device-plugin node: the plugin scores the PIX pair 6,7 highest
+    and hands it out whoever chose the node, so the peers' pod is as coherent as gangslice's."""
+    snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 1, 2, 5))], HIER)
+    g = gang(PodSet("tp", 1, 2, Comm.ALLREDUCE))
+    ours = placed(solver.place(snap, g))
+    for name in BASELINES:
+        theirs = placed(POLICIES[name](snap, g))
+        assert theirs.slots == ours.slots, name
+        assert theirs.slots[0].gpus == (6, 7), name
+        assert scoring.violations(snap, g, theirs.slots) == [], name
+
+
 # -- gangslice place --policy and the benchmark ------------------------------------------
 
 
 def test_place_command_runs_a_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text("nodes:\n  - {name: p, gpuTopology: pcie-8gpu-2socket, allocatedGpus: [0, 1, 2, 5]}\n")
+    cluster.write_text(
+        "nodes:\n  - {name: p, gpuTopology: pcie-8gpu-2socket, allocatedGpus: [0, 1, 2, 5],"
+        " allocation: dra}\n"
+    )
     gang_file = tmp_path / "gang.yaml"
     gang_file.write_text("name: g\npodSets:\n  - {name: tp, count: 1, gpusPerPod: 2, comm: allreduce}\n")
     assert (
@@ -387,3 +410,16 @@ def test_another_module_can_add_a_bench_action() -> None:
     assert bench_subparsers(sub) is bench_subparsers(sub)
     assert parser.parse_args(["bench", "extender"]).func == "extender-bench"
     assert parser.parse_args(["bench", "placement", "--quick"]).quick
+
+
+def test_bench_placement_with_node_facts_keeps_every_filter(capsys: pytest.CaptureFixture[str]) -> None:
+    """With ``--node-facts`` (taints, cordons, resources partly requested) every policy's slice
+    still breaks no rule: scoring.violations, the ``broken`` column, names filter refusals too."""
+    assert cli.main(["bench", "placement", "--quick", "--nodes", "200", "--node-facts"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("with node facts:")
+    rows = _rows(out)
+    assert rows[("8x4", "gangslice")][3] == "placed"
+    for cells in rows.values():
+        if cells[3] == "placed":
+            assert cells[5] == "0", cells  # broken

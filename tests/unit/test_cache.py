@@ -19,7 +19,7 @@ from extender.kube.node_graphs import UNIFORM, fallback_preset
 from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore
 from extender.placement.ledger import Phase
-from extender.placement.request import GangRequest
+from extender.placement.request import GangRequest, NodeNeeds, Toleration
 from extender.placement.slice import Slice, Unplaceable
 from extender.testing.extender import gang_pod, node_obj, pod_obj, write_cluster
 from extender.testing.reserve import hold, reserve_gang
@@ -101,12 +101,17 @@ def test_node_topology_wins_over_the_fallback_and_its_removal_restores_it() -> N
     assert cache.snapshot().node("a").graph == preset_graph("hgx-h100")
 
 
-def test_cordoned_and_not_ready_nodes_are_left_out() -> None:
+def test_not_ready_nodes_are_left_out_and_cordoned_ones_admit_only_pods_that_tolerate_it() -> None:
     cache = kube_cache()
     cache.apply(Kind.NODES, "ADDED", node_obj("a"))
     cache.apply(Kind.NODES, "ADDED", node_obj("b", unschedulable=True))
     cache.apply(Kind.NODES, "ADDED", node_obj("c", ready=False))
-    assert cache.node_names() == ["a"]
+    assert cache.node_names() == ["a", "b"]
+    snap = cache.snapshot()
+    assert snap.node("b").facts.unschedulable and not snap.node("a").facts.unschedulable
+    assert snap.admitted(NodeNeeds()) == frozenset({snap.index("a")})
+    tolerant = NodeNeeds(tolerations=(Toleration("node.kubernetes.io/unschedulable", "Exists"),))
+    assert snap.admitted(tolerant) is None  # every node
 
 
 def test_bound_pods_take_annotated_gpus_then_first_free_for_the_rest() -> None:

@@ -38,10 +38,11 @@ def test_the_agent_scc_allows_exactly_what_the_daemonset_asks() -> None:
     assert pod["securityContext"]["runAsUser"] == 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert s["seccompProfiles"] == ["runtime/default"]
-    (host,) = [v["hostPath"] for v in pod["volumes"] if "hostPath" in v]
-    assert host["path"] == "/var/lib/kubelet/pod-resources"
-    mounts = [m for c in pod["containers"] for m in c["volumeMounts"] if m["mountPath"] == host["path"]]
-    assert mounts and all(m["readOnly"] for m in mounts)
+    hosts = [v["hostPath"] for v in pod["volumes"] if "hostPath" in v]
+    assert {h["path"] for h in hosts} == {"/var/lib/kubelet/pod-resources", "/var/lib/kubelet/config.yaml"}
+    for host in hosts:
+        mounts = [m for c in pod["containers"] for m in c["volumeMounts"] if m["mountPath"] == host["path"]]
+        assert mounts and all(m["readOnly"] for m in mounts)
 
 
 def _patches() -> dict[str, list[dict[str, Any]]]:

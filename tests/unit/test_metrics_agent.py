@@ -77,7 +77,12 @@ def test_publish_results_and_discovery_errors_are_counted(
     a, fake, kubelet, writer, clock = agent
     zero = {
         "gangslice_agent_publishes_total": {"applied": 0.0, "unchanged": 0.0, "error": 0.0},
-        "gangslice_agent_discovery_errors_total": {"nvml": 0.0, "nvidia-smi": 0.0, "pod-resources": 0.0},
+        "gangslice_agent_discovery_errors_total": {
+            "nvml": 0.0,
+            "nvidia-smi": 0.0,
+            "pod-resources": 0.0,
+            "kubelet": 0.0,
+        },
     }
     assert counters(a) == zero
 
@@ -97,7 +102,12 @@ def test_publish_results_and_discovery_errors_are_counted(
 
     assert counters(a) == {
         "gangslice_agent_publishes_total": {"applied": 3.0, "unchanged": 1.0, "error": 1.0},
-        "gangslice_agent_discovery_errors_total": {"nvml": 1.0, "nvidia-smi": 1.0, "pod-resources": 1.0},
+        "gangslice_agent_discovery_errors_total": {
+            "nvml": 1.0,
+            "nvidia-smi": 1.0,
+            "pod-resources": 1.0,
+            "kubelet": 0.0,
+        },
     }
 
 
@@ -111,6 +121,7 @@ def test_without_a_fallback_only_nvml_is_counted(tmp_path: Path) -> None:
         "nvml": 1.0,
         "nvidia-smi": 0.0,
         "pod-resources": 0.0,
+        "kubelet": 0.0,
     }
 
 

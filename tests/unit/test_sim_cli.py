@@ -99,13 +99,18 @@ def test_report_folder(files: tuple[Path, Path], tmp_path: Path, capsys: pytest.
         "nodes": 4,
         "gpus": 32,
         "nodeTypes": {"H100-SXM x8": 2, "L40S x8": 2},
+        "nodeAllocation": {
+            "H100-SXM x8": {"devicePlugin": 2, "dra": 0},
+            "L40S x8": {"devicePlugin": 2, "dra": 0},
+        },
     }
     assert results["trace"]["gangs"] == 3 + 9 + 1
     for png in ("allocation.png", "wait-cdf.png", "comm-cdf.png", "fragmentation.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
     assert "![GPUs allocated over time, one panel per policy](allocation.png)" in report
-    assert "## Node types" in report and "device-plugin" in report
+    assert "## Node types" in report and "| L40S x8 | 2 | 2 | 0 |" in report
+    assert "claimed only where its choice can be delivered" in report
     assert "## Definitions" in report and "gangslice" in report
     rows = [json.loads(line) for line in (out / "gangs.jsonl").read_text().splitlines()]
     assert len(rows) == 13 * len(results["policies"])

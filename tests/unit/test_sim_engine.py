@@ -322,3 +322,49 @@ def test_reference_solver_crash_is_reported_and_the_run_goes_on(monkeypatch: pyt
         {"gang": "a-0", "error": "ValueError: solver bug"},
     ]
     assert policy_results(r)["ttft"]["vsBest"]["ratio"]["count"] == 0
+
+
+# -- allocation modes: on a device-plugin node every policy gets the plugin's choice ------
+
+
+def _pcie_box(allocation: str) -> ClusterSnapshot:
+    """A dual-socket PCIe box with GPUs 5-7 in use: 0-4 free."""
+    node = {"name": "p", "gpuTopology": "pcie-8gpu-2socket", "labels": {LEAF: "leaf-1"}}
+    return cluster_from_data(
+        {"nodes": [{**node, "allocatedGpus": [5, 6, 7], "allocation": allocation}]}, Path(".")
+    )
+
+
+@pytest.mark.parametrize("allocation", ["devicePlugin", "dra"])
+def test_every_policy_gets_what_the_node_hands_out(allocation: str) -> None:
+    """A 3-GPU TP replica on GPUs 0-4 of the PCIe box. On a DRA node gangslice's claim gets
+    0,1,2 (one socket) and spread gets the lowest free ones, the same set. On a device-plugin
+    node the plugin answers 0,1,4 (across sockets) whoever chose the node: gangslice, judging
+    the node by that answer, does not take it for a pod that must stay in one socket; spread
+    takes it and gets the incoherent set."""
+    from extender.placement.baselines import spread
+
+    snap = _pcie_box(allocation)
+    events = [deploy(0, "tp3", tp(3, comm="allreduce", requiredLevel="numa"), 100)]
+    ours = by_name(run(snap, events))["tp3-0"]
+    theirs = by_name(run(snap, events, spread))["tp3-0"]
+    assert theirs.outcome == PLACED
+    held = snap.nodes[0].shape.gpus_of(theirs.held[0])
+    if allocation == "dra":
+        assert ours.outcome == PLACED and ours.coherent
+        assert snap.nodes[0].shape.gpus_of(ours.held[0]) == (0, 1, 2) == held
+    else:
+        assert ours.outcome != PLACED  # waits: no node keeps the socket under the plugin
+        assert held == (0, 1, 4) and not theirs.coherent
+
+
+def test_the_default_fleet_says_which_node_types_are_which() -> None:
+    from extender.sim.inputs import default_cluster
+    from extender.topology.allocation import Allocation
+
+    modes: dict[str, set[Allocation]] = {}
+    for n in default_cluster().nodes:
+        modes.setdefault(n.graph.model or "", set()).add(n.allocation)
+    assert modes["GB200"] == {Allocation.DRA}  # multi-node NVLink needs the DRA driver
+    assert modes["L40S"] == {Allocation.DEVICE_PLUGIN}
+    assert modes["H100-SXM"] == {Allocation.DRA, Allocation.DEVICE_PLUGIN}

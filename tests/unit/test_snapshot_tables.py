@@ -1,5 +1,5 @@
 """The snapshot's derived tables the solver reads instead of walking every node: the nodes
-by node type and free mask (kept up to date across updates), and each domain as a range of
+by node kind and free mask (kept up to date across updates), and each domain as a range of
 the snapshot's order (sorted by label path, so each domain's nodes are contiguous)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def cluster(labels: list[dict[str, str]], allocated: list[frozenset[int]]) -> Cl
 def fresh_classes(snap: ClusterSnapshot) -> dict[tuple[str, int], list[int]]:
     out: dict[tuple[str, int], list[int]] = {}
     for i, n in enumerate(snap.nodes):
-        out.setdefault((n.shape.key, snap.free_mask(i)), []).append(i)
+        out.setdefault((n.kind, snap.free_mask(i)), []).append(i)
     return out
 
 

@@ -8,6 +8,12 @@ losing the optimum: pods of one pod set are interchangeable (assignments are enu
 their order), and on one node, two ways of choosing the GPUs that give every group of the pods
 there the same tier, ring bandwidth and NUMA nodes are interchangeable too (the objective and
 the rules see a node's GPUs through nothing else), so one of each kind is evaluated.
+
+The instances are DRA nodes, where a slot's GPUs are the scheduler's own choice. The same
+instances on device-plugin nodes are checked against the same enumeration with the plugin's
+rule in place of the free choice of GPUs: on such a node the pods of each pod set get the
+plugin's answers in turn (``plugin_fit.plugin_pick``, itself checked against the plugin's own
+code by the conformance test), after the pod sets placed there before them, in every order.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from hypothesis import strategies as st
 from extender.cost import Comm, ModelDims
 from extender.placement import scoring
 from extender.placement import solver as solver_module
+from extender.placement.plugin_fit import plugin_pick
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import Solver
+from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy, Level
 from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel
 from extender.topology.presets import preset_graph
@@ -107,7 +115,11 @@ def instances(draw: st.DrawFn) -> Instance:
         allocated = draw(st.sets(st.integers(0, size - 1), max_size=size)) if draw(st.booleans()) else set()
         sick = draw(st.sets(st.integers(0, size - 1), max_size=1)) if not draw(st.integers(0, 5)) else set()
         imex = "other" if kind == "gb200" and not draw(st.integers(0, 4)) else None
-        nodes.append(NodeState(f"n{i}", labels, graph, frozenset(allocated), frozenset(sick), imex))
+        nodes.append(
+            NodeState(
+                f"n{i}", labels, graph, frozenset(allocated), frozenset(sick), imex, allocation=Allocation.DRA
+            )
+        )
 
     level_names = [lv.name for lv in levels]
     level_choice = st.sampled_from([None, None, None, *level_names, "node", "nvlink", "pcie", "numa"])
@@ -154,6 +166,40 @@ def _single_pod_options(snap: ClusterSnapshot, gang: GangRequest, ps: PodSet) ->
                 masks.append(sum(1 << p for p in combo))
         if masks:
             out[i] = masks
+    return out
+
+
+def _plugin_choices(
+    snap: ClusterSnapshot, gang: GangRequest, i: int, pods: Sequence[str]
+) -> list[tuple[int, ...]]:
+    """The GPU masks a device-plugin node ``i`` hands ``pods`` (pod set names, grouped): each
+    pod set's pods get the plugin's answers in turn from what the pod sets before them left,
+    for every order of the pod sets; an order where some answer breaks a pod set's tier there
+    gives nothing."""
+    node = snap.nodes[i]
+    by_name = {ps.name: ps for ps in gang.pod_sets}
+    names = list(dict.fromkeys(pods))
+    out: list[tuple[int, ...]] = []
+    for order in itertools.permutations(names):
+        free = snap.free_mask(i)
+        masks: dict[str, tuple[int, ...]] = {}
+        for name in order:
+            ps = by_name[name]
+            tier = scoring.pod_tier(snap, i, ps, scoring.resolve_need(ps, snap.hierarchy))
+            got = (
+                plugin_pick(node.graph, free, ps.gpus_per_pod, tier, pods.count(name))
+                if tier is not None
+                else None
+            )
+            if got is None:
+                break
+            masks[name] = got
+            for m in got:
+                free &= ~m
+        else:
+            chosen = tuple(m for name in names for m in masks[name])
+            if chosen not in out:
+                out.append(chosen)
     return out
 
 
@@ -208,7 +254,10 @@ def exhaustive(snap: ClusterSnapshot, gang: GangRequest) -> tuple[Key, list[PodS
         for i, pods in sorted(on_node.items()):
             key = (i, tuple(pods))
             if key not in memo:
-                memo[key] = _node_choices(snap, i, pods, options)
+                plugin = snap.nodes[i].allocation == Allocation.DEVICE_PLUGIN
+                memo[key] = (
+                    _plugin_choices(snap, gang, i, pods) if plugin else _node_choices(snap, i, pods, options)
+                )
             choices.append([(i, pods, masks) for masks in memo[key]])
         for combo in itertools.product(*choices):
             slots = _slots(snap, gang, combo)
@@ -262,7 +311,7 @@ def tiny_instances(draw: st.DrawFn) -> Instance:
     inst = draw(instances())
     nodes = [n for n in inst.snap.nodes if len(n.graph.gpus) == 4][: 2 if inst.gang.pods >= 3 else 3]
     if not nodes:
-        nodes = [NodeState("n0", {}, GRAPHS["pcie4"])]
+        nodes = [NodeState("n0", {}, GRAPHS["pcie4"], allocation=Allocation.DRA)]
     pod_sets: list[PodSet] = []
     for ps in inst.gang.pod_sets:
         room = 3 - sum(p.count for p in pod_sets)
@@ -306,6 +355,7 @@ def _check(inst: Instance, optimum: tuple[Key, list[PodSlot]] | None, solver: So
     assert scoring.violations(inst.snap, inst.gang, got.slots) == [], (inst, got)
     assert optimum is not None, ("the exhaustive search missed a slice", inst, got)
     _check_colocation_notes(inst, got)
+    _check_plugin_sets(inst, got)
     waste, micros = scoring.objective(inst.snap, inst.gang, got.slots)
     (best_waste, best_micros), _ = optimum
     assert abs(micros - got.per_layer_micros) <= 1e-6 * max(1.0, micros), "the slice misreports its cost"
@@ -314,6 +364,30 @@ def _check(inst: Instance, optimum: tuple[Key, list[PodSlot]] | None, solver: So
         return MORE_WASTE
     assert micros >= best_micros * (1 - 1e-9), ("cheaper than the exhaustive optimum", inst, got)
     return micros / best_micros if best_micros > 0 else (1.0 if micros == 0 else float("inf"))
+
+
+def _check_plugin_sets(inst: Instance, got: Slice) -> None:
+    """On a device-plugin node the slots hold what the plugin hands out: for some order of the
+    pod sets there, each pod set's GPU sets are the plugin's answers in turn."""
+    snap, gang = inst.snap, inst.gang
+    names = [ps.name for ps in gang.pod_sets]
+    for i, node in enumerate(snap.nodes):
+        mine = sorted(
+            (s for s in got.slots if s.node == node.name and s.gpus), key=lambda s: names.index(s.pod_set)
+        )
+        if node.allocation != Allocation.DEVICE_PLUGIN or not mine:
+            continue
+        pods = [s.pod_set for s in mine]
+
+        def by_set(masks: Sequence[int], pods: Sequence[str] = pods) -> dict[str, list[int]]:
+            out: dict[str, list[int]] = {}
+            for name, m in zip(pods, masks, strict=True):
+                out.setdefault(name, []).append(m)
+            return {k: sorted(v) for k, v in out.items()}
+
+        held = by_set([node.shape.mask_of(s.gpus) for s in mine])
+        choices = [by_set(c) for c in _plugin_choices(snap, gang, i, pods)]
+        assert held in choices, ("not the device plugin's answers", inst, got.slots)
 
 
 def _check_colocation_notes(inst: Instance, got: Slice) -> None:
@@ -328,13 +402,21 @@ def _check_colocation_notes(inst: Instance, got: Slice) -> None:
         assert bool(said) == (ps.name in missed), (inst, got.slots, got.notes, missed)
 
 
-def test_solver_matches_exhaustive_search() -> None:
+def _as(inst: Instance, allocation: Allocation) -> Instance:
+    """The same instance with every node's GPUs allocated by ``allocation``."""
+    nodes = [dataclasses.replace(n, allocation=allocation) for n in inst.snap.nodes]
+    return Instance(ClusterSnapshot(nodes, inst.snap.hierarchy), inst.gang)
+
+
+@pytest.mark.parametrize("allocation", [Allocation.DRA, Allocation.DEVICE_PLUGIN])
+def test_solver_matches_exhaustive_search(allocation: Allocation) -> None:
     ratios: list[float] = []
     nothing_fits = [0]
 
     @settings(max_examples=CHECKED, deadline=None, derandomize=True, database=None)
     @given(instances())
-    def run(inst: Instance) -> None:
+    def run(drawn: Instance) -> None:
+        inst = _as(drawn, allocation)
         optimum = exhaustive(inst.snap, inst.gang)
         # (a) and (b) with the exact fallback on: a valid slice whenever one exists.
         complete = _check(inst, optimum, Solver(inst.snap))
@@ -358,7 +440,8 @@ def test_solver_matches_exhaustive_search() -> None:
         "greedy unplaceable": sum(1 for r in ratios if r == float("inf")),
     }
     print(
-        f"\ngreedy path on {len(ratios)} placeable instances ({nothing_fits[0]} with no slice): "
+        f"\n{allocation}: greedy path on {len(ratios)} placeable instances "
+        f"({nothing_fits[0]} with no slice): "
         f"{share:.1%} within 2% of the optimum, worst ratio {max(same):.4f}, "
         f"median {statistics.median(same):.4f}; {buckets}"
     )
@@ -366,11 +449,13 @@ def test_solver_matches_exhaustive_search() -> None:
     assert share >= 0.95
 
 
+@pytest.mark.parametrize("allocation", [Allocation.DRA, Allocation.DEVICE_PLUGIN])
 @settings(max_examples=120, deadline=None, derandomize=True, database=None)
-@given(instances())
-def test_exact_fallback_alone_is_complete(inst: Instance) -> None:
+@given(drawn=instances())
+def test_exact_fallback_alone_is_complete(allocation: Allocation, drawn: Instance) -> None:
     """The exact search the solver falls back on for small gangs, with the greedy path switched
     off: it finds a valid slice whenever the exhaustive search does."""
+    inst = _as(drawn, allocation)
     optimum = exhaustive(inst.snap, inst.gang)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Solver, "_search", _greedy_fails)
@@ -381,6 +466,7 @@ def test_exact_fallback_alone_is_complete(inst: Instance) -> None:
         assert isinstance(got, Slice), ("the exact fallback missed a slice", inst, got)
         assert got.notes[0] == "placed by exact search"
         assert scoring.violations(inst.snap, inst.gang, got.slots) == []
+        _check_plugin_sets(inst, got)
         waste, micros = scoring.objective(inst.snap, inst.gang, got.slots)
         assert (waste, micros) >= (optimum[0][0], optimum[0][1] * (1 - 1e-9))
         # Every colocation it misses is said.

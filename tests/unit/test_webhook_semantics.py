@@ -500,3 +500,30 @@ def test_a_second_bind_to_another_node_is_refused_and_keeps_the_gpus(tmp_path: P
     asyncio.run(go())
     assert [node for _, node, _ in binder.bound] == ["h-0", "h-0"]
     assert binder.bound[0][2] == binder.bound[1][2]
+
+
+def test_filter_and_bind_follow_the_device_plugin_on_its_nodes(tmp_path: Path) -> None:
+    """Two dual-socket PCIe boxes with GPUs 0-4 free, one under the device plugin and one
+    under DRA. A 3-GPU pod that must stay in one socket: the device-plugin node fails the
+    filter with the plugin's answer named (0,1,4, across the sockets); the DRA node passes and
+    bind gives it 0,1,2."""
+    text = "".join(
+        f"  - {{name: {name}, gpuTopology: pcie-8gpu-2socket, allocatedGpus: [5, 6, 7], "
+        f"allocation: {mode}}}\n"
+        for name, mode in (("plugin-0", "devicePlugin"), ("dra-0", "dra"))
+    )
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path, "nodes:\n" + text))
+    binder = LocalBinder()
+
+    async def go() -> None:
+        app = build_app(cache, binder=binder, housekeeping_s=None)
+        async with client_for(app) as client:
+            pod = pod_obj("tp3", gpus=3, annotations={keys.REQUIRED_LEVEL: "numa"})
+            got = await filter_(client, pod, ["plugin-0", "dra-0"])
+            assert got["NodeNames"] == ["dra-0"]
+            why = got["FailedNodes"]["plugin-0"]
+            assert "the device plugin may answer GPUs 0,1,4" in why, why
+            assert await bind(client, pod, "dra-0") == ""
+
+    asyncio.run(go())
+    assert binder.bound == [("llm/tp3", "dra-0", {keys.GPUS: "0,1,2", keys.NUMA_NODE: "0"})]

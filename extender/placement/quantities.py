@@ -1,0 +1,84 @@
+"""Kubernetes resource quantities (``500m``, ``64Gi``, ``1.5``, ``2e3``) as exact numbers.
+
+The grammar and the rounding are those of k8s.io/apimachinery ``resource.Quantity``: a signed
+decimal number, then a binary-SI suffix (``Ki`` .. ``Ei``), a decimal-SI suffix (``n``, ``u``,
+``m``, ``k``, ``M``, ``G``, ``T``, ``P``, ``E``) or a decimal exponent (``e3``, ``E-2``).
+``Value()`` and ``MilliValue()`` round up, so a pod asking for ``0.1m`` CPU counts 1
+millicore, as kube-scheduler counts it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+}
+_NUMBER = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(.*)", re.ASCII)
+_EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)", re.ASCII)
+
+
+class QuantityError(ValueError):
+    """A value that is not a Kubernetes quantity (or is negative where it must not be)."""
+
+
+def parse(value: object) -> Fraction:
+    """A quantity as an exact number; a YAML/JSON number is taken as written."""
+    if isinstance(value, bool):
+        raise QuantityError(f"{value!r} is not a quantity")
+    if isinstance(value, int | Fraction):
+        return Fraction(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise QuantityError(f"{value!r} is not a quantity")
+        return Fraction(str(value))
+    if not isinstance(value, str):
+        raise QuantityError(f"{value!r} is not a quantity")
+    m = _NUMBER.fullmatch(value)
+    if m is None:
+        raise QuantityError(
+            f"{value!r} is not a quantity (a number with an optional suffix such as m, Gi, G)"
+        )
+    sign, digits, suffix = m.groups()
+    number = Fraction(digits if not digits.endswith(".") else digits[:-1] or "0")
+    if sign == "-":
+        number = -number
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix]
+    e = _EXPONENT.fullmatch(suffix)
+    if e is not None and abs(int(e.group(1))) <= 30:
+        return number * Fraction(10) ** int(e.group(1))
+    raise QuantityError(
+        f"{value!r}: unknown suffix {suffix!r} (known: Ki..Ei, n, u, m, k, M, G, T, P, E, e<n>)"
+    )
+
+
+def _non_negative(value: object) -> Fraction:
+    got = parse(value)
+    if got < 0:
+        raise QuantityError(f"{value!r} is negative")
+    return got
+
+
+def milli(value: object) -> int:
+    """``MilliValue()``: thousandths, rounded up (CPU: ``500m`` -> 500, ``2`` -> 2000)."""
+    return math.ceil(_non_negative(value) * 1000)
+
+
+def whole(value: object) -> int:
+    """``Value()``: a whole count, rounded up (memory: ``1Gi`` -> 1073741824 bytes)."""
+    return math.ceil(_non_negative(value))
