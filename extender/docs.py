@@ -125,6 +125,14 @@ USER_KEYS = (
         "the named pod set of the same Workload or plain gang (level defaults to `node`); on a "
         "member of a joint gang, `<member or pod set>[@level]` names another member.",
     ),
+    Key(
+        f"{NAMES}:COMPUTE_DOMAIN",
+        "annotation",
+        "Pod (DRA, GB200)",
+        "read by the admission webhook",
+        "The ComputeDomain (same namespace) a gang across a multi-node NVLink clique joins, instead "
+        "of the one gangslice creates for it (`<reservation>-imex`).",
+    ),
 )
 
 #: What gangslice writes.
@@ -201,6 +209,27 @@ WRITTEN_KEYS = (
         "written by the admission check",
         "Its name.",
     ),
+    Key(
+        f"{NAMES}:SLOT",
+        "annotation",
+        "Pod (DRA), ResourceClaim (label)",
+        "written by the admission webhook at pod creation; read back to know which slots are handed out",
+        "The slot the pod got, `<pod set>/<index>` (on its claim, a label `<pod set>-<index>`).",
+    ),
+    Key(
+        f"{NAMES}:CLAIM_GPUS",
+        "annotation",
+        "Pod (DRA)",
+        "written by the admission webhook; read wherever gangslice counts a pod's GPUs",
+        "How many GPUs the pod's pinned ResourceClaim asks for (it requests no `nvidia.com/gpu`).",
+    ),
+    Key(
+        f"{NAMES}:SLOT_NODE",
+        "annotation",
+        "ResourceClaim (DRA)",
+        "written by the admission webhook",
+        "The node of the slot whose GPUs the claim pins.",
+    ),
 )
 
 #: Other systems' keys gangslice understands.
@@ -276,6 +305,41 @@ FOREIGN_KEYS = (
         "Node",
         "read by the cluster cache",
         "The node level; accepted (and ignored) in a list of levels.",
+    ),
+    Key(
+        "literal:batch.kubernetes.io/job-completion-index",
+        "label",
+        "Pod (indexed Job, JobSet)",
+        "read by the admission webhook",
+        "The pod's index: on DRA nodes it gets the slot of that position in its pod set.",
+    ),
+    Key(
+        "literal:apps.kubernetes.io/pod-index",
+        "label",
+        "Pod (StatefulSet)",
+        "read by the admission webhook",
+        "The pod's ordinal: on DRA nodes it gets the slot of that position in its pod set.",
+    ),
+    Key(
+        "literal:leaderworkerset.sigs.k8s.io/worker-index",
+        "label",
+        "Pod (LeaderWorkerSet)",
+        "read by the admission webhook",
+        "The pod's index in its group: on DRA nodes it gets the slot of that position.",
+    ),
+    Key(
+        "literal:resource.kubernetes.io/pciBusID",
+        "device attribute",
+        "ResourceSlice device (DRA)",
+        "read by the cluster cache",
+        "A GPU's PCI bus ID: pairs a published device with a NodeTopology GPU when it has no UUID.",
+    ),
+    Key(
+        "literal:resource.kubernetes.io/pcieRoot",
+        "device attribute",
+        "ResourceSlice device (DRA)",
+        "read by the claim builder",
+        "A GPU's PCIe root: a slot whose GPUs share one gets `matchAttribute` on it as a safety net.",
     ),
     Key(
         "extender.placement.feasibility:UNSCHEDULABLE_TAINT",

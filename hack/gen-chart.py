@@ -45,6 +45,7 @@ PARTS: dict[str, tuple[str, str]] = {
     "volcano.yaml": ("volcano", ".Values.volcano.enabled"),
     "cert-manager.yaml": ("components/cert-manager", ".Values.tls.certManager.enabled"),
     "monitoring.yaml": ("monitoring", ".Values.monitoring.enabled"),
+    "dra.yaml": ("dra", ".Values.dra.enabled"),
 }
 HEADER = "# Written by hack/gen-chart.py from manifests/{source}; do not edit.\n"
 
@@ -178,6 +179,11 @@ volcano:
 # ServiceMonitor, PodMonitor, PrometheusRule, the metrics-reader ClusterRole and the Grafana
 # dashboard (manifests/monitoring; needs the Prometheus Operator's CRDs).
 monitoring:
+  enabled: false
+
+# DRA nodes: the mutating admission webhook that pins each gang pod's GPU claim to its slot
+# (manifests/dra; the API server needs the serving certificate's CA as its caBundle).
+dra:
   enabled: false
 
 # OpenShift (manifests/openshift): the controller under restricted-v2, the agent under the

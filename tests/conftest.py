@@ -19,7 +19,8 @@ def clock() -> FakeClock:
 @pytest.fixture(autouse=True)
 def one_writer_per_object(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeKube]]:
     """Every FakeKube a test makes is checked when it ends: SliceReservations were written
-    only by the store, NodeTopologies only by the agent's writer, Bindings only by the binder."""
+    only by the store, NodeTopologies only by the agent's writer, Bindings only by the binder,
+    ResourceClaims only by the slot claims writer (extender/testing/kube.py WRITERS)."""
     made: list[FakeKube] = []
     original = FakeKube.__init__
 

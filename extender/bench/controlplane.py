@@ -173,7 +173,7 @@ class ManagedProcess:
 
 
 class ControlPlane:
-    """etcd + kube-apiserver (+ kube-scheduler) on loopback, for tests.
+    """etcd + kube-apiserver (+ kube-scheduler, + kube-controller-manager on request) on loopback, for tests.
 
     Constructor arguments:
       bin_dir: folder with ``etcd``, ``kube-apiserver``, ``kube-scheduler`` (default: ``$GANGSLICE_E2E_BIN``).
@@ -534,6 +534,47 @@ class ControlPlane:
             ssl_context=ssl.create_default_context(cafile=str(self.ca_file)),
             token=self.admin_token,
         )
+
+    #: The controllers :meth:`start_controller_manager` runs by default: claims generated from a pod's
+    #: ResourceClaimTemplate (and their deallocation), and owner-reference garbage collection. No
+    #: node-lifecycle controller, so fake nodes (no kubelet) stay Ready and untainted.
+    CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller")
+
+    def start_controller_manager(self, controllers: Sequence[str] = CONTROLLERS) -> ManagedProcess:
+        """(Re)start kube-controller-manager with only ``controllers``; waits for its /healthz."""
+        assert self.workdir is not None and self.kubeconfig is not None
+        exe = self.bin_dir / "kube-controller-manager"
+        if not os.access(exe, os.X_OK):
+            raise ControlPlaneError(
+                f"{exe} missing or not executable: run hack/e2e/build.sh kube-controller-manager"
+            )
+        self.stop_process("kube-controller-manager")
+        (port,) = free_ports(1)
+        proc = self.start_process(
+            "kube-controller-manager",
+            [
+                str(exe),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--controllers={','.join(controllers)}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'kube-controller-manager'}",
+            ],
+        )
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certificate
+        self.wait_ready(
+            "kube-controller-manager",
+            f"https://127.0.0.1:{port}/healthz",
+            lambda body: body.strip() == b"ok",
+            ssl_context=insecure,
+        )
+        return proc
 
     def start_scheduler(self, config: StrPath | Mapping[str, Any] | None = None) -> ManagedProcess:
         """(Re)start kube-scheduler with ``config`` (see the class doc); waits for its /healthz."""

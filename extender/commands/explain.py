@@ -281,17 +281,49 @@ async def _online(args: argparse.Namespace, kind: str, namespace: str, name: str
     else:
         pg = await _podgroup(api, namespace, name) if kind == "podgroup" else None
         facts = explain_pods(cache, kind, namespace, name, podgroup_state(pg), pg)
+    await add_slot_claims(api, cache, facts)
     facts.problems.extend(refused_nodes(cache))
     return facts
 
 
+async def add_slot_claims(api: KubeClient, cache: Any, facts: Facts) -> None:
+    """On DRA nodes: per slot, the devices its ResourceClaim pins and what the claim says now
+    (allocated, reserved for, prepared)."""
+    from extender.kube.api import RESOURCE_CLAIMS
+    from extender.kube.slot_claims import claim_name, claim_state
+
+    r = facts.reservation
+    if r is None:
+        return
+    namespace, name = r.meta.get("namespace", ""), r.meta.get("name", "")
+    claims = {
+        c.get("metadata", {}).get("name"): c for c in (await api.list(RESOURCE_CLAIMS, namespace)).items
+    }
+    for slot in r.slice.slots:
+        device_map = cache.device_map(slot.node)
+        if device_map is None:
+            continue
+        pod = cache.watched_pod(namespace, r.bound[slot.key]) if slot.key in r.bound else None
+        running = pod is not None and pod.phase == "Running"
+        wanted = claim_name(name, slot)
+        pins = ",".join(device_map.device(g).name for g in slot.gpus)
+        facts.slot_claims[slot.key] = (pins, claim_state(wanted, claims.get(wanted), running).describe())
+
+
 def refused_nodes(cache: Any) -> list[str]:
-    """One line per node kept out of placement because its NodeTopology is refused."""
+    """One line per node kept out of placement because its NodeTopology is refused, or its
+    DRA devices do not pair with it."""
     refused = cache.refused_topologies()
-    return [
+    lines = [
         f"node {node} kept out of placement: its NodeTopology is refused: {refused[node]}"
         for node in sorted(refused)
     ]
+    mismatched = cache.device_problems() if hasattr(cache, "device_problems") else {}
+    lines += [
+        f"node {node} kept out of in-node choices: its DRA devices do not match its NodeTopology: {why}"
+        for node, why in sorted(mismatched.items())
+    ]
+    return lines
 
 
 # -- the command -------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ class Facts:
     dry_run: Placement | None = None
     #: Why something above could not be worked out (the gang request, the cluster).
     problems: list[str] = field(default_factory=list)
+    #: DRA: slot key -> (the devices its claim pins, what the claim says now).
+    slot_claims: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _ask_lines(gang: GangRequest) -> list[str]:
@@ -78,18 +80,21 @@ def _needs_words(ps: PodSet) -> str:
     return "; ".join(out)
 
 
-def _slots(sl: Slice, limit: int = 12) -> list[str]:
+def _slots(sl: Slice, limit: int = 12, claims: dict[str, tuple[str, str]] | None = None) -> list[str]:
     out = []
     for s in sl.slots[:limit]:
         numa = ",".join(map(str, s.numa_nodes)) or "-"
         gpus = index_ranges(s.gpus) or "-"
         out.append(f"    {s.key:<16} {s.node:<20} gpus {gpus:<10} numa {numa}")
+        if claims and s.key in claims:
+            pins, state = claims[s.key]
+            out.append(f"      pins {pins}; {state}")
     if len(sl.slots) > limit:
         out.append(f"    ... and {len(sl.slots) - limit} more pod(s)")
     return out
 
 
-def _reservation_lines(r: Reservation | None) -> list[str]:
+def _reservation_lines(r: Reservation | None, claims: dict[str, tuple[str, str]] | None = None) -> list[str]:
     if r is None:
         return ["reservation: none"]
     sl = r.slice
@@ -104,7 +109,7 @@ def _reservation_lines(r: Reservation | None) -> list[str]:
             else ""
         ),
     ]
-    return lines + _slots(sl)
+    return lines + _slots(sl, claims=claims)
 
 
 def _dry_run_lines(result: Placement | None, gang: GangRequest | None) -> list[str]:
@@ -154,7 +159,7 @@ def render(f: Facts) -> str:
         lines.append(f"admission check: {f.check.state}{since}")
         if f.check.message:
             lines.append(f"  {f.check.message}")
-    lines.extend(_reservation_lines(f.reservation))
+    lines.extend(_reservation_lines(f.reservation, f.slot_claims))
     lines.extend(_dry_run_lines(f.dry_run, f.gang))
     lines.extend(f"problem: {p}" for p in f.problems)
     return "\n".join(lines)
@@ -191,6 +196,7 @@ def to_json(f: Facts) -> dict[str, Any]:
         if f.check is None
         else {"state": f.check.state, "message": f.check.message, "since": f.check.since},
         "reservation": None if f.reservation is None else f.reservation.to_dict(),
+        "slotClaims": {k: {"pins": pins, "claim": state} for k, (pins, state) in f.slot_claims.items()},
         "dryRun": dry,
         "problems": list(f.problems),
     }

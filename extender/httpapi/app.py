@@ -5,6 +5,7 @@ Routes (``prefix`` defaults to ``/gangslice``)::
     POST {prefix}/filter | /prioritize | /bind | /preempt     kube-scheduler extender v1
     POST {prefix}/volcano/predicate | /prioritize | /jobEnqueueable | /allocate | /deallocate
          | /onSessionOpen | /onSessionClose                   Volcano extender plugin
+    POST /admission/pods   mutating admission webhook: a DRA gang pod's GPU claim -> its slot's
     GET  /healthz   the process answers
     GET  /readyz    503 until the cache has listed every kind it watches
     GET  /metrics   Prometheus text format
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from extender.httpapi import kube_routes, volcano_routes
+from extender.httpapi import admission, kube_routes, volcano_routes
 from extender.httpapi.access import ACCESS, Access, checked
 from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
@@ -40,6 +41,7 @@ from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
 from extender.kube.cache import ClusterCache
+from extender.kube.claim_sync import SlotClaimSync
 from extender.kube.mismatch import MismatchReporter
 from extender.kube.topology_status import TopologyStatusReporter
 from extender.logs import fields
@@ -47,6 +49,8 @@ from extender.logs import fields
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/gangslice"
+#: Re-plans gangs whose pinned devices someone else took (DRA nodes; None without an API server).
+CLAIM_SYNC: web.AppKey[SlotClaimSync | None] = web.AppKey("claim_sync")
 #: How often reservations past their TTL are dropped and unsaved changes retried.
 HOUSEKEEPING_S = 5.0
 
@@ -94,6 +98,9 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
             reporter = app.get(TOPOLOGY_STATUS)
             if reporter is not None:
                 await reporter.sync(cache, cache.clock())
+            claims = app.get(CLAIM_SYNC)
+            if claims is not None:
+                await claims.sync(cache)
         except Exception:
             log.exception("housekeeping failed; continuing")
 
@@ -127,9 +134,11 @@ def build_app(
     app[BINDER] = binder or (ApiBinder(api) if api is not None else LocalBinder())
     app[METRICS] = Metrics(cache)
     app[TOPOLOGY_STATUS] = topology_status
+    app[CLAIM_SYNC] = SlotClaimSync(api, cache.clock) if api is not None else None
     app[MISMATCHES] = mismatches
     kube_routes.add_routes(app, prefix)
     volcano_routes.add_routes(app, prefix)
+    admission.add_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -64,6 +64,16 @@ WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload", names
 ADMISSION_CHECKS = Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", "AdmissionCheck", False)
 RESOURCE_FLAVORS = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", False)
 PODGROUPS = Resource("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", namespaced=True)
+RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False)
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False)
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True)
+RESOURCE_CLAIM_TEMPLATES = Resource(
+    "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True
+)
+#: NVIDIA's DRA driver: a multi-node NVLink (IMEX) domain.
+COMPUTE_DOMAINS = Resource(
+    "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain", namespaced=True
+)
 TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False)
 SUBJECT_ACCESS_REVIEWS = Resource(
     "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False
@@ -77,6 +87,11 @@ class Kind(enum.Enum):
     PODS = "pods"
     NODE_TOPOLOGIES = "nodetopologies"
     SLICE_RESERVATIONS = "slicereservations"
+    #: DRA (``resource.k8s.io/v1``): the devices drivers publish, the classes that select
+    #: them, and the claims whose allocations take them.
+    RESOURCE_SLICES = "resourceslices"
+    DEVICE_CLASSES = "deviceclasses"
+    RESOURCE_CLAIMS = "resourceclaims"
 
     @property
     def resource(self) -> Resource:
@@ -88,6 +103,9 @@ _WATCHED = {
     Kind.PODS: PODS,
     Kind.NODE_TOPOLOGIES: NODE_TOPOLOGIES,
     Kind.SLICE_RESERVATIONS: SLICE_RESERVATIONS,
+    Kind.RESOURCE_SLICES: RESOURCE_SLICES,
+    Kind.DEVICE_CLASSES: DEVICE_CLASSES,
+    Kind.RESOURCE_CLAIMS: RESOURCE_CLAIMS,
 }
 
 ALL_KINDS = tuple(Kind)

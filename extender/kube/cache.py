@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from extender.kube import names
+from extender.kube import dra, names
 from extender.kube.api import ALL_KINDS, Kind
 from extender.kube.crd_models import (
     CrdError,
@@ -56,7 +56,7 @@ from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore, ReservationStore, StatusNotSaved
-from extender.kube.topology_status import accepted_condition
+from extender.kube.topology_status import DEVICES_MATCHED, accepted_condition, condition_of
 from extender.logs import fields
 from extender.placement.feasibility import NO_FACTS, NodeFacts, usage
 from extender.placement.files import load_cluster
@@ -113,6 +113,18 @@ class ClusterCache:
         self._refused: dict[str, str] = {}
         #: Nodes whose NodeTopology carries the ``Accepted`` condition -> (status, message).
         self._accepted: dict[str, tuple[str, str]] = {}
+        #: Nodes whose NodeTopology carries the ``DevicesMatched`` condition -> (status, message).
+        self._devices_matched: dict[str, tuple[str, str]] = {}
+        #: DRA: ResourceSlices by name, the node-local ones by node, DeviceClasses -> the
+        #: drivers they select, claims (``ns/name``) -> the devices their allocation holds.
+        self._slices: dict[str, dra.SliceInfo] = {}
+        self._slices_by_node: dict[str, dict[str, dra.SliceInfo]] = {}
+        self._device_classes: dict[str, frozenset[str]] = {}
+        self._claim_devices: dict[str, tuple[tuple[str, str, str], ...]] = {}
+        self._allocated_by_pool: dict[str, set[str]] = {}
+        #: DRA nodes whose devices pair with their NodeTopology's GPUs, and why the others do not.
+        self._device_maps: dict[str, dra.DeviceMap] = {}
+        self._device_problems: dict[str, str] = {}
         self._pods: dict[str, PodInfo] = {}
         self._by_uid: dict[str, str] = {}
         self._by_node: dict[str, set[str]] = {}
@@ -296,9 +308,51 @@ class ClusterCache:
         return dict(self._accepted)
 
     def node_problem(self, node: str) -> str | None:
-        """Why a node is kept out of placement, when gangslice refused its NodeTopology."""
+        """Why a node is kept out of placement, when gangslice refused its NodeTopology or
+        cannot pair its DRA devices with it."""
         problem = self._refused.get(node)
-        return f"NodeTopology {node} is refused: {problem}" if problem is not None else None
+        if problem is not None:
+            return f"NodeTopology {node} is refused: {problem}"
+        self.snapshot()
+        mismatch = self._device_problems.get(node)
+        return f"DRA devices of node {node} do not match its NodeTopology: {mismatch}" if mismatch else None
+
+    # -- DRA -----------------------------------------------------------------------------
+    def device_problems(self) -> dict[str, str]:
+        """DRA nodes kept out of in-node choices: their published GPUs and their NodeTopology
+        do not pair one to one (the problem names the device or GPU)."""
+        self.snapshot()
+        return dict(self._device_problems)
+
+    def devices_matched_conditions(self) -> dict[str, tuple[str, str]]:
+        """The ``DevicesMatched`` condition each NodeTopology carries: node -> (status, message)."""
+        return dict(self._devices_matched)
+
+    def device_map(self, node: str) -> dra.DeviceMap | None:
+        """A DRA node's GPU index -> published device; None for a device-plugin node."""
+        self.snapshot()
+        return self._device_maps.get(node)
+
+    def device_class_drivers(self, name: str) -> frozenset[str] | None:
+        """The drivers DeviceClass ``name`` selects; None when there is no such class."""
+        return self._device_classes.get(name)
+
+    def claim_devices(self, namespace: str, name: str) -> tuple[tuple[str, str, str], ...]:
+        """``(driver, pool, device)`` of the ``gpu.nvidia.com`` devices claim ``namespace/name`` holds."""
+        return self._claim_devices.get(f"{namespace}/{name}", ())
+
+    def claims_holding(self, node: str, devices: Iterable[str]) -> list[str]:
+        """The claims (``ns/name``) whose allocations hold any of ``devices`` of pool ``node``."""
+        wanted = set(devices)
+        return sorted(
+            key
+            for key, held in self._claim_devices.items()
+            if any(p == node and d in wanted for _, p, d in held)
+        )
+
+    def allocated_devices(self, node: str) -> frozenset[str]:
+        """Devices of ``gpu.nvidia.com`` in pool ``node`` that allocated claims hold."""
+        return frozenset(self._allocated_by_pool.get(node, ()))
 
     # -- pods ----------------------------------------------------------------------------
     def pod(self, namespace: str, name: str) -> PodInfo | None:
@@ -418,10 +472,17 @@ class ClusterCache:
 
     def expire(self) -> list[Reservation]:
         """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
-        PodGroup stay until their controller releases them."""
-        gone = self._ledger.expire(
-            self.clock(), keep=lambda r: r.meta.get(names.META_OWNER_KIND) in names.OWNER_MANAGED_KINDS
-        )
+        PodGroup stay until their controller releases them, and so does a hold whose slots are
+        ResourceClaims while a pod of its gang lives (the pods point at those claims)."""
+
+        def keep(r: Reservation) -> bool:
+            if r.meta.get(names.META_OWNER_KIND) in names.OWNER_MANAGED_KINDS:
+                return True
+            if r.meta.get(names.META_SLOT_CLAIMS) != "true":
+                return False
+            return any(not p.terminal and not p.deleting for p in self._gang_pods.get(r.gang, {}).values())
+
+        gone = self._ledger.expire(self.clock(), keep=keep)
         for r in gone:
             self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
         return gone
@@ -677,7 +738,7 @@ class ClusterCache:
             self._records = fresh
         elif kind is Kind.NODE_TOPOLOGIES:
             before = (self._topologies, self._refused)
-            self._topologies, self._refused, self._accepted = {}, {}, {}
+            self._topologies, self._refused, self._accepted, self._devices_matched = {}, {}, {}, {}
             for obj in items:
                 self._read_topology(obj)
             for name in set(before[0]) | set(before[1]) | set(self._topologies) | set(self._refused):
@@ -686,6 +747,20 @@ class ClusterCache:
                     self._refused.get(name),
                 ):
                     self._mark(name)
+        elif kind is Kind.RESOURCE_SLICES:
+            for name in list(self._slices):
+                self._drop_slice(name)
+            for obj in items:
+                self._put_slice(obj)
+        elif kind is Kind.DEVICE_CLASSES:
+            self._device_classes = {}
+            for obj in items:
+                self._put_device_class("ADDED", obj)
+        elif kind is Kind.RESOURCE_CLAIMS:
+            for key in list(self._claim_devices):
+                self._put_claim(key, ())
+            for obj in items:
+                self._put_claim(_claim_key(obj), dra.allocated_devices(obj))
         elif kind is Kind.PODS:
             fresh_pods = {p.key: p for p in (PodInfo.from_obj(o) for o in items) if p.name}
             for key in [k for k in self._pods if k not in fresh_pods]:
@@ -729,10 +804,21 @@ class ClusterCache:
                 self._topologies.pop(name, None)
                 self._refused.pop(name, None)
                 self._accepted.pop(name, None)
+                self._devices_matched.pop(name, None)
             else:
                 self._read_topology(obj)
             if before != (self._topologies.get(name), self._refused.get(name)):
                 self._mark(name)
+        elif kind is Kind.RESOURCE_SLICES:
+            name = object_name_of(obj)
+            if deleted:
+                self._drop_slice(name)
+            else:
+                self._put_slice(obj)
+        elif kind is Kind.DEVICE_CLASSES:
+            self._put_device_class(event_type, obj)
+        elif kind is Kind.RESOURCE_CLAIMS:
+            self._put_claim(_claim_key(obj), () if deleted else dra.allocated_devices(obj))
         elif kind is Kind.PODS:
             pod = PodInfo.from_obj(obj)
             if not pod.name:
@@ -751,6 +837,52 @@ class ClusterCache:
             self._apply_reservation(event_type, obj)
 
     # -- internals -----------------------------------------------------------------------
+    def _put_slice(self, obj: Mapping[str, Any]) -> None:
+        info = dra.parse_slice(obj)
+        if info is None:
+            return
+        self._drop_slice(info.name)
+        self._slices[info.name] = info
+        if info.node is not None:
+            self._slices_by_node.setdefault(info.node, {})[info.name] = info
+            self._mark(info.node)
+
+    def _drop_slice(self, name: str) -> None:
+        info = self._slices.pop(name, None)
+        if info is None or info.node is None:
+            return
+        on_node = self._slices_by_node.get(info.node, {})
+        on_node.pop(name, None)
+        if not on_node:
+            self._slices_by_node.pop(info.node, None)
+        self._mark(info.node)
+
+    def _put_device_class(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        name = object_name_of(obj)
+        if not name:
+            return
+        if event_type == "DELETED":
+            self._device_classes.pop(name, None)
+        else:
+            self._device_classes[name] = dra.class_drivers(obj)
+
+    def _put_claim(self, key: str, devices: Iterable[tuple[str, str, str]]) -> None:
+        now = tuple(d for d in devices if d[0] == dra.GPU_DRIVER)
+        before = self._claim_devices.get(key, ())
+        if now == before:
+            return
+        if now:
+            self._claim_devices[key] = now
+        else:
+            self._claim_devices.pop(key, None)
+        for _, pool, _ in set(before) | set(now):
+            self._allocated_by_pool[pool] = {
+                dev for held in self._claim_devices.values() for _, p, dev in held if p == pool
+            }
+            if not self._allocated_by_pool[pool]:
+                del self._allocated_by_pool[pool]
+            self._mark(pool)
+
     def _read_topology(self, obj: Mapping[str, Any]) -> None:
         """Take in one NodeTopology object (it has a name): its graph, or why it is refused."""
         meta = obj.get("metadata")
@@ -762,6 +894,11 @@ class ClusterCache:
             self._accepted.pop(name, None)
         else:
             self._accepted[name] = shown
+        matched = condition_of(obj, DEVICES_MATCHED)
+        if matched is None:
+            self._devices_matched.pop(name, None)
+        else:
+            self._devices_matched[name] = matched
         try:
             self._topologies[name] = parse_node_topology(obj)
         except CrdError as exc:
@@ -889,7 +1026,9 @@ class ClusterCache:
             for s in r.free_slots()
             if s.node == pod.node and (pod.pod_set not in pod_sets or s.pod_set == pod.pod_set)
         ]
-        candidates.sort(key=lambda s: (set(s.gpus) != assigned, s.key))
+        # The slot the admission webhook gave it (DRA), else the one with its GPUs.
+        given = pod.annotations.get(names.SLOT)
+        candidates.sort(key=lambda s: (s.key != given, set(s.gpus) != assigned, s.key))
         if candidates:
             self.bind_slot(r.gang, candidates[0].key, pod.name)
 
@@ -931,17 +1070,53 @@ class ClusterCache:
         kubelet = topo.kubelet if topo is not None else None
         return _StaticNode(rec.labels, graph, frozenset(), frozenset(), allocation, rec.facts, kubelet)
 
-    def _build_state(self, name: str) -> NodeState | None:
-        src = self._source(name)
-        if src is None:
+    def _dra_source(self, name: str) -> tuple[_StaticNode, dra.DeviceMap] | None:
+        """A node whose GPUs ``gpu.nvidia.com`` publishes: its graph paired with the devices
+        (or the mismatch recorded and the node kept out of placement)."""
+        devices = dra.gpu_devices(self._slices_by_node.get(name, {}).values())
+        rec = self._records.get(name)
+        if rec is None or not rec.ready or name in self._refused:
             return None
+        topo = self._topologies.get(name)
+        got = dra.match_devices(name, topo.graph if topo is not None else None, devices)
+        if isinstance(got, str):
+            if self._device_problems.get(name) != got:
+                log.warning("node %s kept out of in-node choices: %s", name, got)
+            self._device_problems[name] = got
+            return None
+        assert topo is not None and topo.graph is not None
+        node = _StaticNode(
+            rec.labels, topo.graph, frozenset(), frozenset(), Allocation.DRA, rec.facts, topo.kubelet
+        )
+        return node, got
+
+    def _build_state(self, name: str) -> NodeState | None:
+        self._device_maps.pop(name, None)
+        self._device_problems.pop(name, None)
+        dra_taken: set[int] = set()
+        if name not in self._static and name in self._slices_by_node:
+            got = self._dra_source(name)
+            if got is None:
+                return None
+            src, device_map = got
+            self._device_maps[name] = device_map
+            held = self._allocated_by_pool.get(name, set())
+            dra_taken = {i for i, d in device_map.by_index.items() if d.name in held}
+        else:
+            found = self._source(name)
+            if found is None:
+                return None
+            src = found
         known = set(src.graph.indices)
         sick = {g for g in src.graph.indices if not src.graph.healthy(g)} | set(src.unhealthy)
-        taken = set(src.allocated)
+        taken = set(src.allocated) | dra_taken
         topo = self._topologies.get(name)
         in_use = topo.in_use if topo is not None else {}
         keys = sorted(k for k in self._by_node.get(name, ()) if k in self._pods)
-        holding = [self._pods[k] for k in keys if self._pods[k].holds_gpus]
+        # On a DRA node the allocated claims are the truth of what is taken (a pod's
+        # annotation is what was planned at its admission); no device plugin hands out GPUs.
+        dra_node = src.allocation is Allocation.DRA and name in self._device_maps
+        holding = [] if dra_node else [self._pods[k] for k in keys if self._pods[k].holds_gpus]
         guessed = []
         # Exact first (what the kubelet reports, then our annotation), guesses last.
         for p in holding:
@@ -977,6 +1152,18 @@ class ClusterCache:
             if p is not None and not p.terminal:
                 requested = requested.plus(usage(p.needs.requests))
         return dataclasses.replace(src.facts, requested=requested)
+
+
+def object_name_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def _claim_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return f"{ns if isinstance(ns, str) else ''}/{object_name_of(obj)}"
 
 
 def _offer(state: NodeState | None) -> tuple[object, ...] | None:

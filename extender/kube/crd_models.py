@@ -21,9 +21,10 @@ which keeps the node out of placement and names the field (see
 (``gang``, ``slice``, ``expiresAt``, ``bound``, ``phase``, ``meta``), so
 ``Reservation.from_dict(obj["spec"])`` reads it back; a restart rebuilds the ledger from spec
 alone. Its ``status`` (:func:`reservation_status`) is what people and kubectl read: phase,
-which pod holds which slot, nodes, GPU count, a ``Held`` condition and, once the kubelet
-reports a bound pod on other GPUs than promised, a ``DevicesMismatch`` condition
-(:mod:`extender.kube.devices`). Whoever writes the
+which pod holds which slot, nodes, GPU count, a ``Held`` condition, once the kubelet
+reports a bound pod on other GPUs than promised a ``DevicesMismatch`` condition
+(:mod:`extender.kube.devices`), and, per slot, its node, GPUs, pod and (on DRA nodes) the
+ResourceClaim that pins it. Whoever writes the
 object writes its status too, through the ``/status`` subresource, and again whenever a slot
 binds or is freed.
 """
@@ -41,6 +42,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from extender.kube import names
 from extender.kube.devices import DeviceMismatch, devices_condition
+from extender.kube.slot_claims import claim_name
 from extender.placement.ledger import Phase, Reservation
 from extender.topology.allocation import Allocation
 from extender.topology.kubelet import (
@@ -52,7 +54,7 @@ from extender.topology.kubelet import (
     TopologyScope,
 )
 from extender.topology.model import GpuGraph, TopologyError
-from extender.topology.serialize import graph_from_dict, parse_cpu_ranges
+from extender.topology.serialize import graph_from_dict, index_ranges, parse_cpu_ranges
 
 
 class CrdError(ValueError):
@@ -382,6 +384,16 @@ class SliceReservationSpec(_Model):
     )
 
 
+class SlotStatus(_Model):
+    """One slot as people read it: where it is, who holds it, its ResourceClaim on DRA nodes."""
+
+    name: str = Field(description="slot key, podSet/index")
+    node: str
+    gpus: str = Field(description="GPU indices, e.g. 4-7")
+    pod: str | None = Field(None, description="the pod bound to it")
+    claim: str | None = Field(None, description="the ResourceClaim that pins its GPUs (DRA nodes)")
+
+
 class SliceReservationStatus(_Model):
     phase: Phase | None = None
     bound_pods: dict[str, str] = Field(
@@ -393,6 +405,7 @@ class SliceReservationStatus(_Model):
     nodes: str | None = Field(None, description="nodes of the slice, comma-separated")
     gpus: int | None = Field(None, ge=0)
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_list("map", "type"))
+    slots: list[SlotStatus] = Field(default_factory=list, json_schema_extra=_list("map", "name"))
 
 
 class SliceReservationObject(_Model):
@@ -539,6 +552,14 @@ def reservation_status(
         f"{len(r.bound)} of {len(sl.slots)} pods bound on {len(sl.nodes)} node(s), "
         f"{sl.per_layer_micros:.1f} us/layer"
     )
+    slots = []
+    for slot in sl.slots:
+        entry = {"name": slot.key, "node": slot.node, "gpus": index_ranges(slot.gpus) or "-"}
+        if slot.key in r.bound:
+            entry["pod"] = r.bound[slot.key]
+        if r.meta.get(names.META_SLOT_CLAIMS) == "true":
+            entry["claim"] = claim_name(str(r.meta.get("name") or object_name(r.gang)), slot)
+        slots.append(entry)
     conditions = [
         {
             "type": HELD_CONDITION,
@@ -554,6 +575,7 @@ def reservation_status(
     return {
         "phase": r.phase.value,
         "boundPods": dict(r.bound),
+        "slots": slots,
         "nodes": ",".join(sl.nodes),
         "gpus": sl.gpus,
         "conditions": conditions,

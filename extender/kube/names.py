@@ -34,6 +34,16 @@ NUMA_NODE = "gangslice.io/numa-node"
 #: Pod annotation written at bind: the UUIDs of those GPUs (comma-separated, as NVML names
 #: them), so ``gangslice preflight`` catches a swap that indices and NUMA nodes cannot show.
 GPU_UUIDS = "gangslice.io/gpu-uuids"
+#: DRA (written at pod creation by the admission webhook): pod annotation, the slot the pod
+#: got (``<pod set>/<index>``; on its ResourceClaim, a label ``<pod set>-<index>``); pod
+#: annotation, how many GPUs its claim asks for (the pod requests no ``nvidia.com/gpu``);
+#: claim annotation, the node of the slot.
+SLOT = "gangslice.io/slot"
+CLAIM_GPUS = "gangslice.io/claim-gpus"
+SLOT_NODE = "gangslice.io/node"
+#: Pod annotation (DRA, GB200): the ComputeDomain (same namespace) the gang joins instead of
+#: the one gangslice creates for it.
+COMPUTE_DOMAIN = "gangslice.io/compute-domain"
 #: PodGroup (and plain gang pod) annotation: gangslice's state for the gang (a PodGroup has no
 #: status subresource gangslice may write).
 STATUS = "gangslice.io/status"
@@ -78,4 +88,6 @@ META_OWNER_KIND = "ownerKind"
 META_OWNER_NAME = "ownerName"
 META_OWNER_UID = "ownerUid"
 META_OWNER_API_VERSION = "ownerApiVersion"
+#: Reservation meta: "true" when its slots are pinned by per-slot ResourceClaims (DRA nodes).
+META_SLOT_CLAIMS = "slotClaims"
 OWNER_MANAGED_KINDS = frozenset({"Workload", "PodGroup"})

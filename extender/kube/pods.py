@@ -144,8 +144,13 @@ class PodInfo:
         status = _mapping(obj.get("status"))
         problems: list[str] = []
         gpus = 0
+        annotations = _str_map(meta.get("annotations"))
         try:
             gpus = gpu_request(spec)
+            claimed = annotations.get(names.CLAIM_GPUS)
+            if claimed is not None:
+                # A DRA gang pod: the GPUs of its pinned claim (written at its creation).
+                gpus += quantity(claimed)
         except PodError as exc:
             problems.append(str(exc))
         node = spec.get("nodeName")
@@ -162,7 +167,7 @@ class PodInfo:
             phase=_str(status.get("phase")) or "Pending",
             gpus=gpus,
             labels=_str_map(meta.get("labels")),
-            annotations=_str_map(meta.get("annotations")),
+            annotations=annotations,
             deleting=meta.get("deletionTimestamp") is not None,
             problems=tuple(problems),
             scheduler=_str(spec.get("schedulerName")) or "default-scheduler",

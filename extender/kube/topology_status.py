@@ -15,6 +15,11 @@ makes it visible in the API too, from the leader's housekeeping loop:
 - its Node gets a Warning Event, reason ``InvalidNodeTopology``, once per new message;
 - once the spec reads again, the condition turns ``Accepted=True``, reason ``SpecValid``.
 
+A DRA node (its GPUs published by NVIDIA's ``gpu.nvidia.com`` driver, see
+:mod:`extender.kube.dra`) whose devices do not pair with the NodeTopology's GPUs gets the same
+treatment under a second condition, ``DevicesMatched=False`` reason ``DeviceMismatch`` (Event
+reason ``DraDeviceMismatch``), naming the device or GPU; ``DevicesMatched=True`` once they pair.
+
 What is written follows what the watch shows: the condition is (re)written while the object
 does not carry it with the current message, so a restart, a lost write or a fresh replica
 converges on the same state without remembering anything.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -46,32 +52,77 @@ NODE_EVENT_NAMESPACE = "default"
 MAX_WRITES_PER_SYNC = 50
 
 
-def accepted_condition(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The ``Accepted`` condition a NodeTopology object carries: (status, message), or None."""
+#: The condition on a DRA node's NodeTopology: its published devices pair with its GPUs.
+DEVICES_MATCHED = "DevicesMatched"
+DEVICE_MISMATCH = "DeviceMismatch"
+DEVICES_PAIRED = "DevicesPaired"
+DRA_DEVICE_MISMATCH = "DraDeviceMismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """One condition this module writes: its type, reasons and the Event of a problem."""
+
+    type: str
+    bad: str
+    good: str
+    good_message: str
+    event_reason: str
+    event_text: str
+
+
+_RULES = (
+    _Rule(
+        ACCEPTED,
+        INVALID_SPEC,
+        SPEC_VALID,
+        "the spec reads; the node takes part in placement",
+        INVALID_NODE_TOPOLOGY,
+        "NodeTopology {node} refused, node kept out of placement: {problem}",
+    ),
+    _Rule(
+        DEVICES_MATCHED,
+        DEVICE_MISMATCH,
+        DEVICES_PAIRED,
+        "every gpu.nvidia.com device of the node pairs with a GPU of this NodeTopology",
+        DRA_DEVICE_MISMATCH,
+        "DRA devices of node {node} do not match its NodeTopology, "
+        "node kept out of in-node choices: {problem}",
+    ),
+)
+
+
+def condition_of(obj: Mapping[str, Any], type_: str) -> tuple[str, str] | None:
+    """The condition ``type_`` a NodeTopology object carries: (status, message), or None."""
     status = obj.get("status")
     conditions = status.get("conditions") if isinstance(status, Mapping) else None
     for c in conditions if isinstance(conditions, list) else ():
-        if isinstance(c, Mapping) and c.get("type") == ACCEPTED:
+        if isinstance(c, Mapping) and c.get("type") == type_:
             return str(c.get("status") or ""), str(c.get("message") or "")
     return None
+
+
+def accepted_condition(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The ``Accepted`` condition a NodeTopology object carries: (status, message), or None."""
+    return condition_of(obj, ACCEPTED)
 
 
 def _rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition(problem: str | None, now: float) -> dict[str, str]:
-    """The ``Accepted`` condition: False naming ``problem``, or True when there is none."""
+def condition(problem: str | None, now: float, rule: _Rule = _RULES[0]) -> dict[str, str]:
+    """The ``Accepted`` (or ``rule``'s) condition: False naming ``problem``, or True when there is none."""
     return {
-        "type": ACCEPTED,
+        "type": rule.type,
         "status": "False" if problem else "True",
-        "reason": INVALID_SPEC if problem else SPEC_VALID,
-        "message": problem or "the spec reads; the node takes part in placement",
+        "reason": rule.bad if problem else rule.good,
+        "message": problem or rule.good_message,
         "lastTransitionTime": _rfc3339(now),
     }
 
 
-def node_event(node: str, message: str, now: float) -> dict[str, Any]:
+def node_event(node: str, message: str, now: float, reason: str = INVALID_NODE_TOPOLOGY) -> dict[str, Any]:
     stamp = _rfc3339(now)
     return {
         "apiVersion": "v1",
@@ -79,7 +130,7 @@ def node_event(node: str, message: str, now: float) -> dict[str, Any]:
         "metadata": {"generateName": f"{node}.", "namespace": NODE_EVENT_NAMESPACE},
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
         "type": "Warning",
-        "reason": INVALID_NODE_TOPOLOGY,
+        "reason": reason,
         "message": message[:1024],
         "source": {"component": "gangslice"},
         "reportingComponent": names.EVENT_COMPONENT,
@@ -124,6 +175,10 @@ class Refusals(Protocol):
 
     def accepted_conditions(self) -> Mapping[str, tuple[str, str]]: ...
 
+    def device_problems(self) -> Mapping[str, str]: ...
+
+    def devices_matched_conditions(self) -> Mapping[str, tuple[str, str]]: ...
+
 
 class TopologyStatusReporter:
     """Brings each NodeTopology's ``Accepted`` condition (and its Node's Events) in line with
@@ -131,42 +186,59 @@ class TopologyStatusReporter:
 
     def __init__(self, api: TopologyStatusApi) -> None:
         self.api = api
-        #: node -> the message last written and not yet seen back on the watch ("" for True):
-        #: no second write while the first one's echo is on its way. Bounded by the nodes
-        #: whose condition is out of date.
-        self._sent: dict[str, str] = {}
+        #: (condition type, node) -> the message last written and not yet seen back on the
+        #: watch ("" for True): no second write while the first one's echo is on its way.
+        #: Bounded by the nodes whose condition is out of date.
+        self._sent: dict[tuple[str, str], str] = {}
 
     async def sync(self, cache: Refusals, now: float) -> int:
         """Write what is out of date; returns how many conditions were written."""
-        refused = dict(cache.refused_topologies())
-        carried = dict(cache.accepted_conditions())
+        wanted = (
+            (_RULES[0], cache.refused_topologies(), cache.accepted_conditions()),
+            (_RULES[1], cache.device_problems(), cache.devices_matched_conditions()),
+        )
+        written = 0
+        for rule, problems, shown in wanted:
+            budget = MAX_WRITES_PER_SYNC - written
+            written += await self._sync_rule(rule, dict(problems), dict(shown), now, budget)
+        return written
+
+    async def _sync_rule(
+        self,
+        rule: _Rule,
+        refused: dict[str, str],
+        carried: dict[str, tuple[str, str]],
+        now: float,
+        budget: int,
+    ) -> int:
         want: dict[str, str] = dict(refused)
         for node, (status, _) in carried.items():
             if status == "False" and node not in refused:
                 want[node] = ""
-        for node in [n for n in self._sent if n not in want]:
-            del self._sent[node]
+        for key in [k for k in self._sent if k[0] == rule.type and k[1] not in want]:
+            del self._sent[key]
         written = 0
         for node, problem in sorted(want.items()):
-            if written >= MAX_WRITES_PER_SYNC:
+            if written >= budget:
                 break
+            key = (rule.type, node)
             if problem and carried.get(node) == ("False", problem):
-                self._sent.pop(node, None)  # the object shows it: nothing on its way
+                self._sent.pop(key, None)  # the object shows it: nothing on its way
                 continue
-            if self._sent.get(node) == problem:
+            if self._sent.get(key) == problem:
                 continue
             try:
-                await self.api.apply_condition(node, condition(problem or None, now))
+                await self.api.apply_condition(node, condition(problem or None, now, rule))
             except Exception as exc:
-                log.warning("cannot set condition %s on NodeTopology %s: %s", ACCEPTED, node, exc)
+                log.warning("cannot set condition %s on NodeTopology %s: %s", rule.type, node, exc)
                 continue
-            self._sent[node] = problem
+            self._sent[key] = problem
             written += 1
             if problem:
-                message = f"NodeTopology {node} refused, node kept out of placement: {problem}"
+                message = rule.event_text.format(node=node, problem=problem)
                 log.warning("%s", message)
                 try:
-                    await self.api.create_event(node_event(node, message, now))
+                    await self.api.create_event(node_event(node, message, now, rule.event_reason))
                 except Exception as exc:
                     log.debug("event for node %s: %s", node, exc)
         return written

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import random
@@ -246,6 +247,10 @@ def percentile(samples: Sequence[float], q: float) -> float:
 def measure(snap: ClusterSnapshot, bench: BenchGang, name: str, policy: Policy, repeat: int) -> Measurement:
     """One cold call (memo tables still filling; reported on its own), then ``repeat`` timed
     decisions on the same snapshot; nothing is committed between them."""
+    # Each policy's calls start on a collected heap: a full collection set off by the garbage
+    # of the runs before (tens of ms over a 20,000-node snapshot) is not this policy's
+    # decision time. The collections its own garbage sets off still count.
+    gc.collect()
     t = time.perf_counter()
     result = policy(snap, bench.gang)
     cold = (time.perf_counter() - t) * 1e3

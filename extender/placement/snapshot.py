@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import copy
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,8 @@ Clique = tuple[str | None, ...]
 ROOM_TABLES = 8
 #: A pod set's node requirements, all of which a node meets.
 Selector = tuple[NodeRequirement, ...]
+#: Nodes alike for placement as far as allocation goes: (node kind, free mask).
+FreeClass = tuple[str, int]
 
 
 @dataclass
@@ -104,6 +107,8 @@ class ClusterSnapshot:
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
+        self._spans: tuple[list[tuple[str | None, ...]], dict[DomainKey, tuple[int, int]]] | None = None
+        self._classes: tuple[list[int], list[str], dict[FreeClass, list[int]]] | None = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -143,6 +148,22 @@ class ClusterSnapshot:
         if self._kinds is None or self._kinds[0] is not self.nodes:
             self._kinds = (self.nodes, [n.kind for n in self.nodes])
         return self._kinds[1]
+
+    def free_classes(self) -> dict[FreeClass, list[int]]:
+        """The node indices by node type and free mask, each list in index order: what the
+        solver computes once per class instead of once per node (cached per free table, and
+        kept up to date by :meth:`updated`; do not modify)."""
+        kinds = self.kinds()
+        if self._classes is None or self._classes[0] is not self._free or self._classes[1] is not kinds:
+            table: dict[FreeClass, list[int]] = {}
+            for i, k in enumerate(zip(kinds, self._free, strict=True)):
+                got = table.get(k)
+                if got is None:
+                    table[k] = [i]
+                else:
+                    got.append(i)
+            self._classes = (self._free, kinds, table)
+        return self._classes[2]
 
     def aligning(self) -> bool:
         """Whether the kubelet of any node may refuse a pod it cannot align to NUMA nodes
@@ -278,6 +299,19 @@ class ClusterSnapshot:
             self._domains = out
         return self._domains
 
+    def domain_spans(self) -> dict[DomainKey, tuple[int, int]]:
+        """Each domain's nodes as a range ``[lo, hi)`` of ranks in :meth:`order`: that order
+        sorts by label path, so every domain's nodes are contiguous in it and a sum over a
+        domain is a difference of two prefix sums (cached per snapshot)."""
+        if self._spans is None or self._spans[0] is not self._paths:
+            rank = self.order()
+            table: dict[DomainKey, tuple[int, int]] = {}
+            for key, members in self.domains().items():
+                ranks = [rank[i] for i in members]
+                table[key] = (min(ranks), max(ranks) + 1)
+            self._spans = (self._paths, table)
+        return self._spans[1]
+
     @property
     def has_cliques(self) -> bool:
         """Whether the hierarchy has a multi-node NVLink (fabric) level at all."""
@@ -348,6 +382,11 @@ class ClusterSnapshot:
         snap._limits = self._limits
         snap._rooms = self._rooms
         snap._order = self._order
+        snap._spans = self._spans
+        if self._classes_current():
+            # Only the nodes held here or in this snapshot can differ in free GPUs.
+            changed = sorted(self._index[n] for n in {*held, *self.reserved} if n in self._index)
+            snap._classes = (snap._free, snap.kinds(), self._moved_classes(snap, changed))
         return snap
 
     def updated(
@@ -413,11 +452,53 @@ class ClusterSnapshot:
                 rooms[requests] = table
             snap._rooms = (snap.nodes, rooms)
         snap._free = list(self._free)
-        for name in {*states, *also}:
-            if name in snap._index:
-                i = snap._index[name]
-                snap._free[i] = snap._compute_free(snap.nodes[i])
+        changed = sorted(snap._index[name] for name in {*states, *also} if name in snap._index)
+        for i in changed:
+            snap._free[i] = snap._compute_free(snap.nodes[i])
+        if states and self._kinds is not None and self._kinds[0] is self.nodes:
+            kinds = list(self._kinds[1])
+            for name, state in states.items():
+                kinds[self._index[name]] = state.kind
+            snap._kinds = (snap.nodes, kinds)
+        if self._classes_current() and snap._kinds is not None and snap._kinds[0] is snap.nodes:
+            snap._classes = (snap._free, snap._kinds[1], self._moved_classes(snap, changed))
         return snap
+
+    def _classes_current(self) -> bool:
+        """Whether :meth:`free_classes` is computed for this snapshot's free table and nodes."""
+        return (
+            self._classes is not None
+            and self._classes[0] is self._free
+            and self._kinds is not None
+            and self._kinds[0] is self.nodes
+            and self._classes[1] is self._kinds[1]
+        )
+
+    def _moved_classes(self, snap: ClusterSnapshot, changed: Iterable[int]) -> dict[FreeClass, list[int]]:
+        """This snapshot's :meth:`free_classes` with the ``changed`` nodes moved to their class
+        in ``snap`` (copy on write: the lists this snapshot hands out stay as they are)."""
+        assert self._classes is not None
+        old_kinds, table = self._classes[1], dict(self._classes[2])
+        new_kinds = snap.kinds()
+        copied: set[FreeClass] = set()
+
+        def own(k: FreeClass) -> list[int]:
+            if k not in copied:
+                table[k] = list(table.get(k, ()))
+                copied.add(k)
+            return table[k]
+
+        for i in changed:
+            old, new = (old_kinds[i], self._free[i]), (new_kinds[i], snap._free[i])
+            if old == new:
+                continue
+            members = own(old)
+            members.remove(i)
+            if not members:
+                del table[old]
+                copied.discard(old)
+            bisect.insort(own(new), i)
+        return table
 
     @property
     def total_gpus(self) -> int:

@@ -29,11 +29,12 @@ solver does not call a gang unplaceable while a slice exists.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.cost import Comm
@@ -50,7 +51,6 @@ from extender.placement.scoring import (
     clique_gbps,
     colocation_misses,
     fabric_waste,
-    gang_micros,
     in_node_span,
     mnnvl_nodes,
     node_scope,
@@ -86,7 +86,102 @@ COLOCATE = "colocation"
 
 #: node index -> (pods of the pod set that fit, at most its count; free mask; tier per pod)
 Entry = tuple[int, int, Tier]
-Caps = dict[int, Entry]
+Caps = Mapping[int, Entry]
+#: Nodes alike for a pod set's capacity: (node type, free mask, the kubelet's NUMA rule there).
+EntryClass = tuple[str, int, NumaRule | None]
+#: (node type, the kubelet's NUMA rule, capacity entry): nodes the solver works out once.
+GroupKey = tuple[str, NumaRule | None, Entry]
+#: Nodes with the same capacity entry, by group key.
+Groups = dict[GroupKey, list[int]]
+
+
+class _Caps(Mapping[int, Entry]):
+    """A capacity table of the nodes in ``groups``. A node's entry is looked up by its class
+    (node type, free mask, the kubelet's NUMA rule: ``rules`` by node index, None where no
+    kubelet aligns) in ``entries``, the pod set's entry per class, unless ``override`` has it
+    (nodes this gang took from): a search reads a few nodes' entries, and a table of every
+    node's would cost more than the search itself on a large cluster. Only where no node
+    limits resources: there a node's room caps its entry."""
+
+    __slots__ = (
+        "_admitted",
+        "_entries",
+        "_free",
+        "_kinds",
+        "_len",
+        "_override",
+        "_rules",
+        "_within",
+        "groups",
+    )
+
+    def __init__(
+        self,
+        groups: Groups,
+        entries: Mapping[EntryClass, Entry | None],
+        kinds: Sequence[str],
+        free: Sequence[int],
+        admitted: frozenset[int] | None,
+        rules: Sequence[NumaRule | None] | None,
+        override: Mapping[int, Entry | None] | None = None,
+        within: set[int] | None = None,
+    ) -> None:
+        self.groups = groups
+        self._entries, self._kinds, self._free, self._rules = entries, kinds, free, rules
+        self._admitted, self._override, self._within = admitted, override, within
+        self._len = sum(map(len, groups.values()))
+
+    def get(self, i: int, default: Entry | None = None) -> Entry | None:  # type: ignore[override]
+        if self._override is not None and i in self._override:
+            entry = self._override[i]
+        elif self._admitted is not None and i not in self._admitted:
+            return default
+        else:
+            rule = self._rules[i] if self._rules is not None else None
+            entry = self._entries.get((self._kinds[i], self._free[i], rule))
+        if entry is None or (self._within is not None and i not in self._within):
+            return default
+        return entry
+
+    def __getitem__(self, i: int) -> Entry:
+        entry = self.get(i)
+        if entry is None:
+            raise KeyError(i)
+        return entry
+
+    def __contains__(self, i: object) -> bool:
+        return isinstance(i, int) and self.get(i) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain.from_iterable(self.groups.values())
+
+    def __len__(self) -> int:
+        return self._len
+
+    def patched(self, groups: Groups, override: Mapping[int, Entry | None], within: set[int] | None) -> _Caps:
+        """The same lookups over other groups, with more overrides or fewer nodes."""
+        merged = {**(self._override or {}), **override} if override else self._override
+        if within is not None and self._within is not None:
+            within = within & self._within
+        return _Caps(
+            groups,
+            self._entries,
+            self._kinds,
+            self._free,
+            self._admitted,
+            self._rules,
+            merged,
+            within if within is not None else self._within,
+        )
+
+    def table(self) -> dict[int, Entry]:
+        """Every node's entry (for the paths that read them all)."""
+        out: dict[int, Entry] = {}
+        for (_, _, entry), members in self.groups.items():
+            out.update(dict.fromkeys(members, entry))
+        return out
+
+
 #: How a finished slice ranks: (clique GPUs off the fabric, cost, notes), lower is better.
 SliceKey = tuple[int, int, float, int]
 #: (clique GPUs off the fabric, cost) of a placement: the objective, lexicographic.
@@ -209,11 +304,13 @@ class Solver:
         self._caps_memo: dict[
             tuple[str, bool, tuple[tuple[int, int], ...], tuple[tuple[int, Resources], ...]], Caps
         ] = {}
-        # Capacity entries per (pod set, preferred tier), then per (node type, free mask, the
-        # kubelet's NUMA rule for the pod set there).
-        self._entries: dict[tuple[str, bool], dict[tuple[str, int, NumaRule | None], Entry | None]] = {}
+        # Capacity entries per (pod set, preferred tier), then per class (node type, free mask,
+        # the kubelet's NUMA rule for the pod set there).
+        self._entries: dict[tuple[str, bool], dict[EntryClass, Entry | None]] = {}
         self._picks: dict[tuple[str, str, int, Tier, NumaRule | None], _NodePick] = {}
-        self._gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = {}
+        self._gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = _CLASS_TABLES.gbps
+        # pod_set_micros per (pod set, slots, partner slots), the tuples kept alive with it.
+        self._micros: dict[tuple[str, int, int], tuple[float, object, object]] = {}
         self._aligning = snapshot.aligning()  # any node whose kubelet aligns pods to NUMA nodes
         self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
@@ -225,6 +322,7 @@ class Solver:
     def place(self, gang: GangRequest) -> Placement:
         # Memo tables keyed by pod set name belong to one gang.
         self._caps_memo.clear()
+        self._micros.clear()
         self._entries.clear()
         self._picks.clear()
         self._work = 0
@@ -312,12 +410,19 @@ class Solver:
 
     def _finish(self, gang: GangRequest, placed: dict[str, _Option]) -> _Done:
         slots = [s for ps in gang.pod_sets for s in placed[ps.name].slots]
-        micros = gang_micros(self.snap, gang, slots)
+        # As scoring.gang_micros: each pod set on its slots, with its colocateWith set's.
+        micros = {
+            ps.name: self._pod_set_micros(
+                ps, placed[ps.name].slots, placed[ps.colocate_with.pod_set].slots if ps.colocate_with else ()
+            )
+            for ps in gang.pod_sets
+        }
         notes = [n for ps in gang.pod_sets for n in placed[ps.name].notes]
         # Every colocation the slice misses carries a note: one placed before its colocateWith
         # set was not judged against it, and one judged against a set spread over several
         # domains may sit next to some of its pods only.
-        for name, why in colocation_misses(self.snap, gang, slots).items():
+        misses = colocation_misses(self.snap, gang, slots)
+        for name, why in misses.items():
             if COLOCATE not in placed[name].misses:
                 notes.append(f"pod set {name}: {why}; placed within {placed[name].where}")
         sl = Slice(
@@ -329,8 +434,17 @@ class Solver:
             notes=tuple(notes),
             mnnvl_nodes=mnnvl_nodes(self.snap, gang, slots),
         )
-        apart = len(colocation_misses(self.snap, gang, slots))
-        return _Done((fabric_waste(self.snap, gang, slots), apart, _q(sl.per_layer_micros), len(notes)), sl)
+        waste = fabric_waste(self.snap, gang, slots)
+        return _Done((waste, len(misses), _q(sl.per_layer_micros), len(notes)), sl)
+
+    def _pod_set_micros(self, ps: PodSet, slots: tuple[PodSlot, ...], partner: tuple[PodSlot, ...]) -> float:
+        """scoring.pod_set_micros, once per placement: the price of an option and the
+        finished slice read the same slots."""
+        key = (ps.name, id(slots), id(partner))
+        got = self._micros.get(key)
+        if got is None:
+            got = self._micros[key] = (pod_set_micros(self.snap, ps, slots, partner), slots, partner)
+        return got[0]
 
     # -- one pod set: candidates ---------------------------------------------------------
     def _options(
@@ -370,7 +484,7 @@ class Solver:
         for preferred in (True, False) if need.preferred_tier is not None else (False,):
             every = self._caps(gang, ps, need, state, preferred)
             for restrict in (within, None) if within is not None else (None,):
-                caps = every if restrict is None else {i: c for i, c in every.items() if i in restrict}
+                caps = every if restrict is None else self._restricted(ps, every, restrict)
                 opts = self._pass(gang, ps, need, caps, state, links, dependents)
                 if not opts and not preferred and restrict is None:
                     shortfall = self._shortfall(gang, ps, need, caps)
@@ -517,13 +631,33 @@ class Solver:
         if got is not None:
             return got
         if state.taken or state.used:
-            caps = dict(self._caps(gang, ps, need, _State(), preferred))
-            for i in {*state.taken, *state.used}:
-                caps.pop(i, None)
+            base = self._caps(gang, ps, need, _State(), preferred)
+            kinds = self.snap.kinds()
+            rules = self._rules(ps) if self._aligning else None
+            groups = dict(_groups_of(base, kinds, rules))
+            touched: set[GroupKey] = set()
+            override: dict[int, Entry | None] = {}
+            for i in dict.fromkeys([*state.taken, *state.used]):
+                rule = rules[i] if rules is not None else None
+                old = base.get(i)
+                if old is not None:
+                    k = (kinds[i], rule, old)
+                    if k not in touched:
+                        groups[k] = list(groups[k])
+                        touched.add(k)
+                    groups[k].remove(i)
+                    if not groups[k]:
+                        del groups[k]
+                        touched.discard(k)
                 free = self.snap.free_mask(i) & ~state.taken.get(i, 0)
-                entry = self._cap_entry(ps, need, i, free, preferred, state.used.get(i))
+                entry = override[i] = self._cap_entry(ps, need, i, free, preferred, state.used.get(i))
                 if entry is not None:
-                    caps[i] = entry
+                    k = (kinds[i], rule, entry)
+                    if k not in touched:
+                        groups[k] = list(groups.get(k, ()))
+                        touched.add(k)
+                    bisect.insort(groups[k], i)
+            caps = _patched(base, groups, override, None)
         else:
             caps = self._scan(ps, need, preferred)
         self._caps_memo[key] = caps
@@ -532,24 +666,56 @@ class Solver:
     def _scan(self, ps: PodSet, need: Need, preferred: bool) -> Caps:
         """Every node's capacity for ``ps``: one capacity search per node type and free mask,
         one tier per node type."""
-        memo = self._entries.setdefault((ps.name, preferred), {})
+        memo = self._entry_memo(ps, need, preferred)
         gpus = ps.gpus_per_pod
-        caps: Caps = {}
+        groups: Groups = {}
         admitted = self.snap.admitted(ps.node_needs)
-        limits = self.snap.limits_resources
+        kinds, frees = self.snap.kinds(), self.snap.free_masks()
         rules = self._rules(ps) if self._aligning else None
-        for i, (kind, free) in enumerate(zip(self.snap.kinds(), self.snap.free_masks(), strict=True)):
-            if free.bit_count() < gpus or (admitted is not None and i not in admitted):
+        if self.snap.limits_resources:
+            # A node's room (NodeResourcesFit) caps its entry: node by node, not per class.
+            caps: dict[int, Entry] = {}
+            for i, (kind, free) in enumerate(zip(kinds, frees, strict=True)):
+                if free.bit_count() < gpus or (admitted is not None and i not in admitted):
+                    continue
+                k = (kind, free, rules[i] if rules is not None else None)
+                entry = memo.get(k, _MISSING)
+                if entry is _MISSING:
+                    entry = memo[k] = self._entry(ps, need, i, free, preferred)
+                if entry is not None:
+                    entry = self._within_room(ps, i, entry, None)
+                if entry is not None:
+                    caps[i] = entry
+            return caps
+        for (kind, free), members in self.snap.free_classes().items():
+            if free.bit_count() < gpus:
                 continue
-            k = (kind, free, rules[i] if rules is not None else None)
-            entry = memo.get(k, _MISSING)
-            if entry is _MISSING:
-                entry = memo[k] = self._entry(ps, need, i, free, preferred)
-            if entry is not None and limits:
-                entry = self._within_room(ps, i, entry, None)
+            if admitted is not None:
+                members = [i for i in members if i in admitted]
+                if not members:
+                    continue
+            for rule, alike in _by_rule(members, rules):
+                k = (kind, free, rule)
+                entry = memo.get(k, _MISSING)
+                if entry is _MISSING:
+                    entry = memo[k] = self._entry(ps, need, alike[0], free, preferred)
+                if entry is not None:
+                    groups[(kind, rule, entry)] = alike
+        return _Caps(groups, memo, kinds, frees, admitted, rules)
+
+    def _groups(self, ps: PodSet, caps: Caps) -> Groups:
+        """The nodes of ``caps`` by node type, the kubelet's rule for ``ps`` and entry."""
+        return _groups_of(caps, self.snap.kinds(), self._rules(ps) if self._aligning else None)
+
+    def _restricted(self, ps: PodSet, caps: Caps, nodes: set[int]) -> Caps:
+        """``caps`` on ``nodes`` only."""
+        kinds = self.snap.kinds()
+        groups: Groups = {}
+        for i in sorted(nodes) if len(nodes) < len(caps) else caps:
+            entry = caps.get(i) if i in nodes else None
             if entry is not None:
-                caps[i] = entry
-        return caps
+                groups.setdefault((kinds[i], self._rule(i, ps), entry), []).append(i)
+        return _patched(caps, groups, {}, nodes)
 
     def _cap_entry(
         self, ps: PodSet, need: Need, i: int, free: int, preferred: bool, used: Resources | None = None
@@ -562,7 +728,7 @@ class Solver:
         admitted = self.snap.admitted(ps.node_needs)
         if admitted is not None and i not in admitted:
             return None
-        memo = self._entries.setdefault((ps.name, preferred), {})
+        memo = self._entry_memo(ps, need, preferred)
         k = (self.snap.kinds()[i], free, self._rule(i, ps))
         if k not in memo:
             memo[k] = self._entry(ps, need, i, free, preferred)
@@ -575,6 +741,14 @@ class Solver:
         if room >= entry[0]:
             return entry
         return (room, entry[1], entry[2]) if room > 0 else None
+
+    def _entry_memo(self, ps: PodSet, need: Need, preferred: bool) -> dict[EntryClass, Entry | None]:
+        """The capacity entries of ``ps`` per class, shared with earlier decisions for the same
+        pod set (:data:`_CLASS_TABLES`)."""
+        got = self._entries.get((ps.name, preferred))
+        if got is None:
+            got = self._entries[(ps.name, preferred)] = _CLASS_TABLES.entries((ps, need, preferred))
+        return got
 
     def _entry(self, ps: PodSet, need: Need, i: int, free: int, preferred: bool) -> Entry | None:
         tier = pod_tier(self.snap, i, ps, need, preferred)
@@ -619,13 +793,15 @@ class Solver:
             opts.extend(self._multi_options(gang, ps, need, caps, state, links, best, ties))
         return opts
 
-    def _price(self, ps: PodSet, slots: Sequence[PodSlot], links: _Links, own: float | None = None) -> Price:
+    def _price(
+        self, ps: PodSet, slots: tuple[PodSlot, ...], links: _Links, own: float | None = None
+    ) -> Price:
         """What placing ``ps`` on ``slots`` adds to the gang's objective: clique GPUs taken off
         the fabric, and cost: its own communication (``own`` when already known) and the KV
         hand-offs to its placed dependents."""
         if own is None or links.partner:
-            own = pod_set_micros(self.snap, ps, slots, links.partner)
-        cost = own + sum(pod_set_micros(self.snap, d, d_slots, slots) for d, d_slots in links.dependents)
+            own = self._pod_set_micros(ps, slots, links.partner)
+        cost = own + sum(self._pod_set_micros(d, d_slots, slots) for d, d_slots in links.dependents)
         waste = 0
         if self._has_fabric:
             waste = pod_set_fabric_waste(self.snap, ps, slots, links.partner) + sum(
@@ -686,8 +862,10 @@ class Solver:
         one per relation to the pod sets it hands a KV cache to or from, and the best one
         that leaves room for pod sets colocating with this one."""
         ranked: list[tuple[tuple[float, ...], int]] = []
-        for i, (cap, free, tier) in caps.items():
-            if cap >= ps.count:
+        for (_, _, (cap, free, tier)), members in self._groups(ps, caps).items():
+            if cap < ps.count:
+                continue
+            for i in members:
                 pick = self._node_pick(ps, i, free, tier)
                 # One node's pods do not talk over the fabric (a KV hand-off to a partner in
                 # the same clique may: the relation classes below offer that node too).
@@ -774,11 +952,11 @@ class Solver:
 
     # -- several nodes -------------------------------------------------------------------
     @functools.cached_property
-    def _domains_by_level(self) -> dict[int, list[list[int]]]:
-        """The snapshot's domains (their node indices), by level index."""
-        out: dict[int, list[list[int]]] = {}
+    def _domains_by_level(self) -> dict[int, list[tuple[DomainKey | None, list[int]]]]:
+        """The snapshot's domains (their keys and node indices), by level index."""
+        out: dict[int, list[tuple[DomainKey | None, list[int]]]] = {}
         for key, members in self.snap.domains().items():
-            out.setdefault(key[0], []).append(members)
+            out.setdefault(key[0], []).append((key, members))
         return out
 
     def _fabric_of(self, i: int) -> tuple[str | None, ...] | None:
@@ -787,6 +965,14 @@ class Solver:
     def _owns_mnnvl(self, gang: str, i: int) -> bool:
         owner = self.snap.mnnvl_owner(i)
         return owner is None or owner == gang
+
+    def _multi_floor(self, gang: str, ps: PodSet, i: int) -> int | None:
+        """The coarsest level at which node ``i`` may be one of several nodes of ``ps``
+        (ANYWHERE: any; None: none), as :meth:`_multi_usable` rules."""
+        fd = self._fabric_of(i)
+        if fd is None or not pods_talk(ps):
+            return ANYWHERE
+        return len(fd) - 1 if self._owns_mnnvl(gang, i) else None
 
     def _multi_usable(self, gang: str, ps: PodSet, i: int, level: int) -> bool:
         """May node ``i`` be one of several nodes of ``ps`` spanning a domain at ``level``?
@@ -812,12 +998,18 @@ class Solver:
     def _top_gbps(self, ps: PodSet, caps: Caps) -> float:
         """At least the best ring bandwidth a pod of ``ps`` gets on any of these nodes: the
         fastest GPU set its tier allows on each node type."""
-        names = self.snap.kinds()
-        kinds = {(names[i], entry[2]): i for i, entry in caps.items()}
+        groups = self._groups(ps, caps)
+        kinds = {(kind, entry[2]): members[0] for (kind, _, entry), members in groups.items()}
         best = 0.0
-        for (_, tier), i in kinds.items():
-            fit = fit_for(self.snap.nodes[i].shape)
-            best = max(best, *(fit.gbps(m) for m in fit.subsets(ps.gpus_per_pod, tier)))
+        tops = _CLASS_TABLES.tops
+        for (kind, tier), i in kinds.items():
+            top = tops.get((kind, ps.gpus_per_pod, tier))
+            if top is None:
+                fit = fit_for(self.snap.nodes[i].shape)
+                top = tops[(kind, ps.gpus_per_pod, tier)] = max(
+                    (fit.gbps(m) for m in fit.subsets(ps.gpus_per_pod, tier)), default=0.0
+                )
+            best = max(best, top)
         return best
 
     def _span_cap(self, ps: PodSet, level: int) -> float:
@@ -851,64 +1043,105 @@ class Solver:
         # Pods sharing one node are priced by that node's own links (single-node options);
         # these options span two nodes at least, so no node takes every pod.
         limit = ps.count - 1
-        # Per node, once per call (the levels below all read them): the pods it may take
-        # here, and the best ring bandwidth one pod gets on it (the same for every node of
-        # one type with the same free GPUs).
         kinds = self.snap.kinds()
-        by_kind: dict[tuple[str, int, Tier, NumaRule | None], float] = {}
-        gbps: dict[int, float] = {}
-        held_cap: dict[int, int] = {}
         rules = self._rules(ps) if self._aligning else None
-        for i, entry in caps.items():
-            key = (kinds[i], entry[1], entry[2], rules[i] if rules is not None else None)
-            got = by_kind.get(key)
-            if got is None:
-                got = by_kind[key] = self._pod_gbps(ps, i, entry)
-            gbps[i] = got
-            held_cap[i] = entry[0] if entry[0] < limit else limit
-        top_gbps = self._top_gbps(ps, caps)
-        by_level = self._domains_by_level
+        # Per class of nodes: the best ring bandwidth one pod gets, and the packed counts.
+        per_class = _CLASS_TABLES.speeds
+        shape = (ps.gpus_per_pod, ps.count)
         # A pod set whose pods do not talk takes clique nodes last (they are off the fabric).
         quiet = self._has_fabric and not pods_talk(ps)
+        # Nodes alike for the search below (same speed class and the same coarsest level they
+        # may span): per group, _pack(pods, free GPUs, 1) of each of its nodes at the node's
+        # rank in the snapshot's order, where every domain is a range (domain_spans).
+        groups: dict[tuple[int, float, int], list[int]] = {}
+        size = len(self.snap.nodes)
+        order = self.snap.order()
+        for (kind, rule, entry), members in self._groups(ps, caps).items():
+            known = per_class.get((shape, kind, rule, entry))
+            if known is None:
+                packed = _pack(min(entry[0], limit), entry[1].bit_count(), 1)
+                pod_gbps = self._pod_gbps(ps, members[0], entry)
+                known = per_class[(shape, kind, rule, entry)] = (pod_gbps, packed)
+            got, packed = known
+            if not self._has_fabric:
+                table = groups.get((0, got, ANYWHERE))
+                if table is None:
+                    table = groups[(0, got, ANYWHERE)] = [0] * size
+                for i in members:
+                    table[order[i]] = packed
+                continue
+            for i in members:
+                floor = self._multi_floor(gang.name, ps, i)
+                if floor is None:
+                    continue
+                group = (1 if quiet and self._fabric_of(i) is not None else 0, got, floor)
+                table = groups.get(group)
+                if table is None:
+                    table = groups[group] = [0] * size
+                table[order[i]] = packed
+        # Prefix sums: a domain's sum per group is two lookups.
+        prefix = [list(itertools.accumulate(t, initial=0)) for t in groups.values()]
+        spans = self.snap.domain_spans()
+
+        top_gbps = self._top_gbps(ps, caps)
+        by_level = self._domains_by_level
         opts: list[_Option] = []
         for level in range(len(h.levels) - 1, max(need.scope, ANYWHERE) - 1, -1):
             fabric = level >= 0 and h.levels[level].fabric
             bound = (0, _q(self._bound(ps, level, top_gbps, links)))
             if not fabric and (bound > best if ties else bound >= best):
                 break
-            domains = [list(caps)] if level == ANYWHERE else by_level.get(level, [])
+            domains: Sequence[tuple[DomainKey | None, list[int] | None]] = (
+                [(None, None)] if level == ANYWHERE else by_level.get(level, [])
+            )
             cap_gbps = self._span_cap(ps, level)
-            found: list[tuple[tuple[float, ...], list[int], list[int]]] = []
             # The fastest nodes that together hold every pod; a faster node than the
-            # network between them buys nothing, so those count as equal.
-            rank: dict[int, tuple[int, float]] = {}
-            for i, g in gbps.items():
-                off = 1 if quiet and self._fabric_of(i) is not None else 0
-                rank[i] = (off, -(g if g < cap_gbps else cap_gbps))
-            for members in domains:
-                if self._has_fabric:
-                    usable = [i for i in members if i in caps and self._multi_usable(gang.name, ps, i, level)]
-                else:
-                    usable = [i for i in members if i in caps]
-                if sum([held_cap[i] for i in usable]) < ps.count:
-                    continue
-                usable.sort(key=rank.__getitem__)
-                held, threshold = 0, (0, 0.0)
-                for i in usable:
-                    held += held_cap[i]
-                    threshold = rank[i]
-                    if held >= ps.count:
+            # network between them buys nothing, so those count as equal. Each domain is
+            # ranked from its groups' sums; only the best few are then looked at node by node.
+            speeds: dict[tuple[int, float], list[list[int]]] = {}
+            for (off, g, floor), p in zip(groups, prefix, strict=True):
+                if floor <= level:
+                    speeds.setdefault((off, -(g if g < cap_gbps else cap_gbps)), []).append(p)
+            ranks = sorted(speeds.items(), key=lambda r: r[0])
+            pods, gpus = ps.count, ps.count * ps.gpus_per_pod
+            found: list[tuple[tuple[float, ...], list[int] | None]] = []
+            for key, listed in domains:
+                lo, hi = (0, size) if key is None else spans[key]
+                # Packed sums add field by field (no field overflows into the next). The
+                # fastest groups first, until they hold every pod; a domain whose groups
+                # never do cannot hold the pod set.
+                total = 0
+                for speed, tables in ranks:
+                    for p in tables:
+                        total += p[hi] - p[lo]
+                    if total & _MASK >= pods:
+                        _, free, count = _unpack(total)
+                        found.append(((speed[0], speed[1], float(free - gpus), float(count)), listed))
                         break
-                fast = [i for i in usable if rank[i] <= threshold]
-                spare = sum(caps[i][1].bit_count() for i in fast) - ps.count * ps.gpus_per_pod
-                # Off-fabric nodes first: every non-clique node is used before any clique node.
-                first = [i for i in fast if rank[i][0] < threshold[0]]
-                found.append(((threshold[0], threshold[1], float(spare), float(len(fast))), fast, first))
             found.sort(key=lambda f: f[0])
-            for n, (rank_, fast, first) in enumerate(found[:CANDIDATES]):
+            for n, (rank_, listed) in enumerate(found[:CANDIDATES]):
                 if n and not fabric and not ties and bound >= best:
                     break  # one candidate already costs the least any domain here can
-                capped = {i: (held_cap[i], caps[i][1], caps[i][2]) for i in fast}
+                threshold = (int(rank_[0]), rank_[1])
+                members = list(caps) if listed is None else listed
+                rank: dict[int, tuple[int, float]] = {}
+                gbps: dict[int, float] = {}
+                capped: dict[int, Entry] = {}
+                for i in members:
+                    here = caps.get(i)
+                    if here is None:
+                        continue
+                    if self._has_fabric and not self._multi_usable(gang.name, ps, i, level):
+                        continue
+                    off = 1 if quiet and self._fabric_of(i) is not None else 0
+                    rule = rules[i] if rules is not None else None
+                    gbps[i] = g = per_class[(shape, kinds[i], rule, here)][0]
+                    rank[i] = r = (off, -(g if g < cap_gbps else cap_gbps))
+                    if r <= threshold:
+                        capped[i] = (here[0] if here[0] < limit else limit, here[1], here[2])
+                fast = sorted(capped, key=rank.__getitem__)
+                # Off-fabric nodes first: every non-clique node is used before any clique node.
+                first = [i for i in fast if rank[i][0] < threshold[0]]
                 assignment = {i: capped[i][0] for i in first}
                 rest = [i for i in fast if i not in assignment]
                 need_rest = ps.count - sum(assignment.values())
@@ -942,15 +1175,19 @@ class Solver:
         out: dict[int, int] = {}
         pool = sorted(groups, key=lambda k: (-cap_of[k], str(k)))
         remaining = need
-        while remaining > 0:
-            fitting = [k for k in pool if cap_of[k] >= remaining]
-            if fitting:
-                k = min(fitting, key=lambda k: (cap_of[k], str(k)))
-                out.update(self._fill(groups[k], level + 1, remaining, caps, ps, gbps))
+        # Roomiest first: once one child holds the rest, those that do are the ones up to
+        # the first that does not.
+        for n, k in enumerate(pool):
+            if remaining <= 0:
+                break
+            if cap_of[k] >= remaining:
+                fitting = [c for c in pool[n:] if cap_of[c] >= remaining]
+                best = min(fitting, key=lambda c: (cap_of[c], str(c)))
+                out.update(self._fill(groups[best], level + 1, remaining, caps, ps, gbps))
                 return out
-            k = pool.pop(0)
             out.update(self._fill(groups[k], level + 1, cap_of[k], caps, ps, gbps))
             remaining -= cap_of[k]
+        assert remaining <= 0, "the domains hold fewer pods than counted"
         return out
 
     def _fill_nodes(
@@ -961,15 +1198,17 @@ class Solver:
         pref = {i: self._preference(i) for i in nodes}
         pool = sorted(nodes, key=lambda i: (-caps[i][0], -gbps[i], -pref[i], order[i]))
         remaining = need
-        while remaining > 0:
-            fitting = [i for i in pool if caps[i][0] >= remaining]
-            if fitting:
-                i = min(fitting, key=lambda i: (caps[i][0], -gbps[i], -pref[i], order[i]))
-                out[i] = remaining
+        for n, i in enumerate(pool):  # roomiest first, as in _fill
+            if remaining <= 0:
+                break
+            if caps[i][0] >= remaining:
+                fitting = [j for j in pool[n:] if caps[j][0] >= remaining]
+                best = min(fitting, key=lambda j: (caps[j][0], -gbps[j], -pref[j], order[j]))
+                out[best] = remaining
                 return out
-            i = pool.pop(0)
             out[i] = caps[i][0]
             remaining -= caps[i][0]
+        assert remaining <= 0, "the nodes hold fewer pods than counted"
         return out
 
     def _realise(
@@ -1014,10 +1253,14 @@ class Solver:
 
     def _slots(self, ps: PodSet, placed: Sequence[tuple[int, int]]) -> tuple[PodSlot, ...]:
         out = []
+        last, name, fit = -1, "", None
         for index, (i, mask) in enumerate(placed):
-            node = self.snap.nodes[i]
-            gpus, numa, nic = fit_for(node.shape).slot_of(mask)
-            out.append(PodSlot(ps.name, index, node.name, gpus, numa, nic))
+            if i != last:  # a node's pods come one after another: look the node up once
+                node = self.snap.nodes[i]
+                last, name, fit = i, node.name, fit_for(node.shape)
+            assert fit is not None
+            gpus, numa, nic = fit.slot_of(mask)
+            out.append(PodSlot(ps.name, index, name, gpus, numa, nic))
         return tuple(out)
 
     # -- colocation ----------------------------------------------------------------------
@@ -1127,6 +1370,8 @@ class Solver:
 
     def _reason(self, gang: GangRequest, ps: PodSet, need: Need, caps: Caps) -> tuple[str, str | None, int]:
         """Why ``ps`` has no placement on ``caps``: the reason, the closest domain, pods short."""
+        if isinstance(caps, _Caps):
+            caps = caps.table()
         words = self._tier_words(ps, need)
         what = f"{ps.count} pods of {ps.gpus_per_pod} free {words}GPU{'s' if ps.gpus_per_pod != 1 else ''}"
         largest = max((n.shape.size for n in self.snap.nodes), default=0)
@@ -1141,7 +1386,7 @@ class Solver:
             roomiest = (single[0], f"node {self.snap.nodes[single[1]].name}") if single else None
             return self._shortfall_reason(ps, "node", what, roomiest)
         if need.scope == ANYWHERE:
-            have, where = self._room_in(gang.name, ps, list(caps), caps)
+            have, where = self._room_in(gang.name, ps, sorted(caps), caps)
             if not pods_talk(ps) or not any(self._fabric_of(i) for i in caps):
                 return self._shortfall_reason(ps, None, what, (have, "cluster"))
             return self._shortfall_reason(ps, "clique, nor the nodes outside cliques,", what, (have, where))
@@ -1255,6 +1500,51 @@ class _Relation:
         return ("level", ANYWHERE)
 
 
+def _patched(
+    caps: Caps, groups: Groups, override: Mapping[int, Entry | None], within: set[int] | None
+) -> Caps:
+    """``caps`` over ``groups``, with ``override`` and restricted to ``within``."""
+    if isinstance(caps, _Caps):
+        return caps.patched(groups, override, within)
+    return {i: e for (_, _, e), members in groups.items() for i in members}
+
+
+def _groups_of(caps: Caps, kinds: Sequence[str], rules: Sequence[NumaRule | None] | None) -> Groups:
+    """The nodes of ``caps`` grouped by node type, the kubelet's NUMA rule and entry."""
+    if isinstance(caps, _Caps):
+        return caps.groups
+    groups: Groups = {}
+    for i, entry in caps.items():
+        groups.setdefault((kinds[i], rules[i] if rules is not None else None, entry), []).append(i)
+    return groups
+
+
+def _by_rule(
+    members: list[int], rules: Sequence[NumaRule | None] | None
+) -> Iterable[tuple[NumaRule | None, list[int]]]:
+    """``members`` split by the kubelet's NUMA rule for the pod set (each part in order)."""
+    if rules is None:
+        return ((None, members),)
+    parts: dict[NumaRule | None, list[int]] = {}
+    for i in members:
+        parts.setdefault(rules[i], []).append(i)
+    return parts.items()
+
+
+#: Bits per field of a packed node count (:func:`_pack`): room for any cluster's GPUs.
+_FIELD = 32
+_MASK = (1 << _FIELD) - 1
+
+
+def _pack(pods: int, free: int, nodes: int) -> int:
+    """Pods, free GPUs and nodes in one int, so one C-level ``sum`` adds all three."""
+    return pods | free << _FIELD | nodes << 2 * _FIELD
+
+
+def _unpack(packed: int) -> tuple[int, int, int]:
+    return packed & _MASK, packed >> _FIELD & _MASK, packed >> 2 * _FIELD
+
+
 def _rule_on(node: NodeState, ps: PodSet) -> NumaRule | None:
     return rule_for(node, ps)
 
@@ -1278,6 +1568,44 @@ def _beam(opts: Sequence[_Option], width: int) -> list[_Option]:
         out.extend(o for o in opts if not o.no_room)
         out = out[: width + 1]
     return out
+
+
+class _ClassTables:
+    """What the solver works out per class of nodes (node type, free mask, NUMA rule) for a pod set,
+    kept across decisions as :mod:`~extender.placement.node_fit` keeps its tables per node
+    type: each is a function of the pod set, its resolved rules and the class alone, and a
+    cluster's classes recur from one decision to the next while its nodes change hands. The
+    capacity entries of the last few hundred pod sets, one pod's best ring bandwidth per
+    (GPUs, node type, free mask, tier), and what the multi-node search reads per entry.
+    """
+
+    POD_SETS = 256
+    GBPS = 1 << 20
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[PodSet, Need, bool], dict[EntryClass, Entry | None]] = OrderedDict()
+        self.gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = {}
+        #: Per ((GPUs per pod, pods), node type, NUMA rule, entry): (pod bandwidth, _pack of
+        #: its counts).
+        self.speeds: dict[tuple[tuple[int, int], str, NumaRule | None, Entry], tuple[float, int]] = {}
+        #: Per (node type, GPUs per pod, tier): the fastest GPU set's bandwidth (_top_gbps).
+        self.tops: dict[tuple[str, int, Tier], float] = {}
+
+    def entries(self, key: tuple[PodSet, Need, bool]) -> dict[EntryClass, Entry | None]:
+        got = self._entries.get(key)
+        if got is None:
+            got = self._entries[key] = {}
+            while len(self._entries) > self.POD_SETS:
+                self._entries.popitem(last=False)
+            if len(self.gbps) + len(self.speeds) > self.GBPS:
+                self.gbps.clear()
+                self.speeds.clear()
+        else:
+            self._entries.move_to_end(key)
+        return got
+
+
+_CLASS_TABLES = _ClassTables()
 
 
 class _EmptyFits:

@@ -60,10 +60,23 @@ _BY_PLURAL = {
         kube_api.ADMISSION_CHECKS,
         kube_api.RESOURCE_FLAVORS,
         kube_api.PODGROUPS,
+        kube_api.RESOURCE_SLICES,
+        kube_api.DEVICE_CLASSES,
+        kube_api.RESOURCE_CLAIMS,
+        kube_api.RESOURCE_CLAIM_TEMPLATES,
+        kube_api.COMPUTE_DOMAINS,
     )
 }
 #: Kinds with a status subresource (PodGroup has none).
-_HAS_STATUS = {"slicereservations", "nodetopologies", "workloads", "admissionchecks", "pods", "nodes"}
+_HAS_STATUS = {
+    "slicereservations",
+    "nodetopologies",
+    "workloads",
+    "admissionchecks",
+    "pods",
+    "nodes",
+    "resourceclaims",
+}
 #: List fields that server-side apply merges by a key (``+listType=map``).
 _LIST_MAPS = {"conditions": "type", "admissionChecks": "name"}
 _WRITES = {"create", "replace", "patch", "apply", "delete"}
@@ -474,11 +487,14 @@ def _fresh(v: Mapping[str, Any]) -> dict[str, Any]:
 
 
 #: The one module that may write each object through the client (see extender/kube/store.py,
-#: extender/kube/binder.py, extender/agent/publish.py): what tests/conftest.py checks
-#: after every test on every fake API server the test made.
+#: extender/kube/binder.py, extender/agent/publish.py, extender/kube/slot_claims.py,
+#: extender/kube/compute_domains.py): what
+#: tests/conftest.py checks after every test on every fake API server the test made.
 WRITERS = {
     "slicereservations": "extender.kube.store",
     "nodetopologies": "extender.agent.publish",
+    "resourceclaims": "extender.kube.slot_claims",
+    "computedomains": "extender.kube.compute_domains",
 }
 BINDER = "extender.kube.binder"
 #: The one module that evicts pods (a pod the kubelet gave other GPUs than promised).

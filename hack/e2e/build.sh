@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build the upstream binaries used by the end-to-end tier (etcd, kube-apiserver, kube-scheduler, kubectl,
-# Kueue's manager, Volcano's scheduler, helm) from the pinned Go tools modules under hack/e2e/tools/.
+# kube-controller-manager, Kueue's manager, Volcano's scheduler, helm) from the pinned Go tools modules under hack/e2e/tools/.
 #
 # Usage: hack/e2e/build.sh [COMPONENT...]      (default: all of them)
-#   COMPONENT is one of: etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler helm
+#   COMPONENT is one of: etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler helm
 #
 # Output goes to a cache folder outside the repository, keyed by the pinned versions:
 #   ${GANGSLICE_CACHE:-$HOME/.cache/gangslice}/e2e/<versions-key>/bin/<component>
@@ -24,7 +24,7 @@ log() { printf '%s [e2e-build] %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 trap 'rc=$?; log "FAILED at step: ${STEP} (exit ${rc})"; exit ${rc}' ERR
 
-ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kubectl kueue vc-scheduler helm)
+ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler helm)
 COMPONENTS=("$@")
 [[ ${#COMPONENTS[@]} -gt 0 ]] || COMPONENTS=("${ALL_COMPONENTS[@]}")
 
@@ -81,6 +81,7 @@ spec_of() {
         etcd)           echo "etcd|go.etcd.io/etcd/server/v3|${ETCD_VERSION}|" ;;
         kube-apiserver) echo "kubernetes|k8s.io/kubernetes/cmd/kube-apiserver|${KUBERNETES_VERSION}|${K8S_X}" ;;
         kube-scheduler) echo "kubernetes|k8s.io/kubernetes/cmd/kube-scheduler|${KUBERNETES_VERSION}|${K8S_X}" ;;
+        kube-controller-manager) echo "kube-controller-manager|k8s.io/kubernetes/cmd/kube-controller-manager|${KUBERNETES_VERSION}|${K8S_X}" ;;
         kubectl)        echo "kubernetes|k8s.io/kubernetes/cmd/kubectl|${KUBERNETES_VERSION}|${K8S_X}" ;;
         kueue)          echo "kueue|sigs.k8s.io/kueue/cmd/kueue|${KUEUE_VERSION}|-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" ;;
         vc-scheduler)   echo "volcano|volcano.sh/volcano/cmd/scheduler|${VOLCANO_VERSION}|-X volcano.sh/volcano/pkg/version.Version=${VOLCANO_VERSION}" ;;

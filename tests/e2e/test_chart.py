@@ -34,6 +34,7 @@ SWITCHES = {
     "volcano.enabled=true": "volcano",
     "monitoring.enabled=true": "monitoring",
     "tls.certManager.enabled=true": "components/cert-manager",
+    "dra.enabled=true": "dra",
 }
 EVERYTHING = tuple(SWITCHES)
 Key = tuple[str, str, str | None, str]

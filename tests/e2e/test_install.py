@@ -61,7 +61,7 @@ pytestmark = pytest.mark.e2e
 POOL = "inst"
 EXAMPLES = REPO / "examples" / "k8s"
 KUBELET_CONFIG = REPO / "tests" / "fixtures" / "kubelet" / "single-numa-node.yaml"
-OVERLAYS = ("scheduler", "kueue", "volcano")
+OVERLAYS = ("scheduler", "kueue", "volcano", "dra")
 CHECKED_EXAMPLES = (
     "namespace.yaml",
     "plain/llama-70b-tp8.yaml",
@@ -70,6 +70,8 @@ CHECKED_EXAMPLES = (
     "kueue/prefill-decode.yaml",
     "kueue-queues.yaml",
     "llm-d/llama-70b-pd.yaml",
+    "dra/tp4-pair-pcie.yaml",
+    "dra/prefill-decode-hgx.yaml",
 )
 LEADER_WORKER_SET_EXAMPLES = (
     "plain/llama-405b-tp8-pp2.yaml",

@@ -51,6 +51,17 @@ pin_kubernetes() {
         -tool=k8s.io/kubernetes/cmd/kubectl && go mod tidy)
 }
 
+# kube-controller-manager has a tools module of its own (same k8s.io/kubernetes pin): its extra dependencies
+# stay out of the kubernetes module's go.sum, whose hash keys the apiserver/scheduler/kubectl builds.
+pin_kube_controller_manager() {
+    local d="${TOOLS_DIR}/kube-controller-manager"
+    log "kube-controller-manager ${KUBERNETES_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/kube-controller-manager
+    mapfile -t reps < <(staging_replaces "k8s.io/kubernetes@${KUBERNETES_VERSION}" "$(k8s_staging)")
+    (cd "$d" && go mod edit "${reps[@]}" -require="k8s.io/kubernetes@${KUBERNETES_VERSION}" \
+        -tool=k8s.io/kubernetes/cmd/kube-controller-manager && go mod tidy)
+}
+
 pin_kueue() {
     local d="${TOOLS_DIR}/kueue"
     log "kueue ${KUEUE_VERSION} (k8s.io/kubernetes ${KUBERNETES_VERSION})"
@@ -84,6 +95,6 @@ pin_helm() {
 }
 
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kueue volcano helm)
+[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kube_controller_manager kueue volcano helm)
 for t in "${targets[@]}"; do "pin_$t"; done
 log "done"

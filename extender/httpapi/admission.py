@@ -1,0 +1,339 @@
+"""The mutating admission webhook for gang pods on DRA nodes: ``POST /admission/pods``.
+
+At pod CREATE (``admission.k8s.io/v1`` AdmissionReview), a pod of a plain gang
+(``gangslice.io/gang``) whose ``spec.resourceClaims`` names a ResourceClaimTemplate asking for
+whole GPUs of ``gpu.nvidia.com`` is given its slot:
+
+1. the gang is reserved if it is not yet (the one reserve path; the SliceReservation is
+   saved before the reply);
+2. the pod is matched to a slot (:func:`extender.kube.slot_claims.pick_slot`: its index,
+   else first come);
+3. the slot's ResourceClaim is created (owned by the SliceReservation, its GPU request
+   pinned to the slot's device UUIDs);
+4. the reply patches the pod: that ``resourceClaims`` entry names the slot's claim
+   (``resourceClaimName``) instead of the template, and the pod is annotated with the slot,
+   its GPU indices and UUIDs and its claim's GPU count.
+
+kube-scheduler's DynamicResources plugin then allocates the claim on the one node whose
+devices it admits. Any other pod is allowed unchanged. A gang pod gangslice cannot place is
+refused with a message that starts with ``gangslice:``; the shipped
+MutatingWebhookConfiguration calls this path with ``failurePolicy: Fail`` for pods labelled
+``gangslice.io/gang`` (so a pod that opted in never runs unpinned) and ``Ignore`` for every
+other pod (so the cluster is never blocked by gangslice).
+
+The path lies outside the extender verbs' prefix, so it needs no client certificate: the API
+server presents none by default. It answers on the leader only (the Service selects it).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from extender.httpapi.handling import API, CACHE, leads
+from extender.kube import compute_domains as cds
+from extender.kube import names
+from extender.kube.api import (
+    COMPUTE_DOMAINS,
+    RESOURCE_CLAIM_TEMPLATES,
+    SLICE_RESERVATIONS,
+    KubeError,
+    NotFound,
+)
+from extender.kube.cache import ClusterCache
+from extender.kube.gangs import Incomplete, plain_gang_request
+from extender.kube.pods import PodError, PodInfo
+from extender.kube.reserve import Claim, reserve
+from extender.kube.slot_claims import (
+    GpuRequest,
+    SlotClaims,
+    SlotError,
+    build_claim,
+    claim_name,
+    gpu_request_of,
+    handed_out,
+    pick_slot,
+)
+from extender.logs import fields
+from extender.placement.scoring import LevelError
+from extender.placement.slice import Unplaceable
+
+log = logging.getLogger(__name__)
+
+PATH = "/admission/pods"
+#: A slot handed out at admission whose pod has not shown up on the watch is free again after
+#: this long (the API server may have refused the pod after this webhook).
+PENDING_S = 60.0
+PENDING = web.AppKey("admission_pending", dict)
+
+
+class Refusal(Exception):
+    """Refuse the pod; the message is shown to whoever created it."""
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def review_reply(
+    uid: str, *, patch: list[dict[str, Any]] | None = None, refused: str | None = None
+) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": refused is None}
+    if refused is not None:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": f"gangslice: {refused}"}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+async def mutate_pods(request: web.Request) -> web.Response:
+    try:
+        review = await request.json()
+        req = _map(_map(review).get("request"))
+        uid = str(req["uid"])
+    except (ValueError, KeyError, TypeError):
+        return web.Response(status=400, text="body is not an admission.k8s.io/v1 AdmissionReview\n")
+    reply: dict[str, Any]
+    try:
+        patch = await _pin(request.app, req)
+        reply = review_reply(uid, patch=patch)
+    except Refusal as exc:
+        log.warning("refused pod %s/%s: %s", req.get("namespace"), _pod_name(req), exc)
+        reply = review_reply(uid, refused=str(exc))
+    except Exception as exc:
+        log.exception("admission of pod %s/%s failed", req.get("namespace"), _pod_name(req))
+        reply = review_reply(uid, refused=f"internal error: {type(exc).__name__}: {exc}")
+    return web.json_response(reply)
+
+
+def _pod_name(req: Mapping[str, Any]) -> str:
+    meta = _map(_map(req.get("object")).get("metadata"))
+    return str(meta.get("name") or meta.get("generateName") or req.get("name") or "")
+
+
+async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    if req.get("operation") != "CREATE" or _map(req.get("kind")).get("kind") != "Pod":
+        return None
+    if req.get("subResource") or req.get("dryRun"):
+        return None  # a dry run must not reserve or create claims (sideEffects: NoneOnDryRun)
+    obj = _map(req.get("object"))
+    meta = _map(obj.get("metadata"))
+    labels = _map(meta.get("labels"))
+    if not labels.get(names.GANG):
+        return None  # pinning is for plain gang pods (Kueue/Volcano gangs: not yet)
+    api, cache = app[API], app[CACHE]
+    if api is None:
+        return None
+    namespace = str(req.get("namespace") or meta.get("namespace") or "default")
+    spec = _map(obj.get("spec"))
+    found = await _gpu_claim(api, cache, namespace, spec)
+    if found is None:
+        return None
+    position, entry, template, gpu = found
+    if not leads(app) or not cache.ready:
+        raise Refusal("this replica is not ready or not the leader; retry")
+    annotations = {**_map(meta.get("annotations")), names.CLAIM_GPUS: str(gpu.count)}
+    pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace, "annotations": annotations}})
+    if pod.problems:
+        raise Refusal(pod.problems[0])
+    gang = pod.gang
+    assert gang is not None
+    pending: dict[str, dict[str, tuple[str, float]]] = app[PENDING]
+    async with cache.lock:
+        for other in [g for g in pending if g != gang and cache.reservation(g) is None]:
+            del pending[other]  # released gangs: nothing of theirs is handed out any more
+        r = cache.reservation(gang)
+        if r is None:
+            r = _reserve(cache, pod, gang)
+        now = time.monotonic()
+        mine = {k: v for k, v in pending.get(gang, {}).items() if now - v[1] < PENDING_S}
+        handed = {k: name for k, (name, _) in mine.items()}
+        handed.update(handed_out(cache.pods_of_gang(gang)))
+        try:
+            slot = pick_slot(r, pod, handed)
+        except SlotError as exc:
+            raise Refusal(f"gang {gang}: {exc}") from None
+        device_map = cache.device_map(slot.node)
+        if device_map is None:
+            raise Refusal(
+                f"gang {gang}: slot {slot.key} is on {slot.node}, whose GPUs gpu.nvidia.com does not "
+                "publish (a devicePlugin node): ask for nvidia.com/gpu there, not a DRA claim"
+            )
+        mine[slot.key] = (pod.name or "<generated name>", now)
+        pending[gang] = mine
+    try:
+        if not await cache.persist(gang):
+            raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.save_error(gang)}")
+        res_name = r.meta.get("name", "")
+        try:
+            saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
+        except KubeError as exc:
+            raise Refusal(f"gang {gang}: reading SliceReservation {namespace}/{res_name}: {exc}") from None
+        owner = {
+            "name": res_name,
+            "uid": str(_map(saved.get("metadata")).get("uid") or ""),
+            "gang": labels[names.GANG],
+        }
+        name = claim_name(res_name, slot)
+        devices = [device_map.device(g) for g in slot.gpus]
+        try:
+            claim = build_claim(
+                namespace=namespace,
+                name=name,
+                template=template,
+                request=gpu,
+                slot=slot,
+                devices=devices,
+                reservation=owner,
+            )
+            await SlotClaims(api).ensure(claim)
+        except SlotError as exc:
+            raise Refusal(f"gang {gang}: {exc}") from None
+        except KubeError as exc:
+            raise Refusal(f"gang {gang}: creating ResourceClaim {namespace}/{name}: {exc}") from None
+        log.info(
+            "pod %s of gang %s: slot %s on %s, claim %s pins %s",
+            pod.name or meta.get("generateName"),
+            gang,
+            slot.key,
+            slot.node,
+            name,
+            ",".join(d.name for d in devices),
+            extra=fields(gang=gang),
+        )
+        pinned = {**dict(entry), "resourceClaimName": name}
+        pinned.pop("resourceClaimTemplateName", None)
+        ops: list[dict[str, Any]] = [
+            {"op": "replace", "path": f"/spec/resourceClaims/{position}", "value": pinned}
+        ]
+        if not isinstance(meta.get("annotations"), Mapping):
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        wanted = {
+            names.CLAIM_GPUS: str(gpu.count),
+            names.SLOT: slot.key,
+            names.GPUS: ",".join(str(g) for g in slot.gpus),
+            names.GPU_UUIDS: ",".join(d.uuid or "" for d in devices),
+        }
+        if slot.node in r.slice.mnnvl_nodes:
+            ops += await _join_domain(api, namespace, owner, slot.node, pod, spec, str(entry.get("name")))
+        for key, value in wanted.items():
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"),
+                    "value": value,
+                }
+            )
+        return ops
+    except Refusal:
+        pending.get(gang, {}).pop(slot.key, None)  # refused: the slot is not handed out
+        raise
+
+
+async def _join_domain(
+    api: Any,
+    namespace: str,
+    owner: Mapping[str, str],
+    node: str,
+    pod: PodInfo,
+    spec: Mapping[str, Any],
+    gpu_entry: str,
+) -> list[dict[str, Any]]:
+    """The gang's ComputeDomain (created, or the one the pod names) and this node's channel claim;
+    the patch that adds the claim to the pod and to the containers that use its GPUs."""
+    if any(_map(c).get("name") == cds.POD_CLAIM for c in spec.get("resourceClaims") or ()):
+        raise Refusal(f"the pod already has a resourceClaims entry {cds.POD_CLAIM}; gangslice adds it")
+    adopted = pod.annotations.get(names.COMPUTE_DOMAIN)
+    try:
+        if adopted:
+            try:
+                domain = await api.get(COMPUTE_DOMAINS, adopted, namespace)
+            except NotFound:
+                raise Refusal(
+                    f"ComputeDomain {namespace}/{adopted} ({names.COMPUTE_DOMAIN}) does not exist"
+                ) from None
+        else:
+            domain = await cds.ComputeDomains(api).ensure(cds.build_domain(namespace, owner))
+        uid = str(_map(domain.get("metadata")).get("uid") or "")
+        channel = cds.build_channel_claim(namespace, node, uid, owner)
+        await SlotClaims(api).ensure(channel)
+    except SlotError as exc:
+        raise Refusal(str(exc)) from None
+    except KubeError as exc:
+        raise Refusal(f"ComputeDomain for the gang on {node}: {exc}") from None
+    name = channel["metadata"]["name"]
+    ops: list[dict[str, Any]] = [
+        {
+            "op": "add",
+            "path": "/spec/resourceClaims/-",
+            "value": {"name": cds.POD_CLAIM, "resourceClaimName": name},
+        }
+    ]
+    for i, container in enumerate(spec.get("containers") or ()):
+        resources = _map(_map(container).get("resources"))
+        claims = resources.get("claims")
+        if not any(_map(c).get("name") == gpu_entry for c in claims or ()):
+            continue
+        ops.append(
+            {
+                "op": "add",
+                "path": f"/spec/containers/{i}/resources/claims/-",
+                "value": {"name": cds.POD_CLAIM},
+            }
+        )
+    return ops
+
+
+def _reserve(cache: ClusterCache, pod: PodInfo, gang: str) -> Any:
+    try:
+        request = plain_gang_request(pod, cache.pods_of_gang(gang))
+    except PodError as exc:
+        raise Refusal(str(exc)) from None
+    if request is None:
+        raise Refusal(f"gang {gang}: the pod carries no {names.GANG_SIZE} annotation")
+    if isinstance(request, Incomplete):
+        cache.remember(pod)  # its pod set counts for the gang's next pod; its controller retries
+        raise Refusal(f"gang {gang}: {request.reason}; retry once a pod of every pod set was created")
+    try:
+        placed = reserve(cache, request, Claim(gang, {names.META_SLOT_CLAIMS: "true"}))
+    except LevelError as exc:
+        raise Refusal(f"gang {gang}: {exc}") from None
+    if isinstance(placed, Unplaceable):
+        raise Refusal(f"gang {gang}: {placed.reason}")
+    return placed
+
+
+async def _gpu_claim(
+    api: Any, cache: ClusterCache, namespace: str, spec: Mapping[str, Any]
+) -> tuple[int, Mapping[str, Any], Mapping[str, Any], GpuRequest] | None:
+    """The pod's ``resourceClaims`` entry whose template asks for GPUs of ``gpu.nvidia.com``."""
+    found = []
+    for position, entry in enumerate(spec.get("resourceClaims") or ()):
+        template_name = _map(entry).get("resourceClaimTemplateName")
+        if not isinstance(template_name, str) or not template_name:
+            continue
+        try:
+            template = await api.get(RESOURCE_CLAIM_TEMPLATES, template_name, namespace)
+        except NotFound:
+            raise Refusal(f"ResourceClaimTemplate {namespace}/{template_name} does not exist") from None
+        try:
+            gpu = gpu_request_of(template, cache.device_class_drivers)
+        except SlotError as exc:
+            raise Refusal(f"ResourceClaimTemplate {namespace}/{template_name}: {exc}") from None
+        if gpu is not None:
+            found.append((position, entry, template, gpu))
+    if len(found) > 1:
+        raise Refusal("the pod has several GPU claims of gpu.nvidia.com; gangslice pins one per pod")
+    return found[0] if found else None
+
+
+def add_routes(app: web.Application) -> None:
+    app[PENDING] = {}
+    app.router.add_post(PATH, mutate_pods)

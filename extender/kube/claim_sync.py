@@ -1,0 +1,260 @@
+"""Slots whose pinned devices someone else took: re-plan the gang, replace the stale claims.
+
+Between the admission of a gang pod (its slot's claim created, pinned by UUID) and the
+allocation of that claim by kube-scheduler, another claim may be allocated one of the same
+devices (a pod outside gangslice that asked for "any GPU"). kube-scheduler then never
+allocates ours (its selector admits only the taken device) and the pod stays Pending with
+``cannot allocate all claims``. :class:`SlotClaimSync`, run by the leader's housekeeping,
+finds such slots (a slot not bound, its claim not allocated, one of its devices held by an
+allocated claim), tells the slot's pod why with a Warning Event naming the device and the
+claim that holds it, re-plans the gang on the cluster as it is now, and replaces each slot's
+claim whose devices changed (same name: the pods keep pointing at it; a claim's spec is
+immutable, so the stale one is deleted and created again). kube-scheduler retries the pod
+when its claim changes.
+
+Only gangs none of whose slots is bound are re-planned (a bound pod's slot cannot move); for
+the others the Event says so and the pod waits for the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from extender.kube import dra, names
+from extender.kube.api import EVENTS, RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError
+from extender.kube.cache import ClusterCache
+from extender.kube.gangs import plain_gang_request
+from extender.kube.pods import PodError, PodInfo
+from extender.kube.reserve import Claim, reserve
+from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim, claim_name
+from extender.logs import fields
+from extender.placement.ledger import Reservation
+from extender.placement.request import GangRequest
+from extender.placement.slice import PodSlot, Unplaceable
+
+log = logging.getLogger(__name__)
+
+DEVICE_TAKEN = "DeviceTaken"
+_UUID_SELECTOR = f'device.attributes["{dra.GPU_DRIVER}"].uuid in ['
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def template_of(claim: Mapping[str, Any]) -> tuple[dict[str, Any], GpuRequest] | None:
+    """The claim's spec as the template it came from (gangslice's UUID selector and pcieRoot
+    constraint taken out) and its pinned GPU request; None when gangslice did not pin it."""
+    spec = dict(_map(claim.get("spec")))
+    devices = dict(_map(spec.get("devices")))
+    requests = []
+    pinned: GpuRequest | None = None
+    for req in devices.get("requests") or ():
+        req = dict(req)
+        exactly = dict(_map(req.get("exactly")))
+        selectors = list(exactly.get("selectors") or ())
+        kept = [
+            s
+            for s in selectors
+            if not str(_map(_map(s).get("cel")).get("expression", "")).startswith(_UUID_SELECTOR)
+        ]
+        if len(kept) != len(selectors):
+            pinned = GpuRequest(
+                str(req.get("name")), str(exactly.get("deviceClassName")), int(exactly.get("count", 1))
+            )
+            exactly["selectors"] = kept
+            if not kept:
+                exactly.pop("selectors")
+            req["exactly"] = exactly
+        requests.append(req)
+    if pinned is None:
+        return None
+    devices["requests"] = requests
+    constraints = [
+        c
+        for c in devices.get("constraints") or ()
+        if not (_map(c).get("matchAttribute") == dra.PCIE_ROOT and _map(c).get("requests") == [pinned.name])
+    ]
+    if constraints:
+        devices["constraints"] = constraints
+    else:
+        devices.pop("constraints", None)
+    spec["devices"] = devices
+    return {"spec": {"spec": spec}}, pinned  # the shape of a ResourceClaimTemplate
+
+
+class SlotClaimSync:
+    def __init__(self, api: KubeClient, clock: Callable[[], float]) -> None:
+        self.api = api
+        self.clock = clock
+        #: (pod key, message) already told: each pod hears one message once.
+        self._told: set[tuple[str, str]] = set()
+
+    def conflicts(self, cache: ClusterCache) -> dict[str, list[tuple[PodSlot, list[str], list[str]]]]:
+        """Gang -> (slot, its devices held by someone else, the claims that hold them)."""
+        out: dict[str, list[tuple[PodSlot, list[str], list[str]]]] = {}
+        for r in cache.ledger.reservations():
+            ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
+            for slot in r.free_slots():
+                device_map = cache.device_map(slot.node)
+                if device_map is None:
+                    continue
+                name = claim_name(res_name, slot)
+                if cache.claim_devices(ns, name):
+                    continue  # ours is allocated
+                held = cache.allocated_devices(slot.node)
+                taken = [device_map.device(g).name for g in slot.gpus if device_map.device(g).name in held]
+                if taken:
+                    holders = cache.claims_holding(slot.node, taken)
+                    out.setdefault(r.gang, []).append((slot, taken, holders))
+        return out
+
+    async def sync(self, cache: ClusterCache) -> int:
+        """Re-plan every gang with a slot whose device was taken; returns how many were re-planned."""
+        replanned = 0
+        for gang, found in self.conflicts(cache).items():
+            r = cache.reservation(gang)
+            if r is None:
+                continue
+            try:
+                if await self._replan(cache, r, found):
+                    replanned += 1
+            except Exception:
+                log.exception("re-planning gang %s failed; next housekeeping retries", gang)
+        return replanned
+
+    async def _replan(
+        self, cache: ClusterCache, r: Reservation, found: list[tuple[PodSlot, list[str], list[str]]]
+    ) -> bool:
+        gang = r.gang
+        ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
+        pods = {p.annotations.get(names.SLOT): p for p in cache.pods_of_gang(gang) if not p.terminal}
+        why = {
+            slot.key: f"GPU {', '.join(taken)} of slot {slot.key} on node {slot.node} was allocated to "
+            f"ResourceClaim {', '.join(holders) or 'of another pod'} before this pod's claim "
+            f"{ns}/{claim_name(res_name, slot)}"
+            for slot, taken, holders in found
+        }
+        if r.bound:
+            for key, text in why.items():
+                await self._tell(
+                    pods.get(key), f"{text}; the gang has bound pods, so the slot waits for the device"
+                )
+            return False
+        members = list(pods.values())
+        try:
+            request = plain_gang_request(members[0], members) if members else None
+        except PodError as exc:
+            request, problem = None, str(exc)
+        else:
+            problem = "its pods are not all seen"
+        if not isinstance(request, GangRequest):
+            for key, text in why.items():
+                await self._tell(pods.get(key), f"{text}; cannot re-plan: {problem}")
+            return False
+        old_claims = await self._claims(ns, res_name, r)
+        async with cache.lock:
+            cache.drop(gang)
+            placed = reserve(cache, request, Claim(gang, r.meta))
+            if isinstance(placed, Unplaceable):
+                cache.hold_all([r])  # keep the old plan: the device may come free
+        if isinstance(placed, Unplaceable):
+            for key, text in why.items():
+                await self._tell(pods.get(key), f"{text}; no other plan fits now: {placed.reason}")
+            return False
+        if not await cache.persist(gang):
+            log.warning(
+                "gang %s: re-planned, but the reservation could not be saved", gang, extra=fields(gang=gang)
+            )
+            return False
+        saved = await self.api.get(SLICE_RESERVATIONS, res_name, ns)
+        owner = {"name": res_name, "uid": str(_map(saved.get("metadata")).get("uid") or ""), "gang": res_name}
+        writer = SlotClaims(self.api)
+        for slot in placed.slice.slots:
+            old = old_claims.get(slot.key)
+            device_map = cache.device_map(slot.node)
+            if old is None or device_map is None:
+                continue
+            got = template_of(old)
+            if got is None:
+                continue
+            template, gpu = got
+            claim = build_claim(
+                namespace=ns,
+                name=claim_name(res_name, slot),
+                template=template,
+                request=gpu,
+                slot=slot,
+                devices=[device_map.device(g) for g in slot.gpus],
+                reservation=owner,
+            )
+            try:
+                await writer.ensure(claim)
+            except (SlotError, KubeError) as exc:
+                log.warning(
+                    "gang %s: replacing the claim of slot %s: %s",
+                    gang,
+                    slot.key,
+                    exc,
+                    extra=fields(gang=gang),
+                )
+                continue
+            if slot.key in why:
+                pinned = ",".join(device_map.device(g).name for g in slot.gpus)
+                await self._tell(
+                    pods.get(slot.key),
+                    f"{why[slot.key]}; re-planned: the claim now pins {pinned} on {slot.node}",
+                )
+        log.info("gang %s re-planned after a device of its slots was taken", gang, extra=fields(gang=gang))
+        return True
+
+    async def _claims(self, ns: str, res_name: str, r: Reservation) -> dict[str, dict[str, Any]]:
+        out = {}
+        for slot in r.slice.slots:
+            try:
+                out[slot.key] = await self.api.get(RESOURCE_CLAIMS, claim_name(res_name, slot), ns)
+            except KubeError:
+                continue
+        return out
+
+    async def _tell(self, pod: PodInfo | None, message: str) -> None:
+        if pod is None:
+            return
+        text = f"gangslice: {message}"[:1024]
+        if (pod.key, text) in self._told:
+            return
+        self._told.add((pod.key, text))
+        log.warning("pod %s: %s", pod.key, text)
+        stamp = _stamp(self.clock())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+            },
+            "type": "Warning",
+            "reason": DEVICE_TAKEN,
+            "message": text,
+            "source": {"component": "gangslice"},
+            "reportingComponent": names.EVENT_COMPONENT,
+            "reportingInstance": "gangslice-controller",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.api.create(EVENTS, event)
+        except KubeError as exc:
+            log.debug("event for pod %s: %s", pod.key, exc)

@@ -1,0 +1,305 @@
+"""Per-slot ResourceClaims on DRA nodes: the claim that pins one slot's GPUs, how a pod is
+matched to its slot, and the one writer of claims.
+
+On a ``dra`` node the slice's in-node choice is made binding: each slot of a reservation
+gets one ResourceClaim whose GPU request selects exactly the slot's devices by UUID (a CEL
+selector; ``count`` = the slot's GPUs), plus ``matchAttribute: resource.kubernetes.io/pcieRoot``
+when the slot's devices share one PCIe root (a safety net: it can only hold where it holds
+already). The claim copies the rest of the pod's ResourceClaimTemplate (other requests,
+config, constraints) so the pod's containers see what they asked for. kube-scheduler's
+DynamicResources plugin allocates it (finalizer, in-flight tracking, ``reservedFor``);
+gangslice never writes ``status.allocation``. The claim is owned by the gang's
+SliceReservation, so the garbage collector deletes it when the gang's reservation goes.
+
+Matching a pod to its slot happens at pod creation (a pod's ``resourceClaims`` are fixed
+then), in :func:`pick_slot`: a pod that carries an index (a Job's completion index, a
+StatefulSet's ordinal, a LeaderWorkerSet's worker index) gets the slot of that position in
+its pod set, so a replacement pod of the same index gets the same devices; any other pod
+gets the first slot of its pod set not yet handed out. The slot a pod got is written on it
+(``gangslice.io/slot``), so which slots are handed out is read back from the pods after a
+restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from extender.kube import dra, names
+from extender.kube.api import RESOURCE_CLAIMS, Conflict, KubeClient, NotFound
+from extender.kube.pods import PodInfo, digits
+from extender.placement.ledger import Reservation
+from extender.placement.slice import PodSlot
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "resource.k8s.io/v1"
+#: Pod labels that give a pod's position in its pod set, in the order they are read.
+INDEX_LABELS = (
+    "batch.kubernetes.io/job-completion-index",
+    "apps.kubernetes.io/pod-index",
+    "leaderworkerset.sigs.k8s.io/worker-index",
+)
+
+
+class SlotError(Exception):
+    """A pod gangslice cannot give a slot (the message says why, for the admission reply)."""
+
+
+def claim_name(reservation_name: str, slot: PodSlot) -> str:
+    """``<reservation>-<pod set>-<index>``, a DNS subdomain name (lower case, at most 253)."""
+    raw = f"{reservation_name}-{slot.pod_set}-{slot.index}".lower()
+    cleaned = re.sub(r"[^a-z0-9.-]+", "-", raw).strip("-.")
+    return cleaned[:253].rstrip("-.")
+
+
+def slot_label(slot: PodSlot) -> str:
+    """The slot key as a label value (``decode-1``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", slot.key)[:63].strip("-_.")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """The request of a ResourceClaimTemplate that asks for whole GPUs of ``gpu.nvidia.com``."""
+
+    name: str
+    device_class: str
+    count: int
+
+
+def gpu_request_of(template: Mapping[str, Any], drivers_of: Any) -> GpuRequest | None:
+    """The GPU request of a ResourceClaimTemplate: one ``exactly`` request, ``ExactCount``, of a
+    DeviceClass that selects ``gpu.nvidia.com`` (``drivers_of(name)`` -> drivers or None).
+    Raises :class:`SlotError` for a GPU request gangslice cannot pin (``All``, several)."""
+    spec = _map(_map(_map(template.get("spec")).get("spec")).get("devices"))
+    found = []
+    for req in spec.get("requests") or ():
+        exactly = _map(_map(req).get("exactly"))
+        cls = exactly.get("deviceClassName")
+        if not isinstance(cls, str):
+            continue
+        drivers = drivers_of(cls)
+        if cls != dra.GPU_DEVICE_CLASS and (drivers is None or dra.GPU_DRIVER not in drivers):
+            continue
+        mode = exactly.get("allocationMode") or "ExactCount"
+        count = exactly.get("count", 1)
+        if mode != "ExactCount" or not isinstance(count, int) or count < 1:
+            raise SlotError(
+                f"request {req.get('name')} of {cls} is {mode}; gangslice pins ExactCount requests"
+            )
+        found.append(GpuRequest(str(req.get("name") or ""), cls, count))
+    if len(found) > 1:
+        raise SlotError("the template has several GPU requests; gangslice pins one per pod")
+    return found[0] if found else None
+
+
+def uuid_selector(uuids: Sequence[str]) -> str:
+    """The CEL expression that admits exactly these GPUs (CEL cannot see device names)."""
+    listed = ", ".join(json.dumps(u) for u in uuids)
+    return f'device.attributes["{dra.GPU_DRIVER}"].uuid in [{listed}]'
+
+
+def build_claim(
+    *,
+    namespace: str,
+    name: str,
+    template: Mapping[str, Any],
+    request: GpuRequest,
+    slot: PodSlot,
+    devices: Sequence[dra.Device],
+    reservation: Mapping[str, str],
+) -> dict[str, Any]:
+    """The ResourceClaim that pins ``slot`` to ``devices``: the template's claim spec with its
+    GPU request narrowed to the devices' UUIDs. ``reservation``: name and uid of the owner."""
+    uuids = [d.uuid for d in devices if d.uuid]
+    if len(uuids) != len(devices) or len(devices) != request.count:
+        raise SlotError(
+            f"slot {slot.key} has {len(devices)} devices with {len(uuids)} UUIDs; "
+            f"the pod asks for {request.count}"
+        )
+    spec = copy.deepcopy(dict(_map(_map(template.get("spec")).get("spec"))))
+    devs = spec.setdefault("devices", {})
+    for req in devs.get("requests") or ():
+        if req.get("name") == request.name:
+            exactly = req["exactly"]
+            exactly["allocationMode"] = "ExactCount"
+            exactly["count"] = request.count
+            exactly["selectors"] = [
+                *(exactly.get("selectors") or ()),
+                {"cel": {"expression": uuid_selector(uuids)}},
+            ]
+    roots = {d.pcie_root for d in devices}
+    if len(roots) == 1 and None not in roots:
+        devs["constraints"] = [
+            *(devs.get("constraints") or ()),
+            {"requests": [request.name], "matchAttribute": dra.PCIE_ROOT},
+        ]
+    gang_name = reservation.get("gang", "")
+    labels = {names.SLOT: slot_label(slot), names.OWNER_KIND_LABEL: "SliceReservation"}
+    if gang_name:
+        labels[names.OWNER_NAME_LABEL] = gang_name[:63]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                names.GPUS: ",".join(str(g) for g in slot.gpus),
+                names.GPU_UUIDS: ",".join(uuids),
+                names.SLOT_NODE: slot.node,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": names.API_VERSION,
+                    "kind": "SliceReservation",
+                    "name": reservation["name"],
+                    "uid": reservation["uid"],
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def pod_index(pod: PodInfo) -> int | None:
+    """The pod's position in its pod set, from the first index label it carries."""
+    for key in INDEX_LABELS:
+        raw = pod.labels.get(key)
+        if raw is not None:
+            got = digits(raw)
+            if got is not None:
+                return got
+    return None
+
+
+def pick_slot(r: Reservation, pod: PodInfo, handed: Mapping[str, str]) -> PodSlot:
+    """The slot of ``r`` that ``pod`` (asking for ``pod.gpus`` GPUs) gets at creation.
+    ``handed``: slot key -> the pod it went to. Raises :class:`SlotError`."""
+    slots = [s for s in r.slice.slots if len(s.gpus) == pod.gpus]
+    if pod.pod_set and any(s.pod_set == pod.pod_set for s in slots):
+        slots = [s for s in slots if s.pod_set == pod.pod_set]
+    slots.sort(key=lambda s: (s.pod_set, s.index))
+    which = f" of pod set {pod.pod_set}" if pod.pod_set else ""
+    if not slots:
+        sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
+        raise SlotError(f"no slot{which} has {pod.gpus} GPUs (the slots have {sizes})")
+    index = pod_index(pod)
+    if index is not None:
+        if index >= len(slots):
+            raise SlotError(f"pod index {index} is past the {len(slots)} slots{which}")
+        slot = slots[index]
+        holder = handed.get(slot.key)
+        if holder is not None and holder != pod.name:
+            raise SlotError(f"slot {slot.key} (index {index}) is held by pod {holder}")
+        return slot
+    for slot in slots:
+        if handed.get(slot.key) in (None, pod.name):
+            return slot
+    raise SlotError(f"every slot{which} is handed out ({len(slots)} of {len(r.slice.slots)})")
+
+
+def handed_out(pods: Iterable[PodInfo]) -> dict[str, str]:
+    """Slot key -> pod, for the live pods that carry the slot they got at creation."""
+    out = {}
+    for p in pods:
+        key = p.annotations.get(names.SLOT)
+        if key and not p.terminal and not p.deleting:
+            out[key] = p.name
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimState:
+    """What a slot's ResourceClaim says now, for ``gangslice explain``."""
+
+    name: str
+    exists: bool
+    #: Devices its allocation holds (None: not allocated).
+    allocated: tuple[str, ...] | None = None
+    #: Pods (names or UIDs) it is reserved for.
+    reserved_for: tuple[str, ...] = ()
+    #: Whether the driver reported every allocated device prepared (a ``Ready`` condition in
+    #: ``status.devices``), or the pod using it runs (the kubelet prepared it).
+    prepared: bool = False
+
+    def describe(self) -> str:
+        if not self.exists:
+            return f"claim {self.name}: missing"
+        if self.allocated is None:
+            return f"claim {self.name}: not allocated"
+        held = ",".join(self.allocated)
+        who = f", reserved for {','.join(self.reserved_for)}" if self.reserved_for else ""
+        return (
+            f"claim {self.name}: allocated {held}{who}, {'prepared' if self.prepared else 'not yet prepared'}"
+        )
+
+
+def claim_state(name: str, claim: Mapping[str, Any] | None, pod_running: bool = False) -> ClaimState:
+    if claim is None:
+        return ClaimState(name, False)
+    status = _map(claim.get("status"))
+    held = dra.allocated_devices(claim)
+    if not _map(status.get("allocation")):
+        return ClaimState(name, True)
+    reserved = tuple(
+        str(_map(r).get("name") or _map(r).get("uid") or "") for r in status.get("reservedFor") or ()
+    )
+    ready = {
+        str(_map(d).get("device"))
+        for d in status.get("devices") or ()
+        if any(
+            _map(c).get("type") == "Ready" and _map(c).get("status") == "True"
+            for c in _map(d).get("conditions") or ()
+        )
+    }
+    devices = tuple(d for _, _, d in held)
+    prepared = pod_running or (bool(devices) and set(devices) <= ready)
+    return ClaimState(name, True, devices, reserved, prepared)
+
+
+class SlotClaims:
+    """The one writer of ResourceClaims (through the one client)."""
+
+    def __init__(self, api: KubeClient) -> None:
+        self._api = api
+
+    async def ensure(self, claim: Mapping[str, Any]) -> dict[str, Any]:
+        """Create ``claim``; one of that name with the same spec is kept; one with another spec
+        (an earlier plan) is replaced while nothing holds it. Raises :class:`SlotError` when a
+        stale claim is allocated."""
+        meta = claim["metadata"]
+        try:
+            return await self._api.create(RESOURCE_CLAIMS, claim)
+        except Conflict:
+            pass
+        try:
+            have = await self._api.get(RESOURCE_CLAIMS, meta["name"], meta["namespace"])
+        except NotFound:
+            return await self._api.create(RESOURCE_CLAIMS, claim)
+        if have.get("spec") == claim["spec"]:
+            return have
+        if _map(have.get("status")).get("allocation") or _map(have.get("status")).get("reservedFor"):
+            raise SlotError(
+                f"ResourceClaim {meta['namespace']}/{meta['name']} of an earlier plan is still allocated"
+            )
+        log.info("replacing ResourceClaim %s/%s of an earlier plan", meta["namespace"], meta["name"])
+        await self._api.delete(RESOURCE_CLAIMS, meta["name"], meta["namespace"])
+        return await self._api.create(RESOURCE_CLAIMS, claim)
+
+    async def delete(self, namespace: str, name: str) -> None:
+        try:
+            await self._api.delete(RESOURCE_CLAIMS, name, namespace)
+        except NotFound:
+            return
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}

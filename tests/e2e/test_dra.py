@@ -1,0 +1,484 @@
+"""DRA on the real control plane: per-slot ResourceClaims pinned to the slice's GPUs, allocated by
+kube-scheduler's DynamicResources plugin.
+
+A control plane of its own (etcd, kube-apiserver, kube-scheduler with the shipped extender config, and
+kube-controller-manager with only the resourceclaim and garbage-collector controllers), NVIDIA's
+DeviceClasses (rendered from the chart templates in tests/fixtures/upstream/nvidia-dra), and a fake
+dual-socket PCIe node that publishes a ResourceSlice shaped like NVIDIA's driver plus its NodeTopology
+(same UUIDs and PCI bus IDs). ``gangslice serve`` runs under the shipped RBAC with the shipped
+MutatingWebhookConfiguration (manifests/dra) pointed at it over HTTPS.
+
+Tests: a TP=4 pod set on a fragmented PCIe node gets exactly the planned devices and loses its claim with
+the gang; what kube-scheduler does with a claim pinned to a taken device; a foreign claim grabbing a planned
+device makes gangslice re-plan; a prefill/decode pair gets disjoint, NUMA-aligned halves of one HGX node; with
+gangslice down, gang pods are refused naming the webhook and other pods pass.
+
+No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts it); that is expected.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import sys
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster import (
+    MANIFESTS,
+    Gangslice,
+    create,
+    delete,
+    events_for,
+    extender_stack,
+    get,
+    items,
+    merge_patch,
+    scheduled_condition,
+    wait_for,
+)
+from cluster import POOL as POOL_LABEL
+
+from extender.bench.controlplane import ControlPlane
+from extender.kube import dra
+from extender.testing.dra import compute_domain_slice, device_classes, gpu_slice, gpu_uuid, with_identities
+from extender.topology.presets import preset_graph
+from extender.topology.serialize import graph_to_dict
+
+pytestmark = pytest.mark.e2e
+
+#: The namespace prefix (the ``ns`` fixture reads it) and the pool label value of this module's node.
+POOL = POOL_NAME = "dra"
+NODE = "dra-p0"
+PRESET = "pcie-8gpu-2socket"
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "nvidia-dra"
+RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+@pytest.fixture(scope="module")
+def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
+    """This module's own control plane: the garbage collector and the resourceclaim controller must
+    run, and NVIDIA's DeviceClasses must not leak into the other modules' cluster."""
+    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
+    cp.start()
+    try:
+        cp.start_controller_manager()
+        yield cp
+    finally:
+        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
+            cp.dump_logs(stream=sys.stderr)
+        cp.stop()
+
+
+def post(cp: ControlPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST as admin; a refusal fails naming the object and the API server's reason."""
+    try:
+        created: dict[str, Any] = cp.request("POST", path, body)
+        return created
+    except urllib.error.HTTPError as e:
+        what = f"{body.get('kind')} {body.get('metadata', {}).get('name')}"
+        raise AssertionError(f"creating {what}: HTTP {e.code} {e.read()[:800]!r}") from e
+
+
+def _dra_node(
+    cp: ControlPlane, name: str = NODE, preset: str = PRESET, labels: dict[str, str] | None = None
+) -> None:
+    labels = {"kubernetes.io/hostname": name, POOL_LABEL: POOL_NAME, **(labels or {})}
+    node = create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "110"}  # no nvidia.com/gpu: the GPUs are DRA's
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node for e2e"}
+    merge_patch(
+        cp,
+        "Node",
+        name,
+        {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
+        sub="status",
+    )
+    graph = with_identities(name, preset_graph(preset))
+    spec = graph_to_dict(graph)
+    spec["source"] = "nvml"
+    spec["allocation"] = "dra"
+    create(
+        cp,
+        {
+            "apiVersion": "gangslice.io/v1alpha1",
+            "kind": "NodeTopology",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+    post(cp, f"{RESOURCE}/resourceslices", gpu_slice(name, graph, uid=node["metadata"]["uid"]))
+
+
+def _webhook(cp: ControlPlane, server: Gangslice) -> None:
+    """The shipped MutatingWebhookConfiguration, its service reference replaced by the loopback URL."""
+    assert cp.ca_file is not None
+
+    cfg = yaml.safe_load((MANIFESTS / "dra" / "webhook.yaml").read_text())
+    bundle = base64.b64encode(cp.ca_file.read_bytes()).decode()
+    for hook in cfg["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"{server.url}{path}", "caBundle": bundle}
+    post(cp, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", cfg)
+
+
+@pytest.fixture(scope="module")
+def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
+    cp = control_plane
+    for cls in device_classes(UPSTREAM):
+        post(cp, f"{RESOURCE}/deviceclasses", cls)
+    with extender_stack(cp, POOL_NAME, [], name="gangslice-dra", tls=True) as server:
+        _dra_node(cp)  # after the stack installed the CRDs; the cache takes it from its watches
+        _webhook(cp, server)
+        yield server
+
+
+def template(ns: str, name: str, count: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": dra.GPU_DEVICE_CLASS, "count": count}}
+                    ]
+                }
+            }
+        },
+    }
+
+
+def dra_pod(
+    ns: str, name: str, *, claim: dict[str, str], labels: dict[str, str] | None = None, **ann: str
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels or {}, "annotations": dict(ann)},
+        "spec": {
+            "schedulerName": "gangslice-scheduler",
+            "nodeSelector": {POOL_LABEL: POOL_NAME},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "10m"}, "claims": [{"name": "gpus"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpus", **claim}],
+        },
+    }
+
+
+def claim_of(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        got: dict[str, Any] = cp.request("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
+        return got
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+def uuid_claim(ns: str, name: str, gpus: list[int]) -> dict[str, Any]:
+    """A claim made by hand (not gangslice's), pinned to ``gpus`` of the node by UUID."""
+    uuids = ", ".join(f'"{gpu_uuid(NODE, g)}"' for g in gpus)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": dra.GPU_DEVICE_CLASS,
+                            "count": len(gpus),
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": f'device.attributes["gpu.nvidia.com"].uuid in [{uuids}]'
+                                    }
+                                }
+                            ],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def allocated(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    claim = claim_of(cp, ns, name)
+    if claim and (claim.get("status") or {}).get("allocation") and (claim["status"].get("reservedFor")):
+        return claim
+    return None
+
+
+def foreign_pod_on_gpu(cp: ControlPlane, ns: str, gpu: int) -> dict[str, Any]:
+    """Someone else's pod holding one GPU through its own claim (no gang; the extender is not asked:
+    the pod requests no nvidia.com/gpu)."""
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaims", uuid_claim(ns, "foreign", [gpu]))
+    create(cp, dra_pod(ns, "foreign", claim={"resourceClaimName": "foreign"}))
+    return wait_for("the foreign claim allocated", lambda: allocated(cp, ns, "foreign"), 60)
+
+
+def test_a_tp4_pod_set_on_a_fragmented_pcie_node_gets_exactly_the_planned_devices(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    cp = control_plane
+    foreign = foreign_pod_on_gpu(cp, ns, 1)
+    assert [r["device"] for r in foreign["status"]["allocation"]["devices"]["results"]] == ["gpu-1"]
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp4-gpus", 4))
+    pod = dra_pod(
+        ns,
+        "tp4-0",
+        claim={"resourceClaimTemplateName": "tp4-gpus"},
+        labels={"gangslice.io/gang": "tp4"},
+        **{"gangslice.io/gang-size": "1"},
+    )
+    created = create(cp, pod)
+    # The webhook pointed the pod at its slot's claim and wrote the slot on it.
+    (entry,) = created["spec"]["resourceClaims"]
+    assert "resourceClaimTemplateName" not in entry, created["spec"]
+    claim_name = entry["resourceClaimName"]
+    ann = created["metadata"]["annotations"]
+    planned = [int(g) for g in ann["gangslice.io/gpus"].split(",")]
+    # GPU 1 is taken: the only coherent four left are the second socket's.
+    assert planned == [4, 5, 6, 7], ann
+    claim = wait_for("the slot's claim allocated", lambda: allocated(cp, ns, claim_name), 60)
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["device"] for r in results) == [f"gpu-{g}" for g in planned]
+    assert {(r["driver"], r["pool"]) for r in results} == {(dra.GPU_DRIVER, NODE)}
+    bound = wait_for(
+        "tp4-0 bound", lambda: (get(cp, "Pod", "tp4-0", ns) or {}).get("spec", {}).get("nodeName"), 60
+    )
+    assert bound == NODE
+    pod_uid = created["metadata"]["uid"]
+    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod_uid]
+    owners = claim["metadata"]["ownerReferences"]
+    assert [o["kind"] for o in owners] == ["SliceReservation"]
+    # Deleting the gang deletes its claim: the reservation goes with the last pod, the garbage
+    # collector takes the claim it owns.
+    delete(cp, "Pod", "tp4-0", ns)
+    wait_for("the slot's claim deleted", lambda: claim_of(cp, ns, claim_name) is None, 90)
+    delete(cp, "Pod", "foreign", ns)
+
+
+def test_the_allocator_leaves_a_pod_pending_when_its_pinned_device_is_taken(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """What kube-scheduler does with a claim pinned to a device another claim holds: the pod stays
+    unschedulable (the allocator never picks another device: the selector admits none)."""
+    cp = control_plane
+    foreign_pod_on_gpu(cp, ns, 3)
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaims", uuid_claim(ns, "late", [2, 3]))
+    create(cp, dra_pod(ns, "late", claim={"resourceClaimName": "late"}))
+
+    def refused() -> dict[str, Any] | None:
+        cond = scheduled_condition(get(cp, "Pod", "late", ns) or {})
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = wait_for("the pinned pod to be unschedulable", refused, 60)
+    print(f"\nkube-scheduler on a pinned claim whose device is taken: {cond['reason']}: {cond['message']}")
+    assert cond["reason"] == "Unschedulable"
+    assert "claim" in cond["message"].lower() or "resource" in cond["message"].lower(), cond
+    late = claim_of(cp, ns, "late")
+    assert late is not None and not (late.get("status") or {}).get("allocation")
+    assert get(cp, "Pod", "late", ns)["spec"].get("nodeName") is None  # type: ignore[index]
+    delete(cp, "Pod", "late", ns)
+    delete(cp, "Pod", "foreign", ns)
+
+
+def test_a_foreign_claim_grabbing_a_planned_device_makes_gangslice_re_plan(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """The gang pod is held back by a scheduling gate after its admission (its claim exists, not yet
+    allocated); another pod's claim takes one of its planned GPUs; gangslice re-plans and replaces the
+    claim under the same name; once the gate is lifted, kube-scheduler allocates the new devices."""
+    cp = control_plane
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp4-gpus", 4))
+    pod = dra_pod(
+        ns,
+        "held-0",
+        claim={"resourceClaimTemplateName": "tp4-gpus"},
+        labels={"gangslice.io/gang": "held"},
+        **{"gangslice.io/gang-size": "1"},
+    )
+    pod["spec"]["schedulingGates"] = [{"name": "e2e.gangslice.io/hold"}]
+    created = create(cp, pod)
+    claim_name = created["spec"]["resourceClaims"][0]["resourceClaimName"]
+    planned = [int(g) for g in created["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+    victim = planned[1]
+    foreign = foreign_pod_on_gpu(cp, ns, victim)
+    assert [r["device"] for r in foreign["status"]["allocation"]["devices"]["results"]] == [f"gpu-{victim}"]
+
+    def replaced() -> dict[str, Any] | None:
+        claim = claim_of(cp, ns, claim_name)
+        if claim is None:
+            return None
+        now = [int(g) for g in claim["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+        return claim if victim not in now else None
+
+    claim = wait_for("the stale claim replaced by a re-plan", replaced, 60)
+    now = [int(g) for g in claim["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+    told = wait_for(
+        "the DeviceTaken event on the pod",
+        lambda: [e for e in events_for(cp, ns, "held-0") if e["reason"] == "DeviceTaken"],
+        30,
+    )
+    assert f"gpu-{victim}" in told[0]["message"] and f"{ns}/foreign" in told[0]["message"], told
+    merge_patch(cp, "Pod", "held-0", {"spec": {"schedulingGates": None}}, ns)
+    allocated_claim = wait_for("the new claim allocated", lambda: allocated(cp, ns, claim_name), 60)
+    results = sorted(r["device"] for r in allocated_claim["status"]["allocation"]["devices"]["results"])
+    assert results == sorted(f"gpu-{g}" for g in now) and f"gpu-{victim}" not in results
+    delete(cp, "Pod", "held-0", ns)
+    delete(cp, "Pod", "foreign", ns)
+    wait_for("the gang's claim deleted", lambda: claim_of(cp, ns, claim_name) is None, 90)
+
+
+def test_a_prefill_decode_pair_gets_disjoint_numa_aligned_halves_of_one_hgx_node(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    cp = control_plane
+    hgx = "dra-h0"
+    merge_patch(cp, "Node", NODE, {"spec": {"unschedulable": True}})  # only the HGX node this time
+    try:
+        _dra_node(cp, hgx, "hgx-h100")
+        post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "half", 4))
+        pods = {}
+        for role, other in (("prefill", "decode"), ("decode", "prefill")):
+            ann = {"gangslice.io/gang-size": "2", "gangslice.io/pod-set-size": "1"}
+            if role == "prefill":
+                ann |= {"gangslice.io/colocate-with": f"{other}@node", "gangslice.io/comm": "kv-transfer"}
+            pods[role] = dra_pod(
+                ns,
+                f"pd-{role}",
+                claim={"resourceClaimTemplateName": "half"},
+                labels={"gangslice.io/gang": "pd", "gangslice.io/pod-set": role},
+                **ann,
+            )
+        # The first pod is refused until a pod of the other pod set was seen (a Job would retry).
+        with pytest.raises(AssertionError, match="retry once a pod of every pod set was created"):
+            create(cp, pods["prefill"])
+        made = {"decode": create(cp, pods["decode"]), "prefill": create(cp, pods["prefill"])}
+        numa = {g.index: g.numa_node for g in preset_graph("hgx-h100").gpus}
+        halves = {}
+        for role, pod in made.items():
+            name = pod["spec"]["resourceClaims"][0]["resourceClaimName"]
+            claim = wait_for(f"the {role} claim allocated", lambda n=name: allocated(cp, ns, n), 60)
+            results = claim["status"]["allocation"]["devices"]["results"]
+            assert {r["pool"] for r in results} == {hgx}
+            halves[role] = {int(r["device"].removeprefix("gpu-")) for r in results}
+            planned = {int(g) for g in pod["metadata"]["annotations"]["gangslice.io/gpus"].split(",")}
+            assert halves[role] == planned
+            assert len({numa[g] for g in planned}) == 1, (role, planned)
+        assert not halves["prefill"] & halves["decode"] and len(halves["prefill"] | halves["decode"]) == 8
+        for role in made:
+            wait_for(
+                f"pd-{role} bound",
+                lambda r=role: (get(cp, "Pod", f"pd-{r}", ns) or {}).get("spec", {}).get("nodeName"),
+                60,
+            )
+            delete(cp, "Pod", f"pd-{role}", ns)
+    finally:
+        merge_patch(cp, "Node", NODE, {"spec": {"unschedulable": False}})
+
+
+def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang_never_shares_a_node(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    cp = control_plane
+    cp.install_crds(UPSTREAM / "resource.nvidia.com_computedomains.yaml")
+    others = [
+        n["metadata"]["name"] for n in items(cp, "Node") if not n["metadata"]["name"].startswith("dra-t")
+    ]
+    for other in others:  # only the GB200 trays this time
+        merge_patch(cp, "Node", other, {"spec": {"unschedulable": True}})
+    trays = [f"dra-t{i}" for i in range(4)]
+    try:
+        for tray in trays:
+            _dra_node(cp, tray, "gb200-tray", labels={"nvidia.com/gpu.clique": "c0.1"})
+            post(cp, f"{RESOURCE}/resourceslices", compute_domain_slice(tray))
+        post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tray-gpus", 4))
+
+        def gang(name: str) -> list[dict[str, Any]]:
+            ann = {
+                "gangslice.io/gang-size": "2",
+                "gangslice.io/required-level": "clique",
+                "gangslice.io/comm": "alltoall",
+            }
+            return [
+                create(
+                    cp,
+                    dra_pod(
+                        ns,
+                        f"{name}-{i}",
+                        claim={"resourceClaimTemplateName": "tray-gpus"},
+                        labels={"gangslice.io/gang": name},
+                        **ann,
+                    ),
+                )
+                for i in range(2)
+            ]
+
+        first, second = gang("ep"), gang("ep2")
+        domains = cp.request("GET", f"/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains")[
+            "items"
+        ]
+        assert sorted(d["metadata"]["name"] for d in domains) == ["ep-imex", "ep2-imex"]
+        uids = {d["metadata"]["name"]: d["metadata"]["uid"] for d in domains}
+        placed: dict[str, set[str]] = {}
+        for name, pods in (("ep", first), ("ep2", second)):
+            for pod in pods:
+                entries = {e["name"]: e["resourceClaimName"] for e in pod["spec"]["resourceClaims"]}
+                channel = wait_for(
+                    f"the channel claim of {pod['metadata']['name']} allocated",
+                    lambda c=entries["imex-channel"]: allocated(cp, ns, c),
+                    60,
+                )
+                params = channel["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+                assert params["domainID"] == uids[f"{name}-imex"]
+                (result,) = channel["status"]["allocation"]["devices"]["results"]
+                assert result["driver"] == dra.COMPUTE_DOMAIN_DRIVER and result["device"] == "channel-0"
+                gpus = wait_for("the GPU claim allocated", lambda c=entries["gpus"]: allocated(cp, ns, c), 60)
+                pools = {r["pool"] for r in gpus["status"]["allocation"]["devices"]["results"]}
+                assert pools == {result["pool"]}, (pools, result)  # channel and GPUs on one node
+                placed.setdefault(name, set()).add(result["pool"])
+        assert len(placed["ep"]) == 2 and len(placed["ep2"]) == 2
+        assert not placed["ep"] & placed["ep2"], placed
+        for pod in first + second:
+            delete(cp, "Pod", pod["metadata"]["name"], ns)
+    finally:
+        for other in others:
+            merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
+
+
+def test_with_gangslice_down_gang_pods_are_refused_naming_it_and_other_pods_pass(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    cp = control_plane
+    gangslice.stop()
+    try:
+        gang = dra_pod(ns, "g-0", claim={"resourceClaimTemplateName": "x"}, labels={"gangslice.io/gang": "g"})
+        with pytest.raises(AssertionError) as refused:
+            create(cp, gang)
+        assert "pin-gang-pods.gangslice.io" in str(refused.value), refused.value
+        other = copy.deepcopy(gang)
+        other["metadata"] = {"name": "solo", "namespace": ns}
+        other["spec"]["resourceClaims"] = []
+        other["spec"]["containers"][0]["resources"].pop("claims")
+        assert create(cp, other)["metadata"]["name"] == "solo"  # failurePolicy Ignore
+    finally:
+        gangslice.start()

@@ -1,0 +1,656 @@
+"""Per-slot ResourceClaims on DRA nodes: the claim builder, slot matching at pod creation, and
+the mutating admission webhook that points a gang pod at its slot's claim."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from extender.agent.publish import build_object, build_spec
+from extender.httpapi.app import build_app
+from extender.kube import dra, names
+from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, Kind
+from extender.kube.cache import ClusterCache
+from extender.kube.pods import PodInfo
+from extender.kube.slot_claims import (
+    GpuRequest,
+    SlotError,
+    build_claim,
+    claim_name,
+    gpu_request_of,
+    handed_out,
+    pick_slot,
+    uuid_selector,
+)
+from extender.kube.store import KubeReservationStore
+from extender.placement.ledger import Phase, Reservation
+from extender.placement.slice import PodSlot, Slice
+from extender.testing.dra import device_classes, gpu_slice, gpu_uuid, with_identities
+from extender.testing.extender import node_obj
+from extender.testing.kube import FakeKube
+from extender.topology.presets import preset_graph
+
+PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "nvidia-dra"
+
+
+def slot(pod_set: str, index: int, gpus: tuple[int, ...], node: str = "p0") -> PodSlot:
+    return PodSlot(pod_set=pod_set, index=index, node=node, gpus=gpus)
+
+
+def reservation(*slots: PodSlot) -> Reservation:
+    return Reservation(
+        "llm/tp4", Slice("llm/tp4", tuple(slots), {}), 1e12, {}, Phase.RESERVED, {"name": "tp4"}
+    )
+
+
+def template(count: int = 4, cls: str = dra.GPU_DEVICE_CLASS, mode: str = "ExactCount") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpus", "namespace": "llm"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {"deviceClassName": cls, "allocationMode": mode, "count": count},
+                        }
+                    ],
+                    "config": [{"requests": ["gpu"], "opaque": {"driver": dra.GPU_DRIVER, "parameters": {}}}],
+                }
+            }
+        },
+    }
+
+
+def devices(node: str, gpus: tuple[int, ...]) -> list[dra.Device]:
+    graph = with_identities(node, preset_graph("pcie-8gpu-2socket"))
+    info = dra.parse_slice(gpu_slice(node, graph))
+    assert info is not None
+    by_name = {d.name: d for d in info.devices}
+    return [by_name[f"gpu-{g}"] for g in gpus]
+
+
+# -- the claim ---------------------------------------------------------------------------------
+def test_the_claim_pins_the_slot_uuids_with_count_and_keeps_the_template_config() -> None:
+    s = slot("worker", 1, (4, 5, 6, 7))
+    devs = devices("p0", s.gpus)
+    claim = build_claim(
+        namespace="llm",
+        name=claim_name("tp4", s),
+        template=template(),
+        request=GpuRequest("gpu", dra.GPU_DEVICE_CLASS, 4),
+        slot=s,
+        devices=devs,
+        reservation={"name": "tp4", "uid": "u-1", "gang": "tp4"},
+    )
+    assert claim["metadata"]["name"] == "tp4-worker-1"
+    (req,) = claim["spec"]["devices"]["requests"]
+    assert req["exactly"]["count"] == 4 and req["exactly"]["allocationMode"] == "ExactCount"
+    (sel,) = req["exactly"]["selectors"]
+    expr = sel["cel"]["expression"]
+    assert expr == uuid_selector([gpu_uuid("p0", g) for g in (4, 5, 6, 7)])
+    assert all(gpu_uuid("p0", g) in expr for g in (4, 5, 6, 7)) and gpu_uuid("p0", 3) not in expr
+    # GPUs 4-7 sit under one socket's root complex: the safety net holds and is added.
+    assert claim["spec"]["devices"]["constraints"] == [{"requests": ["gpu"], "matchAttribute": dra.PCIE_ROOT}]
+    assert claim["spec"]["devices"]["config"] == template()["spec"]["spec"]["devices"]["config"]
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert owner["kind"] == "SliceReservation" and owner["uid"] == "u-1"
+    assert claim["metadata"]["labels"][names.SLOT] == "worker-1"
+
+
+def test_no_pcie_root_constraint_where_the_slot_spans_two_roots() -> None:
+    s = slot("tp", 0, (2, 3, 4, 5))
+    claim = build_claim(
+        namespace="llm",
+        name="x",
+        template=template(),
+        request=GpuRequest("gpu", dra.GPU_DEVICE_CLASS, 4),
+        slot=s,
+        devices=devices("p0", s.gpus),
+        reservation={"name": "tp4", "uid": "u"},
+    )
+    assert "constraints" not in claim["spec"]["devices"]
+
+
+def test_a_device_count_that_differs_from_the_request_is_refused() -> None:
+    s = slot("tp", 0, (0, 1))
+    with pytest.raises(SlotError, match="asks for 4"):
+        build_claim(
+            namespace="llm",
+            name="x",
+            template=template(),
+            request=GpuRequest("gpu", dra.GPU_DEVICE_CLASS, 4),
+            slot=s,
+            devices=devices("p0", s.gpus),
+            reservation={"name": "tp4", "uid": "u"},
+        )
+
+
+def test_gpu_requests_are_recognised_by_class_driver() -> None:
+    drivers = {"gpu.nvidia.com": frozenset({dra.GPU_DRIVER}), "my-gpus": frozenset({dra.GPU_DRIVER})}
+    assert gpu_request_of(template(2), drivers.get) == GpuRequest("gpu", "gpu.nvidia.com", 2)
+    assert gpu_request_of(template(2, "my-gpus"), drivers.get) == GpuRequest("gpu", "my-gpus", 2)
+    assert gpu_request_of(template(2, "nic.example.com"), drivers.get) is None
+    with pytest.raises(SlotError, match="ExactCount"):
+        gpu_request_of(template(2, mode="All"), drivers.get)
+
+
+# -- slot matching -----------------------------------------------------------------------------
+def gang_pod(name: str, **labels: str) -> PodInfo:
+    return PodInfo(
+        namespace="llm",
+        name=name,
+        gpus=4,
+        labels={names.GANG: "tp4", **labels},
+        annotations={names.GANG_SIZE: "2"},
+    )
+
+
+def test_an_indexed_pod_gets_the_slot_of_its_index_and_keeps_it_on_replacement() -> None:
+    r = reservation(slot("pod", 0, (0, 1, 2, 3)), slot("pod", 1, (4, 5, 6, 7)))
+    second = gang_pod("job-1-abc", **{"batch.kubernetes.io/job-completion-index": "1"})
+    assert pick_slot(r, second, {}).key == "pod/1"
+    # The pod of index 0 is still alive: a second pod asking for index 0 is refused.
+    other = gang_pod("job-0-new", **{"batch.kubernetes.io/job-completion-index": "0"})
+    with pytest.raises(SlotError, match="held by pod job-0-old"):
+        pick_slot(r, other, {"pod/0": "job-0-old"})
+    assert pick_slot(r, other, {}).key == "pod/0"
+
+
+def test_an_unindexed_pod_takes_the_first_slot_not_handed_out() -> None:
+    r = reservation(slot("pod", 0, (0, 1, 2, 3)), slot("pod", 1, (4, 5, 6, 7)))
+    assert pick_slot(r, gang_pod("a"), {}).key == "pod/0"
+    assert pick_slot(r, gang_pod("b"), {"pod/0": "a"}).key == "pod/1"
+    assert pick_slot(r, gang_pod("a"), {"pod/0": "a"}).key == "pod/0"  # a retried admission
+    with pytest.raises(SlotError, match="every slot"):
+        pick_slot(r, gang_pod("c"), {"pod/0": "a", "pod/1": "b"})
+
+
+def test_a_pod_set_gets_only_its_own_slots() -> None:
+    r = reservation(slot("prefill", 0, (0, 1, 2, 3)), slot("decode", 0, (4, 5, 6, 7)))
+    pod = PodInfo(namespace="llm", name="d", gpus=4, labels={names.GANG: "pd", names.POD_SET: "decode"})
+    assert pick_slot(r, pod, {}).key == "decode/0"
+
+
+def test_handed_out_slots_are_read_back_from_live_pods() -> None:
+    alive = PodInfo(namespace="llm", name="a", annotations={names.SLOT: "pod/0"})
+    done = PodInfo(namespace="llm", name="b", phase="Failed", annotations={names.SLOT: "pod/1"})
+    assert handed_out([alive, done]) == {"pod/0": "a"}
+
+
+# -- the webhook -------------------------------------------------------------------------------
+NODE = "p0"
+
+
+def pcie_cache(api: FakeKube) -> ClusterCache:
+    """A cache over one DRA PCIe node (the pods and reservations as ``api`` holds them)."""
+    cache = ClusterCache(store=KubeReservationStore(api))
+    for kind in Kind:
+        cache.replace(
+            kind, api.objects(kind.resource) if kind in (Kind.PODS, Kind.SLICE_RESERVATIONS) else []
+        )
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    cache.apply(Kind.NODES, "ADDED", node_obj(NODE, gpus=0))
+    cache.apply(
+        Kind.NODE_TOPOLOGIES, "ADDED", build_object(NODE, build_spec(graph, "nvml", [], []), [], PUBLISHED)
+    )
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(NODE, graph))
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    return cache
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[FakeKube, ClusterCache]]:
+    api = FakeKube()
+    cache = pcie_cache(api)
+    api.put(RESOURCE_CLAIM_TEMPLATES, template(4))
+    yield api, cache
+
+
+def review(pod: dict[str, Any], uid: str = "r-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "namespace": "llm",
+            "object": pod,
+        },
+    }
+
+
+def dra_pod(name: str, gang: str | None = "tp4", size: int = 2) -> dict[str, Any]:
+    labels = {names.GANG: gang} if gang else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": {names.GANG_SIZE: str(size)}},
+        "spec": {
+            "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpus"}]}}],
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpus"}],
+        },
+    }
+
+
+def admit(api: FakeKube, cache: ClusterCache, *pods: dict[str, Any]) -> list[dict[str, Any]]:
+    async def run() -> list[dict[str, Any]]:
+        app = build_app(cache, api=api, housekeeping_s=None)
+        async with TestClient(TestServer(app)) as client:
+            out = []
+            for i, pod in enumerate(pods):
+                resp = await client.post("/admission/pods", json=review(pod, f"r-{i}"))
+                assert resp.status == 200
+                out.append((await resp.json())["response"])
+            return out
+
+    return asyncio.run(run())
+
+
+def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """Apply the JSONPatch of a response (the ops the webhook uses: add, append, replace)."""
+    out = json.loads(json.dumps(pod))
+    for op in json.loads(base64.b64decode(response["patch"])):
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for p in parents:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        if isinstance(target, list) and last == "-":
+            target.append(op["value"])
+        elif isinstance(target, list):
+            target[int(last)] = op["value"]
+        else:
+            target[last] = op["value"]
+    return out
+
+
+def test_the_webhook_reserves_the_gang_creates_one_claim_per_slot_and_points_each_pod_at_its_own(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    api, cache = world
+    first, second = dra_pod("tp4-0"), dra_pod("tp4-1")
+    a, b = admit(api, cache, first, second)
+    assert a["allowed"] and b["allowed"], (a, b)
+    pods = [patched(first, a), patched(second, b)]
+    claims = {c["metadata"]["name"]: c for c in api.objects(RESOURCE_CLAIMS)}
+    assert set(claims) == {p["spec"]["resourceClaims"][0]["resourceClaimName"] for p in pods}
+    assert len(claims) == 2
+    assert all("resourceClaimTemplateName" not in p["spec"]["resourceClaims"][0] for p in pods)
+    r = cache.reservation("llm/tp4")
+    assert r is not None
+    for p in pods:
+        ann = p["metadata"]["annotations"]
+        got = r.slice.slot(ann[names.SLOT])
+        assert ann[names.GPUS] == ",".join(map(str, got.gpus))
+        assert ann[names.CLAIM_GPUS] == "4"
+        claim = claims[p["spec"]["resourceClaims"][0]["resourceClaimName"]]
+        expr = claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+        assert expr == uuid_selector([gpu_uuid(NODE, g) for g in got.gpus])
+        assert claim["metadata"]["ownerReferences"][0]["name"] == r.meta["name"]
+    # Disjoint slots, each coherent (TP=4 stays under one socket on the PCIe box).
+    sets = [set(map(int, p["metadata"]["annotations"][names.GPUS].split(","))) for p in pods]
+    assert not sets[0] & sets[1]
+    assert PodInfo.from_obj({**pods[0], "metadata": {**pods[0]["metadata"], "namespace": "llm"}}).gpus == 4
+    # The SliceReservation's status names each slot's claim (kubectl get -o yaml shows it).
+    (saved,) = api.objects("slicereservations")
+    assert {x["name"]: x.get("claim") for x in saved["status"]["slots"]} == {
+        p["metadata"]["annotations"][names.SLOT]: p["spec"]["resourceClaims"][0]["resourceClaimName"]
+        for p in pods
+    }
+
+
+def test_pods_outside_gangs_and_without_gpu_claims_pass_unchanged(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    api, cache = world
+    plain = dra_pod("solo", gang=None)
+    cpu_only = {**dra_pod("cpu"), "spec": {"containers": [{"name": "m", "image": "x"}]}}
+    got = admit(api, cache, plain, cpu_only)
+    assert all(r["allowed"] and "patch" not in r for r in got)
+    assert api.objects(RESOURCE_CLAIMS) == []
+
+
+def test_a_gang_that_cannot_fit_is_refused_naming_gangslice(world: tuple[FakeKube, ClusterCache]) -> None:
+    api, cache = world
+    (r,) = admit(api, cache, dra_pod("big-0", size=3))
+    assert not r["allowed"]
+    assert r["status"]["message"].startswith("gangslice: gang llm/tp4")
+    assert api.objects(RESOURCE_CLAIMS) == []
+
+
+def test_a_missing_template_is_refused_with_its_name(world: tuple[FakeKube, ClusterCache]) -> None:
+    api, cache = world
+    pod = dra_pod("tp4-0")
+    pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "nope"
+    (r,) = admit(api, cache, pod)
+    assert not r["allowed"] and "ResourceClaimTemplate llm/nope does not exist" in r["status"]["message"]
+
+
+# -- the examples -------------------------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "k8s" / "dra"
+
+
+def example_world(preset: str, node: str, files: str) -> tuple[FakeKube, ClusterCache, list[dict[str, Any]]]:
+    """A DRA node of ``preset`` and the example's templates; returns its Jobs' first pods (index 0)."""
+    import yaml
+
+    api = FakeKube()
+    cache = ClusterCache(store=KubeReservationStore(api))
+    for kind in Kind:
+        cache.replace(kind, [])
+    graph = with_identities(node, preset_graph(preset))
+    cache.apply(Kind.NODES, "ADDED", node_obj(node, gpus=0))
+    cache.apply(
+        Kind.NODE_TOPOLOGIES, "ADDED", build_object(node, build_spec(graph, "nvml", [], []), [], PUBLISHED)
+    )
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(node, graph))
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    pods = []
+    for doc in yaml.safe_load_all((EXAMPLES / files).read_text()):
+        if doc["kind"] == "ResourceClaimTemplate":
+            api.put(RESOURCE_CLAIM_TEMPLATES, {**doc, "metadata": {**doc["metadata"], "namespace": "llm"}})
+        elif doc["kind"] == "Job":
+            for index in range(doc["spec"]["completions"]):
+                tpl = json.loads(json.dumps(doc["spec"]["template"]))
+                tpl["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
+                pods.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {**tpl["metadata"], "name": f"{doc['metadata']['name']}-{index}"},
+                        "spec": tpl["spec"],
+                    }
+                )
+    return api, cache, pods
+
+
+def pinned(pod: dict[str, Any]) -> set[int]:
+    return {int(g) for g in pod["metadata"]["annotations"][names.GPUS].split(",")}
+
+
+def test_the_tp4_pair_example_gets_one_socket_per_replica_on_the_pcie_box() -> None:
+    api, cache, pods = example_world("pcie-8gpu-2socket", "p0", "tp4-pair-pcie.yaml")
+    got = admit(api, cache, *pods)
+    assert all(r["allowed"] for r in got), got
+    admitted = [patched(p, r) for p, r in zip(pods, got, strict=True)]
+    numa = {g.index: g.numa_node for g in preset_graph("pcie-8gpu-2socket").gpus}
+    halves = [pinned(p) for p in admitted]
+    assert not halves[0] & halves[1]
+    assert all(len({numa[g] for g in h}) == 1 for h in halves), halves
+    claims = sorted(c["metadata"]["name"] for c in api.objects(RESOURCE_CLAIMS))
+    assert claims == ["tp4-pods-0", "tp4-pods-1"]
+    # The completion index picks the slot: index 1 gets slot pods/1.
+    assert admitted[1]["metadata"]["annotations"][names.SLOT] == "pods/1"
+
+
+def test_the_prefill_decode_example_gets_disjoint_numa_aligned_halves_of_one_hgx_node() -> None:
+    api, cache, pods = example_world("hgx-h100", "h0", "prefill-decode-hgx.yaml")
+    prefill, decode = pods
+    first, second, again = admit(api, cache, prefill, decode, prefill)
+    # Until a pod of each pod set was seen, the gang cannot be planned: the first is refused and
+    # its Job creates it again.
+    assert not first["allowed"] and "retry" in first["status"]["message"], first
+    assert second["allowed"] and again["allowed"], (second, again)
+    halves = {
+        p["metadata"]["labels"][names.POD_SET]: pinned(patched(p, r))
+        for p, r in ((decode, second), (prefill, again))
+    }
+    assert not halves["prefill"] & halves["decode"]
+    numa = {g.index: g.numa_node for g in preset_graph("hgx-h100").gpus}
+    for h in halves.values():
+        assert len(h) == 4 and len({numa[g] for g in h}) == 1, halves
+    assert sorted(c["metadata"]["name"] for c in api.objects(RESOURCE_CLAIMS)) == [
+        "pd-decode-0",
+        "pd-prefill-0",
+    ]
+
+
+# -- a device taken before our claim is allocated ------------------------------------------------
+def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_stale_claim(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    from extender.kube.api import EVENTS
+    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+
+    api, cache = world
+    pod = dra_pod("tp4-0", size=1)
+    (r,) = admit(api, cache, pod)
+    admitted = patched(pod, r)
+    admitted["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    cache.apply(Kind.PODS, "ADDED", admitted)
+    planned = pinned(admitted)
+    (claim,) = api.objects(RESOURCE_CLAIMS)
+    victim = min(planned)
+    foreign = {
+        "metadata": {"name": "foreign", "namespace": "other"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": f"gpu-{victim}"}
+                    ]
+                }
+            }
+        },
+    }
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign)
+    sync = SlotClaimSync(api, lambda: 0.0)
+    assert list(sync.conflicts(cache)) == ["llm/tp4"]
+    assert asyncio.run(sync.sync(cache)) == 1
+    (replaced,) = api.objects(RESOURCE_CLAIMS)
+    assert replaced["metadata"]["name"] == claim["metadata"]["name"]  # the pod still points at it
+    expr = replaced["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert len(expr) == 1  # the old pin is gone, not stacked
+    now = {int(g) for g in replaced["metadata"]["annotations"][names.GPUS].split(",")}
+    assert victim not in now and len(now) == 4
+    assert gpu_uuid(NODE, victim) not in expr[0]["cel"]["expression"]
+    (event,) = [e for e in api.objects(EVENTS) if e["reason"] == DEVICE_TAKEN]
+    assert f"gpu-{victim}" in event["message"] and "other/foreign" in event["message"]
+    assert event["involvedObject"]["name"] == "tp4-0"
+    r2 = cache.reservation("llm/tp4")
+    assert r2 is not None and set(r2.slice.slots[0].gpus) == now
+    assert sync.conflicts(cache) == {}
+
+
+def test_explain_shows_per_slot_the_claim_its_pinned_devices_and_whether_it_is_prepared(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    from extender.commands.explain import add_slot_claims, explain_pods
+    from extender.controllers.explain import render, to_json
+
+    api, cache = world
+    first, second = dra_pod("tp4-0"), dra_pod("tp4-1")
+    responses = admit(api, cache, first, second)
+    pods = [patched(p, r) for p, r in zip((first, second), responses, strict=True)]
+    for p in pods:
+        p["metadata"]["namespace"] = "llm"
+        cache.apply(Kind.PODS, "ADDED", p)
+    claim_names = [p["spec"]["resourceClaims"][0]["resourceClaimName"] for p in pods]
+    # kube-scheduler allocated the first claim; the driver reported its devices ready.
+    done = api.peek(RESOURCE_CLAIMS, claim_names[0], "llm")
+    assert done is not None
+    devices = [f"gpu-{g}" for g in pods[0]["metadata"]["annotations"][names.GPUS].split(",")]
+    done["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": d} for d in devices
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "tp4-0", "uid": "u0"}],
+        "devices": [
+            {
+                "driver": dra.GPU_DRIVER,
+                "pool": NODE,
+                "device": d,
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+            for d in devices
+        ],
+    }
+    api.put(RESOURCE_CLAIMS, done)
+    facts = explain_pods(cache, "gang", "llm", "tp4", None)
+    asyncio.run(add_slot_claims(api, cache, facts))
+    text = render(facts)
+    assert f"claim {claim_names[0]}: allocated {','.join(devices)}, reserved for tp4-0, prepared" in text, (
+        text
+    )
+    assert f"claim {claim_names[1]}: not allocated" in text, text
+    assert f"pins {','.join(devices)}" in text
+    assert set(to_json(facts)["slotClaims"]) == {p["metadata"]["annotations"][names.SLOT] for p in pods}
+
+
+# -- ComputeDomains on GB200 ---------------------------------------------------------------------
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+def gb200_world(trays: int = 4) -> tuple[FakeKube, ClusterCache]:
+    api = FakeKube()
+    cache = ClusterCache(store=KubeReservationStore(api))
+    for kind in Kind:
+        cache.replace(kind, [])
+    for i in range(trays):
+        node = f"t{i}"
+        graph = with_identities(node, preset_graph("gb200-tray"))
+        cache.apply(
+            Kind.NODES, "ADDED", node_obj(node, gpus=0, labels={CLIQUE: "c0.1"}, product="NVIDIA-GB200")
+        )
+        cache.apply(
+            Kind.NODE_TOPOLOGIES,
+            "ADDED",
+            build_object(node, build_spec(graph, "nvml", [], []), [], PUBLISHED),
+        )
+        cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(node, graph))
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    api.put(RESOURCE_CLAIM_TEMPLATES, template(4))
+    return api, cache
+
+
+def wide_ep_pod(name: str, gang: str, size: int) -> dict[str, Any]:
+    pod = dra_pod(name, gang=gang, size=size)
+    pod["metadata"]["annotations"] |= {names.REQUIRED_LEVEL: "clique", names.COMM: "alltoall"}
+    return pod
+
+
+def test_a_wide_ep_gang_on_a_clique_gets_one_compute_domain_and_a_channel_claim_per_node() -> None:
+    from extender.kube import compute_domains as cds
+    from extender.kube.api import COMPUTE_DOMAINS
+
+    api, cache = gb200_world()
+    pods = [wide_ep_pod(f"ep-{i}", "ep", 2) for i in range(2)]
+    got = admit(api, cache, *pods)
+    assert all(r["allowed"] for r in got), got
+    (domain,) = api.objects(COMPUTE_DOMAINS)
+    assert domain["metadata"]["ownerReferences"][0]["kind"] == "SliceReservation"
+    assert domain["spec"]["numNodes"] == 0
+    uid = domain["metadata"]["uid"]
+    admitted = [patched(p, r) for p, r in zip(pods, got, strict=True)]
+    channels = {
+        c["metadata"]["name"]: c for c in api.objects(RESOURCE_CLAIMS) if "imex" in c["metadata"]["name"]
+    }
+    assert len(channels) == 2  # one per node
+    for p in admitted:
+        entries = {e["name"]: e for e in p["spec"]["resourceClaims"]}
+        channel = channels[entries[cds.POD_CLAIM]["resourceClaimName"]]
+        params = channel["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+        assert params["domainID"] == uid and params["kind"] == "ComputeDomainChannelConfig"
+        assert channel["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == cds.CHANNEL_CLASS
+        assert {"name": cds.POD_CLAIM} in p["spec"]["containers"][0]["resources"]["claims"]
+    # A second gang in the same clique: its own ComputeDomain, never a node of the first.
+    second = [wide_ep_pod(f"ep2-{i}", "ep2", 2) for i in range(2)]
+    got2 = admit(api, cache, *second)
+    assert all(r["allowed"] for r in got2), got2
+    r1, r2 = cache.reservation("llm/ep"), cache.reservation("llm/ep2")
+    assert r1 is not None and r2 is not None
+    assert set(r1.slice.mnnvl_nodes) and not set(r1.slice.nodes) & set(r2.slice.nodes)
+    assert len(api.objects(COMPUTE_DOMAINS)) == 2
+
+
+def test_a_gang_on_one_node_needs_no_compute_domain() -> None:
+    from extender.kube.api import COMPUTE_DOMAINS
+
+    api, cache = gb200_world()
+    (r,) = admit(api, cache, dra_pod("solo-0", gang="solo", size=1))
+    assert r["allowed"]
+    assert api.objects(COMPUTE_DOMAINS) == []
+
+
+def test_after_a_restart_the_slots_handed_out_come_back_from_the_pods_and_none_is_given_twice(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    api, cache = world
+    first = dra_pod("tp4-0")
+    (r0,) = admit(api, cache, first)
+    admitted = patched(first, r0)
+    admitted["metadata"]["namespace"] = "llm"
+    api.put("pods", admitted)
+    # A new replica: its cache lists what the API holds and rebuilds the ledger from the store.
+    fresh = pcie_cache(api)
+    assert asyncio.run(fresh.rebuild_ledger()) == 1
+    second = dra_pod("tp4-1")
+    (r1,) = admit(api, fresh, second)
+    assert r1["allowed"], r1
+    slots = [
+        admitted["metadata"]["annotations"][names.SLOT],
+        patched(second, r1)["metadata"]["annotations"][names.SLOT],
+    ]
+    assert len(set(slots)) == 2, slots
+    gpus = [pinned(admitted), pinned(patched(second, r1))]
+    assert not gpus[0] & gpus[1]
+    assert len(api.objects(RESOURCE_CLAIMS)) == 2
+
+
+def test_a_hold_pinned_by_claims_outlives_its_ttl_while_a_pod_of_the_gang_lives(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    api, _ = world
+    clock = [1000.0]
+    cache = ClusterCache(store=KubeReservationStore(api), clock=lambda: clock[0], ttl_s=30)
+    for kind in Kind:
+        cache.replace(kind, [])
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    cache.apply(Kind.NODES, "ADDED", node_obj(NODE, gpus=0))
+    cache.apply(
+        Kind.NODE_TOPOLOGIES, "ADDED", build_object(NODE, build_spec(graph, "nvml", [], []), [], PUBLISHED)
+    )
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(NODE, graph))
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    pod = dra_pod("tp4-0")
+    (r,) = admit(api, cache, pod)
+    admitted = patched(pod, r)
+    admitted["metadata"]["namespace"] = "llm"
+    cache.apply(Kind.PODS, "ADDED", admitted)
+    clock[0] += 31
+    assert cache.expire() == [] and cache.reservation("llm/tp4") is not None
+    cache.apply(Kind.PODS, "DELETED", admitted)
+    assert [x.gang for x in cache.expire()] == ["llm/tp4"]
+
+
+def test_a_pod_refused_after_its_slot_was_picked_leaves_the_slot_free_for_its_retry(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    from extender.kube.api import Unavailable
+
+    api, cache = world
+    pod = dra_pod("ignored", size=2)
+    del pod["metadata"]["name"]
+    pod["metadata"]["generateName"] = "tp4-0-"
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = "0"
+    api.fail_next("create resourceclaims", Unavailable(503, "etcd is slow"))
+    refused, retried = admit(api, cache, pod, pod)
+    assert not refused["allowed"] and "creating ResourceClaim" in refused["status"]["message"], refused
+    assert retried["allowed"], retried
+    assert patched(pod, retried)["metadata"]["annotations"][names.SLOT] == "pods/0"

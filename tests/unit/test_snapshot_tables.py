@@ -1,0 +1,83 @@
+"""The snapshot's derived tables the solver reads instead of walking every node: the nodes
+by node kind and free mask (kept up to date across updates), and each domain as a range of
+the snapshot's order (sorted by label path, so each domain's nodes are contiguous)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.topology.hierarchy import Hierarchy, Level
+from extender.topology.presets import preset_graph
+
+LEVELS = (Level("spine", "x/spine"), Level("leaf", "x/leaf"), Level("rack", "x/rack", kind="group"))
+
+
+def cluster(labels: list[dict[str, str]], allocated: list[frozenset[int]]) -> ClusterSnapshot:
+    graphs = [preset_graph("hgx-h100"), preset_graph("l40s-4gpu")]
+    nodes = []
+    for i, (lab, taken) in enumerate(zip(labels, allocated, strict=True)):
+        graph = graphs[i % 2]
+        nodes.append(NodeState(f"n{i}", lab, graph, frozenset(g for g in taken if g in graph.indices)))
+    return ClusterSnapshot(nodes, Hierarchy(LEVELS))
+
+
+def fresh_classes(snap: ClusterSnapshot) -> dict[tuple[str, int], list[int]]:
+    out: dict[tuple[str, int], list[int]] = {}
+    for i, n in enumerate(snap.nodes):
+        out.setdefault((n.kind, snap.free_mask(i)), []).append(i)
+    return out
+
+
+LABELS = st.fixed_dictionaries(
+    {},
+    optional={
+        "x/spine": st.sampled_from(["s0", "s1"]),
+        "x/leaf": st.sampled_from(["l0", "l1", "l2"]),
+        "x/rack": st.sampled_from(["r0", "r1"]),
+    },
+)
+GPUS = st.frozensets(st.integers(0, 7), max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(LABELS, GPUS), min_size=1, max_size=12),
+    st.lists(st.tuples(st.integers(0, 11), GPUS, st.sampled_from(["state", "held", "view"])), max_size=8),
+)
+def test_free_classes_follow_updates_as_a_fresh_build(
+    nodes: list[tuple[dict[str, str], frozenset[int]]], events: list[tuple[int, frozenset[int], str]]
+) -> None:
+    snap = cluster([lab for lab, _ in nodes], [gpus for _, gpus in nodes])
+    assert snap.free_classes() == fresh_classes(snap)
+    for i, gpus, how in events:
+        if i >= len(snap.nodes):
+            continue
+        node = snap.nodes[i]
+        gpus = frozenset(g for g in gpus if g in node.graph.indices)
+        before = {k: list(v) for k, v in snap.free_classes().items()}
+        if how == "held":
+            held = {**snap.reserved, node.name: gpus}
+            nxt = snap.updated({}, held, None, also=[node.name])
+        elif how == "view":  # a ledger's view: the reservations replaced wholesale
+            nxt = snap.with_held({node.name: gpus}, {})
+        else:
+            nxt = snap.updated({node.name: replace(node, allocated=gpus)})
+        assert nxt.free_classes() == fresh_classes(nxt)
+        assert snap.free_classes() == before, "the older snapshot's table was written"
+        snap = nxt
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(LABELS, min_size=1, max_size=16))
+def test_each_domain_is_a_range_of_the_snapshot_order(labels: list[dict[str, str]]) -> None:
+    snap = cluster(labels, [frozenset()] * len(labels))
+    rank = snap.order()
+    spans = snap.domain_spans()
+    assert set(spans) == set(snap.domains())
+    for key, members in snap.domains().items():
+        lo, hi = spans[key]
+        assert {i for i in range(len(snap.nodes)) if lo <= rank[i] < hi} == set(members), key

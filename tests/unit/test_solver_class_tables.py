@@ -1,0 +1,100 @@
+"""The per-class tables the solver keeps across decisions (capacity entries, pod bandwidth)
+must never change an answer: a decision made with tables warmed by other clusters, other
+allocations and other gangs equals the same decision made with empty tables."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from extender.cost import Comm
+from extender.placement import solver
+from extender.placement.bench import GPU_TAINT, synthetic_cluster
+from extender.placement.request import GangRequest, PodRequests, PodSet, Toleration
+from extender.placement.slice import Slice
+from extender.topology.kubelet import TopologyPolicy
+from extender.topology.presets import preset_graph
+
+GANGS = (
+    GangRequest("tp", (PodSet("server", 1, 4, Comm.ALLREDUCE),)),
+    GangRequest("pp", (PodSet("stages", 6, 2, Comm.PIPELINE, preferred_level="leaf"),)),
+    GangRequest(
+        "ep", (PodSet("experts", 24, 1, Comm.ALLTOALL, required_level="spine", preferred_level="leaf"),)
+    ),
+    # Same name and rules, other shapes: nothing may be shared between them by name.
+    GangRequest(
+        "ep2", (PodSet("experts", 10, 2, Comm.ALLTOALL, required_level="spine", preferred_level="leaf"),)
+    ),
+    GangRequest(
+        "ep3", (PodSet("experts", 5, 3, Comm.ALLTOALL, required_level="spine", preferred_level="leaf"),)
+    ),
+    GangRequest("one", (PodSet("experts", 12, 2, Comm.ALLTOALL, required_level="leaf"),)),
+)
+
+
+def answer(got: object) -> object:
+    if isinstance(got, Slice):
+        return (got.slots, got.score, got.notes, got.domains)
+    return got
+
+
+@pytest.mark.parametrize("preset", ["hgx-h100", "pcie-8gpu-2socket", "l40s-4gpu"])
+def test_warm_tables_give_the_answers_of_empty_ones(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(7)
+    clusters = [
+        synthetic_cluster(n, preset_graph(preset), fraction, seed)[0]
+        for n, fraction, seed in ((96, 0.5, 1), (160, 0.7, 2), (64, 0.3, 3))
+    ]
+    warm = solver._ClassTables()
+    monkeypatch.setattr(solver, "_CLASS_TABLES", warm)
+    asked = [(snap, gang) for snap in clusters for gang in GANGS]
+    rng.shuffle(asked)
+    warm_answers = [answer(solver.place(snap, gang)) for snap, gang in asked]
+    assert warm._entries, "the tables were not used"
+    for (snap, gang), expected in zip(asked, warm_answers, strict=True):
+        monkeypatch.setattr(solver, "_CLASS_TABLES", solver._ClassTables())
+        assert answer(solver.place(snap, gang)) == expected, (preset, gang.name, len(snap.nodes))
+
+
+def asking(gang: GangRequest, cpus: int, guaranteed: bool) -> GangRequest:
+    """``gang`` with pods that tolerate the synthetic GPU taint and ask for CPUs and memory."""
+    pod_sets = tuple(
+        replace(
+            ps,
+            tolerations=(Toleration(GPU_TAINT.key, "Exists"),),
+            requests=PodRequests(
+                cpus * 1000 * ps.gpus_per_pod, 64 * 2**30 * ps.gpus_per_pod, guaranteed=guaranteed
+            ),
+        )
+        for ps in gang.pod_sets
+    )
+    return replace(gang, name=f"{gang.name}-{cpus}-{guaranteed}", pod_sets=pod_sets)
+
+
+@pytest.mark.parametrize("preset", ["hgx-h100", "pcie-8gpu-2socket"])
+def test_warm_tables_keep_numa_rules_and_room_apart(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes of one type and free mask differ in the kubelet's NUMA rule (what CPUs are in use,
+    which policy) and in their room: tables warmed on one cluster answer another as empty ones."""
+    rng = random.Random(11)
+    clusters = [
+        synthetic_cluster(n, preset_graph(preset), fraction, seed, facts, policy)[0]
+        for n, fraction, seed, facts, policy in (
+            (96, 0.5, 1, False, TopologyPolicy.SINGLE_NUMA_NODE),
+            (96, 0.5, 1, False, TopologyPolicy.NONE),
+            (128, 0.6, 2, True, TopologyPolicy.RESTRICTED),
+            (64, 0.3, 3, True, TopologyPolicy.NONE),
+            (64, 0.3, 3, True, TopologyPolicy.SINGLE_NUMA_NODE),
+        )
+    ]
+    gangs = [*GANGS, *(asking(g, cpus, True) for g in GANGS for cpus in (8, 20)), asking(GANGS[1], 30, False)]
+    warm = solver._ClassTables()
+    monkeypatch.setattr(solver, "_CLASS_TABLES", warm)
+    asked = [(snap, gang) for snap in clusters for gang in gangs]
+    rng.shuffle(asked)
+    warm_answers = [answer(solver.place(snap, gang)) for snap, gang in asked]
+    assert any(isinstance(a, tuple) for a in warm_answers), "nothing was placed"
+    for (snap, gang), expected in zip(asked, warm_answers, strict=True):
+        monkeypatch.setattr(solver, "_CLASS_TABLES", solver._ClassTables())
+        assert answer(solver.place(snap, gang)) == expected, (preset, gang.name, len(snap.nodes))
