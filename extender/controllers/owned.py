@@ -15,11 +15,11 @@ from extender.controllers.objects import (
     META_OWNER_NAME,
     META_OWNER_UID,
     object_ref,
-    rfc3339,
 )
-from extender.kube import names
+from extender.kube import events, names
 from extender.kube.api import EVENTS, KubeClient, KubeError
 from extender.kube.crd_models import object_name
+from extender.kube.events import ObjectRef
 from extender.kube.reserve import Claim
 from extender.placement.ledger import Reservation
 
@@ -63,28 +63,10 @@ async def post_event(
     ``reportingComponent``); failures are logged."""
     meta = obj.get("metadata") or {}
     ns, name = object_ref(obj)
-    stamp = rfc3339(now)
-    event = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{name}.", "namespace": ns},
-        "involvedObject": {
-            "apiVersion": str(obj.get("apiVersion") or "v1"),
-            "kind": str(obj.get("kind") or ""),
-            "name": name,
-            "namespace": ns,
-            "uid": str(meta.get("uid") or ""),
-        },
-        "type": kind,
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": "gangslice"},
-        "reportingComponent": component,
-        "reportingInstance": identity,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    about = ObjectRef(
+        str(obj.get("apiVersion") or "v1"), str(obj.get("kind") or ""), name, ns, str(meta.get("uid") or "")
+    )
+    event = events.event(about, reason, message, now, type=kind, component=component, instance=identity)
     try:
         await api.create(EVENTS, event)
     except KubeError as exc:

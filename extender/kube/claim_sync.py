@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
-from extender.kube import dra, names
+from extender.kube import dra, events, names
 from extender.kube.api import EVENTS, RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError
 from extender.kube.cache import ClusterCache
+from extender.kube.events import ObjectRef
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.reserve import Claim, reserve
@@ -43,10 +43,6 @@ _UUID_SELECTOR = f'device.attributes["{dra.GPU_DRIVER}"].uuid in ['
 
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
-
-
-def _stamp(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def template_of(claim: Mapping[str, Any]) -> tuple[dict[str, Any], GpuRequest] | None:
@@ -232,28 +228,9 @@ class SlotClaimSync:
             return
         self._told.add((pod.key, text))
         log.warning("pod %s: %s", pod.key, text)
-        stamp = _stamp(self.clock())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod.name,
-                "namespace": pod.namespace,
-                "uid": pod.uid,
-            },
-            "type": "Warning",
-            "reason": DEVICE_TAKEN,
-            "message": text,
-            "source": {"component": "gangslice"},
-            "reportingComponent": names.EVENT_COMPONENT,
-            "reportingInstance": "gangslice-controller",
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
+        event = events.event(
+            ObjectRef("v1", "Pod", pod.name, pod.namespace, pod.uid), DEVICE_TAKEN, text, self.clock()
+        )
         try:
             await self.api.create(EVENTS, event)
         except KubeError as exc:

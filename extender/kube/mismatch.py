@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import enum
 import logging
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from extender.kube import names
+from extender.kube import events
 from extender.kube.api import EVENTS, KubeClient, KubeError, NotFound, Throttled
 from extender.kube.devices import DEVICES_MISMATCH, DeviceMismatch
+from extender.kube.events import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -41,28 +41,7 @@ class OnMismatch(enum.StrEnum):
 
 def pod_event(m: DeviceMismatch, reason: str, message: str, now: float) -> dict[str, Any]:
     namespace, name = m.pod.split("/", 1)
-    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{name}.", "namespace": namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": name,
-            "namespace": namespace,
-            "uid": m.uid,
-        },
-        "type": "Warning",
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": "gangslice"},
-        "reportingComponent": names.EVENT_COMPONENT,
-        "reportingInstance": "gangslice-controller",
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    return events.event(ObjectRef("v1", "Pod", name, namespace, m.uid), reason, message, now)
 
 
 class Mismatches(Protocol):

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from extender.kube import names
+from extender.kube import events, names
 from extender.kube.api import EVENTS, NODE_TOPOLOGIES, KubeClient
+from extender.kube.events import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -123,22 +124,9 @@ def condition(problem: str | None, now: float, rule: _Rule = _RULES[0]) -> dict[
 
 
 def node_event(node: str, message: str, now: float, reason: str = INVALID_NODE_TOPOLOGY) -> dict[str, Any]:
-    stamp = _rfc3339(now)
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{node}.", "namespace": NODE_EVENT_NAMESPACE},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-        "type": "Warning",
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": "gangslice"},
-        "reportingComponent": names.EVENT_COMPONENT,
-        "reportingInstance": "gangslice-controller",
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    return events.event(
+        ObjectRef("v1", "Node", node, uid=node), reason, message, now, namespace=NODE_EVENT_NAMESPACE
+    )
 
 
 class TopologyStatusApi(Protocol):
