@@ -275,14 +275,9 @@ class GangSpec(_Strict):
         )
 
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
 def _bytes(v: Any) -> Any:
-    """A size in bytes, or with a binary suffix (``512Gi``)."""
-    if isinstance(v, str) and v[-2:] in _BINARY and v[:-2].isdigit():
-        return int(v[:-2]) * _BINARY[v[-2:]]
-    return v
+    """A size in bytes, or a Kubernetes quantity (``512Gi``)."""
+    return quantities.whole(v) if isinstance(v, str) else v
 
 
 class NumaNodeSpec(_Strict):
