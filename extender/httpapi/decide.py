@@ -308,7 +308,7 @@ class Decider:
         node = view.nodes[i]
         shape = node.shape
         fit = fit_for(shape)
-        rule = tier if tier is not None else fit.tightest(gpus)
+        rule = _rule(shape, gpus, tier)
         if rule is None:
             v = Verdict(Code.UNRESOLVABLE, f"node type has {shape.size} GPUs; the pod needs {gpus}")
         elif fit.capacity(shape.full_mask, gpus, rule) == 0:
@@ -392,8 +392,7 @@ class Decider:
         if view.has_node(name):
             i = view.index(name)
             shape = view.nodes[i].shape
-            fit = fit_for(shape)
-            rule = tier if tier is not None else fit.tightest(gpus)
+            rule = _rule(shape, gpus, tier)
             free = view.free_mask(i)
             picked = choice.pick(view.nodes[i], free, gpus, rule, 1) if rule is not None else None
             if picked:
@@ -403,7 +402,7 @@ class Decider:
                 if preferred is not None and shape.tier_of(sub) > preferred:
                     micros *= 1.5
                 left = rest.bit_count()
-                stranded = left - fit.coherent_block(rest)
+                stranded = left - fit_for(shape).coherent_block(rest)
                 got = (micros, (2 * stranded + left) / shape.size)
         ident = self._raw_ids.get(got)
         if ident is None:
@@ -483,8 +482,7 @@ class Decider:
             raise Refused(f"node {node} is not known to gangslice")
         i = view.index(node)
         shape = view.nodes[i].shape
-        fit = fit_for(shape)
-        rule = tier if tier is not None else fit.tightest(pod.gpus)
+        rule = _rule(shape, pod.gpus, tier)
         free = view.free_mask(i)
         picked = choice.pick(view.nodes[i], free, pod.gpus, rule, 1) if rule is not None else None
         if not picked:
@@ -537,8 +535,7 @@ class Decider:
             freed -= held.get(node, frozenset())
             freed &= set(shape.indices)
             free = view.free_mask(i) | shape.mask_of(freed)
-            fit = fit_for(shape)
-            rule = tier if tier is not None else fit.tightest(pod.gpus)
+            rule = _rule(shape, pod.gpus, tier)
             if rule is not None and choice.capacity(view.nodes[i], free, pod.gpus, rule) > 0:
                 keep.append(node)
         return keep
@@ -658,6 +655,12 @@ def _label(gang: str, meta: Mapping[str, str] | None) -> str:
     ns = (meta or {}).get("namespace") or gang_namespace(gang)
     name = (meta or {}).get("name") or object_name(gang)
     return f"reservation {ns}/{name} (gang {gang})"
+
+
+def _rule(shape: NodeShape, gpus: int, tier: Tier | None) -> Tier | None:
+    """The in-node rule a GPU pod outside gangs is held to: its own level, else the tightest
+    tier this node type offers for that many GPUs (None: it has no such set at all)."""
+    return tier if tier is not None else fit_for(shape).tightest(gpus)
 
 
 def _words(tier: Tier) -> str:

@@ -30,11 +30,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from extender.kube import events, names
 from extender.kube.api import EVENTS, NODE_TOPOLOGIES, KubeClient
+from extender.kube.crd_models import rfc3339
 from extender.kube.events import ObjectRef
 
 log = logging.getLogger(__name__)
@@ -108,10 +108,6 @@ def accepted_condition(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     return condition_of(obj, ACCEPTED)
 
 
-def _rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def condition(problem: str | None, now: float, rule: _Rule = _RULES[0]) -> dict[str, str]:
     """The ``Accepted`` (or ``rule``'s) condition: False naming ``problem``, or True when there is none."""
     return {
@@ -119,7 +115,7 @@ def condition(problem: str | None, now: float, rule: _Rule = _RULES[0]) -> dict[
         "status": "False" if problem else "True",
         "reason": rule.bad if problem else rule.good,
         "message": problem or rule.good_message,
-        "lastTransitionTime": _rfc3339(now),
+        "lastTransitionTime": rfc3339(now),
     }
 
 
