@@ -25,6 +25,10 @@ ROOM_TABLES = 8
 Selector = tuple[NodeRequirement, ...]
 #: Nodes alike for placement as far as allocation goes: (node kind, free mask).
 FreeClass = tuple[str, int]
+#: Nodes alike for one pod set where nodes limit resources: (node kind, free mask, room).
+RoomClass = tuple[str, int, int]
+#: :meth:`ClusterSnapshot.room_classes` per pod shape, with the free table and nodes they hold for.
+RoomTables = tuple[list[int], "list[NodeState]", dict[object, dict[RoomClass, list[int]]]]
 
 
 @dataclass
@@ -109,6 +113,7 @@ class ClusterSnapshot:
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
         self._spans: tuple[list[tuple[str | None, ...]], dict[DomainKey, tuple[int, int]]] | None = None
         self._classes: tuple[list[int], list[str], dict[FreeClass, list[int]]] | None = None
+        self._room_classes: RoomTables | None = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -164,6 +169,42 @@ class ClusterSnapshot:
                     got.append(i)
             self._classes = (self._free, kinds, table)
         return self._classes[2]
+
+    def room_classes(
+        self, needs: NodeNeeds, requests: PodRequests, gpus_per_pod: int, count: int
+    ) -> dict[RoomClass, list[int]]:
+        """:meth:`free_classes` of the nodes ``needs`` admits, split by how many pods with
+        ``requests`` and ``gpus_per_pod`` GPUs each NodeResourcesFit lets on (:meth:`room`, at
+        most ``count`` and the pods the free GPUs hold; nodes without room left out), each
+        list in index order (cached per free table; do not modify)."""
+        if (
+            self._room_classes is None
+            or self._room_classes[0] is not self._free
+            or self._room_classes[1] is not self.nodes
+        ):
+            self._room_classes = (self._free, self.nodes, {})
+        tables = self._room_classes[2]
+        key = (needs, requests, gpus_per_pod, count)
+        got = tables.get(key)
+        if got is None:
+            while len(tables) >= ROOM_TABLES:
+                tables.pop(next(iter(tables)))
+            admitted = self.admitted(needs)
+            rooms = self.rooms(requests)
+            got = tables[key] = {}
+            for (kind, free), members in self.free_classes().items():
+                most = min(count, free.bit_count() // gpus_per_pod) if gpus_per_pod else count
+                for i in members:
+                    if admitted is not None and i not in admitted:
+                        continue
+                    room = min(rooms[i], most)
+                    if room > 0:
+                        listed = got.get((kind, free, room))
+                        if listed is None:
+                            got[(kind, free, room)] = [i]
+                        else:
+                            listed.append(i)
+        return got
 
     def aligning(self) -> bool:
         """Whether the kubelet of any node may refuse a pod it cannot align to NUMA nodes
@@ -228,6 +269,11 @@ class ClusterSnapshot:
             return UNLIMITED
         if taken is not None and taken != feasibility.NOTHING:
             return feasibility.room(requests, self.nodes[i].facts, taken)
+        return self.rooms(requests)[i]
+
+    def rooms(self, requests: PodRequests) -> list[int]:
+        """Every node's :meth:`room` for pods with ``requests``, by node index (cached per
+        node table; only where :attr:`limits_resources`; do not modify)."""
         if self._rooms is None or self._rooms[0] is not self.nodes:
             self._rooms = (self.nodes, {})
         tables = self._rooms[1]
@@ -236,7 +282,7 @@ class ClusterSnapshot:
             while len(tables) >= ROOM_TABLES:
                 tables.pop(next(iter(tables)))
             table = tables[requests] = [feasibility.room(requests, n.facts) for n in self.nodes]
-        return table[i]
+        return table
 
     def domain_free(self) -> dict[DomainKey, int]:
         """Free GPUs of every domain at every level (cached per free table)."""

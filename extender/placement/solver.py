@@ -100,8 +100,9 @@ class _Caps(Mapping[int, Entry]):
     (node type, free mask, the kubelet's NUMA rule: ``rules`` by node index, None where no
     kubelet aligns) in ``entries``, the pod set's entry per class, unless ``override`` has it
     (nodes this gang took from): a search reads a few nodes' entries, and a table of every
-    node's would cost more than the search itself on a large cluster. Only where no node
-    limits resources: there a node's room caps its entry."""
+    node's would cost more than the search itself on a large cluster. Where nodes limit
+    resources, ``rooms`` (by node index, NodeResourcesFit's room for one pod set's pods) caps
+    each class entry, and the groups are split by that room."""
 
     __slots__ = (
         "_admitted",
@@ -110,6 +111,7 @@ class _Caps(Mapping[int, Entry]):
         "_kinds",
         "_len",
         "_override",
+        "_rooms",
         "_rules",
         "_within",
         "groups",
@@ -125,10 +127,12 @@ class _Caps(Mapping[int, Entry]):
         rules: Sequence[NumaRule | None] | None,
         override: Mapping[int, Entry | None] | None = None,
         within: set[int] | None = None,
+        rooms: Sequence[int] | None = None,
     ) -> None:
         self.groups = groups
         self._entries, self._kinds, self._free, self._rules = entries, kinds, free, rules
         self._admitted, self._override, self._within = admitted, override, within
+        self._rooms = rooms
         self._len = sum(map(len, groups.values()))
 
     def get(self, i: int, default: Entry | None = None) -> Entry | None:  # type: ignore[override]
@@ -139,6 +143,9 @@ class _Caps(Mapping[int, Entry]):
         else:
             rule = self._rules[i] if self._rules is not None else None
             entry = self._entries.get((self._kinds[i], self._free[i], rule))
+            if entry is not None and self._rooms is not None and self._rooms[i] < entry[0]:
+                room = self._rooms[i]
+                entry = (room, entry[1], entry[2]) if room > 0 else None
         if entry is None or (self._within is not None and i not in self._within):
             return default
         return entry
@@ -172,6 +179,7 @@ class _Caps(Mapping[int, Entry]):
             self._rules,
             merged,
             within if within is not None else self._within,
+            self._rooms,
         )
 
     def table(self) -> dict[int, Entry]:
@@ -673,20 +681,27 @@ class Solver:
         kinds, frees = self.snap.kinds(), self.snap.free_masks()
         rules = self._rules(ps) if self._aligning else None
         if self.snap.limits_resources:
-            # A node's room (NodeResourcesFit) caps its entry: node by node, not per class.
-            caps: dict[int, Entry] = {}
-            for i, (kind, free) in enumerate(zip(kinds, frees, strict=True)):
-                if free.bit_count() < gpus or (admitted is not None and i not in admitted):
+            # A node's room (NodeResourcesFit) caps its entry: the classes are split by room,
+            # so the work stays per class.
+            classes = self.snap.room_classes(ps.node_needs, ps.requests, gpus, ps.count)
+            for (kind, free, room), members in classes.items():
+                if free.bit_count() < gpus:
                     continue
-                k = (kind, free, rules[i] if rules is not None else None)
-                entry = memo.get(k, _MISSING)
-                if entry is _MISSING:
-                    entry = memo[k] = self._entry(ps, need, i, free, preferred)
-                if entry is not None:
-                    entry = self._within_room(ps, i, entry, None)
-                if entry is not None:
-                    caps[i] = entry
-            return caps
+                for rule, alike in _by_rule(members, rules):
+                    k = (kind, free, rule)
+                    entry = memo.get(k, _MISSING)
+                    if entry is _MISSING:
+                        entry = memo[k] = self._entry(ps, need, alike[0], free, preferred)
+                    if entry is None:
+                        continue
+                    if room < entry[0]:
+                        entry = (room, entry[1], entry[2])
+                    key = (kind, rule, entry)
+                    known = groups.get(key)
+                    # Rooms above what the GPUs hold of these pods fall into one group.
+                    groups[key] = alike if known is None else sorted(known + alike)
+            rooms = self.snap.rooms(ps.requests)
+            return _Caps(groups, memo, kinds, frees, admitted, rules, rooms=rooms)
         for (kind, free), members in self.snap.free_classes().items():
             if free.bit_count() < gpus:
                 continue

@@ -98,3 +98,33 @@ def test_warm_tables_keep_numa_rules_and_room_apart(preset: str, monkeypatch: py
     for (snap, gang), expected in zip(asked, warm_answers, strict=True):
         monkeypatch.setattr(solver, "_CLASS_TABLES", solver._ClassTables())
         assert answer(solver.place(snap, gang)) == expected, (preset, gang.name, len(snap.nodes))
+
+
+@pytest.mark.parametrize("policy", [TopologyPolicy.NONE, TopologyPolicy.SINGLE_NUMA_NODE])
+def test_capacity_by_class_and_room_is_each_nodes_own(policy: TopologyPolicy) -> None:
+    """Where nodes limit resources the capacity table is built per (node type, free mask,
+    room), not node by node: every node's entry must still be its own (its GPUs' capacity
+    capped by its NodeResourcesFit room; refused nodes and nodes without room absent), before
+    and after the gang takes GPUs on some nodes."""
+    snap = synthetic_cluster(160, preset_graph("hgx-h100"), 0.5, 4, True, policy)[0]
+    assert snap.limits_resources
+    capped = dropped = 0
+    for gang in (asking(g, cpus, True) for g in GANGS for cpus in (8, 20, 40)):
+        ps = gang.pod_sets[0]
+        s = solver.Solver(snap)
+        s._needs = {ps.name: solver.resolve_need(ps, snap.hierarchy)}
+        need = s._needs[ps.name]
+        taken = solver._State({i: snap.free_mask(i) & -snap.free_mask(i) for i in range(0, 160, 7)})
+        for state in (solver._State(), taken):
+            caps = s._caps(gang, ps, need, state, False)
+            for i in range(len(snap.nodes)):
+                free = snap.free_mask(i) & ~state.taken.get(i, 0)
+                own = s._cap_entry(ps, need, i, free, False)
+                assert caps.get(i) == own, (gang.name, i)
+                gpus_only = s._cap_entry(replace(ps, requests=PodRequests()), need, i, free, False)
+                capped += own is not None and gpus_only is not None and own[0] < gpus_only[0]
+                dropped += own is None and gpus_only is not None
+            groups = solver._groups_of(caps, snap.kinds(), None)
+            listed = sorted(i for members in groups.values() for i in members)
+            assert listed == sorted(i for i in range(len(snap.nodes)) if caps.get(i) is not None)
+    assert capped and dropped, "no node's room capped or ruled out its entry: the test proves nothing"
