@@ -6,7 +6,10 @@ The objective (:func:`objective`) is lexicographic, lower is better:
    multi-node NVLink clique given to pod sets that do not use multi-node NVLink. Cliques
    (GB200 NVL72 racks) are a scarce resource kept for the pod sets that span nodes over
    them; a pod set that does not prefers nodes outside cliques and falls back to clique
-   nodes only when nothing else fits.
+   nodes only when nothing else fits. A clique such pods already use
+   (:meth:`ClusterSnapshot.spilled_cliques`) is no longer whole for the gangs that need
+   the full rack: further pods off the fabric go there at no such price, rather than break
+   whole nodes outside cliques that 8-GPU gangs need, and the other cliques stay whole.
 2. **predicted per-layer communication time** (:func:`gang_micros`), microseconds.
 
 Shared by the solver, the baselines, the simulator and the tests, so every policy is judged
@@ -249,10 +252,16 @@ def uses_mnnvl(
 def pod_set_fabric_waste(
     snap: ClusterSnapshot, ps: PodSet, slots: Sequence[PodSlot], partner: Sequence[PodSlot] = ()
 ) -> int:
-    """GPUs the pod set takes on clique nodes without using multi-node NVLink."""
+    """GPUs the pod set takes on clique nodes without using multi-node NVLink, on cliques
+    no pods off the fabric use yet."""
     if not snap.has_cliques:
         return 0
-    on_cliques = sum(len(s.gpus) for s in slots if snap.clique(snap.index(s.node)) is not None)
+    spilled = snap.spilled_cliques()
+    on_cliques = 0
+    for s in slots:
+        clique = snap.clique(snap.index(s.node))
+        if clique is not None and clique not in spilled:
+            on_cliques += len(s.gpus)
     if on_cliques and uses_mnnvl(snap, ps, slots, partner):
         return 0
     return on_cliques

@@ -114,6 +114,7 @@ class ClusterSnapshot:
         self._spans: tuple[list[tuple[str | None, ...]], dict[DomainKey, tuple[int, int]]] | None = None
         self._classes: tuple[list[int], list[str], dict[FreeClass, list[int]]] | None = None
         self._room_classes: RoomTables | None = None
+        self._spilled: tuple[list[int], frozenset[Clique]] | None = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -332,6 +333,24 @@ class ClusterSnapshot:
     def mnnvl_owner(self, i: int) -> str | None:
         node = self.nodes[i]
         return node.mnnvl_gang or self.reserved_mnnvl.get(node.name)
+
+    def spilled_cliques(self) -> frozenset[Clique]:
+        """The cliques pods off the fabric already use: a node of the clique has GPUs taken
+        while no gang holds its NVLink (IMEX) channel (cached per free table)."""
+        if self._spilled is None or self._spilled[0] is not self._free:
+            out: set[Clique] = set()
+            if self.has_cliques:
+                for i, node in enumerate(self.nodes):
+                    clique = self.clique(i)
+                    if (
+                        clique is not None
+                        and clique not in out
+                        and self._free[i] != node.shape.full_mask
+                        and self.mnnvl_owner(i) is None
+                    ):
+                        out.add(clique)
+            self._spilled = (self._free, frozenset(out))
+        return self._spilled[1]
 
     def domains(self) -> dict[DomainKey, list[int]]:
         """Every domain at every level, with the indices of its nodes (cached)."""

@@ -18,7 +18,9 @@ nodeSelector and required node affinity) are hard.
 
 Cliques are kept for the pod sets that span nodes over them: a pod set that does not (one
 that fits on one node, or whose pods do not talk) goes to nodes outside cliques, and to
-clique nodes only when nothing else fits.
+clique nodes only when nothing else fits, or when its clique already carries such pods
+(:meth:`ClusterSnapshot.spilled_cliques`: that rack is no longer whole for a gang that needs
+it all, and filling it keeps whole nodes outside cliques and the other racks whole).
 
 Pod sets are placed one after another on a shared view of what is taken, the few best
 placements of each early pod set are each carried forward, and every order of the pod sets
@@ -883,8 +885,10 @@ class Solver:
             for i in members:
                 pick = self._node_pick(ps, i, free, tier)
                 # One node's pods do not talk over the fabric (a KV hand-off to a partner in
-                # the same clique may: the relation classes below offer that node too).
-                waste = ps.gpus if self._fabric_of(i) is not None else 0
+                # the same clique may: the relation classes below offer that node too); a
+                # clique pods off the fabric already use costs nothing more.
+                fd = self._fabric_of(i)
+                waste = ps.gpus if fd is not None and fd not in self.snap.spilled_cliques() else 0
                 ranked.append(((waste, _q(pick.cost), *self._tie(i, pick, ps)), i))
         if not ranked:
             return []

@@ -174,3 +174,32 @@ def test_pods_that_do_not_talk_may_mix_clique_and_other_nodes() -> None:
     assert sl.mnnvl_nodes == ()
     # Pods that talk stay in the clique or out of it, and neither holds 6.
     assert isinstance(Solver(snap).place(one("loud", 6, 4, Comm.ALLREDUCE)), Unplaceable)
+
+
+def two_cliques(**allocated: tuple[int, ...]) -> ClusterSnapshot:
+    """One whole HGX H100 node and two cliques of two GB200 trays each."""
+    nodes = [node("hgx", "hgx-h100")]
+    for c in (0, 1):
+        nodes += [
+            node(f"t{c}{k}", "gb200-tray", f"nvl72.{c}", allocated.get(f"t{c}{k}", ())) for k in range(2)
+        ]
+    return ClusterSnapshot(nodes, HIERARCHY)
+
+
+def test_pods_off_the_fabric_fill_a_clique_they_already_use_before_breaking_a_whole_node() -> None:
+    """A clique whose trays already carry pods off the fabric (no gang holds its NVLink
+    channel) is no longer whole for a gang that needs the rack: a small replica goes there
+    rather than break a whole node outside cliques, and the untouched clique stays whole."""
+    gang = one("tp2", 1, 2)
+    clean = two_cliques()
+    assert clean.spilled_cliques() == frozenset()
+    assert placed(clean, gang).nodes == ("hgx",)
+    spilled = two_cliques(t11=(0,))
+    assert spilled.spilled_cliques() == {spilled.clique(spilled.index("t11"))}
+    sl = placed(spilled, gang)
+    assert set(sl.nodes) <= {"t10", "t11"}, sl.nodes
+    assert scoring.fabric_waste(spilled, gang, sl.slots) == 0
+    # A clique whose NVLink channel a gang holds is in use by the fabric, not spilled.
+    held = ClusterSnapshot(spilled.nodes, HIERARCHY, reserved_mnnvl={"t11": "nvl72-gang"})
+    assert held.spilled_cliques() == frozenset()
+    assert placed(held, gang).nodes == ("hgx",)
