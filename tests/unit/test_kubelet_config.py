@@ -5,6 +5,7 @@ CPU ids and memory from a real PodResources gRPC server, the ``kubelet`` field a
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -310,24 +311,36 @@ def test_cluster_files_carry_the_kubelet_policies(tmp_path: Path) -> None:
         cluster_from_data(data, tmp_path)
 
 
-def test_the_cache_follows_the_published_cpus_and_places_by_them() -> None:
+def aligning_cache(*nodes: str) -> ClusterCache:
     cache = ClusterCache()
     for kind in Kind:
         cache.replace(kind, [])
-    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    for name in nodes:
+        cache.apply(Kind.NODES, "ADDED", node_obj(name))
+    return cache
+
+
+def publish_numa(cache: ClusterCache, node: str, in_use_numa0: str) -> None:
+    """An HGX H100 node's NodeTopology, its kubelet single-numa-node with the static CPU
+    manager, 52 CPUs per NUMA node, ``in_use_numa0`` of NUMA node 0's taken."""
+    spec = build_spec(preset_graph("hgx-h100"), "nvml", [], [])
+    spec["kubelet"] = {
+        "topologyManagerPolicy": "single-numa-node",
+        "cpuManagerPolicy": "static",
+        "numaNodes": [
+            {"id": 0, "cpus": "0-51", "allocatableCpus": "0-51", "cpusInUse": in_use_numa0},
+            {"id": 1, "cpus": "52-103", "allocatableCpus": "52-103", "cpusInUse": ""},
+        ],
+    }
     at = datetime(2026, 1, 1, tzinfo=UTC)
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", build_object(node, spec, [], at))
+
+
+def test_the_cache_follows_the_published_cpus_and_places_by_them() -> None:
+    cache = aligning_cache("a")
 
     def publish(in_use_numa0: str) -> None:
-        spec = build_spec(preset_graph("hgx-h100"), "nvml", [], [])
-        spec["kubelet"] = {
-            "topologyManagerPolicy": "single-numa-node",
-            "cpuManagerPolicy": "static",
-            "numaNodes": [
-                {"id": 0, "cpus": "0-51", "allocatableCpus": "0-51", "cpusInUse": in_use_numa0},
-                {"id": 1, "cpus": "52-103", "allocatableCpus": "52-103", "cpusInUse": ""},
-            ],
-        }
-        cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", build_object("a", spec, [], at))
+        publish_numa(cache, "a", in_use_numa0)
 
     ps = PodSet("w", 1, 4, requests=PodRequests(cpu_millis=32000, guaranteed=True))
     publish("")
@@ -342,24 +355,8 @@ def test_gpu_pods_outside_gangs_are_held_to_the_topology_manager_in_every_verb()
     """The extender judges a plain GPU pod by the rules the solver holds gang pods to: on a
     single-numa-node kubelet with the static CPU manager, a Guaranteed pod's GPUs and CPUs
     come from one NUMA node (filter, prioritize, bind and preempt alike)."""
-    cache = ClusterCache()
-    for kind in Kind:
-        cache.replace(kind, [])
-    for name in ("a", "b"):
-        cache.apply(Kind.NODES, "ADDED", node_obj(name))
-    at = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def publish(node: str, in_use_numa0: str) -> None:
-        spec = build_spec(preset_graph("hgx-h100"), "nvml", [], [])
-        spec["kubelet"] = {
-            "topologyManagerPolicy": "single-numa-node",
-            "cpuManagerPolicy": "static",
-            "numaNodes": [
-                {"id": 0, "cpus": "0-51", "allocatableCpus": "0-51", "cpusInUse": in_use_numa0},
-                {"id": 1, "cpus": "52-103", "allocatableCpus": "52-103", "cpusInUse": ""},
-            ],
-        }
-        cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", build_object(node, spec, [], at))
+    cache = aligning_cache("a", "b")
+    publish = functools.partial(publish_numa, cache)
 
     def pod(name: str, gpus: int, cpus: int) -> PodInfo:
         obj = pod_obj(name, gpus=gpus)

@@ -473,21 +473,27 @@ def foreign_claim(node: str, gpu: int) -> dict[str, Any]:
     }
 
 
-def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() -> None:
-    from extender.kube.api import EVENTS
-    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
-
+def pair_one_bound(gang: str, gpus: int) -> tuple[FakeKube, ClusterCache, list[dict[str, Any]]]:
+    """A gang of two pods of ``gpus`` GPUs on the PCIe node, admitted; the first bound and running."""
     api = FakeKube()
     cache = pcie_cache(api)
-    api.put(RESOURCE_CLAIM_TEMPLATES, template(2))
-    first, second = dra_pod("tp2-0", gang="tp2"), dra_pod("tp2-1", gang="tp2")
+    api.put(RESOURCE_CLAIM_TEMPLATES, template(gpus))
+    first, second = dra_pod(f"{gang}-0", gang=gang), dra_pod(f"{gang}-1", gang=gang)
     pods = [patched(p, r) for p, r in zip((first, second), admit(api, cache, first, second), strict=True)]
     for i, p in enumerate(pods):
-        p["metadata"].update(namespace="llm", uid=f"uid-tp2-{i}")
+        p["metadata"].update(namespace="llm", uid=f"uid-{gang}-{i}")
     pods[0]["spec"]["nodeName"] = NODE
     pods[0]["status"] = {"phase": "Running"}
     for p in pods:
         cache.apply(Kind.PODS, "ADDED", p)
+    return api, cache, pods
+
+
+def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() -> None:
+    from extender.kube.api import EVENTS
+    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+
+    api, cache, pods = pair_one_bound("tp2", 2)
     r = cache.reservation("llm/tp2")
     assert r is not None and len(r.bound) == 1
     kept, waiting = (pinned(p) for p in pods)
@@ -523,17 +529,7 @@ def test_with_a_pod_bound_and_no_other_set_on_its_node_the_slot_waits_and_says_s
     from extender.kube.api import EVENTS
     from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
 
-    api = FakeKube()
-    cache = pcie_cache(api)
-    api.put(RESOURCE_CLAIM_TEMPLATES, template(4))
-    first, second = dra_pod("tp4-0"), dra_pod("tp4-1")
-    pods = [patched(p, r) for p, r in zip((first, second), admit(api, cache, first, second), strict=True)]
-    for i, p in enumerate(pods):
-        p["metadata"].update(namespace="llm", uid=f"uid-tp4-{i}")
-    pods[0]["spec"]["nodeName"] = NODE
-    pods[0]["status"] = {"phase": "Running"}
-    for p in pods:
-        cache.apply(Kind.PODS, "ADDED", p)
+    api, cache, pods = pair_one_bound("tp4", 4)
     waiting = pinned(pods[1])
     cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign_claim(NODE, min(waiting)))
     sync = SlotClaimSync(api, lambda: 0.0)
