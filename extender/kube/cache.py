@@ -61,6 +61,7 @@ from extender.logs import fields
 from extender.placement.feasibility import NO_FACTS, NodeFacts, usage
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
+from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
@@ -675,7 +676,7 @@ class ClusterCache:
             topo = self._topologies.get(node)
             graph = topo.graph if topo is not None else None
             pods = [self._pods[k] for k in sorted(self._by_node.get(node, ())) if k in self._pods]
-            found = node_mismatches(node, pods, topo, self.hierarchy)
+            found = node_mismatches(node, pods, topo, self.hierarchy, self._claim_promises(node, pods))
             for key in [k for k, m in self._mismatches.items() if m.node == node and k not in found]:
                 gone = self._mismatches.pop(key)
                 log.info("pod %s: the kubelet's report and the promise agree again (or it is gone)", key)
@@ -693,23 +694,47 @@ class ClusterCache:
                 if m != old:
                     self._status_changed(m.gang)
 
-    def _follow_kubelet(self, m: DeviceMismatch, graph: GpuGraph | None) -> DeviceMismatch:
-        """Move the pod's reservation slot onto the GPUs the kubelet reports it holds, so the
-        GPUs it was promised are free again and the ones it holds are not handed out."""
-        pod = self._pods[m.pod]
-        held = None
+    def _is_dra(self, node: str) -> bool:
+        """Whether a DRA driver publishes the node's devices (as :meth:`_build_state` reads it)."""
+        return node not in self._static and node in self._slices_by_node
+
+    def _slot_held(self, pod: PodInfo) -> tuple[Reservation, PodSlot] | None:
+        """The reservation slot bound to the pod, with its reservation."""
         for r in self._ledger.reservations():
             if (r.meta.get("namespace") or gang_namespace(r.gang)) == pod.namespace:
                 slot = r.slot_of(pod.name)
                 if slot is not None:
-                    held = r, slot
-                    break
+                    return r, slot
+        return None
+
+    def _claim_promises(self, node: str, pods: Iterable[PodInfo]) -> dict[str, tuple[int, ...]]:
+        """On a DRA node, what each pod with a slot there was promised: its slot's GPUs, which
+        its claim pins. The pod's ``gangslice.io/gpus`` is what its admission planned; a
+        re-plan (:mod:`extender.kube.claim_sync`) replaces the claim and the slot, not the
+        pod's annotation."""
+        if not self._is_dra(node):
+            return {}
+        out = {}
+        for pod in pods:
+            held = self._slot_held(pod)
+            if held is not None and held[1].node == node:
+                out[pod.key] = tuple(held[1].gpus)
+        return out
+
+    def _follow_kubelet(self, m: DeviceMismatch, graph: GpuGraph | None) -> DeviceMismatch:
+        """Move the pod's reservation slot onto the GPUs the kubelet reports it holds, so the
+        GPUs it was promised are free again and the ones it holds are not handed out."""
+        held = self._slot_held(self._pods[m.pod])
         if held is None:
             return m
         r, slot = held
         m = dataclasses.replace(m, gang=r.gang, slot=slot.key)
         if slot.node != m.node:
             return dataclasses.replace(m, not_corrected=f"its slot is on node {slot.node}")
+        if self._is_dra(m.node):
+            # The slot is the promise here (its claim pins it) and the allocated claims are
+            # what is taken: moving the slot would only hide the difference.
+            return dataclasses.replace(m, not_corrected="on a DRA node the slot stays what its claim pins")
         numa = None
         if graph is not None and all(g in graph.indices for g in m.reported):
             numa = graph.shape.numa_of(graph.shape.mask_of(m.reported))
@@ -1094,7 +1119,7 @@ class ClusterCache:
         self._device_maps.pop(name, None)
         self._device_problems.pop(name, None)
         dra_taken: set[int] = set()
-        if name not in self._static and name in self._slices_by_node:
+        if self._is_dra(name):
             got = self._dra_source(name)
             if got is None:
                 return None

@@ -654,3 +654,68 @@ def test_a_pod_refused_after_its_slot_was_picked_leaves_the_slot_free_for_its_re
     assert not refused["allowed"] and "creating ResourceClaim" in refused["status"]["message"], refused
     assert retried["allowed"], retried
     assert patched(pod, retried)["metadata"]["annotations"][names.SLOT] == "pods/0"
+
+
+def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mismatch(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    """Re-planning replaces the slot's claim but not the pod's ``gangslice.io/gpus`` (set at its
+    admission): the kubelet then reports the re-planned devices, which is what was promised."""
+    from extender.kube.claim_sync import SlotClaimSync
+
+    api, cache = world
+    pod = dra_pod("tp4-0", size=1)
+    (r,) = admit(api, cache, pod)
+    admitted = patched(pod, r)
+    admitted["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    cache.apply(Kind.PODS, "ADDED", admitted)
+    victim = min(pinned(admitted))
+    foreign = {
+        "metadata": {"name": "foreign", "namespace": "other"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": f"gpu-{victim}"}
+                    ]
+                }
+            }
+        },
+    }
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign)
+    assert asyncio.run(SlotClaimSync(api, lambda: 0.0).sync(cache)) == 1
+    r2 = cache.reservation("llm/tp4")
+    assert r2 is not None
+    now = r2.slice.slots[0].gpus
+    assert victim not in now
+    # kube-scheduler binds the pod; the kubelet prepares the re-planned claim's devices.
+    bound = json.loads(json.dumps(admitted))
+    bound["spec"]["nodeName"] = NODE
+    bound["status"] = {"phase": "Running"}
+    cache.apply(Kind.PODS, "MODIFIED", bound)
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    in_use = [
+        {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "main"}
+        for g in now
+    ]
+    cache.apply(
+        Kind.NODE_TOPOLOGIES,
+        "MODIFIED",
+        build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED),
+    )
+    assert cache.device_mismatches() == []
+    r3 = cache.reservation("llm/tp4")
+    assert r3 is not None and r3.slice.slots[0].gpus == now and r3.bound
+    # Devices other than the re-planned ones are a mismatch against the re-planned slot.
+    other = [g for g in graph.indices if g not in now and g != victim][:4]
+    in_use = [
+        {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "main"}
+        for g in other
+    ]
+    cache.apply(
+        Kind.NODE_TOPOLOGIES,
+        "MODIFIED",
+        build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED),
+    )
+    (m,) = cache.device_mismatches()
+    assert m.promised == tuple(sorted(now)) and m.reported == tuple(sorted(other))
