@@ -38,6 +38,9 @@ class NodeState:
     unhealthy: frozenset[int] = frozenset()
     #: The gang that holds this node's multi-node NVLink (IMEX) channel, if any.
     mnnvl_gang: str | None = None
+    #: A ComputeDomain no gang here holds that the node belongs to (in words: NVIDIA's driver
+    #: labels the node with it and refuses a second one): no gang may join the node to its own.
+    foreign_domain: str | None = None
     #: Who picks the pod's GPUs on this node (see :mod:`extender.topology.allocation`).
     allocation: Allocation = Allocation.DEVICE_PLUGIN
     #: Taints, cordon, allocatable and what other pods request: what kube-scheduler's
@@ -287,6 +290,22 @@ class ClusterSnapshot:
         node = self.nodes[i]
         return node.mnnvl_gang or self.reserved_mnnvl.get(node.name)
 
+    def channel_free(self, gang: str, i: int) -> bool:
+        """Whether ``gang`` may use node ``i``'s IMEX channel (join it to its ComputeDomain):
+        no other gang holds it, and the node belongs to no ComputeDomain of someone else."""
+        if self.nodes[i].foreign_domain is not None:
+            return False
+        owner = self.mnnvl_owner(i)
+        return owner is None or owner == gang
+
+    def channel_holder(self, i: int) -> str | None:
+        """Who holds node ``i``'s IMEX channel, in words (None: nobody)."""
+        node = self.nodes[i]
+        if node.foreign_domain is not None:
+            return node.foreign_domain
+        owner = self.mnnvl_owner(i)
+        return None if owner is None else f"gang {owner}"
+
     def domains(self) -> dict[DomainKey, list[int]]:
         """Every domain at every level, with the indices of its nodes (cached)."""
         if self._domains is None:
@@ -357,6 +376,7 @@ class ClusterSnapshot:
                 n,
                 allocated=frozenset(),
                 mnnvl_gang=None,
+                foreign_domain=None,
                 facts=n.facts.emptied(),
                 kubelet=n.kubelet and n.kubelet.emptied(),
             )
