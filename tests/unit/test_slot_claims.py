@@ -719,3 +719,53 @@ def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mi
     )
     (m,) = cache.device_mismatches()
     assert m.promised == tuple(sorted(now)) and m.reported == tuple(sorted(other))
+
+
+def test_the_cache_reads_the_driver_s_compute_domain_label_and_keeps_foreign_domains_out() -> None:
+    """A node NVIDIA's driver labels with the ComputeDomain of a gang (its channel claims name
+    the domain) is that gang's; one labelled with any other domain is no fit for another
+    gang's multi-node pod set, and the refusal names the domain."""
+    from extender.kube import compute_domains as cds
+    from extender.kube.api import COMPUTE_DOMAINS
+
+    api, cache = gb200_world()
+    pods = [wide_ep_pod(f"ep-{i}", "ep", 2) for i in range(2)]
+    assert all(r["allowed"] for r in admit(api, cache, *pods))
+    for claim in api.objects(RESOURCE_CLAIMS):
+        cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", claim)
+    (domain,) = api.objects(COMPUTE_DOMAINS)
+    r1 = cache.reservation("llm/ep")
+    assert r1 is not None
+    mine, rest = sorted(r1.slice.nodes), sorted({"t0", "t1", "t2", "t3"} - set(r1.slice.nodes))
+
+    def label(node: str, uid: str | None) -> None:
+        labels = {CLIQUE: "c0.1"} | ({cds.NODE_LABEL: uid} if uid else {})
+        cache.apply(Kind.NODES, "MODIFIED", node_obj(node, gpus=0, labels=labels, product="NVIDIA-GB200"))
+
+    label(mine[0], domain["metadata"]["uid"])
+    label(rest[0], "cd-foreign-uid")
+    snap = cache.snapshot()
+    assert snap.node(mine[0]).mnnvl_gang == "llm/ep" and snap.node(mine[0]).foreign_domain is None
+    foreign = snap.node(rest[0]).foreign_domain
+    assert foreign is not None and "cd-foreign-uid" in foreign and cds.NODE_LABEL in foreign
+    assert snap.node(rest[1]).foreign_domain is None and snap.node(rest[1]).mnnvl_gang is None
+    # A second wide-EP gang: two trays are the first gang's, one is in the foreign domain.
+    (refused,) = admit(api, cache, wide_ep_pod("ep2-0", "ep2", 2))
+    assert not refused["allowed"]
+    message = refused["status"]["message"]
+    assert "cd-foreign-uid" in message and rest[0] in message, message
+    # The driver removes the label once the node's workloads are unprepared: the tray serves.
+    label(rest[0], None)
+    assert all(r["allowed"] for r in admit(api, cache, wide_ep_pod("ep2-0", "ep2", 2)))
+    r2 = cache.reservation("llm/ep2")
+    assert r2 is not None and set(r2.slice.nodes) == set(rest)
+    # The first gang's channel claims gone (its reservation deleted): its label is someone else's.
+    channels = [c for c in api.objects(RESOURCE_CLAIMS) if cds.channel_domain(c) is not None]
+    assert {cds.channel_domain(c) for c in channels} == {
+        (domain["metadata"]["uid"], r1.meta["name"]),
+        (api.objects(COMPUTE_DOMAINS)[1]["metadata"]["uid"], r2.meta["name"]),
+    }
+    for claim in channels:
+        if cds.channel_domain(claim) == (domain["metadata"]["uid"], r1.meta["name"]):
+            cache.apply(Kind.RESOURCE_CLAIMS, "DELETED", claim)
+    assert cache.snapshot().node(mine[0]).foreign_domain is not None
