@@ -106,7 +106,9 @@ class ClusterSnapshot:
         self._per_node: tuple[list[NodeState], dict[object, list[Any]]] | None = None
         self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
         self._limits: tuple[list[NodeState], bool] | None = None
-        self._rooms: tuple[list[NodeState], dict[PodRequests, list[int]]] | None = None
+        self._rooms: tuple[list[NodeState], dict[tuple[PodRequests, Resources | None], list[int]]] | None = (
+            None
+        )
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
@@ -229,16 +231,23 @@ class ClusterSnapshot:
         ephemeral storage, the pod count), after what its pods request and ``taken``."""
         if not self.limits_resources:
             return UNLIMITED
-        if taken is not None and taken != feasibility.NOTHING:
-            return feasibility.room(requests, self.nodes[i].facts, taken)
+        facts = self.nodes[i].facts
+        if taken == feasibility.NOTHING:
+            taken = None
+        if taken is not None and taken != facts.imex_daemon:
+            return feasibility.room(requests, facts, taken)
+        # Tabled: with nothing taken, and with only the IMEX daemon taken (a gang's first pod on
+        # a clique node, :func:`~extender.placement.scoring.room_taken`).
         if self._rooms is None or self._rooms[0] is not self.nodes:
             self._rooms = (self.nodes, {})
         tables = self._rooms[1]
-        table = tables.get(requests)
+        key = (requests, taken)
+        table = tables.get(key)
         if table is None:
             while len(tables) >= ROOM_TABLES:
                 tables.pop(next(iter(tables)))
-            table = tables[requests] = [feasibility.room(requests, n.facts) for n in self.nodes]
+            got = taken or feasibility.NOTHING
+            table = tables[key] = [feasibility.room(requests, n.facts, got) for n in self.nodes]
         return table[i]
 
     def domain_free(self) -> dict[DomainKey, int]:
@@ -465,11 +474,11 @@ class ClusterSnapshot:
             # What a node's other resources hold changes with its pods: recompute those only.
             changed = [self._index[name] for name in states]
             rooms = {}
-            for requests, table in self._rooms[1].items():
+            for (requests, taken), table in self._rooms[1].items():
                 table = list(table)
                 for i in changed:
-                    table[i] = feasibility.room(requests, snap.nodes[i].facts)
-                rooms[requests] = table
+                    table[i] = feasibility.room(requests, snap.nodes[i].facts, taken or feasibility.NOTHING)
+                rooms[(requests, taken)] = table
             snap._rooms = (snap.nodes, rooms)
         snap._free = list(self._free)
         changed = sorted(snap._index[name] for name in {*states, *also} if name in snap._index)

@@ -740,6 +740,8 @@ class Solver:
 
     def _within_room(self, ps: PodSet, i: int, entry: Entry, used: Resources | None) -> Entry | None:
         """``entry`` with at most as many pods as NodeResourcesFit lets onto node ``i``."""
+        if not self.snap.limits_resources:
+            return entry
         room = self.snap.room(i, ps.requests, room_taken(self.snap, self._gang, ps, i, used))
         if room >= entry[0]:
             return entry
