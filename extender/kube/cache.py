@@ -708,6 +708,10 @@ class ClusterCache:
 
     def _slot_held(self, pod: PodInfo) -> tuple[Reservation, PodSlot] | None:
         """The reservation slot bound to the pod, with its reservation."""
+        r = self._reservation_of(pod)
+        slot = r.slot_of(pod.name) if r is not None else None
+        if r is not None and slot is not None:
+            return r, slot
         for r in self._ledger.reservations():
             if (r.meta.get("namespace") or gang_namespace(r.gang)) == pod.namespace:
                 slot = r.slot_of(pod.name)
@@ -720,10 +724,13 @@ class ClusterCache:
         its claim pins. The pod's ``gangslice.io/gpus`` is what its admission planned; a
         re-plan (:mod:`extender.kube.claim_sync`) replaces the claim and the slot, not the
         pod's annotation."""
-        if not self._is_dra(node):
+        topo = self._topologies.get(node)
+        if not self._is_dra(node) or topo is None:
             return {}
         out = {}
         for pod in pods:
+            if pod.key not in topo.in_use:
+                continue  # no report to compare
             held = self._slot_held(pod)
             if held is not None and held[1].node == node:
                 out[pod.key] = tuple(held[1].gpus)
