@@ -754,12 +754,21 @@ class ClusterCache:
         if graph is not None and all(g in graph.indices for g in m.reported):
             numa = graph.shape.numa_of(graph.shape.mask_of(m.reported))
         try:
-            moved = self._ledger.move_slot(r.gang, slot.key, m.reported, numa)
+            self.move_slot(r.gang, slot.key, m.reported, numa)
         except (LedgerError, KeyError) as exc:
             return dataclasses.replace(m, not_corrected=str(exc))
-        if moved is not r:
-            self._ledger_changed(r.gang, [m.node])
         return m
+
+    def move_slot(
+        self, gang: str, slot_key: str, gpus: Iterable[int], numa_nodes: Iterable[int] | None = None
+    ) -> Reservation:
+        """Point a slot of ``gang`` at other GPUs of its node (see :meth:`Ledger.move_slot`,
+        whose LedgerError and KeyError pass through) and queue the reservation to be written."""
+        before = self._ledger.get(gang)
+        moved = self._ledger.move_slot(gang, slot_key, gpus, numa_nodes)
+        if moved is not before:
+            self._ledger_changed(gang, [moved.slice.slot(slot_key).node])
+        return moved
 
     # -- watch events ----------------------------------------------------------------------
     def replace(self, kind: Kind, objs: Iterable[Mapping[str, Any]]) -> None:
