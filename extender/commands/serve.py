@@ -107,6 +107,13 @@ def register(sub: Any) -> None:
         "honours its PodDisruptionBudget)",
     )
     p.add_argument(
+        "--imex-daemon-requests",
+        metavar="cpu=Q,memory=Q",
+        help="what NVIDIA's IMEX daemon pod requests on each node of a ComputeDomain (the DRA "
+        "driver's controller.containers.computeDomain.resources; default none): placement keeps "
+        "room for it, and its pod slot, next to a gang's pods on multi-node NVLink nodes",
+    )
+    p.add_argument(
         "--no-controller",
         action="store_true",
         help="with --kubeconfig: run only the extender, without the admission controller and leader lease",
@@ -256,6 +263,7 @@ def controller_configs(args: argparse.Namespace) -> tuple[CheckConfig, PodGroupC
 
 def run_serve(args: argparse.Namespace) -> int:
     from extender.httpapi.server import ServeOptions, serve
+    from extender.kube import compute_domains as cds
     from extender.kube.cache import ClusterCache
     from extender.kube.store import KubeReservationStore
     from extender.placement.files import FileError
@@ -289,6 +297,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--metrics-port {args.metrics_port}: not a port number other than --port")
     if args.metrics_port and args.cluster:
         raise UsageError("--metrics-port reviews tokens with the API server: not with --cluster")
+    try:
+        daemon = cds.daemon_requests(args.imex_daemon_requests or "")
+    except ValueError as exc:
+        raise UsageError(f"--imex-daemon-requests: {exc}") from None
     check_config, podgroup_config = controller_configs(args)
     options = ServeOptions(
         args.host,
@@ -321,7 +333,7 @@ def run_serve(args: argparse.Namespace) -> int:
         api = ApiServerClient.connect(args.kubeconfig)
     except Exception as exc:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
-    cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
+    cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api), imex_daemon=daemon)
     reporter = TopologyStatusReporter(KubeTopologyStatusApi(api))
     mismatches = MismatchReporter(api, OnMismatch(args.on_mismatch))
     webhook_ca = None

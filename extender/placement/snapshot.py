@@ -40,6 +40,9 @@ class NodeState:
     unhealthy: frozenset[int] = frozenset()
     #: The gang that holds this node's multi-node NVLink (IMEX) channel, if any.
     mnnvl_gang: str | None = None
+    #: A ComputeDomain no gang here holds that the node belongs to (in words: NVIDIA's driver
+    #: labels the node with it and refuses a second one): no gang may join the node to its own.
+    foreign_domain: str | None = None
     #: Who picks the pod's GPUs on this node (see :mod:`extender.topology.allocation`).
     allocation: Allocation = Allocation.DEVICE_PLUGIN
     #: Taints, cordon, allocatable and what other pods request: what kube-scheduler's
@@ -105,7 +108,9 @@ class ClusterSnapshot:
         self._per_node: tuple[list[NodeState], dict[object, _Derived]] | None = None
         self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
         self._limits: tuple[list[NodeState], bool] | None = None
-        self._rooms: tuple[list[NodeState], dict[PodRequests, list[int]]] | None = None
+        self._rooms: tuple[list[NodeState], dict[tuple[PodRequests, Resources | None], list[int]]] | None = (
+            None
+        )
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
@@ -228,16 +233,23 @@ class ClusterSnapshot:
         ephemeral storage, the pod count), after what its pods request and ``taken``."""
         if not self.limits_resources:
             return UNLIMITED
-        if taken is not None and taken != feasibility.NOTHING:
-            return feasibility.room(requests, self.nodes[i].facts, taken)
+        facts = self.nodes[i].facts
+        if taken == feasibility.NOTHING:
+            taken = None
+        if taken is not None and taken != facts.imex_daemon:
+            return feasibility.room(requests, facts, taken)
+        # Tabled: with nothing taken, and with only the IMEX daemon taken (a gang's first pod on
+        # a clique node, :func:`~extender.placement.scoring.room_taken`).
         if self._rooms is None or self._rooms[0] is not self.nodes:
             self._rooms = (self.nodes, {})
         tables = self._rooms[1]
-        table = tables.get(requests)
+        key = (requests, taken)
+        table = tables.get(key)
         if table is None:
             while len(tables) >= ROOM_TABLES:
                 tables.pop(next(iter(tables)))
-            table = tables[requests] = [feasibility.room(requests, n.facts) for n in self.nodes]
+            got = taken or feasibility.NOTHING
+            table = tables[key] = [feasibility.room(requests, n.facts, got) for n in self.nodes]
         return table[i]
 
     def domain_free(self) -> dict[DomainKey, int]:
@@ -288,6 +300,22 @@ class ClusterSnapshot:
     def mnnvl_owner(self, i: int) -> str | None:
         node = self.nodes[i]
         return node.mnnvl_gang or self.reserved_mnnvl.get(node.name)
+
+    def channel_free(self, gang: str, i: int) -> bool:
+        """Whether ``gang`` may use node ``i``'s IMEX channel (join it to its ComputeDomain):
+        no other gang holds it, and the node belongs to no ComputeDomain of someone else."""
+        if self.nodes[i].foreign_domain is not None:
+            return False
+        owner = self.mnnvl_owner(i)
+        return owner is None or owner == gang
+
+    def channel_holder(self, i: int) -> str | None:
+        """Who holds node ``i``'s IMEX channel, in words (None: nobody)."""
+        node = self.nodes[i]
+        if node.foreign_domain is not None:
+            return node.foreign_domain
+        owner = self.mnnvl_owner(i)
+        return None if owner is None else f"gang {owner}"
 
     def domains(self) -> dict[DomainKey, list[int]]:
         """Every domain at every level, with the indices of its nodes (cached)."""
@@ -359,6 +387,7 @@ class ClusterSnapshot:
                 n,
                 allocated=frozenset(),
                 mnnvl_gang=None,
+                foreign_domain=None,
                 facts=n.facts.emptied(),
                 kubelet=n.kubelet and n.kubelet.emptied(),
             )
@@ -447,11 +476,11 @@ class ClusterSnapshot:
             # What a node's other resources hold changes with its pods: recompute those only.
             changed = [self._index[name] for name in states]
             rooms = {}
-            for requests, table in self._rooms[1].items():
+            for (requests, taken), table in self._rooms[1].items():
                 table = list(table)
                 for i in changed:
-                    table[i] = feasibility.room(requests, snap.nodes[i].facts)
-                rooms[requests] = table
+                    table[i] = feasibility.room(requests, snap.nodes[i].facts, taken or feasibility.NOTHING)
+                rooms[(requests, taken)] = table
             snap._rooms = (snap.nodes, rooms)
         if states and self._per_node is not None and self._per_node[0] is self.nodes:
             # Each entry derives from its node alone: recompute the changed nodes' only.

@@ -730,3 +730,118 @@ def test_a_pod_refused_after_its_slot_was_picked_leaves_the_slot_free_for_its_re
     assert not refused["allowed"] and "creating ResourceClaim" in refused["status"]["message"], refused
     assert retried["allowed"], retried
     assert patched(pod, retried)["metadata"]["annotations"][names.SLOT] == "pods/0"
+
+
+def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mismatch(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    """Re-planning replaces the slot's claim but not the pod's ``gangslice.io/gpus`` (set at its
+    admission): the kubelet then reports the re-planned devices, which is what was promised."""
+    from extender.kube.claim_sync import SlotClaimSync
+
+    api, cache = world
+    pod = dra_pod("tp4-0", size=1)
+    (r,) = admit(api, cache, pod)
+    admitted = patched(pod, r)
+    admitted["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    cache.apply(Kind.PODS, "ADDED", admitted)
+    victim = min(pinned(admitted))
+    foreign = {
+        "metadata": {"name": "foreign", "namespace": "other"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": f"gpu-{victim}"}
+                    ]
+                }
+            }
+        },
+    }
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign)
+    assert asyncio.run(SlotClaimSync(api, lambda: 0.0).sync(cache)) == 1
+    r2 = cache.reservation("llm/tp4")
+    assert r2 is not None
+    now = r2.slice.slots[0].gpus
+    assert victim not in now
+    # kube-scheduler binds the pod; the kubelet prepares the re-planned claim's devices.
+    bound = json.loads(json.dumps(admitted))
+    bound["spec"]["nodeName"] = NODE
+    bound["status"] = {"phase": "Running"}
+    cache.apply(Kind.PODS, "MODIFIED", bound)
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    in_use = [
+        {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "main"}
+        for g in now
+    ]
+    cache.apply(
+        Kind.NODE_TOPOLOGIES,
+        "MODIFIED",
+        build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED),
+    )
+    assert cache.device_mismatches() == []
+    r3 = cache.reservation("llm/tp4")
+    assert r3 is not None and r3.slice.slots[0].gpus == now and r3.bound
+    # Devices other than the re-planned ones are a mismatch against the re-planned slot.
+    other = [g for g in graph.indices if g not in now and g != victim][:4]
+    in_use = [
+        {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "main"}
+        for g in other
+    ]
+    cache.apply(
+        Kind.NODE_TOPOLOGIES,
+        "MODIFIED",
+        build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED),
+    )
+    (m,) = cache.device_mismatches()
+    assert m.promised == tuple(sorted(now)) and m.reported == tuple(sorted(other))
+
+
+def test_the_cache_reads_the_driver_s_compute_domain_label_and_keeps_foreign_domains_out() -> None:
+    """A node NVIDIA's driver labels with the ComputeDomain of a gang (its channel claims name
+    the domain) is that gang's; one labelled with any other domain is no fit for another
+    gang's multi-node pod set, and the refusal names the domain."""
+    from extender.kube import compute_domains as cds
+    from extender.kube.api import COMPUTE_DOMAINS
+
+    api, cache = gb200_world()
+    pods = [wide_ep_pod(f"ep-{i}", "ep", 2) for i in range(2)]
+    assert all(r["allowed"] for r in admit(api, cache, *pods))
+    for claim in api.objects(RESOURCE_CLAIMS):
+        cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", claim)
+    (domain,) = api.objects(COMPUTE_DOMAINS)
+    r1 = cache.reservation("llm/ep")
+    assert r1 is not None
+    mine, rest = sorted(r1.slice.nodes), sorted({"t0", "t1", "t2", "t3"} - set(r1.slice.nodes))
+
+    def label(node: str, uid: str | None) -> None:
+        labels = {CLIQUE: "c0.1"} | ({cds.NODE_LABEL: uid} if uid else {})
+        cache.apply(Kind.NODES, "MODIFIED", node_obj(node, gpus=0, labels=labels, product="NVIDIA-GB200"))
+
+    label(mine[0], domain["metadata"]["uid"])
+    label(rest[0], "cd-foreign-uid")
+    snap = cache.snapshot()
+    assert snap.node(mine[0]).mnnvl_gang == "llm/ep" and snap.node(mine[0]).foreign_domain is None
+    foreign = snap.node(rest[0]).foreign_domain
+    assert foreign is not None and "cd-foreign-uid" in foreign and cds.NODE_LABEL in foreign
+    assert snap.node(rest[1]).foreign_domain is None and snap.node(rest[1]).mnnvl_gang is None
+    # A second wide-EP gang: two trays are the first gang's, one is in the foreign domain.
+    (refused,) = admit(api, cache, wide_ep_pod("ep2-0", "ep2", 2))
+    assert not refused["allowed"]
+    message = refused["status"]["message"]
+    assert "cd-foreign-uid" in message and rest[0] in message, message
+    # The driver removes the label once the node's workloads are unprepared: the tray serves.
+    label(rest[0], None)
+    assert all(r["allowed"] for r in admit(api, cache, wide_ep_pod("ep2-0", "ep2", 2)))
+    r2 = cache.reservation("llm/ep2")
+    assert r2 is not None and set(r2.slice.nodes) == set(rest)
+    # The first gang's channel claims gone (its reservation deleted): its label is someone else's.
+    channels = [c for c in api.objects(RESOURCE_CLAIMS) if cds.channel_domain(c) is not None]
+    assert {cds.channel_domain(c) for c in channels} == {
+        (domain["metadata"]["uid"], r1.meta["name"]),
+        (api.objects(COMPUTE_DOMAINS)[1]["metadata"]["uid"], r2.meta["name"]),
+    }
+    for claim in channels:
+        if cds.channel_domain(claim) == (domain["metadata"]["uid"], r1.meta["name"]):
+            cache.apply(Kind.RESOURCE_CLAIMS, "DELETED", claim)
+    assert cache.snapshot().node(mine[0]).foreign_domain is not None
