@@ -342,6 +342,15 @@ FOREIGN_KEYS = (
         "A GPU's PCIe root: a slot whose GPUs share one gets `matchAttribute` on it as a safety net.",
     ),
     Key(
+        f"{NAMES}:COMPUTE_DOMAIN_NODE_LABEL",
+        "label",
+        "Node (GB200, NVIDIA's DRA driver)",
+        "read by the cluster cache",
+        "The UID of the ComputeDomain the node belongs to (set by the driver's compute-domain "
+        "kubelet plugin, which refuses a second domain there). A node in a domain that none of "
+        "gangslice's channel claims names is no fit for a multi-node NVLink pod set of any gang.",
+    ),
+    Key(
         "extender.placement.feasibility:UNSCHEDULABLE_TAINT",
         "taint (toleration key)",
         "Pod tolerations",

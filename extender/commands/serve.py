@@ -15,6 +15,7 @@ from extender.httpapi.bench import TARGET_RPS
 from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
 from extender.httpapi.limits import Limits
 from extender.kube.mismatch import OnMismatch
+from extender.kube.names import WEBHOOK_CONFIGURATION
 from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
@@ -57,6 +58,19 @@ def register(sub: Any) -> None:
         help="with --tls-client-ca: the client certificate must name one of these (subject CN or DNS SAN)",
     )
     p.add_argument(
+        "--webhook-ca-bundle",
+        metavar="FILE",
+        help="with --kubeconfig: keep the caBundle of --webhook-configuration's entries that call "
+        "gangslice equal to this CA (the one that signed --tls-cert; not needed with cert-manager's "
+        "CA injector)",
+    )
+    p.add_argument(
+        "--webhook-configuration",
+        default=WEBHOOK_CONFIGURATION,
+        metavar="NAME",
+        help=f"the MutatingWebhookConfiguration of the DRA pinning webhook (default {WEBHOOK_CONFIGURATION})",
+    )
+    p.add_argument(
         "--volcano-port",
         type=int,
         metavar="PORT",
@@ -91,6 +105,13 @@ def register(sub: Any) -> None:
         help="a pod the kubelet gave other GPUs than promised: report it (Event, DevicesMismatch "
         "condition, metric; default) or also evict it to be placed again (pods/eviction, which "
         "honours its PodDisruptionBudget)",
+    )
+    p.add_argument(
+        "--imex-daemon-requests",
+        metavar="cpu=Q,memory=Q",
+        help="what NVIDIA's IMEX daemon pod requests on each node of a ComputeDomain (the DRA "
+        "driver's controller.containers.computeDomain.resources; default none): placement keeps "
+        "room for it, and its pod slot, next to a gang's pods on multi-node NVLink nodes",
     )
     p.add_argument(
         "--no-controller",
@@ -242,6 +263,7 @@ def controller_configs(args: argparse.Namespace) -> tuple[CheckConfig, PodGroupC
 
 def run_serve(args: argparse.Namespace) -> int:
     from extender.httpapi.server import ServeOptions, serve
+    from extender.kube import compute_domains as cds
     from extender.kube.cache import ClusterCache
     from extender.kube.store import KubeReservationStore
     from extender.placement.files import FileError
@@ -259,6 +281,15 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--tls-client-ca needs --tls-cert and --tls-key")
     if args.tls_client_names and not args.tls_client_ca:
         raise UsageError("--tls-client-names needs --tls-client-ca")
+    if args.webhook_ca_bundle:
+        from extender.kube.webhook_ca import CaBundleError, read_ca
+
+        if args.cluster or not args.tls_cert:
+            raise UsageError("--webhook-ca-bundle needs --tls-cert and an API server (not --cluster)")
+        try:
+            read_ca(args.webhook_ca_bundle)
+        except CaBundleError as exc:
+            raise UsageError(f"--webhook-ca-bundle {exc}") from None
     client_names = frozenset(n.strip() for n in (args.tls_client_names or "").split(",") if n.strip())
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
@@ -266,6 +297,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--metrics-port {args.metrics_port}: not a port number other than --port")
     if args.metrics_port and args.cluster:
         raise UsageError("--metrics-port reviews tokens with the API server: not with --cluster")
+    try:
+        daemon = cds.daemon_requests(args.imex_daemon_requests or "")
+    except ValueError as exc:
+        raise UsageError(f"--imex-daemon-requests: {exc}") from None
     check_config, podgroup_config = controller_configs(args)
     options = ServeOptions(
         args.host,
@@ -298,9 +333,14 @@ def run_serve(args: argparse.Namespace) -> int:
         api = ApiServerClient.connect(args.kubeconfig)
     except Exception as exc:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
-    cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
+    cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api), imex_daemon=daemon)
     reporter = TopologyStatusReporter(KubeTopologyStatusApi(api))
     mismatches = MismatchReporter(api, OnMismatch(args.on_mismatch))
+    webhook_ca = None
+    if args.webhook_ca_bundle:
+        from extender.kube.webhook_ca import WebhookCa
+
+        webhook_ca = WebhookCa(api, args.webhook_configuration, args.webhook_ca_bundle)
     reviewer = None
     if args.metrics_port:
         from extender.httpapi.secure_metrics import ApiReviewer
@@ -308,7 +348,15 @@ def run_serve(args: argparse.Namespace) -> int:
         reviewer = ApiReviewer(api)
     if args.no_controller:
         asyncio.run(
-            serve(cache, options, api, topology_status=reporter, reviewer=reviewer, mismatches=mismatches)
+            serve(
+                cache,
+                options,
+                api,
+                topology_status=reporter,
+                reviewer=reviewer,
+                mismatches=mismatches,
+                webhook_ca=webhook_ca,
+            )
         )
         return EXIT_OK
     from extender.controllers.runner import run_controller
@@ -333,6 +381,7 @@ def run_serve(args: argparse.Namespace) -> int:
             topology_status=reporter,
             reviewer=reviewer,
             mismatches=mismatches,
+            webhook_ca=webhook_ca,
         )
     )
     return EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, TextIO
 
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK
 from extender.placement.files import FileError
+from extender.sim.engine import IMEX_STARTUP_S
 
 
 def register(sub: Any) -> None:
@@ -28,6 +30,14 @@ def register(sub: Any) -> None:
     p.add_argument("--policies", metavar="A,B", help="policies to compare, comma-separated (default: all)")
     p.add_argument(
         "--no-wait", action="store_true", help="reject a gang the policy cannot place when it arrives"
+    )
+    p.add_argument(
+        "--imex-startup-s",
+        type=float,
+        default=IMEX_STARTUP_S,
+        metavar="SECONDS",
+        help="how much longer a gang on multi-node NVLink waits for its ComputeDomain's IMEX daemons "
+        f"before its pods run, every policy alike (default {IMEX_STARTUP_S:g})",
     )
     p.add_argument("--out", metavar="DIR", help="write report.md, results.json, gangs.jsonl, trace and plots")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -97,6 +107,12 @@ def run(args: argparse.Namespace) -> int:
     except FileError as exc:
         print(f"gangslice simulate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if not 0 <= args.imex_startup_s < math.inf:
+        print(
+            f"gangslice simulate: --imex-startup-s {args.imex_startup_s:g}: not a number of seconds",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     progress = None if args.quiet else ProgressLine(sys.stderr)
     if args.check_dominance:
         return check_dominance(args, cluster, policies, progress)
@@ -108,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         no_wait=args.no_wait,
         cluster_source=args.cluster or "default",
         progress=progress.start if progress else None,
+        imex_startup_s=args.imex_startup_s,
     )
     if args.out:
         write_folder(outcome, Path(args.out))
@@ -150,7 +167,12 @@ def check_dominance(
         if progress is not None:
             print(f"{spec.label}:", file=sys.stderr)
         outcome = run_simulation(
-            fleet, trace, policies, seed=spec.seed, progress=progress.start if progress else None
+            fleet,
+            trace,
+            policies,
+            seed=spec.seed,
+            progress=progress.start if progress else None,
+            imex_startup_s=args.imex_startup_s,
         )
         cells = compare(spec.label, outcome.results)
         print(render(spec.label, cells))

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from extender.kube import compute_domains as cds
 from extender.kube import dra, names
 from extender.kube.api import ALL_KINDS, Kind
 from extender.kube.crd_models import (
@@ -58,9 +59,10 @@ from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore, ReservationStore, StatusNotSaved
 from extender.kube.topology_status import DEVICES_MATCHED, accepted_condition, condition_of
 from extender.logs import fields
-from extender.placement.feasibility import NO_FACTS, NodeFacts, usage
+from extender.placement.feasibility import IMEX_DAEMON, NO_FACTS, NOTHING, NodeFacts, Resources, usage
 from extender.placement.files import load_cluster
-from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
+from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation, hold_requests
+from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
@@ -97,8 +99,12 @@ class ClusterCache:
         store: ReservationStore | None = None,
         clock: Callable[[], float] = time.time,
         awaiting: Iterable[Kind] = ALL_KINDS,
+        imex_daemon: Resources = IMEX_DAEMON,
     ) -> None:
         self.hierarchy = hierarchy or Hierarchy()
+        #: What the IMEX daemon pod of a ComputeDomain takes on each node (``serve
+        #: --imex-daemon-requests``).
+        self.imex_daemon = imex_daemon
         self.store: ReservationStore = store if store is not None else InMemoryReservationStore(clock)
         self.clock = clock
         self._ledger = Ledger(ttl_s)
@@ -122,6 +128,9 @@ class ClusterCache:
         self._device_classes: dict[str, frozenset[str]] = {}
         self._claim_devices: dict[str, tuple[tuple[str, str, str], ...]] = {}
         self._allocated_by_pool: dict[str, set[str]] = {}
+        #: gangslice's ComputeDomain channel claims (``ns/name``) -> (domain UID, namespace,
+        #: SliceReservation name): whose domain a node's ``resource.nvidia.com/computeDomain`` is.
+        self._channels: dict[str, tuple[str, str, str]] = {}
         #: DRA nodes whose devices pair with their NodeTopology's GPUs, and why the others do not.
         self._device_maps: dict[str, dra.DeviceMap] = {}
         self._device_problems: dict[str, str] = {}
@@ -135,6 +144,8 @@ class ClusterCache:
         self._view: ClusterSnapshot | None = None
         #: Nodes whose reserved GPUs changed since the view was last brought up to date.
         self._held_dirty: set[str] = set()
+        #: Nodes whose state in ``_view`` counts the requests of reserved pods not bound yet.
+        self._folded: set[str] = set()
         self._version = 0
         self._node_generation = 0
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
@@ -266,6 +277,8 @@ class ClusterCache:
                 self._snap = self._snap.updated(changed)
                 if self._view is not None:
                     self._view = self._view.updated(changed)
+                    # Their fresh states lack the held requests: view() counts them again.
+                    self._held_dirty.update(n for n in changed if n in self._folded)
         return self._snap
 
     def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot:
@@ -276,9 +289,16 @@ class ClusterCache:
             return self._ledger.view(snap, ex)
         if self._view is None:
             self._view = self._ledger.view(snap)
+            self._folded = _limiting(snap, self._ledger.held_requests())
         elif self._held_dirty:
             held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
-            self._view = self._view.updated({}, held, mnnvl, self._held_dirty)
+            view = self._view.updated({}, held, mnnvl, self._held_dirty)
+            requests = self._ledger.held_requests()
+            again = {
+                n: requests.get(n, NOTHING) for n in self._held_dirty if n in requests or n in self._folded
+            }
+            self._view = hold_requests(view, again, base=snap)
+            self._folded = _limiting(snap, requests)
         self._held_dirty.clear()
         return self._view
 
@@ -457,7 +477,7 @@ class ClusterCache:
     def bind_slot(self, gang: str, slot_key: str, pod: str) -> Reservation:
         """Mark a slot taken by ``pod`` (refreshes the hold); LedgerError/KeyError if not possible."""
         r = self._ledger.bind(gang, slot_key, pod, self.clock())
-        self._ledger_changed(gang)
+        self._ledger_changed(gang, self._holding(r.slice.slot(slot_key).node))
         return r
 
     def unbind_slot(self, gang: str, slot_key: str) -> Reservation:
@@ -467,8 +487,15 @@ class ClusterCache:
         assert released is not None
         r = dataclasses.replace(r, phase=Phase.RESERVED, expires_at=self.clock() + self._ledger.ttl_s)
         self._ledger.restore(r)
-        self._ledger_changed(gang)
+        self._ledger_changed(gang, self._holding(r.slice.slot(slot_key).node))
         return r
+
+    def _holding(self, node: str) -> list[str]:
+        """``[node]`` where the view counts reserved pods' requests (the node reports what it
+        can hold: a bind or unbind changes what is held there), else nothing: there a bind
+        changes no node's offer."""
+        snap = self._snap
+        return [node] if snap is not None and _limiting(snap, (node,)) else []
 
     def expire(self) -> list[Reservation]:
         """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
@@ -675,7 +702,7 @@ class ClusterCache:
             topo = self._topologies.get(node)
             graph = topo.graph if topo is not None else None
             pods = [self._pods[k] for k in sorted(self._by_node.get(node, ())) if k in self._pods]
-            found = node_mismatches(node, pods, topo, self.hierarchy)
+            found = node_mismatches(node, pods, topo, self.hierarchy, self._claim_promises(node, pods))
             for key in [k for k, m in self._mismatches.items() if m.node == node and k not in found]:
                 gone = self._mismatches.pop(key)
                 log.info("pod %s: the kubelet's report and the promise agree again (or it is gone)", key)
@@ -693,33 +720,73 @@ class ClusterCache:
                 if m != old:
                     self._status_changed(m.gang)
 
-    def _follow_kubelet(self, m: DeviceMismatch, graph: GpuGraph | None) -> DeviceMismatch:
-        """Move the pod's reservation slot onto the GPUs the kubelet reports it holds, so the
-        GPUs it was promised are free again and the ones it holds are not handed out."""
-        pod = self._pods[m.pod]
-        held = None
+    def _is_dra(self, node: str) -> bool:
+        """Whether a DRA driver publishes the node's devices (as :meth:`_build_state` reads it)."""
+        return node not in self._static and node in self._slices_by_node
+
+    def _slot_held(self, pod: PodInfo) -> tuple[Reservation, PodSlot] | None:
+        """The reservation slot bound to the pod, with its reservation."""
+        r = self._reservation_of(pod)
+        slot = r.slot_of(pod.name) if r is not None else None
+        if r is not None and slot is not None:
+            return r, slot
         for r in self._ledger.reservations():
             if (r.meta.get("namespace") or gang_namespace(r.gang)) == pod.namespace:
                 slot = r.slot_of(pod.name)
                 if slot is not None:
-                    held = r, slot
-                    break
+                    return r, slot
+        return None
+
+    def _claim_promises(self, node: str, pods: Iterable[PodInfo]) -> dict[str, tuple[int, ...]]:
+        """On a DRA node, what each pod with a slot there was promised: its slot's GPUs, which
+        its claim pins. The pod's ``gangslice.io/gpus`` is what its admission planned; a
+        re-plan (:mod:`extender.kube.claim_sync`) replaces the claim and the slot, not the
+        pod's annotation."""
+        topo = self._topologies.get(node)
+        if not self._is_dra(node) or topo is None:
+            return {}
+        out = {}
+        for pod in pods:
+            if pod.key not in topo.in_use:
+                continue  # no report to compare
+            held = self._slot_held(pod)
+            if held is not None and held[1].node == node:
+                out[pod.key] = tuple(held[1].gpus)
+        return out
+
+    def _follow_kubelet(self, m: DeviceMismatch, graph: GpuGraph | None) -> DeviceMismatch:
+        """Move the pod's reservation slot onto the GPUs the kubelet reports it holds, so the
+        GPUs it was promised are free again and the ones it holds are not handed out."""
+        held = self._slot_held(self._pods[m.pod])
         if held is None:
             return m
         r, slot = held
         m = dataclasses.replace(m, gang=r.gang, slot=slot.key)
         if slot.node != m.node:
             return dataclasses.replace(m, not_corrected=f"its slot is on node {slot.node}")
+        if self._is_dra(m.node):
+            # The slot is the promise here (its claim pins it) and the allocated claims are
+            # what is taken: moving the slot would only hide the difference.
+            return dataclasses.replace(m, not_corrected="on a DRA node the slot stays what its claim pins")
         numa = None
         if graph is not None and all(g in graph.indices for g in m.reported):
             numa = graph.shape.numa_of(graph.shape.mask_of(m.reported))
         try:
-            moved = self._ledger.move_slot(r.gang, slot.key, m.reported, numa)
+            self.move_slot(r.gang, slot.key, m.reported, numa)
         except (LedgerError, KeyError) as exc:
             return dataclasses.replace(m, not_corrected=str(exc))
-        if moved is not r:
-            self._ledger_changed(r.gang, [m.node])
         return m
+
+    def move_slot(
+        self, gang: str, slot_key: str, gpus: Iterable[int], numa_nodes: Iterable[int] | None = None
+    ) -> Reservation:
+        """Point a slot of ``gang`` at other GPUs of its node (see :meth:`Ledger.move_slot`,
+        whose LedgerError and KeyError pass through) and queue the reservation to be written."""
+        before = self._ledger.get(gang)
+        moved = self._ledger.move_slot(gang, slot_key, gpus, numa_nodes)
+        if moved is not before:
+            self._ledger_changed(gang, [moved.slice.slot(slot_key).node])
+        return moved
 
     # -- watch events ----------------------------------------------------------------------
     def replace(self, kind: Kind, objs: Iterable[Mapping[str, Any]]) -> None:
@@ -759,8 +826,12 @@ class ClusterCache:
         elif kind is Kind.RESOURCE_CLAIMS:
             for key in list(self._claim_devices):
                 self._put_claim(key, ())
-            for obj in items:
-                self._put_claim(_claim_key(obj), dra.allocated_devices(obj))
+            listed = {_claim_key(obj): obj for obj in items}
+            for key in [k for k in self._channels if k not in listed]:
+                self._put_channel(key, None)
+            for key, obj in listed.items():
+                self._put_claim(key, dra.allocated_devices(obj))
+                self._put_channel(key, obj)
         elif kind is Kind.PODS:
             fresh_pods = {p.key: p for p in (PodInfo.from_obj(o) for o in items) if p.name}
             for key in [k for k in self._pods if k not in fresh_pods]:
@@ -819,6 +890,7 @@ class ClusterCache:
             self._put_device_class(event_type, obj)
         elif kind is Kind.RESOURCE_CLAIMS:
             self._put_claim(_claim_key(obj), () if deleted else dra.allocated_devices(obj))
+            self._put_channel(_claim_key(obj), None if deleted else obj)
         elif kind is Kind.PODS:
             pod = PodInfo.from_obj(obj)
             if not pod.name:
@@ -883,6 +955,40 @@ class ClusterCache:
                 del self._allocated_by_pool[pool]
             self._mark(pool)
 
+    def _put_channel(self, key: str, obj: Mapping[str, Any] | None) -> None:
+        got = cds.channel_domain(obj) if obj is not None else None
+        now = (got[0], key.split("/", 1)[0], got[1]) if got is not None else None
+        before = self._channels.get(key)
+        if now == before:
+            return
+        if now is None:
+            del self._channels[key]
+        else:
+            self._channels[key] = now
+        self._mark_domain({d[0] for d in (before, now) if d is not None})
+
+    def _mark_domain(self, uids: set[str]) -> None:
+        """Rebuild the nodes NVIDIA's driver labels with one of these ComputeDomains."""
+        if uids:
+            for name, rec in self._records.items():
+                if rec.labels.get(cds.NODE_LABEL) in uids:
+                    self._mark(name)
+
+    def _domain_holder(self, labels: Mapping[str, str]) -> tuple[str | None, str | None]:
+        """(the gang, else the words for someone else) holding the ComputeDomain the node's
+        ``resource.nvidia.com/computeDomain`` label names; (None, None) without the label.
+        A domain is a gang's when one of gangslice's channel claims of its reservation names
+        it (the domain it created, or the one it adopted)."""
+        uid = labels.get(cds.NODE_LABEL)
+        if not uid:
+            return None, None
+        for domain, namespace, reservation in self._channels.values():
+            if domain == uid:
+                r = self.reservation_named(namespace, reservation)
+                if r is not None:
+                    return r.gang, None
+        return None, cds.label_holder(uid)
+
     def _read_topology(self, obj: Mapping[str, Any]) -> None:
         """Take in one NodeTopology object (it has a name): its graph, or why it is refused."""
         meta = obj.get("metadata")
@@ -931,6 +1037,12 @@ class ClusterCache:
         """``nodes``: where the reserved GPUs changed (none for a bind or unbind)."""
         self._named = None
         self._held_changed(nodes)
+        if self._channels and (deleted is not None or nodes):
+            r = deleted or self._ledger.get(gang)
+            if r is not None:
+                ns = r.meta.get("namespace") or gang_namespace(gang)
+                name = r.meta.get("name") or object_name(gang)
+                self._mark_domain({u for u, n, res in self._channels.values() if (n, res) == (ns, name)})
         if deleted is not None:
             self._pending[gang] = deleted
         else:
@@ -1094,7 +1206,7 @@ class ClusterCache:
         self._device_maps.pop(name, None)
         self._device_problems.pop(name, None)
         dra_taken: set[int] = set()
-        if name not in self._static and name in self._slices_by_node:
+        if self._is_dra(name):
             got = self._dra_source(name)
             if got is None:
                 return None
@@ -1132,12 +1244,15 @@ class ClusterCache:
             free = [g for g in order if g not in taken][: p.gpus]
             self._pod_gpus[p.key] = frozenset(free)
             taken.update(free)
+        holder, foreign = self._domain_holder(src.labels)
         return NodeState(
             name,
             src.labels,
             src.graph,
             frozenset(taken),
             frozenset(sick & known),
+            mnnvl_gang=holder,
+            foreign_domain=foreign,
             allocation=src.allocation,
             facts=self._facts(name, src),
             kubelet=src.kubelet,
@@ -1151,7 +1266,7 @@ class ClusterCache:
             p = self._pods.get(key)
             if p is not None and not p.terminal:
                 requested = requested.plus(usage(p.needs.requests))
-        return dataclasses.replace(src.facts, requested=requested)
+        return dataclasses.replace(src.facts, requested=requested, imex_daemon=self.imex_daemon)
 
 
 def object_name_of(obj: Mapping[str, Any]) -> str:
@@ -1177,3 +1292,8 @@ def _offer(state: NodeState | None) -> tuple[object, ...] | None:
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:
     """What of a pod decides the GPUs it takes (a status-only update changes none of it)."""
     return pod.node, pod.holds_gpus, pod.gpus, pod.annotations.get(GPUS_ANNOTATION), pod.needs.requests
+
+
+def _limiting(snap: ClusterSnapshot, held: Iterable[str]) -> set[str]:
+    """The nodes of ``held`` whose pods' requests count (they report what they can hold)."""
+    return {n for n in held if snap.has_node(n) and snap.node(n).facts.allocatable.reported}

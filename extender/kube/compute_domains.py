@@ -15,10 +15,20 @@ pods on such a node:
   claim (a template would give each pod a claim of its own, and the second could never be
   allocated).
 
-The driver's constraints that placement already keeps: a node belongs to one ComputeDomain at
-a time (the driver labels it ``resource.nvidia.com/computeDomain=<uid>`` and refuses a second),
-which the solver models as one IMEX channel per node held by one gang (``mnnvlNodes`` in the
-ledger); so a second gang on the same clique never shares a node with the first.
+The driver's constraints that placement keeps:
+
+- a node belongs to one ComputeDomain at a time (the driver's kubelet plugin labels it
+  :data:`NODE_LABEL` ``=<uid>`` when it prepares a channel there, refuses a channel of another
+  domain while the label stays, and removes it once the node's workloads are unprepared). The
+  solver models it as one IMEX channel per node held by one gang (``mnnvlNodes`` in the
+  ledger), so a second gang on the same clique never shares a node with the first; and the
+  cluster cache reads the label (:func:`label_holder`): a node labelled with a domain none of
+  gangslice's channel claims names (a domain gangslice did not create, nor a gang adopted) is
+  no fit for any gang's multi-node pod set (``NodeState.foreign_domain``). A gang that adopts
+  a domain other workloads already run on cannot use those nodes either: each holds the
+  node's only channel.
+- room for the IMEX daemon pod the driver starts on each node of the domain
+  (:data:`extender.placement.feasibility.IMEX_DAEMON`).
 """
 
 from __future__ import annotations
@@ -29,12 +39,16 @@ from typing import Any
 
 from extender.kube import dra, names
 from extender.kube.api import COMPUTE_DOMAINS, Conflict, KubeClient
+from extender.placement import quantities
+from extender.placement.feasibility import IMEX_DAEMON, Resources
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 #: The DeviceClass of a ComputeDomain's IMEX channel (NVIDIA's chart).
 CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
 #: The name of the channel claim in the pod's ``resourceClaims`` (and its containers' claims).
 POD_CLAIM = "imex-channel"
+#: The node label NVIDIA's driver sets to the UID of the ComputeDomain the node belongs to.
+NODE_LABEL = names.COMPUTE_DOMAIN_NODE_LABEL
 
 
 def _dns(raw: str, limit: int = 253) -> str:
@@ -139,3 +153,51 @@ class ComputeDomains:
             return await self._api.create(COMPUTE_DOMAINS, domain)
         except Conflict:
             return await self._api.get(COMPUTE_DOMAINS, meta["name"], meta["namespace"])
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def channel_domain(claim: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(the ComputeDomain UID, the SliceReservation name) of one of gangslice's channel claims
+    (:func:`build_channel_claim`), or None for any other claim."""
+    meta = _map(claim.get("metadata"))
+    owner = next(
+        (
+            str(o.get("name"))
+            for o in meta.get("ownerReferences") or ()
+            if isinstance(o, Mapping) and o.get("kind") == "SliceReservation" and o.get("name")
+        ),
+        None,
+    )
+    if owner is None:
+        return None
+    for entry in _map(_map(claim.get("spec")).get("devices")).get("config") or ():
+        opaque = _map(_map(entry).get("opaque"))
+        params = _map(opaque.get("parameters"))
+        if opaque.get("driver") == dra.COMPUTE_DOMAIN_DRIVER and params.get("domainID"):
+            return str(params["domainID"]), owner
+    return None
+
+
+def label_holder(uid: str) -> str:
+    """A node's ComputeDomain no gang here holds, in words."""
+    return f"ComputeDomain {uid} (node label {NODE_LABEL}), which no gang of gangslice's created or adopted"
+
+
+def daemon_requests(text: str) -> Resources:
+    """What the IMEX daemon pod takes of a node, from ``cpu=100m,memory=128Mi`` (the requests
+    of the driver's ``controller.containers.computeDomain.resources``; empty: none), plus its
+    pod slot."""
+    got = {"cpu": 0, "memory": 0, "ephemeral-storage": 0}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in got:
+            raise ValueError(f"{part!r}: expected cpu=, memory= or ephemeral-storage= with a quantity")
+        try:
+            got[key] = quantities.milli(value.strip()) if key == "cpu" else quantities.whole(value.strip())
+        except quantities.QuantityError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    return Resources(got["cpu"], got["memory"], got["ephemeral-storage"], IMEX_DAEMON.pods)

@@ -124,11 +124,16 @@ def tier_of(graph: GpuGraph, gpus: Iterable[int]) -> Tier | None:
 
 
 def compare(
-    pod: PodInfo, reported: Iterable[int], graph: GpuGraph | None, hierarchy: Hierarchy
+    pod: PodInfo,
+    reported: Iterable[int],
+    graph: GpuGraph | None,
+    hierarchy: Hierarchy,
+    promise: Iterable[int] | None = None,
 ) -> DeviceMismatch | None:
-    """The mismatch of a bound pod between its ``gangslice.io/gpus`` annotation and what the
-    kubelet reports it holds; None when they agree or either is missing."""
-    promised = tuple(sorted(pod.assigned_gpus or ()))
+    """The mismatch of a bound pod between what it was promised (``promise``, else its
+    ``gangslice.io/gpus`` annotation) and what the kubelet reports it holds; None when they
+    agree or either is missing."""
+    promised = tuple(sorted(pod.assigned_gpus or () if promise is None else set(promise)))
     got = tuple(sorted(set(reported)))
     if not promised or not got or set(promised) == set(got) or pod.node is None:
         return None
@@ -146,10 +151,15 @@ def compare(
 
 
 def node_mismatches(
-    node: str, pods: Iterable[PodInfo], topology: NodeTopology | None, hierarchy: Hierarchy
+    node: str,
+    pods: Iterable[PodInfo],
+    topology: NodeTopology | None,
+    hierarchy: Hierarchy,
+    promises: Mapping[str, Iterable[int]] | None = None,
 ) -> dict[str, DeviceMismatch]:
     """The mismatches of the bound, running pods of ``node`` its NodeTopology reports (pod key
-    -> mismatch); none without a NodeTopology or a report of the pod."""
+    -> mismatch); none without a NodeTopology or a report of the pod. ``promises``: what a pod
+    was promised where that is not its annotation (pod key -> GPUs)."""
     if topology is None:
         return {}
     out = {}
@@ -157,7 +167,7 @@ def node_mismatches(
         reported = topology.in_use.get(pod.key)
         if pod.node != node or not pod.holds_gpus or pod.deleting or not reported:
             continue
-        m = compare(pod, reported, topology.graph, hierarchy)
+        m = compare(pod, reported, topology.graph, hierarchy, (promises or {}).get(pod.key))
         if m is not None:
             out[pod.key] = m
     return out

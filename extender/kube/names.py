@@ -70,6 +70,9 @@ VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_TASK_SPEC = "volcano.sh/task-spec"
 #: LeaderWorkerSet: the replica group a pod belongs to (a plain gang per group).
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+#: NVIDIA's DRA driver: the node label its compute-domain kubelet plugin sets to the UID of the
+#: ComputeDomain the node belongs to (``computeDomainLabelKey`` in the driver's code).
+COMPUTE_DOMAIN_NODE_LABEL = "resource.nvidia.com/computeDomain"
 #: Kueue: the pod set a pod was admitted as.
 KUEUE_PODSET = "kueue.x-k8s.io/podset"
 #: Kueue TAS pod template annotations: the required and preferred topology (node label keys)
@@ -91,3 +94,5 @@ META_OWNER_API_VERSION = "ownerApiVersion"
 #: Reservation meta: "true" when its slots are pinned by per-slot ResourceClaims (DRA nodes).
 META_SLOT_CLAIMS = "slotClaims"
 OWNER_MANAGED_KINDS = frozenset({"Workload", "PodGroup"})
+#: The MutatingWebhookConfiguration of the DRA pinning webhook (manifests/dra/webhook.yaml).
+WEBHOOK_CONFIGURATION = "gangslice-dra"

@@ -28,6 +28,7 @@ from extender.placement.scoring import (
     objective,
     pod_tier,
     pods_talk,
+    room_taken,
     violations,
 )
 from extender.placement.slice import PodSlot, Slice
@@ -83,8 +84,8 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
             budget[0] -= 1
             i, mask, nth = opts[j]
             here = used.get(i, feasibility.NOTHING)
-            if limits and snap.room(i, ps.requests, here) < 1:
-                continue  # NodeResourcesFit: the gang's pods already there fill the node
+            if limits and snap.room(i, ps.requests, room_taken(snap, gang.name, ps, i, here)) < 1:
+                continue  # NodeResourcesFit: the gang's pods (and IMEX daemon) there fill the node
             node = snap.nodes[i]
             if nth >= 0:
                 held = own.get((ps.name, i), 0)

@@ -95,6 +95,12 @@ class Resources:
 
 
 NOTHING = Resources(0, 0, 0, 0)
+#: What the IMEX daemon pod takes of each node of a ComputeDomain. NVIDIA's DRA driver starts
+#: one per node (a DaemonSet per ComputeDomain, selected by the node label its kubelet plugin
+#: sets when a pod of the domain is prepared there): one pod slot, and the container resources
+#: of the driver's chart value ``controller.containers.computeDomain.resources`` (the
+#: controller's ``--cd-daemon-resources-json``), empty by default, so no cpu or memory.
+IMEX_DAEMON = Resources(0, 0, 0, 1)
 
 
 def _add(a: int | None, b: int | None) -> int | None:
@@ -120,6 +126,8 @@ class NodeFacts:
     allocatable: Resources = Resources()
     #: What the non-terminal pods already bound to the node request (pods: how many).
     requested: Resources = NOTHING
+    #: What the IMEX daemon pod of a ComputeDomain takes here (:func:`with_imex_daemon`).
+    imex_daemon: Resources = IMEX_DAEMON
 
     @property
     def constrains(self) -> bool:
@@ -127,11 +135,11 @@ class NodeFacts:
 
     def emptied(self) -> NodeFacts:
         """The same node with no pods on it."""
-        return NodeFacts(self.taints, self.unschedulable, self.allocatable)
+        return NodeFacts(self.taints, self.unschedulable, self.allocatable, imex_daemon=self.imex_daemon)
 
     def static(self) -> tuple[object, ...]:
         """What of the node counts on an empty cluster."""
-        return (self.taints, self.unschedulable, self.allocatable)
+        return (self.taints, self.unschedulable, self.allocatable, self.imex_daemon)
 
 
 NO_FACTS = NodeFacts()
@@ -238,6 +246,14 @@ def room(requests: PodRequests, facts: NodeFacts, taken: Resources = NOTHING) ->
     if alloc.pods is not None:
         best = min(best, max(0, alloc.pods - (used.pods or 0)))
     return best
+
+
+def with_imex_daemon(taken: Resources | None, facts: NodeFacts) -> Resources:
+    """What a gang takes of a node it joins to its ComputeDomain: its pods there (``taken``)
+    and the IMEX daemon pod NVIDIA's driver starts on the node. kube-scheduler places that pod
+    after the gang's first pod there is prepared, so its room must be left when the gang is
+    placed, or the gang's pods wait in ContainerCreating for a daemon that has no room."""
+    return (taken or NOTHING).plus(facts.imex_daemon)
 
 
 def room_refusal(requests: PodRequests, facts: NodeFacts, taken: Resources = NOTHING) -> Refusal | None:

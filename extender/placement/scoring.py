@@ -287,6 +287,26 @@ def objective(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]
     return fabric_waste(snap, gang, slots), sum(gang_micros(snap, gang, slots).values())
 
 
+def room_taken(
+    snap: ClusterSnapshot, gang: str, ps: PodSet, i: int, taken: feasibility.Resources | None
+) -> feasibility.Resources | None:
+    """What NodeResourcesFit must count as taken on node ``i`` before one more pod of ``ps``:
+    what the gang's pods there take (``taken``), and the IMEX daemon pod where the pod may join
+    the gang's ComputeDomain (:func:`~extender.placement.feasibility.with_imex_daemon`): the
+    node is in a multi-node NVLink clique, the pod set's pods talk and hold GPUs, and no daemon
+    of the gang's domain runs there yet (the driver's label names no domain of the gang).
+
+    Whether the pod set spans several nodes of the clique (and so needs the domain) is known
+    only once it is placed; the room is kept on every clique node it may take, which costs at
+    most the daemon's room on a node that a pod set on one node would have filled."""
+    if not ps.gpus_per_pod or not pods_talk(ps) or snap.clique(i) is None:
+        return taken
+    node = snap.nodes[i]
+    if node.mnnvl_gang == gang:
+        return taken
+    return feasibility.with_imex_daemon(taken, node.facts)
+
+
 def mnnvl_nodes(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> tuple[str, ...]:
     """Nodes whose multi-node NVLink (IMEX) channel the slice claims: the clique nodes of every
     pod set that spans several nodes and whose pods talk (a ``comm: none`` pod set claims none)."""
@@ -375,12 +395,17 @@ def violations(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot
             i = snap.index(s.node)
             node = snap.nodes[i]
             refused = feasibility.refusal(ps.node_needs, node.name, node.labels, node.facts)
+            daemon = ""
             if refused is None:
                 here = pods_on.get(i, feasibility.NOTHING)
                 refused = feasibility.room_refusal(ps.requests, node.facts, here)
+                with_daemon = room_taken(snap, gang.name, ps, i, here) or here
+                if refused is None and with_daemon != here:
+                    refused = feasibility.room_refusal(ps.requests, node.facts, with_daemon)
+                    daemon = " with the IMEX daemon pod of the gang's ComputeDomain"
                 pods_on[i] = here.plus(feasibility.usage(ps.requests))
             if refused is not None:
-                problems.append(f"slot {s.key}: {s.node} refused by {refused}")
+                problems.append(f"slot {s.key}: {s.node} refused by {refused}{daemon}")
             if ps.gpus_per_pod == 0:
                 continue  # a pod without GPUs has no in-node tier to keep
             tier = pod_tier(snap, i, ps, need)
@@ -433,7 +458,8 @@ def _mnnvl_violations(snap: ClusterSnapshot, gang: str, pod_set: str, nodes: Seq
             f"pod set {pod_set}: spans several NVLink cliques or mixes clique and non-clique nodes"
         )
     for n in nodes:
-        owner = snap.mnnvl_owner(snap.index(n))
-        if owner is not None and owner != gang:
-            problems.append(f"pod set {pod_set}: node {n}'s NVLink channel is held by gang {owner}")
+        i = snap.index(n)
+        if not snap.channel_free(gang, i):
+            holder = snap.channel_holder(i)
+            problems.append(f"pod set {pod_set}: node {n}'s NVLink channel is held by {holder}")
     return problems

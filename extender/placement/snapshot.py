@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +29,8 @@ FreeClass = tuple[str, int]
 RoomClass = tuple[str, int, int]
 #: :meth:`ClusterSnapshot.room_classes` per pod shape, with the free table and nodes they hold for.
 RoomTables = tuple[list[int], "list[NodeState]", dict[object, dict[RoomClass, list[int]]]]
+#: A per-node table: how each entry is derived from its node, and the entries by node index.
+_Derived = tuple[Callable[["NodeState"], Any], list[Any]]
 
 
 @dataclass
@@ -42,6 +44,9 @@ class NodeState:
     unhealthy: frozenset[int] = frozenset()
     #: The gang that holds this node's multi-node NVLink (IMEX) channel, if any.
     mnnvl_gang: str | None = None
+    #: A ComputeDomain no gang here holds that the node belongs to (in words: NVIDIA's driver
+    #: labels the node with it and refuses a second one): no gang may join the node to its own.
+    foreign_domain: str | None = None
     #: Who picks the pod's GPUs on this node (see :mod:`extender.topology.allocation`).
     allocation: Allocation = Allocation.DEVICE_PLUGIN
     #: Taints, cordon, allocatable and what other pods request: what kube-scheduler's
@@ -104,10 +109,12 @@ class ClusterSnapshot:
         self._topology: tuple[list[NodeState], TopologyKey] | None = None
         self._kinds: tuple[list[NodeState], list[str]] | None = None
         self._aligning: tuple[list[NodeState], bool] | None = None
-        self._per_node: tuple[list[NodeState], dict[object, list[Any]]] | None = None
+        self._per_node: tuple[list[NodeState], dict[object, _Derived]] | None = None
         self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
         self._limits: tuple[list[NodeState], bool] | None = None
-        self._rooms: tuple[list[NodeState], dict[PodRequests, list[int]]] | None = None
+        self._rooms: tuple[list[NodeState], dict[tuple[PodRequests, Resources | None], list[int]]] | None = (
+            None
+        )
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
         self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
@@ -172,12 +179,13 @@ class ClusterSnapshot:
         return self._classes[2]
 
     def room_classes(
-        self, needs: NodeNeeds, requests: PodRequests, gpus_per_pod: int, count: int
+        self, needs: NodeNeeds, key: object, rooms: Sequence[int], gpus_per_pod: int, count: int
     ) -> dict[RoomClass, list[int]]:
-        """:meth:`free_classes` of the nodes ``needs`` admits, split by how many pods with
-        ``requests`` and ``gpus_per_pod`` GPUs each NodeResourcesFit lets on (:meth:`room`, at
-        most ``count`` and the pods the free GPUs hold; nodes without room left out), each
-        list in index order (cached per free table; do not modify)."""
+        """:meth:`free_classes` of the nodes ``needs`` admits, split by their room for one pod
+        set (``rooms``, by node index, what :meth:`room` says for its pods; ``key`` names that
+        table), at most ``count`` and the pods of ``gpus_per_pod`` GPUs the free GPUs hold;
+        nodes without room left out; each list in index order (cached per free table; do not
+        modify)."""
         if (
             self._room_classes is None
             or self._room_classes[0] is not self._free
@@ -185,14 +193,13 @@ class ClusterSnapshot:
         ):
             self._room_classes = (self._free, self.nodes, {})
         tables = self._room_classes[2]
-        key = (needs, requests, gpus_per_pod, count)
-        got = tables.get(key)
+        full_key = (needs, key, gpus_per_pod, count)
+        got = tables.get(full_key)
         if got is None:
             while len(tables) >= ROOM_TABLES:
                 tables.pop(next(iter(tables)))
             admitted = self.admitted(needs)
-            rooms = self.rooms(requests)
-            got = tables[key] = {}
+            got = tables[full_key] = {}
             for (kind, free), members in self.free_classes().items():
                 most = min(count, free.bit_count() // gpus_per_pod) if gpus_per_pod else count
                 for i in members:
@@ -223,8 +230,8 @@ class ClusterSnapshot:
         table = self._per_node[1]
         got = table.get(key)
         if got is None:
-            got = table[key] = [derive(n) for n in self.nodes]
-        return got
+            got = table[key] = (derive, [derive(n) for n in self.nodes])
+        return got[1]
 
     def admitted(self, needs: NodeNeeds | Selector) -> frozenset[int] | None:
         """The indices of the nodes a pod with these needs passes kube-scheduler's
@@ -268,21 +275,29 @@ class ClusterSnapshot:
         ephemeral storage, the pod count), after what its pods request and ``taken``."""
         if not self.limits_resources:
             return UNLIMITED
-        if taken is not None and taken != feasibility.NOTHING:
-            return feasibility.room(requests, self.nodes[i].facts, taken)
-        return self.rooms(requests)[i]
+        facts = self.nodes[i].facts
+        if taken == feasibility.NOTHING:
+            taken = None
+        if taken is not None and taken != facts.imex_daemon:
+            return feasibility.room(requests, facts, taken)
+        # Tabled: with nothing taken, and with only the IMEX daemon taken (a gang's first pod on
+        # a clique node, :func:`~extender.placement.scoring.room_taken`).
+        return self.rooms(requests, taken)[i]
 
-    def rooms(self, requests: PodRequests) -> list[int]:
-        """Every node's :meth:`room` for pods with ``requests``, by node index (cached per
-        node table; only where :attr:`limits_resources`; do not modify)."""
+    def rooms(self, requests: PodRequests, taken: Resources | None = None) -> list[int]:
+        """Every node's :meth:`room` for pods with ``requests`` after ``taken`` on each
+        (nothing, or the IMEX daemon), by node index (cached per node table; only where
+        :attr:`limits_resources`; do not modify)."""
         if self._rooms is None or self._rooms[0] is not self.nodes:
             self._rooms = (self.nodes, {})
         tables = self._rooms[1]
-        table = tables.get(requests)
+        key = (requests, taken)
+        table = tables.get(key)
         if table is None:
             while len(tables) >= ROOM_TABLES:
                 tables.pop(next(iter(tables)))
-            table = tables[requests] = [feasibility.room(requests, n.facts) for n in self.nodes]
+            got = taken or feasibility.NOTHING
+            table = tables[key] = [feasibility.room(requests, n.facts, got) for n in self.nodes]
         return table
 
     def domain_free(self) -> dict[DomainKey, int]:
@@ -336,7 +351,8 @@ class ClusterSnapshot:
 
     def spilled_cliques(self) -> frozenset[Clique]:
         """The cliques pods off the fabric already use: a node of the clique has GPUs taken
-        while no gang holds its NVLink (IMEX) channel (cached per free table)."""
+        while nobody holds its NVLink (IMEX) channel (:meth:`channel_holder`; cached per free
+        table)."""
         if self._spilled is None or self._spilled[0] is not self._free:
             out: set[Clique] = set()
             if self.has_cliques:
@@ -346,11 +362,27 @@ class ClusterSnapshot:
                         clique is not None
                         and clique not in out
                         and self._free[i] != node.shape.full_mask
-                        and self.mnnvl_owner(i) is None
+                        and self.channel_holder(i) is None
                     ):
                         out.add(clique)
             self._spilled = (self._free, frozenset(out))
         return self._spilled[1]
+
+    def channel_free(self, gang: str, i: int) -> bool:
+        """Whether ``gang`` may use node ``i``'s IMEX channel (join it to its ComputeDomain):
+        no other gang holds it, and the node belongs to no ComputeDomain of someone else."""
+        if self.nodes[i].foreign_domain is not None:
+            return False
+        owner = self.mnnvl_owner(i)
+        return owner is None or owner == gang
+
+    def channel_holder(self, i: int) -> str | None:
+        """Who holds node ``i``'s IMEX channel, in words (None: nobody)."""
+        node = self.nodes[i]
+        if node.foreign_domain is not None:
+            return node.foreign_domain
+        owner = self.mnnvl_owner(i)
+        return None if owner is None else f"gang {owner}"
 
     def domains(self) -> dict[DomainKey, list[int]]:
         """Every domain at every level, with the indices of its nodes (cached)."""
@@ -422,6 +454,7 @@ class ClusterSnapshot:
                 n,
                 allocated=frozenset(),
                 mnnvl_gang=None,
+                foreign_domain=None,
                 facts=n.facts.emptied(),
                 kubelet=n.kubelet and n.kubelet.emptied(),
             )
@@ -510,12 +543,22 @@ class ClusterSnapshot:
             # What a node's other resources hold changes with its pods: recompute those only.
             changed = [self._index[name] for name in states]
             rooms = {}
-            for requests, table in self._rooms[1].items():
+            for (requests, taken), table in self._rooms[1].items():
                 table = list(table)
                 for i in changed:
-                    table[i] = feasibility.room(requests, snap.nodes[i].facts)
-                rooms[requests] = table
+                    table[i] = feasibility.room(requests, snap.nodes[i].facts, taken or feasibility.NOTHING)
+                rooms[(requests, taken)] = table
             snap._rooms = (snap.nodes, rooms)
+        if states and self._per_node is not None and self._per_node[0] is self.nodes:
+            # Each entry derives from its node alone: recompute the changed nodes' only.
+            changed = [self._index[name] for name in states]
+            derived: dict[object, _Derived] = {}
+            for key, (derive, values) in self._per_node[1].items():
+                values = list(values)
+                for i in changed:
+                    values[i] = derive(snap.nodes[i])
+                derived[key] = (derive, values)
+            snap._per_node = (snap.nodes, derived)
         snap._free = list(self._free)
         changed = sorted(snap._index[name] for name in {*states, *also} if name in snap._index)
         for i in changed:

@@ -63,6 +63,7 @@ from extender.placement.scoring import (
     pods_talk,
     resolve_level,
     resolve_need,
+    room_taken,
 )
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState, TopologyKey
@@ -326,6 +327,7 @@ class Solver:
         self._has_fabric = snapshot.has_cliques
         self._work = 0
         self._needs: dict[str, Need] = {}  # the gang being placed: each pod set's resolved rules
+        self._gang = ""  # the name of the gang being placed
         self._placing: PodSet | None = None  # the pod set whose options are being found
 
     # -- entry point ---------------------------------------------------------------------
@@ -336,6 +338,7 @@ class Solver:
         self._entries.clear()
         self._picks.clear()
         self._work = 0
+        self._gang = gang.name
         needs = self._needs = {ps.name: resolve_need(ps, self.h) for ps in gang.pod_sets}
         best: _Done | None = None
         first_failure: _Shortfall | None = None
@@ -685,7 +688,8 @@ class Solver:
         if self.snap.limits_resources:
             # A node's room (NodeResourcesFit) caps its entry: the classes are split by room,
             # so the work stays per class.
-            classes = self.snap.room_classes(ps.node_needs, ps.requests, gpus, ps.count)
+            room_key, rooms = self._rooms_of(ps)
+            classes = self.snap.room_classes(ps.node_needs, room_key, rooms, gpus, ps.count)
             for (kind, free, room), members in classes.items():
                 if free.bit_count() < gpus:
                     continue
@@ -702,7 +706,6 @@ class Solver:
                     known = groups.get(key)
                     # Rooms above what the GPUs hold of these pods fall into one group.
                     groups[key] = alike if known is None else sorted(known + alike)
-            rooms = self.snap.rooms(ps.requests)
             return _Caps(groups, memo, kinds, frees, admitted, rules, rooms=rooms)
         for (kind, free), members in self.snap.free_classes().items():
             if free.bit_count() < gpus:
@@ -719,6 +722,19 @@ class Solver:
                 if entry is not None:
                     groups[(kind, rule, entry)] = alike
         return _Caps(groups, memo, kinds, frees, admitted, rules)
+
+    def _rooms_of(self, ps: PodSet) -> tuple[object, list[int]]:
+        """Every node's room for one more pod of ``ps`` (:meth:`_within_room` with nothing of
+        the gang there yet), by node index, and a key naming that table."""
+        plain = self.snap.rooms(ps.requests)
+        if not self._has_fabric or not ps.gpus_per_pod or not pods_talk(ps):
+            return (ps.requests, None), plain
+        rooms = list(plain)
+        for i in range(len(rooms)):
+            taken = room_taken(self.snap, self._gang, ps, i, None)
+            if taken is not None:
+                rooms[i] = self.snap.room(i, ps.requests, taken)
+        return (ps.requests, self._gang), rooms
 
     def _groups(self, ps: PodSet, caps: Caps) -> Groups:
         """The nodes of ``caps`` by node type, the kubelet's rule for ``ps`` and entry."""
@@ -754,7 +770,9 @@ class Solver:
 
     def _within_room(self, ps: PodSet, i: int, entry: Entry, used: Resources | None) -> Entry | None:
         """``entry`` with at most as many pods as NodeResourcesFit lets onto node ``i``."""
-        room = self.snap.room(i, ps.requests, used)
+        if not self.snap.limits_resources:
+            return entry
+        room = self.snap.room(i, ps.requests, room_taken(self.snap, self._gang, ps, i, used))
         if room >= entry[0]:
             return entry
         return (room, entry[1], entry[2]) if room > 0 else None
@@ -982,8 +1000,7 @@ class Solver:
         return self.snap.clique(i) if self._has_fabric else None
 
     def _owns_mnnvl(self, gang: str, i: int) -> bool:
-        owner = self.snap.mnnvl_owner(i)
-        return owner is None or owner == gang
+        return self.snap.channel_free(gang, i)
 
     def _multi_floor(self, gang: str, ps: PodSet, i: int) -> int | None:
         """The coarsest level at which node ``i`` may be one of several nodes of ``ps``
@@ -1462,17 +1479,43 @@ class Solver:
         snap = self.snap
         refused = snap.refusals(ps.node_needs)
         admitted = snap.admitted(ps.node_needs)
+        daemon: list[str] = []
         if snap.limits_resources:
             for i, n in enumerate(snap.nodes):
                 if admitted is None or i in admitted:
                     r = feasibility.room_refusal(ps.requests, n.facts)
                     if r is not None:
                         refused.append(r)
-        if not refused:
+                    elif feasibility.room_refusal(
+                        ps.requests, n.facts, room_taken(snap, self._gang, ps, i, None) or feasibility.NOTHING
+                    ):
+                        daemon.append(n.name)
+        words = ""
+        if refused:
+            words = (
+                f"; kube-scheduler's filters refuse {len(refused)} of {len(snap.nodes)} nodes for its pods: "
+                + feasibility.summarize(refused)
+            )
+        if daemon:
+            words += (
+                f"; {len(daemon)} clique nodes have no room for a pod next to the IMEX daemon pod of "
+                f"the gang's ComputeDomain ({', '.join(daemon[:3])}{', ...' if len(daemon) > 3 else ''})"
+            )
+        return words + self._domain_words(ps)
+
+    def _domain_words(self, ps: PodSet) -> str:
+        """``; 2 clique nodes belong to a ComputeDomain of someone else: t0 (ComputeDomain
+        ...)`` for a pod set whose pods talk, or nothing."""
+        snap = self.snap
+        if not self._has_fabric or not pods_talk(ps):
             return ""
+        foreign = [(n.name, n.foreign_domain) for n in snap.nodes if n.foreign_domain is not None]
+        if not foreign:
+            return ""
+        shown = ", ".join(f"{name} ({why})" for name, why in foreign[:3])
         return (
-            f"; kube-scheduler's filters refuse {len(refused)} of {len(snap.nodes)} nodes for its pods: "
-            + feasibility.summarize(refused)
+            f"; {len(foreign)} clique nodes belong to a ComputeDomain of someone else, which NVIDIA's "
+            f"driver lets no second domain join: {shown}{', ...' if len(foreign) > 3 else ''}"
         )
 
     def _tier_words(self, ps: PodSet, need: Need) -> str:
@@ -1643,7 +1686,7 @@ class _EmptyFits:
 
     def fits(self, snap: ClusterSnapshot, gang: GangRequest, exact_fallback: bool) -> bool:
         if (
-            all(not (n.allocated or n.mnnvl_gang) for n in snap.nodes)
+            all(not (n.allocated or n.mnnvl_gang or n.foreign_domain) for n in snap.nodes)
             and not any(snap.reserved.values())
             and not snap.reserved_mnnvl
         ):

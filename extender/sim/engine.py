@@ -11,6 +11,11 @@ only gangs asking for no more GPUs than the head are tried (so a stream of small
 cannot pass a large gang for ever by being *larger*, and small gangs are not held up behind
 a large one). With ``no_wait`` a gang the policy cannot place when it arrives is rejected.
 
+A gang whose slice uses multi-node NVLink (its pod sets span nodes of a clique: the solver's
+rule, :func:`~extender.placement.scoring.mnnvl_nodes`, applied to every policy's answer) waits
+:data:`IMEX_STARTUP_S` more before it runs: its pods start only once the IMEX daemons of its
+ComputeDomain are ready. Its GPUs are held from placement on.
+
 A gang the policy cannot place even on the cluster without any simulated gang is rejected on
 arrival (waiting would never end). A gang still waiting when its deployment ends or scales
 down is withdrawn. Scale-downs remove waiting replicas first, newest first, then running
@@ -44,6 +49,11 @@ WAITING = "waiting"
 
 #: At most this many policy errors are kept with their messages (all are counted).
 MAX_ERRORS_KEPT = 20
+#: Seconds from placement until the pods of a gang on multi-node NVLink can start: the first
+#: pod on each node waits for the IMEX daemon of its ComputeDomain (daemon pod scheduled, image
+#: pulled, nvidia-imex started, the domain's quorum). "~30-60 s for the first Pod on each node"
+#: (kubernetes-sigs/dra-driver-nvidia-gpu#1152); the middle of it. ``simulate --imex-startup-s``.
+IMEX_STARTUP_S = 45.0
 
 
 def shape_key(gang: GangRequest) -> tuple[PodSet, ...]:
@@ -137,10 +147,13 @@ class GangRecord:
     #: Node index -> GPU mask this gang holds while it runs.
     held: dict[int, int] = field(default_factory=dict)
     mnnvl: tuple[str, ...] = ()
+    #: Seconds its pods waited after placement for the IMEX daemons (multi-node NVLink only).
+    imex_s: float = 0.0
 
     @property
     def waited(self) -> float | None:
-        return None if self.placed_at is None else self.placed_at - self.arrived
+        """Seconds from arrival until its pods run: in the queue, then for IMEX start-up."""
+        return None if self.placed_at is None else self.placed_at - self.arrived + self.imex_s
 
     @property
     def coherent(self) -> bool | None:
@@ -254,7 +267,9 @@ class Simulation:
         reference: Reference,
         no_wait: bool = False,
         progress: Progress | None = None,
+        imex_startup_s: float = IMEX_STARTUP_S,
     ) -> None:
+        self.imex_startup_s = imex_startup_s
         self.trace = trace
         self.policy_name = policy_name
         self.policy = policy
@@ -449,6 +464,7 @@ class Simulation:
             rec.held[i] = rec.held.get(i, 0) | snap.nodes[i].shape.mask_of(s.gpus)
         # The solver's rule, applied to every policy's answer.
         rec.mnnvl = mnnvl_nodes(snap, rec.gang, got.slots)
+        rec.imex_s = self.imex_startup_s if rec.mnnvl else 0.0
         self.cluster.take(rec)
         self.queue.remove(rec)
 

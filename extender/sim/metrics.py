@@ -119,6 +119,10 @@ def policy_results(run: PolicyRun) -> dict[str, Any]:
         "perLayerMicros": summary(g.micros for g in placed if communicates(g) and g.micros is not None),
         "ttft": {"vsBest": _ttft_summary(placed, False), "vsSameHardware": _ttft_summary(placed, True)},
         "waitSeconds": summary(g.waited for g in placed if g.waited is not None),
+        "imexStartup": {
+            "gangs": sum(1 for g in placed if g.imex_s),
+            "seconds": _r(sum(g.imex_s for g in placed)),
+        },
         "allocation": {
             "meanGpus": _r(mean_alloc),
             "meanShare": _r(mean_alloc / total) if total else None,
@@ -193,6 +197,7 @@ def gang_rows(run: PolicyRun) -> Iterable[dict[str, Any]]:
             "endedAt": g.ended_at,
             "outcome": g.outcome,
             "nodes": g.nodes,
+            "imexStartupSeconds": g.imex_s,
             "perLayerMicros": None if g.micros is None else _r(g.micros),
             "idealPerLayerMicros": None if g.ideal is None else _r(g.ideal.micros),
             "commMillis": None if g.comm_ms is None else _r(g.comm_ms),

@@ -210,7 +210,10 @@ DEFINITIONS = """\
   node types the gang actually got, each in the allocation mode it got them in (device plugin
   or DRA): what placement *within* that hardware costs (an NVLink island or socket split, a
   leaf crossed, prefill and decode apart).
-- **wait s**: seconds from a gang's arrival to its start, over placed gangs.
+- **wait s**: seconds from a gang's arrival until its pods run, over placed gangs: in the queue,
+  and for a gang on multi-node NVLink (its pod sets span nodes of a clique, every policy's
+  answer judged by the same rule) the IMEX start-up of its ComputeDomain after placement
+  (`imexStartupSeconds` in results.json, `--imex-startup-s`).
 - **GPUs in use**: time-averaged share of the cluster's schedulable GPUs held by gangs.
 - **whole free nodes**: time-averaged number of nodes with every GPU free (for every built-in
   node type, a free NVLink island or whole PCIe box: what a full-node pod or a wide gang needs);

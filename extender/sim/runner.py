@@ -10,7 +10,7 @@ from typing import Any
 
 from extender import __version__
 from extender.placement.snapshot import ClusterSnapshot
-from extender.sim.engine import Policy, PolicyRun, Progress, Reference, Simulation
+from extender.sim.engine import IMEX_STARTUP_S, Policy, PolicyRun, Progress, Reference, Simulation
 from extender.sim.metrics import policy_results
 from extender.sim.trace import Trace
 from extender.topology.allocation import Allocation
@@ -57,13 +57,21 @@ def run_simulation(
     no_wait: bool = False,
     cluster_source: str = "default",
     progress: Callable[[str], Progress] | None = None,
+    imex_startup_s: float = IMEX_STARTUP_S,
 ) -> Outcome:
     """Simulate each policy in turn; ``progress(policy)`` gives that run's progress callback."""
     started = time.perf_counter()
     reference = Reference(cluster)
     runs = [
         Simulation(
-            cluster, trace, name, policy, reference, no_wait, progress(name) if progress else None
+            cluster,
+            trace,
+            name,
+            policy,
+            reference,
+            no_wait,
+            progress(name) if progress else None,
+            imex_startup_s,
         ).run()
         for name, policy in policies.items()
     ]
@@ -72,6 +80,7 @@ def run_simulation(
         "tool": f"gangslice simulate {__version__}",
         "seed": seed,
         "noWait": no_wait,
+        "imexStartupSeconds": imex_startup_s,
         "queue": "reject" if no_wait else QUEUE,
         "cluster": {
             "source": cluster_source,

@@ -10,8 +10,10 @@ MutatingWebhookConfiguration (manifests/dra) pointed at it over HTTPS.
 
 Tests: a TP=4 pod set on a fragmented PCIe node gets exactly the planned devices and loses its claim with
 the gang; what kube-scheduler does with a claim pinned to a taken device; a foreign claim grabbing a planned
-device makes gangslice re-plan; a prefill/decode pair gets disjoint, NUMA-aligned halves of one HGX node; with
-gangslice down, gang pods are refused naming the webhook and other pods pass.
+device makes gangslice re-plan; a prefill/decode pair gets disjoint, NUMA-aligned halves of one HGX node; a
+wide-EP gang on GB200 trays gets one ComputeDomain, a second gang never shares its nodes, and a tray the
+driver labels with a ComputeDomain gangslice did not create is not given to a gang; with gangslice down, gang
+pods are refused naming the webhook and other pods pass.
 
 No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts it); that is expected.
 """
@@ -117,15 +119,22 @@ def _dra_node(
 
 
 def _webhook(cp: ControlPlane, server: Gangslice) -> None:
-    """The shipped MutatingWebhookConfiguration, its service reference replaced by the loopback URL."""
+    """The shipped MutatingWebhookConfiguration, its service reference replaced by the loopback
+    URL and no caBundle: gangslice (``--webhook-ca-bundle``, under the shipped RBAC) sets it."""
     assert cp.ca_file is not None
 
     cfg = yaml.safe_load((MANIFESTS / "dra" / "webhook.yaml").read_text())
     bundle = base64.b64encode(cp.ca_file.read_bytes()).decode()
     for hook in cfg["webhooks"]:
         path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": f"{server.url}{path}", "caBundle": bundle}
+        hook["clientConfig"] = {"url": f"{server.url}{path}"}
     post(cp, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", cfg)
+
+    def set_by_gangslice() -> bool:
+        got = get(cp, "MutatingWebhookConfiguration", cfg["metadata"]["name"]) or {}
+        return all(h["clientConfig"].get("caBundle") == bundle for h in got.get("webhooks") or [{}])
+
+    wait_for("gangslice to set the webhook's caBundle", set_by_gangslice, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +142,8 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     cp = control_plane
     for cls in device_classes(UPSTREAM):
         post(cp, f"{RESOURCE}/deviceclasses", cls)
-    with extender_stack(cp, POOL_NAME, [], name="gangslice-dra", tls=True) as server:
+    args = [f"--webhook-ca-bundle={cp.ca_file}"]
+    with extender_stack(cp, POOL_NAME, [], name="gangslice-dra", tls=True, extra_args=args) as server:
         _dra_node(cp)  # after the stack installed the CRDs; the cache takes it from its watches
         _webhook(cp, server)
         yield server
@@ -459,6 +469,62 @@ def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang
         assert len(placed["ep"]) == 2 and len(placed["ep2"]) == 2
         assert not placed["ep"] & placed["ep2"], placed
         for pod in first + second:
+            delete(cp, "Pod", pod["metadata"]["name"], ns)
+    finally:
+        for other in others:
+            merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
+
+
+def test_a_gb200_tray_in_a_compute_domain_gangslice_did_not_create_is_not_given_to_a_gang(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """NVIDIA's driver labels a node with the ComputeDomain it belongs to and refuses a second;
+    gangslice reads the label from the Node and keeps a wide gang off that tray (which the
+    tie-break order would have taken first)."""
+    cp = control_plane
+    cp.install_crds(UPSTREAM / "resource.nvidia.com_computedomains.yaml")
+    trays = [f"dra-u{i}" for i in range(3)]
+    others = [n["metadata"]["name"] for n in items(cp, "Node") if n["metadata"]["name"] not in trays]
+    for other in others:
+        merge_patch(cp, "Node", other, {"spec": {"unschedulable": True}})
+    try:
+        for tray in trays:
+            labels = {"nvidia.com/gpu.clique": "c0.2"}
+            if tray == trays[0]:
+                labels["resource.nvidia.com/computeDomain"] = "0d1c5a4e-foreign-domain"
+            _dra_node(cp, tray, "gb200-tray", labels=labels)
+            post(cp, f"{RESOURCE}/resourceslices", compute_domain_slice(tray))
+        post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "u-gpus", 4))
+        ann = {
+            "gangslice.io/gang-size": "2",
+            "gangslice.io/required-level": "clique",
+            "gangslice.io/comm": "alltoall",
+        }
+        pods = [
+            create(
+                cp,
+                dra_pod(
+                    ns,
+                    f"wide-{i}",
+                    claim={"resourceClaimTemplateName": "u-gpus"},
+                    labels={"gangslice.io/gang": "wide"},
+                    **ann,
+                ),
+            )
+            for i in range(2)
+        ]
+        pools = set()
+        for pod in pods:
+            entries = {e["name"]: e["resourceClaimName"] for e in pod["spec"]["resourceClaims"]}
+            channel = wait_for(
+                f"the channel claim of {pod['metadata']['name']} allocated",
+                lambda c=entries["imex-channel"]: allocated(cp, ns, c),
+                60,
+            )
+            (result,) = channel["status"]["allocation"]["devices"]["results"]
+            pools.add(result["pool"])
+        assert pools == set(trays[1:]), pools
+        for pod in pods:
             delete(cp, "Pod", pod["metadata"]["name"], ns)
     finally:
         for other in others:

@@ -525,3 +525,20 @@ def test_two_required_affinities_at_once_need_a_term_of_each() -> None:
     assert not any(t.matches("n", {"zone": "b", "disk": "hdd"}) for t in both)
     assert not any(t.matches("n", {"zone": "c", "disk": "nvme"}) for t in both)
     assert not any(t.matches("n", {"zone": "a"}) for t in both_terms((NodeTerm(),), b))  # empty: none
+
+
+def test_the_imex_daemon_takes_one_pod_slot_and_by_default_nothing_else() -> None:
+    """NVIDIA's driver runs one IMEX daemon pod per node of a ComputeDomain; its chart gives
+    the container no requests unless the operator sets some."""
+    assert Resources(0, 0, 0, 1) == feasibility.IMEX_DAEMON
+    facts = NodeFacts(allocatable=Resources(cpu_millis=8_000, pods=4), requested=Resources(0, 0, 0, 2))
+    pod = PodRequests(cpu_millis=1_000)
+    assert feasibility.room(pod, facts) == 2
+    assert feasibility.room(pod, facts, feasibility.with_imex_daemon(None, facts)) == 1
+    taken = feasibility.usage(pod)
+    assert feasibility.with_imex_daemon(taken, facts) == Resources(1_000, 0, 0, 2)
+    heavy = NodeFacts(allocatable=Resources(cpu_millis=8_000), imex_daemon=Resources(7_500, 0, 0, 1))
+    assert feasibility.room(pod, heavy, feasibility.with_imex_daemon(None, heavy)) == 0
+    # The daemon is part of the node's static facts: an emptied node keeps it.
+    assert heavy.emptied().imex_daemon == heavy.imex_daemon
+    assert heavy.static() != NodeFacts(allocatable=heavy.allocatable).static()

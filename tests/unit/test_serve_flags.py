@@ -102,6 +102,7 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
         topology_status: Any = None,
         reviewer: Any = None,
         mismatches: Any = None,
+        webhook_ca: Any = None,
     ) -> None:
         seen["topology_status"] = topology_status
         seen["mismatches"] = mismatches
@@ -134,3 +135,15 @@ def test_on_mismatch_takes_report_or_evict_only(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         parse("--on-mismatch", "delete")
     assert "invalid choice: 'delete'" in capsys.readouterr().err
+
+
+def test_bad_imex_daemon_requests_exit_2_naming_the_flag_before_connecting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_api(*a: Any, **k: Any) -> None:
+        raise AssertionError("the API must not be reached with a bad flag")
+
+    monkeypatch.setattr("extender.kube.client.ApiServerClient.connect", no_api)
+    assert cli.main(["serve", "--kubeconfig", "kc", "--imex-daemon-requests", "cpu=fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gangslice serve: --imex-daemon-requests: cpu: 'fast' is not a quantity"), err

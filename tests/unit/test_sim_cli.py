@@ -179,6 +179,9 @@ def test_bad_cluster_and_unknown_policy_exit_2(tmp_path: Path, capsys: pytest.Ca
     assert str(bad) in err and "gpuTopology" in err
     assert main(["simulate", "--policies", "gangslice,nope", "--quiet"]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
+    for value in ("-1", "nan", "inf"):
+        assert main(["simulate", "--imex-startup-s", value, "--quiet"]) == 2
+        assert f"--imex-startup-s {value}: not a number of seconds" in capsys.readouterr().err
 
 
 def strip_timing(results: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,16 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
-from extender.sim.engine import PLACED, REJECTED, WITHDRAWN, Point, PolicyRun, Reference, Simulation
+from extender.sim.engine import (
+    IMEX_STARTUP_S,
+    PLACED,
+    REJECTED,
+    WITHDRAWN,
+    Point,
+    PolicyRun,
+    Reference,
+    Simulation,
+)
 from extender.sim.metrics import policy_results, quantile, step_mean
 from extender.sim.trace import Trace, trace_from_data
 
@@ -368,3 +377,41 @@ def test_the_default_fleet_says_which_node_types_are_which() -> None:
     assert modes["GB200"] == {Allocation.DRA}  # multi-node NVLink needs the DRA driver
     assert modes["L40S"] == {Allocation.DEVICE_PLUGIN}
     assert modes["H100-SXM"] == {Allocation.DRA, Allocation.DEVICE_PLUGIN}
+
+
+# -- IMEX start-up on multi-node NVLink ----------------------------------------------------------
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+def one_clique(trays: int = 2) -> ClusterSnapshot:
+    data = {
+        "nodes": [
+            {"name": f"t{i}", "gpuTopology": "gb200-tray", "labels": {LEAF: "rack", CLIQUE: "u.1"}}
+            for i in range(trays)
+        ]
+    }
+    return cluster_from_data(data, Path("."))
+
+
+@pytest.mark.parametrize("policy", ["gangslice", "binpack", "kueue-tas"])
+def test_a_gang_across_a_clique_waits_for_imex_start_up_whatever_placed_it(policy: str) -> None:
+    """The pods of a gang whose pod set spans trays of a clique start only once its
+    ComputeDomain's IMEX daemons are up; a gang on one tray joins no domain."""
+    from extender.placement.baselines import POLICIES
+
+    events = [
+        deploy(0, "wide", tp(4, count=2, comm="alltoall", requiredLevel="clique"), 100),
+        deploy(200, "solo", tp(4, comm="allreduce"), 100),
+    ]
+    r = run(one_clique(), events, POLICIES[policy])
+    g = by_name(r)
+    assert g["wide-0"].mnnvl and g["wide-0"].imex_s == IMEX_STARTUP_S
+    assert g["wide-0"].placed_at == 0 and g["wide-0"].waited == IMEX_STARTUP_S
+    assert g["solo-0"].mnnvl == () and g["solo-0"].waited == 0
+    res = policy_results(r)
+    assert res["imexStartup"] == {"gangs": 1, "seconds": IMEX_STARTUP_S}
+    assert res["waitSeconds"]["max"] == IMEX_STARTUP_S
+    # The figure is the run's to choose, and placement does not move with it.
+    quick = run(one_clique(), events, POLICIES[policy], imex_startup_s=5.0)
+    assert by_name(quick)["wide-0"].waited == 5.0
+    assert [x.held for x in quick.gangs] == [x.held for x in r.gangs]

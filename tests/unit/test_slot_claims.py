@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from extender.agent.publish import build_object, build_spec
 from extender.httpapi.app import build_app
 from extender.kube import dra, names
-from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, Kind
+from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, SLICE_RESERVATIONS, Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.kube.slot_claims import (
@@ -464,6 +464,82 @@ def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_st
     assert sync.conflicts(cache) == {}
 
 
+def foreign_claim(node: str, gpu: int) -> dict[str, Any]:
+    """A claim of a pod outside gangslice, allocated one GPU of ``node``."""
+    result = {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": node, "device": f"gpu-{gpu}"}
+    return {
+        "metadata": {"name": "foreign", "namespace": "other"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+def pair_one_bound(gang: str, gpus: int) -> tuple[FakeKube, ClusterCache, list[dict[str, Any]]]:
+    """A gang of two pods of ``gpus`` GPUs on the PCIe node, admitted; the first bound and running."""
+    api = FakeKube()
+    cache = pcie_cache(api)
+    api.put(RESOURCE_CLAIM_TEMPLATES, template(gpus))
+    first, second = dra_pod(f"{gang}-0", gang=gang), dra_pod(f"{gang}-1", gang=gang)
+    pods = [patched(p, r) for p, r in zip((first, second), admit(api, cache, first, second), strict=True)]
+    for i, p in enumerate(pods):
+        p["metadata"].update(namespace="llm", uid=f"uid-{gang}-{i}")
+    pods[0]["spec"]["nodeName"] = NODE
+    pods[0]["status"] = {"phase": "Running"}
+    for p in pods:
+        cache.apply(Kind.PODS, "ADDED", p)
+    return api, cache, pods
+
+
+def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() -> None:
+    from extender.kube.api import EVENTS
+    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+
+    api, cache, pods = pair_one_bound("tp2", 2)
+    r = cache.reservation("llm/tp2")
+    assert r is not None and len(r.bound) == 1
+    kept, waiting = (pinned(p) for p in pods)
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign_claim(NODE, min(waiting)))
+    sync = SlotClaimSync(api, lambda: 0.0)
+    assert asyncio.run(sync.sync(cache)) == 1
+    r = cache.reservation("llm/tp2")
+    assert r is not None
+    slots = {s.key: s for s in r.slice.slots}
+    bound_key = next(iter(r.bound))
+    assert set(slots[bound_key].gpus) == kept  # the bound pod's slot stays
+    (moved,) = [s for k, s in slots.items() if k != bound_key]
+    graph = cache.view().node(NODE).graph
+    shape = graph.shape
+    now = set(moved.gpus)
+    assert min(waiting) not in now and not now & kept and len(now) == 2
+    assert moved.node == NODE
+    assert shape.tier_of(shape.mask_of(sorted(now))) <= shape.tier_of(shape.mask_of(sorted(waiting)))
+    claim = api.peek(RESOURCE_CLAIMS, pods[1]["spec"]["resourceClaims"][0]["resourceClaimName"], "llm")
+    assert claim is not None
+    assert {int(g) for g in claim["metadata"]["annotations"][names.GPUS].split(",")} == now
+    (event,) = [e for e in api.objects(EVENTS) if e["reason"] == DEVICE_TAKEN]
+    assert "re-planned: the claim now pins" in event["message"]
+    assert event["involvedObject"]["name"] == "tp2-1"
+    assert sync.conflicts(cache) == {}
+    saved = api.peek(SLICE_RESERVATIONS, r.meta["name"], "llm")
+    assert saved is not None and any(set(p["gpus"]) == now for p in saved["spec"]["slice"]["pods"]), (
+        "the moved slot is persisted"
+    )
+
+
+def test_with_a_pod_bound_and_no_other_set_on_its_node_the_slot_waits_and_says_so() -> None:
+    from extender.kube.api import EVENTS
+    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+
+    api, cache, pods = pair_one_bound("tp4", 4)
+    waiting = pinned(pods[1])
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign_claim(NODE, min(waiting)))
+    sync = SlotClaimSync(api, lambda: 0.0)
+    assert asyncio.run(sync.sync(cache)) == 0
+    r = cache.reservation("llm/tp4")
+    assert r is not None and any(set(s.gpus) == waiting for s in r.slice.slots)
+    (event,) = [e for e in api.objects(EVENTS) if e["reason"] == DEVICE_TAKEN]
+    assert "no other free set of 4 GPUs as coherent: the slot waits" in event["message"]
+
+
 def test_explain_shows_per_slot_the_claim_its_pinned_devices_and_whether_it_is_prepared(
     world: tuple[FakeKube, ClusterCache],
 ) -> None:
@@ -654,3 +730,118 @@ def test_a_pod_refused_after_its_slot_was_picked_leaves_the_slot_free_for_its_re
     assert not refused["allowed"] and "creating ResourceClaim" in refused["status"]["message"], refused
     assert retried["allowed"], retried
     assert patched(pod, retried)["metadata"]["annotations"][names.SLOT] == "pods/0"
+
+
+def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mismatch(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    """Re-planning replaces the slot's claim but not the pod's ``gangslice.io/gpus`` (set at its
+    admission): the kubelet then reports the re-planned devices, which is what was promised."""
+    from extender.kube.claim_sync import SlotClaimSync
+
+    api, cache = world
+    pod = dra_pod("tp4-0", size=1)
+    (r,) = admit(api, cache, pod)
+    admitted = patched(pod, r)
+    admitted["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    cache.apply(Kind.PODS, "ADDED", admitted)
+    victim = min(pinned(admitted))
+    foreign = {
+        "metadata": {"name": "foreign", "namespace": "other"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": f"gpu-{victim}"}
+                    ]
+                }
+            }
+        },
+    }
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign)
+    assert asyncio.run(SlotClaimSync(api, lambda: 0.0).sync(cache)) == 1
+    r2 = cache.reservation("llm/tp4")
+    assert r2 is not None
+    now = r2.slice.slots[0].gpus
+    assert victim not in now
+    # kube-scheduler binds the pod; the kubelet prepares the re-planned claim's devices.
+    bound = json.loads(json.dumps(admitted))
+    bound["spec"]["nodeName"] = NODE
+    bound["status"] = {"phase": "Running"}
+    cache.apply(Kind.PODS, "MODIFIED", bound)
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    in_use = [
+        {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "main"}
+        for g in now
+    ]
+    cache.apply(
+        Kind.NODE_TOPOLOGIES,
+        "MODIFIED",
+        build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED),
+    )
+    assert cache.device_mismatches() == []
+    r3 = cache.reservation("llm/tp4")
+    assert r3 is not None and r3.slice.slots[0].gpus == now and r3.bound
+    # Devices other than the re-planned ones are a mismatch against the re-planned slot.
+    other = [g for g in graph.indices if g not in now and g != victim][:4]
+    in_use = [
+        {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "main"}
+        for g in other
+    ]
+    cache.apply(
+        Kind.NODE_TOPOLOGIES,
+        "MODIFIED",
+        build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED),
+    )
+    (m,) = cache.device_mismatches()
+    assert m.promised == tuple(sorted(now)) and m.reported == tuple(sorted(other))
+
+
+def test_the_cache_reads_the_driver_s_compute_domain_label_and_keeps_foreign_domains_out() -> None:
+    """A node NVIDIA's driver labels with the ComputeDomain of a gang (its channel claims name
+    the domain) is that gang's; one labelled with any other domain is no fit for another
+    gang's multi-node pod set, and the refusal names the domain."""
+    from extender.kube import compute_domains as cds
+    from extender.kube.api import COMPUTE_DOMAINS
+
+    api, cache = gb200_world()
+    pods = [wide_ep_pod(f"ep-{i}", "ep", 2) for i in range(2)]
+    assert all(r["allowed"] for r in admit(api, cache, *pods))
+    for claim in api.objects(RESOURCE_CLAIMS):
+        cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", claim)
+    (domain,) = api.objects(COMPUTE_DOMAINS)
+    r1 = cache.reservation("llm/ep")
+    assert r1 is not None
+    mine, rest = sorted(r1.slice.nodes), sorted({"t0", "t1", "t2", "t3"} - set(r1.slice.nodes))
+
+    def label(node: str, uid: str | None) -> None:
+        labels = {CLIQUE: "c0.1"} | ({cds.NODE_LABEL: uid} if uid else {})
+        cache.apply(Kind.NODES, "MODIFIED", node_obj(node, gpus=0, labels=labels, product="NVIDIA-GB200"))
+
+    label(mine[0], domain["metadata"]["uid"])
+    label(rest[0], "cd-foreign-uid")
+    snap = cache.snapshot()
+    assert snap.node(mine[0]).mnnvl_gang == "llm/ep" and snap.node(mine[0]).foreign_domain is None
+    foreign = snap.node(rest[0]).foreign_domain
+    assert foreign is not None and "cd-foreign-uid" in foreign and cds.NODE_LABEL in foreign
+    assert snap.node(rest[1]).foreign_domain is None and snap.node(rest[1]).mnnvl_gang is None
+    # A second wide-EP gang: two trays are the first gang's, one is in the foreign domain.
+    (refused,) = admit(api, cache, wide_ep_pod("ep2-0", "ep2", 2))
+    assert not refused["allowed"]
+    message = refused["status"]["message"]
+    assert "cd-foreign-uid" in message and rest[0] in message, message
+    # The driver removes the label once the node's workloads are unprepared: the tray serves.
+    label(rest[0], None)
+    assert all(r["allowed"] for r in admit(api, cache, wide_ep_pod("ep2-0", "ep2", 2)))
+    r2 = cache.reservation("llm/ep2")
+    assert r2 is not None and set(r2.slice.nodes) == set(rest)
+    # The first gang's channel claims gone (its reservation deleted): its label is someone else's.
+    channels = [c for c in api.objects(RESOURCE_CLAIMS) if cds.channel_domain(c) is not None]
+    assert {cds.channel_domain(c) for c in channels} == {
+        (domain["metadata"]["uid"], r1.meta["name"]),
+        (api.objects(COMPUTE_DOMAINS)[1]["metadata"]["uid"], r2.meta["name"]),
+    }
+    for claim in channels:
+        if cds.channel_domain(claim) == (domain["metadata"]["uid"], r1.meta["name"]):
+            cache.apply(Kind.RESOURCE_CLAIMS, "DELETED", claim)
+    assert cache.snapshot().node(mine[0]).foreign_domain is not None

@@ -8,9 +8,10 @@ import pytest
 
 from extender.cost import Comm
 from extender.placement import scoring
+from extender.placement.feasibility import NodeFacts, Resources
 from extender.placement.ledger import Ledger
-from extender.placement.request import Colocation, GangRequest, PodSet
-from extender.placement.slice import Slice, Unplaceable
+from extender.placement.request import Colocation, GangRequest, PodRequests, PodSet
+from extender.placement.slice import PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import Solver
 from extender.sim.inputs import default_cluster
@@ -203,3 +204,80 @@ def test_pods_off_the_fabric_fill_a_clique_they_already_use_before_breaking_a_wh
     held = ClusterSnapshot(spilled.nodes, HIERARCHY, reserved_mnnvl={"t11": "nvl72-gang"})
     assert held.spilled_cliques() == frozenset()
     assert placed(held, gang).nodes == ("hgx",)
+
+
+# --- ComputeDomains: the IMEX daemon's room, and domains of someone else ------------------------
+
+
+def trays_with_pods(slots_left: dict[int, int], trays: int = 3) -> ClusterSnapshot:
+    """GB200 trays in one clique that take 8 pods each; ``slots_left``: tray -> pod slots left."""
+    nodes = []
+    for i in range(trays):
+        left = slots_left.get(i, 8)
+        facts = NodeFacts(allocatable=Resources(pods=8), requested=Resources(0, 0, 0, 8 - left))
+        nodes.append(replace(node(f"tray{i}", "gb200-tray", "nvl72.0"), facts=facts))
+    return ClusterSnapshot(nodes, HIERARCHY)
+
+
+def test_a_clique_node_without_room_for_the_imex_daemon_next_to_the_pod_is_not_chosen() -> None:
+    """tray0 has one pod slot left: the gang's pod fits, the IMEX daemon NVIDIA's driver starts
+    on each node of the gang's ComputeDomain does not (it takes a pod slot of its own)."""
+    snap = trays_with_pods({0: 1})
+    sl = placed(snap, one("ep", 2, 4))
+    assert "tray0" not in sl.nodes and len(sl.mnnvl_nodes) == 2
+    # Two slots left: the pod and the daemon fit.
+    assert "tray0" in placed(trays_with_pods({0: 2}), one("ep", 2, 4)).nodes
+    # Pods that do not talk join no ComputeDomain: no daemon, tray0 serves.
+    assert "tray0" in placed(snap, one("quiet", 3, 4, Comm.NONE)).nodes
+
+
+def test_the_daemon_s_own_requests_count_where_the_driver_gives_it_some() -> None:
+    daemon = Resources(500, 0, 0, 1)
+    nodes = []
+    for i, cpu in enumerate((4_000, 64_000, 64_000)):
+        facts = NodeFacts(allocatable=Resources(cpu_millis=cpu), imex_daemon=daemon)
+        nodes.append(replace(node(f"tray{i}", "gb200-tray", "nvl72.0"), facts=facts))
+    snap = ClusterSnapshot(nodes, HIERARCHY)
+    gang = GangRequest("ep", (PodSet("p", 2, 4, Comm.ALLTOALL, requests=PodRequests(cpu_millis=4_000)),))
+    sl = placed(snap, gang)
+    assert "tray0" not in sl.nodes  # 4000m: the pod fits, the pod and the daemon's 500m do not
+
+
+def test_no_clique_node_with_room_for_the_daemon_leaves_the_gang_unplaceable_saying_so() -> None:
+    snap = trays_with_pods({0: 1, 1: 1}, trays=2)
+    got = Solver(snap).place(one("ep", 2, 4))
+    assert isinstance(got, Unplaceable)
+    assert "no room for a pod next to the IMEX daemon pod" in got.reason and "tray0" in got.reason, got.reason
+    # The same two trays break the rule in a slice handed in (a verify, an exact search).
+    crossing = [PodSlot("p", 0, "tray0", (0, 1, 2, 3)), PodSlot("p", 1, "tray1", (0, 1, 2, 3))]
+    problems = scoring.violations(snap, one("ep", 2, 4), crossing)
+    assert any("with the IMEX daemon pod of the gang's ComputeDomain" in p for p in problems), problems
+
+
+def test_a_node_already_in_the_gang_s_domain_has_its_daemon_counted_once() -> None:
+    """The driver's label names the gang's own domain: its daemon pod is one of the node's pods
+    already (``requested``), so no second one is kept room for."""
+    snap = trays_with_pods({0: 1, 1: 1}, trays=2)
+    snap = ClusterSnapshot([replace(n, mnnvl_gang="ep") for n in snap.nodes], HIERARCHY)
+    assert set(placed(snap, one("ep", 2, 4)).nodes) == {"tray0", "tray1"}
+
+
+def test_a_node_in_a_compute_domain_of_someone_else_is_no_fit_for_a_clique_pod_set() -> None:
+    words = "ComputeDomain 0f3e (resource.nvidia.com/computeDomain), not created or adopted by gangslice"
+    nodes = [node(f"tray{i}", "gb200-tray", "nvl72.0") for i in range(3)]
+    nodes[0] = replace(nodes[0], foreign_domain=words)
+    snap = ClusterSnapshot(nodes, HIERARCHY)
+    sl = placed(snap, one("ep", 2, 4))
+    assert "tray0" not in sl.nodes
+    # A pod on one node joins no domain: tray0 serves it.
+    assert placed(ClusterSnapshot(nodes[:1], HIERARCHY), one("solo", 1, 4)).nodes == ("tray0",)
+    got = Solver(ClusterSnapshot(nodes[:2], HIERARCHY)).place(one("ep", 2, 4))
+    assert isinstance(got, Unplaceable)
+    assert f"tray0 ({words})" in got.reason, got.reason
+    crossing = [PodSlot("p", 0, "tray0", (0, 1, 2, 3)), PodSlot("p", 1, "tray1", (0, 1, 2, 3))]
+    assert any(
+        f"node tray0's NVLink channel is held by {words}" in p
+        for p in scoring.violations(snap, one("ep", 2, 4), crossing)
+    )
+    # No gang owns it, not even one whose name is the words.
+    assert not snap.channel_free(words, 0) and snap.channel_free("ep", 1)
