@@ -34,12 +34,28 @@ class TraceSpec:
     label: str
     seed: int
     tight: bool = False
+    #: What ``--dominance-traces`` calls it.
+    name: str = ""
 
 
 TRACES = (
-    *(TraceSpec(f"default fleet, seed {s}", s) for s in SEEDS),
-    TraceSpec("tight fleet, seed 1", 1, True),
+    *(TraceSpec(f"default fleet, seed {s}", s, name=f"seed-{s}") for s in SEEDS),
+    TraceSpec("tight fleet, seed 1", 1, True, name="tight"),
 )
+
+
+def select(names: str | None) -> tuple[TraceSpec, ...]:
+    """The traces a ``--dominance-traces a,b`` list names, in the bar's order (all when None).
+    Raises ValueError naming an unknown trace."""
+    if names is None:
+        return TRACES
+    known = {t.name: t for t in TRACES}
+    asked = {n.strip() for n in names.split(",") if n.strip()}
+    unknown = sorted(asked - known.keys())
+    if unknown or not asked:
+        what = f"unknown trace {', '.join(map(repr, unknown))}" if unknown else "no trace named"
+        raise ValueError(f"{what}; known: {', '.join(known)}")
+    return tuple(t for t in TRACES if t.name in asked)
 
 
 def tight(cluster: ClusterSnapshot) -> ClusterSnapshot:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from extender.sim.dominance import MIN_PLACED, compare, render, tight
+import pytest
+
+from extender.cli import main
+from extender.sim.dominance import MIN_PLACED, TRACES, compare, render, select, tight
 from extender.sim.inputs import default_cluster
 
 
@@ -77,3 +80,24 @@ def test_tight_fleet_drops_a_quarter_of_every_leaf() -> None:
         before = sum(n.labels.get("fabric.topograph.run/tier-0") == leaf for n in full.nodes)
         after = sum(n.labels.get("fabric.topograph.run/tier-0") == leaf for n in small.nodes)
         assert before // 4 <= before - after <= -(-before // 4)
+
+
+def test_dominance_traces_select_by_name_in_the_bars_order() -> None:
+    assert select(None) == TRACES
+    assert [t.name for t in TRACES] == ["seed-1", "seed-2", "seed-3", "tight"]
+    got = select(" tight,seed-2 ")
+    assert [(t.label, t.seed, t.tight) for t in got] == [
+        ("default fleet, seed 2", 2, False),
+        ("tight fleet, seed 1", 1, True),
+    ]
+    with pytest.raises(ValueError, match="unknown trace 'seed-9'; known: seed-1, seed-2, seed-3, tight"):
+        select("seed-1,seed-9")
+    with pytest.raises(ValueError, match="no trace named"):
+        select(" , ")
+
+
+def test_dominance_traces_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--check-dominance", "--dominance-traces", "seed-4", "--quiet"]) == 2
+    assert "--dominance-traces: unknown trace 'seed-4'" in capsys.readouterr().err
+    assert main(["simulate", "--dominance-traces", "tight", "--quiet"]) == 2
+    assert "--dominance-traces needs --check-dominance" in capsys.readouterr().err
