@@ -31,6 +31,7 @@ from extender.controllers.controller import Cache, resync_until
 from extender.controllers.objects import META_OWNER_KIND, META_OWNER_NAME, object_ref
 from extender.controllers.podgroups import (
     PODGROUP_KIND,
+    VOLCANO_SCHEDULER,
     PodGroup,
     PodGroupError,
     annotation_patch,
@@ -193,7 +194,13 @@ class PodGroupController:
 
     async def _request(self, key: str, pg: PodGroup) -> GangRequest | None:
         """The group's request, or None after saying why it waits or is invalid."""
-        pods = list(self.pods.get(key, {}).values())
+        # Members the cache knows too: a pod the admission webhook refused for want of this slice
+        # (DRA: its claim is pinned at creation) counts, or the group would wait for it forever.
+        members = {
+            p.name: p for p in self.cache.pods_of_gang(key) if p.name and p.scheduler == VOLCANO_SCHEDULER
+        }
+        members.update(self.pods.get(key, {}))
+        pods = list(members.values())
         short = missing_pods(pg, pods)
         if short:
             await self._status(key, "Waiting", f"waiting for {short} more member pod(s) of {pg.min_member}")
