@@ -10,8 +10,10 @@ MutatingWebhookConfiguration (manifests/dra) pointed at it over HTTPS.
 
 Tests: a TP=4 pod set on a fragmented PCIe node gets exactly the planned devices and loses its claim with
 the gang; what kube-scheduler does with a claim pinned to a taken device; a foreign claim grabbing a planned
-device makes gangslice re-plan; a prefill/decode pair gets disjoint, NUMA-aligned halves of one HGX node; with
-gangslice down, gang pods are refused naming the webhook and other pods pass.
+device makes gangslice re-plan; a prefill/decode pair gets disjoint, NUMA-aligned halves of one HGX node; a
+Kueue-admitted gang (Kueue's manager started for that test, as tests/e2e/test_kueue.py starts it) gets its
+slots' claims and exactly their devices; with gangslice down, gang pods and pods labelled
+``gangslice.io/managed`` are refused naming the webhook and other pods pass.
 
 No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts it); that is expected.
 """
@@ -19,6 +21,7 @@ No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import os
 import sys
@@ -39,10 +42,13 @@ from cluster import (
     get,
     items,
     merge_patch,
+    remove_crds,
     scheduled_condition,
     wait_for,
 )
 from cluster import POOL as POOL_LABEL
+from test_kueue import CHECK, leading, our_check, start_kueue
+from test_kueue import is_true as kueue_is_true
 
 from extender.bench.controlplane import ControlPlane
 from extender.kube import dra
@@ -465,6 +471,181 @@ def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang
             merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
 
 
+# -- a Kueue-admitted gang -----------------------------------------------------------------------
+KUEUE_FLAVOR = "dra-default"
+KUEUE_CQ = "dra-cq"
+KUEUE_LQ = "gpu"
+JOB_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+@pytest.fixture
+def kueue(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Gangslice]:
+    """Kueue's manager on this control plane (started as tests/e2e/test_kueue.py starts it) and the
+    module's ``gangslice serve`` restarted with its controller (the Kueue admission check), a
+    ClusterQueue whose check is gangslice's; the plain stack again after."""
+    cp = control_plane
+    # Kueue counts DRA devices in quota only through a mapping of their DeviceClass to a resource.
+    mapping = {"name": "nvidia.com/gpu", "deviceClassNames": [dra.GPU_DEVICE_CLASS]}
+    crds = start_kueue(cp, resources={"deviceClassMappings": [mapping]})
+    gangslice.stop()
+    gangslice.controller = True
+    kueue_objects = [
+        (
+            "resourceflavors",
+            {"metadata": {"name": KUEUE_FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: POOL_NAME}}},
+        ),
+        (
+            "admissionchecks",
+            {"metadata": {"name": CHECK}, "spec": {"controllerName": "gangslice.io/topology"}},
+        ),
+        (
+            "clusterqueues",
+            {
+                "metadata": {"name": KUEUE_CQ},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "nvidia.com/gpu"],
+                            "flavors": [
+                                {
+                                    "name": KUEUE_FLAVOR,
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "100"},
+                                        {"name": "nvidia.com/gpu", "nominalQuota": "64"},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                    "admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]},
+                },
+            },
+        ),
+    ]
+    try:
+        gangslice.start()
+        wait_for("gangslice to lead", lambda: leading(gangslice), 60, 0.5)
+        for plural, body in kueue_objects:
+            kind = {"resourceflavors": "ResourceFlavor", "admissionchecks": "AdmissionCheck"}.get(
+                plural, "ClusterQueue"
+            )
+            post(
+                cp,
+                f"/apis/kueue.x-k8s.io/v1beta2/{plural}",
+                {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": kind, **body},
+            )
+
+        def active(kind: str, name: str) -> bool:
+            conds = ((get(cp, kind, name) or {}).get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+
+        wait_for("our AdmissionCheck Active", lambda: active("AdmissionCheck", CHECK), 60)
+        wait_for("the ClusterQueue Active", lambda: active("ClusterQueue", KUEUE_CQ), 60)
+        yield gangslice
+    finally:
+        gangslice.stop()
+        gangslice.controller = False
+        for plural, body in reversed(kueue_objects):
+            path = f"/apis/kueue.x-k8s.io/v1beta2/{plural}/{body['metadata']['name']}"
+            with contextlib.suppress(urllib.error.HTTPError):
+                cp.request("DELETE", path)
+            # Kueue lifts its finalizer once nothing uses the object; then its CRD can go.
+            wait_for(f"{path} deleted", lambda p=path: _gone(cp, p), 60)
+        cp.stop_process("kueue")
+        remove_crds(cp, crds)
+        gangslice.start()
+
+
+def _gone(cp: ControlPlane, path: str) -> bool:
+    try:
+        cp.request("GET", path)
+    except urllib.error.HTTPError as e:
+        return e.code == 404
+    return False
+
+
+def test_a_kueue_admitted_gangs_pods_reference_their_slots_claims_and_get_exactly_the_slots_devices(
+    control_plane: ControlPlane, kueue: Gangslice, ns: str
+) -> None:
+    """A Workload whose pods ask for 4 GPUs each through a ResourceClaimTemplate: gangslice's check
+    reserves the pair (the reservation exists before any pod) and labels the pod set for the webhook;
+    playing the Job controller, the test creates the pods with the check's podSetUpdates; the webhook
+    (its failurePolicy Fail entry, by the label) points each at its slot's claim and kube-scheduler's
+    DynamicResources plugin allocates exactly the slot's devices."""
+    cp = control_plane
+    post(
+        cp,
+        "/apis/kueue.x-k8s.io/v1beta2/namespaces/" + ns + "/localqueues",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": KUEUE_LQ, "namespace": ns},
+            "spec": {"clusterQueue": KUEUE_CQ},
+        },
+    )
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp4-gpus", 4))
+    pod_template = dra_pod(ns, "x", claim={"resourceClaimTemplateName": "tp4-gpus"})
+    pod_template.pop("apiVersion")
+    pod_template.pop("kind")
+    pod_template["metadata"] = {}
+    pod_template["spec"]["restartPolicy"] = "Never"
+    wl = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "job-tp4", "namespace": ns},
+        "spec": {"queueName": KUEUE_LQ, "podSets": [{"name": "main", "count": 2, "template": pod_template}]},
+    }
+    post(cp, f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads", wl)
+
+    def admitted() -> dict[str, Any] | None:
+        got = get(cp, "Workload", "job-tp4", ns)
+        return got if kueue_is_true(got, "Admitted") else None
+
+    ready = our_check(wait_for("Kueue to admit the Workload once our check is Ready", admitted, 90))
+    assert ready and ready["state"] == "Ready", ready
+    (update,) = ready["podSetUpdates"]
+    assert update["labels"] == {"gangslice.io/managed": "true"}, update
+    (reservation,) = items(cp, "SliceReservation", ns)
+    planned = {s["name"]: s for s in reservation["status"]["slots"]}
+    assert sorted(planned) == ["main/0", "main/1"], planned
+
+    pods = []
+    for i in range(2):
+        pod = copy.deepcopy(pod_template)
+        pod["apiVersion"], pod["kind"] = "v1", "Pod"
+        pod["metadata"] = {
+            "name": f"tp4-{i}",
+            "namespace": ns,
+            "labels": {**update["labels"], "kueue.x-k8s.io/podset": "main", JOB_INDEX: str(i)},
+            "annotations": dict(update["annotations"]),
+        }
+        pod["spec"]["nodeSelector"].update(update.get("nodeSelector") or {})
+        pods.append(create(cp, pod))
+    for i, created in enumerate(pods):
+        ann = created["metadata"]["annotations"]
+        slot = planned[f"main/{i}"]  # the completion index picks the slot
+        assert ann["gangslice.io/slot"] == f"main/{i}", ann
+        (entry,) = created["spec"]["resourceClaims"]
+        assert entry["resourceClaimName"] == slot["claim"], (entry, slot)
+        claim = wait_for(f"the claim of tp4-{i} allocated", lambda c=slot["claim"]: allocated(cp, ns, c), 60)
+        results = claim["status"]["allocation"]["devices"]["results"]
+        gpus = [int(g) for g in ann["gangslice.io/gpus"].split(",")]
+        assert sorted(r["device"] for r in results) == sorted(f"gpu-{g}" for g in gpus), results
+        assert {r["pool"] for r in results} == {slot["node"]}, (results, slot)
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [created["metadata"]["uid"]]
+        assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == [reservation["metadata"]["name"]]
+        bound = wait_for(
+            f"tp4-{i} bound",
+            lambda n=f"tp4-{i}": (get(cp, "Pod", n, ns) or {}).get("spec", {}).get("nodeName"),
+            60,
+        )
+        assert bound == slot["node"]
+    assert len(items(cp, "SliceReservation", ns)) == 1  # the webhook reserved nothing of its own
+    for i in range(2):
+        delete(cp, "Pod", f"tp4-{i}", ns)
+
+
 def test_with_gangslice_down_gang_pods_are_refused_naming_it_and_other_pods_pass(
     control_plane: ControlPlane, gangslice: Gangslice, ns: str
 ) -> None:
@@ -475,6 +656,12 @@ def test_with_gangslice_down_gang_pods_are_refused_naming_it_and_other_pods_pass
         with pytest.raises(AssertionError) as refused:
             create(cp, gang)
         assert "pin-gang-pods.gangslice.io" in str(refused.value), refused.value
+        # A pod gangslice's Kueue check labelled (or a Volcano task labelled by hand) is refused too.
+        managed = copy.deepcopy(gang)
+        managed["metadata"] = {"name": "m-0", "namespace": ns, "labels": {"gangslice.io/managed": "true"}}
+        with pytest.raises(AssertionError) as refused:
+            create(cp, managed)
+        assert "pin-managed-pods.gangslice.io" in str(refused.value), refused.value
         other = copy.deepcopy(gang)
         other["metadata"] = {"name": "solo", "namespace": ns}
         other["spec"]["resourceClaims"] = []
