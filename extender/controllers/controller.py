@@ -395,7 +395,14 @@ class AdmissionController:
             r = self.cache.reservation(keys[name])
             assert r is not None
             allowed = assignment.pod_set_nodes(w, await self._flavor_labels(w))
-            updates = assignment.pod_set_updates(w, r.slice, snap, object_name(keys[name]), allowed)
+            try:
+                claim_gpus = await self._claim_gpus(w)
+            except WorkloadError as exc:
+                await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+                continue
+            updates = assignment.pod_set_updates(
+                w, r.slice, snap, object_name(keys[name]), allowed, pinned=claim_gpus
+            )
             await self._write(
                 w, "Ready", self._ready_message(r) + f" (joint gang {jkey})", pod_set_updates=updates
             )
@@ -411,10 +418,13 @@ class AdmissionController:
         requests = {}
         allowed: dict[str, assignment.PodSetNodes] = {}
         started = now
+        pinned: dict[str, bool] = {}
         for name, w in wls.items():
             try:
                 flavors = await self._flavors(w)
-                gang = workload_gang.gang_from_workload(w, h, await self._claim_gpus(w))
+                claim_gpus = await self._claim_gpus(w)
+                pinned[name] = bool(claim_gpus)
+                gang = workload_gang.gang_from_workload(w, h, claim_gpus)
                 requests[name] = assignment.with_flavor_tolerations(
                     gang.request, w, {f: t for f, (_, t) in flavors.items()}
                 )
@@ -435,7 +445,7 @@ class AdmissionController:
         stage = kueue.wait_stage(now - started, self.config)
         keys = {name: kueue.gang_key(w) for name, w in wls.items()}
         solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
-        claims = [self._claim(keys[name], w, now) for name, w in wls.items()]
+        claims = [self._claim(keys[name], w, now, pinned[name]) for name, w in wls.items()]
         async with self.cache.lock:
             result = reserve_all(self.cache, request, claims, split=joint.splitter(keys), solve=solve)
         if isinstance(result, Unplaceable):

@@ -9,6 +9,8 @@ import asyncio
 import copy
 from typing import Any
 
+from test_joint_workloads import DECODE, PREFILL, entry, submit
+from test_joint_workloads import world as joint_world
 from test_slot_claims import NODE, admit, patched, pcie_cache, template
 
 from extender.controllers.controller import AdmissionController
@@ -262,3 +264,25 @@ def test_volcano_pods_refused_for_want_of_a_slice_count_as_members_then_are_pinn
         c["metadata"]["ownerReferences"][0]["name"] == saved["metadata"]["name"] for c in claims.values()
     )
     assert [x.gang for x in cache.ledger.reservations()] == [f"{NS}/pg"]
+
+
+def test_the_members_of_a_joint_kueue_gang_are_counted_and_labelled_for_the_webhook_too() -> None:
+    ctl, api, cache, _ = joint_world()
+    api.put(RESOURCE_CLAIM_TEMPLATES, {**template(4), "metadata": {"name": "gpus", "namespace": "serving"}})
+    members = []
+    for wl in (PREFILL, DECODE):
+        wl = copy.deepcopy(wl)
+        spec = wl["spec"]["podSets"][0]["template"]["spec"]
+        spec["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}  # no nvidia.com/gpu
+        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "gpus"}]
+        members.append(wl)
+        submit(ctl, api, wl)
+    for wl in members:
+        name = wl["metadata"]["name"]
+        got = entry(api, name)
+        assert got["state"] == "Ready", got
+        (update,) = got["podSetUpdates"]
+        assert update["labels"] == {names.MANAGED: "true"}, update
+        r = cache.reservation(f"serving/{name}")
+        assert r is not None and [len(s.gpus) for s in r.slice.slots] == [4]
+        assert r.meta.get(names.META_SLOT_CLAIMS) == "true"
