@@ -12,7 +12,9 @@ Tests: a TP=4 pod set on a fragmented PCIe node gets exactly the planned devices
 the gang; what kube-scheduler does with a claim pinned to a taken device; a foreign claim grabbing a planned
 device makes gangslice re-plan; a prefill/decode pair gets disjoint, NUMA-aligned halves of one HGX node; a
 Kueue-admitted gang (Kueue's manager started for that test, as tests/e2e/test_kueue.py starts it) gets its
-slots' claims and exactly their devices; with gangslice down, gang pods and pods labelled
+slots' claims and exactly their devices; a Volcano gang's members, refused while its PodGroup has no
+slice, are pinned each to its own slot when re-created (the test plays Volcano's job controller; no
+Volcano scheduler runs, so nothing allocates those claims); with gangslice down, gang pods and pods labelled
 ``gangslice.io/managed`` are refused naming the webhook and other pods pass.
 
 No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts it); that is expected.
@@ -644,6 +646,92 @@ def test_a_kueue_admitted_gangs_pods_reference_their_slots_claims_and_get_exactl
     assert len(items(cp, "SliceReservation", ns)) == 1  # the webhook reserved nothing of its own
     for i in range(2):
         delete(cp, "Pod", f"tp4-{i}", ns)
+
+
+# -- a Volcano gang --------------------------------------------------------------------------------
+@pytest.fixture
+def podgroup_controller(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Gangslice]:
+    """Volcano's CRDs and the module's ``gangslice serve`` restarted with its controller (the PodGroup
+    controller, looking again every second); no Volcano component runs: the test plays its job
+    controller. The plain stack again after."""
+    cp = control_plane
+    crds = cp.install_crds(cp.crd_dir / "volcano")
+    gangslice.stop()
+    gangslice.controller, gangslice.extra_args = True, ("--resync=1",)
+    try:
+        gangslice.start()
+        wait_for("gangslice to lead", lambda: leading(gangslice), 60, 0.5)
+        yield gangslice
+    finally:
+        gangslice.stop()
+        gangslice.controller, gangslice.extra_args = False, ()
+        remove_crds(cp, crds)
+        gangslice.start()
+
+
+def test_a_volcano_gangs_members_refused_until_its_slice_is_reserved_are_pinned_on_retry(
+    control_plane: ControlPlane, podgroup_controller: Gangslice, ns: str
+) -> None:
+    """Volcano reserves a PodGroup's slice from its member pods, which exist only once created; the
+    webhook refuses a member whose group has no slice yet and counts it, the PodGroup controller
+    reserves once ``minMember`` were seen, and the retried creations are pinned, each to its own slot.
+    (Who allocates the claims is Volcano's scheduler, which this test does not run.)"""
+    cp = control_plane
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp4-gpus", 4))
+    create(
+        cp,
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "tp4", "namespace": ns},
+            "spec": {"minMember": 2},
+        },
+    )
+    pods = []
+    for i in range(2):
+        pod = dra_pod(
+            ns,
+            f"tp4-worker-{i}",
+            claim={"resourceClaimTemplateName": "tp4-gpus"},
+            labels={"gangslice.io/managed": "true"},
+            **{"scheduling.k8s.io/group-name": "tp4", "volcano.sh/task-spec": "worker"},
+        )
+        pod["spec"]["schedulerName"] = "volcano"
+        pods.append(pod)
+    for pod in pods:
+        with pytest.raises(AssertionError) as refused:
+            create(cp, pod)
+        assert f"PodGroup {ns}/tp4 has no slice reserved yet" in str(refused.value), refused.value
+
+    def admitted(pod: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return create(cp, pod)
+        except AssertionError as e:
+            if "has no slice reserved yet" in str(e):
+                return None
+            raise
+
+    created = [wait_for(f"{p['metadata']['name']} admitted", lambda p=p: admitted(p), 60, 1.0) for p in pods]
+    (reservation,) = items(cp, "SliceReservation", ns)
+    assert [o["kind"] for o in reservation["metadata"]["ownerReferences"]] == ["PodGroup"]
+    slots = {s["name"]: s for s in reservation["status"]["slots"]}
+    given = [c["metadata"]["annotations"]["gangslice.io/slot"] for c in created]
+    assert sorted(given) == sorted(slots), (given, slots)
+    for obj in created:
+        ann = obj["metadata"]["annotations"]
+        slot = slots[ann["gangslice.io/slot"]]
+        (entry,) = obj["spec"]["resourceClaims"]
+        assert entry["resourceClaimName"] == slot["claim"], (entry, slot)
+        claim = claim_of(cp, ns, slot["claim"])
+        assert claim is not None
+        gpus = [int(g) for g in ann["gangslice.io/gpus"].split(",")]
+        expr = claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+        assert sorted(u for u in expr.split('"') if u.startswith("GPU-")) == sorted(
+            gpu_uuid(slot["node"], g) for g in gpus
+        ), expr
+        assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == [reservation["metadata"]["name"]]
+    for obj in created:
+        delete(cp, "Pod", obj["metadata"]["name"], ns)
 
 
 def test_with_gangslice_down_gang_pods_are_refused_naming_it_and_other_pods_pass(

@@ -249,6 +249,7 @@ def test_volcano_pods_refused_for_want_of_a_slice_count_as_members_then_are_pinn
     asyncio.run(reconcile())
     r = cache.reservation(f"{NS}/pg")
     assert r is not None and sorted(len(s.gpus) for s in r.slice.slots) == [4, 4]
+    assert r.meta.get(names.META_SLOT_CLAIMS) == "true"  # its status names each slot's claim
 
     # The job controller retries: each pod gets its own slot and claim, owned by the reservation.
     second = admit(api, cache, *pods)
