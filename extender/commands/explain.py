@@ -282,8 +282,15 @@ async def _online(args: argparse.Namespace, kind: str, namespace: str, name: str
         pg = await _podgroup(api, namespace, name) if kind == "podgroup" else None
         facts = explain_pods(cache, kind, namespace, name, podgroup_state(pg), pg)
     await add_slot_claims(api, cache, facts)
+    add_mismatches(cache, facts)
     facts.problems.extend(refused_nodes(cache))
     return facts
+
+
+def add_mismatches(cache: Any, facts: Facts) -> None:
+    """The gang's bound pods the kubelet reports on other GPUs than promised."""
+    if facts.reservation is not None and hasattr(cache, "device_mismatches"):
+        facts.mismatches = [m.message() for m in cache.device_mismatches(facts.reservation.gang)]
 
 
 async def add_slot_claims(api: KubeClient, cache: Any, facts: Facts) -> None:

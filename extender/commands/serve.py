@@ -15,6 +15,7 @@ from extender.httpapi.bench import TARGET_RPS
 from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
 from extender.httpapi.limits import Limits
 from extender.kube.mismatch import OnMismatch
+from extender.kube.names import WEBHOOK_CONFIGURATION
 from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
@@ -55,6 +56,19 @@ def register(sub: Any) -> None:
         "--tls-client-names",
         metavar="NAME,...",
         help="with --tls-client-ca: the client certificate must name one of these (subject CN or DNS SAN)",
+    )
+    p.add_argument(
+        "--webhook-ca-bundle",
+        metavar="FILE",
+        help="with --kubeconfig: keep the caBundle of --webhook-configuration's entries that call "
+        "gangslice equal to this CA (the one that signed --tls-cert; not needed with cert-manager's "
+        "CA injector)",
+    )
+    p.add_argument(
+        "--webhook-configuration",
+        default=WEBHOOK_CONFIGURATION,
+        metavar="NAME",
+        help=f"the MutatingWebhookConfiguration of the DRA pinning webhook (default {WEBHOOK_CONFIGURATION})",
     )
     p.add_argument(
         "--volcano-port",
@@ -259,6 +273,15 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--tls-client-ca needs --tls-cert and --tls-key")
     if args.tls_client_names and not args.tls_client_ca:
         raise UsageError("--tls-client-names needs --tls-client-ca")
+    if args.webhook_ca_bundle:
+        from extender.kube.webhook_ca import CaBundleError, read_ca
+
+        if args.cluster or not args.tls_cert:
+            raise UsageError("--webhook-ca-bundle needs --tls-cert and an API server (not --cluster)")
+        try:
+            read_ca(args.webhook_ca_bundle)
+        except CaBundleError as exc:
+            raise UsageError(f"--webhook-ca-bundle {exc}") from None
     client_names = frozenset(n.strip() for n in (args.tls_client_names or "").split(",") if n.strip())
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
@@ -301,6 +324,11 @@ def run_serve(args: argparse.Namespace) -> int:
     cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api))
     reporter = TopologyStatusReporter(KubeTopologyStatusApi(api))
     mismatches = MismatchReporter(api, OnMismatch(args.on_mismatch))
+    webhook_ca = None
+    if args.webhook_ca_bundle:
+        from extender.kube.webhook_ca import WebhookCa
+
+        webhook_ca = WebhookCa(api, args.webhook_configuration, args.webhook_ca_bundle)
     reviewer = None
     if args.metrics_port:
         from extender.httpapi.secure_metrics import ApiReviewer
@@ -308,7 +336,15 @@ def run_serve(args: argparse.Namespace) -> int:
         reviewer = ApiReviewer(api)
     if args.no_controller:
         asyncio.run(
-            serve(cache, options, api, topology_status=reporter, reviewer=reviewer, mismatches=mismatches)
+            serve(
+                cache,
+                options,
+                api,
+                topology_status=reporter,
+                reviewer=reviewer,
+                mismatches=mismatches,
+                webhook_ca=webhook_ca,
+            )
         )
         return EXIT_OK
     from extender.controllers.runner import run_controller
@@ -333,6 +369,7 @@ def run_serve(args: argparse.Namespace) -> int:
             topology_status=reporter,
             reviewer=reviewer,
             mismatches=mismatches,
+            webhook_ca=webhook_ca,
         )
     )
     return EXIT_OK

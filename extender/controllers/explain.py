@@ -35,6 +35,8 @@ class Facts:
     problems: list[str] = field(default_factory=list)
     #: DRA: slot key -> (the devices its claim pins, what the claim says now).
     slot_claims: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Bound pods the kubelet reports on other GPUs than promised, one line each.
+    mismatches: list[str] = field(default_factory=list)
 
 
 def _ask_lines(gang: GangRequest) -> list[str]:
@@ -160,6 +162,7 @@ def render(f: Facts) -> str:
         if f.check.message:
             lines.append(f"  {f.check.message}")
     lines.extend(_reservation_lines(f.reservation, f.slot_claims))
+    lines.extend(f"  devices differ: {m}" for m in f.mismatches)
     lines.extend(_dry_run_lines(f.dry_run, f.gang))
     lines.extend(f"problem: {p}" for p in f.problems)
     return "\n".join(lines)
@@ -197,6 +200,7 @@ def to_json(f: Facts) -> dict[str, Any]:
         else {"state": f.check.state, "message": f.check.message, "since": f.check.since},
         "reservation": None if f.reservation is None else f.reservation.to_dict(),
         "slotClaims": {k: {"pins": pins, "claim": state} for k, (pins, state) in f.slot_claims.items()},
+        "devicesMismatch": list(f.mismatches),
         "dryRun": dry,
         "problems": list(f.problems),
     }

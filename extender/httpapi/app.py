@@ -44,6 +44,7 @@ from extender.kube.cache import ClusterCache
 from extender.kube.claim_sync import SlotClaimSync
 from extender.kube.mismatch import MismatchReporter
 from extender.kube.topology_status import TopologyStatusReporter
+from extender.kube.webhook_ca import WebhookCa
 from extender.logs import fields
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "/gangslice"
 #: Re-plans gangs whose pinned devices someone else took (DRA nodes; None without an API server).
 CLAIM_SYNC: web.AppKey[SlotClaimSync | None] = web.AppKey("claim_sync")
+#: Keeps the DRA webhook's caBundle equal to the serving certificate's CA (``--webhook-ca-bundle``).
+WEBHOOK_CA: web.AppKey[WebhookCa | None] = web.AppKey("webhook_ca")
 #: How often reservations past their TTL are dropped and unsaved changes retried.
 HOUSEKEEPING_S = 5.0
 
@@ -101,6 +104,9 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
             claims = app.get(CLAIM_SYNC)
             if claims is not None:
                 await claims.sync(cache)
+            webhook_ca = app.get(WEBHOOK_CA)
+            if webhook_ca is not None:
+                await webhook_ca.sync()
         except Exception:
             log.exception("housekeeping failed; continuing")
 
@@ -117,11 +123,13 @@ def build_app(
     access: Access | None = None,
     topology_status: TopologyStatusReporter | None = None,
     mismatches: MismatchReporter | None = None,
+    webhook_ca: WebhookCa | None = None,
 ) -> web.Application:
     """The service over ``cache``. With ``api`` pods are bound through the API server;
     without it binds are only recorded (file mode). With ``topology_status`` housekeeping
     writes the ``Accepted`` condition of NodeTopologies the cache refused; with
-    ``mismatches`` it tells (or evicts) pods the kubelet gave other GPUs than promised."""
+    ``mismatches`` it tells (or evicts) pods the kubelet gave other GPUs than promised; with
+    ``webhook_ca`` it keeps the DRA webhook's caBundle set."""
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
     limits = limits or Limits()
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[checked, bounded])
@@ -136,6 +144,7 @@ def build_app(
     app[TOPOLOGY_STATUS] = topology_status
     app[CLAIM_SYNC] = SlotClaimSync(api, cache.clock) if api is not None else None
     app[MISMATCHES] = mismatches
+    app[WEBHOOK_CA] = webhook_ca
     kube_routes.add_routes(app, prefix)
     volcano_routes.add_routes(app, prefix)
     admission.add_routes(app)

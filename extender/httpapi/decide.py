@@ -9,7 +9,9 @@ gang ``<namespace>/<gang>``; a Volcano task belongs to its job's gang ``<namespa
 - A plain gang pod (``gangslice.io/gang`` + ``gangslice.io/gang-size``) without one makes
   the extender place and reserve the whole gang, then is filtered to its slots.
 - A GPU pod outside any gang passes where the free GPUs (after reservations) hold a set
-  meeting the in-node rule; nodes whose type can never hold one are unresolvable.
+  meeting the in-node rule, as the node hands them out (the device plugin's answer on a
+  device-plugin node) and its kubelet's Topology Manager admits them (the same rules the
+  solver holds gang pods to); nodes whose type can never hold one are unresolvable.
 - A pod without GPUs passes everywhere.
 
 Everything here is synchronous and must run under the cache's lock.
@@ -32,13 +34,14 @@ from extender.kube.crd_models import gang_namespace, object_name
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.reserve import Claim, reserve
-from extender.placement import choice
+from extender.placement import choice, numa_fit
 from extender.placement.ledger import Reservation
 from extender.placement.node_fit import fit_for
+from extender.placement.numa_fit import GpuFit
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import LevelError, pod_set_micros, resolve_need
 from extender.placement.slice import PodSlot, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.model import NodeShape, Tier
 
 
@@ -138,10 +141,10 @@ class Decider:
         self.cache = cache
         #: The cache version the memo tables below describe.
         self._memo_version: int | None = None
-        self._fit: dict[tuple[int, Tier | None], dict[str, Verdict]] = {}
+        self._fit: dict[tuple[PodShape, Tier | None], dict[str, Verdict]] = {}
         #: Per rule, node -> index into ``_raw_values`` (equal raw scores share one index,
         #: so a request's scores are normalised over the few distinct values).
-        self._raw: dict[tuple[int, Tier | None, Tier | None], dict[str, int]] = {}
+        self._raw: dict[tuple[PodShape, Tier | None, Tier | None], dict[str, int]] = {}
         self._raw_values: list[Raw] = []
         self._raw_ids: dict[Raw, int] = {}
         self._micros: dict[tuple[str, int, int], float] = {}
@@ -225,11 +228,13 @@ class Decider:
         except LevelError as exc:
             return _all(names, Code.UNRESOLVABLE, f"pod {pod.key}: {exc}", "invalid")
         view = self._fresh()
-        table = self._fit.setdefault((pod.gpus, tier), {})
+        ps = self._pod_set(pod)
+        shape = _pod_shape(ps)
+        table = self._fit.setdefault((shape, tier), {})
         # After _fresh: the version its verdicts describe.
         version = self.cache.version
         key = NamesKey(names)
-        remembered = self._filtered.get(version, ("fit", pod.gpus, tier), key)
+        remembered = self._filtered.get(version, ("fit", shape, tier), key)
         if remembered is not None:
             return remembered
         try:
@@ -237,9 +242,9 @@ class Decider:
         except KeyError:
             for n in key.names:
                 if n not in table:
-                    self._node_verdict(view, n, pod.gpus, tier, table)
+                    self._node_verdict(view, n, ps, tier, table)
             verdicts = lookup(table, key.names)
-        return self._filtered.put(version, ("fit", pod.gpus, tier), key, _split(key.names, verdicts))
+        return self._filtered.put(version, ("fit", shape, tier), key, _split(key.names, verdicts))
 
     def _slot_split(self, names: Sequence[str], nodes: set[str], reason: str) -> FilterOutcome:
         elsewhere = Verdict(Code.UNSCHEDULABLE, reason)
@@ -265,13 +270,14 @@ class Decider:
         return need.tier
 
     def _pod_set(self, pod: PodInfo) -> PodSet:
-        return PodSet(
+        plain = PodSet(
             name="pod",
             count=1,
             gpus_per_pod=pod.gpus,
             required_level=pod.required_level,
             preferred_level=pod.preferred_level,
         )
+        return pod.needs.on(plain)
 
     def _fresh(self) -> ClusterSnapshot:
         """The current view, with the memo tables brought up to date: entries of nodes that
@@ -298,7 +304,7 @@ class Decider:
         return view
 
     def _node_verdict(
-        self, view: ClusterSnapshot, name: str, gpus: int, tier: Tier | None, table: dict[str, Verdict]
+        self, view: ClusterSnapshot, name: str, ps: PodSet, tier: Tier | None, table: dict[str, Verdict]
     ) -> Verdict:
         if not view.has_node(name):
             problem = self.cache.node_problem(name)
@@ -307,21 +313,24 @@ class Decider:
         i = view.index(name)
         node = view.nodes[i]
         shape = node.shape
-        fit = fit_for(shape)
+        gpus = ps.gpus_per_pod
         rule = _rule(shape, gpus, tier)
+        free = view.free_mask(i)
         if rule is None:
             v = Verdict(Code.UNRESOLVABLE, f"node type has {shape.size} GPUs; the pod needs {gpus}")
-        elif fit.capacity(shape.full_mask, gpus, rule) == 0:
+        elif fit_for(shape).capacity(shape.full_mask, gpus, rule) == 0:
             v = Verdict(Code.UNRESOLVABLE, f"no {gpus} GPUs of this node type are {_words(rule)}")
         elif choice.capacity(node, shape.full_mask, gpus, rule) == 0:
             why = choice.reason(node, shape.full_mask, gpus, rule, 1)
             v = Verdict(Code.UNRESOLVABLE, why or f"the device plugin gives no {_words(rule)} set of {gpus}")
-        elif choice.capacity(node, view.free_mask(i), gpus, rule) == 0:
-            free = view.free_mask(i).bit_count()
-            why = choice.reason(node, view.free_mask(i), gpus, rule, 1)
+        elif _on_node(node, ps).capacity(free, gpus, rule) == 0:
+            # What is left is the node's free GPUs (and, where its kubelet aligns pods, its
+            # free CPUs and memory): evicting pods can change either, so not unresolvable.
+            why = numa_fit.refusal(node, ps, free, rule) or choice.reason(node, free, gpus, rule, 1)
+            left = free.bit_count()
             v = Verdict(
                 Code.UNSCHEDULABLE,
-                why or f"{free} free GPUs (after reservations) hold no {_words(rule)} set of {gpus}",
+                why or f"{left} free GPUs (after reservations) hold no {_words(rule)} set of {gpus}",
             )
         else:
             v = PASS
@@ -350,24 +359,26 @@ class Decider:
             return got
         if pod.gpus <= 0:
             return Scores.zeros(len(names))
+        ps = self._pod_set(pod)
         try:
-            need = resolve_need(self._pod_set(pod), self.cache.hierarchy)
+            need = resolve_need(ps, self.cache.hierarchy)
         except LevelError:
             return Scores.zeros(len(names))
         view = self._fresh()
         version = self.cache.version
         key = NamesKey(names)
-        rule = ("score", pod.gpus, need.tier, need.preferred_tier)
+        shape = _pod_shape(ps)
+        rule = ("score", shape, need.tier, need.preferred_tier)
         got = self._scored.get(version, rule, key)
         if got is not None:
             return got
-        table = self._raw.setdefault((pod.gpus, need.tier, need.preferred_tier), {})
+        table = self._raw.setdefault((shape, need.tier, need.preferred_tier), {})
         try:
             ids = lookup(table, key.names)
         except KeyError:
             for n in key.names:
                 if n not in table:
-                    self._raw_score(view, n, pod.gpus, need.tier, need.preferred_tier, table)
+                    self._raw_score(view, n, ps, need.tier, need.preferred_tier, table)
             ids = lookup(table, key.names)
         distinct = list(set(ids))
         scores = normalise([self._raw_values[i] for i in distinct])
@@ -379,7 +390,7 @@ class Decider:
         self,
         view: ClusterSnapshot,
         name: str,
-        gpus: int,
+        ps: PodSet,
         tier: Tier | None,
         preferred: Tier | None,
         table: dict[str, int],
@@ -392,9 +403,10 @@ class Decider:
         if view.has_node(name):
             i = view.index(name)
             shape = view.nodes[i].shape
+            gpus = ps.gpus_per_pod
             rule = _rule(shape, gpus, tier)
             free = view.free_mask(i)
-            picked = choice.pick(view.nodes[i], free, gpus, rule, 1) if rule is not None else None
+            picked = _on_node(view.nodes[i], ps).pick(free, gpus, rule, 1) if rule is not None else None
             if picked:
                 sub = picked[0]
                 rest = free & ~sub
@@ -484,7 +496,8 @@ class Decider:
         shape = view.nodes[i].shape
         rule = _rule(shape, pod.gpus, tier)
         free = view.free_mask(i)
-        picked = choice.pick(view.nodes[i], free, pod.gpus, rule, 1) if rule is not None else None
+        on_node = _on_node(view.nodes[i], self._pod_set(pod))
+        picked = on_node.pick(free, pod.gpus, rule, 1) if rule is not None else None
         if not picked:
             raise Refused(f"node {node} no longer has {pod.gpus} free GPUs meeting the pod's rule")
         return BindPlan(pod, node, shape.gpus_of(picked[0]), shape.numa_of(picked[0]))
@@ -518,6 +531,7 @@ class Decider:
         except LevelError:
             return []
         view = self._fresh()
+        ps = self._pod_set(pod)
         held = self.cache.ledger.held()
         keep = []
         for node, pods in victims.items():
@@ -536,7 +550,7 @@ class Decider:
             freed &= set(shape.indices)
             free = view.free_mask(i) | shape.mask_of(freed)
             rule = _rule(shape, pod.gpus, tier)
-            if rule is not None and choice.capacity(view.nodes[i], free, pod.gpus, rule) > 0:
+            if rule is not None and _on_node(view.nodes[i], ps).capacity(free, pod.gpus, rule) > 0:
                 keep.append(node)
         return keep
 
@@ -655,6 +669,23 @@ def _label(gang: str, meta: Mapping[str, str] | None) -> str:
     ns = (meta or {}).get("namespace") or gang_namespace(gang)
     name = (meta or {}).get("name") or object_name(gang)
     return f"reservation {ns}/{name} (gang {gang})"
+
+
+#: What a GPU pod outside gangs is judged by besides its levels: its GPUs, and the requests
+#: that decide the kubelet's NUMA rule for it (the key :func:`numa_fit.rule_for` memoises on).
+PodShape = tuple[int, int, int, bool]
+
+
+def _pod_shape(ps: PodSet) -> PodShape:
+    req = ps.requests
+    return ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed
+
+
+def _on_node(node: NodeState, ps: PodSet) -> GpuFit:
+    """The GPU sets ``node`` hands a pod of ``ps``: the device plugin's or gangslice's own
+    (:mod:`~extender.placement.choice`), within what its kubelet's Topology Manager admits
+    (:mod:`~extender.placement.numa_fit`), as the solver judges gang pods."""
+    return numa_fit.fit_on(node, numa_fit.rule_for(node, ps))
 
 
 def _rule(shape: NodeShape, gpus: int, tier: Tier | None) -> Tier | None:

@@ -27,6 +27,7 @@ from extender.kube.mismatch import MismatchReporter
 from extender.kube.names import LEADER_LABEL
 from extender.kube.topology_status import TopologyStatusReporter
 from extender.kube.watch import Watcher
+from extender.kube.webhook_ca import WebhookCa
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ async def serve(
     topology_status: TopologyStatusReporter | None = None,
     reviewer: Reviewer | None = None,
     mismatches: MismatchReporter | None = None,
+    webhook_ca: WebhookCa | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
     controller runs on the same loop over the same cache; the replica holding the leader
@@ -106,6 +108,7 @@ async def serve(
         access=access,
         topology_status=topology_status,
         mismatches=mismatches,
+        webhook_ca=webhook_ca,
     )
     leading = {"now": False}
     if controller is not None:

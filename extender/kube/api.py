@@ -74,6 +74,14 @@ RESOURCE_CLAIM_TEMPLATES = Resource(
 COMPUTE_DOMAINS = Resource(
     "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain", namespaced=True
 )
+#: The DRA pinning webhook's registration (its caBundle: extender/kube/webhook_ca.py).
+MUTATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    namespaced=False,
+)
 TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False)
 SUBJECT_ACCESS_REVIEWS = Resource(
     "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False

@@ -58,9 +58,9 @@ from extender.kube.pods import PodInfo
 from extender.kube.store import InMemoryReservationStore, ReservationStore, StatusNotSaved
 from extender.kube.topology_status import DEVICES_MATCHED, accepted_condition, condition_of
 from extender.logs import fields
-from extender.placement.feasibility import NO_FACTS, NodeFacts, usage
+from extender.placement.feasibility import NO_FACTS, NOTHING, NodeFacts, usage
 from extender.placement.files import load_cluster
-from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation
+from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation, hold_requests
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
@@ -135,6 +135,8 @@ class ClusterCache:
         self._view: ClusterSnapshot | None = None
         #: Nodes whose reserved GPUs changed since the view was last brought up to date.
         self._held_dirty: set[str] = set()
+        #: Nodes whose state in ``_view`` counts the requests of reserved pods not bound yet.
+        self._folded: set[str] = set()
         self._version = 0
         self._node_generation = 0
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
@@ -266,6 +268,8 @@ class ClusterCache:
                 self._snap = self._snap.updated(changed)
                 if self._view is not None:
                     self._view = self._view.updated(changed)
+                    # Their fresh states lack the held requests: view() counts them again.
+                    self._held_dirty.update(n for n in changed if n in self._folded)
         return self._snap
 
     def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot:
@@ -276,9 +280,16 @@ class ClusterCache:
             return self._ledger.view(snap, ex)
         if self._view is None:
             self._view = self._ledger.view(snap)
+            self._folded = _limiting(snap, self._ledger.held_requests())
         elif self._held_dirty:
             held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
-            self._view = self._view.updated({}, held, mnnvl, self._held_dirty)
+            view = self._view.updated({}, held, mnnvl, self._held_dirty)
+            requests = self._ledger.held_requests()
+            again = {
+                n: requests.get(n, NOTHING) for n in self._held_dirty if n in requests or n in self._folded
+            }
+            self._view = hold_requests(view, again, base=snap)
+            self._folded = _limiting(snap, requests)
         self._held_dirty.clear()
         return self._view
 
@@ -459,7 +470,7 @@ class ClusterCache:
     def bind_slot(self, gang: str, slot_key: str, pod: str) -> Reservation:
         """Mark a slot taken by ``pod`` (refreshes the hold); LedgerError/KeyError if not possible."""
         r = self._ledger.bind(gang, slot_key, pod, self.clock())
-        self._ledger_changed(gang)
+        self._ledger_changed(gang, self._holding(r.slice.slot(slot_key).node))
         return r
 
     def unbind_slot(self, gang: str, slot_key: str) -> Reservation:
@@ -469,8 +480,15 @@ class ClusterCache:
         assert released is not None
         r = dataclasses.replace(r, phase=Phase.RESERVED, expires_at=self.clock() + self._ledger.ttl_s)
         self._ledger.restore(r)
-        self._ledger_changed(gang)
+        self._ledger_changed(gang, self._holding(r.slice.slot(slot_key).node))
         return r
+
+    def _holding(self, node: str) -> list[str]:
+        """``[node]`` where the view counts reserved pods' requests (the node reports what it
+        can hold: a bind or unbind changes what is held there), else nothing: there a bind
+        changes no node's offer."""
+        snap = self._snap
+        return [node] if snap is not None and _limiting(snap, (node,)) else []
 
     def expire(self) -> list[Reservation]:
         """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
@@ -716,12 +734,21 @@ class ClusterCache:
         if graph is not None and all(g in graph.indices for g in m.reported):
             numa = graph.shape.numa_of(graph.shape.mask_of(m.reported))
         try:
-            moved = self._ledger.move_slot(r.gang, slot.key, m.reported, numa)
+            self.move_slot(r.gang, slot.key, m.reported, numa)
         except (LedgerError, KeyError) as exc:
             return dataclasses.replace(m, not_corrected=str(exc))
-        if moved is not r:
-            self._ledger_changed(r.gang, [m.node])
         return m
+
+    def move_slot(
+        self, gang: str, slot_key: str, gpus: Iterable[int], numa_nodes: Iterable[int] | None = None
+    ) -> Reservation:
+        """Point a slot of ``gang`` at other GPUs of its node (see :meth:`Ledger.move_slot`,
+        whose LedgerError and KeyError pass through) and queue the reservation to be written."""
+        before = self._ledger.get(gang)
+        moved = self._ledger.move_slot(gang, slot_key, gpus, numa_nodes)
+        if moved is not before:
+            self._ledger_changed(gang, [moved.slice.slot(slot_key).node])
+        return moved
 
     # -- watch events ----------------------------------------------------------------------
     def replace(self, kind: Kind, objs: Iterable[Mapping[str, Any]]) -> None:
@@ -1178,3 +1205,8 @@ def _offer(state: NodeState | None) -> tuple[object, ...] | None:
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:
     """What of a pod decides the GPUs it takes (a status-only update changes none of it)."""
     return pod.node, pod.holds_gpus, pod.gpus, pod.annotations.get(GPUS_ANNOTATION), pod.needs.requests
+
+
+def _limiting(snap: ClusterSnapshot, held: Iterable[str]) -> set[str]:
+    """The nodes of ``held`` whose pods' requests count (they report what they can hold)."""
+    return {n for n in held if snap.has_node(n) and snap.node(n).facts.allocatable.reported}

@@ -12,14 +12,16 @@ claim whose devices changed (same name: the pods keep pointing at it; a claim's 
 immutable, so the stale one is deleted and created again). kube-scheduler retries the pod
 when its claim changes.
 
-Only gangs none of whose slots is bound are re-planned (a bound pod's slot cannot move); for
-the others the Event says so and the pod waits for the device.
+A gang none of whose slots is bound is re-planned whole. Where some pod is bound already
+(its slot cannot move), each slot whose device was taken moves to other free GPUs of its own
+node, as coherent as the planned set, so the gang keeps the nodes its placement chose; where
+its node has no such set the Event says so and the pod waits for the device.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extender.kube import dra, events, names
@@ -31,6 +33,7 @@ from extender.kube.pods import PodError, PodInfo
 from extender.kube.reserve import Claim, reserve
 from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim, claim_name
 from extender.logs import fields
+from extender.placement import choice
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest
 from extender.placement.slice import PodSlot, Unplaceable
@@ -139,11 +142,7 @@ class SlotClaimSync:
             for slot, taken, holders in found
         }
         if r.bound:
-            for key, text in why.items():
-                await self._tell(
-                    pods.get(key), f"{text}; the gang has bound pods, so the slot waits for the device"
-                )
-            return False
+            return await self._move_on_node(cache, r, found, why, pods)
         members = list(pods.values())
         try:
             request = plain_gang_request(members[0], members) if members else None
@@ -170,10 +169,67 @@ class SlotClaimSync:
                 "gang %s: re-planned, but the reservation could not be saved", gang, extra=fields(gang=gang)
             )
             return False
+        await self._replace_claims(cache, placed, placed.slice.slots, old_claims, why, pods)
+        log.info("gang %s re-planned after a device of its slots was taken", gang, extra=fields(gang=gang))
+        return True
+
+    async def _move_on_node(
+        self,
+        cache: ClusterCache,
+        r: Reservation,
+        found: list[tuple[PodSlot, list[str], list[str]]],
+        why: Mapping[str, str],
+        pods: Mapping[str | None, PodInfo],
+    ) -> bool:
+        """Move each slot of ``found`` to other free GPUs of its node (a gang with bound pods)."""
+        ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
+        moved: list[PodSlot] = []
+        stuck: list[PodSlot] = []
+        async with cache.lock:
+            for slot, _, _ in found:
+                other = _other_set(cache, r, slot)
+                if other is None:
+                    stuck.append(slot)
+                    continue
+                r = cache.move_slot(r.gang, slot.key, *other)
+                moved.append(r.slice.slot(slot.key))
+        for slot in stuck:
+            await self._tell(
+                pods.get(slot.key),
+                f"{why[slot.key]}; the gang has bound pods and node {slot.node} has no other free set "
+                f"of {len(slot.gpus)} GPUs as coherent: the slot waits for the device",
+            )
+        if not moved:
+            return False
+        if not await cache.persist(r.gang):
+            # The cache keeps the write queued; the claims follow now all the same, or the
+            # moved slot would look free of conflicts while its claim still pins the taken GPU.
+            log.warning("gang %s: slots moved; saving the reservation is retried", r.gang)
+        await self._replace_claims(cache, r, moved, await self._claims(ns, res_name, r), why, pods)
+        log.info(
+            "gang %s: slots %s moved on their nodes after a device was taken",
+            r.gang,
+            ",".join(s.key for s in moved),
+            extra=fields(gang=r.gang),
+        )
+        return True
+
+    async def _replace_claims(
+        self,
+        cache: ClusterCache,
+        r: Reservation,
+        slots: Sequence[PodSlot],
+        old_claims: Mapping[str, dict[str, Any]],
+        why: Mapping[str, str],
+        pods: Mapping[str | None, PodInfo],
+    ) -> None:
+        """Pin each of ``slots``' claims (same name, the template of the old one) to its devices now."""
+        gang = r.gang
+        ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
         saved = await self.api.get(SLICE_RESERVATIONS, res_name, ns)
         owner = {"name": res_name, "uid": str(_map(saved.get("metadata")).get("uid") or ""), "gang": res_name}
         writer = SlotClaims(self.api)
-        for slot in placed.slice.slots:
+        for slot in slots:
             old = old_claims.get(slot.key)
             device_map = cache.device_map(slot.node)
             if old is None or device_map is None:
@@ -208,8 +264,6 @@ class SlotClaimSync:
                     pods.get(slot.key),
                     f"{why[slot.key]}; re-planned: the claim now pins {pinned} on {slot.node}",
                 )
-        log.info("gang %s re-planned after a device of its slots was taken", gang, extra=fields(gang=gang))
-        return True
 
     async def _claims(self, ns: str, res_name: str, r: Reservation) -> dict[str, dict[str, Any]]:
         out = {}
@@ -235,3 +289,25 @@ class SlotClaimSync:
             await self.api.create(EVENTS, event)
         except KubeError as exc:
             log.debug("event for pod %s: %s", pod.key, exc)
+
+
+def _other_set(
+    cache: ClusterCache, r: Reservation, slot: PodSlot
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Free GPUs of the slot's node (and their NUMA nodes), besides the other slots of its gang
+    there, as the node hands them out, within the tier of the set planned (None: no such set)."""
+    view = cache.view([r.gang])
+    if not view.has_node(slot.node):
+        return None
+    i = view.index(slot.node)
+    node = view.nodes[i]
+    shape = node.shape
+    free = view.free_mask(i)
+    for other in r.slice.slots:
+        if other.node == slot.node and other.key != slot.key:
+            free &= ~shape.mask_of(other.gpus)
+    tier = shape.tier_of(shape.mask_of(slot.gpus))
+    picked = choice.pick(node, free, len(slot.gpus), tier, 1)
+    if not picked:
+        return None
+    return shape.gpus_of(picked[0]), shape.numa_of(picked[0])

@@ -331,6 +331,12 @@ class NodeTopologyObject(_Model):
 # -- SliceReservation ---------------------------------------------------------------------
 
 
+class SlotRequests(_Model):
+    cpu_millis: NonNegativeInt = Field(0, alias="cpuMillis")
+    memory_bytes: NonNegativeInt = Field(0, alias="memoryBytes")
+    ephemeral_storage_bytes: NonNegativeInt = Field(0, alias="ephemeralStorageBytes")
+
+
 class PodSlotEntry(_Model):
     pod_set: str = Field(alias="podSet", min_length=1)
     index: int = Field(ge=0)
@@ -342,6 +348,10 @@ class PodSlotEntry(_Model):
         default_factory=list, alias="numaNodes", json_schema_extra=_list("atomic")
     )
     nic: str | None = Field(None, json_schema_extra={"nullable": True})
+    requests: SlotRequests = Field(
+        default_factory=lambda: SlotRequests.model_validate({}),
+        description="what the pod requests of the node besides GPUs, held with the slot until it binds",
+    )
 
 
 class CostEntry(_Model):

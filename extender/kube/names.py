@@ -96,3 +96,5 @@ META_OWNER_API_VERSION = "ownerApiVersion"
 #: Reservation meta: "true" when its slots are pinned by per-slot ResourceClaims (DRA nodes).
 META_SLOT_CLAIMS = "slotClaims"
 OWNER_MANAGED_KINDS = frozenset({"Workload", "PodGroup"})
+#: The MutatingWebhookConfiguration of the DRA pinning webhook (manifests/dra/webhook.yaml).
+WEBHOOK_CONFIGURATION = "gangslice-dra"

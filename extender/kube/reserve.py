@@ -110,6 +110,7 @@ def reserve_all(
     result = (solve or place)(view, request)
     if not isinstance(result, Slice):
         return result
+    result = _holding_requests(result, request)
     parts = split(result) if split is not None else {request.name: result}
     now = cache.clock()
     rs = []
@@ -129,6 +130,14 @@ def reserve_all(
             extra=fields(gang=r.gang, reservation=f"{r.meta['namespace']}/{r.meta['name']}"),
         )
     return rs
+
+
+def _holding_requests(result: Slice, request: GangRequest) -> Slice:
+    """The slice with each slot carrying its pod set's requests, which the reservation holds
+    on the slot's node until its pod binds (the ledger counts them as requested there)."""
+    by_set = {ps.name: ps.requests for ps in request.pod_sets}
+    slots = tuple(dataclasses.replace(s, requests=by_set.get(s.pod_set, s.requests)) for s in result.slots)
+    return dataclasses.replace(result, slots=slots)
 
 
 def _less_bound_members(cache: Reserving, gang: str, request: GangRequest) -> GangRequest | Unplaceable:

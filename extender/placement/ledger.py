@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from extender.placement.feasibility import NOTHING, Resources, usage
 from extender.placement.slice import PodSlot, Slice
-from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.snapshot import ClusterSnapshot, NodeState
 
 DEFAULT_TTL_S = 300.0
 
@@ -217,15 +218,29 @@ class Ledger:
                 out.setdefault(node, set()).update(gpus)
         return {k: frozenset(v) for k, v in out.items()}
 
+    def held_requests(self, exclude: Iterable[str] = ()) -> dict[str, Resources]:
+        """Node -> what the slots no pod is bound to yet request of it besides GPUs (one pod
+        slot each; a bound pod's requests are its node's own from then on)."""
+        skip = set(exclude)
+        out: dict[str, Resources] = {}
+        for r in self._by_gang.values():
+            if r.gang in skip:
+                continue
+            for s in r.slice.slots:
+                if s.key not in r.bound:
+                    out[s.node] = out.get(s.node, NOTHING).plus(usage(s.requests))
+        return out
+
     def mnnvl(self, exclude: Iterable[str] = ()) -> dict[str, str]:
         skip = set(exclude)
         return {n: r.gang for r in self._by_gang.values() if r.gang not in skip for n in r.slice.mnnvl_nodes}
 
     def view(self, snapshot: ClusterSnapshot, exclude: Iterable[str] = ()) -> ClusterSnapshot:
-        """The snapshot a solver sees: every reservation's GPUs (but ``exclude``'s) taken out.
-        Bound slots are held too; once the pod shows up as allocated it is simply taken twice."""
+        """The snapshot a solver sees: every reservation's GPUs (but ``exclude``'s) taken out,
+        and what their unbound pods request of their nodes counted as requested there.
+        Bound slots' GPUs are held too; once the pod shows up as allocated it is simply taken twice."""
         ex = list(exclude)
-        return snapshot.with_held(self.held(ex), self.mnnvl(ex))
+        return hold_requests(snapshot.with_held(self.held(ex), self.mnnvl(ex)), self.held_requests(ex))
 
     def to_dict(self) -> dict[str, Any]:
         return {"ttlSeconds": self.ttl_s, "reservations": [r.to_dict() for r in self._by_gang.values()]}
@@ -270,3 +285,21 @@ class Ledger:
         if r is None:
             raise LedgerError(f"gang {gang}: no reservation")
         return r
+
+
+def hold_requests(
+    view: ClusterSnapshot, held: Mapping[str, Resources], base: ClusterSnapshot | None = None
+) -> ClusterSnapshot:
+    """``view`` with ``held`` added to what each node's pods request, on the nodes that report
+    what they can hold (elsewhere nothing limits, and the node states stay as they are).
+    ``base``: the snapshot whose node states are the unheld ones (default ``view``'s own)."""
+    base = base or view
+    states: dict[str, NodeState] = {}
+    for name, extra in held.items():
+        if not base.has_node(name):
+            continue
+        node = base.node(name)
+        if node.facts.allocatable.reported:
+            facts = replace(node.facts, requested=node.facts.requested.plus(extra))
+            states[name] = replace(node, facts=facts)
+    return view.updated(states) if states else view

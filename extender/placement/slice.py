@@ -6,10 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from extender.placement.request import PodRequests
+
 
 @dataclass(frozen=True, slots=True)
 class PodSlot:
-    """Where one pod of the gang goes: node, exact GPU indices, NUMA node(s), nearest NIC."""
+    """Where one pod of the gang goes: node, exact GPU indices, NUMA node(s), nearest NIC,
+    and what the pod requests of the node besides GPUs (held with the GPUs until it binds)."""
 
     pod_set: str
     index: int
@@ -17,6 +20,7 @@ class PodSlot:
     gpus: tuple[int, ...]
     numa_nodes: tuple[int, ...] = ()
     nic: str | None = None
+    requests: PodRequests = field(default_factory=PodRequests)
 
     @property
     def key(self) -> str:
@@ -30,6 +34,11 @@ class PodSlot:
             "gpus": list(self.gpus),
             "numaNodes": list(self.numa_nodes),
             "nic": self.nic,
+            "requests": {
+                "cpuMillis": self.requests.cpu_millis,
+                "memoryBytes": self.requests.memory_bytes,
+                "ephemeralStorageBytes": self.requests.ephemeral_bytes,
+            },
         }
 
     @classmethod
@@ -41,7 +50,16 @@ class PodSlot:
             gpus=tuple(int(g) for g in d.get("gpus", ())),
             numa_nodes=tuple(int(n) for n in d.get("numaNodes", ())),
             nic=d.get("nic"),
+            requests=_requests_of(d.get("requests") or {}),
         )
+
+
+def _requests_of(d: Mapping[str, Any]) -> PodRequests:
+    return PodRequests(
+        cpu_millis=int(d.get("cpuMillis", 0)),
+        memory_bytes=int(d.get("memoryBytes", 0)),
+        ephemeral_bytes=int(d.get("ephemeralStorageBytes", 0)),
+    )
 
 
 @dataclass(frozen=True)

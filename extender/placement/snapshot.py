@@ -25,6 +25,8 @@ ROOM_TABLES = 8
 Selector = tuple[NodeRequirement, ...]
 #: Nodes alike for placement as far as allocation goes: (node kind, free mask).
 FreeClass = tuple[str, int]
+#: A per-node table: how each entry is derived from its node, and the entries by node index.
+_Derived = tuple[Callable[["NodeState"], Any], list[Any]]
 
 
 @dataclass
@@ -100,7 +102,7 @@ class ClusterSnapshot:
         self._topology: tuple[list[NodeState], TopologyKey] | None = None
         self._kinds: tuple[list[NodeState], list[str]] | None = None
         self._aligning: tuple[list[NodeState], bool] | None = None
-        self._per_node: tuple[list[NodeState], dict[object, list[Any]]] | None = None
+        self._per_node: tuple[list[NodeState], dict[object, _Derived]] | None = None
         self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
         self._limits: tuple[list[NodeState], bool] | None = None
         self._rooms: tuple[list[NodeState], dict[PodRequests, list[int]]] | None = None
@@ -181,8 +183,8 @@ class ClusterSnapshot:
         table = self._per_node[1]
         got = table.get(key)
         if got is None:
-            got = table[key] = [derive(n) for n in self.nodes]
-        return got
+            got = table[key] = (derive, [derive(n) for n in self.nodes])
+        return got[1]
 
     def admitted(self, needs: NodeNeeds | Selector) -> frozenset[int] | None:
         """The indices of the nodes a pod with these needs passes kube-scheduler's
@@ -451,6 +453,16 @@ class ClusterSnapshot:
                     table[i] = feasibility.room(requests, snap.nodes[i].facts)
                 rooms[requests] = table
             snap._rooms = (snap.nodes, rooms)
+        if states and self._per_node is not None and self._per_node[0] is self.nodes:
+            # Each entry derives from its node alone: recompute the changed nodes' only.
+            changed = [self._index[name] for name in states]
+            derived: dict[object, _Derived] = {}
+            for key, (derive, values) in self._per_node[1].items():
+                values = list(values)
+                for i in changed:
+                    values[i] = derive(snap.nodes[i])
+                derived[key] = (derive, values)
+            snap._per_node = (snap.nodes, derived)
         snap._free = list(self._free)
         changed = sorted(snap._index[name] for name in {*states, *also} if name in snap._index)
         for i in changed:

@@ -488,13 +488,14 @@ def _fresh(v: Mapping[str, Any]) -> dict[str, Any]:
 
 #: The one module that may write each object through the client (see extender/kube/store.py,
 #: extender/kube/binder.py, extender/agent/publish.py, extender/kube/slot_claims.py,
-#: extender/kube/compute_domains.py): what
+#: extender/kube/compute_domains.py, extender/kube/webhook_ca.py): what
 #: tests/conftest.py checks after every test on every fake API server the test made.
 WRITERS = {
     "slicereservations": "extender.kube.store",
     "nodetopologies": "extender.agent.publish",
     "resourceclaims": "extender.kube.slot_claims",
     "computedomains": "extender.kube.compute_domains",
+    "mutatingwebhookconfigurations": "extender.kube.webhook_ca",
 }
 BINDER = "extender.kube.binder"
 #: The one module that evicts pods (a pod the kubelet gave other GPUs than promised).

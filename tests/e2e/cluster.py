@@ -65,6 +65,11 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
     "PodGroup": ("/apis/scheduling.volcano.sh/v1beta1", "podgroups", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
     "Queue": ("/apis/scheduling.volcano.sh/v1beta1", "queues", False),
+    "MutatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "mutatingwebhookconfigurations",
+        False,
+    ),
 }
 
 

@@ -125,15 +125,22 @@ def _dra_node(
 
 
 def _webhook(cp: ControlPlane, server: Gangslice) -> None:
-    """The shipped MutatingWebhookConfiguration, its service reference replaced by the loopback URL."""
+    """The shipped MutatingWebhookConfiguration, its service reference replaced by the loopback
+    URL and no caBundle: gangslice (``--webhook-ca-bundle``, under the shipped RBAC) sets it."""
     assert cp.ca_file is not None
 
     cfg = yaml.safe_load((MANIFESTS / "dra" / "webhook.yaml").read_text())
     bundle = base64.b64encode(cp.ca_file.read_bytes()).decode()
     for hook in cfg["webhooks"]:
         path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": f"{server.url}{path}", "caBundle": bundle}
+        hook["clientConfig"] = {"url": f"{server.url}{path}"}
     post(cp, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", cfg)
+
+    def set_by_gangslice() -> bool:
+        got = get(cp, "MutatingWebhookConfiguration", cfg["metadata"]["name"]) or {}
+        return all(h["clientConfig"].get("caBundle") == bundle for h in got.get("webhooks") or [{}])
+
+    wait_for("gangslice to set the webhook's caBundle", set_by_gangslice, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +148,8 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     cp = control_plane
     for cls in device_classes(UPSTREAM):
         post(cp, f"{RESOURCE}/deviceclasses", cls)
-    with extender_stack(cp, POOL_NAME, [], name="gangslice-dra", tls=True) as server:
+    args = [f"--webhook-ca-bundle={cp.ca_file}"]
+    with extender_stack(cp, POOL_NAME, [], name="gangslice-dra", tls=True, extra_args=args) as server:
         _dra_node(cp)  # after the stack installed the CRDs; the cache takes it from its watches
         _webhook(cp, server)
         yield server

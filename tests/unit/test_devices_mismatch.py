@@ -379,3 +379,21 @@ def test_devices_nvml_does_not_see_change_nothing_held() -> None:
     assert cache.device_mismatches() == []
     r = cache.reservation("llm/g")
     assert r is not None and r.slice.slot(slot.key).gpus == slot.gpus
+
+
+def test_explain_shows_the_pods_whose_devices_differ() -> None:
+    from extender.commands.explain import add_mismatches
+    from extender.controllers.explain import Facts, render, to_json
+
+    cache, graph, slot = setup()
+    reported = sorted(set(range(8)) - set(slot.gpus))[:4]
+    facts = Facts(target="gang llm/g", reservation=cache.reservation("llm/g"))
+    add_mismatches(cache, facts)
+    assert facts.mismatches == []
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology(graph, {"g-0": reported}))
+    add_mismatches(cache, facts)
+    assert len(facts.mismatches) == 1
+    words = ",".join(map(str, reported))
+    assert f"the kubelet reports {words} (GPU-" in render(facts)
+    assert "devices differ: pod llm/g-0 on a" in render(facts)
+    assert to_json(facts)["devicesMismatch"] == facts.mismatches

@@ -5,6 +5,7 @@ CPU ids and memory from a real PodResources gRPC server, the ``kubelet`` field a
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -28,16 +29,19 @@ from extender.agent.kubelet_config import (
 from extender.agent.podresources import PodResourcesClient
 from extender.agent.publish import build_object, build_spec
 from extender.cli import main
+from extender.httpapi.decide import Decider, Refused
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import CrdError, NodeTopologyObject, parse_node_topology
+from extender.kube.names import GPU_RESOURCE
+from extender.kube.pods import PodInfo
 from extender.placement.files import FileError, cluster_from_data
 from extender.placement.request import GangRequest, PodRequests, PodSet
 from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import place
 from extender.testing.clock import FakeClock
-from extender.testing.extender import node_obj
+from extender.testing.extender import node_obj, pod_obj
 from extender.testing.kubelet import FakeKubelet, serve
 from extender.testing.publish import RecordingWriter
 from extender.topology.fake_nvml import FakeNvml
@@ -307,24 +311,36 @@ def test_cluster_files_carry_the_kubelet_policies(tmp_path: Path) -> None:
         cluster_from_data(data, tmp_path)
 
 
-def test_the_cache_follows_the_published_cpus_and_places_by_them() -> None:
+def aligning_cache(*nodes: str) -> ClusterCache:
     cache = ClusterCache()
     for kind in Kind:
         cache.replace(kind, [])
-    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    for name in nodes:
+        cache.apply(Kind.NODES, "ADDED", node_obj(name))
+    return cache
+
+
+def publish_numa(cache: ClusterCache, node: str, in_use_numa0: str) -> None:
+    """An HGX H100 node's NodeTopology, its kubelet single-numa-node with the static CPU
+    manager, 52 CPUs per NUMA node, ``in_use_numa0`` of NUMA node 0's taken."""
+    spec = build_spec(preset_graph("hgx-h100"), "nvml", [], [])
+    spec["kubelet"] = {
+        "topologyManagerPolicy": "single-numa-node",
+        "cpuManagerPolicy": "static",
+        "numaNodes": [
+            {"id": 0, "cpus": "0-51", "allocatableCpus": "0-51", "cpusInUse": in_use_numa0},
+            {"id": 1, "cpus": "52-103", "allocatableCpus": "52-103", "cpusInUse": ""},
+        ],
+    }
     at = datetime(2026, 1, 1, tzinfo=UTC)
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", build_object(node, spec, [], at))
+
+
+def test_the_cache_follows_the_published_cpus_and_places_by_them() -> None:
+    cache = aligning_cache("a")
 
     def publish(in_use_numa0: str) -> None:
-        spec = build_spec(preset_graph("hgx-h100"), "nvml", [], [])
-        spec["kubelet"] = {
-            "topologyManagerPolicy": "single-numa-node",
-            "cpuManagerPolicy": "static",
-            "numaNodes": [
-                {"id": 0, "cpus": "0-51", "allocatableCpus": "0-51", "cpusInUse": in_use_numa0},
-                {"id": 1, "cpus": "52-103", "allocatableCpus": "52-103", "cpusInUse": ""},
-            ],
-        }
-        cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", build_object("a", spec, [], at))
+        publish_numa(cache, "a", in_use_numa0)
 
     ps = PodSet("w", 1, 4, requests=PodRequests(cpu_millis=32000, guaranteed=True))
     publish("")
@@ -333,3 +349,43 @@ def test_the_cache_follows_the_published_cpus_and_places_by_them() -> None:
     publish("0-29")  # a pod took 30 CPUs of NUMA node 0: 22 are left there
     second = place(cache.snapshot(), GangRequest("g", (ps,)))
     assert isinstance(second, Slice) and second.slots[0].gpus == (4, 5, 6, 7)
+
+
+def test_gpu_pods_outside_gangs_are_held_to_the_topology_manager_in_every_verb() -> None:
+    """The extender judges a plain GPU pod by the rules the solver holds gang pods to: on a
+    single-numa-node kubelet with the static CPU manager, a Guaranteed pod's GPUs and CPUs
+    come from one NUMA node (filter, prioritize, bind and preempt alike)."""
+    cache = aligning_cache("a", "b")
+    publish = functools.partial(publish_numa, cache)
+
+    def pod(name: str, gpus: int, cpus: int) -> PodInfo:
+        obj = pod_obj(name, gpus=gpus)
+        want = {GPU_RESOURCE: str(gpus), "cpu": str(cpus), "memory": "64Gi"}
+        obj["spec"]["containers"][0]["resources"] = {"requests": want, "limits": want}
+        return PodInfo.from_obj(obj)
+
+    publish("a", "0-29")  # 22 CPUs left on NUMA node 0 of node a
+    publish("b", "")
+    decider = Decider(cache)
+    four = pod("four", 4, 32)
+    assert decider.filter(four, ["a", "b"]).passed == ["a", "b"]
+    assert decider.plan_bind(four, "a").gpus == (4, 5, 6, 7)  # not 0-3: their NUMA node lacks CPUs
+    # GPUs 0-3 are left on a, beside 22 free CPUs: no room for a second such pod there.
+    again = decider.filter(pod("other", 4, 32), ["a", "b"])
+    assert again.passed == ["b"] and "topologyManagerPolicy single-numa-node" in again.failed["a"]
+
+    eight = pod("eight", 8, 8)
+    got = decider.filter(eight, ["a", "b"])
+    assert got.passed == []
+    assert "topologyManagerPolicy single-numa-node" in got.failed["a"]
+    assert "no NUMA node has 8 GPUs" in got.failed["a"]
+    assert decider.prioritize(eight, ["a", "b"]).values == [0, 0]
+    assert decider.preempt(eight, {"a": [], "b": []}) == []
+    with pytest.raises(Refused, match="no longer has 8 free GPUs"):
+        decider.plan_bind(eight, "b")
+
+    # A pod the kubelet aligns nothing of (BestEffort: no CPUs pinned) still needs its GPUs
+    # on one NUMA node, as the devicemanager's hints do for any QoS.
+    small = PodInfo.from_obj(pod_obj("q", gpus=4))
+    assert decider.filter(small, ["a"]).passed == ["a"]
+    assert decider.plan_bind(small, "a").gpus == (0, 1, 2, 3)

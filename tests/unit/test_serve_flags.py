@@ -102,6 +102,7 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
         topology_status: Any = None,
         reviewer: Any = None,
         mismatches: Any = None,
+        webhook_ca: Any = None,
     ) -> None:
         seen["topology_status"] = topology_status
         seen["mismatches"] = mismatches

@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from extender.agent.publish import build_object, build_spec
 from extender.httpapi.app import build_app
 from extender.kube import dra, names
-from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, Kind
+from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, SLICE_RESERVATIONS, Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.kube.slot_claims import (
@@ -462,6 +462,82 @@ def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_st
     r2 = cache.reservation("llm/tp4")
     assert r2 is not None and set(r2.slice.slots[0].gpus) == now
     assert sync.conflicts(cache) == {}
+
+
+def foreign_claim(node: str, gpu: int) -> dict[str, Any]:
+    """A claim of a pod outside gangslice, allocated one GPU of ``node``."""
+    result = {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": node, "device": f"gpu-{gpu}"}
+    return {
+        "metadata": {"name": "foreign", "namespace": "other"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+def pair_one_bound(gang: str, gpus: int) -> tuple[FakeKube, ClusterCache, list[dict[str, Any]]]:
+    """A gang of two pods of ``gpus`` GPUs on the PCIe node, admitted; the first bound and running."""
+    api = FakeKube()
+    cache = pcie_cache(api)
+    api.put(RESOURCE_CLAIM_TEMPLATES, template(gpus))
+    first, second = dra_pod(f"{gang}-0", gang=gang), dra_pod(f"{gang}-1", gang=gang)
+    pods = [patched(p, r) for p, r in zip((first, second), admit(api, cache, first, second), strict=True)]
+    for i, p in enumerate(pods):
+        p["metadata"].update(namespace="llm", uid=f"uid-{gang}-{i}")
+    pods[0]["spec"]["nodeName"] = NODE
+    pods[0]["status"] = {"phase": "Running"}
+    for p in pods:
+        cache.apply(Kind.PODS, "ADDED", p)
+    return api, cache, pods
+
+
+def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() -> None:
+    from extender.kube.api import EVENTS
+    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+
+    api, cache, pods = pair_one_bound("tp2", 2)
+    r = cache.reservation("llm/tp2")
+    assert r is not None and len(r.bound) == 1
+    kept, waiting = (pinned(p) for p in pods)
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign_claim(NODE, min(waiting)))
+    sync = SlotClaimSync(api, lambda: 0.0)
+    assert asyncio.run(sync.sync(cache)) == 1
+    r = cache.reservation("llm/tp2")
+    assert r is not None
+    slots = {s.key: s for s in r.slice.slots}
+    bound_key = next(iter(r.bound))
+    assert set(slots[bound_key].gpus) == kept  # the bound pod's slot stays
+    (moved,) = [s for k, s in slots.items() if k != bound_key]
+    graph = cache.view().node(NODE).graph
+    shape = graph.shape
+    now = set(moved.gpus)
+    assert min(waiting) not in now and not now & kept and len(now) == 2
+    assert moved.node == NODE
+    assert shape.tier_of(shape.mask_of(sorted(now))) <= shape.tier_of(shape.mask_of(sorted(waiting)))
+    claim = api.peek(RESOURCE_CLAIMS, pods[1]["spec"]["resourceClaims"][0]["resourceClaimName"], "llm")
+    assert claim is not None
+    assert {int(g) for g in claim["metadata"]["annotations"][names.GPUS].split(",")} == now
+    (event,) = [e for e in api.objects(EVENTS) if e["reason"] == DEVICE_TAKEN]
+    assert "re-planned: the claim now pins" in event["message"]
+    assert event["involvedObject"]["name"] == "tp2-1"
+    assert sync.conflicts(cache) == {}
+    saved = api.peek(SLICE_RESERVATIONS, r.meta["name"], "llm")
+    assert saved is not None and any(set(p["gpus"]) == now for p in saved["spec"]["slice"]["pods"]), (
+        "the moved slot is persisted"
+    )
+
+
+def test_with_a_pod_bound_and_no_other_set_on_its_node_the_slot_waits_and_says_so() -> None:
+    from extender.kube.api import EVENTS
+    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+
+    api, cache, pods = pair_one_bound("tp4", 4)
+    waiting = pinned(pods[1])
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign_claim(NODE, min(waiting)))
+    sync = SlotClaimSync(api, lambda: 0.0)
+    assert asyncio.run(sync.sync(cache)) == 0
+    r = cache.reservation("llm/tp4")
+    assert r is not None and any(set(s.gpus) == waiting for s in r.slice.slots)
+    (event,) = [e for e in api.objects(EVENTS) if e["reason"] == DEVICE_TAKEN]
+    assert "no other free set of 4 GPUs as coherent: the slot waits" in event["message"]
 
 
 def test_explain_shows_per_slot_the_claim_its_pinned_devices_and_whether_it_is_prepared(

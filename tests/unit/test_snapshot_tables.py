@@ -81,3 +81,24 @@ def test_each_domain_is_a_range_of_the_snapshot_order(labels: list[dict[str, str
     for key, members in snap.domains().items():
         lo, hi = spans[key]
         assert {i for i in range(len(snap.nodes)) if lo <= rank[i] < hi} == set(members), key
+
+
+def test_per_node_tables_follow_node_changes_and_leave_the_older_snapshot_alone() -> None:
+    snap = cluster([{"x/leaf": "l0"}] * 4, [frozenset()] * 4)
+    calls: list[str] = []
+
+    def derive(node: NodeState) -> int:
+        calls.append(node.name)
+        return len(node.allocated)
+
+    assert snap.per_node("taken", derive) == [0, 0, 0, 0]
+    node = snap.nodes[2]
+    calls.clear()
+    nxt = snap.updated({node.name: replace(node, allocated=frozenset({0, 1, 3}))})
+    assert nxt.per_node("taken", derive) == [0, 0, 3, 0]
+    assert calls == ["n2"], "only the changed node is derived again"
+    assert snap.per_node("taken", derive) == [0, 0, 0, 0]
+    calls.clear()
+    held = nxt.updated({}, {"n1": frozenset({4})}, None, also=["n1"])
+    assert held.per_node("taken", derive) == [0, 0, 3, 0]
+    assert calls == [], "held GPUs are not node state: nothing is derived again"

@@ -1,0 +1,126 @@
+"""A reservation holds what its pods request of their nodes, not only their GPUs: until a
+slot's pod binds, its CPU, memory and pod slot count as requested on the slot's node, so two
+reserved gangs never overfill one node; once the pod binds its own requests count instead
+(never both), and a restart reads the held requests back from the SliceReservation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender.kube.cache import ClusterCache
+from extender.kube.crd_models import SliceReservationObject, reservation_from_object, reservation_object
+from extender.kube.store import InMemoryReservationStore
+from extender.placement.feasibility import NOTHING, Resources
+from extender.placement.files import cluster_from_data
+from extender.placement.request import GangRequest, PodRequests, PodSet
+from extender.placement.slice import Slice
+from extender.testing.reserve import hold
+
+GI = 2**30
+
+
+def cluster(tmp_path: Any) -> Any:
+    """Two HGX nodes that can each hold 100Gi of pod memory."""
+    nodes = [
+        {
+            "name": name,
+            "gpuTopology": "hgx-h100",
+            "allocatable": {"cpu": "200", "memory": "100Gi", "pods": 110},
+        }
+        for name in ("n1", "n2")
+    ]
+    return cluster_from_data({"nodes": nodes}, tmp_path)
+
+
+def gang(name: str, gpus: int, memory_gi: int) -> GangRequest:
+    ps = PodSet("main", 1, gpus, requests=PodRequests(cpu_millis=8000, memory_bytes=memory_gi * GI))
+    return GangRequest(name, (ps,))
+
+
+def test_a_second_gang_does_not_take_the_memory_a_reserved_pod_will_need(tmp_path: Any) -> None:
+    cache = ClusterCache.from_snapshot(cluster(tmp_path))
+    first = hold(cache, "llm/a", gang("llm/a", 4, 64))
+    assert isinstance(first, Slice)
+    (slot,) = first.slots
+    assert slot.requests.memory_bytes == 64 * GI
+    node = slot.node
+    i = cache.view().index(node)
+    assert cache.view().nodes[i].facts.requested == Resources(8000, 64 * GI, 0, 1)
+    # Its GPUs alone would let the second gang onto the same node (4 of 8 GPUs are free
+    # there, and the fuller node is the better fit); its memory does not.
+    second = hold(cache, "llm/b", gang("llm/b", 4, 64))
+    assert isinstance(second, Slice) and second.slots[0].node != node
+    # Without the held memory the second gang would share the node: the rule is what decides.
+    lighter = hold(cache, "llm/c", gang("llm/c", 4, 30))
+    assert isinstance(lighter, Slice) and lighter.slots[0].node == node
+
+
+def same_as_fresh(cache: ClusterCache) -> None:
+    """The cache's incrementally kept view counts what a view built afresh counts."""
+    fresh = cache.ledger.view(cache.snapshot())
+    assert [n.facts for n in cache.view().nodes] == [n.facts for n in fresh.nodes]
+
+
+def test_a_bound_pod_counts_once_and_a_dropped_reservation_holds_nothing(tmp_path: Any) -> None:
+    cache = ClusterCache.from_snapshot(cluster(tmp_path))
+    placed = hold(cache, "llm/a", gang("llm/a", 4, 64))
+    assert isinstance(placed, Slice)
+    same_as_fresh(cache)
+    (slot,) = placed.slots
+    i = cache.view().index(slot.node)
+    cache.bind_slot("llm/a", slot.key, "a-0")
+    # Bound: the reservation no longer holds the requests (the pod, once seen, counts them).
+    assert cache.view().nodes[i].facts.requested == NOTHING
+    same_as_fresh(cache)
+    cache.unbind_slot("llm/a", slot.key)
+    assert cache.view().nodes[i].facts.requested.memory_bytes == 64 * GI
+    same_as_fresh(cache)
+    assert isinstance(hold(cache, "llm/b", gang("llm/b", 2, 8)), Slice)
+    same_as_fresh(cache)
+    cache.drop("llm/a")
+    assert cache.view().nodes[i].facts.requested.memory_bytes in (0, 8 * GI)
+    same_as_fresh(cache)
+    assert cache.view(["llm/a", "llm/b"]).nodes[i].facts.requested == NOTHING
+
+
+def test_the_held_requests_are_persisted_and_read_back(tmp_path: Any) -> None:
+    store = InMemoryReservationStore()
+    cache = ClusterCache.from_snapshot(cluster(tmp_path), store=store)
+    placed = hold(cache, "llm/a", gang("llm/a", 4, 64))
+    assert isinstance(placed, Slice)
+    r = cache.reservation("llm/a")
+    assert r is not None
+    obj = reservation_object(r)
+    (pod,) = obj["spec"]["slice"]["pods"]
+    assert pod["requests"] == {"cpuMillis": 8000, "memoryBytes": 64 * GI, "ephemeralStorageBytes": 0}
+    SliceReservationObject.model_validate(obj)  # the CRD's schema takes it
+    back = reservation_from_object(obj)
+    assert back.slice.slots[0].requests == placed.slots[0].requests
+    # An object written before slots held requests reads as holding none.
+    del obj["spec"]["slice"]["pods"][0]["requests"]
+    assert reservation_from_object(obj).slice.slots[0].requests == PodRequests()
+
+
+def test_the_live_cache_keeps_the_held_requests_across_pod_events() -> None:
+    from extender.kube.api import Kind
+    from extender.testing.extender import node_obj, pod_obj
+
+    cache = ClusterCache()
+    for kind in Kind:
+        cache.replace(kind, [])
+    for name in ("n1", "n2"):
+        obj = node_obj(name)
+        obj["status"]["allocatable"].update(memory="100Gi", pods="110")
+        cache.apply(Kind.NODES, "ADDED", obj)
+    placed = hold(cache, "llm/a", gang("llm/a", 4, 64))
+    assert isinstance(placed, Slice)
+    node = placed.slots[0].node
+    i = cache.view().index(node)
+    other = pod_obj("web", node=node, phase="Running")
+    other["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "10Gi"}}
+    cache.apply(Kind.PODS, "ADDED", other)
+    assert cache.view().nodes[i].facts.requested == Resources(9000, 74 * GI, 0, 2)
+    same_as_fresh(cache)
+    cache.apply(Kind.PODS, "DELETED", other)
+    assert cache.view().nodes[i].facts.requested == Resources(8000, 64 * GI, 0, 1)
+    same_as_fresh(cache)
