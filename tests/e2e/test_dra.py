@@ -665,14 +665,15 @@ def podgroup_controller(control_plane: ControlPlane, gangslice: Gangslice) -> It
     cp = control_plane
     crds = cp.install_crds(cp.crd_dir / "volcano")
     gangslice.stop()
-    gangslice.controller, gangslice.extra_args = True, ("--resync=1",)
+    plain_args = gangslice.extra_args
+    gangslice.controller, gangslice.extra_args = True, (*plain_args, "--resync=1")
     try:
         gangslice.start()
         wait_for("gangslice to lead", lambda: leading(gangslice), 60, 0.5)
         yield gangslice
     finally:
         gangslice.stop()
-        gangslice.controller, gangslice.extra_args = False, ()
+        gangslice.controller, gangslice.extra_args = False, plain_args
         remove_crds(cp, crds)
         gangslice.start()
 
