@@ -1,11 +1,16 @@
 """The mutating admission webhook for gang pods on DRA nodes: ``POST /admission/pods``.
 
-At pod CREATE (``admission.k8s.io/v1`` AdmissionReview), a pod of a plain gang
-(``gangslice.io/gang``) whose ``spec.resourceClaims`` names a ResourceClaimTemplate asking for
-whole GPUs of ``gpu.nvidia.com`` is given its slot:
+At pod CREATE (``admission.k8s.io/v1`` AdmissionReview), a gang pod whose
+``spec.resourceClaims`` names a ResourceClaimTemplate asking for whole GPUs of
+``gpu.nvidia.com`` is given its slot. Its gang is :attr:`extender.kube.pods.PodInfo.gang_key`'s:
+a Kueue Workload's reservation (``gangslice.io/reservation``, from gangslice's admission
+check), a plain gang (``gangslice.io/gang``) or a Volcano PodGroup
+(``scheduling.k8s.io/group-name``).
 
-1. the gang is reserved if it is not yet (the one reserve path; the SliceReservation is
-   saved before the reply);
+1. a plain gang is reserved if it is not yet (the one reserve path; the SliceReservation is
+   saved before the reply); a Kueue or Volcano gang is its controller's to reserve, so a pod
+   of one without a reservation is refused (retry), a Volcano member remembered so the
+   PodGroup controller counts it;
 2. the pod is matched to a slot (:func:`extender.kube.slot_claims.pick_slot`: its index,
    else first come);
 3. the slot's ResourceClaim is created (owned by the SliceReservation, its GPU request
@@ -18,8 +23,8 @@ kube-scheduler's DynamicResources plugin then allocates the claim on the one nod
 devices it admits. Any other pod is allowed unchanged. A gang pod gangslice cannot place is
 refused with a message that starts with ``gangslice:``; the shipped
 MutatingWebhookConfiguration calls this path with ``failurePolicy: Fail`` for pods labelled
-``gangslice.io/gang`` (so a pod that opted in never runs unpinned) and ``Ignore`` for every
-other pod (so the cluster is never blocked by gangslice).
+``gangslice.io/gang`` or ``gangslice.io/managed: "true"`` (so a pod that opted in never runs
+unpinned) and ``Ignore`` for every other pod (so the cluster is never blocked by gangslice).
 
 The path lies outside the extender verbs' prefix, so it needs no client certificate: the API
 server presents none by default. It answers on the leader only (the Service selects it).
