@@ -145,6 +145,15 @@ WRITTEN_KEYS = (
         "The SliceReservation (same namespace) that holds the pod's slot, or the gang's.",
     ),
     Key(
+        f"{NAMES}:MANAGED",
+        "label",
+        "Pod (through Kueue's podSetUpdates; a Volcano job's task templates by hand)",
+        "written by the admission check for pod sets that ask for GPUs through a DRA claim; "
+        "selected by the admission webhook's `failurePolicy: Fail` entry",
+        "`true`: gangslice pins this pod's GPU claim at creation, so while gangslice is down its "
+        "creation is refused rather than let through unpinned.",
+    ),
+    Key(
         f"{NAMES}:GPUS",
         "annotation",
         "Pod",

@@ -9,7 +9,7 @@ otherwise the solver places the whole gang on the nodes Kueue allows (:func:`sol
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -271,15 +271,21 @@ def pod_set_updates(
     snap: ClusterSnapshot,
     reservation: str,
     allowed: Mapping[str, PodSetNodes] | None = None,
+    pinned: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """One update per pod set of the Workload: our reservation annotation and, when every
     pod of the set shares one domain, a nodeSelector for it. Keys the template or the
-    flavor already sets, and TAS level keys (Kueue's ungater writes those), are left out."""
+    flavor already sets, and TAS level keys (Kueue's ungater writes those), are left out.
+    The pod sets in ``pinned`` (GPUs through a DRA claim) also get the label
+    ``gangslice.io/managed: "true"``, which sends their pods to the admission webhook that
+    pins each one's claim with ``failurePolicy: Fail``."""
     allowed = allowed or {}
     updates: list[dict[str, Any]] = []
     for raw in pod_sets(wl):
         name = str(raw.get("name") or "main")
         update: dict[str, Any] = {"name": name, "annotations": {names.RESERVATION: reservation}}
+        if name in pinned:
+            update["labels"] = {names.MANAGED: "true"}
         nodes = [s.node for s in sl.slots if s.pod_set == name]
         rule = allowed.get(name, PodSetNodes())
         taken = set(rule.selector) | set(rule.tas_levels)

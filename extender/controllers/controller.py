@@ -35,13 +35,14 @@ from extender.controllers.objects import (
     META_OWNER_KIND,
     META_OWNER_NAME,
     META_OWNER_UID,
+    mapping,
     object_ref,
     parse_rfc3339,
     reservation_from_object,
     rfc3339,
 )
 from extender.controllers.workload_gang import WorkloadError
-from extender.kube import names, pod_needs
+from extender.kube import names, pod_needs, slot_claims
 from extender.kube.api import (
     ADMISSION_CHECKS,
     RESOURCE_FLAVORS,
@@ -88,6 +89,8 @@ class Cache(Reserving, Protocol):
     def reservation(self, gang: str) -> Reservation | None: ...
 
     def pods_of_gang(self, gang: str) -> list[PodInfo]: ...
+
+    def device_class_drivers(self, name: str) -> frozenset[str] | None: ...
 
     def restore(self, r: Reservation) -> bool: ...
 
@@ -285,7 +288,8 @@ class AdmissionController:
                 await self._release(key, wl, f"stale reservation ({stale})")
                 held = None
         try:
-            gang = workload_gang.gang_from_workload(wl, self.cache.snapshot().hierarchy)
+            claim_gpus = await self._claim_gpus(wl)
+            gang = workload_gang.gang_from_workload(wl, self.cache.snapshot().hierarchy, claim_gpus)
             flavors = await self._flavors(wl)
         except WorkloadError as exc:
             await self._write(wl, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
@@ -299,7 +303,7 @@ class AdmissionController:
             stage = kueue.wait_stage(now - started, self.config)
             solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
             async with self.cache.lock:
-                got = reserve(self.cache, request, self._claim(key, wl, now), solve=solve)
+                got = reserve(self.cache, request, self._claim(key, wl, now, bool(claim_gpus)), solve=solve)
             if isinstance(got, Unplaceable):
                 await self._wait(wl, got, stage)
                 return
@@ -310,7 +314,9 @@ class AdmissionController:
             await self._event(wl, "Normal", "SliceReserved", f"reserved {object_name(key)} on {nodes}")
         elif not await self._persist(held, wl, now):
             return
-        updates = assignment.pod_set_updates(wl, held.slice, self.cache.snapshot(), object_name(key), allowed)
+        updates = assignment.pod_set_updates(
+            wl, held.slice, self.cache.snapshot(), object_name(key), allowed, pinned=claim_gpus
+        )
         message = self._ready_message(held)
         await self._write(wl, "Ready", message, pod_set_updates=updates)
 
@@ -389,7 +395,14 @@ class AdmissionController:
             r = self.cache.reservation(keys[name])
             assert r is not None
             allowed = assignment.pod_set_nodes(w, await self._flavor_labels(w))
-            updates = assignment.pod_set_updates(w, r.slice, snap, object_name(keys[name]), allowed)
+            try:
+                claim_gpus = await self._claim_gpus(w)
+            except WorkloadError as exc:
+                await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
+                continue
+            updates = assignment.pod_set_updates(
+                w, r.slice, snap, object_name(keys[name]), allowed, pinned=claim_gpus
+            )
             await self._write(
                 w, "Ready", self._ready_message(r) + f" (joint gang {jkey})", pod_set_updates=updates
             )
@@ -405,11 +418,15 @@ class AdmissionController:
         requests = {}
         allowed: dict[str, assignment.PodSetNodes] = {}
         started = now
+        pinned: dict[str, bool] = {}
         for name, w in wls.items():
             try:
                 flavors = await self._flavors(w)
+                claim_gpus = await self._claim_gpus(w)
+                pinned[name] = bool(claim_gpus)
+                gang = workload_gang.gang_from_workload(w, h, claim_gpus)
                 requests[name] = assignment.with_flavor_tolerations(
-                    workload_gang.gang_from_workload(w, h).request, w, {f: t for f, (_, t) in flavors.items()}
+                    gang.request, w, {f: t for f, (_, t) in flavors.items()}
                 )
             except WorkloadError as exc:
                 await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
@@ -428,7 +445,7 @@ class AdmissionController:
         stage = kueue.wait_stage(now - started, self.config)
         keys = {name: kueue.gang_key(w) for name, w in wls.items()}
         solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
-        claims = [self._claim(keys[name], w, now) for name, w in wls.items()]
+        claims = [self._claim(keys[name], w, now, pinned[name]) for name, w in wls.items()]
         async with self.cache.lock:
             result = reserve_all(self.cache, request, claims, split=joint.splitter(keys), solve=solve)
         if isinstance(result, Unplaceable):
@@ -437,9 +454,29 @@ class AdmissionController:
             return False
         return True
 
-    def _claim(self, key: str, wl: Mapping[str, Any], now: float) -> Claim:
-        attempt = {META_ATTEMPT: kueue.wait_started(wl) or ""}
-        return owned.owner_claim(key, _owner(wl), now + self.config.hold_ttl_s, **attempt)
+    def _claim(self, key: str, wl: Mapping[str, Any], now: float, slot_claims: bool = False) -> Claim:
+        meta = {META_ATTEMPT: kueue.wait_started(wl) or ""}
+        if slot_claims:
+            meta[names.META_SLOT_CLAIMS] = "true"  # its pods' GPU claims are pinned per slot
+        return owned.owner_claim(key, _owner(wl), now + self.config.hold_ttl_s, **meta)
+
+    async def _claim_gpus(self, wl: Mapping[str, Any]) -> dict[str, int]:
+        """GPUs per pod that each pod set asks for through a ``gpu.nvidia.com`` ResourceClaimTemplate
+        (DRA nodes); the admission webhook pins each pod's claim to its slot at creation."""
+        ns, name = object_ref(wl)
+        out: dict[str, int] = {}
+        for raw in kueue.pod_sets(wl):
+            spec = mapping(mapping(raw.get("template")).get("spec"))
+            if not spec.get("resourceClaims"):
+                continue
+            pod_set = str(raw.get("name") or "main")
+            try:
+                got = await slot_claims.gpu_claim(self.api, ns, spec, self.cache.device_class_drivers)
+            except slot_claims.SlotError as exc:
+                raise WorkloadError(f"workload {ns}/{name}: pod set {pod_set}: {exc}") from None
+            if got is not None:
+                out[pod_set] = got.request.count
+        return out
 
     def _stale(self, r: Reservation, wl: Mapping[str, Any]) -> str | None:
         uid = str((wl.get("metadata") or {}).get("uid") or "")

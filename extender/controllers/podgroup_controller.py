@@ -31,6 +31,7 @@ from extender.controllers.controller import Cache, resync_until
 from extender.controllers.objects import META_OWNER_KIND, META_OWNER_NAME, object_ref
 from extender.controllers.podgroups import (
     PODGROUP_KIND,
+    VOLCANO_SCHEDULER,
     PodGroup,
     PodGroupError,
     annotation_patch,
@@ -179,7 +180,7 @@ class PodGroupController:
         request = await self._request(key, pg)
         if request is None:
             return
-        claim = owned.owner_claim(key, obj, self.clock() + self.config.hold_ttl_s)
+        claim = owned.owner_claim(key, obj, self.clock() + self.config.hold_ttl_s, **self._pinned(key))
         async with self.cache.lock:
             result = reserve(self.cache, request, claim)
         if isinstance(result, Unplaceable):
@@ -191,9 +192,26 @@ class PodGroupController:
             return
         await self._reserved([key], announce=True)
 
+    def _members(self, key: str) -> list[PodInfo]:
+        """The group's member pods: watched, and those the cache knows only from the admission
+        webhook, which refused them for want of this slice (DRA: a pod's claim is pinned at its
+        creation); without them the group would wait for its members forever."""
+        members = {
+            p.name: p for p in self.cache.pods_of_gang(key) if p.name and p.scheduler == VOLCANO_SCHEDULER
+        }
+        members.update(self.pods.get(key, {}))
+        return list(members.values())
+
+    def _pinned(self, key: str) -> dict[str, str]:
+        """Reservation meta for a group whose pods ask for GPUs through a DRA claim: its slots
+        are pinned by per-slot ResourceClaims (the SliceReservation's status names them)."""
+        if any(names.CLAIM_GPUS in p.annotations for p in self._members(key)):
+            return {names.META_SLOT_CLAIMS: "true"}
+        return {}
+
     async def _request(self, key: str, pg: PodGroup) -> GangRequest | None:
         """The group's request, or None after saying why it waits or is invalid."""
-        pods = list(self.pods.get(key, {}).values())
+        pods = self._members(key)
         short = missing_pods(pg, pods)
         if short:
             await self._status(key, "Waiting", f"waiting for {short} more member pod(s) of {pg.min_member}")
@@ -285,7 +303,10 @@ class PodGroupController:
     ) -> Unplaceable | None:
         """Place the joint request and hold one reservation per member, all or none."""
         expires = now + self.config.hold_ttl_s
-        claims = [owned.owner_claim(k, self.groups[k], expires, jointGang=jkey) for k in keys.values()]
+        claims = [
+            owned.owner_claim(k, self.groups[k], expires, jointGang=jkey, **self._pinned(k))
+            for k in keys.values()
+        ]
         async with self.cache.lock:
             got = reserve_all(self.cache, request, claims, split=joint.splitter(keys))
         return got if isinstance(got, Unplaceable) else None

@@ -69,11 +69,15 @@ class WorkloadGang:
     notes: tuple[str, ...] = ()
 
 
-def gang_from_workload(wl: Mapping[str, Any], h: Hierarchy) -> WorkloadGang:
+def gang_from_workload(
+    wl: Mapping[str, Any], h: Hierarchy, claim_gpus: Mapping[str, int] | None = None
+) -> WorkloadGang:
     """The gang a Workload asks for: one pod set per ``spec.podSets`` entry, its count as
-    admitted (partial admission may lower it), GPUs per pod from the template's containers,
-    levels from ``gangslice.io/*`` annotations, else Kueue's ``topologyRequest`` or its
-    ``podset-*-topology`` annotations. Raises :class:`WorkloadError`."""
+    admitted (partial admission may lower it), GPUs per pod from the template's containers
+    plus ``claim_gpus[pod set]`` (the GPUs its ``gpu.nvidia.com`` ResourceClaimTemplate asks
+    for, which the admission webhook pins per slot), levels from ``gangslice.io/*``
+    annotations, else Kueue's ``topologyRequest`` or its ``podset-*-topology`` annotations.
+    Raises :class:`WorkloadError`."""
     key = gang_key(wl)
     notes: list[str] = []
     assigned = assignments(wl)
@@ -95,7 +99,7 @@ def gang_from_workload(wl: Mapping[str, Any], h: Hierarchy) -> WorkloadGang:
         if count == 0:
             continue
         try:
-            gpus = gpu_request(mapping(template.get("spec")))
+            gpus = gpu_request(mapping(template.get("spec"))) + (claim_gpus or {}).get(name, 0)
             needs = pod_needs(mapping(template.get("spec")), "template.spec")
         except (PodError, NeedsError) as exc:
             raise WorkloadError(f"{where}: {exc}") from None

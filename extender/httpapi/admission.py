@@ -1,11 +1,16 @@
 """The mutating admission webhook for gang pods on DRA nodes: ``POST /admission/pods``.
 
-At pod CREATE (``admission.k8s.io/v1`` AdmissionReview), a pod of a plain gang
-(``gangslice.io/gang``) whose ``spec.resourceClaims`` names a ResourceClaimTemplate asking for
-whole GPUs of ``gpu.nvidia.com`` is given its slot:
+At pod CREATE (``admission.k8s.io/v1`` AdmissionReview), a gang pod whose
+``spec.resourceClaims`` names a ResourceClaimTemplate asking for whole GPUs of
+``gpu.nvidia.com`` is given its slot. Its gang is :attr:`extender.kube.pods.PodInfo.gang_key`'s:
+a Kueue Workload's reservation (``gangslice.io/reservation``, from gangslice's admission
+check), a plain gang (``gangslice.io/gang``) or a Volcano PodGroup
+(``scheduling.k8s.io/group-name``).
 
-1. the gang is reserved if it is not yet (the one reserve path; the SliceReservation is
-   saved before the reply);
+1. a plain gang is reserved if it is not yet (the one reserve path; the SliceReservation is
+   saved before the reply); a Kueue or Volcano gang is its controller's to reserve, so a pod
+   of one without a reservation is refused (retry), a Volcano member remembered so the
+   PodGroup controller counts it;
 2. the pod is matched to a slot (:func:`extender.kube.slot_claims.pick_slot`: its index,
    else first come);
 3. the slot's ResourceClaim is created (owned by the SliceReservation, its GPU request
@@ -18,8 +23,8 @@ kube-scheduler's DynamicResources plugin then allocates the claim on the one nod
 devices it admits. Any other pod is allowed unchanged. A gang pod gangslice cannot place is
 refused with a message that starts with ``gangslice:``; the shipped
 MutatingWebhookConfiguration calls this path with ``failurePolicy: Fail`` for pods labelled
-``gangslice.io/gang`` (so a pod that opted in never runs unpinned) and ``Ignore`` for every
-other pod (so the cluster is never blocked by gangslice).
+``gangslice.io/gang`` or ``gangslice.io/managed: "true"`` (so a pod that opted in never runs
+unpinned) and ``Ignore`` for every other pod (so the cluster is never blocked by gangslice).
 
 The path lies outside the extender verbs' prefix, so it needs no client certificate: the API
 server presents none by default. It answers on the leader only (the Service selects it).
@@ -41,22 +46,21 @@ from extender.kube import compute_domains as cds
 from extender.kube import names
 from extender.kube.api import (
     COMPUTE_DOMAINS,
-    RESOURCE_CLAIM_TEMPLATES,
     SLICE_RESERVATIONS,
     KubeError,
     NotFound,
 )
 from extender.kube.cache import ClusterCache
+from extender.kube.crd_models import object_name
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.reserve import Claim, reserve
 from extender.kube.slot_claims import (
-    GpuRequest,
     SlotClaims,
     SlotError,
     build_claim,
     claim_name,
-    gpu_request_of,
+    gpu_claim,
     handed_out,
     pick_slot,
 )
@@ -125,33 +129,34 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         return None  # a dry run must not reserve or create claims (sideEffects: NoneOnDryRun)
     obj = _map(req.get("object"))
     meta = _map(obj.get("metadata"))
-    labels = _map(meta.get("labels"))
-    if not labels.get(names.GANG):
-        return None  # pinning is for plain gang pods (Kueue/Volcano gangs: not yet)
+    namespace = str(req.get("namespace") or meta.get("namespace") or "default")
+    if PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace}}).gang_key is None:
+        return None  # in no gang: a plain gang, a Kueue Workload's reservation, a Volcano PodGroup
     api, cache = app[API], app[CACHE]
     if api is None:
         return None
-    namespace = str(req.get("namespace") or meta.get("namespace") or "default")
     spec = _map(obj.get("spec"))
-    found = await _gpu_claim(api, cache, namespace, spec)
+    try:
+        found = await gpu_claim(api, namespace, spec, cache.device_class_drivers)
+    except SlotError as exc:
+        raise Refusal(str(exc)) from None
     if found is None:
         return None
-    position, entry, template, gpu = found
+    position, entry, template, gpu = found.position, found.entry, found.template, found.request
     if not leads(app) or not cache.ready:
         raise Refusal("this replica is not ready or not the leader; retry")
     annotations = {**_map(meta.get("annotations")), names.CLAIM_GPUS: str(gpu.count)}
     pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace, "annotations": annotations}})
     if pod.problems:
         raise Refusal(pod.problems[0])
-    gang = pod.gang
-    assert gang is not None
     pending: dict[str, dict[str, tuple[str, float]]] = app[PENDING]
     async with cache.lock:
+        r = cache.reservation_of(pod)
+        if r is None:
+            r = _reserve(cache, pod)
+        gang = r.gang
         for other in [g for g in pending if g != gang and cache.reservation(g) is None]:
             del pending[other]  # released gangs: nothing of theirs is handed out any more
-        r = cache.reservation(gang)
-        if r is None:
-            r = _reserve(cache, pod, gang)
         now = time.monotonic()
         mine = {k: v for k, v in pending.get(gang, {}).items() if now - v[1] < PENDING_S}
         handed = {k: name for k, (name, _) in mine.items()}
@@ -171,7 +176,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     try:
         if not await cache.persist(gang):
             raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.save_error(gang)}")
-        res_name = r.meta.get("name", "")
+        res_name = str(r.meta.get("name") or object_name(gang))
         try:
             saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
         except KubeError as exc:
@@ -179,7 +184,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         owner = {
             "name": res_name,
             "uid": str(_map(saved.get("metadata")).get("uid") or ""),
-            "gang": labels[names.GANG],
+            "gang": pod.labels.get(names.GANG) or object_name(gang),
         }
         name = claim_name(res_name, slot)
         devices = [device_map.device(g) for g in slot.gpus]
@@ -291,7 +296,23 @@ async def _join_domain(
     return ops
 
 
-def _reserve(cache: ClusterCache, pod: PodInfo, gang: str) -> Any:
+def _reserve(cache: ClusterCache, pod: PodInfo) -> Any:
+    """Reserve a plain gang on its first pod; a Kueue or Volcano gang is its controller's to
+    reserve, so a pod of one that has no reservation yet is refused (its creator retries)."""
+    if pod.reservation_name:
+        raise Refusal(
+            f"SliceReservation {pod.namespace}/{pod.reservation_name} ({names.RESERVATION}, written by "
+            "gangslice's Kueue admission check) does not exist; retry"
+        )
+    gang = pod.gang
+    if gang is None:
+        group = pod.volcano_group
+        if pod.name:
+            cache.remember(pod)  # a member seen: the PodGroup controller counts it for the gang
+        raise Refusal(
+            f"PodGroup {group} has no slice reserved yet (gangslice reserves it once its minMember "
+            "pods were seen, this one included); retry"
+        )
     try:
         request = plain_gang_request(pod, cache.pods_of_gang(gang))
     except PodError as exc:
@@ -308,30 +329,6 @@ def _reserve(cache: ClusterCache, pod: PodInfo, gang: str) -> Any:
     if isinstance(placed, Unplaceable):
         raise Refusal(f"gang {gang}: {placed.reason}")
     return placed
-
-
-async def _gpu_claim(
-    api: Any, cache: ClusterCache, namespace: str, spec: Mapping[str, Any]
-) -> tuple[int, Mapping[str, Any], Mapping[str, Any], GpuRequest] | None:
-    """The pod's ``resourceClaims`` entry whose template asks for GPUs of ``gpu.nvidia.com``."""
-    found = []
-    for position, entry in enumerate(spec.get("resourceClaims") or ()):
-        template_name = _map(entry).get("resourceClaimTemplateName")
-        if not isinstance(template_name, str) or not template_name:
-            continue
-        try:
-            template = await api.get(RESOURCE_CLAIM_TEMPLATES, template_name, namespace)
-        except NotFound:
-            raise Refusal(f"ResourceClaimTemplate {namespace}/{template_name} does not exist") from None
-        try:
-            gpu = gpu_request_of(template, cache.device_class_drivers)
-        except SlotError as exc:
-            raise Refusal(f"ResourceClaimTemplate {namespace}/{template_name}: {exc}") from None
-        if gpu is not None:
-            found.append((position, entry, template, gpu))
-    if len(found) > 1:
-        raise Refusal("the pod has several GPU claims of gpu.nvidia.com; gangslice pins one per pod")
-    return found[0] if found else None
 
 
 def add_routes(app: web.Application) -> None:

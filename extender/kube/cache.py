@@ -391,20 +391,22 @@ class ClusterCache:
         return list(self._pods.values())
 
     def pods_of_gang(self, gang: str) -> list[PodInfo]:
-        """The pods seen of plain gang ``gang``: watched, or so far only in a request."""
+        """The pods seen of gang ``gang`` (:attr:`PodInfo.gang_key`: a plain gang, a Kueue
+        Workload's reservation, a Volcano PodGroup): watched, or so far only in a request."""
         return list(self._gang_pods.get(gang, {}).values())
 
     def _regang(self, key: str, before: PodInfo | None) -> None:
         """Keep :attr:`_gang_pods` on the pod known under ``key`` now; ``before`` is the one
         known before the change."""
         now = self._pods.get(key) or self._recent.get(key)
-        if before is not None and before.gang and (now is None or now.gang != before.gang):
-            members = self._gang_pods.get(before.gang, {})
+        was = before.gang_key if before is not None else None
+        if was and (now is None or now.gang_key != was):
+            members = self._gang_pods.get(was, {})
             members.pop(key, None)
             if not members:
-                self._gang_pods.pop(before.gang, None)
-        if now is not None and now.gang:
-            self._gang_pods.setdefault(now.gang, {})[key] = now
+                self._gang_pods.pop(was, None)
+        if now is not None and now.gang_key:
+            self._gang_pods.setdefault(now.gang_key, {})[key] = now
 
     def gpus_of(self, pod_key: str) -> frozenset[int]:
         """The GPUs a bound pod holds (as the kubelet reports, annotated, or the lowest free)."""
@@ -726,7 +728,7 @@ class ClusterCache:
 
     def _slot_held(self, pod: PodInfo) -> tuple[Reservation, PodSlot] | None:
         """The reservation slot bound to the pod, with its reservation."""
-        r = self._reservation_of(pod)
+        r = self.reservation_of(pod)
         slot = r.slot_of(pod.name) if r is not None else None
         if r is not None and slot is not None:
             return r, slot
@@ -1128,7 +1130,7 @@ class ClusterCache:
     def _pod_bound(self, pod: PodInfo) -> None:
         """A gang pod that shows up bound but is not in the ledger (bound by someone else, or
         before a restart): take the matching slot so it is not handed out twice."""
-        r = self._reservation_of(pod)
+        r = self.reservation_of(pod)
         if r is None or r.slot_of(pod.name) is not None:
             return
         assigned = set(pod.assigned_gpus or ())
@@ -1144,13 +1146,12 @@ class ClusterCache:
         if candidates:
             self.bind_slot(r.gang, candidates[0].key, pod.name)
 
-    def _reservation_of(self, pod: PodInfo) -> Reservation | None:
+    def reservation_of(self, pod: PodInfo) -> Reservation | None:
+        """The reservation of the gang ``pod`` belongs to (:attr:`PodInfo.gang_key`), if held."""
         if pod.reservation_name:
             return self.reservation_named(pod.namespace, pod.reservation_name)
-        for key in (pod.gang, pod.volcano_group):
-            if key is not None and key in self._ledger:
-                return self._ledger.get(key)
-        return None
+        key = pod.gang_key
+        return self._ledger.get(key) if key is not None and key in self._ledger else None
 
     def _reconcile_bindings(self) -> None:
         if not self._pods_watched or self._awaiting:

@@ -28,6 +28,11 @@ POD_SET = "gangslice.io/pod-set"
 POD_SET_SIZE = "gangslice.io/pod-set-size"
 #: Pod annotation: the SliceReservation (same namespace) that holds this pod's slot (Kueue path).
 RESERVATION = "gangslice.io/reservation"
+#: Pod label ``"true"``: gangslice pins this pod's GPU claim (DRA) at creation, so the admission
+#: webhook that does it is called with ``failurePolicy: Fail``. gangslice's Kueue admission
+#: check adds it to the pod sets that ask for GPUs through a claim; a Volcano job's task
+#: templates carry it by hand. Plain gang pods are selected by ``gangslice.io/gang`` instead.
+MANAGED = "gangslice.io/managed"
 #: Pod annotations written at bind: the GPU indices and NUMA node(s) the pod was given.
 GPUS = "gangslice.io/gpus"
 NUMA_NODE = "gangslice.io/numa-node"

@@ -81,6 +81,16 @@ class PodInfo:
         return self.annotations.get(names.RESERVATION) or None
 
     @property
+    def gang_key(self) -> str | None:
+        """The ledger key of the gang this pod belongs to, whoever formed it: the SliceReservation
+        a Kueue pod set's ``gangslice.io/reservation`` names (gangslice's AdmissionCheck writes it;
+        the reservation of Workload ``<ns>/<wl>`` is named ``<wl>``), else the plain gang, else
+        the Volcano PodGroup. The one mapping from a pod to its gang."""
+        if self.reservation_name:
+            return f"{self.namespace}/{self.reservation_name}"
+        return self.gang or self.volcano_group
+
+    @property
     def volcano_group(self) -> str | None:
         value = self.annotations.get(names.VOLCANO_GROUP)
         return f"{self.namespace}/{value}" if value else None

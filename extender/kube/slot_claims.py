@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.kube import dra, names
-from extender.kube.api import RESOURCE_CLAIMS, Conflict, KubeClient, NotFound
+from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, Conflict, KubeClient, NotFound
 from extender.kube.pods import PodInfo, digits
 from extender.placement.ledger import Reservation
 from extender.placement.slice import PodSlot
@@ -95,6 +95,43 @@ def gpu_request_of(template: Mapping[str, Any], drivers_of: Any) -> GpuRequest |
         found.append(GpuRequest(str(req.get("name") or ""), cls, count))
     if len(found) > 1:
         raise SlotError("the template has several GPU requests; gangslice pins one per pod")
+    return found[0] if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuClaim:
+    """The ``resourceClaims`` entry of a pod (or pod template) whose ResourceClaimTemplate asks
+    for whole GPUs of ``gpu.nvidia.com``: its position, the entry, the template, its request."""
+
+    position: int
+    entry: Mapping[str, Any]
+    template: Mapping[str, Any]
+    request: GpuRequest
+
+
+async def gpu_claim(
+    api: KubeClient, namespace: str, spec: Mapping[str, Any], drivers_of: Any
+) -> GpuClaim | None:
+    """The GPU claim of a pod spec (the admission webhook's pod, a Kueue pod set's template),
+    reading its ResourceClaimTemplates; None when it asks for no GPUs through DRA. Raises
+    :class:`SlotError` for a missing template, a GPU request gangslice cannot pin, or several."""
+    found = []
+    for position, entry in enumerate(spec.get("resourceClaims") or ()):
+        template_name = _map(entry).get("resourceClaimTemplateName")
+        if not isinstance(template_name, str) or not template_name:
+            continue
+        try:
+            template = await api.get(RESOURCE_CLAIM_TEMPLATES, template_name, namespace)
+        except NotFound:
+            raise SlotError(f"ResourceClaimTemplate {namespace}/{template_name} does not exist") from None
+        try:
+            gpu = gpu_request_of(template, drivers_of)
+        except SlotError as exc:
+            raise SlotError(f"ResourceClaimTemplate {namespace}/{template_name}: {exc}") from None
+        if gpu is not None:
+            found.append(GpuClaim(position, entry, template, gpu))
+    if len(found) > 1:
+        raise SlotError("the pod has several GPU claims of gpu.nvidia.com; gangslice pins one per pod")
     return found[0] if found else None
 
 

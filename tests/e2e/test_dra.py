@@ -12,8 +12,12 @@ Tests: a TP=4 pod set on a fragmented PCIe node gets exactly the planned devices
 the gang; what kube-scheduler does with a claim pinned to a taken device; a foreign claim grabbing a planned
 device makes gangslice re-plan; a prefill/decode pair gets disjoint, NUMA-aligned halves of one HGX node; a
 wide-EP gang on GB200 trays gets one ComputeDomain, a second gang never shares its nodes, and a tray the
-driver labels with a ComputeDomain gangslice did not create is not given to a gang; with gangslice down, gang
-pods are refused naming the webhook and other pods pass.
+driver labels with a ComputeDomain gangslice did not create is not given to a gang; a Kueue-admitted gang
+(Kueue's manager started for that test, as tests/e2e/test_kueue.py starts it) gets its slots' claims and
+exactly their devices; a Volcano gang's members, refused while its PodGroup has no slice, are pinned each
+to its own slot when re-created (the test plays Volcano's job controller; no Volcano scheduler runs, so
+nothing allocates those claims); with gangslice down, gang pods and pods labelled
+``gangslice.io/managed`` are refused naming the webhook and other pods pass.
 
 No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts it); that is expected.
 """
@@ -21,6 +25,7 @@ No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import os
 import sys
@@ -41,10 +46,13 @@ from cluster import (
     get,
     items,
     merge_patch,
+    remove_crds,
     scheduled_condition,
     wait_for,
 )
 from cluster import POOL as POOL_LABEL
+from test_kueue import CHECK, leading, our_check, start_kueue
+from test_kueue import is_true as kueue_is_true
 
 from extender.bench.controlplane import ControlPlane
 from extender.kube import dra
@@ -531,6 +539,268 @@ def test_a_gb200_tray_in_a_compute_domain_gangslice_did_not_create_is_not_given_
             merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
 
 
+# -- a Kueue-admitted gang -----------------------------------------------------------------------
+KUEUE_FLAVOR = "dra-default"
+KUEUE_CQ = "dra-cq"
+KUEUE_LQ = "gpu"
+JOB_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+@pytest.fixture
+def kueue(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Gangslice]:
+    """Kueue's manager on this control plane (started as tests/e2e/test_kueue.py starts it) and the
+    module's ``gangslice serve`` restarted with its controller (the Kueue admission check), a
+    ClusterQueue whose check is gangslice's; the plain stack again after."""
+    cp = control_plane
+    # Kueue counts DRA devices in quota only through a mapping of their DeviceClass to a resource.
+    mapping = {"name": "nvidia.com/gpu", "deviceClassNames": [dra.GPU_DEVICE_CLASS]}
+    crds = start_kueue(cp, resources={"deviceClassMappings": [mapping]})
+    gangslice.stop()
+    gangslice.controller = True
+    kueue_objects = [
+        (
+            "resourceflavors",
+            {"metadata": {"name": KUEUE_FLAVOR}, "spec": {"nodeLabels": {POOL_LABEL: POOL_NAME}}},
+        ),
+        (
+            "admissionchecks",
+            {"metadata": {"name": CHECK}, "spec": {"controllerName": "gangslice.io/topology"}},
+        ),
+        (
+            "clusterqueues",
+            {
+                "metadata": {"name": KUEUE_CQ},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "nvidia.com/gpu"],
+                            "flavors": [
+                                {
+                                    "name": KUEUE_FLAVOR,
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "100"},
+                                        {"name": "nvidia.com/gpu", "nominalQuota": "64"},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                    "admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]},
+                },
+            },
+        ),
+    ]
+    try:
+        gangslice.start()
+        wait_for("gangslice to lead", lambda: leading(gangslice), 60, 0.5)
+        for plural, body in kueue_objects:
+            kind = {"resourceflavors": "ResourceFlavor", "admissionchecks": "AdmissionCheck"}.get(
+                plural, "ClusterQueue"
+            )
+            post(
+                cp,
+                f"/apis/kueue.x-k8s.io/v1beta2/{plural}",
+                {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": kind, **body},
+            )
+
+        def active(kind: str, name: str) -> bool:
+            conds = ((get(cp, kind, name) or {}).get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+
+        wait_for("our AdmissionCheck Active", lambda: active("AdmissionCheck", CHECK), 60)
+        wait_for("the ClusterQueue Active", lambda: active("ClusterQueue", KUEUE_CQ), 60)
+        yield gangslice
+    finally:
+        gangslice.stop()
+        gangslice.controller = False
+        for plural, body in reversed(kueue_objects):
+            path = f"/apis/kueue.x-k8s.io/v1beta2/{plural}/{body['metadata']['name']}"
+            with contextlib.suppress(urllib.error.HTTPError):
+                cp.request("DELETE", path)
+            # Kueue lifts its finalizer once nothing uses the object; then its CRD can go.
+            wait_for(f"{path} deleted", lambda p=path: _gone(cp, p), 60)
+        cp.stop_process("kueue")
+        remove_crds(cp, crds)
+        gangslice.start()
+
+
+def _gone(cp: ControlPlane, path: str) -> bool:
+    try:
+        cp.request("GET", path)
+    except urllib.error.HTTPError as e:
+        return e.code == 404
+    return False
+
+
+def test_a_kueue_admitted_gangs_pods_reference_their_slots_claims_and_get_exactly_the_slots_devices(
+    control_plane: ControlPlane, kueue: Gangslice, ns: str
+) -> None:
+    """A Workload whose pods ask for 4 GPUs each through a ResourceClaimTemplate: gangslice's check
+    reserves the pair (the reservation exists before any pod) and labels the pod set for the webhook;
+    playing the Job controller, the test creates the pods with the check's podSetUpdates; the webhook
+    (its failurePolicy Fail entry, by the label) points each at its slot's claim and kube-scheduler's
+    DynamicResources plugin allocates exactly the slot's devices."""
+    cp = control_plane
+    post(
+        cp,
+        "/apis/kueue.x-k8s.io/v1beta2/namespaces/" + ns + "/localqueues",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": KUEUE_LQ, "namespace": ns},
+            "spec": {"clusterQueue": KUEUE_CQ},
+        },
+    )
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp4-gpus", 4))
+    pod_template = dra_pod(ns, "x", claim={"resourceClaimTemplateName": "tp4-gpus"})
+    pod_template.pop("apiVersion")
+    pod_template.pop("kind")
+    pod_template["metadata"] = {}
+    pod_template["spec"]["restartPolicy"] = "Never"
+    wl = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "job-tp4", "namespace": ns},
+        "spec": {"queueName": KUEUE_LQ, "podSets": [{"name": "main", "count": 2, "template": pod_template}]},
+    }
+    post(cp, f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads", wl)
+
+    def admitted() -> dict[str, Any] | None:
+        got = get(cp, "Workload", "job-tp4", ns)
+        return got if kueue_is_true(got, "Admitted") else None
+
+    ready = our_check(wait_for("Kueue to admit the Workload once our check is Ready", admitted, 90))
+    assert ready and ready["state"] == "Ready", ready
+    (update,) = ready["podSetUpdates"]
+    assert update["labels"] == {"gangslice.io/managed": "true"}, update
+    (reservation,) = items(cp, "SliceReservation", ns)
+    planned = {s["name"]: s for s in reservation["status"]["slots"]}
+    assert sorted(planned) == ["main/0", "main/1"], planned
+
+    pods = []
+    for i in range(2):
+        pod = copy.deepcopy(pod_template)
+        pod["apiVersion"], pod["kind"] = "v1", "Pod"
+        pod["metadata"] = {
+            "name": f"tp4-{i}",
+            "namespace": ns,
+            "labels": {**update["labels"], "kueue.x-k8s.io/podset": "main", JOB_INDEX: str(i)},
+            "annotations": dict(update["annotations"]),
+        }
+        pod["spec"]["nodeSelector"].update(update.get("nodeSelector") or {})
+        pods.append(create(cp, pod))
+    for i, created in enumerate(pods):
+        ann = created["metadata"]["annotations"]
+        slot = planned[f"main/{i}"]  # the completion index picks the slot
+        assert ann["gangslice.io/slot"] == f"main/{i}", ann
+        (entry,) = created["spec"]["resourceClaims"]
+        assert entry["resourceClaimName"] == slot["claim"], (entry, slot)
+        claim = wait_for(f"the claim of tp4-{i} allocated", lambda c=slot["claim"]: allocated(cp, ns, c), 60)
+        results = claim["status"]["allocation"]["devices"]["results"]
+        gpus = [int(g) for g in ann["gangslice.io/gpus"].split(",")]
+        assert sorted(r["device"] for r in results) == sorted(f"gpu-{g}" for g in gpus), results
+        assert {r["pool"] for r in results} == {slot["node"]}, (results, slot)
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [created["metadata"]["uid"]]
+        assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == [reservation["metadata"]["name"]]
+        bound = wait_for(
+            f"tp4-{i} bound",
+            lambda n=f"tp4-{i}": (get(cp, "Pod", n, ns) or {}).get("spec", {}).get("nodeName"),
+            60,
+        )
+        assert bound == slot["node"]
+    assert len(items(cp, "SliceReservation", ns)) == 1  # the webhook reserved nothing of its own
+    for i in range(2):
+        delete(cp, "Pod", f"tp4-{i}", ns)
+
+
+# -- a Volcano gang --------------------------------------------------------------------------------
+@pytest.fixture
+def podgroup_controller(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Gangslice]:
+    """Volcano's CRDs and the module's ``gangslice serve`` restarted with its controller (the PodGroup
+    controller, looking again every second); no Volcano component runs: the test plays its job
+    controller. The plain stack again after."""
+    cp = control_plane
+    crds = cp.install_crds(cp.crd_dir / "volcano")
+    gangslice.stop()
+    plain_args = gangslice.extra_args
+    gangslice.controller, gangslice.extra_args = True, (*plain_args, "--resync=1")
+    try:
+        gangslice.start()
+        wait_for("gangslice to lead", lambda: leading(gangslice), 60, 0.5)
+        yield gangslice
+    finally:
+        gangslice.stop()
+        gangslice.controller, gangslice.extra_args = False, plain_args
+        remove_crds(cp, crds)
+        gangslice.start()
+
+
+def test_a_volcano_gangs_members_refused_until_its_slice_is_reserved_are_pinned_on_retry(
+    control_plane: ControlPlane, podgroup_controller: Gangslice, ns: str
+) -> None:
+    """Volcano reserves a PodGroup's slice from its member pods, which exist only once created; the
+    webhook refuses a member whose group has no slice yet and counts it, the PodGroup controller
+    reserves once ``minMember`` were seen, and the retried creations are pinned, each to its own slot.
+    (Who allocates the claims is Volcano's scheduler, which this test does not run.)"""
+    cp = control_plane
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp4-gpus", 4))
+    create(
+        cp,
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "tp4", "namespace": ns},
+            "spec": {"minMember": 2},
+        },
+    )
+    pods = []
+    for i in range(2):
+        pod = dra_pod(
+            ns,
+            f"tp4-worker-{i}",
+            claim={"resourceClaimTemplateName": "tp4-gpus"},
+            labels={"gangslice.io/managed": "true"},
+            **{"scheduling.k8s.io/group-name": "tp4", "volcano.sh/task-spec": "worker"},
+        )
+        pod["spec"]["schedulerName"] = "volcano"
+        pods.append(pod)
+    for pod in pods:
+        with pytest.raises(AssertionError) as refused:
+            create(cp, pod)
+        assert f"PodGroup {ns}/tp4 has no slice reserved yet" in str(refused.value), refused.value
+
+    def admitted(pod: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return create(cp, pod)
+        except AssertionError as e:
+            if "has no slice reserved yet" in str(e):
+                return None
+            raise
+
+    created = [wait_for(f"{p['metadata']['name']} admitted", lambda p=p: admitted(p), 60, 1.0) for p in pods]
+    (reservation,) = items(cp, "SliceReservation", ns)
+    assert [o["kind"] for o in reservation["metadata"]["ownerReferences"]] == ["PodGroup"]
+    slots = {s["name"]: s for s in reservation["status"]["slots"]}
+    given = [c["metadata"]["annotations"]["gangslice.io/slot"] for c in created]
+    assert sorted(given) == sorted(slots), (given, slots)
+    for obj in created:
+        ann = obj["metadata"]["annotations"]
+        slot = slots[ann["gangslice.io/slot"]]
+        (entry,) = obj["spec"]["resourceClaims"]
+        assert entry["resourceClaimName"] == slot["claim"], (entry, slot)
+        claim = claim_of(cp, ns, slot["claim"])
+        assert claim is not None
+        gpus = [int(g) for g in ann["gangslice.io/gpus"].split(",")]
+        expr = claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+        assert sorted(u for u in expr.split('"') if u.startswith("GPU-")) == sorted(
+            gpu_uuid(slot["node"], g) for g in gpus
+        ), expr
+        assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == [reservation["metadata"]["name"]]
+    for obj in created:
+        delete(cp, "Pod", obj["metadata"]["name"], ns)
+
+
 def test_with_gangslice_down_gang_pods_are_refused_naming_it_and_other_pods_pass(
     control_plane: ControlPlane, gangslice: Gangslice, ns: str
 ) -> None:
@@ -541,6 +811,12 @@ def test_with_gangslice_down_gang_pods_are_refused_naming_it_and_other_pods_pass
         with pytest.raises(AssertionError) as refused:
             create(cp, gang)
         assert "pin-gang-pods.gangslice.io" in str(refused.value), refused.value
+        # A pod gangslice's Kueue check labelled (or a Volcano task labelled by hand) is refused too.
+        managed = copy.deepcopy(gang)
+        managed["metadata"] = {"name": "m-0", "namespace": ns, "labels": {"gangslice.io/managed": "true"}}
+        with pytest.raises(AssertionError) as refused:
+            create(cp, managed)
+        assert "pin-managed-pods.gangslice.io" in str(refused.value), refused.value
         other = copy.deepcopy(gang)
         other["metadata"] = {"name": "solo", "namespace": ns}
         other["spec"]["resourceClaims"] = []

@@ -69,8 +69,9 @@ CLUSTER_QUEUE = "kq-gpu"
 LOCAL_QUEUE = "gpu"
 
 
-def start_kueue(cp: ControlPlane) -> list[str]:
-    """Install Kueue's CRDs, start its manager, wait for /readyz; returns the CRD names."""
+def start_kueue(cp: ControlPlane, **config_extra: Any) -> list[str]:
+    """Install Kueue's CRDs, start its manager (``config_extra``: more Configuration fields), wait
+    for /readyz; returns the CRD names."""
     if shutil.which("unshare") is None:
         raise ControlPlaneError("unshare (util-linux) is needed to give Kueue its metrics certificate")
     assert cp.workdir is not None and cp.kubeconfig is not None
@@ -95,6 +96,7 @@ def start_kueue(cp: ControlPlane) -> list[str]:
         "manageJobsWithoutQueueName": False,
         "integrations": {"frameworks": ["batch/job"]},
         "featureGates": {"VisibilityOnDemand": False},
+        **config_extra,
     }
     config_file = home / "config.yaml"
     config_file.write_text(json.dumps(config, indent=2))

@@ -73,6 +73,7 @@ def test_sets_the_ca_on_gangslices_entries_only_and_keeps_it(tmp_path: Path, cas
     want = base64.b64encode(ca.read_bytes()).decode()
     assert bundles(api) == {
         "pin-gang-pods.gangslice.io": want,
+        "pin-managed-pods.gangslice.io": want,
         "pods.gangslice.io": want,
         "someone-else.example.com": "b3RoZXI=",
     }
