@@ -414,6 +414,17 @@ def test_a_prefill_decode_pair_gets_disjoint_numa_aligned_halves_of_one_hgx_node
         merge_patch(cp, "Node", NODE, {"spec": {"unschedulable": False}})
 
 
+def channel_allocated(cp: ControlPlane, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod's IMEX channel claim, once kube-scheduler allocated it."""
+    entries = {e["name"]: e["resourceClaimName"] for e in pod["spec"]["resourceClaims"]}
+    got: dict[str, Any] = wait_for(
+        f"the channel claim of {pod['metadata']['name']} allocated",
+        lambda: allocated(cp, ns, entries["imex-channel"]),
+        60,
+    )
+    return got
+
+
 def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang_never_shares_a_node(
     control_plane: ControlPlane, gangslice: Gangslice, ns: str
 ) -> None:
@@ -461,11 +472,7 @@ def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang
         for name, pods in (("ep", first), ("ep2", second)):
             for pod in pods:
                 entries = {e["name"]: e["resourceClaimName"] for e in pod["spec"]["resourceClaims"]}
-                channel = wait_for(
-                    f"the channel claim of {pod['metadata']['name']} allocated",
-                    lambda c=entries["imex-channel"]: allocated(cp, ns, c),
-                    60,
-                )
+                channel = channel_allocated(cp, ns, pod)
                 params = channel["spec"]["devices"]["config"][0]["opaque"]["parameters"]
                 assert params["domainID"] == uids[f"{name}-imex"]
                 (result,) = channel["status"]["allocation"]["devices"]["results"]
@@ -523,12 +530,7 @@ def test_a_gb200_tray_in_a_compute_domain_gangslice_did_not_create_is_not_given_
         ]
         pools = set()
         for pod in pods:
-            entries = {e["name"]: e["resourceClaimName"] for e in pod["spec"]["resourceClaims"]}
-            channel = wait_for(
-                f"the channel claim of {pod['metadata']['name']} allocated",
-                lambda c=entries["imex-channel"]: allocated(cp, ns, c),
-                60,
-            )
+            channel = channel_allocated(cp, ns, pod)
             (result,) = channel["status"]["allocation"]["devices"]["results"]
             pools.add(result["pool"])
         assert pools == set(trays[1:]), pools

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -417,6 +417,25 @@ def test_the_prefill_decode_example_gets_disjoint_numa_aligned_halves_of_one_hgx
     ]
 
 
+def foreign_claim(node: str, gpu: int) -> dict[str, Any]:
+    """A claim of a pod outside gangslice, allocated one GPU of ``node``."""
+    result = {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": node, "device": f"gpu-{gpu}"}
+    return {
+        "metadata": {"name": "foreign", "namespace": "other"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+def admitted_alone(api: FakeKube, cache: ClusterCache) -> dict[str, Any]:
+    """A one-pod TP=4 gang's pod as the webhook patched it, seen by the cache."""
+    pod = dra_pod("tp4-0", size=1)
+    (r,) = admit(api, cache, pod)
+    admitted = patched(pod, r)
+    admitted["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    cache.apply(Kind.PODS, "ADDED", admitted)
+    return admitted
+
+
 # -- a device taken before our claim is allocated ------------------------------------------------
 def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_stale_claim(
     world: tuple[FakeKube, ClusterCache],
@@ -425,27 +444,11 @@ def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_st
     from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
 
     api, cache = world
-    pod = dra_pod("tp4-0", size=1)
-    (r,) = admit(api, cache, pod)
-    admitted = patched(pod, r)
-    admitted["metadata"].update(namespace="llm", uid="uid-tp4-0")
-    cache.apply(Kind.PODS, "ADDED", admitted)
+    admitted = admitted_alone(api, cache)
     planned = pinned(admitted)
     (claim,) = api.objects(RESOURCE_CLAIMS)
     victim = min(planned)
-    foreign = {
-        "metadata": {"name": "foreign", "namespace": "other"},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": f"gpu-{victim}"}
-                    ]
-                }
-            }
-        },
-    }
-    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign)
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign_claim(NODE, victim))
     sync = SlotClaimSync(api, lambda: 0.0)
     assert list(sync.conflicts(cache)) == ["llm/tp4"]
     assert asyncio.run(sync.sync(cache)) == 1
@@ -462,15 +465,6 @@ def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_st
     r2 = cache.reservation("llm/tp4")
     assert r2 is not None and set(r2.slice.slots[0].gpus) == now
     assert sync.conflicts(cache) == {}
-
-
-def foreign_claim(node: str, gpu: int) -> dict[str, Any]:
-    """A claim of a pod outside gangslice, allocated one GPU of ``node``."""
-    result = {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": node, "device": f"gpu-{gpu}"}
-    return {
-        "metadata": {"name": "foreign", "namespace": "other"},
-        "status": {"allocation": {"devices": {"results": [result]}}},
-    }
 
 
 def pair_one_bound(gang: str, gpus: int) -> tuple[FakeKube, ClusterCache, list[dict[str, Any]]]:
@@ -740,25 +734,9 @@ def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mi
     from extender.kube.claim_sync import SlotClaimSync
 
     api, cache = world
-    pod = dra_pod("tp4-0", size=1)
-    (r,) = admit(api, cache, pod)
-    admitted = patched(pod, r)
-    admitted["metadata"].update(namespace="llm", uid="uid-tp4-0")
-    cache.apply(Kind.PODS, "ADDED", admitted)
+    admitted = admitted_alone(api, cache)
     victim = min(pinned(admitted))
-    foreign = {
-        "metadata": {"name": "foreign", "namespace": "other"},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "gpu", "driver": dra.GPU_DRIVER, "pool": NODE, "device": f"gpu-{victim}"}
-                    ]
-                }
-            }
-        },
-    }
-    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign)
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign_claim(NODE, victim))
     assert asyncio.run(SlotClaimSync(api, lambda: 0.0).sync(cache)) == 1
     r2 = cache.reservation("llm/tp4")
     assert r2 is not None
@@ -770,29 +748,22 @@ def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mi
     bound["status"] = {"phase": "Running"}
     cache.apply(Kind.PODS, "MODIFIED", bound)
     graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
-    in_use = [
-        {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "main"}
-        for g in now
-    ]
-    cache.apply(
-        Kind.NODE_TOPOLOGIES,
-        "MODIFIED",
-        build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED),
-    )
+
+    def kubelet_reports(gpus: Sequence[int]) -> None:
+        in_use = [
+            {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "c"}
+            for g in gpus
+        ]
+        topology = build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED)
+        cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology)
+
+    kubelet_reports(now)
     assert cache.device_mismatches() == []
     r3 = cache.reservation("llm/tp4")
     assert r3 is not None and r3.slice.slots[0].gpus == now and r3.bound
     # Devices other than the re-planned ones are a mismatch against the re-planned slot.
     other = [g for g in graph.indices if g not in now and g != victim][:4]
-    in_use = [
-        {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "main"}
-        for g in other
-    ]
-    cache.apply(
-        Kind.NODE_TOPOLOGIES,
-        "MODIFIED",
-        build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED),
-    )
+    kubelet_reports(other)
     (m,) = cache.device_mismatches()
     assert m.promised == tuple(sorted(now)) and m.reported == tuple(sorted(other))
 
