@@ -182,7 +182,7 @@ monitoring:
   enabled: false
 
 # DRA nodes: the mutating admission webhook that pins each gang pod's GPU claim to its slot
-# (manifests/dra; the API server needs the serving certificate's CA as its caBundle).
+# (manifests/dra; the controller sets its caBundle from the TLS Secret's ca.crt).
 dra:
   enabled: false
 
