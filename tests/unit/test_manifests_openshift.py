@@ -94,3 +94,37 @@ def test_the_secondary_scheduler_runs_our_configuration() -> None:
     (sched,) = build("scheduler").of_kind("Deployment")
     (container,) = sched["spec"]["template"]["spec"]["containers"]
     assert ss["spec"]["imageSpec"] == container["image"]
+
+
+def _json_patch(obj: Any, ops: list[dict[str, Any]]) -> Any:
+    """RFC 6902 test, replace and remove on a copy (what the component's patches use)."""
+    import copy
+
+    out = copy.deepcopy(obj)
+    for op in ops:
+        *parents, last = op["path"].strip("/").split("/")
+        target = out
+        for p in parents:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        key: Any = int(last) if isinstance(target, list) else last
+        if op["op"] == "test":
+            assert target[key] == op["value"], f"{op['path']}: {target[key]!r} is not {op['value']!r}"
+        elif op["op"] == "replace":
+            target[key] = op["value"]
+        elif op["op"] == "remove":
+            del target[key]
+    return out
+
+
+def test_on_openshift_the_controller_reads_only_files_the_service_ca_secret_has() -> None:
+    """The service CA's Secret holds tls.crt and tls.key only: no flag may name another file of
+    it (the controller exits on a flag file it cannot read)."""
+    base = build("").find("Deployment", "gangslice-controller", "gangslice-system")
+    assert base is not None
+    ops = [op for op in _patches()["Deployment"] if op["op"] in ("test", "replace", "remove")]
+    patched = _json_patch(base, ops)
+    (container,) = [c for c in patched["spec"]["template"]["spec"]["containers"] if c["name"] == "controller"]
+    files = {a.split("=", 1)[1] for a in container["args"] if "=/" in a}
+    secret_dir = "/etc/gangslice/tls/"
+    assert {f for f in files if f.startswith(secret_dir)} <= {secret_dir + "tls.crt", secret_dir + "tls.key"}
+    assert "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt" in files
