@@ -104,11 +104,14 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
             claims = app.get(CLAIM_SYNC)
             if claims is not None:
                 await claims.sync(cache)
-            webhook_ca = app.get(WEBHOOK_CA)
-            if webhook_ca is not None:
-                await webhook_ca.sync()
         except Exception:
             log.exception("housekeeping failed; continuing")
+        webhook_ca = app.get(WEBHOOK_CA)
+        if webhook_ca is not None:
+            try:  # its own step: a failure above must not leave the webhook untrusted
+                await webhook_ca.sync()
+            except Exception:
+                log.exception("setting the webhook's caBundle failed; the next housekeeping retries")
 
 
 def build_app(

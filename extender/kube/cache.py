@@ -144,7 +144,8 @@ class ClusterCache:
         self._view: ClusterSnapshot | None = None
         #: Nodes whose reserved GPUs changed since the view was last brought up to date.
         self._held_dirty: set[str] = set()
-        #: Nodes whose state in ``_view`` counts the requests of reserved pods not bound yet.
+        #: Nodes where reserved pods not bound yet request something (their states in
+        #: ``_view`` count it where the node reports what it can hold).
         self._folded: set[str] = set()
         self._version = 0
         self._node_generation = 0
@@ -289,7 +290,7 @@ class ClusterCache:
             return self._ledger.view(snap, ex)
         if self._view is None:
             self._view = self._ledger.view(snap)
-            self._folded = _limiting(snap, self._ledger.held_requests())
+            self._folded = set(self._ledger.held_requests())
         elif self._held_dirty:
             held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
             view = self._view.updated({}, held, mnnvl, self._held_dirty)
@@ -298,7 +299,7 @@ class ClusterCache:
                 n: requests.get(n, NOTHING) for n in self._held_dirty if n in requests or n in self._folded
             }
             self._view = hold_requests(view, again, base=snap)
-            self._folded = _limiting(snap, requests)
+            self._folded = set(requests)
         self._held_dirty.clear()
         return self._view
 
@@ -479,7 +480,8 @@ class ClusterCache:
     def bind_slot(self, gang: str, slot_key: str, pod: str) -> Reservation:
         """Mark a slot taken by ``pod`` (refreshes the hold); LedgerError/KeyError if not possible."""
         r = self._ledger.bind(gang, slot_key, pod, self.clock())
-        self._ledger_changed(gang, self._holding(r.slice.slot(slot_key).node))
+        self._ledger_changed(gang)
+        self._held_changed(self._holding(r.slice.slot(slot_key).node))
         return r
 
     def unbind_slot(self, gang: str, slot_key: str) -> Reservation:
@@ -489,7 +491,8 @@ class ClusterCache:
         assert released is not None
         r = dataclasses.replace(r, phase=Phase.RESERVED, expires_at=self.clock() + self._ledger.ttl_s)
         self._ledger.restore(r)
-        self._ledger_changed(gang, self._holding(r.slice.slot(slot_key).node))
+        self._ledger_changed(gang)
+        self._held_changed(self._holding(r.slice.slot(slot_key).node))
         return r
 
     def _holding(self, node: str) -> list[str]:

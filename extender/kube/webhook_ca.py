@@ -35,12 +35,9 @@ log = logging.getLogger(__name__)
 ADMISSION_PATH_PREFIX = "/admission/"
 #: How often a current caBundle is read again (a reset by someone else is put right then).
 RECHECK_S = 60.0
-#: How often a configuration not found is looked for again (DRA installed after gangslice).
+#: How often a configuration not found (DRA installed after gangslice), or a failed
+#: attempt, is tried again.
 ABSENT_RECHECK_S = 15.0
-
-
-#: Outcomes after which only a changed file or the recheck period makes :meth:`WebhookCa.sync` look again.
-_SETTLED = frozenset({"patched", "current", "absent"})
 
 
 class CaBundleError(ValueError):
@@ -100,9 +97,11 @@ class WebhookCa:
     def due(self) -> bool:
         """Whether to look again: never done, not set yet (or failed), the file changed, or a
         while passed since the bundle was set or found current (or the configuration absent)."""
-        if self.state not in _SETTLED or self._checked_at is None:
+        if self._checked_at is None:
             return True
-        wait = ABSENT_RECHECK_S if self.state == "absent" else self.recheck_s
+        # Absent, or a failure (a missing RBAC rule, an unreadable file): look again soon,
+        # not on every housekeeping tick.
+        wait = self.recheck_s if self.state in ("patched", "current") else ABSENT_RECHECK_S
         return self._file_stamp() != self._stamp or self.clock() - self._checked_at >= wait
 
     async def sync(self) -> str:

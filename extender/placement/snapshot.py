@@ -21,6 +21,8 @@ from extender.topology.model import GpuGraph, NodeShape
 Clique = tuple[str | None, ...]
 #: How many pod requests' room tables a snapshot keeps (the oldest goes first).
 ROOM_TABLES = 8
+#: How many per-node tables (:meth:`ClusterSnapshot.per_node`, one per pod shape) a snapshot keeps.
+PER_NODE_TABLES = 16
 #: A pod set's node requirements, all of which a node meets.
 Selector = tuple[NodeRequirement, ...]
 #: Nodes alike for placement as far as allocation goes: (node kind, free mask).
@@ -230,6 +232,8 @@ class ClusterSnapshot:
         table = self._per_node[1]
         got = table.get(key)
         if got is None:
+            while len(table) >= PER_NODE_TABLES:  # carried across updates: bounded, oldest first
+                del table[next(iter(table))]
             got = table[key] = (derive, [derive(n) for n in self.nodes])
         return got[1]
 
@@ -351,19 +355,17 @@ class ClusterSnapshot:
 
     def spilled_cliques(self) -> frozenset[Clique]:
         """The cliques pods off the fabric already use: a node of the clique has GPUs taken
-        while nobody holds its NVLink (IMEX) channel (:meth:`channel_holder`; cached per free
-        table)."""
+        (allocated or reserved; unhealthy ones do not count) while nobody holds its NVLink
+        (IMEX) channel (:meth:`channel_holder`; cached per free table)."""
         if self._spilled is None or self._spilled[0] is not self._free:
             out: set[Clique] = set()
             if self.has_cliques:
                 for i, node in enumerate(self.nodes):
                     clique = self.clique(i)
-                    if (
-                        clique is not None
-                        and clique not in out
-                        and self._free[i] != node.shape.full_mask
-                        and self.channel_holder(i) is None
-                    ):
+                    # Taken by pods or reservations, not merely unhealthy: a GPU fault
+                    # does not open the rack to small replicas.
+                    taken = node.allocated or self.reserved.get(node.name)
+                    if clique is not None and clique not in out and taken and self.channel_holder(i) is None:
                         out.add(clique)
             self._spilled = (self._free, frozenset(out))
         return self._spilled[1]

@@ -124,3 +124,24 @@ def test_the_live_cache_keeps_the_held_requests_across_pod_events() -> None:
     cache.apply(Kind.PODS, "DELETED", other)
     assert cache.view().nodes[i].facts.requested == Resources(8000, 64 * GI, 0, 1)
     same_as_fresh(cache)
+
+
+def test_a_node_that_starts_reporting_allocatable_counts_the_held_requests_at_once() -> None:
+    from extender.kube.api import Kind
+    from extender.testing.extender import node_obj
+
+    cache = ClusterCache()
+    for kind in Kind:
+        cache.replace(kind, [])
+    bare = node_obj("n1")
+    bare["status"]["allocatable"] = {"nvidia.com/gpu": "8"}  # a Node written by hand: no cpu/memory
+    cache.apply(Kind.NODES, "ADDED", bare)
+    placed = hold(cache, "llm/a", gang("llm/a", 4, 64))
+    assert isinstance(placed, Slice)
+    assert cache.view().node("n1").facts.requested == NOTHING  # nothing limits there
+    same_as_fresh(cache)
+    full = node_obj("n1")
+    full["status"]["allocatable"].update(memory="100Gi")
+    cache.apply(Kind.NODES, "MODIFIED", full)
+    assert cache.view().node("n1").facts.requested == Resources(8000, 64 * GI, 0, 1)
+    same_as_fresh(cache)

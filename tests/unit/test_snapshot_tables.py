@@ -102,3 +102,15 @@ def test_per_node_tables_follow_node_changes_and_leave_the_older_snapshot_alone(
     held = nxt.updated({}, {"n1": frozenset({4})}, None, also=["n1"])
     assert held.per_node("taken", derive) == [0, 0, 3, 0]
     assert calls == [], "held GPUs are not node state: nothing is derived again"
+
+
+def test_per_node_tables_are_bounded() -> None:
+    from extender.placement.snapshot import PER_NODE_TABLES
+
+    snap = cluster([{}] * 2, [frozenset()] * 2)
+    for k in range(PER_NODE_TABLES + 5):
+        assert snap.per_node(("shape", k), lambda n: n.name) == ["n0", "n1"]
+    node = snap.nodes[0]
+    nxt = snap.updated({node.name: replace(node, allocated=frozenset({1}))})
+    assert nxt.per_node(("shape", PER_NODE_TABLES + 4), lambda n: len(n.allocated)) == ["n0", "n1"]  # kept
+    assert nxt._per_node is not None and len(nxt._per_node[1]) <= PER_NODE_TABLES

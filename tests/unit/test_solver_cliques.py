@@ -281,3 +281,15 @@ def test_a_node_in_a_compute_domain_of_someone_else_is_no_fit_for_a_clique_pod_s
     )
     # No gang owns it, not even one whose name is the words.
     assert not snap.channel_free(words, 0) and snap.channel_free("ep", 1)
+
+
+def test_an_unhealthy_gpu_does_not_open_a_clique_to_small_replicas() -> None:
+    from dataclasses import replace
+
+    clean = two_cliques()
+    nodes = list(clean.nodes)
+    i = clean.index("t11")
+    nodes[i] = replace(nodes[i], unhealthy=frozenset({0}))
+    faulty = ClusterSnapshot(nodes, clean.hierarchy)
+    assert faulty.spilled_cliques() == frozenset()
+    assert placed(faulty, one("tp2", 1, 2)).nodes == placed(clean, one("tp2", 1, 2)).nodes

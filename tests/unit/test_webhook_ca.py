@@ -98,10 +98,14 @@ def test_a_change_made_after_the_read_is_not_overwritten(tmp_path: Path, cas: tu
     api = FakeKube()
     api.put(MUTATING_WEBHOOKS, shipped())
     api.fail_next("replace mutatingwebhookconfigurations", Conflict(409, "the object has been modified"))
-    sync = WebhookCa(api, WEBHOOK_CONFIGURATION, str(cas[0]))
+    clock = [0.0]
+    sync = WebhookCa(api, WEBHOOK_CONFIGURATION, str(cas[0]), clock=lambda: clock[0])
     state = asyncio.run(sync.sync())
     assert "has been modified" in state and bundles(api)["pods.gangslice.io"] is None
-    assert asyncio.run(sync.sync()) == "patched"  # read again and set on the next period
+    reads = len(api.calls)
+    assert asyncio.run(sync.sync()) == state and len(api.calls) == reads  # not on every tick
+    clock[0] += 16
+    assert asyncio.run(sync.sync()) == "patched"  # read again and set
 
 
 def test_entries_calling_gangslice_by_url_count_as_ours() -> None:
