@@ -33,9 +33,9 @@ from extender.kube.pods import PodError, PodInfo
 from extender.kube.reserve import Claim, reserve
 from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim, claim_name
 from extender.logs import fields
-from extender.placement import choice
+from extender.placement import numa_fit
 from extender.placement.ledger import Reservation
-from extender.placement.request import GangRequest
+from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Unplaceable
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,10 @@ class SlotClaimSync:
             f"{ns}/{claim_name(res_name, slot)}"
             for slot, taken, holders in found
         }
-        if r.bound:
+        if r.bound or r.meta.get(names.META_OWNER_KIND) in names.OWNER_MANAGED_KINDS:
+            # Bound pods stay where they are; a Workload's or PodGroup's reservation is what its
+            # controller released the gang to (Kueue's podSetUpdates name its nodes): move only
+            # the taken slots, each on its own node.
             return await self._move_on_node(cache, r, found, why, pods)
         members = list(pods.values())
         try:
@@ -307,7 +310,10 @@ def _other_set(
         if other.node == slot.node and other.key != slot.key:
             free &= ~shape.mask_of(other.gpus)
     tier = shape.tier_of(shape.mask_of(slot.gpus))
-    picked = choice.pick(node, free, len(slot.gpus), tier, 1)
+    # The rules the solver holds the slot's pod to: the node's GPU sets within what its
+    # kubelet's Topology Manager admits for the pod's requests.
+    pod = PodSet(slot.pod_set, 1, len(slot.gpus), requests=slot.requests)
+    picked = numa_fit.fit_on(node, numa_fit.rule_for(node, pod)).pick(free, len(slot.gpus), tier, 1)
     if not picked:
         return None
     return shape.gpus_of(picked[0]), shape.numa_of(picked[0])

@@ -467,7 +467,9 @@ def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_st
     assert sync.conflicts(cache) == {}
 
 
-def pair_one_bound(gang: str, gpus: int) -> tuple[FakeKube, ClusterCache, list[dict[str, Any]]]:
+def pair_one_bound(
+    gang: str, gpus: int, bound: bool = True
+) -> tuple[FakeKube, ClusterCache, list[dict[str, Any]]]:
     """A gang of two pods of ``gpus`` GPUs on the PCIe node, admitted; the first bound and running."""
     api = FakeKube()
     cache = pcie_cache(api)
@@ -476,11 +478,39 @@ def pair_one_bound(gang: str, gpus: int) -> tuple[FakeKube, ClusterCache, list[d
     pods = [patched(p, r) for p, r in zip((first, second), admit(api, cache, first, second), strict=True)]
     for i, p in enumerate(pods):
         p["metadata"].update(namespace="llm", uid=f"uid-{gang}-{i}")
-    pods[0]["spec"]["nodeName"] = NODE
-    pods[0]["status"] = {"phase": "Running"}
+    if bound:
+        pods[0]["spec"]["nodeName"] = NODE
+        pods[0]["status"] = {"phase": "Running"}
     for p in pods:
         cache.apply(Kind.PODS, "ADDED", p)
     return api, cache, pods
+
+
+def test_a_workloads_taken_slot_moves_on_its_node_instead_of_a_whole_re_plan() -> None:
+    """A Workload's reservation is what Kueue released the gang to: no pod bound yet, still only
+    the taken slot moves, on its own node."""
+    import dataclasses
+
+    from extender.kube.claim_sync import SlotClaimSync
+
+    api, cache, pods = pair_one_bound("tp2", 2, bound=False)
+    r = cache.reservation("llm/tp2")
+    assert r is not None and not r.bound
+    cache.drop("llm/tp2")
+    assert cache.hold_all([dataclasses.replace(r, meta={**r.meta, names.META_OWNER_KIND: "Workload"})])
+    for p in pods:  # as Kueue's pods carry it: the reservation named, no plain gang label
+        del p["metadata"]["labels"][names.GANG]
+        p["metadata"]["annotations"][names.RESERVATION] = r.meta["name"]
+        cache.apply(Kind.PODS, "MODIFIED", p)
+    kept, waiting = (pinned(p) for p in pods)
+    cache.apply(Kind.RESOURCE_CLAIMS, "ADDED", foreign_claim(NODE, min(waiting)))
+    assert asyncio.run(SlotClaimSync(api, lambda: 0.0).sync(cache)) == 1
+    after = cache.reservation("llm/tp2")
+    assert after is not None
+    by_key = {s.key: set(s.gpus) for s in after.slice.slots}
+    assert kept in by_key.values()  # the untouched slot kept its GPUs: no whole re-plan
+    (moved,) = [g for g in by_key.values() if g != kept]
+    assert min(waiting) not in moved and len(moved) == 2
 
 
 def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() -> None:
