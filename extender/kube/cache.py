@@ -290,11 +290,11 @@ class ClusterCache:
             return self._ledger.view(snap, ex)
         if self._view is None:
             self._view = self._ledger.view(snap)
-            self._folded = set(self._ledger.held_requests())
+            self._folded = set(self._ledger.held_requests(snap))
         elif self._held_dirty:
             held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
             view = self._view.updated({}, held, mnnvl, self._held_dirty)
-            requests = self._ledger.held_requests()
+            requests = self._ledger.held_requests(snap)
             again = {
                 n: requests.get(n, NOTHING) for n in self._held_dirty if n in requests or n in self._folded
             }

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.placement.feasibility import NOTHING, Resources, usage
+from extender.placement.feasibility import NOTHING, Resources, usage, with_imex_daemon
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 
@@ -218,9 +218,12 @@ class Ledger:
                 out.setdefault(node, set()).update(gpus)
         return {k: frozenset(v) for k, v in out.items()}
 
-    def held_requests(self, exclude: Iterable[str] = ()) -> dict[str, Resources]:
-        """Node -> what the slots no pod is bound to yet request of it besides GPUs (one pod
-        slot each; a bound pod's requests are its node's own from then on)."""
+    def held_requests(self, snapshot: ClusterSnapshot, exclude: Iterable[str] = ()) -> dict[str, Resources]:
+        """Node -> what reservations hold of it besides GPUs: the requests of the slots no pod
+        is bound to yet (one pod slot each; a bound pod's requests are its node's own from then
+        on), and the IMEX daemon pod's room on each multi-node NVLink node of a slice whose
+        ComputeDomain does not run there yet (the driver's label names no domain of the gang;
+        once it does, the daemon is one of the node's pods)."""
         skip = set(exclude)
         out: dict[str, Resources] = {}
         for r in self._by_gang.values():
@@ -229,6 +232,10 @@ class Ledger:
             for s in r.slice.slots:
                 if s.key not in r.bound:
                     out[s.node] = out.get(s.node, NOTHING).plus(usage(s.requests))
+            for name in r.slice.mnnvl_nodes:
+                if snapshot.has_node(name) and snapshot.node(name).mnnvl_gang != r.gang:
+                    node = snapshot.node(name)
+                    out[name] = with_imex_daemon(out.get(name), node.facts)
         return out
 
     def mnnvl(self, exclude: Iterable[str] = ()) -> dict[str, str]:
@@ -240,7 +247,9 @@ class Ledger:
         and what their unbound pods request of their nodes counted as requested there.
         Bound slots' GPUs are held too; once the pod shows up as allocated it is simply taken twice."""
         ex = list(exclude)
-        return hold_requests(snapshot.with_held(self.held(ex), self.mnnvl(ex)), self.held_requests(ex))
+        return hold_requests(
+            snapshot.with_held(self.held(ex), self.mnnvl(ex)), self.held_requests(snapshot, ex)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"ttlSeconds": self.ttl_s, "reservations": [r.to_dict() for r in self._by_gang.values()]}

@@ -145,3 +145,34 @@ def test_a_node_that_starts_reporting_allocatable_counts_the_held_requests_at_on
     cache.apply(Kind.NODES, "MODIFIED", full)
     assert cache.view().node("n1").facts.requested == Resources(8000, 64 * GI, 0, 1)
     same_as_fresh(cache)
+
+
+def test_a_reservation_holds_the_imex_daemon_room_of_its_compute_domain_nodes() -> None:
+    """A wide gang's slice spans two trays of a clique: until its ComputeDomain's daemon pod runs
+    there, the room for that pod is held, so a gang placed next cannot take the last pod slot."""
+    from dataclasses import replace
+
+    from extender.cost import Comm
+    from extender.placement.feasibility import NodeFacts
+    from extender.placement.snapshot import ClusterSnapshot, NodeState
+    from extender.topology.hierarchy import Hierarchy, Level
+    from extender.topology.presets import preset_graph
+
+    levels = Hierarchy((Level("clique", "nvidia.com/gpu.clique", kind="fabric"),))
+    facts = NodeFacts(allocatable=Resources(pods=2))
+    nodes = [
+        replace(
+            NodeState(f"tray{i}", {"nvidia.com/gpu.clique": "nvl72.0"}, preset_graph("gb200-tray")),
+            facts=facts,
+        )
+        for i in range(2)
+    ]
+    cache = ClusterCache.from_snapshot(ClusterSnapshot(nodes, levels))
+    wide = GangRequest("llm/ep", (PodSet("ep", 2, 2, Comm.ALLTOALL),))
+    first = hold(cache, "llm/ep", wide)
+    assert isinstance(first, Slice) and len(first.mnnvl_nodes) == 2
+    for name in first.mnnvl_nodes:
+        # The gang's pod and the daemon: both pod slots of each tray are held.
+        assert cache.view().node(name).facts.requested.pods == 2
+    quiet = hold(cache, "llm/q", GangRequest("llm/q", (PodSet("q", 1, 2),)))
+    assert not isinstance(quiet, Slice), "a pod took the slot the IMEX daemon needs"
