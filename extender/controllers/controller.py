@@ -454,9 +454,9 @@ class AdmissionController:
             return False
         return True
 
-    def _claim(self, key: str, wl: Mapping[str, Any], now: float, slot_claims: bool = False) -> Claim:
+    def _claim(self, key: str, wl: Mapping[str, Any], now: float, pinned: bool = False) -> Claim:
         meta = {META_ATTEMPT: kueue.wait_started(wl) or ""}
-        if slot_claims:
+        if pinned:
             meta[names.META_SLOT_CLAIMS] = "true"  # its pods' GPU claims are pinned per slot
         return owned.owner_claim(key, _owner(wl), now + self.config.hold_ttl_s, **meta)
 

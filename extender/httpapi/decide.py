@@ -141,10 +141,10 @@ class Decider:
         self.cache = cache
         #: The cache version the memo tables below describe.
         self._memo_version: int | None = None
-        self._fit: dict[tuple[PodShape, Tier | None], dict[str, Verdict]] = {}
+        self._fit: dict[tuple[numa_fit.RuleKey, Tier | None], dict[str, Verdict]] = {}
         #: Per rule, node -> index into ``_raw_values`` (equal raw scores share one index,
         #: so a request's scores are normalised over the few distinct values).
-        self._raw: dict[tuple[PodShape, Tier | None, Tier | None], dict[str, int]] = {}
+        self._raw: dict[tuple[numa_fit.RuleKey, Tier | None, Tier | None], dict[str, int]] = {}
         self._raw_values: list[Raw] = []
         self._raw_ids: dict[Raw, int] = {}
         self._micros: dict[tuple[str, int, int], float] = {}
@@ -229,7 +229,7 @@ class Decider:
             return _all(names, Code.UNRESOLVABLE, f"pod {pod.key}: {exc}", "invalid")
         view = self._fresh()
         ps = self._pod_set(pod)
-        shape = _pod_shape(ps)
+        shape = numa_fit.rule_key(ps)
         table = self._fit.setdefault((shape, tier), {})
         # After _fresh: the version its verdicts describe.
         version = self.cache.version
@@ -367,7 +367,7 @@ class Decider:
         view = self._fresh()
         version = self.cache.version
         key = NamesKey(names)
-        shape = _pod_shape(ps)
+        shape = numa_fit.rule_key(ps)
         rule = ("score", shape, need.tier, need.preferred_tier)
         got = self._scored.get(version, rule, key)
         if got is not None:
@@ -669,16 +669,6 @@ def _label(gang: str, meta: Mapping[str, str] | None) -> str:
     ns = (meta or {}).get("namespace") or gang_namespace(gang)
     name = (meta or {}).get("name") or object_name(gang)
     return f"reservation {ns}/{name} (gang {gang})"
-
-
-#: What a GPU pod outside gangs is judged by besides its levels: its GPUs, and the requests
-#: that decide the kubelet's NUMA rule for it (the key :func:`numa_fit.rule_for` memoises on).
-PodShape = tuple[int, int, int, bool]
-
-
-def _pod_shape(ps: PodSet) -> PodShape:
-    req = ps.requests
-    return ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed
 
 
 def _on_node(node: NodeState, ps: PodSet) -> GpuFit:

@@ -46,7 +46,7 @@ def waiting_gang(pod: PodInfo) -> str | None:
     """The gang a GPU pod waits with, or None when it is placed, done, or in no gang."""
     if pod.gpus <= 0 or pod.node is not None or pod.terminal or pod.deleting:
         return None
-    return pod.gang or pod.volcano_group or pod.reservation_name
+    return pod.gang_key
 
 
 class HealthCollector(Collector):

@@ -87,7 +87,7 @@ def build_domain(namespace: str, reservation: Mapping[str, str]) -> dict[str, An
             "namespace": namespace,
             "labels": {
                 names.OWNER_KIND_LABEL: "SliceReservation",
-                names.OWNER_NAME_LABEL: reservation["name"][:63],
+                names.OWNER_NAME_LABEL: names.label_value(reservation["name"]),
             },
             "ownerReferences": _owner(reservation),
         },
@@ -113,7 +113,7 @@ def build_channel_claim(
             "namespace": namespace,
             "labels": {
                 names.OWNER_KIND_LABEL: "SliceReservation",
-                names.OWNER_NAME_LABEL: reservation["name"][:63],
+                names.OWNER_NAME_LABEL: names.label_value(reservation["name"]),
             },
             "annotations": {names.SLOT_NODE: node},
             "ownerReferences": _owner(reservation),

@@ -133,7 +133,7 @@ def compare(
     """The mismatch of a bound pod between what it was promised (``promise``, else its
     ``gangslice.io/gpus`` annotation) and what the kubelet reports it holds; None when they
     agree or either is missing."""
-    promised = tuple(sorted(pod.assigned_gpus or () if promise is None else set(promise)))
+    promised = tuple(sorted((pod.assigned_gpus or ()) if promise is None else set(promise)))
     got = tuple(sorted(set(reported)))
     if not promised or not got or set(promised) == set(got) or pod.node is None:
         return None

@@ -101,3 +101,9 @@ META_SLOT_CLAIMS = "slotClaims"
 OWNER_MANAGED_KINDS = frozenset({"Workload", "PodGroup"})
 #: The MutatingWebhookConfiguration of the DRA pinning webhook (manifests/dra/webhook.yaml).
 WEBHOOK_CONFIGURATION = "gangslice-dra"
+
+
+def label_value(text: str) -> str:
+    """A label value: at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
+    return cleaned.strip("._-")

@@ -179,7 +179,7 @@ def build_claim(
     gang_name = reservation.get("gang", "")
     labels = {names.SLOT: slot_label(slot), names.OWNER_KIND_LABEL: "SliceReservation"}
     if gang_name:
-        labels[names.OWNER_NAME_LABEL] = gang_name[:63]
+        labels[names.OWNER_NAME_LABEL] = names.label_value(gang_name)
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaim",

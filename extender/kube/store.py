@@ -55,12 +55,6 @@ class StatusNotSaved(Exception):
     """The object was written, its status was not (the cache retries the status later)."""
 
 
-def _label_value(text: str) -> str:
-    """A label value: at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends."""
-    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
-    return cleaned.strip("._-")
-
-
 def owner_reference_of(r: Reservation) -> dict[str, Any] | None:
     """The ``ownerReferences`` entry of the object ``r`` was made for (a Workload, a
     PodGroup; from its meta), or None for a plain gang's reservation."""
@@ -88,9 +82,9 @@ def reservation_manifest(r: Reservation, owner: Mapping[str, Any] | None = None)
     owner = dict(owner) if owner is not None else owner_reference_of(r)
     if owner is not None:
         obj["metadata"]["ownerReferences"] = [owner]
-        labels[names.OWNER_KIND_LABEL] = _label_value(str(owner["kind"]).lower())
-        labels[names.OWNER_NAME_LABEL] = _label_value(str(owner["name"]))
-    labels[names.GANG] = _label_value(str(labels.get(names.GANG) or obj["metadata"]["name"]))
+        labels[names.OWNER_KIND_LABEL] = names.label_value(str(owner["kind"]).lower())
+        labels[names.OWNER_NAME_LABEL] = names.label_value(str(owner["name"]))
+    labels[names.GANG] = names.label_value(str(labels.get(names.GANG) or obj["metadata"]["name"]))
     obj["metadata"]["labels"] = labels
     return obj
 

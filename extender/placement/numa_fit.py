@@ -53,7 +53,18 @@ from extender.topology.allocation import Allocation
 from extender.topology.kubelet import CpuPolicy, MemoryPolicy, TopologyPolicy
 from extender.topology.model import Tier
 
-__all__ = ["GpuFit", "NumaFit", "NumaRule", "fit_on", "offer", "refusal", "rule_for", "violations"]
+__all__ = [
+    "GpuFit",
+    "NumaFit",
+    "NumaRule",
+    "RuleKey",
+    "fit_on",
+    "offer",
+    "refusal",
+    "rule_for",
+    "rule_key",
+    "violations",
+]
 
 #: A set of NUMA node ids (ascending) and the mask of the node's GPU positions on them.
 Hint = tuple[tuple[int, ...], int]
@@ -154,6 +165,16 @@ def _width(ids: Sequence[int], need: int, amount: Mapping[int, int]) -> int | No
     return None
 
 
+#: What of a pod set decides its Topology Manager rule on a node: GPUs per pod and requests.
+RuleKey = tuple[int, int, int, bool]
+
+
+def rule_key(ps: PodSet) -> RuleKey:
+    """The part of ``ps`` :func:`rule_for` depends on (pod sets with equal keys get one rule)."""
+    req = ps.requests
+    return ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed
+
+
 def rule_for(node: NodeState, ps: PodSet) -> NumaRule | None:
     """The Topology Manager's rule for a pod of ``ps`` on ``node``; None where it sets none
     (no refusing policy, nothing of the pod aligned, one NUMA node, or counts not known).
@@ -161,8 +182,7 @@ def rule_for(node: NodeState, ps: PodSet) -> NumaRule | None:
     k = node.kubelet
     if k is None or k.topology_policy not in _REFUSING or ps.gpus_per_pod <= 0:
         return None
-    req = ps.requests
-    key = (ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed)
+    key = rule_key(ps)
     memo = node.numa_rules
     got = memo.get(key, _UNSET)
     if got is _UNSET:

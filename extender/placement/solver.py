@@ -44,7 +44,7 @@ from extender.placement import choice, feasibility
 from extender.placement.exact import exact_slice
 from extender.placement.feasibility import Resources
 from extender.placement.node_fit import fit_for
-from extender.placement.numa_fit import GpuFit, NumaRule, fit_on, refusal, rule_for
+from extender.placement.numa_fit import GpuFit, NumaRule, fit_on, refusal, rule_for, rule_key
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import (
     ANYWHERE,
@@ -798,9 +798,7 @@ class Solver:
 
     def _rules(self, ps: PodSet) -> list[NumaRule | None]:
         """Every node's rule for a pod of ``ps``, by node index (cached on the snapshot)."""
-        req = ps.requests
-        key = ("numa-rule", ps.gpus_per_pod, req.cpu_millis, req.memory_bytes, req.guaranteed)
-        return self.snap.per_node(key, functools.partial(_rule_on, ps=ps))
+        return self.snap.per_node(("numa-rule", rule_key(ps)), functools.partial(_rule_on, ps=ps))
 
     def _fit(self, i: int, ps: PodSet) -> GpuFit:
         """The GPU sets a pod of ``ps`` may get on node ``i``: the one place the kubelet's
