@@ -249,6 +249,14 @@ def uses_mnnvl(
     return len(cliques) == 1 and None not in cliques
 
 
+def on_whole_clique(snap: ClusterSnapshot, i: int) -> bool:
+    """Whether node ``i`` is in a multi-node NVLink clique that no pods off the fabric use yet
+    (:meth:`ClusterSnapshot.spilled_cliques`): GPUs taken there by a pod set that does not use
+    the fabric are fabric waste."""
+    clique = snap.clique(i)
+    return clique is not None and clique not in snap.spilled_cliques()
+
+
 def pod_set_fabric_waste(
     snap: ClusterSnapshot, ps: PodSet, slots: Sequence[PodSlot], partner: Sequence[PodSlot] = ()
 ) -> int:
@@ -256,12 +264,7 @@ def pod_set_fabric_waste(
     no pods off the fabric use yet."""
     if not snap.has_cliques:
         return 0
-    spilled = snap.spilled_cliques()
-    on_cliques = 0
-    for s in slots:
-        clique = snap.clique(snap.index(s.node))
-        if clique is not None and clique not in spilled:
-            on_cliques += len(s.gpus)
+    on_cliques = sum(len(s.gpus) for s in slots if on_whole_clique(snap, snap.index(s.node)))
     if on_cliques and uses_mnnvl(snap, ps, slots, partner):
         return 0
     return on_cliques

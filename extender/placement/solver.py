@@ -56,6 +56,7 @@ from extender.placement.scoring import (
     in_node_span,
     mnnvl_nodes,
     node_scope,
+    on_whole_clique,
     pod_set_cost,
     pod_set_fabric_waste,
     pod_set_micros,
@@ -903,8 +904,7 @@ class Solver:
                 # One node's pods do not talk over the fabric (a KV hand-off to a partner in
                 # the same clique may: the relation classes below offer that node too); a
                 # clique pods off the fabric already use costs nothing more.
-                fd = self._fabric_of(i)
-                waste = ps.gpus if fd is not None and fd not in self.snap.spilled_cliques() else 0
+                waste = ps.gpus if self._has_fabric and on_whole_clique(self.snap, i) else 0
                 ranked.append(((waste, _q(pick.cost), *self._tie(i, pick, ps)), i))
         if not ranked:
             return []
