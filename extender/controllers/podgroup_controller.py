@@ -93,6 +93,7 @@ class PodGroupController:
         if event_type == "DELETED":
             self.groups.pop(key, None)
             self.pods.pop(key, None)
+            self.cache.forget_gang(key)  # members only the webhook saw must not count for a new group
             async with self._lock:
                 if self.leader:
                     await self._release(key, None, "its PodGroup was deleted")

@@ -427,6 +427,13 @@ class ClusterCache:
             key, gone = self._recent.popitem(last=False)
             self._regang(key, gone)
 
+    def forget_gang(self, key: str) -> None:
+        """Forget the pods of gang ``key`` known only from requests (members the admission
+        webhook refused): the gang is gone, and a new one of that name must not count them."""
+        for pod_key in [k for k, p in self._recent.items() if p.gang_key == key and k not in self._pods]:
+            gone = self._recent.pop(pod_key)
+            self._regang(pod_key, gone)
+
     def note_bound(self, pod: PodInfo) -> PodInfo | None:
         """Record a pod as bound (``pod.node`` and its GPU annotation set) before the API
         confirms it; returns what was there, for :meth:`restore_pod` if the bind fails."""

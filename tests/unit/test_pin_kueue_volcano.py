@@ -267,6 +267,18 @@ def test_volcano_pods_refused_for_want_of_a_slice_count_as_members_then_are_pinn
     assert [x.gang for x in cache.ledger.reservations()] == [f"{NS}/pg"]
 
 
+def test_members_only_the_webhook_saw_are_forgotten_with_their_podgroup() -> None:
+    api = FakeKube()
+    cache = pcie_cache(api)
+    api.put(RESOURCE_CLAIM_TEMPLATES, {**template(4), "metadata": {"name": "gpus", "namespace": NS}})
+    group = api.put("podgroups", podgroup())
+    admit(api, cache, volcano_pod(0), volcano_pod(1))
+    assert len(cache.pods_of_gang(f"{NS}/pg")) == 2
+    ctl = PodGroupController(api, cache)
+    asyncio.run(ctl.on_podgroup("DELETED", group))
+    assert cache.pods_of_gang(f"{NS}/pg") == []  # a new PodGroup of that name starts from nothing
+
+
 def test_the_members_of_a_joint_kueue_gang_are_counted_and_labelled_for_the_webhook_too() -> None:
     ctl, api, cache, _ = joint_world()
     api.put(RESOURCE_CLAIM_TEMPLATES, {**template(4), "metadata": {"name": "gpus", "namespace": "serving"}})
