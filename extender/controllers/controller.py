@@ -392,6 +392,7 @@ class AdmissionController:
                     await self._release(k, None, f"persisting joint gang {jkey} failed")
                 return
         snap = self.cache.snapshot()
+        ready = []
         for name in sorted(wls):
             w = self.workloads.get(keys[name], wls[name])
             r = self.cache.reservation(keys[name])
@@ -400,11 +401,16 @@ class AdmissionController:
             try:
                 claim_gpus = await self._claim_gpus(w)
             except WorkloadError as exc:
-                await self._write(w, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
-                continue
+                # Read fine when the slice was held a moment ago: every member waits again
+                # (before any is Ready), rather than one Rejected while its slice stays held.
+                for k in keys.values():
+                    await self._release(k, None, f"joint gang {jkey}: {exc}")
+                return
             updates = assignment.pod_set_updates(
                 w, r.slice, snap, object_name(keys[name]), allowed, pinned=claim_gpus
             )
+            ready.append((w, r, updates))
+        for w, r, updates in ready:
             await self._write(
                 w, "Ready", self._ready_message(r) + f" (joint gang {jkey})", pod_set_updates=updates
             )

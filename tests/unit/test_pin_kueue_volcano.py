@@ -9,6 +9,7 @@ import asyncio
 import copy
 from typing import Any
 
+import pytest
 from test_joint_workloads import DECODE, PREFILL, entry, submit
 from test_joint_workloads import world as joint_world
 from test_slot_claims import NODE, admit, patched, pcie_cache, template
@@ -299,3 +300,33 @@ def test_the_members_of_a_joint_kueue_gang_are_counted_and_labelled_for_the_webh
         r = cache.reservation(f"serving/{name}")
         assert r is not None and [len(s.gpus) for s in r.slice.slots] == [4]
         assert r.meta.get(names.META_SLOT_CLAIMS) == "true"
+
+
+def test_a_joint_kueue_gang_whose_claim_template_read_fails_at_ready_holds_nothing_and_readies_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from extender.controllers.workload_gang import WorkloadError
+
+    ctl, api, cache, _ = joint_world()
+    api.put(RESOURCE_CLAIM_TEMPLATES, {**template(4), "metadata": {"name": "gpus", "namespace": "serving"}})
+    real = ctl._claim_gpus
+    calls: list[str] = []
+
+    async def flaky(wl: Any) -> Any:
+        calls.append(wl["metadata"]["name"])
+        if len(calls) == 3:  # the two reads of the hold pass; the first read at Ready fails
+            raise WorkloadError("ResourceClaimTemplate serving/gpus: 503 etcd is slow")
+        return await real(wl)
+
+    monkeypatch.setattr(ctl, "_claim_gpus", flaky)
+    for wl in (PREFILL, DECODE):
+        wl = copy.deepcopy(wl)
+        spec = wl["spec"]["podSets"][0]["template"]["spec"]
+        spec["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
+        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "gpus"}]
+        submit(ctl, api, wl)
+    assert len(calls) >= 3, calls
+    for wl in (PREFILL, DECODE):
+        got = entry(api, wl["metadata"]["name"])
+        assert got["state"] != "Ready", got
+        assert cache.reservation(f"serving/{wl['metadata']['name']}") is None
