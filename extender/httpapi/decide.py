@@ -323,6 +323,15 @@ class Decider:
         elif choice.capacity(node, shape.full_mask, gpus, rule) == 0:
             why = choice.reason(node, shape.full_mask, gpus, rule, 1)
             v = Verdict(Code.UNRESOLVABLE, why or f"the device plugin gives no {_words(rule)} set of {gpus}")
+        elif (empty := _emptied(node)) is not None and _on_node(empty, ps).capacity(
+            shape.full_mask, gpus, rule
+        ) == 0:
+            # Not even on the empty node does the kubelet's Topology Manager admit the pod.
+            why = (
+                numa_fit.refusal(empty, ps, shape.full_mask, rule)
+                or f"the kubelet admits no {gpus} GPUs here"
+            )
+            v = Verdict(Code.UNRESOLVABLE, why)
         elif _on_node(node, ps).capacity(free, gpus, rule) == 0:
             # What is left is the node's free GPUs (and, where its kubelet aligns pods, its
             # free CPUs and memory): evicting pods can change either, so not unresolvable.
@@ -676,6 +685,15 @@ def _on_node(node: NodeState, ps: PodSet) -> GpuFit:
     (:mod:`~extender.placement.choice`), within what its kubelet's Topology Manager admits
     (:mod:`~extender.placement.numa_fit`), as the solver judges gang pods."""
     return numa_fit.fit_on(node, numa_fit.rule_for(node, ps))
+
+
+def _emptied(node: NodeState) -> NodeState | None:
+    """The node with nothing of its kubelet's CPUs and memory in use, where its kubelet aligns
+    pods (None elsewhere: there the Topology Manager refuses nothing)."""
+    k = node.kubelet
+    if k is None or not k.topology_policy.refuses:
+        return None
+    return replace(node, kubelet=k.emptied())
 
 
 def _rule(shape: NodeShape, gpus: int, tier: Tier | None) -> Tier | None:

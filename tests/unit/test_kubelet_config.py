@@ -377,8 +377,13 @@ def test_gpu_pods_outside_gangs_are_held_to_the_topology_manager_in_every_verb()
     eight = pod("eight", 8, 8)
     got = decider.filter(eight, ["a", "b"])
     assert got.passed == []
-    assert "topologyManagerPolicy single-numa-node" in got.failed["a"]
-    assert "no NUMA node has 8 GPUs" in got.failed["a"]
+    # Never on this node type, however empty: unresolvable, so kube-scheduler does not preempt for it.
+    assert "topologyManagerPolicy single-numa-node" in got.unresolvable["a"]
+    assert "no NUMA node has 8 GPUs" in got.unresolvable["a"]
+    # 4 GPUs with 60 CPUs: no NUMA node has 60, ever (52 each). (The 32-CPU pod above was only
+    # unschedulable on a: pods there may free CPUs.)
+    wide = decider.filter(pod("wide", 4, 60), ["a", "b"])
+    assert set(wide.unresolvable) == {"a", "b"} and wide.passed == []
     assert decider.prioritize(eight, ["a", "b"]).values == [0, 0]
     assert decider.preempt(eight, {"a": [], "b": []}) == []
     with pytest.raises(Refused, match="no longer has 8 free GPUs"):
