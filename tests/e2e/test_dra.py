@@ -623,7 +623,7 @@ def kueue(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Gangsli
             # Kueue lifts its finalizer once nothing uses the object; then its CRD can go.
             wait_for(f"{path} deleted", lambda p=path: _gone(cp, p), 60)
         cp.stop_process("kueue")
-        remove_crds(cp, crds)
+        remove_crds(cp, crds, timeout=180)
         gangslice.start()
 
 
@@ -734,7 +734,13 @@ def podgroup_controller(control_plane: ControlPlane, gangslice: Gangslice) -> It
     finally:
         gangslice.stop()
         gangslice.controller, gangslice.extra_args = False, plain_args
-        remove_crds(cp, crds)
+        # The PodGroups first (the CRDs' deletion then has no instances to clean up), and time
+        # for the API server's CRD finalizer on a loaded machine.
+        for pg in cp.request("GET", "/apis/scheduling.volcano.sh/v1beta1/podgroups")["items"]:
+            meta = pg["metadata"]
+            with contextlib.suppress(urllib.error.HTTPError):
+                delete(cp, "PodGroup", meta["name"], meta["namespace"])
+        remove_crds(cp, crds, timeout=180)
         gangslice.start()
 
 
