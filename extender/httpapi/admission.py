@@ -49,6 +49,7 @@ from extender.kube.api import (
     SLICE_RESERVATIONS,
     KubeError,
     NotFound,
+    as_map,
 )
 from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import object_name
@@ -81,10 +82,6 @@ class Refusal(Exception):
     """Refuse the pod; the message is shown to whoever created it."""
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def review_reply(
     uid: str, *, patch: list[dict[str, Any]] | None = None, refused: str | None = None
 ) -> dict[str, Any]:
@@ -100,7 +97,7 @@ def review_reply(
 async def mutate_pods(request: web.Request) -> web.Response:
     try:
         review = await request.json()
-        req = _map(_map(review).get("request"))
+        req = as_map(as_map(review).get("request"))
         uid = str(req["uid"])
     except (ValueError, KeyError, TypeError):
         return web.Response(status=400, text="body is not an admission.k8s.io/v1 AdmissionReview\n")
@@ -118,24 +115,24 @@ async def mutate_pods(request: web.Request) -> web.Response:
 
 
 def _pod_name(req: Mapping[str, Any]) -> str:
-    meta = _map(_map(req.get("object")).get("metadata"))
+    meta = as_map(as_map(req.get("object")).get("metadata"))
     return str(meta.get("name") or meta.get("generateName") or req.get("name") or "")
 
 
 async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    if req.get("operation") != "CREATE" or _map(req.get("kind")).get("kind") != "Pod":
+    if req.get("operation") != "CREATE" or as_map(req.get("kind")).get("kind") != "Pod":
         return None
     if req.get("subResource") or req.get("dryRun"):
         return None  # a dry run must not reserve or create claims (sideEffects: NoneOnDryRun)
-    obj = _map(req.get("object"))
-    meta = _map(obj.get("metadata"))
+    obj = as_map(req.get("object"))
+    meta = as_map(obj.get("metadata"))
     namespace = str(req.get("namespace") or meta.get("namespace") or "default")
     if PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace}}).gang_key is None:
         return None  # in no gang: a plain gang, a Kueue Workload's reservation, a Volcano PodGroup
     api, cache = app[API], app[CACHE]
     if api is None:
         return None
-    spec = _map(obj.get("spec"))
+    spec = as_map(obj.get("spec"))
     try:
         found = await gpu_claim(api, namespace, spec, cache.device_class_drivers)
     except SlotError as exc:
@@ -145,7 +142,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     position, entry, template, gpu = found.position, found.entry, found.template, found.request
     if not leads(app) or not cache.ready:
         raise Refusal("this replica is not ready or not the leader; retry")
-    annotations = {**_map(meta.get("annotations")), names.CLAIM_GPUS: str(gpu.count)}
+    annotations = {**as_map(meta.get("annotations")), names.CLAIM_GPUS: str(gpu.count)}
     pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace, "annotations": annotations}})
     if pod.problems:
         raise Refusal(pod.problems[0])
@@ -183,7 +180,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
             raise Refusal(f"gang {gang}: reading SliceReservation {namespace}/{res_name}: {exc}") from None
         owner = {
             "name": res_name,
-            "uid": str(_map(saved.get("metadata")).get("uid") or ""),
+            "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
             "gang": pod.labels.get(names.GANG) or object_name(gang),
         }
         name = claim_name(res_name, slot)
@@ -253,7 +250,7 @@ async def _join_domain(
 ) -> list[dict[str, Any]]:
     """The gang's ComputeDomain (created, or the one the pod names) and this node's channel claim;
     the patch that adds the claim to the pod and to the containers that use its GPUs."""
-    if any(_map(c).get("name") == cds.POD_CLAIM for c in spec.get("resourceClaims") or ()):
+    if any(as_map(c).get("name") == cds.POD_CLAIM for c in spec.get("resourceClaims") or ()):
         raise Refusal(f"the pod already has a resourceClaims entry {cds.POD_CLAIM}; gangslice adds it")
     adopted = pod.annotations.get(names.COMPUTE_DOMAIN)
     try:
@@ -266,7 +263,7 @@ async def _join_domain(
                 ) from None
         else:
             domain = await cds.ComputeDomains(api).ensure(cds.build_domain(namespace, owner))
-        uid = str(_map(domain.get("metadata")).get("uid") or "")
+        uid = str(as_map(domain.get("metadata")).get("uid") or "")
         channel = cds.build_channel_claim(namespace, node, uid, owner)
         await SlotClaims(api).ensure(channel)
     except SlotError as exc:
@@ -282,9 +279,9 @@ async def _join_domain(
         }
     ]
     for i, container in enumerate(spec.get("containers") or ()):
-        resources = _map(_map(container).get("resources"))
+        resources = as_map(as_map(container).get("resources"))
         claims = resources.get("claims")
-        if not any(_map(c).get("name") == gpu_entry for c in claims or ()):
+        if not any(as_map(c).get("name") == gpu_entry for c in claims or ()):
             continue
         ops.append(
             {

@@ -230,6 +230,11 @@ class KubeClient(Protocol):
         ...
 
 
+def as_map(value: Any) -> Mapping[str, Any]:
+    """``value`` where it is a mapping (a field of an object read from the API), else empty."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def namespace_of(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     ns = meta.get("namespace") if isinstance(meta, Mapping) else None

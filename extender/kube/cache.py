@@ -43,7 +43,7 @@ from typing import Any
 
 from extender.kube import compute_domains as cds
 from extender.kube import dra, names
-from extender.kube.api import ALL_KINDS, Kind
+from extender.kube.api import ALL_KINDS, Kind, name_of, namespace_of
 from extender.kube.crd_models import (
     CrdError,
     NodeTopology,
@@ -893,7 +893,7 @@ class ClusterCache:
             if before != (self._topologies.get(name), self._refused.get(name)):
                 self._mark(name)
         elif kind is Kind.RESOURCE_SLICES:
-            name = object_name_of(obj)
+            name = name_of(obj)
             if deleted:
                 self._drop_slice(name)
             else:
@@ -942,7 +942,7 @@ class ClusterCache:
         self._mark(info.node)
 
     def _put_device_class(self, event_type: str, obj: Mapping[str, Any]) -> None:
-        name = object_name_of(obj)
+        name = name_of(obj)
         if not name:
             return
         if event_type == "DELETED":
@@ -1280,16 +1280,8 @@ class ClusterCache:
         return dataclasses.replace(src.facts, requested=requested, imex_daemon=self.imex_daemon)
 
 
-def object_name_of(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, Mapping) else None
-    return name if isinstance(name, str) else ""
-
-
 def _claim_key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata")
-    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
-    return f"{ns if isinstance(ns, str) else ''}/{object_name_of(obj)}"
+    return f"{namespace_of(obj)}/{name_of(obj)}"
 
 
 def _offer(state: NodeState | None) -> tuple[object, ...] | None:

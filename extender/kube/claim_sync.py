@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extender.kube import dra, events, names
-from extender.kube.api import EVENTS, RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError
+from extender.kube.api import EVENTS, RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
 from extender.kube.cache import ClusterCache
 from extender.kube.events import ObjectRef
 from extender.kube.gangs import plain_gang_request
@@ -44,25 +44,21 @@ DEVICE_TAKEN = "DeviceTaken"
 _UUID_SELECTOR = f'device.attributes["{dra.GPU_DRIVER}"].uuid in ['
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def template_of(claim: Mapping[str, Any]) -> tuple[dict[str, Any], GpuRequest] | None:
     """The claim's spec as the template it came from (gangslice's UUID selector and pcieRoot
     constraint taken out) and its pinned GPU request; None when gangslice did not pin it."""
-    spec = dict(_map(claim.get("spec")))
-    devices = dict(_map(spec.get("devices")))
+    spec = dict(as_map(claim.get("spec")))
+    devices = dict(as_map(spec.get("devices")))
     requests = []
     pinned: GpuRequest | None = None
     for req in devices.get("requests") or ():
         req = dict(req)
-        exactly = dict(_map(req.get("exactly")))
+        exactly = dict(as_map(req.get("exactly")))
         selectors = list(exactly.get("selectors") or ())
         kept = [
             s
             for s in selectors
-            if not str(_map(_map(s).get("cel")).get("expression", "")).startswith(_UUID_SELECTOR)
+            if not str(as_map(as_map(s).get("cel")).get("expression", "")).startswith(_UUID_SELECTOR)
         ]
         if len(kept) != len(selectors):
             pinned = GpuRequest(
@@ -79,7 +75,9 @@ def template_of(claim: Mapping[str, Any]) -> tuple[dict[str, Any], GpuRequest] |
     constraints = [
         c
         for c in devices.get("constraints") or ()
-        if not (_map(c).get("matchAttribute") == dra.PCIE_ROOT and _map(c).get("requests") == [pinned.name])
+        if not (
+            as_map(c).get("matchAttribute") == dra.PCIE_ROOT and as_map(c).get("requests") == [pinned.name]
+        )
     ]
     if constraints:
         devices["constraints"] = constraints
@@ -230,7 +228,11 @@ class SlotClaimSync:
         gang = r.gang
         ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
         saved = await self.api.get(SLICE_RESERVATIONS, res_name, ns)
-        owner = {"name": res_name, "uid": str(_map(saved.get("metadata")).get("uid") or ""), "gang": res_name}
+        owner = {
+            "name": res_name,
+            "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
+            "gang": res_name,
+        }
         writer = SlotClaims(self.api)
         for slot in slots:
             old = old_claims.get(slot.key)

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from extender.kube import dra, names
-from extender.kube.api import COMPUTE_DOMAINS, Conflict, KubeClient
+from extender.kube.api import COMPUTE_DOMAINS, Conflict, KubeClient, as_map
 from extender.placement import quantities
 from extender.placement.feasibility import IMEX_DAEMON, Resources
 
@@ -155,14 +155,10 @@ class ComputeDomains:
             return await self._api.get(COMPUTE_DOMAINS, meta["name"], meta["namespace"])
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def channel_domain(claim: Mapping[str, Any]) -> tuple[str, str] | None:
     """(the ComputeDomain UID, the SliceReservation name) of one of gangslice's channel claims
     (:func:`build_channel_claim`), or None for any other claim."""
-    meta = _map(claim.get("metadata"))
+    meta = as_map(claim.get("metadata"))
     owner = next(
         (
             str(o.get("name"))
@@ -173,9 +169,9 @@ def channel_domain(claim: Mapping[str, Any]) -> tuple[str, str] | None:
     )
     if owner is None:
         return None
-    for entry in _map(_map(claim.get("spec")).get("devices")).get("config") or ():
-        opaque = _map(_map(entry).get("opaque"))
-        params = _map(opaque.get("parameters"))
+    for entry in as_map(as_map(claim.get("spec")).get("devices")).get("config") or ():
+        opaque = as_map(as_map(entry).get("opaque"))
+        params = as_map(opaque.get("parameters"))
         if opaque.get("driver") == dra.COMPUTE_DOMAIN_DRIVER and params.get("domainID"):
             return str(params["domainID"]), owner
     return None

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from extender.kube.api import as_map
 from extender.topology.model import GpuGraph
 
 #: NVIDIA's DRA driver for GPUs (and its DeviceClass of the same name).
@@ -59,10 +60,6 @@ class SliceInfo:
     devices: tuple[Device, ...]
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def attribute(attrs: Mapping[str, Any], key: str) -> str | int | bool | None:
     """The value of one device attribute (``{"string": ...}``, ``{"int": ...}``, ``{"version": ...}``,
     ``{"bool": ...}``), under its plain name or the driver-qualified one."""
@@ -86,18 +83,18 @@ def _text(attrs: Mapping[str, Any], *keys: str) -> str | None:
 
 def parse_slice(obj: Mapping[str, Any]) -> SliceInfo | None:
     """A ResourceSlice object (``resource.k8s.io/v1``), or None when it has no name or driver."""
-    meta = _map(obj.get("metadata"))
-    spec = _map(obj.get("spec"))
+    meta = as_map(obj.get("metadata"))
+    spec = as_map(obj.get("spec"))
     name, driver = meta.get("name"), spec.get("driver")
     if not isinstance(name, str) or not isinstance(driver, str) or not driver:
         return None
-    pool = _map(spec.get("pool"))
+    pool = as_map(spec.get("pool"))
     node = spec.get("nodeName")
     devices = []
     for d in spec.get("devices") or ():
         if not isinstance(d, Mapping) or not isinstance(d.get("name"), str):
             continue
-        attrs = _map(d.get("attributes"))
+        attrs = as_map(d.get("attributes"))
         devices.append(
             Device(
                 name=d["name"],
@@ -193,9 +190,9 @@ def match_devices(node: str, graph: GpuGraph | None, devices: Iterable[Device]) 
 
 def allocated_devices(claim: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """``(driver, pool, device)`` of each device a ResourceClaim's allocation holds."""
-    status = _map(claim.get("status"))
-    alloc = _map(status.get("allocation"))
-    devices = _map(alloc.get("devices"))
+    status = as_map(claim.get("status"))
+    alloc = as_map(status.get("allocation"))
+    devices = as_map(alloc.get("devices"))
     out = []
     for r in devices.get("results") or ():
         if isinstance(r, Mapping) and all(isinstance(r.get(k), str) for k in ("driver", "pool", "device")):
@@ -210,10 +207,10 @@ _DRIVER_RE = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
 
 def class_drivers(device_class: Mapping[str, Any]) -> frozenset[str]:
     """The drivers a DeviceClass's CEL selectors name (``device.driver == "gpu.nvidia.com"``)."""
-    spec = _map(device_class.get("spec"))
+    spec = as_map(device_class.get("spec"))
     found = set()
     for sel in spec.get("selectors") or ():
-        expr = _map(_map(sel).get("cel")).get("expression")
+        expr = as_map(as_map(sel).get("cel")).get("expression")
         if isinstance(expr, str):
             found.update(_DRIVER_RE.findall(expr))
     return frozenset(found)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.kube import names
+from extender.kube.api import as_map
 from extender.kube.pod_needs import NeedsError, pod_needs
 from extender.placement.request import PodNeeds
 
@@ -149,9 +150,9 @@ class PodInfo:
 
     @classmethod
     def from_obj(cls, obj: Mapping[str, Any]) -> PodInfo:
-        meta = _mapping(obj.get("metadata"))
-        spec = _mapping(obj.get("spec"))
-        status = _mapping(obj.get("status"))
+        meta = as_map(obj.get("metadata"))
+        spec = as_map(obj.get("spec"))
+        status = as_map(obj.get("status"))
         problems: list[str] = []
         gpus = 0
         annotations = _str_map(meta.get("annotations"))
@@ -237,10 +238,10 @@ def milli_quantity(value: Any, where: str) -> int:
 
 
 def _container_gpus(container: Mapping[str, Any], where: str) -> int:
-    resources = _mapping(container.get("resources"))
+    resources = as_map(container.get("resources"))
     counts = [0]
     for part in ("limits", "requests"):
-        got = _mapping(resources.get(part)).get(names.GPU_RESOURCE)
+        got = as_map(resources.get(part)).get(names.GPU_RESOURCE)
         if got is not None:
             try:
                 counts.append(quantity(got))
@@ -263,10 +264,6 @@ def gpu_request(spec: Mapping[str, Any]) -> int:
 
 def _int_or_none(raw: str) -> int | None:
     return digits(raw)
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _list(value: Any) -> list[Any]:

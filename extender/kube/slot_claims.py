@@ -31,7 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.kube import dra, names
-from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, Conflict, KubeClient, NotFound
+from extender.kube.api import (
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    Conflict,
+    KubeClient,
+    NotFound,
+    as_map,
+)
 from extender.kube.pods import PodInfo, digits
 from extender.placement.ledger import Reservation
 from extender.placement.slice import PodSlot
@@ -76,10 +83,10 @@ def gpu_request_of(template: Mapping[str, Any], drivers_of: Any) -> GpuRequest |
     """The GPU request of a ResourceClaimTemplate: one ``exactly`` request, ``ExactCount``, of a
     DeviceClass that selects ``gpu.nvidia.com`` (``drivers_of(name)`` -> drivers or None).
     Raises :class:`SlotError` for a GPU request gangslice cannot pin (``All``, several)."""
-    spec = _map(_map(_map(template.get("spec")).get("spec")).get("devices"))
+    spec = as_map(as_map(as_map(template.get("spec")).get("spec")).get("devices"))
     found = []
     for req in spec.get("requests") or ():
-        exactly = _map(_map(req).get("exactly"))
+        exactly = as_map(as_map(req).get("exactly"))
         cls = exactly.get("deviceClassName")
         if not isinstance(cls, str):
             continue
@@ -117,7 +124,7 @@ async def gpu_claim(
     :class:`SlotError` for a missing template, a GPU request gangslice cannot pin, or several."""
     found = []
     for position, entry in enumerate(spec.get("resourceClaims") or ()):
-        template_name = _map(entry).get("resourceClaimTemplateName")
+        template_name = as_map(entry).get("resourceClaimTemplateName")
         if not isinstance(template_name, str) or not template_name:
             continue
         try:
@@ -159,7 +166,7 @@ def build_claim(
             f"slot {slot.key} has {len(devices)} devices with {len(uuids)} UUIDs; "
             f"the pod asks for {request.count}"
         )
-    spec = copy.deepcopy(dict(_map(_map(template.get("spec")).get("spec"))))
+    spec = copy.deepcopy(dict(as_map(as_map(template.get("spec")).get("spec"))))
     devs = spec.setdefault("devices", {})
     for req in devs.get("requests") or ():
         if req.get("name") == request.name:
@@ -282,19 +289,19 @@ class ClaimState:
 def claim_state(name: str, claim: Mapping[str, Any] | None, pod_running: bool = False) -> ClaimState:
     if claim is None:
         return ClaimState(name, False)
-    status = _map(claim.get("status"))
+    status = as_map(claim.get("status"))
     held = dra.allocated_devices(claim)
-    if not _map(status.get("allocation")):
+    if not as_map(status.get("allocation")):
         return ClaimState(name, True)
     reserved = tuple(
-        str(_map(r).get("name") or _map(r).get("uid") or "") for r in status.get("reservedFor") or ()
+        str(as_map(r).get("name") or as_map(r).get("uid") or "") for r in status.get("reservedFor") or ()
     )
     ready = {
-        str(_map(d).get("device"))
+        str(as_map(d).get("device"))
         for d in status.get("devices") or ()
         if any(
-            _map(c).get("type") == "Ready" and _map(c).get("status") == "True"
-            for c in _map(d).get("conditions") or ()
+            as_map(c).get("type") == "Ready" and as_map(c).get("status") == "True"
+            for c in as_map(d).get("conditions") or ()
         )
     }
     devices = tuple(d for _, _, d in held)
@@ -323,7 +330,7 @@ class SlotClaims:
             return await self._api.create(RESOURCE_CLAIMS, claim)
         if have.get("spec") == claim["spec"]:
             return have
-        if _map(have.get("status")).get("allocation") or _map(have.get("status")).get("reservedFor"):
+        if as_map(have.get("status")).get("allocation") or as_map(have.get("status")).get("reservedFor"):
             raise SlotError(
                 f"ResourceClaim {meta['namespace']}/{meta['name']} of an earlier plan is still allocated"
             )
@@ -336,7 +343,3 @@ class SlotClaims:
             await self._api.delete(RESOURCE_CLAIMS, name, namespace)
         except NotFound:
             return
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}

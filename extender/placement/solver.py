@@ -686,6 +686,15 @@ class Solver:
         admitted = self.snap.admitted(ps.node_needs)
         kinds, frees = self.snap.kinds(), self.snap.free_masks()
         rules = self._rules(ps) if self._aligning else None
+
+        def entry_of(kind: str, free: int, rule: NumaRule | None, first: int) -> Entry | None:
+            """The class's entry (its first member stands for all), computed once per table."""
+            k = (kind, free, rule)
+            entry = memo.get(k, _MISSING)
+            if entry is _MISSING:
+                entry = memo[k] = self._entry(ps, need, first, free, preferred)
+            return entry
+
         if self.snap.limits_resources:
             # A node's room (NodeResourcesFit) caps its entry: the classes are split by room,
             # so the work stays per class.
@@ -695,10 +704,7 @@ class Solver:
                 if free.bit_count() < gpus:
                     continue
                 for rule, alike in _by_rule(members, rules):
-                    k = (kind, free, rule)
-                    entry = memo.get(k, _MISSING)
-                    if entry is _MISSING:
-                        entry = memo[k] = self._entry(ps, need, alike[0], free, preferred)
+                    entry = entry_of(kind, free, rule, alike[0])
                     if entry is None:
                         continue
                     if room < entry[0]:
@@ -716,10 +722,7 @@ class Solver:
                 if not members:
                     continue
             for rule, alike in _by_rule(members, rules):
-                k = (kind, free, rule)
-                entry = memo.get(k, _MISSING)
-                if entry is _MISSING:
-                    entry = memo[k] = self._entry(ps, need, alike[0], free, preferred)
+                entry = entry_of(kind, free, rule, alike[0])
                 if entry is not None:
                     groups[(kind, rule, entry)] = alike
         return _Caps(groups, memo, kinds, frees, admitted, rules)

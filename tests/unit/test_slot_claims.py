@@ -109,9 +109,9 @@ def test_the_claim_pins_the_slot_uuids_with_count_and_keeps_the_template_config(
     assert claim["metadata"]["labels"][names.SLOT] == "worker-1"
 
 
-def test_no_pcie_root_constraint_where_the_slot_spans_two_roots() -> None:
-    s = slot("tp", 0, (2, 3, 4, 5))
-    claim = build_claim(
+def claim_of_slot(s: PodSlot) -> dict[str, Any]:
+    """The claim of ``s`` on node p0 for a request of 4 GPUs of NVIDIA's class."""
+    return build_claim(
         namespace="llm",
         name="x",
         template=template(),
@@ -120,21 +120,16 @@ def test_no_pcie_root_constraint_where_the_slot_spans_two_roots() -> None:
         devices=devices("p0", s.gpus),
         reservation={"name": "tp4", "uid": "u"},
     )
+
+
+def test_no_pcie_root_constraint_where_the_slot_spans_two_roots() -> None:
+    claim = claim_of_slot(slot("tp", 0, (2, 3, 4, 5)))
     assert "constraints" not in claim["spec"]["devices"]
 
 
 def test_a_device_count_that_differs_from_the_request_is_refused() -> None:
-    s = slot("tp", 0, (0, 1))
     with pytest.raises(SlotError, match="asks for 4"):
-        build_claim(
-            namespace="llm",
-            name="x",
-            template=template(),
-            request=GpuRequest("gpu", dra.GPU_DEVICE_CLASS, 4),
-            slot=s,
-            devices=devices("p0", s.gpus),
-            reservation={"name": "tp4", "uid": "u"},
-        )
+        claim_of_slot(slot("tp", 0, (0, 1)))
 
 
 def test_gpu_requests_are_recognised_by_class_driver() -> None:
