@@ -471,11 +471,7 @@ class Solver:
             return [got] if isinstance(got, _Option) else got
         colo = ps.colocate_with
         partner: tuple[PodSlot, ...] = placed[colo.pod_set].slots if colo and colo.pod_set in placed else ()
-        within = (
-            self._colocation_nodes({self.snap.index(s.node) for s in partner}, colo.level)
-            if colo and partner
-            else None
-        )
+        within, wish = self._colocation_scope(gang, ps, placed)
         links = _Links(
             partner if ps.comm == Comm.KV_TRANSFER else (),
             tuple(
@@ -510,7 +506,7 @@ class Solver:
             return shortfall
         opts = [self._judge(ps, need, o, within, dependents, state) for o in found.values()]
         opts.sort(key=_Option.key)
-        return [dataclasses.replace(o, notes=self._explain(ps, o, opts, within_found)) for o in opts]
+        return [dataclasses.replace(o, notes=self._explain(ps, o, opts, within_found, wish)) for o in opts]
 
     def _gpuless(self, ps: PodSet, state: _State, placed: Mapping[str, _Option]) -> _Option | _Shortfall:
         """Pods without GPUs go next to their colocateWith set when it is placed, else to a
@@ -604,7 +600,12 @@ class Solver:
         return short
 
     def _explain(
-        self, ps: PodSet, chosen: _Option, opts: Sequence[_Option], within_found: bool
+        self,
+        ps: PodSet,
+        chosen: _Option,
+        opts: Sequence[_Option],
+        within_found: bool,
+        wish: tuple[str, str] | None,
     ) -> tuple[str, ...]:
         """Say where a pod set went when it missed a wish, and what keeping the wish would cost."""
         out = []
@@ -623,8 +624,8 @@ class Solver:
                 if kept:
                     text += f" (keeping it{cost})"
             else:
-                assert ps.colocate_with is not None
-                partner, level = ps.colocate_with.pod_set, ps.colocate_with.level
+                assert wish is not None
+                partner, level = wish
                 if within_found and kept:
                     text = (
                         f"pod set {ps.name}: placed apart from {partner}, within {where}: sharing a {level}"
@@ -1301,6 +1302,31 @@ class Solver:
         return tuple(out)
 
     # -- colocation ----------------------------------------------------------------------
+    def _colocation_scope(
+        self, gang: GangRequest, ps: PodSet, placed: Mapping[str, _Option]
+    ) -> tuple[set[int] | None, tuple[str, str] | None]:
+        """The nodes ``ps`` must stay within to keep the colocateWith wishes that join it to
+        pod sets already placed: its own (next to its colocateWith set) and those of the pod
+        sets that colocate with it and were placed first (a wish binds both sides, whichever
+        the search places first), with the first such wish as (other pod set, level). None: no
+        such wish is judged yet."""
+        scope: set[int] | None = None
+        wish: tuple[str, str] | None = None
+        pairs = [(ps.colocate_with.pod_set, ps.colocate_with.level)] if ps.colocate_with else []
+        pairs += [
+            (d.name, d.colocate_with.level)
+            for d in gang.pod_sets
+            if d.colocate_with and d.colocate_with.pod_set == ps.name
+        ]
+        for other, level in pairs:
+            if other not in placed or not placed[other].slots:
+                continue
+            nodes = self._colocation_nodes({self.snap.index(s.node) for s in placed[other].slots}, level)
+            if nodes is not None:
+                scope = nodes if scope is None else scope & nodes
+                wish = wish or (other, level)
+        return scope, wish
+
     def _colocation_nodes(self, nodes: set[int], level: str) -> set[int] | None:
         """The nodes that share a domain at ``level`` with one of ``nodes`` (None: the level is
         an in-node one, not judged)."""

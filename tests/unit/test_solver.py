@@ -373,6 +373,48 @@ def test_more_free_nodes_never_make_prefill_decode_worse(free_nodes: int) -> Non
     assert placed(more, gang(prefill, decode)).per_layer_micros <= two + 1e-6
 
 
+def test_colocation_binds_both_sides_whichever_the_search_places_first() -> None:
+    """Prefill is cheapest on one whole node, and leaf-2 has several, but only leaf-1's nodes
+    take decode (its node selector). With decode placed first on leaf-1's whole node, prefill
+    must stay in that leaf too (on the two half-free nodes): the search used to let it go to
+    leaf-2, and so found only slices that miss the colocation while one keeps it."""
+    import dataclasses
+
+    from extender.placement.request import NodeRequirement
+
+    def pool(n: NodeState) -> NodeState:
+        return dataclasses.replace(n, labels={**n.labels, "pool": "decode"})
+
+    snap = cluster(
+        pool(node("h0", leaf="leaf-1")),
+        pool(node("h1", leaf="leaf-1", allocated=range(4))),
+        pool(node("h2", leaf="leaf-1", allocated=range(4))),
+        *(node(f"g{i}", leaf="leaf-2") for i in range(3)),
+    )
+    prefill = tp(2, 4, name="prefill")
+    decode = PodSet(
+        "decode",
+        1,
+        8,
+        Comm.KV_TRANSFER,
+        colocate_with=Colocation("prefill", "leaf"),
+        node_selector=(NodeRequirement("pool", "In", ("decode",)),),
+    )
+    g = gang(prefill, decode)
+    sl = placed(snap, g)
+    assert {snap.path_of(s.node)[1] for s in sl.slots} == {"leaf-1"}, sl.slots
+    assert not scoring.colocation_misses(snap, g, sl.slots)
+    apart = [
+        PodSlot("prefill", 0, "g0", (0, 1, 2, 3)),
+        PodSlot("prefill", 1, "g0", (4, 5, 6, 7)),
+        PodSlot("decode", 0, "h0", tuple(range(8))),
+    ]
+    assert scoring.colocation_misses(snap, g, apart)
+    assert scoring.pod_set_micros(snap, prefill, apart[:2]) < scoring.pod_set_micros(
+        snap, prefill, [s for s in sl.slots if s.pod_set == "prefill"]
+    )
+
+
 def test_pd_pair_example_keeps_each_hand_off_inside_a_node() -> None:
     from pathlib import Path
 
