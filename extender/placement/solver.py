@@ -323,6 +323,9 @@ class Solver:
         self._gbps: dict[tuple[int, str, int, Tier, NumaRule | None], float] = _CLASS_TABLES.gbps
         # pod_set_micros per (pod set, slots, partner slots), the tuples kept alive with it.
         self._micros: dict[tuple[str, int, int], tuple[float, object, object]] = {}
+        # Every node's room for one more pod of a talking pod set (IMEX daemon room kept on
+        # clique nodes), per (requests, gang).
+        self._rooms: dict[tuple[object, str], list[int]] = {}
         self._aligning = snapshot.aligning()  # any node whose kubelet aligns pods to NUMA nodes
         self._worths: dict[str, float] = {}
         self._has_fabric = snapshot.has_cliques
@@ -336,6 +339,7 @@ class Solver:
         # Memo tables keyed by pod set name belong to one gang.
         self._caps_memo.clear()
         self._micros.clear()
+        self._rooms.clear()
         self._entries.clear()
         self._picks.clear()
         self._work = 0
@@ -734,12 +738,20 @@ class Solver:
         plain = self.snap.rooms(ps.requests)
         if not self._has_fabric or not ps.gpus_per_pod or not pods_talk(ps):
             return (ps.requests, None), plain
-        rooms = list(plain)
-        for i in range(len(rooms)):
-            taken = room_taken(self.snap, self._gang, ps, i, None)
-            if taken is not None:
-                rooms[i] = self.snap.room(i, ps.requests, taken)
-        return (ps.requests, self._gang), rooms
+        key = (ps.requests, self._gang)
+        rooms = self._rooms.get(key)
+        if rooms is None:
+            # Only clique nodes keep room for the IMEX daemon (scoring.room_taken).
+            rooms = self._rooms[key] = list(plain)
+            for i in self._clique_nodes:
+                taken = room_taken(self.snap, self._gang, ps, i, None)
+                if taken is not None:
+                    rooms[i] = self.snap.room(i, ps.requests, taken)
+        return key, rooms
+
+    @functools.cached_property
+    def _clique_nodes(self) -> list[int]:
+        return [i for i in range(len(self.snap.nodes)) if self.snap.clique(i) is not None]
 
     def _groups(self, ps: PodSet, caps: Caps) -> Groups:
         """The nodes of ``caps`` by node type, the kubelet's rule for ``ps`` and entry."""
