@@ -6,15 +6,15 @@ NVLink cliques taken by pod sets that do not use multi-node NVLink, then the pre
 per-layer communication time): the best single nodes, and at each level of the hierarchy
 (clique, leaf, spine, ...) the best-fitting domains that can hold every pod, filled from
 their fastest nodes. It climbs to coarser levels only while a coarser level could still be
-better. A colocateWith the user asked for is kept before cost (a slice that misses it
-loses to any that keeps it). Among equally good candidates it keeps the preferred level,
-room next to the pod set for the sets that colocate with it (on its own nodes for KV
-hand-offs), then breaks the fewest whole free nodes, then the finer domain, then the node
-type worth least to others, the fullest enclosing domains and the tightest fit (so large
-blocks stay whole; for a pod set without a required level the tightest fit comes before
-the domains), then topology path and name; inside a node it takes the GPU sets that
-are tightest and leave the largest coherent remainder. Node requirements (a pod's
-nodeSelector and required node affinity) are hard.
+better. A colocateWith the user asked for is kept before cost (a slice that misses it loses
+to any that keeps it), and binds both pod sets whichever the search places first. Among
+equally good candidates it keeps the preferred level, room next to the pod set for the sets
+that colocate with it (on its own nodes for KV hand-offs), then breaks the fewest whole
+free nodes, then the finer domain, then the node type worth least to others, the fullest
+enclosing domains and the tightest fit (so large blocks stay whole; for a pod set without a
+required level the tightest fit comes before the domains), then topology path and name;
+inside a node it takes the GPU sets that are tightest and leave the largest coherent
+remainder. Node requirements (a pod's nodeSelector and required node affinity) are hard.
 
 Cliques are kept for the pod sets that span nodes over them: a pod set that does not (one
 that fits on one node, or whose pods do not talk) goes to nodes outside cliques, and to

@@ -520,8 +520,9 @@ def reserved_nodes(reservation: Mapping[str, Any]) -> list[str]:
     return [str(slot["node"]) for slot in reservation["spec"]["slice"]["pods"]]
 
 
-def remove_crds(cp: ControlPlane, names: Iterable[str], timeout: float = 60.0) -> None:
-    """Delete CRDs (and so every object of them) and wait until they are gone."""
+def remove_crds(cp: ControlPlane, names: Iterable[str], timeout: float = 180.0) -> None:
+    """Delete CRDs (and so every object of them) and wait until they are gone (the API
+    server's CRD finalizer took over 60 s under the full suite's load)."""
     base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     names = list(names)
     for name in names:

@@ -623,7 +623,7 @@ def kueue(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Gangsli
             # Kueue lifts its finalizer once nothing uses the object; then its CRD can go.
             wait_for(f"{path} deleted", lambda p=path: _gone(cp, p), 60)
         cp.stop_process("kueue")
-        remove_crds(cp, crds, timeout=180)
+        remove_crds(cp, crds)
         gangslice.start()
 
 
@@ -740,7 +740,7 @@ def podgroup_controller(control_plane: ControlPlane, gangslice: Gangslice) -> It
             meta = pg["metadata"]
             with contextlib.suppress(urllib.error.HTTPError):
                 delete(cp, "PodGroup", meta["name"], meta["namespace"])
-        remove_crds(cp, crds, timeout=180)
+        remove_crds(cp, crds)
         gangslice.start()
 
 
