@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from extender.controllers.kueue import Stage, assignments, pod_sets
-from extender.controllers.objects import mapping
 from extender.controllers.workload_gang import describe_request, strict_gang
 from extender.kube import names
+from extender.kube.api import as_map
 from extender.placement.request import GangRequest, Toleration
 from extender.placement.scoring import gang_micros, mnnvl_nodes
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
@@ -29,7 +29,7 @@ def iter_topology_domains(ta: Mapping[str, Any]) -> Iterator[tuple[dict[str, str
     """(level label -> value, pod count) per domain of a v1beta2 ``topologyAssignment``."""
     levels = [str(x) for x in ta.get("levels") or ()]
     for sl in ta.get("slices") or ():
-        counts = mapping(sl.get("podCounts"))
+        counts = as_map(sl.get("podCounts"))
         per_level = list(sl.get("valuesPerLevel") or ())
         for i in range(int(sl.get("domainCount", 0))):
             values: dict[str, str] = {}
@@ -37,7 +37,7 @@ def iter_topology_domains(ta: Mapping[str, Any]) -> Iterator[tuple[dict[str, str
                 if "universal" in lv:
                     values[label] = str(lv["universal"])
                 else:
-                    ind = mapping(lv.get("individual"))
+                    ind = as_map(lv.get("individual"))
                     values[label] = f"{ind.get('prefix', '')}{ind['roots'][i]}{ind.get('suffix', '')}"
             count = counts["universal"] if "universal" in counts else counts["individual"][i]
             yield values, int(count)
@@ -75,12 +75,12 @@ def pod_set_nodes(
     out: dict[str, PodSetNodes] = {}
     for raw in pod_sets(wl):
         name = str(raw.get("name") or "main")
-        spec = mapping(mapping(raw.get("template")).get("spec"))
-        selector = {str(k): str(v) for k, v in mapping(spec.get("nodeSelector")).items()}
+        spec = as_map(as_map(raw.get("template")).get("spec"))
+        selector = {str(k): str(v) for k, v in as_map(spec.get("nodeSelector")).items()}
         psa = assigned.get(name, {})
-        for flavor in set(mapping(psa.get("flavors")).values()):
+        for flavor in set(as_map(psa.get("flavors")).values()):
             selector.update(flavor_labels.get(str(flavor), {}))
-        ta = mapping(psa.get("topologyAssignment"))
+        ta = as_map(psa.get("topologyAssignment"))
         domains = tuple(iter_topology_domains(ta)) if ta else ()
         levels = tuple(str(x) for x in ta.get("levels") or ()) if ta else ()
         out[name] = PodSetNodes(selector, domains, levels)
@@ -96,7 +96,7 @@ def with_flavor_tolerations(
     assigned = assignments(wl)
     out = []
     for ps in gang.pod_sets:
-        flavors = sorted({str(f) for f in mapping(assigned.get(ps.name, {}).get("flavors")).values()})
+        flavors = sorted({str(f) for f in as_map(assigned.get(ps.name, {}).get("flavors")).values()})
         extra = tuple(t for f in flavors for t in tolerations.get(f, ()) if t not in ps.tolerations)
         out.append(replace(ps, tolerations=(*ps.tolerations, *extra)) if extra else ps)
     return replace(gang, pod_sets=tuple(out))

@@ -35,7 +35,6 @@ from extender.controllers.objects import (
     META_OWNER_KIND,
     META_OWNER_NAME,
     META_OWNER_UID,
-    mapping,
     object_ref,
     parse_rfc3339,
     reservation_from_object,
@@ -52,6 +51,7 @@ from extender.kube.api import (
     KubeClient,
     KubeError,
     NotFound,
+    as_map,
 )
 from extender.kube.crd_models import CrdError, object_name
 from extender.kube.pods import PodInfo
@@ -474,7 +474,7 @@ class AdmissionController:
         ns, name = object_ref(wl)
         out: dict[str, int] = {}
         for raw in kueue.pod_sets(wl):
-            spec = mapping(mapping(raw.get("template")).get("spec"))
+            spec = as_map(as_map(raw.get("template")).get("spec"))
             if not spec.get("resourceClaims"):
                 continue
             pod_set = str(raw.get("name") or "main")

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.controllers.api import KUEUE_API_VERSION
-from extender.controllers.objects import mapping, object_ref
+from extender.controllers.objects import object_ref
 from extender.kube import names
+from extender.kube.api import as_map
 
 MESSAGE_LIMIT = 32768
 
@@ -48,8 +49,7 @@ class CheckConfig:
 
 
 def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    got = obj.get("status")
-    return got if isinstance(got, Mapping) else {}
+    return as_map(obj.get("status"))
 
 
 def condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -80,7 +80,7 @@ def is_our_check(ac: Mapping[str, Any]) -> bool:
 
 def parameters_problem(ac: Mapping[str, Any]) -> str | None:
     """Why this check's ``parameters`` are unusable; None when there are none (we take none)."""
-    spec = ac.get("spec") if isinstance(ac.get("spec"), Mapping) else {}
+    spec = as_map(ac.get("spec"))
     assert isinstance(spec, Mapping)
     params = spec.get("parameters")
     if not params:
@@ -155,7 +155,7 @@ def decide(wl: Mapping[str, Any], our_checks: Collection[str], holds: bool) -> t
         return drop, "finished"
     if is_true(wl, "Evicted"):
         return drop, "evicted"
-    spec = wl.get("spec") if isinstance(wl.get("spec"), Mapping) else {}
+    spec = as_map(wl.get("spec"))
     assert isinstance(spec, Mapping)
     if spec.get("active") is False:
         return drop, "deactivated"
@@ -173,12 +173,12 @@ def decide(wl: Mapping[str, Any], our_checks: Collection[str], holds: bool) -> t
 
 
 def pod_sets(wl: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [p for p in mapping(wl.get("spec")).get("podSets") or () if isinstance(p, Mapping)]
+    return [p for p in as_map(wl.get("spec")).get("podSets") or () if isinstance(p, Mapping)]
 
 
 def assignments(wl: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """``status.admission.podSetAssignments`` by pod set name."""
-    admission = mapping(_status(wl).get("admission"))
+    admission = as_map(_status(wl).get("admission"))
     return {str(a.get("name")): a for a in admission.get("podSetAssignments") or () if isinstance(a, Mapping)}
 
 
@@ -245,7 +245,7 @@ def workload_apply_body(wl: Mapping[str, Any], entries: list[dict[str, Any]]) ->
     with 409 instead of overwriting), and only our entries."""
     ns, name = object_ref(wl)
     meta: dict[str, Any] = {"name": name, "namespace": ns}
-    rv = mapping(wl.get("metadata")).get("resourceVersion")
+    rv = as_map(wl.get("metadata")).get("resourceVersion")
     if rv:
         meta["resourceVersion"] = str(rv)
     return {

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from extender.controllers.objects import parse_rfc3339
-from extender.kube.api import LEASES, KubeClient, KubeError, NotFound
+from extender.kube.api import LEASES, KubeClient, KubeError, NotFound, as_map
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,8 @@ def _micro_time(t: float) -> str:
 
 
 def lease_from_object(obj: Mapping[str, Any]) -> LeaseRecord:
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(spec, Mapping) and isinstance(meta, Mapping)
+    spec = as_map(obj.get("spec"))
+    meta = as_map(obj.get("metadata"))
     holder = spec.get("holderIdentity")
     rv = meta.get("resourceVersion")
     return LeaseRecord(

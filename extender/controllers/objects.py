@@ -48,11 +48,6 @@ def parse_rfc3339(text: object) -> float | None:
         return None
 
 
-def mapping(value: Any) -> Mapping[str, Any]:
-    """``value`` when it is a mapping, else an empty one (for fields of untrusted objects)."""
-    return value if isinstance(value, Mapping) else {}
-
-
 def object_ref(obj: Mapping[str, Any]) -> tuple[str, str]:
     """An object's (namespace, name); the namespace defaults to ``default``."""
     meta = obj.get("metadata") or {}

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.controllers.api import PODGROUP_GROUP, PODGROUP_VERSION
-from extender.controllers.objects import mapping
 from extender.cost import Comm
 from extender.kube import names
+from extender.kube.api import as_map
 from extender.kube.pods import PodError, PodInfo
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.snapshot import ClusterSnapshot
@@ -76,14 +76,14 @@ class PodGroup:
 
     @classmethod
     def from_obj(cls, obj: Mapping[str, Any]) -> PodGroup:
-        meta = mapping(obj.get("metadata"))
-        spec = mapping(obj.get("spec"))
-        status = mapping(obj.get("status"))
+        meta = as_map(obj.get("metadata"))
+        spec = as_map(obj.get("spec"))
+        status = as_map(obj.get("status"))
         where = f"PodGroup {meta.get('namespace', '?')}/{meta.get('name', '?')}"
         min_member = spec.get("minMember", 1)
         if isinstance(min_member, bool) or not isinstance(min_member, int) or min_member < 0:
             raise PodGroupError(f"{where}: spec.minMember {min_member!r} is not a count")
-        per_task = {str(k): v for k, v in mapping(spec.get("minTaskMember")).items() if isinstance(v, int)}
+        per_task = {str(k): v for k, v in as_map(spec.get("minTaskMember")).items() if isinstance(v, int)}
         topo: Topology | None = None
         nt = spec.get("networkTopology")
         if isinstance(nt, Mapping):
@@ -113,7 +113,7 @@ class PodGroup:
 
 def member_of(pod: Mapping[str, Any]) -> str | None:
     """The PodGroup key ``<namespace>/<name>`` a Volcano pod belongs to, or None."""
-    spec = mapping(pod.get("spec"))
+    spec = as_map(pod.get("spec"))
     if spec.get("schedulerName") != VOLCANO_SCHEDULER:
         return None
     info = PodInfo.from_obj(pod)
@@ -261,7 +261,7 @@ def pod_infos(objs: Iterable[Mapping[str, Any]]) -> list[PodInfo]:
 def annotation_patch(obj: Mapping[str, Any], wanted: Mapping[str, str | None]) -> dict[str, Any] | None:
     """``obj`` with our annotations set (None removes one), keeping its resourceVersion; None
     when nothing would change."""
-    meta = dict(mapping(obj.get("metadata")))
+    meta = dict(as_map(obj.get("metadata")))
     current = dict(_str_map(meta.get("annotations")))
     changed = False
     for k, v in wanted.items():

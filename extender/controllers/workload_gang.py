@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from extender.controllers.kueue import assignments, gang_key, pod_sets
-from extender.controllers.objects import mapping
 from extender.cost import Comm
 from extender.kube import names
+from extender.kube.api import as_map
 from extender.kube.pod_needs import NeedsError, pod_needs
 from extender.kube.pods import PodError, gpu_request
 from extender.placement.request import Colocation, GangRequest, PodSet, split_colocation
@@ -32,9 +32,9 @@ class WorkloadError(ValueError):
 
 
 def _template_value(template: Mapping[str, Any], key: str) -> str | None:
-    meta = mapping(template.get("metadata"))
+    meta = as_map(template.get("metadata"))
     for part in ("annotations", "labels"):
-        got = mapping(meta.get(part)).get(key)
+        got = as_map(meta.get(part)).get(key)
         if isinstance(got, str) and got:
             return got
     return None
@@ -89,7 +89,7 @@ def gang_from_workload(
     for raw in raw_sets:
         name = str(raw.get("name") or "main")
         where = f"workload {key}: pod set {name}"
-        template = mapping(raw.get("template"))
+        template = as_map(raw.get("template"))
         count = raw.get("count", 1)
         admitted = assigned.get(name, {}).get("count")
         if isinstance(admitted, int):
@@ -99,11 +99,11 @@ def gang_from_workload(
         if count == 0:
             continue
         try:
-            gpus = gpu_request(mapping(template.get("spec"))) + (claim_gpus or {}).get(name, 0)
-            needs = pod_needs(mapping(template.get("spec")), "template.spec")
+            gpus = gpu_request(as_map(template.get("spec"))) + (claim_gpus or {}).get(name, 0)
+            needs = pod_needs(as_map(template.get("spec")), "template.spec")
         except (PodError, NeedsError) as exc:
             raise WorkloadError(f"{where}: {exc}") from None
-        topo = mapping(raw.get("topologyRequest"))
+        topo = as_map(raw.get("topologyRequest"))
         required = _template_value(template, names.REQUIRED_LEVEL)
         preferred = _template_value(template, names.PREFERRED_LEVEL)
         if required:

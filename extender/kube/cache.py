@@ -507,7 +507,8 @@ class ClusterCache:
         can hold: a bind or unbind changes what is held there), else nothing: there a bind
         changes no node's offer."""
         snap = self._snap
-        return [node] if snap is not None and _limiting(snap, (node,)) else []
+        limits = snap is not None and snap.has_node(node) and snap.node(node).facts.allocatable.reported
+        return [node] if limits else []
 
     def expire(self) -> list[Reservation]:
         """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
@@ -1295,8 +1296,3 @@ def _offer(state: NodeState | None) -> tuple[object, ...] | None:
 def _gpu_facts(pod: PodInfo) -> tuple[object, ...]:
     """What of a pod decides the GPUs it takes (a status-only update changes none of it)."""
     return pod.node, pod.holds_gpus, pod.gpus, pod.annotations.get(GPUS_ANNOTATION), pod.needs.requests
-
-
-def _limiting(snap: ClusterSnapshot, held: Iterable[str]) -> set[str]:
-    """The nodes of ``held`` whose pods' requests count (they report what they can hold)."""
-    return {n for n in held if snap.has_node(n) and snap.node(n).facts.allocatable.reported}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.kube import names
+from extender.kube.api import as_map
 from extender.kube.pods import PodError, quantity
 from extender.placement import quantities
 from extender.placement.feasibility import NO_FACTS, NodeFacts, Resources, Taint
@@ -97,10 +98,9 @@ class NodeRecord:
 
     @classmethod
     def from_obj(cls, obj: Mapping[str, Any]) -> NodeRecord:
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-        status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
-        assert isinstance(meta, Mapping) and isinstance(spec, Mapping) and isinstance(status, Mapping)
+        meta = as_map(obj.get("metadata"))
+        spec = as_map(obj.get("spec"))
+        status = as_map(obj.get("status"))
         raw_labels = meta.get("labels")
         labels = (
             {str(k): v for k, v in raw_labels.items() if isinstance(v, str)}

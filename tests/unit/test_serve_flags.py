@@ -70,13 +70,18 @@ def test_non_positive_waits_are_a_usage_error_naming_the_flag(flag: str, value: 
         commands.controller_configs(parse(flag, value))
 
 
-def test_bad_wait_exits_2_with_one_line_before_connecting(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    def no_api(*a: Any, **k: Any) -> None:
+@pytest.fixture
+def no_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if serve reaches for the API server (a bad flag must stop it first)."""
+
+    def connect(*a: Any, **k: Any) -> None:
         raise AssertionError("the API must not be reached with a bad flag")
 
-    monkeypatch.setattr("extender.kube.client.ApiServerClient.connect", no_api)
+    monkeypatch.setattr("extender.kube.client.ApiServerClient.connect", connect)
+
+
+@pytest.mark.usefixtures("no_api")
+def test_bad_wait_exits_2_with_one_line_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["serve", "--kubeconfig", "kc", "--retry-after", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "gangslice serve: --retry-after 0: must be a positive number of seconds\n", err
@@ -137,13 +142,10 @@ def test_on_mismatch_takes_report_or_evict_only(capsys: pytest.CaptureFixture[st
     assert "invalid choice: 'delete'" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("no_api")
 def test_bad_imex_daemon_requests_exit_2_naming_the_flag_before_connecting(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    def no_api(*a: Any, **k: Any) -> None:
-        raise AssertionError("the API must not be reached with a bad flag")
-
-    monkeypatch.setattr("extender.kube.client.ApiServerClient.connect", no_api)
     assert cli.main(["serve", "--kubeconfig", "kc", "--imex-daemon-requests", "cpu=fast"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gangslice serve: --imex-daemon-requests: cpu: 'fast' is not a quantity"), err
