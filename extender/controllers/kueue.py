@@ -81,7 +81,6 @@ def is_our_check(ac: Mapping[str, Any]) -> bool:
 def parameters_problem(ac: Mapping[str, Any]) -> str | None:
     """Why this check's ``parameters`` are unusable; None when there are none (we take none)."""
     spec = as_map(ac.get("spec"))
-    assert isinstance(spec, Mapping)
     params = spec.get("parameters")
     if not params:
         return None
@@ -156,7 +155,6 @@ def decide(wl: Mapping[str, Any], our_checks: Collection[str], holds: bool) -> t
     if is_true(wl, "Evicted"):
         return drop, "evicted"
     spec = as_map(wl.get("spec"))
-    assert isinstance(spec, Mapping)
     if spec.get("active") is False:
         return drop, "deactivated"
     if not is_true(wl, "QuotaReserved") or not _status(wl).get("admission"):

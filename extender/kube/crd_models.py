@@ -41,6 +41,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from extender.kube import names
+from extender.kube.api import as_map
 from extender.kube.devices import DeviceMismatch, devices_condition
 from extender.kube.slot_claims import claim_name
 from extender.placement.ledger import Phase, Reservation
@@ -517,8 +518,7 @@ def reservation_object(r: Reservation) -> dict[str, Any]:
 
 def reservation_from_object(obj: Mapping[str, Any]) -> Reservation:
     """The reservation a SliceReservation holds, with its object's namespace/name in meta."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
+    meta = as_map(obj.get("metadata"))
     where = f"SliceReservation {meta.get('namespace', '?')}/{meta.get('name', '?')}"
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):

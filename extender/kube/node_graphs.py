@@ -110,8 +110,7 @@ class NodeRecord:
         name = meta.get("name") if isinstance(meta.get("name"), str) else ""
         assert isinstance(name, str)
         labels.setdefault(HOSTNAME_LABEL, name)
-        capacity = status.get("capacity") if isinstance(status.get("capacity"), Mapping) else {}
-        assert isinstance(capacity, Mapping)
+        capacity = as_map(status.get("capacity"))
         try:
             gpus = quantity(capacity.get(names.GPU_RESOURCE, 0))
         except PodError:
