@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,19 @@ from extender.testing.kube import FakeKube, foreign_writes
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture(autouse=True)
+def root_logging_restored() -> Iterator[None]:
+    """The root logger as it was before the test: a command under test (``serve``, ``agent``)
+    installs a handler on the stderr pytest captured for that test, which is closed once the
+    test ends; a later log record (matplotlib's first font scan, say) would then print a
+    logging error into another test's captured stderr."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
