@@ -19,6 +19,7 @@ from extender.kube.names import WEBHOOK_CONFIGURATION
 from extender.logs import FORMATS, configure
 from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
+from extender.placement.waiting import KeepCliques
 
 
 def register(sub: Any) -> None:
@@ -112,6 +113,15 @@ def register(sub: Any) -> None:
         help="what NVIDIA's IMEX daemon pod requests on each node of a ComputeDomain (the DRA "
         "driver's controller.containers.computeDomain.resources; default none): placement keeps "
         "room for it, and its pod slot, next to a gang's pods on multi-node NVLink nodes",
+    )
+    p.add_argument(
+        "--keep-cliques",
+        choices=[k.value for k in KeepCliques],
+        default=KeepCliques.WHILE_WAITING.value,
+        help="when to keep whole multi-node NVLink cliques (GB200 NVL72 racks) for gangs that ask "
+        "for one: while such a gang waits (default; with none waiting, small replicas may use a "
+        "rack like any other GPUs), or always (a rack stays whole for the next such gang, idle "
+        "until one comes unless nothing else fits)",
     )
     p.add_argument(
         "--no-controller",
@@ -320,7 +330,9 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     if args.cluster:
         try:
-            cache = ClusterCache.from_cluster_file(args.cluster, ttl_s=args.reservation_ttl)
+            cache = ClusterCache.from_cluster_file(
+                args.cluster, ttl_s=args.reservation_ttl, keep_cliques=KeepCliques(args.keep_cliques)
+            )
         except FileError as exc:
             raise UsageError(str(exc)) from None
         asyncio.run(serve(cache, options))
@@ -333,7 +345,12 @@ def run_serve(args: argparse.Namespace) -> int:
         api = ApiServerClient.connect(args.kubeconfig)
     except Exception as exc:
         raise UsageError(f"cannot load Kubernetes configuration: {exc}") from None
-    cache = ClusterCache(ttl_s=args.reservation_ttl, store=KubeReservationStore(api), imex_daemon=daemon)
+    cache = ClusterCache(
+        ttl_s=args.reservation_ttl,
+        store=KubeReservationStore(api),
+        imex_daemon=daemon,
+        keep_cliques=KeepCliques(args.keep_cliques),
+    )
     reporter = TopologyStatusReporter(KubeTopologyStatusApi(api))
     mismatches = MismatchReporter(api, OnMismatch(args.on_mismatch))
     webhook_ca = None

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK
 from extender.placement.files import FileError
+from extender.placement.waiting import KeepCliques
 from extender.sim.engine import IMEX_STARTUP_S
 
 
@@ -38,6 +39,13 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="how much longer a gang on multi-node NVLink waits for its ComputeDomain's IMEX daemons "
         f"before its pods run, every policy alike (default {IMEX_STARTUP_S:g})",
+    )
+    p.add_argument(
+        "--keep-cliques",
+        choices=[k.value for k in KeepCliques],
+        default=KeepCliques.WHILE_WAITING.value,
+        help="gangslice's rule for whole multi-node NVLink cliques, as serve --keep-cliques: while "
+        "a gang that asks for one waits (default), or always",
     )
     p.add_argument("--out", metavar="DIR", help="write report.md, results.json, gangs.jsonl, trace and plots")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -134,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         cluster_source=args.cluster or "default",
         progress=progress.start if progress else None,
         imex_startup_s=args.imex_startup_s,
+        keep_cliques=KeepCliques(args.keep_cliques),
     )
     if args.out:
         write_folder(outcome, Path(args.out))
@@ -187,6 +196,7 @@ def check_dominance(
             seed=spec.seed,
             progress=progress.start if progress else None,
             imex_startup_s=args.imex_startup_s,
+            keep_cliques=KeepCliques(args.keep_cliques),
         )
         cells = compare(spec.label, outcome.results)
         print(render(spec.label, cells))

@@ -24,6 +24,10 @@
   ``failed``).
 - ``gangslice_cache_ready``: 1 once the first full list of every watched kind is in.
 - ``gangslice_cache_nodes``: GPU nodes in the snapshot.
+- ``gangslice_refused_gangs``: gangs refused for want of room and not placed since
+  (:mod:`extender.placement.waiting`).
+- ``gangslice_cliques_kept``: 1 while placement keeps whole multi-node NVLink cliques for
+  the gangs that ask for one (such a gang waits, or it is not known yet), else 0.
 
 The GPU gauges are computed from the cache at each scrape: O(nodes), with the per-node-type
 memo of :mod:`extender.placement.node_fit` doing the in-node work once per free mask; the
@@ -44,6 +48,7 @@ from extender.kube.cache import ClusterCache
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.waiting import WAITING_TTL_S, with_demand
 
 #: Buckets for a service whose target is well under 5 ms.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -197,6 +202,21 @@ class _CacheCollector(Collector):
             "gangslice_cache_ready", "1 once every watched kind is listed.", value=int(self.cache.ready)
         )
         yield GaugeMetricFamily("gangslice_cache_nodes", "GPU nodes in the snapshot.", value=len(snap.nodes))
+        now = self.cache.clock()
+        waiting = self.cache.waiting.requests(now)
+        yield GaugeMetricFamily(
+            "gangslice_refused_gangs",
+            "Gangs refused for want of room and not placed since (forgotten after "
+            f"{WAITING_TTL_S:g} s without a refusal).",
+            value=len(self.cache.waiting),
+        )
+        yield GaugeMetricFamily(
+            "gangslice_cliques_kept",
+            "1 while placement keeps whole multi-node NVLink cliques for gangs that ask for one "
+            "(such a gang waits, or the process started less than "
+            f"{WAITING_TTL_S:g} s ago); 0 while pods off the fabric may use them like other GPUs.",
+            value=int(with_demand(view, waiting).clique_demand is not False),
+        )
 
 
 class Metrics:

@@ -64,6 +64,7 @@ from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation, hold_requests
 from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.waiting import KeepCliques, WaitingGangs
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
 from extender.topology.kubelet import KubeletAlignment
@@ -100,6 +101,7 @@ class ClusterCache:
         clock: Callable[[], float] = time.time,
         awaiting: Iterable[Kind] = ALL_KINDS,
         imex_daemon: Resources = IMEX_DAEMON,
+        keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
     ) -> None:
         self.hierarchy = hierarchy or Hierarchy()
         #: What the IMEX daemon pod of a ComputeDomain takes on each node (``serve
@@ -108,6 +110,9 @@ class ClusterCache:
         self.store: ReservationStore = store if store is not None else InMemoryReservationStore(clock)
         self.clock = clock
         self._ledger = Ledger(ttl_s)
+        #: The gangs the reserve path refused and has not placed since
+        #: (:mod:`extender.placement.waiting`).
+        self.waiting = WaitingGangs(started_at=clock(), keep=keep_cliques)
         self._awaiting = set(awaiting)
         #: Pods are watched: a pod missing from the cache is gone (not so in file mode).
         self._pods_watched = Kind.PODS in self._awaiting
@@ -185,10 +190,18 @@ class ClusterCache:
         store: ReservationStore | None = None,
         clock: Callable[[], float] = time.time,
         awaiting: Iterable[Kind] = (),
+        keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
     ) -> ClusterCache:
         """A cache over a fixed set of nodes (no API server); ready at once, or once each
         kind of ``awaiting`` is listed (``(Kind.PODS,)``: pods come from a watch)."""
-        cache = cls(hierarchy=snap.hierarchy, ttl_s=ttl_s, store=store, clock=clock, awaiting=awaiting)
+        cache = cls(
+            hierarchy=snap.hierarchy,
+            ttl_s=ttl_s,
+            store=store,
+            clock=clock,
+            awaiting=awaiting,
+            keep_cliques=keep_cliques,
+        )
         for n in snap.nodes:
             cache._static[n.name] = _StaticNode(
                 dict(n.labels), n.graph, n.allocated, n.unhealthy, n.allocation, n.facts, n.kubelet
@@ -204,9 +217,12 @@ class ClusterCache:
         ttl_s: float = DEFAULT_TTL_S,
         store: ReservationStore | None = None,
         clock: Callable[[], float] = time.time,
+        keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
     ) -> ClusterCache:
         """A cache over a cluster file (``gangslice serve --cluster FILE``); raises FileError."""
-        return cls.from_snapshot(load_cluster(path), ttl_s=ttl_s, store=store, clock=clock)
+        return cls.from_snapshot(
+            load_cluster(path), ttl_s=ttl_s, store=store, clock=clock, keep_cliques=keep_cliques
+        )
 
     # -- state ---------------------------------------------------------------------------
     @property

@@ -7,12 +7,14 @@ Workloads (their controllers), alone or as one member of a joint gang, all reser
         got = reserve(cache, request, Claim(gang, meta))      # Reservation | Unplaceable
     await cache.persist(gang)                                  # the store writes it
 
-The decision is this module's: the view (every other reservation's GPUs taken out), the
-solver (``place`` unless the caller brings its own, as the Kueue check does for its waiting
-stages), the split of a joint gang's slice into one reservation per member. The cache only
-observes and records: :meth:`ClusterCache.hold_all` enters the reservations in the ledger,
-all or none, and queues them for its store; :meth:`ClusterCache.restore` only puts back what
-an earlier process persisted.
+The decision is this module's: the view (every other reservation's GPUs taken out, and
+whether a gang that asks for a multi-node NVLink clique waits: a gang refused here counts as
+waiting until it is placed, :mod:`extender.placement.waiting`), the solver (``place`` unless
+the caller brings its own, as the Kueue check does for its waiting stages), the split of a
+joint gang's slice into one reservation per member. The cache only observes and records:
+:meth:`ClusterCache.hold_all` enters the reservations in the ledger, all or none, and queues
+them for its store; :meth:`ClusterCache.restore` only puts back what an earlier process
+persisted.
 
 ``reserve`` is synchronous: call it under ``cache.lock`` (no other decision on the loop may
 see the capacity free between placing and holding).
@@ -33,6 +35,7 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
+from extender.placement.waiting import WaitingGangs, with_demand
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,9 @@ class Reserving(Protocol):
     def running_members(self, gang: str) -> int | None: ...
 
     def hold_all(self, rs: Iterable[Reservation]) -> bool: ...
+
+    @property
+    def waiting(self) -> WaitingGangs: ...
 
 
 def reserve(
@@ -107,12 +113,17 @@ def reserve_all(
             f"the gang needs {request.gpus} GPUs; the cluster has {view.total_gpus}",
             feasible_when_empty=False,
         )
+    now = cache.clock()
+    view = with_demand(view, cache.waiting.requests(now, exclude=[request.name, *by_gang]))
     result = (solve or place)(view, request)
     if not isinstance(result, Slice):
+        if result.feasible_when_empty:
+            cache.waiting.refused(request, now)
         return result
+    for gang in (request.name, *by_gang):
+        cache.waiting.placed(gang)
     result = _holding_requests(result, request)
     parts = split(result) if split is not None else {request.name: result}
-    now = cache.clock()
     rs = []
     for gang, part in parts.items():
         claim = by_gang[gang]

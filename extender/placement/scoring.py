@@ -10,6 +10,9 @@ The objective (:func:`objective`) is lexicographic, lower is better:
    (:meth:`ClusterSnapshot.spilled_cliques`) is no longer whole for the gangs that need
    the full rack: further pods off the fabric go there at no such price, rather than break
    whole nodes outside cliques that 8-GPU gangs need, and the other cliques stay whole.
+   Cliques are kept only while a gang that needs one waits, or while that is not known
+   (:attr:`ClusterSnapshot.clique_demand`, from :mod:`extender.placement.waiting`): with
+   no such gang waiting, a whole rack is free capacity like any other.
 2. **predicted per-layer communication time** (:func:`gang_micros`), microseconds.
 
 Shared by the solver, the baselines, the simulator and the tests, so every policy is judged
@@ -251,8 +254,11 @@ def uses_mnnvl(
 
 def on_whole_clique(snap: ClusterSnapshot, i: int) -> bool:
     """Whether node ``i`` is in a multi-node NVLink clique that no pods off the fabric use yet
-    (:meth:`ClusterSnapshot.spilled_cliques`): GPUs taken there by a pod set that does not use
-    the fabric are fabric waste."""
+    (:meth:`ClusterSnapshot.spilled_cliques`), while a gang that needs a clique may wait
+    (:attr:`ClusterSnapshot.clique_demand` is not False): GPUs taken there by a pod set that
+    does not use the fabric are fabric waste."""
+    if snap.clique_demand is False:
+        return False
     clique = snap.clique(i)
     return clique is not None and clique not in snap.spilled_cliques()
 

@@ -94,6 +94,9 @@ class ClusterSnapshot:
     reserved: dict[str, frozenset[int]] = field(default_factory=dict)
     #: Nodes whose IMEX channel a reservation holds, by gang (from the ledger).
     reserved_mnnvl: dict[str, str] = field(default_factory=dict)
+    #: Whether a gang that needs a multi-node NVLink clique is known to wait (None: not known,
+    #: so cliques are kept whole as if one did; :func:`~extender.placement.scoring.on_whole_clique`).
+    clique_demand: bool | None = None
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
@@ -124,6 +127,9 @@ class ClusterSnapshot:
         self._classes: tuple[list[int], list[str], dict[FreeClass, list[int]]] | None = None
         self._room_classes: RoomTables | None = None
         self._spilled: tuple[list[int], frozenset[Clique]] | None = None
+        self._demand_copies: tuple[list[int], list[NodeState], dict[bool | None, ClusterSnapshot]] | None = (
+            None
+        )
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -464,6 +470,21 @@ class ClusterSnapshot:
         ]
         snap = ClusterSnapshot(nodes, self.hierarchy)
         snap._domains = self._domains
+        return snap
+
+    def with_clique_demand(self, demand: bool | None) -> ClusterSnapshot:
+        """The same snapshot (every derived table shared) with :attr:`clique_demand` set. The
+        copy is kept with this snapshot's free table and nodes, so decisions on one view reuse
+        one copy and the tables it derives lazily (the cache's view lives until it changes)."""
+        if demand is self.clique_demand:
+            return self
+        memo = self._demand_copies
+        if memo is None or memo[0] is not self._free or memo[1] is not self.nodes:
+            memo = self._demand_copies = (self._free, self.nodes, {})
+        snap = memo[2].get(demand)
+        if snap is None:
+            snap = memo[2][demand] = copy.copy(self)
+            snap.clique_demand = demand
         return snap
 
     def with_held(self, held: Mapping[str, frozenset[int]], mnnvl: Mapping[str, str]) -> ClusterSnapshot:

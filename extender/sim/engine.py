@@ -21,6 +21,12 @@ arrival (waiting would never end). A gang still waiting when its deployment ends
 down is withdrawn. Scale-downs remove waiting replicas first, newest first, then running
 ones, newest first (what a ReplicaSet does).
 
+Each policy call's snapshot says whether a gang that needs a multi-node NVLink clique waits
+(:func:`~extender.placement.waiting.with_demand`): one of the other gangs in the queue. That
+is what the extender knows: a scheduler asks for a gang on first sight, and the extender
+notes every gang it refuses until it places it (``keep_cliques`` ALWAYS: never known, as
+``serve --keep-cliques always``). Only gangslice reads it.
+
 Shortcut: once a policy refuses a gang, the same request (same pod sets) is not asked again
 until some GPUs come free, since fewer free GPUs cannot make room. Every policy gets the
 same shortcut.
@@ -36,6 +42,7 @@ from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import gang_micros, mnnvl_nodes
 from extender.placement.slice import Placement, Slice
 from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.waiting import KeepCliques, with_demand
 from extender.sim.judge import coherent_level, incoherence, unusable
 from extender.sim.trace import Deployment, Scale, Trace
 
@@ -268,8 +275,10 @@ class Simulation:
         no_wait: bool = False,
         progress: Progress | None = None,
         imex_startup_s: float = IMEX_STARTUP_S,
+        keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
     ) -> None:
         self.imex_startup_s = imex_startup_s
+        self.keep_cliques = keep_cliques
         self.trace = trace
         self.policy_name = policy_name
         self.policy = policy
@@ -429,7 +438,10 @@ class Simulation:
         key = shape_key(rec.gang)
         if self.refused.get(key) == self.epoch:
             return False
-        snap = self.cluster.snapshot()
+        waiting = (
+            None if self.keep_cliques is KeepCliques.ALWAYS else [r.gang for r in self.queue if r is not rec]
+        )
+        snap = with_demand(self.cluster.snapshot(), waiting)
         began = time.perf_counter()
         try:
             got: Placement | None = self.policy(snap, rec.gang)

@@ -222,7 +222,9 @@ DEFINITIONS = """\
   simulator time); the only figures that change between runs, with the machine's load.
 - Quantiles interpolate linearly between nearest ranks; time averages weigh each state by how
   long it held. The queue: FIFO; behind the first gang the policy cannot place, only gangs asking
-  for no more GPUs than it are tried (backfill of smaller gangs).
+  for no more GPUs than it are tried (backfill of smaller gangs). Each policy call is told whether
+  another gang in the queue asks for a clique (what the extender knows of the gangs it refused);
+  only gangslice reads it.
 """
 
 
@@ -274,17 +276,18 @@ def _by_size(r: dict[str, Any]) -> list[str]:
         "",
         *_md_table(["policy", *(label for label, _, _ in _SIZES), "GPUs in use"], rows),
         "",
-        "A trade gangslice makes on purpose: multi-node NVLink cliques (GB200 NVL72 racks) are "
-        "kept for the pod sets that span them, and a pod set that does not use multi-node NVLink "
-        "takes clique nodes only when nothing else fits, or when its rack already carries such "
-        "pods (that rack is no longer whole for a gang that needs all of it, so it takes further "
-        "small replicas and the other racks stay whole). That is what lets gangslice place the "
-        "wide-EP and prefill/decode gangs that need a whole rack's NVLink; the peers fill every "
-        "rack's trays with small replicas and so place few of those, but they gain the trays as "
-        "spare room for small replicas, which leaves more whole 8-GPU nodes for the gangs that "
-        "can run only there (TP=8, 405B, P/D pairs on HGX or PCIe boxes). On a busy day gangslice "
-        "can therefore place fewer of those and keep them waiting longer at p99 while keeping "
-        "more GPUs in use.",
+        "A trade gangslice makes on purpose: while a gang that asks for a multi-node NVLink "
+        "clique waits, cliques (GB200 NVL72 racks) are kept for the pod sets that span them, and a "
+        "pod set that does not use multi-node NVLink takes clique nodes only when nothing else "
+        "fits, or when its rack already carries such pods (that rack is no longer whole for a gang "
+        "that needs all of it, so it takes further small replicas and the other racks stay whole); "
+        "with no such gang waiting, a whole rack is capacity like any other. That is what lets "
+        "gangslice place the wide-EP and prefill/decode gangs that need a whole rack's NVLink; "
+        "the peers fill every rack's trays with small replicas and so place few of those, but "
+        "they gain the trays as spare room for small replicas, which leaves more whole 8-GPU "
+        "nodes for the gangs that can run only there (TP=8, 405B, P/D pairs on HGX or PCIe "
+        "boxes). On a busy day gangslice can therefore place fewer of those and keep them "
+        "waiting longer at p99 while keeping more GPUs in use.",
         "",
     ]
 
@@ -297,6 +300,7 @@ def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
         headline(r),
         "",
         f"Policies: {', '.join(r['policies'])}. Seed {r['seed']}. "
+        f"gangslice keeps whole NVLink cliques: {r['keepCliques']} (`--keep-cliques`). "
         f"Wall time {r['timing']['wallSeconds']:.1f} s.",
         "",
         "## Summary",

@@ -10,6 +10,7 @@ from typing import Any
 
 from extender import __version__
 from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.waiting import KeepCliques
 from extender.sim.engine import IMEX_STARTUP_S, Policy, PolicyRun, Progress, Reference, Simulation
 from extender.sim.metrics import policy_results
 from extender.sim.trace import Trace
@@ -58,6 +59,7 @@ def run_simulation(
     cluster_source: str = "default",
     progress: Callable[[str], Progress] | None = None,
     imex_startup_s: float = IMEX_STARTUP_S,
+    keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
 ) -> Outcome:
     """Simulate each policy in turn; ``progress(policy)`` gives that run's progress callback."""
     started = time.perf_counter()
@@ -72,6 +74,7 @@ def run_simulation(
             no_wait,
             progress(name) if progress else None,
             imex_startup_s,
+            keep_cliques,
         ).run()
         for name, policy in policies.items()
     ]
@@ -81,6 +84,7 @@ def run_simulation(
         "seed": seed,
         "noWait": no_wait,
         "imexStartupSeconds": imex_startup_s,
+        "keepCliques": str(keep_cliques),
         "queue": "reject" if no_wait else QUEUE,
         "cluster": {
             "source": cluster_source,

@@ -10,9 +10,12 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from test_solver_cliques import mixed, one
 
+from extender.cost import Comm
 from extender.httpapi.app import build_app
 from extender.kube.cache import ClusterCache
+from extender.placement.waiting import WAITING_TTL_S
 from extender.testing.extender import client_for, gang_pod, pod_obj, write_cluster
 from extender.topology.hierarchy import DEFAULT_LEVELS
 
@@ -195,3 +198,25 @@ def test_an_empty_cache_scrapes_zeroes_for_every_level() -> None:
         (s.labels["level"], s.labels["state"]): s.value for s in families["gangslice_level_gpus"].samples
     }
     assert by_level == {(level, state): 0 for level in coherent for state in ("reserved", "bound")}
+
+
+def test_the_clique_gauges_follow_the_gangs_refused() -> None:
+    now = [0.0]
+    cache = ClusterCache.from_snapshot(mixed(), clock=lambda: now[0])
+    wide = one("wide", 4, 4, Comm.ALLTOALL, required_level="clique")
+
+    async def scrape() -> Samples:
+        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+            return _samples(await (await client.get("/metrics")).text())
+
+    def gauges() -> tuple[float, float]:
+        samples = asyncio.run(scrape())
+        return samples[("gangslice_refused_gangs", ())], samples[("gangslice_cliques_kept", ())]
+
+    cache.waiting.refused(wide, 0.0)
+    assert gauges() == (1.0, 1.0)  # not known yet: kept
+    now[0] = WAITING_TTL_S
+    assert gauges() == (1.0, 1.0)  # the wide gang waits
+    cache.waiting.placed("wide")
+    cache.waiting.refused(one("small", 1, 2), now[0])
+    assert gauges() == (1.0, 0.0)

@@ -14,6 +14,7 @@ from extender.commands import serve as commands
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.podgroup_controller import PodGroupConfig
 from extender.kube.mismatch import OnMismatch
+from extender.placement.waiting import KeepCliques
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -109,6 +110,7 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
         mismatches: Any = None,
         webhook_ca: Any = None,
     ) -> None:
+        seen["cache"] = cache
         seen["topology_status"] = topology_status
         seen["mismatches"] = mismatches
         await controller(asyncio.Event(), lambda leading: None)
@@ -132,6 +134,20 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
     assert seen["topology_status"] is not None
     assert seen["mismatches"].on_mismatch is OnMismatch.REPORT  # the default: report, evict nothing
     assert seen["mismatches"].api is seen["api"]
+    assert seen["cache"].waiting.keep is KeepCliques.WHILE_WAITING  # the default
+
+
+def test_keep_cliques_reaches_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    async def fake_serve(cache: Any, options: Any, **kwargs: Any) -> None:
+        seen["cache"] = cache
+
+    monkeypatch.setattr("extender.httpapi.server.serve", fake_serve)
+    cluster = "examples/clusters/gb200-nvl72-pair.yaml"
+    args = build_parser().parse_args(["serve", "--cluster", cluster, "--keep-cliques", "always"])
+    assert commands.run_serve(args) == 0
+    assert seen["cache"].waiting.keep is KeepCliques.ALWAYS
 
 
 def test_on_mismatch_takes_report_or_evict_only(capsys: pytest.CaptureFixture[str]) -> None:

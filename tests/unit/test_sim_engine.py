@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_solver_cliques import mixed
 
 from extender import cost
 from extender.cost import ModelDims
@@ -14,6 +15,7 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
+from extender.placement.waiting import KeepCliques
 from extender.sim.engine import (
     IMEX_STARTUP_S,
     PLACED,
@@ -415,3 +417,34 @@ def test_a_gang_across_a_clique_waits_for_imex_start_up_whatever_placed_it(polic
     quick = run(one_clique(), events, POLICIES[policy], imex_startup_s=5.0)
     assert by_name(quick)["wide-0"].waited == 5.0
     assert [x.held for x in quick.gangs] == [x.held for x in r.gangs]
+
+
+def test_each_call_says_whether_another_queued_gang_asks_for_a_clique() -> None:
+    """What the extender knows of the queue (every other gang in it) reaches the policy as
+    the snapshot's clique demand; the gang being placed does not count for itself, and the
+    check on arrival (on the empty cluster) reads no demand at all."""
+    seen: dict[str, list[bool | None]] = {}
+
+    def spy(snap: ClusterSnapshot, gang: GangRequest) -> Placement:
+        seen.setdefault(gang.name.split("-")[0], []).append(snap.clique_demand)
+        # The wide gang waits until the 2-GPU replica is gone.
+        return (
+            Unplaceable(gang.name, "busy")
+            if gang.name.startswith("wide") and snap.reserved
+            else first_fit(snap, gang)
+        )
+
+    wide = tp(4, count=4, comm="alltoall", requiredLevel="clique")
+    events = [
+        deploy(0.0, "small", tp(2), 10.0),
+        deploy(1.0, "wide", wide, 10.0),
+        deploy(2.0, "late", tp(2), 5.0),
+    ]
+    r = run(mixed(), events, spy)
+    assert seen["small"] == [None, False]  # on the empty cluster, then alone in the queue
+    assert set(seen["wide"][1:]) == {False}  # its own request is no demand
+    assert seen["late"] == [True]  # the wide gang waits (the arrival check of its shape was made)
+    assert by_name(r)["wide-0"].placed_at == 10.0
+    seen.clear()
+    run(mixed(), events, spy, keep_cliques=KeepCliques.ALWAYS)
+    assert {d for calls in seen.values() for d in calls} == {None}  # kept whatever waits
