@@ -525,6 +525,11 @@ def remove_crds(cp: ControlPlane, names: Iterable[str], timeout: float = 180.0) 
     server's CRD finalizer took over 60 s under the full suite's load)."""
     base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     names = list(names)
+    # The CRD finalizer lists a CRD's objects before it lets the CRD go; deleted while the API
+    # server still (re)initializes a CRD's storage (a list answers 429 "storage is
+    # (re)initializing"), it was seen to fail that list for minutes. Let the storage settle first.
+    for name in names:
+        wait_for(f"CRD {name}'s storage serving lists", lambda n=name: _lists(cp, f"{base}/{n}"), 60, 0.5)
     for name in names:
         try:
             cp.request("DELETE", f"{base}/{name}")
@@ -543,6 +548,25 @@ def remove_crds(cp: ControlPlane, names: Iterable[str], timeout: float = 180.0) 
         return True
 
     wait_for(f"CRDs {names} deleted", gone, timeout, 0.5)
+
+
+def _lists(cp: ControlPlane, crd_path: str) -> bool:
+    """Whether the objects of a CRD can be listed now (True also when the CRD is gone)."""
+    try:
+        crd = cp.request("GET", crd_path)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return True
+        raise
+    spec = crd["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("served"))
+    try:
+        cp.request("GET", f"/apis/{spec['group']}/{version}/{spec['names']['plural']}?limit=1")
+    except urllib.error.HTTPError as e:
+        if e.code in (404, 429, 503):
+            return False
+        raise
+    return True
 
 
 def wait_for_or_false(fn: Callable[[], bool], timeout: float, interval: float = 0.25) -> bool:
