@@ -87,6 +87,14 @@ VALUES = {
     "@@SCHEDULER_IMAGE@@": '"{{ .Values.scheduler.image.repository }}:{{ .Values.scheduler.image.tag }}"',
     "@@CONTROLLER_REPLICAS@@": "{{ .Values.controller.replicas }}",
     "@@TLS_SECRET@@": "{{ .Values.tls.secretName }}",
+    "@@KEEP_CLIQUES@@": '"--keep-cliques={{ .Values.controller.keepCliques }}"',
+    "@@IMEX_DAEMON_REQUESTS@@": '"--imex-daemon-requests={{ .Values.controller.imexDaemonRequests }}"',
+}
+#: Controller args whose value the chart sets: the argument as the manifests default it ->
+#: its placeholder.
+ARG_VALUES = {
+    "--keep-cliques=while-waiting": "@@KEEP_CLIQUES@@",
+    "--imex-daemon-requests=": "@@IMEX_DAEMON_REQUESTS@@",
 }
 
 
@@ -101,6 +109,8 @@ def templated(obj: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             c["image"] = "@@SCHEDULER_IMAGE@@"
     if obj["kind"] == "Deployment" and obj["metadata"]["name"] == "gangslice-controller":
         obj["spec"]["replicas"] = "@@CONTROLLER_REPLICAS@@"
+        for c in _containers(obj):
+            c["args"] = [ARG_VALUES.get(a, a) for a in c.get("args", [])]
     for volume in obj.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", []):
         if volume.get("secret", {}).get("secretName") == "gangslice-tls":
             volume["secret"]["secretName"] = "@@TLS_SECRET@@"
@@ -145,6 +155,13 @@ image:
 
 controller:
   replicas: 2
+  # serve --keep-cliques: keep whole multi-node NVLink cliques (GB200 NVL72 racks) for gangs
+  # that ask for one while such a gang waits (while-waiting), or always.
+  keepCliques: while-waiting
+  # serve --imex-daemon-requests: what NVIDIA's IMEX daemon pod requests on each node of a
+  # ComputeDomain (the DRA driver's controller.containers.computeDomain.resources), e.g.
+  # cpu=100m,memory=64Mi; empty: none.
+  imexDaemonRequests: ""
 
 # The chart creates the namespace {NAMESPACE} (with its Pod Security label). Everything
 # lives there: the controller's Lease is {NAMESPACE}/gangslice-controller. Set false when the

@@ -116,12 +116,14 @@ def test_each_switch_adds_its_kustomization(
 
 def test_values_reach_the_objects(e2e_bin_dir: Path, tmp_path: Path) -> None:
     sets = ("image.repository=registry.example/gs", "image.tag=9.9.9", "controller.replicas=3",
-            "tls.secretName=my-tls", "namespace.create=false")  # fmt: skip
+            "tls.secretName=my-tls", "namespace.create=false", "controller.keepCliques=always",
+            "controller.imexDaemonRequests=cpu=100m\\,memory=64Mi")  # fmt: skip
     rendered = template(e2e_bin_dir, *sets, tmp=tmp_path)
     deploy = rendered[("apps/v1", "Deployment", "gangslice-system", "gangslice-controller")]
     assert deploy["spec"]["replicas"] == 3
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry.example/gs:9.9.9"
+    assert {"--keep-cliques=always", "--imex-daemon-requests=cpu=100m,memory=64Mi"} <= set(container["args"])
     assert {"my-tls"} == {v["secret"]["secretName"] for v in deploy["spec"]["template"]["spec"]["volumes"]
                           if "secret" in v}  # fmt: skip
     assert ("v1", "Namespace", None, "gangslice-system") not in rendered
