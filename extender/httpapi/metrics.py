@@ -48,7 +48,7 @@ from extender.kube.cache import ClusterCache
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.snapshot import ClusterSnapshot
-from extender.placement.waiting import WAITING_TTL_S, with_demand
+from extender.placement.waiting import WAITING_TTL_S
 
 #: Buckets for a service whose target is well under 5 ms.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -202,8 +202,7 @@ class _CacheCollector(Collector):
             "gangslice_cache_ready", "1 once every watched kind is listed.", value=int(self.cache.ready)
         )
         yield GaugeMetricFamily("gangslice_cache_nodes", "GPU nodes in the snapshot.", value=len(snap.nodes))
-        now = self.cache.clock()
-        waiting = self.cache.waiting.requests(now)
+        kept = self.cache.waiting.view(view, self.cache.clock()).clique_demand is not False
         yield GaugeMetricFamily(
             "gangslice_refused_gangs",
             "Gangs refused for want of room and not placed since (forgotten after "
@@ -215,7 +214,7 @@ class _CacheCollector(Collector):
             "1 while placement keeps whole multi-node NVLink cliques for gangs that ask for one "
             "(such a gang waits, or the process started less than "
             f"{WAITING_TTL_S:g} s ago); 0 while pods off the fabric may use them like other GPUs.",
-            value=int(with_demand(view, waiting).clique_demand is not False),
+            value=int(kept),
         )
 
 

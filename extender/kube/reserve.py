@@ -35,7 +35,7 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
-from extender.placement.waiting import WaitingGangs, with_demand
+from extender.placement.waiting import WaitingGangs
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,11 @@ def reserve_all(
             feasible_when_empty=False,
         )
     now = cache.clock()
-    view = with_demand(view, cache.waiting.requests(now, exclude=[request.name, *by_gang]))
+    view = cache.waiting.view(view, now, exclude=[request.name, *by_gang])
     result = (solve or place)(view, request)
     if not isinstance(result, Slice):
         if result.feasible_when_empty:
-            cache.waiting.refused(request, now)
+            cache.waiting.refused(view, request, now)
         return result
     for gang in (request.name, *by_gang):
         cache.waiting.placed(gang)

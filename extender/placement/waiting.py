@@ -40,12 +40,20 @@ class KeepCliques(StrEnum):
     ALWAYS = "always"
 
 
-def with_demand(snap: ClusterSnapshot, waiting: Iterable[GangRequest] | None) -> ClusterSnapshot:
-    """``snap`` with :attr:`~ClusterSnapshot.clique_demand` set: whether one of the waiting
-    gangs needs a clique (:func:`needs_clique`; None: not known, the snapshot keeps cliques)."""
-    if waiting is None or not snap.has_cliques:
-        return snap.with_clique_demand(None)
-    return snap.with_clique_demand(any(needs_clique(snap, g) for g in waiting))
+def with_demand(
+    snap: ClusterSnapshot, demand: bool | None, keep: KeepCliques = KeepCliques.WHILE_WAITING
+) -> ClusterSnapshot:
+    """``snap`` with :attr:`~ClusterSnapshot.clique_demand` set to ``demand`` (whether a gang
+    that asks for a clique waits), or None (cliques kept) under :attr:`KeepCliques.ALWAYS` and
+    on a fleet without cliques."""
+    if keep is KeepCliques.ALWAYS or not snap.has_cliques:
+        demand = None
+    return snap.with_clique_demand(demand)
+
+
+def clique_demand(snap: ClusterSnapshot, waiting: Iterable[GangRequest]) -> bool:
+    """Whether one of the waiting gangs asks for a clique (:func:`needs_clique`)."""
+    return any(needs_clique(snap, g) for g in waiting)
 
 
 def needs_clique(snap: ClusterSnapshot, gang: GangRequest) -> bool:
@@ -64,37 +72,49 @@ def needs_clique(snap: ClusterSnapshot, gang: GangRequest) -> bool:
 
 @dataclass
 class WaitingGangs:
-    """The gangs the solver refused and that were not placed since, with when they were
-    last refused (the time of the caller's clock)."""
+    """The gangs the solver refused and that were not placed since: for each, whether it
+    asks for a clique (judged once, when refused) and when it was last refused (the caller's
+    clock). A decision reads the demand in O(gangs it excludes), not O(gangs waiting): every
+    refused gang's retry is such a decision."""
 
     started_at: float
     keep: KeepCliques = KeepCliques.WHILE_WAITING
     ttl_s: float = WAITING_TTL_S
     limit: int = MAX_WAITING
-    _gangs: OrderedDict[str, tuple[GangRequest, float]] = field(default_factory=OrderedDict)
+    _gangs: OrderedDict[str, tuple[bool, float]] = field(default_factory=OrderedDict)
+    #: How many of ``_gangs`` ask for a clique.
+    _asking: int = 0
 
-    def refused(self, request: GangRequest, now: float) -> None:
-        self._gangs.pop(request.name, None)
-        self._gangs[request.name] = (request, now)
+    def refused(self, snap: ClusterSnapshot, request: GangRequest, now: float) -> None:
+        self.placed(request.name)
+        asks = needs_clique(snap, request)
+        self._gangs[request.name] = (asks, now)
+        self._asking += asks
         while len(self._gangs) > self.limit:
-            self._gangs.popitem(last=False)
+            self._asking -= self._gangs.popitem(last=False)[1][0]
 
     def placed(self, gang: str) -> None:
-        self._gangs.pop(gang, None)
+        got = self._gangs.pop(gang, None)
+        if got is not None:
+            self._asking -= got[0]
 
-    def requests(self, now: float, exclude: Iterable[str] = ()) -> list[GangRequest] | None:
-        """The gangs waiting at ``now`` but those in ``exclude`` (the ones being placed);
-        None (cliques kept whatever waits) under :attr:`KeepCliques.ALWAYS` and while the
-        process has run for less than the TTL (not known yet)."""
+    def demand(self, now: float, exclude: Iterable[str] = ()) -> bool | None:
+        """Whether a gang that asks for a clique waits at ``now``, those in ``exclude`` (the
+        ones being placed) left out; None while the process has run for less than the TTL
+        (refusals before a restart are not known yet)."""
         while self._gangs:
-            _, (_, at) = next(iter(self._gangs.items()))
+            name, (_, at) = next(iter(self._gangs.items()))
             if now - at <= self.ttl_s:
                 break
-            self._gangs.popitem(last=False)
-        if self.keep is KeepCliques.ALWAYS or now - self.started_at < self.ttl_s:
+            self.placed(name)
+        if now - self.started_at < self.ttl_s:
             return None
-        skip = set(exclude)
-        return [r for name, (r, _) in self._gangs.items() if name not in skip]
+        mine = sum(self._gangs.get(name, (False, 0.0))[0] for name in set(exclude))
+        return self._asking - mine > 0
+
+    def view(self, snap: ClusterSnapshot, now: float, exclude: Iterable[str] = ()) -> ClusterSnapshot:
+        """``snap`` as a decision at ``now`` reads it (:func:`with_demand`)."""
+        return with_demand(snap, self.demand(now, exclude), self.keep)
 
     def __len__(self) -> int:
         return len(self._gangs)

@@ -42,7 +42,7 @@ from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import gang_micros, mnnvl_nodes
 from extender.placement.slice import Placement, Slice
 from extender.placement.snapshot import ClusterSnapshot
-from extender.placement.waiting import KeepCliques, with_demand
+from extender.placement.waiting import KeepCliques, clique_demand, with_demand
 from extender.sim.judge import coherent_level, incoherence, unusable
 from extender.sim.trace import Deployment, Scale, Trace
 
@@ -438,10 +438,9 @@ class Simulation:
         key = shape_key(rec.gang)
         if self.refused.get(key) == self.epoch:
             return False
-        waiting = (
-            None if self.keep_cliques is KeepCliques.ALWAYS else [r.gang for r in self.queue if r is not rec]
-        )
-        snap = with_demand(self.cluster.snapshot(), waiting)
+        snap = self.cluster.snapshot()
+        waiting = clique_demand(snap, (r.gang for r in self.queue if r is not rec))
+        snap = with_demand(snap, waiting, self.keep_cliques)
         began = time.perf_counter()
         try:
             got: Placement | None = self.policy(snap, rec.gang)

@@ -223,8 +223,8 @@ DEFINITIONS = """\
 - Quantiles interpolate linearly between nearest ranks; time averages weigh each state by how
   long it held. The queue: FIFO; behind the first gang the policy cannot place, only gangs asking
   for no more GPUs than it are tried (backfill of smaller gangs). Each policy call is told whether
-  another gang in the queue asks for a clique (what the extender knows of the gangs it refused);
-  only gangslice reads it.
+  another gang in the queue asks for a clique (what the extender knows: a scheduler asks for each
+  gang on sight, and the extender notes every gang it refuses); only gangslice reads it.
 """
 
 

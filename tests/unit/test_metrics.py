@@ -213,10 +213,10 @@ def test_the_clique_gauges_follow_the_gangs_refused() -> None:
         samples = asyncio.run(scrape())
         return samples[("gangslice_refused_gangs", ())], samples[("gangslice_cliques_kept", ())]
 
-    cache.waiting.refused(wide, 0.0)
+    cache.waiting.refused(cache.view(), wide, 0.0)
     assert gauges() == (1.0, 1.0)  # not known yet: kept
     now[0] = WAITING_TTL_S
     assert gauges() == (1.0, 1.0)  # the wide gang waits
     cache.waiting.placed("wide")
-    cache.waiting.refused(one("small", 1, 2), now[0])
+    cache.waiting.refused(cache.view(), one("small", 1, 2), now[0])
     assert gauges() == (1.0, 0.0)

@@ -13,7 +13,14 @@ from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
-from extender.placement.waiting import WAITING_TTL_S, KeepCliques, WaitingGangs, needs_clique, with_demand
+from extender.placement.waiting import (
+    WAITING_TTL_S,
+    KeepCliques,
+    WaitingGangs,
+    clique_demand,
+    needs_clique,
+    with_demand,
+)
 from extender.sim.inputs import default_cluster
 from extender.sim.templates import builtin_templates
 from extender.topology.hierarchy import Hierarchy, Level
@@ -38,14 +45,14 @@ def test_a_small_gang_takes_a_tray_only_when_no_gang_asking_for_a_clique_waits()
 def test_with_demand_reads_the_waiting_gangs() -> None:
     snap = mixed()
     assert with_demand(snap, None).clique_demand is None
-    assert with_demand(snap, []).clique_demand is False
-    assert with_demand(snap, [one("tp2", 1, 2), WIDE]).clique_demand is True
-    assert with_demand(snap, [one("tp2", 1, 2)]).clique_demand is False
+    assert with_demand(snap, clique_demand(snap, [])).clique_demand is False
+    assert with_demand(snap, clique_demand(snap, [one("tp2", 1, 2), WIDE])).clique_demand is True
+    assert with_demand(snap, clique_demand(snap, [one("tp2", 1, 2)])).clique_demand is False
     # A fleet without a clique level has nothing to keep.
     flat = ClusterSnapshot(
         [node("a", "hgx-h100")], Hierarchy((Level("leaf", "fabric.topograph.run/tier-0"),))
     )
-    assert with_demand(flat, [WIDE]).clique_demand is None
+    assert with_demand(flat, clique_demand(flat, [WIDE])).clique_demand is None
 
 
 def test_what_asks_for_a_clique() -> None:
@@ -70,32 +77,36 @@ def test_what_asks_for_a_clique() -> None:
 
 
 def test_waiting_gangs_are_unknown_at_first_then_refused_until_placed_or_stale() -> None:
+    snap = mixed()
     w = WaitingGangs(started_at=0.0)
-    w.refused(WIDE, 10.0)
-    assert w.requests(WAITING_TTL_S / 2) is None  # a refusal before a restart is not known yet
-    assert w.requests(WAITING_TTL_S) == [WIDE]
-    assert w.requests(WAITING_TTL_S, exclude=["wide"]) == []
-    w.refused(WIDE, WAITING_TTL_S)  # refused again: the clock starts again
-    assert w.requests(2 * WAITING_TTL_S) == [WIDE]
-    assert w.requests(2 * WAITING_TTL_S + 1) == []  # not refused for longer than the TTL: gone
+    w.refused(snap, WIDE, 10.0)
+    assert w.demand(WAITING_TTL_S / 2) is None  # a refusal before a restart is not known yet
+    assert w.demand(WAITING_TTL_S) is True and len(w) == 1
+    assert w.demand(WAITING_TTL_S, exclude=["wide"]) is False
+    w.refused(snap, WIDE, WAITING_TTL_S)  # refused again: the clock starts again
+    assert w.demand(2 * WAITING_TTL_S) is True and len(w) == 1
+    assert w.demand(2 * WAITING_TTL_S + 1) is False  # not refused for longer than the TTL: gone
     assert len(w) == 0
-    w.refused(WIDE, 0.0)
+    w.refused(snap, WIDE, 0.0)
     w.placed("wide")
-    assert w.requests(WAITING_TTL_S) == []
+    assert w.demand(WAITING_TTL_S) is False and len(w) == 0
 
 
 def test_keep_always_knows_no_demand() -> None:
     w = WaitingGangs(started_at=0.0, keep=KeepCliques.ALWAYS)
-    w.refused(one("tp2", 1, 2), WAITING_TTL_S)
-    assert w.requests(2 * WAITING_TTL_S) is None
-    assert with_demand(mixed(), w.requests(2 * WAITING_TTL_S)).clique_demand is None
+    w.refused(mixed(), one("tp2", 1, 2), WAITING_TTL_S)
+    assert w.view(mixed(), 2 * WAITING_TTL_S).clique_demand is None
+    assert with_demand(mixed(), False, KeepCliques.ALWAYS).clique_demand is None
 
 
 def test_waiting_gangs_keep_the_newest_refusals_within_the_limit() -> None:
     w = WaitingGangs(started_at=0.0, limit=2)
-    for k in range(3):
-        w.refused(one(f"g{k}", 1, 1), float(k))
-    assert [g.name for g in w.requests(WAITING_TTL_S)] == ["g1", "g2"]
+    w.refused(mixed(), WIDE, 0.0)
+    for k in range(2):
+        w.refused(mixed(), one(f"g{k}", 1, 1), float(k + 1))
+    # The oldest refusal (the wide gang's) went first: the two newest are left, neither asks.
+    assert len(w) == 2 and w.demand(WAITING_TTL_S) is False
+    assert w.demand(WAITING_TTL_S, exclude=["g0"]) is False
 
 
 def test_the_reserve_path_notes_refusals_and_gives_the_solver_the_demand() -> None:
@@ -122,10 +133,10 @@ def test_the_reserve_path_notes_refusals_and_gives_the_solver_the_demand() -> No
     assert seen[-1] is False  # its own refusal is no demand for its own placement
     # A gang that can never fit is refused before the solver and not noted as waiting.
     assert isinstance(hold("huge", one("huge", 64, 8)), Unplaceable)
-    assert [g.name for g in cache.waiting.requests(now[0]) or []] == ["wide"]
+    assert len(cache.waiting) == 1 and cache.waiting.demand(now[0]) is True  # the wide gang alone
     room["wide"] = True
     assert isinstance(hold("wide", WIDE), Reservation)
-    assert cache.waiting.requests(now[0]) == []
+    assert len(cache.waiting) == 0 and cache.waiting.demand(now[0]) is False
 
 
 def test_one_view_gives_one_copy_per_demand_until_it_changes() -> None:
