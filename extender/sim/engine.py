@@ -132,6 +132,15 @@ class Reference:
         return got
 
 
+def node_type(cluster: ClusterSnapshot, k: int) -> str:
+    """How results.json names node ``k``'s type: its GPU model and count, and whether it sits
+    in a multi-node NVLink clique."""
+    n = cluster.nodes[k]
+    return f"{n.graph.model or 'unnamed'} x{n.shape.size}" + (
+        " (NVLink clique)" if cluster.clique(k) is not None else ""
+    )
+
+
 @dataclass
 class GangRecord:
     """One replica of one deployment: one gang, from arrival to departure."""
@@ -153,6 +162,8 @@ class GangRecord:
     nodes: int = 0
     #: Node index -> GPU mask this gang holds while it runs.
     held: dict[int, int] = field(default_factory=dict)
+    #: GPUs it holds per node type (:func:`node_type`).
+    gpus_by_type: dict[str, int] = field(default_factory=dict)
     mnnvl: tuple[str, ...] = ()
     #: Seconds its pods waited after placement for the IMEX daemons (multi-node NVLink only).
     imex_s: float = 0.0
@@ -473,6 +484,8 @@ class Simulation:
         for s in got.slots:
             i = snap.index(s.node)
             rec.held[i] = rec.held.get(i, 0) | snap.nodes[i].shape.mask_of(s.gpus)
+            kind = node_type(snap, i)
+            rec.gpus_by_type[kind] = rec.gpus_by_type.get(kind, 0) + len(s.gpus)
         # The solver's rule, applied to every policy's answer.
         rec.mnnvl = mnnvl_nodes(snap, rec.gang, got.slots)
         rec.imex_s = self.imex_startup_s if rec.mnnvl else 0.0

@@ -179,8 +179,21 @@ def by_template(gangs: Sequence[GangRecord]) -> dict[str, Any]:
             "waitSeconds": summary(g.waited for g in placed if g.waited is not None),
             "ttftRatioMedian": _r(quantile(ratio, 0.5)) if ratio else None,
             "ttftSameHardwareRatioMedian": _r(quantile(same, 0.5)) if same else None,
+            "gpuHoursByNodeType": gpu_hours_by_type(placed),
         }
     return out
+
+
+def gpu_hours_by_type(placed: Iterable[GangRecord]) -> dict[str, float]:
+    """GPU-hours the gangs held, per node type, from placement to the end of their run."""
+    seconds: dict[str, float] = {}
+    for g in placed:
+        if g.placed_at is None or g.ended_at is None:
+            continue
+        held = g.ended_at - g.placed_at
+        for kind, gpus in g.gpus_by_type.items():
+            seconds[kind] = seconds.get(kind, 0.0) + gpus * held
+    return {kind: _r(s / 3600) for kind, s in sorted(seconds.items())}
 
 
 def gang_rows(run: PolicyRun) -> Iterable[dict[str, Any]]:

@@ -292,6 +292,35 @@ def _by_size(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _hardware(r: dict[str, Any]) -> list[str]:
+    """Where each template's GPU-hours ran, per policy: the hardware half of every trade."""
+    policies = list(r["policies"])
+    names = sorted({t for x in r["policies"].values() for t in x["byTemplate"]})
+    rows = []
+    for name in names:
+        row = [name]
+        for p in policies:
+            hours = (r["policies"][p]["byTemplate"].get(name) or {}).get("gpuHoursByNodeType") or {}
+            total = sum(hours.values())
+            shares = sorted(((h / total, kind) for kind, h in hours.items() if total), reverse=True)
+            # The GPU model of "GB200 x4 (NVLink clique)" is "GB200".
+            cells = [f"{kind.split(' x')[0]} {100 * share:.0f}%" for share, kind in shares if share >= 0.005]
+            row.append(", ".join(cells) or _DASH)
+        rows.append(row)
+    return [
+        "## Where each workload ran",
+        "",
+        "Share of each template's GPU-hours by GPU model (`gpuHoursByNodeType` in results.json; "
+        "shares under 0.5% left out). gangslice puts a gang where its communication is cheapest "
+        "among the slices with room (a colocateWith it asks for first); the peers choose nodes "
+        "without a cost model. A template's TTFT figures follow where it ran, and its room came "
+        "from where the others ran.",
+        "",
+        *_md_table(["template", *policies], rows),
+        "",
+    ]
+
+
 def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
     r = outcome.results
     lines = [
@@ -316,6 +345,7 @@ def markdown(outcome: Outcome, plots: Sequence[str]) -> str:
         ),
         *_node_types(r),
         *_by_size(r),
+        *_hardware(r),
         "## Definitions",
         "",
         DEFINITIONS,

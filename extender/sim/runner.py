@@ -11,7 +11,7 @@ from typing import Any
 from extender import __version__
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.waiting import KeepCliques
-from extender.sim.engine import IMEX_STARTUP_S, Policy, PolicyRun, Progress, Reference, Simulation
+from extender.sim.engine import IMEX_STARTUP_S, Policy, PolicyRun, Progress, Reference, Simulation, node_type
 from extender.sim.metrics import policy_results
 from extender.sim.trace import Trace
 from extender.topology.allocation import Allocation
@@ -28,15 +28,8 @@ class Outcome:
     cluster: ClusterSnapshot
 
 
-def _node_type(cluster: ClusterSnapshot, k: int) -> str:
-    n = cluster.nodes[k]
-    return f"{n.graph.model or 'unnamed'} x{n.shape.size}" + (
-        " (NVLink clique)" if cluster.clique(k) is not None else ""
-    )
-
-
 def _node_types(cluster: ClusterSnapshot) -> dict[str, int]:
-    kinds = Counter(_node_type(cluster, k) for k in range(len(cluster.nodes)))
+    kinds = Counter(node_type(cluster, k) for k in range(len(cluster.nodes)))
     return dict(sorted(kinds.items()))
 
 
@@ -44,7 +37,7 @@ def _node_allocation(cluster: ClusterSnapshot) -> dict[str, dict[str, int]]:
     """Per node type, how many of its nodes hand out GPUs by each allocation mode."""
     out: dict[str, dict[str, int]] = {}
     for k, n in enumerate(cluster.nodes):
-        modes = out.setdefault(_node_type(cluster, k), {str(a): 0 for a in Allocation})
+        modes = out.setdefault(node_type(cluster, k), {str(a): 0 for a in Allocation})
         modes[str(n.allocation)] += 1
     return dict(sorted(out.items()))
 

@@ -112,6 +112,13 @@ def test_report_folder(files: tuple[Path, Path], tmp_path: Path, capsys: pytest.
     assert "## Node types" in report and "| L40S x8 | 2 | 2 | 0 |" in report
     assert "claimed only where its choice can be delivered" in report
     assert "## Definitions" in report and "gangslice" in report
+    # Where each template ran: the three TP=8 replicas take both H100 nodes and one L40S box
+    # under gangslice (cost first), so its row names both models, largest share first.
+    hours = results["policies"]["gangslice"]["byTemplate"]["llama-70b-tp8"]["gpuHoursByNodeType"]
+    assert set(hours) == {"H100-SXM x8", "L40S x8"} and hours["H100-SXM x8"] > hours["L40S x8"]
+    assert "## Where each workload ran" in report
+    row = next(line for line in report.splitlines() if line.startswith("| llama-70b-tp8 |"))
+    assert row.split("|")[2].strip().startswith("H100-SXM ")
     rows = [json.loads(line) for line in (out / "gangs.jsonl").read_text().splitlines()]
     assert len(rows) == 13 * len(results["policies"])
     replay = main(

@@ -154,6 +154,25 @@ def test_two_nodes_three_gangs_every_metric() -> None:
     assert res["decisions"]["errors"] == 0
 
 
+def test_gpu_hours_are_counted_per_node_type_from_placement_to_end() -> None:
+    snap = cluster(("a", "hgx-h100"), ("b", "pcie-8gpu-2socket"))
+    # Two TP=8 replicas for an hour: the H100 node first (cheapest), the L40S box for the
+    # other; then a TP=4 replica arriving at 1,800 s waits for the H100 node until 3,600 s and
+    # runs there for half an hour.
+    r = run(
+        snap,
+        [
+            deploy(0, "big", tp(8, comm="allreduce"), 3600, replicas=2),
+            deploy(1800, "half", tp(4, comm="allreduce"), 3600),
+        ],
+    )
+    res = policy_results(r)["byTemplate"]
+    assert res["big"]["gpuHoursByNodeType"] == {"H100-SXM x8": 8.0, "L40S x8": 8.0}
+    g = by_name(r)["half-0"]
+    assert (g.placed_at, g.ended_at) == (3600, 5400)
+    assert res["half"]["gpuHoursByNodeType"] == {"H100-SXM x8": pytest.approx(2.0)}
+
+
 def test_no_wait_rejects_what_does_not_fit_on_arrival() -> None:
     r = run(
         two_hgx(),
