@@ -165,7 +165,7 @@ def check_dominance(
 ) -> int:
     """``simulate --check-dominance``: every trace of the bar, one table each, and the exit
     status: 0 when gangslice clears every comparison, 1 otherwise."""
-    from extender.sim.dominance import GANGSLICE, TRACES, compare, render, select, tight
+    from extender.sim.dominance import GANGSLICE, TRACES, compare, context, render, select, tight
     from extender.sim.generate import generate_trace
     from extender.sim.inputs import fit_generated
     from extender.sim.runner import run_simulation
@@ -200,6 +200,7 @@ def check_dominance(
         )
         cells = compare(spec.label, outcome.results)
         print(render(spec.label, cells))
+        print(context(outcome.results))
         print()
         failing += [c for c in cells if not c.ok]
     if failing:

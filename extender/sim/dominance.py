@@ -144,6 +144,15 @@ def compare(trace: str, results: Mapping[str, Any]) -> list[Cell]:
     return cells
 
 
+def context(results: Mapping[str, Any]) -> str:
+    """What the bar does not judge but a reader of its gang counts needs: the GPU-hours each
+    policy served (a 64-GPU gang counts once among the gangs placed, as a 1-GPU one does)."""
+    served = ", ".join(
+        f"{name} {r['allocation']['gpuHours']:,.0f}" for name, r in results["policies"].items()
+    )
+    return f"not judged: GPU-hours served: {served}"
+
+
 def _fmt(metric: str, v: float | None) -> str:
     if v is None:
         return "-"

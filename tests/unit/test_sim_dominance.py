@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from extender.cli import main
-from extender.sim.dominance import MIN_PLACED, TRACES, compare, render, select, tight
+from extender.sim.dominance import MIN_PLACED, TRACES, compare, context, render, select, tight
 from extender.sim.inputs import default_cluster
 
 
@@ -69,6 +69,12 @@ def test_render_names_every_failure_and_counts() -> None:
         f"seed 1: gangslice vs each peer ({len(cells) - 1} of {len(cells)} comparisons cleared)"
     )
     assert "99 vs 100 FAIL" in text
+
+
+def test_context_gives_the_gpu_hours_each_policy_served() -> None:
+    ours, theirs = policy(99, 0.9, 1.0, 2.0, 1.5, 1000), policy(100, 0.9, 1.0, 2.0, 1.5, 1000)
+    ours["allocation"], theirs["allocation"] = {"gpuHours": 20257.4}, {"gpuHours": 18200.0}
+    assert context(results(ours, theirs)) == "not judged: GPU-hours served: gangslice 20,257, volcano 18,200"
 
 
 def test_tight_fleet_drops_a_quarter_of_every_leaf() -> None:
