@@ -300,11 +300,15 @@ def _hardware(r: dict[str, Any]) -> list[str]:
     for name in names:
         row = [name]
         for p in policies:
-            hours = (r["policies"][p]["byTemplate"].get(name) or {}).get("gpuHoursByNodeType") or {}
+            by_type = (r["policies"][p]["byTemplate"].get(name) or {}).get("gpuHoursByNodeType") or {}
+            hours: dict[str, float] = {}
+            for kind, h in by_type.items():
+                # "GB200 x4 (NVLink clique)" -> "GB200" (engine.node_type's names).
+                model = kind.removesuffix(" (NVLink clique)").rsplit(" x", 1)[0]
+                hours[model] = hours.get(model, 0.0) + h
             total = sum(hours.values())
-            shares = sorted(((h / total, kind) for kind, h in hours.items() if total), reverse=True)
-            # The GPU model of "GB200 x4 (NVLink clique)" is "GB200".
-            cells = [f"{kind.split(' x')[0]} {100 * share:.0f}%" for share, kind in shares if share >= 0.005]
+            shares = sorted(((h / total, model) for model, h in hours.items() if total), reverse=True)
+            cells = [f"{model} {100 * share:.0f}%" for share, model in shares if share >= 0.005]
             row.append(", ".join(cells) or _DASH)
         rows.append(row)
     return [

@@ -221,3 +221,13 @@ def test_results_json_keeps_number_rows_on_one_line() -> None:
     text = dumps(data)
     assert json.loads(text) == data
     assert "[1.5e-05, -3, 4]" in text.splitlines()[3]
+
+
+def test_where_each_workload_ran_sums_node_types_of_one_gpu_model() -> None:
+    from extender.sim.report import _hardware
+
+    hours = {"GB200 x4 (NVLink clique)": 1.0, "H100-SXM x8": 2.0, "H100-SXM x4": 1.0, "L40S x8": 0.001}
+    results = {"policies": {"gangslice": {"byTemplate": {"t": {"gpuHoursByNodeType": hours}}}}}
+    row = next(line for line in _hardware(results) if line.startswith("| t |"))
+    # One H100 share for both H100 node types; under 0.5% (L40S) left out.
+    assert row == "| t | H100-SXM 75%, GB200 25% |"
