@@ -132,13 +132,22 @@ class Reference:
         return got
 
 
+#: How a node type's name marks a node of a multi-node NVLink clique.
+_IN_CLIQUE = " (NVLink clique)"
+
+
 def node_type(cluster: ClusterSnapshot, k: int) -> str:
     """How results.json names node ``k``'s type: its GPU model and count, and whether it sits
     in a multi-node NVLink clique."""
     n = cluster.nodes[k]
     return f"{n.graph.model or 'unnamed'} x{n.shape.size}" + (
-        " (NVLink clique)" if cluster.clique(k) is not None else ""
+        _IN_CLIQUE if cluster.clique(k) is not None else ""
     )
+
+
+def gpu_model(type_name: str) -> str:
+    """The GPU model a :func:`node_type` name names (``GB200 x4 (NVLink clique)`` -> ``GB200``)."""
+    return type_name.removesuffix(_IN_CLIQUE).rsplit(" x", 1)[0]
 
 
 @dataclass
@@ -162,8 +171,6 @@ class GangRecord:
     nodes: int = 0
     #: Node index -> GPU mask this gang holds while it runs.
     held: dict[int, int] = field(default_factory=dict)
-    #: GPUs it holds per node type (:func:`node_type`).
-    gpus_by_type: dict[str, int] = field(default_factory=dict)
     mnnvl: tuple[str, ...] = ()
     #: Seconds its pods waited after placement for the IMEX daemons (multi-node NVLink only).
     imex_s: float = 0.0
@@ -202,6 +209,8 @@ class PolicyRun:
     errors: list[dict[str, object]]
     error_count: int
     wall_seconds: float
+    #: Each node's type (:func:`node_type`), by node index (the keys of ``GangRecord.held``).
+    node_types: list[str] = field(default_factory=list)
 
 
 class _Cluster:
@@ -356,6 +365,7 @@ class Simulation:
             errors=self.errors,
             error_count=self.error_count,
             wall_seconds=time.perf_counter() - started,
+            node_types=[node_type(self.cluster.base, i) for i in range(len(self.cluster.base.nodes))],
         )
 
     def _record(self, t: float) -> None:
@@ -484,8 +494,6 @@ class Simulation:
         for s in got.slots:
             i = snap.index(s.node)
             rec.held[i] = rec.held.get(i, 0) | snap.nodes[i].shape.mask_of(s.gpus)
-            kind = node_type(snap, i)
-            rec.gpus_by_type[kind] = rec.gpus_by_type.get(kind, 0) + len(s.gpus)
         # The solver's rule, applied to every policy's answer.
         rec.mnnvl = mnnvl_nodes(snap, rec.gang, got.slots)
         rec.imex_s = self.imex_startup_s if rec.mnnvl else 0.0

@@ -141,7 +141,7 @@ def policy_results(run: PolicyRun) -> dict[str, Any]:
             "errors": run.error_count,
             "errorSamples": run.errors,
         },
-        "byTemplate": by_template(gangs),
+        "byTemplate": by_template(gangs, run.node_types),
         "timeline": {
             "columns": list(TIMELINE_COLUMNS),
             "points": [
@@ -159,7 +159,7 @@ def policy_results(run: PolicyRun) -> dict[str, Any]:
     }
 
 
-def by_template(gangs: Sequence[GangRecord]) -> dict[str, Any]:
+def by_template(gangs: Sequence[GangRecord], node_types: Sequence[str]) -> dict[str, Any]:
     groups: dict[str, list[GangRecord]] = {}
     for g in gangs:
         groups.setdefault(g.template or g.deployment, []).append(g)
@@ -179,20 +179,22 @@ def by_template(gangs: Sequence[GangRecord]) -> dict[str, Any]:
             "waitSeconds": summary(g.waited for g in placed if g.waited is not None),
             "ttftRatioMedian": _r(quantile(ratio, 0.5)) if ratio else None,
             "ttftSameHardwareRatioMedian": _r(quantile(same, 0.5)) if same else None,
-            "gpuHoursByNodeType": gpu_hours_by_type(placed),
+            "gpuHoursByNodeType": gpu_hours_by_type(placed, node_types),
         }
     return out
 
 
-def gpu_hours_by_type(placed: Iterable[GangRecord]) -> dict[str, float]:
-    """GPU-hours the gangs held, per node type, from placement to the end of their run."""
+def gpu_hours_by_type(placed: Iterable[GangRecord], node_types: Sequence[str]) -> dict[str, float]:
+    """GPU-hours the gangs held, per node type (``node_types``, by node index), from
+    placement to the end of their run."""
     seconds: dict[str, float] = {}
     for g in placed:
         if g.placed_at is None or g.ended_at is None:
             continue
         held = g.ended_at - g.placed_at
-        for kind, gpus in g.gpus_by_type.items():
-            seconds[kind] = seconds.get(kind, 0.0) + gpus * held
+        for i, mask in g.held.items():
+            kind = node_types[i]
+            seconds[kind] = seconds.get(kind, 0.0) + mask.bit_count() * held
     return {kind: _r(s / 3600) for kind, s in sorted(seconds.items())}
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from extender.sim.engine import gpu_model
 from extender.sim.metrics import gang_rows
 from extender.sim.runner import Outcome
 from extender.topology.allocation import Allocation
@@ -303,9 +304,7 @@ def _hardware(r: dict[str, Any]) -> list[str]:
             by_type = (r["policies"][p]["byTemplate"].get(name) or {}).get("gpuHoursByNodeType") or {}
             hours: dict[str, float] = {}
             for kind, h in by_type.items():
-                # "GB200 x4 (NVLink clique)" -> "GB200" (engine.node_type's names).
-                model = kind.removesuffix(" (NVLink clique)").rsplit(" x", 1)[0]
-                hours[model] = hours.get(model, 0.0) + h
+                hours[gpu_model(kind)] = hours.get(gpu_model(kind), 0.0) + h
             total = sum(hours.values())
             shares = sorted(((h / total, model) for model, h in hours.items() if total), reverse=True)
             cells = [f"{model} {100 * share:.0f}%" for share, model in shares if share >= 0.005]

@@ -16,6 +16,7 @@ from extender.cli import main
 from extender.sim.generate import TraceShape, generate_trace
 from extender.sim.inputs import default_cluster
 from extender.sim.policies import available_policies
+from extender.sim.report import _hardware
 from extender.sim.runner import run_simulation
 
 LEAF = "fabric.topograph.run/tier-0"
@@ -224,8 +225,6 @@ def test_results_json_keeps_number_rows_on_one_line() -> None:
 
 
 def test_where_each_workload_ran_sums_node_types_of_one_gpu_model() -> None:
-    from extender.sim.report import _hardware
-
     hours = {"GB200 x4 (NVLink clique)": 1.0, "H100-SXM x8": 2.0, "H100-SXM x4": 1.0, "L40S x8": 0.001}
     results = {"policies": {"gangslice": {"byTemplate": {"t": {"gpuHoursByNodeType": hours}}}}}
     row = next(line for line in _hardware(results) if line.startswith("| t |"))
