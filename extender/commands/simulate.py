@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -54,13 +55,14 @@ def register(sub: Any) -> None:
         "--check-dominance",
         action="store_true",
         help="run the generated day with seeds 1, 2, 3 and on the fleet less a quarter of its nodes, "
-        "print gangslice against each peer, exit 1 where gangslice falls short",
+        "print gangslice against each peer (and, not judged, every policy against the others), "
+        "exit 1 where gangslice falls short",
     )
     p.add_argument(
         "--dominance-traces",
         metavar="A,B",
-        help="with --check-dominance, only these of its traces, comma-separated: seed-1, seed-2, "
-        "seed-3, tight (default: all; the bar is all of them)",
+        help="with --check-dominance, these traces, comma-separated: seed-1, seed-2, seed-3, tight "
+        "(default: all; the bar is all of them), or seed-N for another seed's day outside the bar",
     )
     p.set_defaults(func=run)
 
@@ -165,7 +167,17 @@ def check_dominance(
 ) -> int:
     """``simulate --check-dominance``: every trace of the bar, one table each, and the exit
     status: 0 when gangslice clears every comparison, 1 otherwise."""
-    from extender.sim.dominance import GANGSLICE, TRACES, compare, context, render, select, tight
+    from extender.sim.dominance import (
+        GANGSLICE,
+        TRACES,
+        compare,
+        context,
+        render,
+        select,
+        shortfalls_line,
+        standings,
+        tight,
+    )
     from extender.sim.generate import generate_trace
     from extender.sim.inputs import fit_generated
     from extender.sim.runner import run_simulation
@@ -184,11 +196,13 @@ def check_dominance(
         print(f"gangslice simulate: --dominance-traces: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     failing = []
+    standing: Counter[str] = Counter()
     for spec in specs:
         fleet = tight(cluster) if spec.tight else cluster
+        label = spec.label(Path(args.cluster).name if args.cluster else None)
         trace, _ = fit_generated(generate_trace(spec.seed), fleet)
         if progress is not None:
-            print(f"{spec.label}:", file=sys.stderr)
+            print(f"{label}:", file=sys.stderr)
         outcome = run_simulation(
             fleet,
             trace,
@@ -198,11 +212,15 @@ def check_dominance(
             imex_startup_s=args.imex_startup_s,
             keep_cliques=KeepCliques(args.keep_cliques),
         )
-        cells = compare(spec.label, outcome.results)
-        print(render(spec.label, cells))
+        cells = compare(label, outcome.results)
+        print(render(label, cells))
         print(context(outcome.results))
         print()
         failing += [c for c in cells if not c.ok]
+        standing.update(standings(outcome.results))
+    if len(specs) > 1:
+        print(shortfalls_line(standing, " over the traces run"))
+        print()
     if failing:
         print(f"gangslice falls short in {len(failing)} comparisons:")
         for c in failing:

@@ -10,10 +10,14 @@ The bar, per peer policy and per trace (one deterministic run each):
   peer's minus one point, TTFT-vs-best median at most 1.05x the peer's.
 
 Every comparison is printed, and the check fails (exit status 1) where gangslice falls short.
+Not judged, printed for the reader: the GPU-hours each policy served, and the same bar with
+each policy in gangslice's place (its shortfalls against the other four), which says how far
+any policy is from beating every other on every axis.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,31 +35,49 @@ SEEDS = (1, 2, 3)
 
 @dataclass(frozen=True)
 class TraceSpec:
-    label: str
     seed: int
     tight: bool = False
     #: What ``--dominance-traces`` calls it.
     name: str = ""
 
+    def label(self, fleet: str | None = None) -> str:
+        """How the tables name the trace: the generated day of the seed on ``fleet`` (a
+        ``--cluster`` file's name; None: the default fleet)."""
+        if self.tight:
+            where = "tight fleet" if fleet is None else f"{fleet} less a quarter of its nodes"
+        else:
+            where = "default fleet" if fleet is None else fleet
+        return f"{where}, seed {self.seed}"
+
 
 TRACES = (
-    *(TraceSpec(f"default fleet, seed {s}", s, name=f"seed-{s}") for s in SEEDS),
-    TraceSpec("tight fleet, seed 1", 1, True, name="tight"),
+    *(TraceSpec(s, name=f"seed-{s}") for s in SEEDS),
+    TraceSpec(1, True, name="tight"),
 )
 
 
+_HELD_OUT = re.compile(r"seed-([1-9][0-9]{0,5})")
+
+
 def select(names: str | None) -> tuple[TraceSpec, ...]:
-    """The traces a ``--dominance-traces a,b`` list names, in the bar's order (all when None).
-    Raises ValueError naming an unknown trace."""
+    """The traces a ``--dominance-traces a,b`` list names (all of the bar's when None): the
+    bar's in its order, then default-fleet days of other seeds (``seed-N``, outside the bar:
+    whether a rule holds on days it was not measured on), by seed. Raises ValueError naming
+    an unknown trace."""
     if names is None:
         return TRACES
     known = {t.name: t for t in TRACES}
     asked = {n.strip() for n in names.split(",") if n.strip()}
-    unknown = sorted(asked - known.keys())
+    held_out = {n: m for n in asked - known.keys() if (m := _HELD_OUT.fullmatch(n))}
+    unknown = sorted(asked - known.keys() - held_out.keys())
     if unknown or not asked:
         what = f"unknown trace {', '.join(map(repr, unknown))}" if unknown else "no trace named"
-        raise ValueError(f"{what}; known: {', '.join(known)}")
-    return tuple(t for t in TRACES if t.name in asked)
+        raise ValueError(f"{what}; known: {', '.join(known)}, or seed-N for another seed")
+    extra = sorted(int(m.group(1)) for m in held_out.values())
+    return (
+        *(t for t in TRACES if t.name in asked),
+        *(TraceSpec(n, name=f"seed-{n}") for n in extra),
+    )
 
 
 def tight(cluster: ClusterSnapshot) -> ClusterSnapshot:
@@ -123,13 +145,14 @@ def _cell(
     return Cell(trace, peer, scope, metric, o, t, rule(o, t))
 
 
-def compare(trace: str, results: Mapping[str, Any]) -> list[Cell]:
-    """Every comparison of gangslice against each peer in one run's results.json content."""
+def compare(trace: str, results: Mapping[str, Any], us: str = GANGSLICE) -> list[Cell]:
+    """Every comparison of policy ``us`` (gangslice) against each other policy in one run's
+    results.json content."""
     policies = results["policies"]
-    ours = policies[GANGSLICE]
+    ours = policies[us]
     cells: list[Cell] = []
     for peer, theirs in policies.items():
-        if peer == GANGSLICE:
+        if peer == us:
             continue
         for metric, path, rule in OVERALL:
             cells.append(
@@ -144,13 +167,25 @@ def compare(trace: str, results: Mapping[str, Any]) -> list[Cell]:
     return cells
 
 
+def standings(results: Mapping[str, Any]) -> dict[str, int]:
+    """Each policy's shortfalls when the bar judges it against all the others."""
+    return {us: sum(not c.ok for c in compare("", results, us)) for us in results["policies"]}
+
+
+def shortfalls_line(short: Mapping[str, int], where: str = "") -> str:
+    """:func:`standings` (or their sums over traces) as one line, fewest shortfalls first."""
+    got = ", ".join(f"{name} {n}" for name, n in sorted(short.items(), key=lambda kv: kv[1]))
+    return f"not judged: the same bar with each policy in gangslice's place, its shortfalls{where}: {got}"
+
+
 def context(results: Mapping[str, Any]) -> str:
-    """What the bar does not judge but a reader of its gang counts needs: the GPU-hours each
-    policy served (a 64-GPU gang counts once among the gangs placed, as a 1-GPU one does)."""
+    """What the bar does not judge but a reader of it needs: the GPU-hours each policy served
+    (a 64-GPU gang counts once among the gangs placed, as a 1-GPU one does), and how far each
+    policy is from clearing the same bar against the others (:func:`standings`)."""
     served = ", ".join(
         f"{name} {r['allocation']['gpuHours']:,.0f}" for name, r in results["policies"].items()
     )
-    return f"not judged: GPU-hours served: {served}"
+    return f"not judged: GPU-hours served: {served}\n{shortfalls_line(standings(results))}"
 
 
 def _fmt(metric: str, v: float | None) -> str:
