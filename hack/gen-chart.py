@@ -155,8 +155,9 @@ image:
 
 controller:
   replicas: 2
-  # serve --keep-cliques: keep whole multi-node NVLink cliques (GB200 NVL72 racks) for gangs
-  # that ask for one while such a gang waits (while-waiting), or always.
+  # serve --keep-cliques: keep a whole multi-node NVLink clique (GB200 NVL72 rack; the one
+  # with the most free GPUs) for gangs that ask for one while such a gang waits
+  # (while-waiting), or every clique always.
   keepCliques: while-waiting
   # serve --imex-daemon-requests: what NVIDIA's IMEX daemon pod requests on each node of a
   # ComputeDomain (the DRA driver's controller.containers.computeDomain.resources), e.g.

@@ -119,9 +119,10 @@ def register(sub: Any) -> None:
         choices=[k.value for k in KeepCliques],
         default=KeepCliques.WHILE_WAITING.value,
         help="when to keep whole multi-node NVLink cliques (GB200 NVL72 racks) for gangs that ask "
-        "for one: while such a gang waits (default; with none waiting, small replicas may use a "
-        "rack like any other GPUs), or always (a rack stays whole for the next such gang, idle "
-        "until one comes unless nothing else fits)",
+        "for one: while such a gang waits (default: the whole rack with the most free GPUs, one at "
+        "a time; with none waiting, small replicas may use a rack like any other GPUs), or always "
+        "(every rack stays whole for the next such gang, idle until one comes unless nothing else "
+        "fits)",
     )
     p.add_argument(
         "--no-controller",

@@ -26,8 +26,10 @@
 - ``gangslice_cache_nodes``: GPU nodes in the snapshot.
 - ``gangslice_refused_gangs``: gangs refused for want of room and not placed since
   (:mod:`extender.placement.waiting`).
-- ``gangslice_cliques_kept``: 1 while placement keeps whole multi-node NVLink cliques for
-  the gangs that ask for one (such a gang waits, or it is not known yet), else 0.
+- ``gangslice_cliques_kept``: the whole multi-node NVLink cliques placement keeps for the
+  gangs that ask for one: the one with the most free GPUs while such a gang waits, every one
+  while that is not known yet, none otherwise
+  (:meth:`~extender.placement.snapshot.ClusterSnapshot.kept_cliques`).
 
 The GPU gauges are computed from the cache at each scrape: O(nodes), with the per-node-type
 memo of :mod:`extender.placement.node_fit` doing the in-node work once per free mask; the
@@ -202,7 +204,7 @@ class _CacheCollector(Collector):
             "gangslice_cache_ready", "1 once every watched kind is listed.", value=int(self.cache.ready)
         )
         yield GaugeMetricFamily("gangslice_cache_nodes", "GPU nodes in the snapshot.", value=len(snap.nodes))
-        kept = self.cache.waiting.view(view, self.cache.clock()).clique_demand is not False
+        kept = self.cache.waiting.view(view, self.cache.clock()).kept_cliques()
         yield GaugeMetricFamily(
             "gangslice_refused_gangs",
             "Gangs refused for want of room and not placed since (forgotten after "
@@ -211,10 +213,10 @@ class _CacheCollector(Collector):
         )
         yield GaugeMetricFamily(
             "gangslice_cliques_kept",
-            "1 while placement keeps whole multi-node NVLink cliques for gangs that ask for one "
-            "(such a gang waits, or the process started less than "
-            f"{WAITING_TTL_S:g} s ago); 0 while pods off the fabric may use them like other GPUs.",
-            value=int(kept),
+            "Whole multi-node NVLink cliques kept for gangs that ask for one: the one with the most "
+            "free GPUs while such a gang waits, every one while the process started less than "
+            f"{WAITING_TTL_S:g} s ago, none while pods off the fabric may use them like other GPUs.",
+            value=len(kept),
         )
 
 

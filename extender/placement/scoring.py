@@ -12,7 +12,9 @@ The objective (:func:`objective`) is lexicographic, lower is better:
    whole nodes outside cliques that 8-GPU gangs need, and the other cliques stay whole.
    Cliques are kept only while a gang that needs one waits, or while that is not known
    (:attr:`ClusterSnapshot.clique_demand`, from :mod:`extender.placement.waiting`): with
-   no such gang waiting, a whole rack is free capacity like any other.
+   no such gang waiting, a whole rack is free capacity like any other, and while one waits
+   only the whole rack with the most free GPUs is kept for it
+   (:meth:`ClusterSnapshot.kept_cliques`): one rack drains at a time.
 2. **predicted per-layer communication time** (:func:`gang_micros`), microseconds.
 
 Shared by the solver, the baselines, the simulator and the tests, so every policy is judged
@@ -253,14 +255,11 @@ def uses_mnnvl(
 
 
 def on_whole_clique(snap: ClusterSnapshot, i: int) -> bool:
-    """Whether node ``i`` is in a multi-node NVLink clique that no pods off the fabric use yet
-    (:meth:`ClusterSnapshot.spilled_cliques`), while a gang that needs a clique may wait
-    (:attr:`ClusterSnapshot.clique_demand` is not False): GPUs taken there by a pod set that
-    does not use the fabric are fabric waste."""
-    if snap.clique_demand is False:
-        return False
+    """Whether node ``i`` is in a multi-node NVLink clique kept whole for the gangs that ask
+    for one (:meth:`ClusterSnapshot.kept_cliques`): GPUs taken there by a pod set that does
+    not use the fabric are fabric waste."""
     clique = snap.clique(i)
-    return clique is not None and clique not in snap.spilled_cliques()
+    return clique is not None and clique in snap.kept_cliques()
 
 
 def pod_set_fabric_waste(

@@ -127,6 +127,7 @@ class ClusterSnapshot:
         self._classes: tuple[list[int], list[str], dict[FreeClass, list[int]]] | None = None
         self._room_classes: RoomTables | None = None
         self._spilled: tuple[list[int], frozenset[Clique]] | None = None
+        self._kept: tuple[list[int], bool | None, frozenset[Clique]] | None = None
         self._demand_copies: tuple[list[int], list[NodeState], dict[bool | None, ClusterSnapshot]] | None = (
             None
         )
@@ -383,6 +384,33 @@ class ClusterSnapshot:
             return False
         owner = self.mnnvl_owner(i)
         return owner is None or owner == gang
+
+    def kept_cliques(self) -> frozenset[Clique]:
+        """The cliques kept whole for the gangs that need one: GPUs that pods off the fabric
+        take there are fabric waste (:func:`~extender.placement.scoring.on_whole_clique`).
+        Only cliques no such pods use yet (:meth:`spilled_cliques`) are kept, and of those:
+        none while no gang that needs one waits (:attr:`clique_demand` False); while one
+        waits, the one with the most free GPUs (then the first by topology path), so racks
+        drain for it one at a time instead of all standing idle for one gang; while that is
+        not known (None), every one. Cached per free table and demand."""
+        kept = self._kept
+        if kept is None or kept[0] is not self._free or kept[1] is not self.clique_demand:
+            whole: dict[Clique, tuple[int, int]] = {}  # free GPUs, minus the first node's rank
+            if self.has_cliques and self.clique_demand is not False:
+                spilled = self.spilled_cliques()
+                order = self.order()
+                for i in range(len(self.nodes)):
+                    clique = self.clique(i)
+                    if clique is None or clique in spilled:
+                        continue
+                    free, first = whole.get(clique, (0, -order[i]))
+                    whole[clique] = (free + self._free[i].bit_count(), max(first, -order[i]))
+            if self.clique_demand is None or not whole:
+                chosen = frozenset(whole)
+            else:
+                chosen = frozenset({max(whole, key=whole.__getitem__)})
+            kept = self._kept = (self._free, self.clique_demand, chosen)
+        return kept[2]
 
     def channel_holder(self, i: int) -> str | None:
         """Who holds node ``i``'s IMEX channel, in words (None: nobody)."""

@@ -18,9 +18,11 @@ remainder. Node requirements (a pod's nodeSelector and required node affinity) a
 
 Cliques are kept for the pod sets that span nodes over them: a pod set that does not (one
 that fits on one node, or whose pods do not talk) goes to nodes outside cliques, and to
-clique nodes only when nothing else fits, or when its clique already carries such pods
+clique nodes only when nothing else fits, when its clique already carries such pods
 (:meth:`ClusterSnapshot.spilled_cliques`: that rack is no longer whole for a gang that needs
-it all, and filling it keeps whole nodes outside cliques and the other racks whole).
+it all, and filling it keeps whole nodes outside cliques and the other racks whole), or when
+its clique is not the one kept (:meth:`ClusterSnapshot.kept_cliques`: while a gang that needs
+a clique waits, only the whole one with the most free GPUs is kept for it).
 
 Pod sets are placed one after another on a shared view of what is taken, the few best
 placements of each early pod set are each carried forward, and every order of the pod sets

@@ -3,13 +3,15 @@
 The objective keeps whole cliques (GB200 NVL72 racks) for the gangs that span nodes over
 them (:func:`~extender.placement.scoring.fabric_waste`). Kept while nobody needs them, a
 rack sits idle while small replicas queue for the nodes outside it. So the rule applies
-while a gang that needs a clique waits: the one reserve path notes every gang the solver
-refuses and forgets it once placed; a decision's snapshot carries
+while a gang that needs a clique waits, and to one rack at a time: the whole one with the
+most free GPUs (:meth:`~extender.placement.snapshot.ClusterSnapshot.kept_cliques`), which
+drains for it while the others serve small replicas. The one reserve path notes every gang
+the solver refuses and forgets it once placed; a decision's snapshot carries
 :attr:`~extender.placement.snapshot.ClusterSnapshot.clique_demand`, read from here.
 
 What is not known is treated as demand: for the first :data:`WAITING_TTL_S` after start
-(gangs refused before a restart are not known yet) every decision keeps the cliques, as a
-``place`` on a cluster file does. :attr:`KeepCliques.ALWAYS` (``serve --keep-cliques always``)
+(gangs refused before a restart are not known yet) every decision keeps every whole clique,
+as a ``place`` on a cluster file does. :attr:`KeepCliques.ALWAYS` (``serve --keep-cliques always``)
 keeps them whatever waits: for fleets whose NVL72 gangs arrive in bursts and must find a
 whole rack at once, at the price of racks left idle while only small replicas wait.
 """

@@ -1,8 +1,9 @@
-"""Cliques are kept whole only while a gang that asks for one waits (or that is not known)."""
+"""Cliques are kept whole only while a gang that asks for one waits (then one, the freest)
+or while that is not known."""
 
 from __future__ import annotations
 
-from test_solver_cliques import mixed, node, one
+from test_solver_cliques import mixed, node, one, two_cliques
 
 from extender.cost import Comm
 from extender.kube.cache import ClusterCache
@@ -40,6 +41,33 @@ def test_a_small_gang_takes_a_tray_only_when_no_gang_asking_for_a_clique_waits()
     assert isinstance(got, Slice) and got.nodes[0].startswith("tray")
     assert scoring.fabric_waste(free, tp4, got.slots) == 0
     assert scoring.fabric_waste(snap, tp4, got.slots) == 4
+
+
+def test_while_a_gang_waits_only_the_whole_clique_with_the_most_free_gpus_is_kept() -> None:
+    # Clique 0's tray t00 runs a gang over the fabric (it holds the IMEX channel: the rack is
+    # not spilled), so clique 1 has more free GPUs. A TP=2 replica takes the HGX node while
+    # every whole clique is kept, and a tray of clique 0 while only clique 1 is.
+    base = two_cliques()
+    snap = ClusterSnapshot(base.nodes, base.hierarchy, {"t00": frozenset(range(4))}, {"t00": "wide"})
+    c0, c1 = snap.clique(snap.index("t00")), snap.clique(snap.index("t10"))
+    assert snap.spilled_cliques() == frozenset()
+    tp2 = one("tp2", 1, 2)
+    unknown = snap.with_clique_demand(None)
+    assert unknown.kept_cliques() == {c0, c1}
+    got = place(unknown, tp2)
+    assert isinstance(got, Slice) and got.nodes == ("hgx",)
+    waiting = snap.with_clique_demand(True)
+    assert waiting.kept_cliques() == {c1}
+    got = place(waiting, tp2)
+    assert isinstance(got, Slice) and got.nodes == ("t01",)
+    assert scoring.fabric_waste(waiting, tp2, got.slots) == 0
+    assert scoring.fabric_waste(unknown, tp2, got.slots) == 2
+    assert snap.with_clique_demand(False).kept_cliques() == frozenset()
+    # Equally free whole cliques: the first by topology path is kept.
+    assert base.with_clique_demand(True).kept_cliques() == {c0}
+    # A spilled clique is never kept; the other one is, whatever its free GPUs.
+    spilled = two_cliques(t11=(0,))
+    assert spilled.with_clique_demand(True).kept_cliques() == {c0}
 
 
 def test_with_demand_reads_the_waiting_gangs() -> None:
