@@ -214,10 +214,12 @@ def check_dominance(
         )
         cells = compare(label, outcome.results)
         print(render(label, cells))
+        short = standings(outcome.results)
         print(context(outcome.results))
+        print(shortfalls_line(short))
         print()
         failing += [c for c in cells if not c.ok]
-        standing.update(standings(outcome.results))
+        standing.update(short)
     if len(specs) > 1:
         print(shortfalls_line(standing, " over the traces run"))
         print()

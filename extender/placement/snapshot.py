@@ -395,7 +395,8 @@ class ClusterSnapshot:
         not known (None), every one. Cached per free table and demand."""
         kept = self._kept
         if kept is None or kept[0] is not self._free or kept[1] is not self.clique_demand:
-            whole: dict[Clique, tuple[int, int]] = {}  # free GPUs, minus the first node's rank
+            free: dict[Clique, int] = {}
+            first: dict[Clique, int] = {}  # the rank of the clique's first node (:meth:`order`)
             if self.has_cliques and self.clique_demand is not False:
                 spilled = self.spilled_cliques()
                 order = self.order()
@@ -403,12 +404,12 @@ class ClusterSnapshot:
                     clique = self.clique(i)
                     if clique is None or clique in spilled:
                         continue
-                    free, first = whole.get(clique, (0, -order[i]))
-                    whole[clique] = (free + self._free[i].bit_count(), max(first, -order[i]))
-            if self.clique_demand is None or not whole:
-                chosen = frozenset(whole)
+                    free[clique] = free.get(clique, 0) + self._free[i].bit_count()
+                    first[clique] = min(first.get(clique, order[i]), order[i])
+            if self.clique_demand is None or not free:
+                chosen = frozenset(free)
             else:
-                chosen = frozenset({max(whole, key=whole.__getitem__)})
+                chosen = frozenset({max(free, key=lambda c: (free[c], -first[c]))})
             kept = self._kept = (self._free, self.clique_demand, chosen)
         return kept[2]
 

@@ -179,13 +179,12 @@ def shortfalls_line(short: Mapping[str, int], where: str = "") -> str:
 
 
 def context(results: Mapping[str, Any]) -> str:
-    """What the bar does not judge but a reader of it needs: the GPU-hours each policy served
-    (a 64-GPU gang counts once among the gangs placed, as a 1-GPU one does), and how far each
-    policy is from clearing the same bar against the others (:func:`standings`)."""
+    """What the bar does not judge but a reader of its gang counts needs: the GPU-hours each
+    policy served (a 64-GPU gang counts once among the gangs placed, as a 1-GPU one does)."""
     served = ", ".join(
         f"{name} {r['allocation']['gpuHours']:,.0f}" for name, r in results["policies"].items()
     )
-    return f"not judged: GPU-hours served: {served}\n{shortfalls_line(standings(results))}"
+    return f"not judged: GPU-hours served: {served}"
 
 
 def _fmt(metric: str, v: float | None) -> str:
