@@ -15,7 +15,7 @@ from extender.commands.exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTER
 COMMAND_MODULES = (
     "extender.commands.topo",
     "extender.commands.place",
-    "extender.placement.bench",
+    "extender.bench.placement",
     "extender.commands.simulate",
     "extender.commands.agent",
     "extender.commands.serve",

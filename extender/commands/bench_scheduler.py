@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from extender.bench.placement import bench_subparsers
 from extender.commands.exits import EXIT_FAILED, EXIT_OK, UsageError
-from extender.placement.bench import bench_subparsers
 
 
 def register(sub: Any) -> None:

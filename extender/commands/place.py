@@ -78,7 +78,7 @@ def render(result: Placement, cluster: ClusterSnapshot | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.placement.baselines import POLICIES
+    from extender.peers import POLICIES
 
     policy = POLICIES.get(args.policy)
     if policy is None:

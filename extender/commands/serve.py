@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from extender.bench.placement import bench_subparsers
 from extender.commands.exits import EXIT_OK, UsageError
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.podgroup_controller import PodGroupConfig
@@ -17,7 +18,6 @@ from extender.httpapi.limits import Limits
 from extender.kube.mismatch import OnMismatch
 from extender.kube.names import WEBHOOK_CONFIGURATION
 from extender.logs import FORMATS, configure
-from extender.placement.bench import bench_subparsers
 from extender.placement.ledger import DEFAULT_TTL_S
 from extender.placement.waiting import KeepCliques
 

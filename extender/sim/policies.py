@@ -6,12 +6,12 @@ from extender.sim.engine import Policy
 
 
 def available_policies() -> dict[str, Policy]:
-    """Every policy by name, gangslice first (``extender.placement.baselines.POLICIES`` when
+    """Every policy by name, gangslice first (``extender.peers.POLICIES`` when
     that module is present, else the gangslice solver alone)."""
     try:
-        from extender.placement.baselines import POLICIES
+        from extender.peers import POLICIES
     except ModuleNotFoundError as exc:
-        if exc.name != "extender.placement.baselines":
+        if exc.name != "extender.peers":
             raise
         from extender.placement.solver import place
 

@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from extender.cost import Comm
+from extender.peers import POLICIES
 from extender.placement import choice
-from extender.placement.baselines import POLICIES
 from extender.placement.exact import exact_slice
 from extender.placement.files import load_gang
 from extender.placement.plugin_fit import plugin_pick

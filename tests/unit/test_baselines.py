@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender import cli, cost
+from extender.bench.placement import bench_subparsers
+from extender.bench.placement import register as register_bench
 from extender.cost import Comm
+from extender.peers import POLICIES, binpack, kueue_tas, spread, volcano
+from extender.peers.common import first_free
 from extender.placement import scoring, solver
-from extender.placement.baselines import POLICIES, binpack, first_free, kueue_tas, spread, volcano
-from extender.placement.bench import bench_subparsers
-from extender.placement.bench import register as register_bench
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
@@ -395,7 +396,7 @@ def test_bench_placement_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bench_targets_cover_20000_nodes() -> None:
-    from extender.placement.bench import DEFAULT_NODES, TARGETS_MS
+    from extender.bench.placement import DEFAULT_NODES, TARGETS_MS
 
     assert 20000 in DEFAULT_NODES
     assert TARGETS_MS[(20000, 64)] == 20.0 and TARGETS_MS[(20000, 512)] == 100.0

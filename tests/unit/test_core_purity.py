@@ -1,4 +1,4 @@
-"""The core (topology, cost, placement) imports nothing from Kubernetes, kopf or HTTP."""
+"""The core (topology, cost, placement, the peers' baselines) imports nothing from Kubernetes, kopf or HTTP."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pkgutil
 import subprocess
 import sys
 
+import extender.peers
 import extender.placement
 import extender.topology
 
@@ -15,7 +16,7 @@ FORBIDDEN = ("kubernetes", "kopf", "aiohttp")
 
 def core_modules() -> list[str]:
     names = ["extender.cost"]
-    for package in (extender.topology, extender.placement):
+    for package in (extender.topology, extender.placement, extender.peers):
         names.append(package.__name__)
         names.extend(m.name for m in pkgutil.walk_packages(package.__path__, f"{package.__name__}."))
     return sorted(names)

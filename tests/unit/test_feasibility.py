@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from extender.kube.pod_needs import NeedsError, pod_needs, pod_requests
+from extender.peers import POLICIES
 from extender.placement import feasibility, quantities, scoring
-from extender.placement.baselines import POLICIES
 from extender.placement.feasibility import NOTHING, NodeFacts, Resources, Taint
 from extender.placement.files import FileError, cluster_from_data, gang_from_data
 from extender.placement.request import (

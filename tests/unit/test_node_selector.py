@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from extender.peers import POLICIES
 from extender.placement import scoring
-from extender.placement.baselines import POLICIES
 from extender.placement.files import FileError, gang_from_data
 from extender.placement.request import GangRequest, NodeRequirement, PodSet
 from extender.placement.slice import Slice, Unplaceable

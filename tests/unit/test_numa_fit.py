@@ -16,8 +16,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender import peers as baselines
 from extender.cli import main
-from extender.placement import baselines, numa_fit, scoring
+from extender.placement import numa_fit, scoring
 from extender.placement.exact import exact_slice
 from extender.placement.request import GangRequest, PodRequests, PodSet
 from extender.placement.slice import PodSlot, Slice, Unplaceable

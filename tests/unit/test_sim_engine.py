@@ -372,7 +372,7 @@ def test_every_policy_gets_what_the_node_hands_out(allocation: str) -> None:
     node the plugin answers 0,1,4 (across sockets) whoever chose the node: gangslice, judging
     the node by that answer, does not take it for a pod that must stay in one socket; spread
     takes it and gets the incoherent set."""
-    from extender.placement.baselines import spread
+    from extender.peers import spread
 
     snap = _pcie_box(allocation)
     events = [deploy(0, "tp3", tp(3, comm="allreduce", requiredLevel="numa"), 100)]
@@ -418,7 +418,7 @@ def one_clique(trays: int = 2) -> ClusterSnapshot:
 def test_a_gang_across_a_clique_waits_for_imex_start_up_whatever_placed_it(policy: str) -> None:
     """The pods of a gang whose pod set spans trays of a clique start only once its
     ComputeDomain's IMEX daemons are up; a gang on one tray joins no domain."""
-    from extender.placement.baselines import POLICIES
+    from extender.peers import POLICIES
 
     events = [
         deploy(0, "wide", tp(4, count=2, comm="alltoall", requiredLevel="clique"), 100),

@@ -433,7 +433,7 @@ def test_pd_pair_example_keeps_each_hand_off_inside_a_node() -> None:
 def test_equal_cost_prefers_the_fullest_domain_so_a_later_gang_fits(policy: str) -> None:
     """Two leaves with 4 and 3 free single-GPU slots, a one-pod leaf-required gang, then a
     four-pod one: taking the slot from the 3-slot leaf (Kueue BestFit) leaves room for both."""
-    from extender.placement.baselines import POLICIES
+    from extender.peers import POLICIES
 
     nodes = [node(f"a{i}", leaf="leaf-a", allocated=range(7)) for i in range(4)]
     nodes += [node(f"b{i}", leaf="leaf-b", allocated=range(7)) for i in range(3)]

@@ -11,9 +11,9 @@ import pytest
 
 from extender.cost import Comm
 from extender.placement import solver
-from extender.placement.bench import GPU_TAINT, synthetic_cluster
 from extender.placement.request import GangRequest, PodRequests, PodSet, Toleration
 from extender.placement.slice import Slice
+from extender.placement.synthetic import GPU_TAINT, synthetic_cluster
 from extender.topology.kubelet import TopologyPolicy
 from extender.topology.presets import preset_graph
 
