@@ -63,6 +63,25 @@ class ModelDims:
     kv_heads: int = 8
     head_dim: int = 128
     experts_per_token: int = 8
+    #: Parameters of the whole model, and those one token goes through (a mixture of experts'
+    #: shared layers and active experts); 0: estimated (see :attr:`total_parameters`).
+    parameters: float = 0.0
+    active_parameters: float = 0.0
+
+    @property
+    def total_parameters(self) -> float:
+        """The parameter count, or where none is given the transformer blocks' 12 x layers x
+        hidden^2 (attention 4 H^2, MLP 8 H^2; embeddings left out: Llama-3-70B gives 64e9)."""
+        return self.parameters or 12.0 * self.layers * self.hidden_size**2
+
+    @property
+    def active(self) -> float:
+        """Parameters each token goes through (all of them in a dense model)."""
+        return self.active_parameters or self.total_parameters
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.total_parameters * self.bytes_per_element
 
     @property
     def activation_bytes(self) -> float:

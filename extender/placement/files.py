@@ -34,7 +34,8 @@ Gang file::
         requiredLevel: node             # optional
         preferredLevel: nvlink          # optional
         colocateWith: {podSet: prefill, level: leaf}   # optional; a bare name means level node
-        model: {hiddenSize: 8192, bytesPerElement: 2, tokens: 128}
+        model: {hiddenSize: 8192, bytesPerElement: 2, tokens: 128, parameters: 70.6B}   # parameters,
+                                        # activeParameters (MoE): the step's compute time
         nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}   # optional, as a pod's
         nodeAffinity:                   # optional: required node affinity match expressions
           - {key: nvidia.com/gpu.memory, operator: Gt, values: ["80000"]}
@@ -107,9 +108,43 @@ class ModelSpec(_Strict):
     kv_heads: int = Field(8, alias="kvHeads", gt=0)
     head_dim: int = Field(128, alias="headDim", gt=0)
     experts_per_token: int = Field(8, alias="expertsPerToken", gt=0)
+    parameters: float = Field(0.0, ge=0, le=1e15)
+    active_parameters: float = Field(0.0, alias="activeParameters", ge=0, le=1e15)
+
+    @field_validator("parameters", "active_parameters", mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:
+        """``70e9``, ``"70.6e9"`` (YAML reads a bare 70.6e9 as text) or ``"70.6B"``."""
+        return parse_count(v)
+
+    @model_validator(mode="after")
+    def _active_within_total(self) -> ModelSpec:
+        if self.parameters and self.active_parameters > self.parameters:
+            raise ValueError(
+                f"activeParameters ({self.active_parameters:g}) exceeds parameters ({self.parameters:g})"
+            )
+        return self
 
     def dims(self) -> ModelDims:
         return ModelDims(**self.model_dump())
+
+
+_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_count(v: Any) -> Any:
+    """A parameter count written as a number, ``"7.6e9"`` or with a suffix (``"671B"``,
+    ``"37B"``, ``"500M"``); anything else is left for the field's own check to refuse."""
+    if not isinstance(v, str):
+        return v
+    text = v.strip().replace("_", "")
+    scale = _SUFFIX.get(text[-1:].upper(), 1.0) if text else 1.0
+    if scale != 1.0:
+        text = text[:-1]
+    try:
+        return float(text) * scale
+    except ValueError:
+        return v
 
 
 class ColocateSpec(_Strict):

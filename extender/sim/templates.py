@@ -43,6 +43,8 @@ _DIM_FIELDS = (
     ("kv_heads", "kvHeads"),
     ("head_dim", "headDim"),
     ("experts_per_token", "expertsPerToken"),
+    ("parameters", "parameters"),
+    ("active_parameters", "activeParameters"),
 )
 
 
