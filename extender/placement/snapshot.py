@@ -116,6 +116,7 @@ class ClusterSnapshot:
         self._aligning: tuple[list[NodeState], bool] | None = None
         self._per_node: tuple[list[NodeState], dict[object, _Derived]] | None = None
         self._admitted: tuple[list[NodeState], dict[NodeNeeds, frozenset[int] | None]] | None = None
+        self._refusals: tuple[list[NodeState], dict[NodeNeeds, list[feasibility.Refusal]]] | None = None
         self._limits: tuple[list[NodeState], bool] | None = None
         self._rooms: tuple[list[NodeState], dict[tuple[PodRequests, Resources | None], list[int]]] | None = (
             None
@@ -266,13 +267,19 @@ class ClusterSnapshot:
         return got
 
     def refusals(self, needs: NodeNeeds) -> list[feasibility.Refusal]:
-        """Why each node the filters refuse for ``needs`` is refused (see :meth:`admitted`)."""
-        out = []
-        for n in self.nodes:
-            r = feasibility.refusal(needs, n.name, n.labels, n.facts)
-            if r is not None:
-                out.append(r)
-        return out
+        """Why each node the filters refuse for ``needs`` is refused (see :meth:`admitted`;
+        cached per needs, a new list each call)."""
+        if self._refusals is None or self._refusals[0] is not self.nodes:
+            self._refusals = (self.nodes, {})
+        table = self._refusals[1]
+        got = table.get(needs)
+        if got is None:
+            got = table[needs] = [
+                r
+                for n in self.nodes
+                if (r := feasibility.refusal(needs, n.name, n.labels, n.facts)) is not None
+            ]
+        return list(got)
 
     @property
     def limits_resources(self) -> bool:
@@ -529,6 +536,7 @@ class ClusterSnapshot:
         snap._aligning = self._aligning
         snap._per_node = self._per_node
         snap._admitted = self._admitted
+        snap._refusals = self._refusals
         snap._limits = self._limits
         snap._rooms = self._rooms
         snap._order = self._order
@@ -537,6 +545,41 @@ class ClusterSnapshot:
             # Only the nodes held here or in this snapshot can differ in free GPUs.
             changed = sorted(self._index[n] for n in {*held, *self.reserved} if n in self._index)
             snap._classes = (snap._free, snap.kinds(), self._moved_classes(snap, changed))
+        return snap
+
+    def with_held_masks(self, held: Mapping[int, int], mnnvl: Mapping[str, str]) -> ClusterSnapshot:
+        """The same cluster with the GPUs of ``held`` (node index -> GPU mask) taken out too: what
+        :meth:`with_held` gives for the same GPUs, without converting GPU sets to masks and back
+        (the simulator's many snapshots of one cluster). Every table derived from the nodes and
+        their labels is shared; those derived from free GPUs are recomputed when asked."""
+        # The tables a copy fills in place, made here first so every copy fills the same ones.
+        if self._per_node is None or self._per_node[0] is not self.nodes:
+            self._per_node = (self.nodes, {})
+        if self._admitted is None or self._admitted[0] is not self.nodes:
+            self._admitted = (self.nodes, {})
+        if self._refusals is None or self._refusals[0] is not self.nodes:
+            self._refusals = (self.nodes, {})
+        if self._rooms is None or self._rooms[0] is not self.nodes:
+            self._rooms = (self.nodes, {})
+        snap = copy.copy(self)
+        reserved = dict(self.reserved)
+        for i, mask in held.items():
+            if mask:
+                node = self.nodes[i]
+                gpus = _gpu_set(node.shape, mask)
+                reserved[node.name] = reserved[node.name] | gpus if node.name in reserved else gpus
+        snap.reserved = reserved
+        snap.reserved_mnnvl = {**self.reserved_mnnvl, **mnnvl}
+        snap._free = [f & ~held[i] if i in held else f for i, f in enumerate(self._free)]
+        snap._domain_free = None
+        snap._fullness = None
+        snap._room_classes = None
+        snap._spilled = None
+        snap._kept = None
+        snap._demand_copies = None
+        snap._classes = None
+        if self._classes_current():
+            snap._classes = (snap._free, snap.kinds(), self._moved_classes(snap, sorted(held)))
         return snap
 
     def updated(
@@ -663,6 +706,20 @@ class ClusterSnapshot:
     @property
     def total_gpus(self) -> int:
         return sum(n.shape.size for n in self.nodes)
+
+
+_GPU_SETS: dict[tuple[str, int], frozenset[int]] = {}
+
+
+def _gpu_set(shape: NodeShape, mask: int) -> frozenset[int]:
+    """The GPU indices of a mask on a node shape, memoised (a few hundred masks per shape)."""
+    key = (shape.key, mask)
+    got = _GPU_SETS.get(key)
+    if got is None:
+        if len(_GPU_SETS) >= 1 << 16:
+            _GPU_SETS.clear()
+        got = _GPU_SETS[key] = frozenset(shape.gpus_of(mask))
+    return got
 
 
 class TopologyKey:

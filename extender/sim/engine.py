@@ -1,50 +1,66 @@
-"""The event-driven simulation of one policy on one trace.
+"""The event-driven simulation of one policy on one trace: a fleet that lives.
 
-Time is simulated: the clock jumps from one trace event to the next. At each instant the
-deployments that end and the scale-downs go first (their GPUs come free), then scale-ups and
-new deployments add gangs to the queue, then one scheduling pass runs.
+Time is simulated: the clock jumps from one event to the next. Events come from the trace
+(deployments that start and end, scale events, rollouts, node failures) and from the fleet
+itself (a replica becomes ready, a node comes back from repair). At each instant they go in
+this order: nodes back from repair, replicas that became ready (a rollout then retires old
+ones), deployments that end (their GPUs come free), node failures, new deployments, scale
+events, rollouts; then one scheduling pass runs.
 
-Queue semantics, the same for every policy: **FIFO with backfill of gangs no larger than
-the blocked head**. A pass walks the waiting gangs in arrival order and asks the policy to
-place each; the first gang the policy cannot place becomes the blocked head, and after it
-only gangs asking for no more GPUs than the head are tried (so a stream of small replicas
-cannot pass a large gang for ever by being *larger*, and small gangs are not held up behind
-a large one). With ``no_wait`` a gang the policy cannot place when it arrives is rejected.
+**Queue**, the same for every policy: FIFO with backfill of gangs no larger than the blocked
+head. A pass walks the waiting gangs in arrival order and asks the policy to place each; the
+first gang the policy cannot place becomes the blocked head, and after it only gangs asking
+for no more GPUs than the head are tried. With ``no_wait`` a gang the policy cannot place
+when it arrives is rejected. A gang the policy cannot place even on the cluster with no
+simulated gang never enters the queue: it waits, unplaceable, until it is withdrawn.
 
-A gang whose slice uses multi-node NVLink (its pod sets span nodes of a clique: the solver's
-rule, :func:`~extender.placement.scoring.mnnvl_nodes`, applied to every policy's answer) waits
-:data:`IMEX_STARTUP_S` more before it runs: its pods start only once the IMEX daemons of its
-ComputeDomain are ready. Its GPUs are held from placement on.
+**A replica's life.** Placed, its pods wait :data:`IMEX_STARTUP_S` more when its slice uses
+multi-node NVLink (the IMEX daemons of its ComputeDomain), then load the model (the
+template's load time, :mod:`extender.sim.life`); it serves from then until it goes. Its GPUs
+are held from placement on. A run ends when the replica departs (scale-down, the
+deployment's end, retired by a rollout), when a node under it fails (the replica goes back
+to the queue, in arrival order, and loads again once re-placed), or when the policy moves it.
 
-A gang the policy cannot place even on the cluster without any simulated gang is rejected on
-arrival (waiting would never end). A gang still waiting when its deployment ends or scales
-down is withdrawn. Scale-downs remove waiting replicas first, newest first, then running
-ones, newest first (what a ReplicaSet does).
+**Rollouts** follow the owner's strategy (maxSurge, maxUnavailable; :mod:`extender.sim.life`)
+the way the deployment controller reconciles a RollingUpdate: replicas of the new revision are
+created while the total stays within desired + maxSurge; old ones are retired while the ready
+replicas stay at least desired - maxUnavailable (old replicas not ready go first). A
+LeaderWorkerSet's defaults (maxSurge 0, maxUnavailable 1) replace one group at a time.
+Scale-downs remove replicas of the old revision first, waiting ones first, newest first.
+
+**Moves.** A policy that plans moves (:class:`MovingPolicy`) may answer a gang with a
+:class:`Plan`: its placement and running replicas to move to new slots. The engine applies
+the moves (each mover's run ends; it restarts on its new slots and loads its model again:
+the restart's GPU-hours are not served) and then places the gang; a plan whose moves or
+placement break the capacity rules is refused whole. Plain policies (every peer) move nothing.
 
 Each policy call's snapshot says whether a gang that needs a multi-node NVLink clique waits
 (:func:`~extender.placement.waiting.with_demand`): one of the other gangs in the queue. That
-is what the extender knows: a scheduler asks for a gang on first sight, and the extender
-notes every gang it refuses until it places it (``keep_cliques`` ALWAYS: never known, as
-``serve --keep-cliques always``). Only gangslice reads it.
+is what the extender knows (``keep_cliques`` ALWAYS: never known). Only gangslice reads it.
 
-Shortcut: once a policy refuses a gang, the same request (same pod sets) is not asked again
-until some GPUs come free, since fewer free GPUs cannot make room. Every policy gets the
-same shortcut.
+Shortcut: once a policy refuses a gang, the same request is not asked again until some GPUs
+come free, since fewer free GPUs cannot make room. Every policy gets the same shortcut.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
 
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import gang_micros, mnnvl_nodes
-from extender.placement.slice import Placement, Slice
+from extender.placement.slice import Placement, PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot
-from extender.placement.waiting import KeepCliques, clique_demand, with_demand
+from extender.placement.step import StepTime, slice_step
+from extender.placement.waiting import KeepCliques, needs_clique, with_demand
 from extender.sim.judge import coherent_level, incoherence, unusable
-from extender.sim.trace import Deployment, Scale, Trace
+from extender.sim.life import Life
+from extender.sim.reference import Best, Reference
+from extender.sim.trace import Deployment, NodeDown, Rollout, Scale, Trace
 
 Policy = Callable[[ClusterSnapshot, GangRequest], Placement]
 Progress = Callable[[float, int, int], None]
@@ -53,6 +69,11 @@ PLACED = "placed"
 REJECTED = "rejected"
 WITHDRAWN = "withdrawn"
 WAITING = "waiting"
+
+#: Why a run ended.
+DEPARTED = "departed"
+MOVED = "moved"
+NODE_LOST = "node-lost"
 
 #: At most this many policy errors are kept with their messages (all are counted).
 MAX_ERRORS_KEPT = 20
@@ -63,73 +84,53 @@ MAX_ERRORS_KEPT = 20
 IMEX_STARTUP_S = 45.0
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A running replica to move to new slots."""
+
+    gang: str
+    slots: tuple[PodSlot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A policy's answer with moves: place the gang after moving these running replicas."""
+
+    placement: Placement
+    moves: tuple[Move, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A running replica as a moving policy sees it."""
+
+    name: str
+    template: str | None
+    gang: GangRequest
+    slots: tuple[PodSlot, ...]
+    #: Seconds until it serves again if moved now (its model load).
+    load_s: float
+
+
+@runtime_checkable
+class MovingPolicy(Protocol):
+    """A policy that may move running replicas to place a gang."""
+
+    def __call__(self, snap: ClusterSnapshot, gang: GangRequest) -> Placement: ...
+
+    def plan(
+        self, snap: ClusterSnapshot, gang: GangRequest, running: Sequence[Running]
+    ) -> Placement | Plan: ...
+
+
 def shape_key(gang: GangRequest) -> tuple[PodSet, ...]:
     """What a policy's answer depends on besides the cluster: the pod sets, not the name."""
     return gang.pod_sets
 
 
 def comm_millis(gang: GangRequest, micros: Mapping[str, float]) -> float:
-    """Communication time of one prefill step through every layer, milliseconds."""
+    """Communication time of one step through every layer, milliseconds."""
     return sum(micros.get(ps.name, 0.0) * ps.model.layers for ps in gang.pod_sets) / 1000.0
-
-
-@dataclass(frozen=True)
-class Ideal:
-    """The reference for a request: the gangslice solver's slice on the cluster with no
-    simulated gang (None where even that has no slice)."""
-
-    micros: float
-    comm_ms: float
-
-
-class Reference:
-    """Ideal placements, memoised per request; shared by every policy of a run.
-
-    ``best``: on the whole cluster with no simulated gang. ``same_hardware``: on that cluster
-    cut down to the node types a slice actually got (GPU graphs, and who hands out their
-    GPUs: :attr:`NodeState.kind`), which separates a worse topology (a split NVLink island, a
-    socket crossed, a leaf crossed) from slower hardware; on device-plugin nodes both are the
-    best the plugin's answers allow.
-    """
-
-    def __init__(self, empty: ClusterSnapshot) -> None:
-        self.empty = empty
-        self._memo: dict[tuple[frozenset[str] | None, tuple[PodSet, ...]], Ideal | None] = {}
-        self._clusters: dict[frozenset[str], ClusterSnapshot] = {}
-        #: Solver calls that raised (the first few), as ``{gang, error}``.
-        self.errors: list[dict[str, str]] = []
-
-    def best(self, gang: GangRequest) -> Ideal | None:
-        return self._solve(None, gang)
-
-    def same_hardware(self, gang: GangRequest, node_types: frozenset[str]) -> Ideal | None:
-        return self._solve(node_types, gang)
-
-    def _solve(self, node_types: frozenset[str] | None, gang: GangRequest) -> Ideal | None:
-        key = (node_types, shape_key(gang))
-        if key not in self._memo:
-            from extender.placement.solver import place
-
-            cluster = self.empty if node_types is None else self._cut(node_types)
-            try:
-                got: Placement | None = place(cluster, gang)
-            except Exception as exc:  # a solver bug: reported with the run, not fatal to it
-                got = None
-                if len(self.errors) < MAX_ERRORS_KEPT:
-                    self.errors.append({"gang": gang.name, "error": f"{type(exc).__name__}: {exc}"})
-            self._memo[key] = (
-                Ideal(got.per_layer_micros, comm_millis(gang, got.pod_set_micros))
-                if isinstance(got, Slice)
-                else None
-            )
-        return self._memo[key]
-
-    def _cut(self, node_types: frozenset[str]) -> ClusterSnapshot:
-        got = self._clusters.get(node_types)
-        if got is None:
-            nodes = [n for n in self.empty.nodes if n.kind in node_types]
-            got = self._clusters[node_types] = ClusterSnapshot(nodes, self.empty.hierarchy)
-        return got
 
 
 #: How a node type's name marks a node of a multi-node NVLink clique.
@@ -151,6 +152,39 @@ def gpu_model(type_name: str) -> str:
 
 
 @dataclass
+class Run:
+    """One placement of a replica, from placement until it ends."""
+
+    placed_at: float
+    #: When it serves: after IMEX start-up (multi-node NVLink only) and the model load.
+    ready_at: float
+    imex_s: float
+    slots: tuple[PodSlot, ...]
+    #: Node index -> GPU mask held.
+    held: dict[int, int]
+    mnnvl: tuple[str, ...]
+    step: StepTime
+    micros: float
+    comm_ms: float
+    incoherent: tuple[str, ...]
+    nodes: int
+    #: Whether an earlier run of the same replica ended (a node lost, a move): its load is a restart.
+    restart: bool = False
+    ended_at: float | None = None
+    cause: str | None = None
+
+    def served_s(self, end: float) -> float:
+        """Seconds it served, up to ``end`` when it has not ended."""
+        stop = self.ended_at if self.ended_at is not None else end
+        return max(0.0, stop - self.ready_at)
+
+    def loading_s(self, end: float) -> float:
+        """Seconds its GPUs were held before it served (IMEX start-up and model load)."""
+        stop = self.ended_at if self.ended_at is not None else end
+        return max(0.0, min(stop, self.ready_at) - self.placed_at)
+
+
+@dataclass
 class GangRecord:
     """One replica of one deployment: one gang, from arrival to departure."""
 
@@ -160,29 +194,79 @@ class GangRecord:
     gang: GangRequest
     arrived: float
     seq: int
+    load_s: float = 0.0
+    revision: int = 0
     outcome: str = WAITING
-    placed_at: float | None = None
     ended_at: float | None = None
-    micros: float | None = None
-    comm_ms: float | None = None
-    ideal: Ideal | None = None
-    ideal_same_hardware: Ideal | None = None
-    incoherent: tuple[str, ...] = ()
-    nodes: int = 0
-    #: Node index -> GPU mask this gang holds while it runs.
-    held: dict[int, int] = field(default_factory=dict)
-    mnnvl: tuple[str, ...] = ()
-    #: Seconds its pods waited after placement for the IMEX daemons (multi-node NVLink only).
-    imex_s: float = 0.0
+    runs: list[Run] = field(default_factory=list)
+    ideal: Best | None = None
+    ideal_same_hardware: Best | None = None
+    #: Whether it can never be placed by this policy (even on the cluster with no simulated gang).
+    unplaceable: bool = False
+
+    @property
+    def run(self) -> Run | None:
+        """The run in progress, if any."""
+        return self.runs[-1] if self.runs and self.runs[-1].ended_at is None else None
+
+    @property
+    def first(self) -> Run | None:
+        return self.runs[0] if self.runs else None
+
+    @property
+    def placed_at(self) -> float | None:
+        return self.runs[0].placed_at if self.runs else None
+
+    @property
+    def imex_s(self) -> float:
+        return self.runs[0].imex_s if self.runs else 0.0
+
+    @property
+    def micros(self) -> float | None:
+        return self.runs[0].micros if self.runs else None
+
+    @property
+    def comm_ms(self) -> float | None:
+        return self.runs[0].comm_ms if self.runs else None
+
+    @property
+    def incoherent(self) -> tuple[str, ...]:
+        return self.runs[0].incoherent if self.runs else ()
+
+    @property
+    def nodes(self) -> int:
+        return self.runs[0].nodes if self.runs else 0
+
+    @property
+    def held(self) -> dict[int, int]:
+        """GPUs it holds now, or held in its last run."""
+        return self.runs[-1].held if self.runs else {}
+
+    @property
+    def mnnvl(self) -> tuple[str, ...]:
+        return self.runs[-1].mnnvl if self.runs else ()
 
     @property
     def waited(self) -> float | None:
-        """Seconds from arrival until its pods run: in the queue, then for IMEX start-up."""
-        return None if self.placed_at is None else self.placed_at - self.arrived + self.imex_s
+        """Seconds from arrival until its pods first ran: in the queue, then for IMEX start-up."""
+        first = self.first
+        return None if first is None else first.placed_at - self.arrived + first.imex_s
+
+    def waited_until(self, end: float) -> float:
+        """:attr:`waited`, or for a replica never placed the time it waited until it was
+        withdrawn (``end`` when it never was)."""
+        got = self.waited
+        if got is not None:
+            return got
+        return (self.ended_at if self.ended_at is not None else end) - self.arrived
 
     @property
     def coherent(self) -> bool | None:
-        return None if self.placed_at is None else not self.incoherent
+        return None if not self.runs else not self.runs[0].incoherent
+
+    def ready(self, t: float) -> bool:
+        run = self.run
+        return run is not None and run.ready_at <= t
 
 
 @dataclass(frozen=True)
@@ -194,6 +278,11 @@ class Point:
     waiting_gangs: int
     whole_free_nodes: int
     largest_free_leaf_gpus: int
+    #: GPUs of replicas that serve, and the same weighted by each one's speed (step time of
+    #: its template's best slice / its own): the rate at which goodput accrues.
+    serving_gpus: int = 0
+    goodput_gpus: float = 0.0
+    nodes_down: int = 0
 
 
 @dataclass
@@ -211,6 +300,7 @@ class PolicyRun:
     wall_seconds: float
     #: Each node's type (:func:`node_type`), by node index (the keys of ``GangRecord.held``).
     node_types: list[str] = field(default_factory=list)
+    moves: int = 0
 
 
 class _Cluster:
@@ -221,6 +311,7 @@ class _Cluster:
         n = len(base.nodes)
         self.usable = [base.free_mask(i) for i in range(n)]
         self.held = [0] * n
+        self.down = [False] * n
         self.mnnvl: dict[str, str] = {}
         self.allocated = 0
         self._snapshot: ClusterSnapshot | None = base
@@ -237,7 +328,7 @@ class _Cluster:
                 self.leaf_free[self.leaf_of[i]] += base.nodes[i].shape.size
 
     def _is_whole(self, i: int) -> bool:
-        return self.usable[i] & ~self.held[i] == self.base.nodes[i].shape.full_mask
+        return not self.down[i] and self.usable[i] & ~self.held[i] == self.base.nodes[i].shape.full_mask
 
     def _touch(self, i: int) -> None:
         now = self._is_whole(i)
@@ -249,39 +340,52 @@ class _Cluster:
     def snapshot(self) -> ClusterSnapshot:
         if self._snapshot is None:
             held = {
-                node.name: frozenset(node.shape.gpus_of(mask))
-                for node, mask in zip(self.base.nodes, self.held, strict=True)
-                if mask
+                i: self.base.nodes[i].shape.full_mask if down else mask
+                for i, (mask, down) in enumerate(zip(self.held, self.down, strict=True))
+                if mask or down
             }
-            self._snapshot = self.base.with_held(held, dict(self.mnnvl))
+            self._snapshot = self.base.with_held_masks(held, self.mnnvl)
         return self._snapshot
 
-    def take(self, rec: GangRecord) -> None:
-        for i, mask in rec.held.items():
+    def take(self, name: str, run: Run) -> None:
+        for i, mask in run.held.items():
             self.held[i] |= mask
             self.allocated += mask.bit_count()
             self._touch(i)
-        for name in rec.mnnvl:
-            self.mnnvl.setdefault(name, rec.name)
+        for node in run.mnnvl:
+            self.mnnvl.setdefault(node, name)
         self._snapshot = None
 
-    def give_back(self, rec: GangRecord) -> None:
-        for i, mask in rec.held.items():
+    def give_back(self, name: str, run: Run) -> None:
+        for i, mask in run.held.items():
             self.held[i] &= ~mask
             self.allocated -= mask.bit_count()
             self._touch(i)
-        for name in rec.mnnvl:
-            if self.mnnvl.get(name) == rec.name:
-                del self.mnnvl[name]
+        for node in run.mnnvl:
+            if self.mnnvl.get(node) == name:
+                del self.mnnvl[node]
         self._snapshot = None
 
-    def point(self, t: float, waiting: int) -> Point:
-        return Point(t, self.allocated, waiting, sum(self.whole), max(self.leaf_free.values(), default=0))
+    def set_down(self, i: int, down: bool) -> None:
+        self.down[i] = down
+        self._touch(i)
+        self._snapshot = None
+
+    def point(self, t: float, waiting: int, serving: int, goodput: float) -> Point:
+        return Point(
+            t,
+            self.allocated,
+            waiting,
+            sum(self.whole),
+            max(self.leaf_free.values(), default=0),
+            serving,
+            goodput,
+            sum(self.down),
+        )
 
 
-# Order of actions at one instant: deployments that end go first (their GPUs come free), then
-# new deployments, then scale events (a deployment may scale at the instant it starts).
-_END, _START, _SCALE = 0, 1, 2
+# Order of actions at one instant (see the module docstring).
+_UP, _READY, _END, _DOWN, _START, _SCALE, _ROLLOUT = range(7)
 
 
 class Simulation:
@@ -302,16 +406,26 @@ class Simulation:
         self.trace = trace
         self.policy_name = policy_name
         self.policy = policy
+        self.moving = isinstance(policy, MovingPolicy)
         self.reference = reference
         self.no_wait = no_wait
         self.progress = progress
         self.cluster = _Cluster(base)
+        #: Waiting gangs in arrival order, the same as a set, and how many ask for a clique.
         self.queue: list[GangRecord] = []
+        self.queued: set[str] = set()
+        self.queued_clique = 0
+        self.asks_clique: dict[tuple[PodSet, ...], bool] = {}
         self.records: list[GangRecord] = []
+        self.by_name: dict[str, GangRecord] = {}
         self.deployments = {d.name: d for d in trace.deployments}
         #: Replicas of each running deployment, waiting or placed, oldest first.
         self.live: dict[str, list[GangRecord]] = {}
+        #: Desired replicas and current revision of each running deployment.
+        self.desired: dict[str, int] = {}
+        self.revision: dict[str, int] = {}
         self.placed = 0
+        self.moves = 0
         self.replica_counter: dict[str, int] = {}
         self.timeline: list[Point] = []
         self.epoch = 0
@@ -321,35 +435,38 @@ class Simulation:
         self.failed_calls = 0
         self.errors: list[dict[str, object]] = []
         self.error_count = 0
+        self.events: list[tuple[float, int, int, object]] = []
+        self._event_seq = 0
+        self.serving_gpus = 0
+        self.goodput_gpus = 0.0
+        self.node_index = {n.name: i for i, n in enumerate(base.nodes)}
 
     # -- the clock -------------------------------------------------------------------------
+    def _at(self, t: float, kind: int, what: object) -> None:
+        heapq.heappush(self.events, (t, kind, self._event_seq, what))
+        self._event_seq += 1
+
     def run(self) -> PolicyRun:
         started = time.perf_counter()
-        actions: list[tuple[float, int, int, object]] = []
-        for k, d in enumerate(self.trace.deployments):
-            actions.append((d.at, _START, k, d))
-            actions.append((d.end, _END, k, d))
-        for k, s in enumerate(self.trace.scales):
-            actions.append((s.at, _SCALE, k, s))
-        actions.sort(key=lambda a: (a[0], a[1], a[2]))
+        for d in self.trace.deployments:
+            self._at(d.at, _START, d)
+            self._at(d.end, _END, d)
+        for s in self.trace.scales:
+            self._at(s.at, _SCALE, s)
+        for r in self.trace.rollouts:
+            self._at(r.at, _ROLLOUT, r)
+        for f in self.trace.node_downs:
+            if f.node in self.node_index:
+                self._at(f.at, _DOWN, f)
         end = self.trace.end
-        self.timeline.append(self.cluster.point(0.0, 0))
-        i = 0
-        while i < len(actions):
-            t = actions[i][0]
-            while i < len(actions) and actions[i][0] == t:
-                _, kind, _, what = actions[i]
-                if isinstance(what, Scale):
-                    self._scale(what.deployment, what.replicas, t)
-                else:
-                    assert isinstance(what, Deployment)
-                    if kind == _END:
-                        self._scale(what.name, 0, t)
-                        del self.live[what.name]
-                    else:
-                        self.live[what.name] = []
-                        self._add(what, what.replicas, t)
-                i += 1
+        self.timeline.append(self.cluster.point(0.0, 0, 0, 0.0))
+        while self.events:
+            t = self.events[0][0]
+            if t > end:
+                break
+            while self.events and self.events[0][0] == t:
+                _, kind, _, what = heapq.heappop(self.events)
+                self._handle(kind, what, t)
             self._pass(t)
             self._record(t)
             if self.progress is not None:
@@ -366,61 +483,185 @@ class Simulation:
             error_count=self.error_count,
             wall_seconds=time.perf_counter() - started,
             node_types=[node_type(self.cluster.base, i) for i in range(len(self.cluster.base.nodes))],
+            moves=self.moves,
         )
 
+    def _handle(self, kind: int, what: object, t: float) -> None:
+        if kind == _UP:
+            assert isinstance(what, int)
+            self.cluster.set_down(what, False)
+            self.epoch += 1
+        elif kind == _READY:
+            assert isinstance(what, tuple)
+            rec, run = what
+            if rec.run is run:
+                self._serving(rec, run, +1)
+                if self._rolling(rec.deployment):
+                    self._reconcile(rec.deployment, t)
+        elif kind == _END:
+            assert isinstance(what, Deployment)
+            self._scale(what.name, 0, t)
+            del self.live[what.name]
+        elif kind == _DOWN:
+            assert isinstance(what, NodeDown)
+            self._node_down(what, t)
+        elif kind == _START:
+            assert isinstance(what, Deployment)
+            self.live[what.name] = []
+            self.desired[what.name] = what.replicas
+            self.revision[what.name] = 0
+            self._add(what, what.replicas, t)
+        elif kind == _SCALE:
+            assert isinstance(what, Scale)
+            self.desired[what.deployment] = what.replicas
+            if self._rolling(what.deployment):
+                self._reconcile(what.deployment, t)
+            else:
+                self._scale(what.deployment, what.replicas, t)
+        else:
+            assert isinstance(what, Rollout)
+            self.revision[what.deployment] += 1
+            self._reconcile(what.deployment, t)
+
+    def _serving(self, rec: GangRecord, run: Run, sign: int) -> None:
+        gpus = rec.gang.gpus
+        self.serving_gpus += sign * gpus
+        self.goodput_gpus += sign * gpus * speed(rec.ideal, run.step)
+
     def _record(self, t: float) -> None:
-        p = self.cluster.point(t, len(self.queue))
+        p = self.cluster.point(t, len(self.queue), self.serving_gpus, self.goodput_gpus)
         last = self.timeline[-1]
-        same = (p.allocated_gpus, p.waiting_gangs, p.whole_free_nodes, p.largest_free_leaf_gpus) == (
-            last.allocated_gpus,
-            last.waiting_gangs,
-            last.whole_free_nodes,
-            last.largest_free_leaf_gpus,
-        )
         if last.t == t:
             self.timeline[-1] = p
-        elif not same:
+        elif replace(p, t=last.t) != last:
             self.timeline.append(p)
 
     # -- deployments -----------------------------------------------------------------------
     def _add(self, d: Deployment, n: int, t: float) -> None:
+        life: Life = d.life
         for _ in range(n):
             k = self.replica_counter.get(d.name, 0)
             self.replica_counter[d.name] = k + 1
             name = f"{d.name}-{k}"
+            gang = replace(d.gang, name=name)
             rec = GangRecord(
                 name=name,
                 deployment=d.name,
                 template=d.template,
-                gang=replace(d.gang, name=name),
+                gang=gang,
                 arrived=t,
                 seq=len(self.records),
+                load_s=life.load_seconds(gang),
+                revision=self.revision.get(d.name, 0),
+                ideal=self.reference.best(gang),
             )
             self.records.append(rec)
+            self.by_name[name] = rec
             self.live[d.name].append(rec)
             if self._never_fits(rec):
-                rec.outcome = REJECTED
-                rec.ended_at = t
-                self.live[d.name].remove(rec)
+                rec.unplaceable = True
             else:
-                self.queue.append(rec)
+                self._enqueue(rec)
 
     def _scale(self, deployment: str, replicas: int, t: float) -> None:
         live = self.live[deployment]
         if replicas > len(live):
             self._add(self.deployments[deployment], replicas - len(live), t)
             return
+        rev = self.revision.get(deployment, 0)
         while len(live) > replicas:
-            waiting = [r for r in live if r.placed_at is None]
-            rec = max(waiting or live, key=lambda r: r.seq)
-            live.remove(rec)
-            rec.ended_at = t
+            # Old revision first, then waiting before placed, then newest first.
+            rec = max(live, key=lambda r: (r.revision != rev, r.run is None, r.seq))
+            self._retire(rec, t)
+
+    def _retire(self, rec: GangRecord, t: float) -> None:
+        """The replica goes for good (scale-down, the deployment's end, a rollout)."""
+        self.live[rec.deployment].remove(rec)
+        rec.ended_at = t
+        run = rec.run
+        if run is None:
             if rec.placed_at is None:
-                rec.outcome = WITHDRAWN
-                self.queue.remove(rec)
-            else:
-                self.cluster.give_back(rec)
-                self.epoch += 1
+                rec.outcome = REJECTED if rec.unplaceable else WITHDRAWN
+            if rec.name in self.queued:
+                self._dequeue(rec)
+            return
+        self._end_run(rec, run, t, DEPARTED)
+
+    def _end_run(self, rec: GangRecord, run: Run, t: float, cause: str) -> None:
+        if run.ready_at <= t:
+            self._serving(rec, run, -1)
+        run.ended_at = t
+        run.cause = cause
+        self.cluster.give_back(rec.name, run)
+        self.epoch += 1
+
+    def _rolling(self, deployment: str) -> bool:
+        rev = self.revision.get(deployment, 0)
+        return any(r.revision != rev for r in self.live.get(deployment, ()))
+
+    def _reconcile(self, deployment: str, t: float) -> None:
+        """One reconcile of a rolling update (see the module docstring)."""
+        d = self.deployments[deployment]
+        rev = self.revision[deployment]
+        want = self.desired[deployment]
+        live = self.live[deployment]
+        surge, unavailable = d.life.fenceposts(want)
+        new = [r for r in live if r.revision == rev]
+        for rec in sorted(new, key=lambda r: (r.run is None, r.seq), reverse=True)[: max(0, len(new) - want)]:
+            self._retire(rec, t)  # scaled down mid-rollout: waiting ones first, newest first
+        new = [r for r in live if r.revision == rev]
+        if len(live) < want + surge and len(new) < want:
+            self._add(d, min(want + surge - len(live), want - len(new)), t)
+        live = self.live[deployment]
+        old = [r for r in live if r.revision != rev]
+        new = [r for r in live if r.revision == rev]
+        new_unready = sum(1 for r in new if not r.ready(t))
+        room = len(live) - (want - unavailable) - new_unready
+        for rec in sorted(old, key=lambda r: (r.ready(t), -r.seq)):  # not ready first, then newest
+            if room <= 0 and rec.ready(t):
+                break
+            if rec.ready(t):
+                room -= 1
+            self._retire(rec, t)
+        live = self.live[deployment]
+        new = [r for r in live if r.revision == rev]
+        if len(live) < want + surge and len(new) < want:
+            self._add(d, min(want + surge - len(live), want - len(new)), t)
+
+    def _node_down(self, f: NodeDown, t: float) -> None:
+        i = self.node_index[f.node]
+        if self.cluster.down[i]:
+            return
+        for recs in self.live.values():
+            for rec in recs:
+                run = rec.run
+                if run is not None and i in run.held:
+                    self._end_run(rec, run, t, NODE_LOST)
+                    self._enqueue(rec)
+        self.cluster.set_down(i, True)
+        self._at(f.back, _UP, i)
+
+    def _enqueue(self, rec: GangRecord) -> None:
+        """Into the queue at its place in arrival order (a replica that lost its node keeps it)."""
+        if self.queue and (self.queue[-1].arrived, self.queue[-1].seq) > (rec.arrived, rec.seq):
+            keys = [(r.arrived, r.seq) for r in self.queue]
+            self.queue.insert(bisect.bisect(keys, (rec.arrived, rec.seq)), rec)
+        else:
+            self.queue.append(rec)
+        self.queued.add(rec.name)
+        self.queued_clique += self._asks_clique(rec)
+
+    def _dequeue(self, rec: GangRecord) -> None:
+        self.queue.remove(rec)
+        self.queued.discard(rec.name)
+        self.queued_clique -= self._asks_clique(rec)
+
+    def _asks_clique(self, rec: GangRecord) -> bool:
+        key = shape_key(rec.gang)
+        got = self.asks_clique.get(key)
+        if got is None:
+            got = self.asks_clique[key] = needs_clique(self.cluster.base, rec.gang)
+        return got
 
     def _never_fits(self, rec: GangRecord) -> bool:
         key = shape_key(rec.gang)
@@ -443,12 +684,14 @@ class Simulation:
     def _pass(self, t: float) -> None:
         head_gpus: int | None = None
         for rec in list(self.queue):
+            if rec.name not in self.queued:
+                continue  # retired by a rollout this pass set off
             if head_gpus is not None and rec.gang.gpus > head_gpus:
                 continue
             if self._try(rec, t):
                 continue
-            if self.no_wait:
-                self.queue.remove(rec)
+            if self.no_wait and not rec.runs:
+                self._dequeue(rec)
                 self.live[rec.deployment].remove(rec)
                 rec.outcome = REJECTED
                 rec.ended_at = t
@@ -460,48 +703,129 @@ class Simulation:
         if self.refused.get(key) == self.epoch:
             return False
         snap = self.cluster.snapshot()
-        waiting = clique_demand(snap, (r.gang for r in self.queue if r is not rec))
+        waiting = self.queued_clique - self._asks_clique(rec) > 0  # another queued gang asks for one
         snap = with_demand(snap, waiting, self.keep_cliques)
         began = time.perf_counter()
+        got: Placement | Plan | None
         try:
-            got: Placement | None = self.policy(snap, rec.gang)
+            if self.moving:
+                got = self.policy.plan(snap, rec.gang, self._running())  # type: ignore[attr-defined]
+            else:
+                got = self.policy(snap, rec.gang)
         except Exception as exc:  # reported, and the gang treated as refused
             got = None
             self._error(rec, t, exc)
         self.decision_seconds.append(time.perf_counter() - began)
-        if isinstance(got, Slice):
-            problem = unusable(snap, rec.gang, got.slots)
-            if problem is None:
-                self._start(rec, snap, got, t)
-                return True
-            self._error(rec, t, f"unusable slice: {problem}")
+        plan = got if isinstance(got, Plan) else Plan(got) if got is not None else None
+        if plan is not None and isinstance(plan.placement, Slice) and self._apply(rec, snap, plan, t):
+            return True
         self.failed_calls += 1
         self.refused[key] = self.epoch
         return False
 
-    def _start(self, rec: GangRecord, snap: ClusterSnapshot, got: Slice, t: float) -> None:
-        micros = gang_micros(snap, rec.gang, got.slots)
-        rec.outcome = PLACED
-        rec.placed_at = t
-        self.placed += 1
-        rec.micros = sum(micros.values())
-        rec.comm_ms = comm_millis(rec.gang, micros)
-        rec.ideal = self.reference.best(rec.gang)
-        kinds = frozenset(snap.node(s.node).kind for s in got.slots)
-        rec.ideal_same_hardware = self.reference.same_hardware(rec.gang, kinds)
-        rec.incoherent = incoherence(snap, rec.gang, got.slots)
-        rec.nodes = len({s.node for s in got.slots})
-        for s in got.slots:
+    def _running(self) -> list[Running]:
+        out = []
+        for recs in self.live.values():
+            for rec in recs:
+                run = rec.run
+                if run is not None:
+                    out.append(Running(rec.name, rec.template, rec.gang, run.slots, rec.load_s))
+        return out
+
+    def _apply(self, rec: GangRecord, snap: ClusterSnapshot, plan: Plan, t: float) -> bool:
+        """Apply a plan's moves, then place the gang; refuse the whole plan if any part breaks
+        the capacity rules."""
+        placement = plan.placement
+        assert isinstance(placement, Slice)
+        done: list[tuple[GangRecord, Run]] = []
+        problem: str | None = None
+        for move in plan.moves:
+            mover = self.by_name.get(move.gang)
+            run = mover.run if mover is not None else None
+            if mover is None or run is None:
+                problem = f"move of {move.gang}: not a running replica"
+                break
+            self.cluster.give_back(mover.name, run)
+            here = self.cluster.snapshot()
+            problem = unusable(here, mover.gang, move.slots)
+            self.cluster.take(mover.name, run)
+            if problem is not None:
+                problem = f"move of {move.gang}: {problem}"
+                break
+            self._end_run(mover, run, t, MOVED)
+            self._start(mover, self.cluster.snapshot(), move.slots, t, restart=True)
+            done.append((mover, run))
+        if problem is None:
+            here = self.cluster.snapshot() if plan.moves else snap
+            problem = unusable(here, rec.gang, placement.slots)
+            if problem is None:
+                self._start(rec, here, placement.slots, t)
+                self._dequeue(rec)
+                self.placed += 1
+                self.moves += len(done)
+                return True
+        for mover, run in reversed(done):  # undo: back to where it ran, as if never moved
+            new = mover.runs.pop()
+            if new.ready_at <= t:
+                self._serving(mover, new, -1)
+            self.cluster.give_back(mover.name, new)
+            run.ended_at, run.cause = None, None
+            self.cluster.take(mover.name, run)
+            if run.ready_at <= t:
+                self._serving(mover, run, +1)
+        self._error(rec, t, f"unusable plan: {problem}")
+        return False
+
+    def _start(
+        self,
+        rec: GangRecord,
+        snap: ClusterSnapshot,
+        slots: tuple[PodSlot, ...],
+        t: float,
+        restart: bool = False,
+    ) -> None:
+        micros = gang_micros(snap, rec.gang, slots)
+        held: dict[int, int] = {}
+        for s in slots:
             i = snap.index(s.node)
-            rec.held[i] = rec.held.get(i, 0) | snap.nodes[i].shape.mask_of(s.gpus)
-        # The solver's rule, applied to every policy's answer.
-        rec.mnnvl = mnnvl_nodes(snap, rec.gang, got.slots)
-        rec.imex_s = self.imex_startup_s if rec.mnnvl else 0.0
-        self.cluster.take(rec)
-        self.queue.remove(rec)
+            held[i] = held.get(i, 0) | snap.nodes[i].shape.mask_of(s.gpus)
+        mnnvl = mnnvl_nodes(snap, rec.gang, slots)
+        imex = self.imex_startup_s if mnnvl else 0.0
+        run = Run(
+            placed_at=t,
+            ready_at=t + imex + rec.load_s,
+            imex_s=imex,
+            slots=tuple(slots),
+            held=held,
+            mnnvl=mnnvl,
+            step=slice_step(snap, rec.gang, slots),
+            micros=sum(micros.values()),
+            comm_ms=comm_millis(rec.gang, micros),
+            incoherent=incoherence(snap, rec.gang, slots),
+            nodes=len({s.node for s in slots}),
+            restart=restart or bool(rec.runs),
+        )
+        if not rec.runs:
+            kinds = frozenset(snap.node(s.node).kind for s in slots)
+            rec.ideal_same_hardware = self.reference.same_hardware(rec.gang, kinds)
+        rec.runs.append(run)
+        rec.outcome = PLACED
+        self.cluster.take(rec.name, run)
+        if run.ready_at <= t:
+            self._serving(rec, run, +1)
+        else:
+            self._at(run.ready_at, _READY, (rec, run))
 
     def _error(self, rec: GangRecord, t: float, exc: BaseException | str) -> None:
         self.error_count += 1
         if len(self.errors) < MAX_ERRORS_KEPT:
             what = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
             self.errors.append({"at": t, "gang": rec.name, "error": what})
+
+
+def speed(ideal: Best | None, step: StepTime) -> float:
+    """How fast a run serves, as a share of its template's best step on the fleet (1: as fast
+    as the best slice, and where there is no reference to judge by)."""
+    if ideal is None or step.total_us <= 0:
+        return 1.0
+    return min(1.0, ideal.step_us / step.total_us)

@@ -12,11 +12,13 @@ from extender.placement.files import cluster_from_data, load_cluster
 from extender.placement.request import GangRequest
 from extender.placement.scoring import LevelError, resolve_level, resolve_need
 from extender.placement.snapshot import ClusterSnapshot
-from extender.sim.generate import generate_trace
+from extender.sim.generate import DEFAULT_LOAD, TraceShape, demand_gpu_hours, generate_trace
 from extender.sim.templates import read_data_file
 from extender.sim.trace import Trace, TraceError, load_trace
 
 DEFAULT_CLUSTER = "default-cluster.yaml"
+#: Days drawn at most when sizing a generated day to a fleet (:func:`fitted_day`).
+FIT_ROUNDS = 10
 
 
 def default_cluster() -> ClusterSnapshot:
@@ -65,7 +67,10 @@ def fit_generated(trace: Trace, cluster: ClusterSnapshot) -> tuple[Trace, list[s
         return trace, []
     names = {d.name for d in keep}
     fitted = dataclasses.replace(
-        trace, deployments=tuple(keep), scales=tuple(s for s in trace.scales if s.deployment in names)
+        trace,
+        deployments=tuple(keep),
+        scales=tuple(s for s in trace.scales if s.deployment in names),
+        rollouts=tuple(r for r in trace.rollouts if r.deployment in names),
     )
     lines = [f"template {key} left out of the trace: {reason}" for key, reason in why.items() if reason]
     return fitted, lines
@@ -84,3 +89,29 @@ def check_levels(trace: Trace, cluster: ClusterSnapshot) -> None:
                 origin = d.origin or f"{trace.source}: deployment {d.name}: "
                 field = f"template: {d.template}" if d.template else "gang.podSets"
                 raise TraceError(f"{origin}{field}: pod set {ps.name}: {exc}") from None
+
+
+def fitted_day(
+    seed: int, fleet: ClusterSnapshot, load: float = DEFAULT_LOAD, shape: TraceShape | None = None
+) -> tuple[Trace, list[str]]:
+    """The generated day for ``fleet``: without the templates it cannot run (one line each,
+    returned), its arrivals and base scaled so its demand comes closest to ``load`` times the
+    fleet's GPU-hours (a few rounds: each scale draws a new day, so demand is not exactly
+    proportional to it)."""
+    shape = shape or TraceShape()
+    capacity = fleet.total_gpus * shape.duration_s / 3600
+    factor = 1.0
+    best: tuple[float, Trace, list[str]] | None = None
+    for _ in range(FIT_ROUNDS):
+        trace, left_out = fit_generated(generate_trace(seed, shape.scaled(factor), fleet=fleet), fleet)
+        demand = demand_gpu_hours(trace)
+        if capacity <= 0 or demand <= 0:
+            return trace, left_out
+        miss = abs(demand / capacity - load)
+        if best is None or miss < best[0]:
+            best = (miss, trace, left_out)
+        if miss < 0.03:
+            break
+        factor *= load * capacity / demand
+    assert best is not None
+    return best[1], best[2]

@@ -1,34 +1,29 @@
 """PNG plots of a run (matplotlib, Agg backend: no display needed).
 
-Small multiples rather than one tangle of lines: the time series get one panel per policy
-(that policy in colour, the others in grey behind it), the distributions one panel per
-workload class (a line per policy). The wait CDF counts every arrived gang, so a policy that
-never places some gangs tops out below 1 and says how many in its legend; the communication
-CDF is of each gang's TTFT communication over its own best slice, so placing fewer large
-gangs does not make a policy look better.
+Four pictures a reader looks at before the tables:
+
+- ``goodput.png``: goodput over the day (GPUs serving, weighted by each replica's speed
+  against its best slice), one panel per policy with that policy in colour over the others
+  in grey, the schedulable GPUs dotted;
+- ``served-share.png``: each template's served share of its demand, small multiples (one
+  panel per template, a bar per policy), so a starved workload shows at a glance;
+- ``wait-ccdf.png``: the share of gangs that waited longer than x, over every gang that
+  arrived (a gang never placed waited until it was withdrawn), log y so the tail shows;
+- ``step-ratio.png``: per template, each policy's median and p99 step time over the
+  template's best slice (1 is as fast as the fleet allows).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from extender.sim.engine import PLACED, GangRecord, Point, PolicyRun
+from extender.sim.engine import GangRecord, Point, PolicyRun
+from extender.sim.metrics import demand_s, quantile, run_speed, step_ratios
 
 _HOUR = 3600.0
-
-#: Workload classes of the distribution panels, in panel order.
-ONE_NODE = "one node (TP within a node)"
-MULTI_NODE = "several nodes (PP, wide EP)"
-DISAGGREGATED = "prefill/decode (several pod sets)"
-CLASSES = (ONE_NODE, MULTI_NODE, DISAGGREGATED)
-
-
-def workload_class(g: GangRecord) -> str:
-    if len(g.gang.pod_sets) > 1:
-        return DISAGGREGATED
-    return ONE_NODE if g.gang.pods == 1 else MULTI_NODE
 
 
 def _pyplot() -> Any:
@@ -64,169 +59,146 @@ def _save(fig: Any, out: Path, name: str) -> str:
     return name
 
 
-def _per_policy(
-    runs: Sequence[PolicyRun],
-    out: Path,
-    series: Sequence[tuple[str, Callable[[Point], float]]],
-    title: str,
-    name: str,
-    reference: Callable[[PolicyRun], float] | None = None,
-) -> str:
-    """A grid: a row per policy, a column per series; each panel draws its policy in colour
-    over the other policies in grey, so each line can be read and compared."""
+def goodput(runs: Sequence[PolicyRun], out: Path) -> str:
     plt = _pyplot()
     colours = _colours(runs)
-    rows, cols = max(len(runs), 1), len(series)
+    rows = max(len(runs), 1)
     fig, axes = plt.subplots(
-        rows, cols, figsize=(5.2 * cols, 1.55 * rows + 0.9), sharex=True, sharey="col", squeeze=False
+        rows, 1, figsize=(8.5, 1.5 * rows + 0.9), sharex=True, sharey=True, squeeze=False
     )
     for r, run in enumerate(runs):
-        for c, (label, value) in enumerate(series):
-            ax = axes[r][c]
-            for other in runs:
-                if other is not run:
-                    xs, ys = _steps(other, value)
-                    ax.step(xs, ys, where="post", color="0.8", linewidth=0.7)
-            xs, ys = _steps(run, value)
-            ax.step(xs, ys, where="post", color=colours[run.policy], linewidth=1.1, label=run.policy)
-            if reference is not None and c == 0:
-                ax.axhline(reference(run), color="black", linestyle=":", linewidth=0.8)
-            ax.legend(loc="lower right", fontsize="x-small", frameon=False)
-            if r == 0:
-                ax.set_title(label, fontsize="small")
-            if r == rows - 1:
-                ax.set_xlabel("time (hours)")
-            ax.tick_params(labelsize="x-small")
-    fig.suptitle(title, fontsize="medium")
-    return _save(fig, out, name)
-
-
-def allocation(runs: Sequence[PolicyRun], out: Path) -> str:
-    return _per_policy(
-        runs,
-        out,
-        [("GPUs allocated (dotted: schedulable GPUs)", lambda p: p.allocated_gpus)],
-        "GPU allocation over time (each policy in colour, the others in grey)",
-        "allocation.png",
-        reference=lambda run: run.total_gpus,
+        ax = axes[r][0]
+        for other in runs:
+            if other is not run:
+                xs, ys = _steps(other, lambda p: p.goodput_gpus)
+                ax.step(xs, ys, where="post", color="0.82", linewidth=0.7)
+        xs, ys = _steps(run, lambda p: p.goodput_gpus)
+        good = sum(g.gang.gpus * run_s for g in run.gangs for run_s in _good_seconds(g, run.end)) / _HOUR
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            color=colours[run.policy],
+            linewidth=1.2,
+            label=f"{run.policy}: {good:,.0f} GPU-h",
+        )
+        ax.axhline(run.total_gpus, color="black", linestyle=":", linewidth=0.8)
+        ax.legend(loc="lower right", fontsize="small", frameon=False)
+        ax.set_ylabel("GPUs", fontsize="small")
+        ax.tick_params(labelsize="x-small")
+    axes[-1][0].set_xlabel("time (hours)")
+    fig.suptitle(
+        "Goodput over the day: GPUs serving x their speed against the best slice\n"
+        "(each policy in colour, the others in grey; dotted: schedulable GPUs)",
+        fontsize="medium",
     )
+    return _save(fig, out, "goodput.png")
 
 
-def fragmentation(runs: Sequence[PolicyRun], out: Path) -> str:
-    return _per_policy(
-        runs,
-        out,
-        [
-            ("nodes with every GPU free", lambda p: p.whole_free_nodes),
-            ("GPUs on whole free nodes under one leaf (most)", lambda p: p.largest_free_leaf_gpus),
-        ],
-        "Fragmentation over time (each policy in colour, the others in grey)",
-        "fragmentation.png",
-    )
+def _good_seconds(g: GangRecord, end: float) -> list[float]:
+    return [run.served_s(end) * run_speed(g, run) for run in g.runs]
 
 
-def _by_class(
-    runs: Sequence[PolicyRun],
-    out: Path,
-    draw: Callable[[Any, PolicyRun, list[GangRecord], Any], bool],
-    axis: tuple[str, str],
-    title: str,
-    name: str,
-    scale: Callable[[Any], None],
-) -> str:
-    """A panel per workload class (those any gang of the run belongs to), a line per policy."""
+def _templates(runs: Sequence[PolicyRun]) -> list[str]:
+    demand: dict[str, float] = {}
+    for g in runs[0].gangs if runs else []:
+        key = g.template or g.deployment
+        demand[key] = demand.get(key, 0.0) + demand_s(g, runs[0].end)
+    return sorted(demand, key=lambda k: -demand[k])
+
+
+def _grid(n: int, cols: int = 4) -> tuple[int, int]:
+    cols = max(1, min(cols, n))
+    return math.ceil(n / cols), cols
+
+
+def served_share(runs: Sequence[PolicyRun], out: Path) -> str:
     plt = _pyplot()
     colours = _colours(runs)
-    present = [c for c in CLASSES if any(workload_class(g) == c for run in runs for g in run.gangs)]
-    present = present or [ONE_NODE]
-    fig, axes = plt.subplots(1, len(present), figsize=(4.6 * len(present), 4.2), squeeze=False)
-    for k, cls in enumerate(present):
-        ax = axes[0][k]
-        drawn = False
+    names = _templates(runs)
+    rows, cols = _grid(len(names))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.1 * cols, 2.3 * rows + 0.8), sharey=True, squeeze=False)
+    for k, name in enumerate(names):
+        ax = axes[k // cols][k % cols]
+        shares = []
         for run in runs:
-            gangs = [g for g in run.gangs if workload_class(g) == cls]
-            drawn = draw(ax, run, gangs, colours[run.policy]) or drawn
-        scale(ax)
-        ax.set_title(cls, fontsize="small")
-        ax.set_xlabel(axis[0], fontsize="small")
-        if k == 0:
-            ax.set_ylabel(axis[1], fontsize="small")
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
+            members = [g for g in run.gangs if (g.template or g.deployment) == name]
+            demand = sum(demand_s(g, run.end) for g in members)
+            served = sum(g.gang.gpus * r.served_s(run.end) for g in members for r in g.runs)
+            shares.append(served / demand if demand else 0.0)
+        xs = range(len(runs))
+        ax.bar(xs, shares, color=[colours[r.policy] for r in runs])
+        ax.set_xticks(list(xs), [r.policy for r in runs], rotation=60, fontsize="x-small")
+        ax.set_ylim(0, 1.05)
+        ax.set_title(name, fontsize="small")
         ax.tick_params(labelsize="x-small")
-        if drawn:
-            ax.legend(loc="lower right", fontsize="x-small")
-        else:
-            ax.text(0.5, 0.5, "no gang of this class\ncommunicates", ha="center", transform=ax.transAxes)
-    fig.suptitle(title, fontsize="medium")
-    return _save(fig, out, name)
-
-
-def _ecdf_over(ax: Any, values: Sequence[float], total: int, colour: Any, label: str) -> None:
-    """The share of ``total`` gangs at or below each value (tops out below 1 when some
-    gangs have no value: never placed)."""
-    ordered = sorted(values)
-    if not ordered or total == 0:
-        ax.plot([], [], color=colour, label=label)
-        return
-    xs = [ordered[0], *ordered]
-    ys = [0.0, *((k + 1) / total for k in range(len(ordered)))]
-    ax.step(xs, ys, where="post", color=colour, label=label, linewidth=1.1)
-
-
-def wait_cdf(runs: Sequence[PolicyRun], out: Path) -> str:
-    def draw(ax: Any, run: PolicyRun, gangs: list[GangRecord], colour: Any) -> bool:
-        waits = [g.waited for g in gangs if g.outcome == PLACED and g.waited is not None]
-        never = len(gangs) - len(waits)
-        share = f"{100 * never / len(gangs):.1f}%" if gangs else "0%"
-        _ecdf_over(ax, waits, len(gangs), colour, f"{run.policy} (never placed {never}, {share})")
-        return bool(gangs)
-
-    def scale(ax: Any) -> None:
-        ax.set_xscale("symlog", linthresh=60.0)
-        ax.set_xlim(left=0)
-
-    return _by_class(
-        runs,
-        out,
-        draw,
-        ("waiting time (s; linear to 60 s, log above)", "share of arrived gangs placed within"),
-        "Waiting time of every arrived gang (never-placed gangs keep the line below 1)",
-        "wait-cdf.png",
-        scale,
+        for x, v in zip(xs, shares, strict=True):
+            ax.text(x, v + 0.02, f"{100 * v:.0f}", ha="center", fontsize="xx-small")
+    for k in range(len(names), rows * cols):
+        axes[k // cols][k % cols].set_visible(False)
+    fig.suptitle(
+        "Served share of each template's demand (GPU-hours served / asked for), %", fontsize="medium"
     )
+    return _save(fig, out, "served-share.png")
 
 
-def comm_cdf(runs: Sequence[PolicyRun], out: Path) -> str:
-    def draw(ax: Any, run: PolicyRun, gangs: list[GangRecord], colour: Any) -> bool:
-        ratios = [
-            g.comm_ms / g.ideal.comm_ms
-            for g in gangs
-            if g.outcome == PLACED and g.comm_ms is not None and g.ideal is not None and g.ideal.comm_ms > 0
-        ]
-        if not ratios:
-            return False
-        median = sorted(ratios)[len(ratios) // 2]
-        _ecdf_over(ax, ratios, len(ratios), colour, f"{run.policy} (median {median:.2f}x)")
-        return True
+def wait_ccdf(runs: Sequence[PolicyRun], out: Path) -> str:
+    plt = _pyplot()
+    colours = _colours(runs)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for run in runs:
+        waits = sorted(max(g.waited_until(run.end), 1.0) for g in run.gangs)
+        n = len(waits)
+        if not n:
+            continue
+        never = sum(1 for g in run.gangs if not g.runs)
+        xs = [w / 60 for w in waits]
+        ys = [(n - k - 1) / n for k in range(n)]
+        pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y > 0]
+        if pts:
+            ax.step(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                where="post",
+                color=colours[run.policy],
+                linewidth=1.2,
+                label=f"{run.policy} ({never} never placed)",
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("wait (minutes, log; gangs placed at once drawn at 1 s)")
+    ax.set_ylabel("share of gangs that waited longer (log)")
+    ax.set_title("Waits of every gang that arrived (never-placed gangs: until withdrawn)", fontsize="medium")
+    ax.grid(True, which="major", linewidth=0.3)
+    ax.legend(fontsize="small", frameon=False)
+    return _save(fig, out, "wait-ccdf.png")
 
-    def scale(ax: Any) -> None:
-        ax.set_xscale("log")
-        lo, hi = ax.get_xlim()
-        ax.set_xlim(max(lo, 0.9), max(hi, 2.0))
-        ax.xaxis.set_major_formatter(_pyplot().FuncFormatter(lambda v, _: f"{v:g}x"))
 
-    return _by_class(
-        runs,
-        out,
-        draw,
-        ("TTFT communication / the gang's best slice (log)", "share of placed gangs that communicate"),
-        "Each gang's TTFT communication against its own best slice (1x = as good as it gets)",
-        "comm-cdf.png",
-        scale,
-    )
+def step_ratio(runs: Sequence[PolicyRun], out: Path) -> str:
+    plt = _pyplot()
+    colours = _colours(runs)
+    names = _templates(runs)
+    fig, ax = plt.subplots(figsize=(max(7.5, 0.9 * len(names) + 2), 4.8))
+    width = 0.8 / max(len(runs), 1)
+    for p, run in enumerate(runs):
+        medians, tops, xs = [], [], []
+        for k, name in enumerate(names):
+            ratios = step_ratios(g for g in run.gangs if (g.template or g.deployment) == name)
+            if not ratios:
+                continue
+            xs.append(k + (p - (len(runs) - 1) / 2) * width)
+            medians.append(quantile(ratios, 0.5))
+            tops.append(quantile(ratios, 0.99))
+        ax.bar(xs, medians, width, color=colours[run.policy], label=run.policy)
+        ax.scatter(xs, tops, marker="_", color="black", s=40, zorder=3)
+    ax.axhline(1.0, color="black", linewidth=0.6)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize="x-small")
+    ax.set_ylabel("step time / best step (log)")
+    ax.set_title("Step time against the template's best slice: median (bar), p99 (tick)", fontsize="medium")
+    ax.legend(fontsize="x-small", frameon=False, ncol=min(len(runs), 6))
+    return _save(fig, out, "step-ratio.png")
 
 
 def draw_all(runs: Sequence[PolicyRun], out: Path) -> list[str]:
-    """Draw every plot into ``out``; returns the file names, in report order."""
-    return [f(runs, out) for f in (allocation, wait_cdf, comm_cdf, fragmentation)]
+    return [goodput(runs, out), served_share(runs, out), wait_ccdf(runs, out), step_ratio(runs, out)]

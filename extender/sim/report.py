@@ -32,29 +32,51 @@ def _ratio(x: Any) -> str:
     return _DASH if x is None else f"{x:.2f}x"
 
 
+def _best_other(
+    results: dict[str, Any], name: str, value: Callable[[dict[str, Any]], float | None]
+) -> float | None:
+    others = [value(r) for p, r in results["policies"].items() if p != name]
+    known = [v for v in others if v is not None]
+    return max(known) if known else None
+
+
+def _vs_best_other(results: dict[str, Any], name: str) -> str:
+    mine = results["policies"][name]["goodput"]["gpuHours"]
+    best = _best_other(results, name, lambda r: r["goodput"]["gpuHours"])
+    return _ratio(mine / best) if best else _DASH
+
+
+def _gap(r: dict[str, Any]) -> str:
+    s = r.get("starvation") or {}
+    if s.get("gapPoints") is None:
+        return _DASH
+    return f"{s['gapPoints']:.0f} {s['template']}"
+
+
 #: (group, header, cell) for the summary table; neighbours with the same group share its title.
-_COLUMNS: tuple[tuple[str, str, Any], ...] = (
-    ("", "policy", lambda r: ""),
-    ("gangs", "placed", lambda r: _num(r["gangs"]["placed"])),
-    ("never", "placed", lambda r: _num(r["gangs"]["neverPlaced"])),
-    ("coherent", "share", lambda r: _pct(r["gangs"]["coherentShare"])),
-    ("comm us/layer", "p50", lambda r: _num(r["perLayerMicros"]["median"], 1)),
-    ("comm us/layer", "p99", lambda r: _num(r["perLayerMicros"]["p99"], 1)),
-    ("TTFT comm vs best", "p50", lambda r: _ratio(r["ttft"]["vsBest"]["ratio"]["median"])),
-    ("TTFT comm vs best", "p99", lambda r: _ratio(r["ttft"]["vsBest"]["ratio"]["p99"])),
-    ("TTFT comm vs best", "+ms p99", lambda r: _num(r["ttft"]["vsBest"]["extraMillis"]["p99"], 1)),
-    ("vs same hw", "p50", lambda r: _ratio(r["ttft"]["vsSameHardware"]["ratio"]["median"])),
-    ("vs same hw", "p99", lambda r: _ratio(r["ttft"]["vsSameHardware"]["ratio"]["p99"])),
-    ("wait s", "p50", lambda r: _num(r["waitSeconds"]["median"])),
-    ("wait s", "p99", lambda r: _num(r["waitSeconds"]["p99"])),
-    ("GPUs", "in use", lambda r: _pct(r["allocation"]["meanShare"])),
-    ("whole free", "nodes", lambda r: _num(r["fragmentation"]["meanWholeFreeNodes"], 1)),
-    ("decisions", "per s", lambda r: _num(r["timing"]["decisionsPerSecond"])),
+#: A cell reads (results, policy name).
+_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any], str], str]], ...] = (
+    ("", "policy", lambda res, p: p),
+    ("goodput", "GPU-h", lambda res, p: _num(res["policies"][p]["goodput"]["gpuHours"])),
+    ("goodput", "vs best", _vs_best_other),
+    ("goodput", "/demand", lambda res, p: _pct(res["policies"][p]["goodput"]["share"])),
+    ("served", "/demand", lambda res, p: _pct(res["policies"][p]["goodput"]["servedShare"])),
+    ("never placed", "gangs", lambda res, p: _num(res["policies"][p]["goodput"]["neverPlacedGangs"])),
+    ("never placed", "GPU-h", lambda res, p: _num(res["policies"][p]["goodput"]["neverPlacedGpuHours"])),
+    ("wait s (all)", "p50", lambda res, p: _num(res["policies"][p]["waitSeconds"]["median"])),
+    ("wait s (all)", "p99", lambda res, p: _num(res["policies"][p]["waitSeconds"]["p99"])),
+    ("step vs best", "p50", lambda res, p: _ratio(res["policies"][p]["step"]["vsBest"]["median"])),
+    ("step vs best", "p99", lambda res, p: _ratio(res["policies"][p]["step"]["vsBest"]["p99"])),
+    ("starvation", "gap pts", lambda res, p: _gap(res["policies"][p])),
+    ("restart", "GPU-h", lambda res, p: _num(res["policies"][p]["goodput"]["restartGpuHours"], 1)),
+    ("GPUs", "in use", lambda res, p: _pct(res["policies"][p]["allocation"]["meanShare"])),
+    ("coherent", "share", lambda res, p: _pct(res["policies"][p]["gangs"]["coherentShare"])),
+    ("decisions", "per s", lambda res, p: _num(res["policies"][p]["timing"]["decisionsPerSecond"])),
 )
 
 
 def _rows(results: dict[str, Any]) -> list[list[str]]:
-    return [[name, *(cell(r) for _, _, cell in _COLUMNS[1:])] for name, r in results["policies"].items()]
+    return [[cell(results, name) for _, _, cell in _COLUMNS] for name in results["policies"]]
 
 
 def table(results: dict[str, Any]) -> str:
@@ -89,10 +111,13 @@ def headline(results: dict[str, Any]) -> str:
     c, t = results["cluster"], results["trace"]
     hours = t["durationSeconds"] / 3600
     queue = "no waiting (--no-wait)" if results["noWait"] else "FIFO with backfill"
+    demand = max((r["goodput"]["demandGpuHours"] for r in results["policies"].values()), default=0.0)
+    capacity = c["gpus"] * hours
+    load = f"; demand {demand / capacity:.2f}x capacity" if capacity else ""
     return (
         f"cluster: {c['source']} ({c['nodes']} nodes, {c['gpus']} GPUs); trace: {t['source']} "
-        f"({t['deployments']} deployments, {t['scaleEvents']} scale events, {t['gangs']} gangs, "
-        f"{hours:.1f} h); queue: {queue}"
+        f"({t['deployments']} deployments, {t['scaleEvents']} scale events, {t.get('rollouts', 0)} rollouts, "
+        f"{t.get('nodeFailures', 0)} node failures, {t['gangs']} gangs, {hours:.1f} h{load}); queue: {queue}"
     )
 
 
@@ -104,9 +129,9 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
 
 #: Per-template figures compared in :func:`contrasts`: (name, key, lower is better, how shown).
 _CONTRASTED: tuple[tuple[str, str, bool, Callable[[Any], str]], ...] = (
-    ("TTFT vs best, median", "ttftRatioMedian", True, _ratio),
-    ("coherent share", "coherentShare", False, _pct),
-    ("placed", "placed", False, _num),
+    ("step vs best, median", "stepRatioMedian", True, _ratio),
+    ("served share", "servedShare", False, _pct),
+    ("goodput GPU-h", "goodputGpuHours", False, _num),
 )
 
 
@@ -114,7 +139,7 @@ def contrasts(results: dict[str, Any], ours: str = "gangslice", each: int = 3) -
     """The per-template rows where gangslice and the best peer on that figure differ most, in
     both directions: up to ``each`` where gangslice is ahead, ``each`` where it is behind, as a
     markdown table. Differences are relative (ratios for TTFT, points for shares, relative
-    counts for gangs placed)."""
+    goodput)."""
     policies = results["policies"]
     if ours not in policies or len(policies) < 2:
         return []
@@ -129,9 +154,9 @@ def contrasts(results: dict[str, Any], ours: str = "gangslice", each: int = 3) -
             if mine[key] is None or not peers:
                 continue
             peer, best = (min if lower else max)(peers, key=lambda x: x[1])
-            if key == "ttftRatioMedian":
+            if key == "stepRatioMedian":
                 gap = (best / mine[key] - 1) if mine[key] > 0 else 0.0
-            elif key == "coherentShare":
+            elif key == "servedShare":
                 gap = mine[key] - best
             else:
                 gap = (mine[key] - best) / max(best, 1)
@@ -149,17 +174,18 @@ def _template_tables(results: dict[str, Any]) -> list[str]:
     policies = list(results["policies"])
     names = sorted({t for r in results["policies"].values() for t in r["byTemplate"]})
     views: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+        ("Served share of demand (GPU-hours)", lambda t: _pct(t["servedShare"])),
+        ("Goodput share of demand", lambda t: _pct(t["goodputShare"])),
+        ("Goodput (GPU-hours)", lambda t: _num(t["goodputGpuHours"])),
+        ("Step time vs the best slice on the fleet, median", lambda t: _ratio(t["stepRatioMedian"])),
+        ("Step time vs the best slice on the fleet, p99", lambda t: _ratio(t["stepRatioP99"])),
+        (
+            "Step time vs the best slice on the same node types, median",
+            lambda t: _ratio(t["stepSameHardwareRatioMedian"]),
+        ),
+        ("Wait p99 over every gang that arrived (s)", lambda t: _num(t["waitSeconds"]["p99"])),
         ("Never placed (of arrived)", lambda t: f"{t['neverPlaced']}/{t['arrived']}"),
         ("Coherent share of placed", lambda t: _pct(t["coherentShare"])),
-        ("Waiting time p99 (s)", lambda t: _num(t["waitSeconds"]["p99"])),
-        (
-            "TTFT communication vs the best slice on the empty cluster, median",
-            lambda t: _ratio(t["ttftRatioMedian"]),
-        ),
-        (
-            "TTFT communication vs the best slice on the same node types, median",
-            lambda t: _ratio(t["ttftSameHardwareRatioMedian"]),
-        ),
     )
     out: list[str] = []
     for title, cell in views:
@@ -179,53 +205,48 @@ def _template_tables(results: dict[str, Any]) -> list[str]:
 
 
 PLOTS = (
-    ("allocation.png", "GPUs allocated over time, one panel per policy"),
-    ("wait-cdf.png", "Waiting time of every arrived gang, per workload class (CDF; never placed below 1)"),
-    ("comm-cdf.png", "Each gang's TTFT communication against its own best slice, per workload class (CDF)"),
-    (
-        "fragmentation.png",
-        "Fragmentation over time, one row per policy: whole free nodes, and the largest free block "
-        "under one leaf",
-    ),
+    ("goodput.png", "Goodput over the day, one panel per policy"),
+    ("served-share.png", "Served share of each template's demand"),
+    ("wait-ccdf.png", "Waits of every gang that arrived (CCDF, log; never-placed gangs until withdrawn)"),
+    ("step-ratio.png", "Step time against each template's best slice"),
 )
 
 DEFINITIONS = """\
-- **placed / never placed**: gangs (one per replica) that started / that were rejected (the
-  policy cannot place them even on the cluster with no simulated gang, or, with `--no-wait`,
-  not when they arrive) or withdrawn (their deployment ended or scaled down while they waited).
-- **coherent**: the share of placed gangs whose slice breaks no rule of
-  `scoring.violations`, gives every pod GPUs at its node type's tightest tier (one NVLink
-  island, one PCIe switch, one socket, as the node type allows for that many GPUs), keeps
-  every pod set whose pods talk to each other (all-reduce, all-to-all, pipeline) inside one
-  leaf or one NVLink clique, and meets every `colocateWith`.
-- **comm us/layer**: predicted per-layer communication time of a placed gang (the sum over its
-  pod sets of `scoring.pod_set_micros`, the yardstick every policy is judged by), over gangs
-  that communicate at all.
-- **TTFT comm vs best**: a prefill step's communication time (per-layer time x the model's
-  layers, summed over pod sets) relative to the same for the gang's *best* slice, the one the
-  gangslice solver picks on the cluster with no simulated gang; `+ms` is the difference in
-  milliseconds. Compute is not modelled, so this is the communication part of time to first
-  token. Over placed gangs whose reference slice communicates. On a mixed fleet the best slice
-  is often on faster hardware (a GB200 tray's NVLink 5) than the gang could get under load.
-- **vs same hw**: the same ratio against the solver's slice on the empty cluster cut down to the
-  node types the gang actually got, each in the allocation mode it got them in (device plugin
-  or DRA): what placement *within* that hardware costs (an NVLink island or socket split, a
-  leaf crossed, prefill and decode apart).
-- **wait s**: seconds from a gang's arrival until its pods run, over placed gangs: in the queue,
-  and for a gang on multi-node NVLink (its pod sets span nodes of a clique, every policy's
-  answer judged by the same rule) the IMEX start-up of its ComputeDomain after placement
-  (`imexStartupSeconds` in results.json, `--imex-startup-s`).
+- **step time** of a replica: compute + communication of one step of its model on the slice
+  it got. Compute by roofline on the GPU model of each pod's node (`extender/compute.py`:
+  the larger of 2 x active parameters x tokens over the GPUs' dense peak x MFU 0.5 and the
+  weights over their memory bandwidth x MBU 0.8; datasheet peaks in
+  `extender/topology/gpus.py`); communication by the cost model every policy is priced by
+  (`scoring.pod_set_micros` x layers). Pod sets add (a prefill step, then a decode step).
+- **best slice** of a template: the fastest valid slice on the cluster with no simulated gang,
+  found by an exhaustive search of its own (`extender/sim/reference.py`), not by gangslice's
+  solver. A replica's **speed** is the best step over its own (1 at best).
+- **goodput**: GPUs x hours served x speed, summed over every run of every replica; a replica
+  serves from the end of its model load (and, on multi-node NVLink, its ComputeDomain's IMEX
+  start-up) until it goes. **vs best**: over the best goodput among the *other* policies.
+- **demand**: GPUs x hours from each gang's arrival to its departure (scaled down, retired by
+  a rollout, its deployment's end), never-placed gangs included. **served**: GPU-hours served
+  at any speed. Shares are of demand.
+- **never placed**: gangs that never started (the policy cannot place them even on the
+  cluster with no simulated gang, or they were withdrawn while waiting), and the GPU-hours
+  they asked for.
+- **wait**: seconds from arrival until the pods first run, over *every* gang that arrived: a
+  gang never placed counts until it was withdrawn (or the day's end), so never placing a gang
+  does not shorten the tail.
+- **starvation gap**: over templates with at least 1 % of the day's demand, the best other
+  policy's served share of the template minus this policy's, in points; the largest and its
+  template.
+- **restart GPU-h**: GPU-hours held while replicas loaded again after a node failure or a move.
 - **GPUs in use**: time-averaged share of the cluster's schedulable GPUs held by gangs.
-- **whole free nodes**: time-averaged number of nodes with every GPU free (for every built-in
-  node type, a free NVLink island or whole PCIe box: what a full-node pod or a wide gang needs);
-  the fragmentation plot also shows the most GPUs on whole free nodes under one leaf.
-- **decisions per s**: policy calls per second of wall time spent inside the policy (not
-  simulator time); the only figures that change between runs, with the machine's load.
-- Quantiles interpolate linearly between nearest ranks; time averages weigh each state by how
-  long it held. The queue: FIFO; behind the first gang the policy cannot place, only gangs asking
-  for no more GPUs than it are tried (backfill of smaller gangs). Each policy call is told whether
-  another gang in the queue asks for a clique (what the extender knows: a scheduler asks for each
-  gang on sight, and the extender notes every gang it refuses); only gangslice reads it.
+- **coherent**: the share of placed gangs whose slice breaks no rule of `scoring.violations`,
+  gives every pod GPUs at its node type's tightest tier, keeps every pod set whose pods talk
+  inside one leaf or NVLink clique, and meets every `colocateWith`.
+- **decisions per s**: policy calls per second of wall time spent inside the policy; the only
+  figures that change between runs, with the machine's load.
+- The fleet lives: deployments scale with a diurnal load, roll to new revisions (maxSurge and
+  maxUnavailable as their owner says), and lose nodes to failures until repaired. The queue:
+  FIFO; behind the first gang the policy cannot place, only gangs asking for no more GPUs
+  than it are tried (backfill). Quantiles interpolate linearly between nearest ranks.
 """
 
 
@@ -251,10 +272,9 @@ def _node_types(r: dict[str, Any]) -> list[str]:
         "takes a node only where every answer the plugin may give keeps the pod set's rule; the "
         "peers get whatever it answers. On DRA nodes a ResourceClaim names the GPUs: gangslice's "
         "claims name the GPUs it chose, the peers' name none and get the lowest free ones. The "
-        "in-node figures (coherent share, per-layer and TTFT communication, vs same hw) are computed "
-        "on the GPUs each node hands out, so gangslice's in-node advantage is claimed only where "
-        "its choice can be delivered: on the DRA nodes. 'vs same hw' compares with the best slice "
-        "on the same node types in the same allocation mode.",
+        "in-node figures (coherent share, step time) are computed on the GPUs each node hands out, "
+        "so gangslice's in-node advantage is claimed only where its choice can be delivered: on "
+        "the DRA nodes.",
         "",
     ]
 
@@ -277,18 +297,8 @@ def _by_size(r: dict[str, Any]) -> list[str]:
         "",
         *_md_table(["policy", *(label for label, _, _ in _SIZES), "GPUs in use"], rows),
         "",
-        "A trade gangslice makes on purpose: while a gang that asks for a multi-node NVLink "
-        "clique waits, cliques (GB200 NVL72 racks) are kept for the pod sets that span them, and a "
-        "pod set that does not use multi-node NVLink takes clique nodes only when nothing else "
-        "fits, or when its rack already carries such pods (that rack is no longer whole for a gang "
-        "that needs all of it, so it takes further small replicas and the other racks stay whole); "
-        "with no such gang waiting, a whole rack is capacity like any other. That is what lets "
-        "gangslice place the wide-EP and prefill/decode gangs that need a whole rack's NVLink; "
-        "the peers fill every rack's trays with small replicas and so place few of those, but "
-        "they gain the trays as spare room for small replicas, which leaves more whole 8-GPU "
-        "nodes for the gangs that can run only there (TP=8, 405B, P/D pairs on HGX or PCIe "
-        "boxes). On a busy day gangslice can therefore place fewer of those and keep them "
-        "waiting longer at p99 while keeping more GPUs in use.",
+        "Gangs placed out of those that arrived, by gang size: a count of gangs weighs a 64-GPU "
+        "gang like a 1-GPU replica, so read it beside the served shares and goodput.",
         "",
     ]
 
@@ -314,10 +324,8 @@ def _hardware(r: dict[str, Any]) -> list[str]:
         "## Where each workload ran",
         "",
         "Share of each template's GPU-hours by GPU model (`gpuHoursByNodeType` in results.json; "
-        "shares under 0.5% left out). gangslice puts a gang where its communication is cheapest "
-        "among the slices with room (a colocateWith it asks for first); the peers choose nodes "
-        "without a cost model. A template's TTFT figures follow where it ran, and its room came "
-        "from where the others ran.",
+        "shares under 0.5% left out). A template's step time follows the GPU model it ran on, "
+        "and its room came from where the others ran.",
         "",
         *_md_table(["template", *policies], rows),
         "",

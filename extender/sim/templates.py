@@ -11,6 +11,7 @@ import yaml
 from extender.cost import Comm, ModelDims
 from extender.placement.files import gang_from_data
 from extender.placement.request import GangRequest
+from extender.sim.life import Life, split_life
 
 _DATA = "data"
 
@@ -30,7 +31,15 @@ def builtin_template_data() -> dict[str, Any]:
 @functools.cache
 def builtin_templates() -> dict[str, GangRequest]:
     return {
-        name: gang_from_data(spec, f"templates.yaml: {name}")
+        name: gang_from_data(split_life(spec, f"templates.yaml: {name}.")[0], f"templates.yaml: {name}")
+        for name, spec in builtin_template_data().items()
+    }
+
+
+@functools.cache
+def builtin_template_life() -> dict[str, Life]:
+    return {
+        name: split_life(spec, f"templates.yaml: {name}.")[1]
         for name, spec in builtin_template_data().items()
     }
 

@@ -4,6 +4,7 @@ Trace file (YAML, or JSON Lines with one event per line)::
 
     templates:                       # optional: named gangs, added to the built-in ones
       my-model: {name: my-model, podSets: [{name: server, count: 1, gpusPerPod: 8}]}
+      # a template may also say owner, maxSurge, maxUnavailable, loadSeconds (extender/sim/life.py)
     events:
       - at: 0                        # seconds from the start of the trace
         deployment: chat             # optional name; unique
@@ -14,9 +15,15 @@ Trace file (YAML, or JSON Lines with one event per line)::
       - at: 3600
         scale: chat                  # scale a running deployment
         replicas: 4                  # to this many replicas
+      - at: 5400
+        rollout: chat                # roll a running deployment to a new revision
+      - at: 7000
+        nodeDown: h100-h1-3          # a node fails: its gangs lose their slots
+        repairAfter: 7200            # seconds until it is back
 
-A bare list of events is accepted too. In JSON Lines, a line ``{"templates": {...}}``
-defines templates. Every replica is one gang, named ``<deployment>-<n>``.
+A rollout replaces every replica by one of a new revision, as the deployment's owner does
+(:mod:`extender.sim.life`). A bare list of events is accepted too. In JSON Lines, a line
+``{"templates": {...}}`` defines templates. Every replica is one gang, named ``<deployment>-<n>``.
 """
 
 from __future__ import annotations
@@ -31,7 +38,13 @@ import yaml
 
 from extender.placement.files import FileError, gang_from_data
 from extender.placement.request import GangRequest
-from extender.sim.templates import builtin_template_data, builtin_templates, gang_to_data
+from extender.sim.life import Life, LifeError, split_life
+from extender.sim.templates import (
+    builtin_template_data,
+    builtin_template_life,
+    builtin_templates,
+    gang_to_data,
+)
 
 MAX_REPLICAS = 10_000
 
@@ -49,6 +62,7 @@ class Deployment:
     #: The gang every replica runs (its name is replaced by the replica's).
     gang: GangRequest
     template: str | None = None
+    life: Life = field(default_factory=Life)
     #: Where it was defined, as the prefix of a field in error messages (``trace.yaml: events[3].``).
     origin: str = field(default="", compare=False)
 
@@ -66,12 +80,34 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class Rollout:
+    at: float
+    deployment: str
+    origin: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class NodeDown:
+    at: float
+    node: str
+    repair_s: float
+    origin: str = field(default="", compare=False)
+
+    @property
+    def back(self) -> float:
+        return self.at + self.repair_s
+
+
+@dataclass(frozen=True)
 class Trace:
     deployments: tuple[Deployment, ...]
     scales: tuple[Scale, ...] = ()
     source: str = "trace"
-    #: Templates the trace defined itself (not the built-in ones), by name.
+    #: Templates the trace defined itself (not the built-in ones), by name, and their lives.
     templates: Mapping[str, GangRequest] = field(default_factory=dict)
+    rollouts: tuple[Rollout, ...] = ()
+    node_downs: tuple[NodeDown, ...] = ()
+    template_lives: Mapping[str, Life] = field(default_factory=dict)
 
     @property
     def end(self) -> float:
@@ -85,17 +121,26 @@ class Trace:
             if d.template is not None:
                 ev["template"] = d.template
             else:
-                ev["gang"] = gang_to_data(d.gang)
+                ev["gang"] = {**gang_to_data(d.gang), **d.life.to_data()}
             ev["replicas"] = d.replicas
             ev["lifetime"] = d.lifetime
             events.append((d.at, k, ev))
         n = len(events)
         for k, s in enumerate(self.scales):
             events.append((s.at, n + k, {"at": s.at, "scale": s.deployment, "replicas": s.replicas}))
+        n = len(events)
+        for k, r in enumerate(self.rollouts):
+            events.append((r.at, n + k, {"at": r.at, "rollout": r.deployment}))
+        n = len(events)
+        for k, f in enumerate(self.node_downs):
+            events.append((f.at, n + k, {"at": f.at, "nodeDown": f.node, "repairAfter": f.repair_s}))
         events.sort(key=lambda e: (e[0], e[1]))
         out: dict[str, Any] = {}
         if self.templates:
-            out["templates"] = {name: gang_to_data(g) for name, g in self.templates.items()}
+            out["templates"] = {
+                name: {**gang_to_data(g), **self.template_lives.get(name, Life()).to_data()}
+                for name, g in self.templates.items()
+            }
         out["events"] = [e for _, _, e in events]
         return out
 
@@ -106,6 +151,15 @@ def _label(where: str) -> str:
 
 _DEPLOYMENT_FIELDS = ("at", "deployment", "template", "gang", "replicas", "lifetime")
 _SCALE_FIELDS = ("at", "scale", "replicas")
+_ROLLOUT_FIELDS = ("at", "rollout")
+_NODE_DOWN_FIELDS = ("at", "nodeDown", "repairAfter")
+#: (the field that marks the kind, its fields, its name in errors); the last is the default.
+_KINDS: tuple[tuple[str | None, tuple[str, ...], str], ...] = (
+    ("scale", _SCALE_FIELDS, "a scale event"),
+    ("rollout", _ROLLOUT_FIELDS, "a rollout event"),
+    ("nodeDown", _NODE_DOWN_FIELDS, "a node-down event"),
+    (None, _DEPLOYMENT_FIELDS, "a deployment event"),
+)
 
 
 def _number(ev: Mapping[str, Any], key: str, where: str, minimum: float, strict: bool) -> float:
@@ -138,46 +192,68 @@ def _name(ev: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _templates(data: Any, where: str) -> dict[str, GangRequest]:
+def _gang_and_life(spec: Any, where: str) -> tuple[GangRequest, Life]:
+    """A gang and its life from gang-file content that may carry the keys of ``life.LIFE_KEYS``."""
+    life = Life()
+    if isinstance(spec, dict):
+        try:
+            spec, life = split_life(spec, f"{where}.")
+        except LifeError as exc:
+            raise TraceError(str(exc)) from None
+    return gang_from_data(spec, where), life
+
+
+def _templates(data: Any, where: str) -> tuple[dict[str, GangRequest], dict[str, Life]]:
     if not isinstance(data, dict):
         raise TraceError(f"{where}: expected a mapping of template name to gang")
-    out = {}
+    gangs, lives = {}, {}
     for name, spec in data.items():
         if isinstance(spec, dict) and "name" not in spec:
             spec = {"name": str(name), **spec}
-        out[str(name)] = gang_from_data(spec, f"{where}.{name}")
-    return out
+        gangs[str(name)], lives[str(name)] = _gang_and_life(spec, f"{where}.{name}")
+    return gangs, lives
 
 
 class _Builder:
     def __init__(self, source: str) -> None:
         self.source = source
         self.templates: dict[str, GangRequest] = {}
+        self.lives: dict[str, Life] = {}
         self.deployments: list[Deployment] = []
         self.scales: list[Scale] = []
+        self.rollouts: list[Rollout] = []
+        self.node_downs: list[NodeDown] = []
 
     def add_templates(self, data: Any, where: str) -> None:
         try:
-            self.templates.update(_templates(data, where))
+            gangs, lives = _templates(data, where)
         except TraceError:
             raise
         except FileError as exc:
             raise TraceError(str(exc)) from None
+        self.templates.update(gangs)
+        self.lives.update(lives)
 
     def add_event(self, ev: Any, where: str) -> None:
         """``where`` ends with the separator before a field name (``events[3].``)."""
         if not isinstance(ev, dict):
             raise TraceError(f"{_label(where)}: expected a mapping (an event), got {type(ev).__name__}")
-        kind = _SCALE_FIELDS if "scale" in ev else _DEPLOYMENT_FIELDS
+        kind, what = next((k, w) for m, k, w in _KINDS if m is None or m in ev)
         for key in ev:
             if key not in kind:
-                what = "a scale event" if "scale" in ev else "a deployment event"
                 raise TraceError(f"{where}{key}: unknown field in {what}; known: {', '.join(kind)}")
         at = _number(ev, "at", where, 0, strict=False)
         if "scale" in ev:
             self.scales.append(
                 Scale(at, _name(ev, "scale", where), _count(ev, "replicas", where, None), where)
             )
+            return
+        if "rollout" in ev:
+            self.rollouts.append(Rollout(at, _name(ev, "rollout", where), where))
+            return
+        if "nodeDown" in ev:
+            repair = _number(ev, "repairAfter", where, 0, strict=True)
+            self.node_downs.append(NodeDown(at, _name(ev, "nodeDown", where), repair, where))
             return
         lifetime = _number(ev, "lifetime", where, 0, strict=True)
         replicas = _count(ev, "replicas", where, 1)
@@ -186,16 +262,20 @@ class _Builder:
         template: str | None = None
         if "template" in ev:
             template = _name(ev, "template", where)
-            gang = self.templates.get(template) or builtin_templates().get(template)
-            if gang is None:
+            found = self.templates.get(template) or builtin_templates().get(template)
+            if found is None:
                 known = sorted({*self.templates, *builtin_template_data()})
                 raise TraceError(f"{where}template: unknown template {template!r}; known: {', '.join(known)}")
+            gang = found
+            life = self.lives.get(template) or builtin_template_life().get(template, Life())
         else:
             spec = ev["gang"]
             if isinstance(spec, dict) and "name" not in spec:
                 spec = {"name": str(ev.get("deployment", "gang")), **spec}
             try:
-                gang = gang_from_data(spec, f"{where}gang")
+                gang, life = _gang_and_life(spec, f"{where}gang")
+            except TraceError:
+                raise
             except FileError as exc:
                 raise TraceError(str(exc)) from None
         name = ev.get("deployment")
@@ -203,7 +283,7 @@ class _Builder:
             name = f"{template or gang.name}-{len(self.deployments)}"
         else:
             name = _name(ev, "deployment", where)
-        self.deployments.append(Deployment(name, at, lifetime, replicas, gang, template, where))
+        self.deployments.append(Deployment(name, at, lifetime, replicas, gang, template, life, where))
 
     def build(self) -> Trace:
         by_name: dict[str, Deployment] = {}
@@ -213,24 +293,28 @@ class _Builder:
                     f"{d.origin}deployment: name {d.name!r} already used by {_label(by_name[d.name].origin)}"
                 )
             by_name[d.name] = d
-        for s in self.scales:
-            target = by_name.get(s.deployment)
+        named: list[tuple[Scale | Rollout, str]] = [(s, "scale") for s in self.scales]
+        named += [(r, "rollout") for r in self.rollouts]
+        for ev, word in named:
+            target = by_name.get(ev.deployment)
             if target is None:
-                raise TraceError(f"{s.origin}scale: no deployment named {s.deployment!r} in the trace")
-            if not target.at <= s.at < target.end:
+                raise TraceError(f"{ev.origin}{word}: no deployment named {ev.deployment!r} in the trace")
+            if not target.at <= ev.at < target.end:
                 raise TraceError(
-                    f"{s.origin}at: deployment {target.name} runs from {target.at:g} s to {target.end:g} s, "
-                    f"not at {s.at:g} s"
+                    f"{ev.origin}at: deployment {target.name} runs from {target.at:g} s to {target.end:g} s, "
+                    f"not at {ev.at:g} s"
                 )
         if not self.deployments:
             raise TraceError(f"{self.source}: events: the trace has no deployments")
         order = sorted(range(len(self.deployments)), key=lambda k: (self.deployments[k].at, k))
-        scales = sorted(range(len(self.scales)), key=lambda k: (self.scales[k].at, k))
         return Trace(
             tuple(self.deployments[k] for k in order),
-            tuple(self.scales[k] for k in scales),
+            tuple(sorted(self.scales, key=lambda s: s.at)),
             self.source,
             dict(self.templates),
+            tuple(sorted(self.rollouts, key=lambda r: r.at)),
+            tuple(sorted(self.node_downs, key=lambda f: f.at)),
+            dict(self.lives),
         )
 
 
