@@ -11,11 +11,12 @@ with ``gpu: binpack``, ``topology``, ``subgrouporder``, ``nodeavailability``,
 and ``preferredLevel`` -> ``preferredTopologyLevel`` (the finer target,
 ``topology-preferred-placement``); ``node`` is the ``kubernetes.io/hostname`` level, in-node
 levels (``nvlink``, ``pcie``, ``numa``) have no KAI equivalent and are dropped, and a
-preferred level no finer than the required one is dropped (KAI refuses such a pair as a
-configuration error, calculateRelevantDomainLevels). Pod sets joined by ``colocateWith``
-share a parent SubGroupSet whose constraint prefers the finest colocation level (a wish, as
-gangslice treats it, hence preferred rather than required); when the colocations join every
-pod set that parent is the PodGroup itself (its ``spec.topologyConstraint``). KAI allocates
+preferred level no finer than the required one is dropped (an equal one adds nothing, a
+coarser one KAI refuses as a configuration error, calculateRelevantDomainLevels). Pod
+sets joined by ``colocateWith`` share a parent SubGroupSet whose constraint prefers the
+finest colocation level (a wish, as gangslice treats it, hence preferred rather than
+required); when the colocations join every pod set that parent is the PodGroup itself (its
+``spec.topologyConstraint``). KAI allocates
 the members of a SubGroupSet in name order: subgrouporder's ``SubGroupOrderFn`` ranks
 unsatisfied subgroups equal, and the session's fallback compares names
 (pkg/scheduler/framework/session_plugins.go ``SubGroupOrderFn``).
