@@ -2,7 +2,8 @@
 
 Each policy is re-implemented from the peers' documented behaviour (shared/reference:
 peers.md, kueue-admission-checks.md section 7, kube-scheduler-extender-and-volcano.md
-section 2c), not from their code. All of them:
+section 2c), not from their code; KAI's from a reading of its code, none of it copied
+(:mod:`extender.peers.kai` cites the upstream files). All of them:
 
 - are all-or-nothing, like the gangslice solver: pods are placed one by one on a working
   copy of the free GPUs, and if any pod finds no room the gang is :class:`Unplaceable`;
@@ -26,12 +27,13 @@ section 2c), not from their code. All of them:
   pod's node selector, affinity and tolerations) and Volcano's predicates plugin do.
 
 Ties that the real schedulers break at random are broken here by snapshot order, so a
-comparison is repeatable.
+comparison is repeatable; KAI breaks its own ties, by node name and domain id, and keeps them.
 """
 
 from __future__ import annotations
 
 from extender.peers.common import Policy
+from extender.peers.kai import kai
 from extender.peers.kube_scheduler import binpack, spread
 from extender.peers.kueue import kueue_tas
 from extender.peers.volcano import volcano
@@ -44,6 +46,7 @@ POLICIES: dict[str, Policy] = {
     "binpack": binpack,
     "kueue-tas": kueue_tas,
     "volcano": volcano,
+    "kai": kai,
 }
 
-__all__ = ["POLICIES", "Policy", "binpack", "kueue_tas", "spread", "volcano"]
+__all__ = ["POLICIES", "Policy", "binpack", "kai", "kueue_tas", "spread", "volcano"]

@@ -135,7 +135,7 @@ def test_every_baseline_gets_the_plugins_choice() -> None:
     """The peers choose the node only; on a device-plugin node the pod gets the plugin's set
     (0,1,4 across the sockets here), on a DRA node the lowest free GPUs."""
     g = GangRequest("g", (PodSet("tp", 1, 3, Comm.ALLREDUCE),))
-    for name in ("spread", "binpack", "kueue-tas", "volcano"):
+    for name in ("spread", "binpack", "kueue-tas", "volcano", "kai"):
         on_plugin = placed(POLICIES[name](snap(node("p", PCIE, PLUGIN, (0, 1, 2, 3, 4))), g))
         assert on_plugin.slots[0].gpus == (0, 1, 4), name
         on_dra = placed(POLICIES[name](snap(node("p", PCIE, DRA, (0, 1, 2, 3, 4))), g))

@@ -32,7 +32,7 @@ LEAF = Level("leaf", "fabric.topograph.run/tier-0")
 HIER = Hierarchy((SPINE, LEAF))
 HGX = preset_graph("hgx-h100")
 PCIE = preset_graph("pcie-8gpu-2socket")
-BASELINES = ("spread", "binpack", "kueue-tas", "volcano")
+BASELINES = ("spread", "binpack", "kueue-tas", "volcano", "kai")
 
 
 def node(
@@ -80,8 +80,8 @@ def assert_capacity_rules(snap: ClusterSnapshot, g: GangRequest, result: Slice) 
     assert capacity == []
 
 
-def test_policies_are_the_five_with_the_solver_first() -> None:
-    assert list(POLICIES) == ["gangslice", "spread", "binpack", "kueue-tas", "volcano"]
+def test_policies_are_the_six_with_the_solver_first() -> None:
+    assert list(POLICIES) == ["gangslice", "spread", "binpack", "kueue-tas", "volcano", "kai"]
     assert POLICIES["gangslice"] is solver.place
 
 

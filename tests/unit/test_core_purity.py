@@ -1,4 +1,5 @@
-"""The core (topology, cost, placement, the peers' baselines) imports nothing from Kubernetes, kopf or HTTP."""
+"""The core (topology, cost, placement, the peers' baselines) imports nothing from Kubernetes,
+kopf or HTTP."""
 
 from __future__ import annotations
 

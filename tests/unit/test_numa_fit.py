@@ -90,6 +90,7 @@ def placements(snap: ClusterSnapshot, g: GangRequest) -> dict[str, object]:
         "exact": exact_slice(snap, g, needs),
         **{p.__name__: p(snap, g) for p in (baselines.spread, baselines.binpack, baselines.kueue_tas)},
         "volcano": baselines.volcano(snap, g),
+        "kai": baselines.kai(snap, g),
     }
 
 
@@ -123,7 +124,7 @@ def test_policies_that_never_refuse_set_no_rule(policy: TopologyPolicy) -> None:
 def test_another_node_without_the_policy_takes_tp8() -> None:
     snap = ClusterSnapshot([node("a"), node("b", k=kubelet(TopologyPolicy.BEST_EFFORT))])
     for name, got in placements(snap, gang(8)).items():
-        if name in ("spread", "binpack", "kueue-tas", "kueue_tas", "volcano"):
+        if name in ("spread", "binpack", "kueue-tas", "kueue_tas", "volcano", "kai"):
             # Peers do not know the policy: by snapshot order they may pick node a and be refused.
             continue
         assert gpus_of(got) == [("b", tuple(range(8)))], name
