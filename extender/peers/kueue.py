@@ -89,10 +89,12 @@ class _Domain:
 
 def _pods_fit(work: Work, i: int, ps: PodSet) -> int:
     """Kueue's leaf capacity (``fillLeafCounts``): copies of the pod's request that fit the
-    node's free resources, counted. No device model, so no NVLink or PCIe coherence."""
+    node's free resources, counted (``CountInWithLimitingResource``: not capped at the pod
+    set's size, so a pod set without GPUs still tells a full node from an empty one). No device
+    model, so no NVLink or PCIe coherence."""
     room = work.room(i, ps) if work.limits else feasibility.UNLIMITED
     if ps.gpus_per_pod == 0:
-        return min(ps.count, room)
+        return room if room < feasibility.UNLIMITED else ps.count
     fit = work.free(i).bit_count() // ps.gpus_per_pod
     return fit if fit < room else room
 
