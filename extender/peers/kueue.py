@@ -321,8 +321,11 @@ def kueue_tas(snapshot: ClusterSnapshot, gang: GangRequest) -> Placement:
     try the next flavor in the same cycle (``assignFlavors`` marks the pod set Preempt, or NoFit
     when it would not fit an empty cluster either), but the next scheduling cycle resumes the
     scan after that flavor (:func:`_kueue_core`). On one snapshot that is: the next flavor, a
-    cycle later each. After a miss in the last flavor the gang waits for the cluster to change
-    and starts over; so does each call here, as if the flavor progress were reset.
+    cycle later each. After a miss in the last flavor the gang waits until the cluster changes
+    and then starts from the first flavor, as each call here does: a workload leaving the
+    ClusterQueue advances its ``AllocatableResourceGeneration`` (``deleteWorkload``,
+    pkg/cache/scheduler/clusterqueue.go), which outdates the recorded progress
+    (``lastAssignmentOutdated``, pkg/scheduler/scheduler.go).
 
     **TAS inside a flavor** (pkg/cache/scheduler/tas_flavor_snapshot.go
     ``findTopologyAssignment``, profile ``TASProfileMixed``, the default since v0.15;
