@@ -16,7 +16,7 @@
   arrivals and the base are scaled until the GPU-hours the deployments ask for are ``load``
   times what the fleet has.
 
-Same seed and fleet, same trace: only ``random.Random(seed)`` is used.
+Same seed, shape and fleet, same trace: every draw comes from random streams seeded by the seed.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ NODE_FAILURES_PER_DAY = 419 / 54 / 2048
 MEDIAN_REPAIR_H = 3.0
 #: The demand the day asks of the fleet, in GPU-hours over the fleet's GPU-hours.
 DEFAULT_LOAD = 1.2
+#: The most a generated day's arrivals are scaled up (a fleet about this many times the default
+#: one); a larger fleet gets this many.
+MAX_SCALE = 64.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +125,11 @@ def generate_trace(
     mix: tuple[Kind, ...] = MIX,
     fleet: ClusterSnapshot | None = None,
 ) -> Trace:
-    """One generated day; node failures need the ``fleet`` (none without it)."""
-    rnd = random.Random(seed)
+    """One generated day; node failures need the ``fleet`` (none without it).
+
+    Each deployment draws from a random stream of its own, and arrivals are drawn at
+    :data:`MAX_SCALE` times the default rate and thinned: a day scaled up keeps every
+    deployment of the day scaled down and adds more (demand grows with the scale)."""
     templates = builtin_templates()
     lives = builtin_template_life()
     day = shape.duration_s
@@ -132,7 +138,7 @@ def generate_trace(
     rollouts: list[Rollout] = []
     counter: dict[str, int] = {}
 
-    def deploy(at: float, lifetime: float, kind: Kind) -> None:
+    def deploy(rnd: random.Random, at: float, lifetime: float, kind: Kind) -> None:
         n = counter.get(kind.template, 0)
         counter[kind.template] = n + 1
         name = f"{kind.template}-{n}"
@@ -144,11 +150,8 @@ def generate_trace(
             return max(1, min(kind.max_replicas, round(peak * load_curve(t + phase, day) * noise)))
 
         replicas = desired(at)
-        deployments.append(
-            Deployment(
-                name, at, lifetime, replicas, templates[kind.template], kind.template, lives[kind.template]
-            )
-        )
+        gang, life = templates[kind.template], lives[kind.template]
+        deployments.append(Deployment(name, at, lifetime, replicas, gang, kind.template, life))
         now = replicas
         t = at + rnd.uniform(0.5, 1.5) * AUTOSCALE_PERIOD_S  # autoscalers tick out of step
         while kind.max_replicas > 1 and t < at + lifetime:
@@ -163,23 +166,30 @@ def generate_trace(
             if stop - start > 600:
                 rollouts.append(Rollout(float(round(rnd.uniform(start, stop - 600))), name))
 
+    base = random.Random(f"{seed}/base")
     for _ in range(shape.base_deployments):
-        deploy(0.0, day, _pick(rnd, mix))
-    # Thinning: candidates at the peak rate, kept in proportion to the rate at their time.
+        own = random.Random(base.getrandbits(64))
+        deploy(own, 0.0, day, _pick(own, mix))
+    # Thinning: candidates at the peak rate of the most scaled-up day, each kept in proportion
+    # to this day's scale and to the rate at its time.
+    arrivals = random.Random(f"{seed}/arrivals")
+    peak_rate = TraceShape().arrivals / day / 0.65 * MAX_SCALE
+    keep = min(1.0, shape.arrivals / TraceShape().arrivals / MAX_SCALE)
     t = 0.0
-    peak_rate = shape.arrivals / day / 0.65
     while True:
-        t += rnd.expovariate(peak_rate)
+        t += arrivals.expovariate(peak_rate)
         if t >= day - shape.min_lifetime_s:
             break
-        if rnd.random() > load_curve(t, day):
+        u, stream = arrivals.random(), arrivals.getrandbits(64)
+        if u >= keep * load_curve(t, day):
             continue
-        kind = _pick(rnd, mix)
-        lifetime = rnd.lognormvariate(math.log(kind.median_lifetime_s), 0.8)
+        own = random.Random(stream)
+        kind = _pick(own, mix)
+        lifetime = own.lognormvariate(math.log(kind.median_lifetime_s), 0.8)
         at = float(round(t))
         lifetime = float(round(min(max(lifetime, shape.min_lifetime_s), day - at)))
-        deploy(at, lifetime, kind)
-    downs = _failures(rnd, fleet, shape) if fleet is not None else []
+        deploy(own, at, lifetime, kind)
+    downs = _failures(random.Random(f"{seed}/failures"), fleet, shape) if fleet is not None else []
     deployments.sort(key=lambda d: d.at)
     scales.sort(key=lambda s: s.at)
     rollouts.sort(key=lambda r: r.at)
@@ -213,16 +223,23 @@ def _failures(rnd: random.Random, fleet: ClusterSnapshot, shape: TraceShape) -> 
     return sorted(out, key=lambda f: (f.at, f.node))
 
 
-def demand_gpu_hours(trace: Trace) -> float:
-    """GPU-hours the deployments of a trace ask for (replicas x GPUs over each one's life)."""
+def deployment_demand(trace: Trace) -> dict[str, float]:
+    """GPU-hours each deployment of a trace asks for (replicas x GPUs over its life)."""
     by_name: dict[str, list[Scale]] = {}
     for s in trace.scales:
         by_name.setdefault(s.deployment, []).append(s)
-    total = 0.0
+    out = {}
     for d in trace.deployments:
+        total = 0.0
         t, replicas = d.at, d.replicas
         for s in by_name.get(d.name, []):
             total += (s.at - t) * replicas * d.gang.gpus
             t, replicas = s.at, s.replicas
         total += (d.end - t) * replicas * d.gang.gpus
-    return total / 3600
+        out[d.name] = total / 3600
+    return out
+
+
+def demand_gpu_hours(trace: Trace) -> float:
+    """GPU-hours the deployments of a trace ask for."""
+    return sum(deployment_demand(trace).values())

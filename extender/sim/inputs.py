@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from pathlib import Path
 
 import yaml
@@ -12,13 +13,22 @@ from extender.placement.files import cluster_from_data, load_cluster
 from extender.placement.request import GangRequest
 from extender.placement.scoring import LevelError, resolve_level, resolve_need
 from extender.placement.snapshot import ClusterSnapshot
-from extender.sim.generate import DEFAULT_LOAD, TraceShape, demand_gpu_hours, generate_trace
+from extender.sim.generate import (
+    DEFAULT_LOAD,
+    MAX_SCALE,
+    TraceShape,
+    demand_gpu_hours,
+    deployment_demand,
+    generate_trace,
+)
 from extender.sim.templates import read_data_file
 from extender.sim.trace import Trace, TraceError, load_trace
 
 DEFAULT_CLUSTER = "default-cluster.yaml"
-#: Days drawn at most when sizing a generated day to a fleet (:func:`fitted_day`).
-FIT_ROUNDS = 10
+#: Days drawn at most when sizing a generated day to a fleet (:func:`fitted_day`), and how far
+#: above the target its demand may come before deployments are dropped.
+FIT_ROUNDS = 16
+OVERSHOOT = 1.1
 
 
 def default_cluster() -> ClusterSnapshot:
@@ -95,23 +105,54 @@ def fitted_day(
     seed: int, fleet: ClusterSnapshot, load: float = DEFAULT_LOAD, shape: TraceShape | None = None
 ) -> tuple[Trace, list[str]]:
     """The generated day for ``fleet``: without the templates it cannot run (one line each,
-    returned), its arrivals and base scaled so its demand comes closest to ``load`` times the
-    fleet's GPU-hours (a few rounds: each scale draws a new day, so demand is not exactly
-    proportional to it)."""
+    returned), with demand ``load`` times the fleet's GPU-hours. The arrivals and the base are
+    scaled until the day asks for a little more than that, then deployments are dropped, in an
+    order drawn from the seed (those that arrived during the day first; of the base, all but
+    one at most), while that brings demand closer to the target."""
     shape = shape or TraceShape()
     capacity = fleet.total_gpus * shape.duration_s / 3600
-    factor = 1.0
-    best: tuple[float, Trace, list[str]] | None = None
-    for _ in range(FIT_ROUNDS):
+    target = load * capacity
+
+    def draw(factor: float) -> tuple[float, Trace, list[str]]:
         trace, left_out = fit_generated(generate_trace(seed, shape.scaled(factor), fleet=fleet), fleet)
-        demand = demand_gpu_hours(trace)
-        if capacity <= 0 or demand <= 0:
-            return trace, left_out
-        miss = abs(demand / capacity - load)
-        if best is None or miss < best[0]:
-            best = (miss, trace, left_out)
-        if miss < 0.03:
+        return demand_gpu_hours(trace), trace, left_out
+
+    # Demand grows with the scale (generate_trace): the least scale that reaches the target,
+    # by doubling, then halving the interval.
+    low, high = 0.0, 1.0
+    chosen = draw(high)
+    rounds = 0
+    while chosen[0] < target and high < MAX_SCALE and rounds < FIT_ROUNDS:
+        low, high, rounds = high, high * 2, rounds + 1
+        chosen = draw(high)
+    while rounds < FIT_ROUNDS and chosen[0] > target * OVERSHOOT:
+        mid = (low + high) / 2 if low else high / 2
+        got = draw(mid)
+        if got[0] >= target:
+            high, chosen = mid, got
+        else:
+            low = mid
+        rounds += 1
+    _, trace, left_out = chosen
+    each = deployment_demand(trace)
+    demand = sum(each.values())
+    arrived = [d.name for d in trace.deployments if d.at > 0]
+    base = [d.name for d in trace.deployments if d.at == 0]
+    rnd = random.Random(seed)
+    rnd.shuffle(arrived)
+    rnd.shuffle(base)
+    dropped = set()
+    for name in [*arrived, *base[1:]]:  # the base only as a last resort, and never all of it
+        if demand <= target:
             break
-        factor *= load * capacity / demand
-    assert best is not None
-    return best[1], best[2]
+        if abs(demand - each[name] - target) < abs(demand - target):
+            dropped.add(name)
+            demand -= each[name]
+    if dropped:
+        trace = dataclasses.replace(
+            trace,
+            deployments=tuple(d for d in trace.deployments if d.name not in dropped),
+            scales=tuple(s for s in trace.scales if s.deployment not in dropped),
+            rollouts=tuple(r for r in trace.rollouts if r.deployment not in dropped),
+        )
+    return trace, left_out

@@ -102,7 +102,7 @@ def reduced_units(snap: ClusterSnapshot, keep: int) -> list[_Unit]:
     levels = snap.hierarchy.levels
     level_labels = frozenset(lv.label for lv in levels) | {"kubernetes.io/hostname"}
     units: dict[tuple[tuple[str | None, ...], object], list[int]] = {}
-    for i in sorted(range(len(snap.nodes)), key=lambda i: (snap.path(i), snap.nodes[i].name)):
+    for i in sorted(range(len(snap.nodes)), key=lambda i: (_sortable(snap.path(i)), snap.nodes[i].name)):
         units.setdefault((snap.path(i), _class_key(snap, i, level_labels)), []).append(i)
     # Domain signatures, finest first: a domain's contents relative to it.
     depth = len(levels)

@@ -106,10 +106,10 @@ def test_report_folder(files: tuple[Path, Path], tmp_path: Path, capsys: pytest.
         },
     }
     assert results["trace"]["gangs"] == 3 + 9 + 1
-    for png in ("allocation.png", "wait-cdf.png", "comm-cdf.png", "fragmentation.png"):
+    for png in ("goodput.png", "served-share.png", "wait-ccdf.png", "step-ratio.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
-    assert "![GPUs allocated over time, one panel per policy](allocation.png)" in report
+    assert "![Goodput over the day, one panel per policy](goodput.png)" in report
     assert "## Node types" in report and "| L40S x8 | 2 | 2 | 0 |" in report
     assert "claimed only where its choice can be delivered" in report
     assert "## Definitions" in report and "gangslice" in report
