@@ -10,7 +10,7 @@ Four pictures a reader looks at before the tables:
 - ``wait-ccdf.png``: the share of gangs that waited longer than x, over every gang that
   arrived (a gang never placed waited until it was withdrawn), log y so the tail shows;
 - ``step-ratio.png``: per template, each policy's median and p99 step time over the
-  template's best slice (1 is as fast as the fleet allows).
+  template's best slice (1 is as fast as the fleet allows), templates by demand.
 """
 
 from __future__ import annotations
@@ -125,19 +125,20 @@ def served_share(runs: Sequence[PolicyRun], out: Path) -> str:
             members = [g for g in run.gangs if (g.template or g.deployment) == name]
             demand = sum(demand_s(g, run.end) for g in members)
             served = sum(g.gang.gpus * r.served_s(run.end) for g in members for r in g.runs)
-            shares.append(served / demand if demand else 0.0)
+            shares.append(100 * served / demand if demand else 0.0)
         xs = range(len(runs))
         ax.bar(xs, shares, color=[colours[r.policy] for r in runs])
         ax.set_xticks(list(xs), [r.policy for r in runs], rotation=60, fontsize="x-small")
-        ax.set_ylim(0, 1.05)
+        ax.set_ylim(0, 110)
         ax.set_title(name, fontsize="small")
         ax.tick_params(labelsize="x-small")
         for x, v in zip(xs, shares, strict=True):
-            ax.text(x, v + 0.02, f"{100 * v:.0f}", ha="center", fontsize="xx-small")
+            ax.text(x, v + 2, f"{v:.0f}", ha="center", fontsize="xx-small")
     for k in range(len(names), rows * cols):
         axes[k // cols][k % cols].set_visible(False)
     fig.suptitle(
-        "Served share of each template's demand (GPU-hours served / asked for), %", fontsize="medium"
+        "Served share of each template's demand, % (GPU-hours served / asked for; largest demand first)",
+        fontsize="medium",
     )
     return _save(fig, out, "served-share.png")
 
@@ -189,13 +190,17 @@ def step_ratio(runs: Sequence[PolicyRun], out: Path) -> str:
             xs.append(k + (p - (len(runs) - 1) / 2) * width)
             medians.append(quantile(ratios, 0.5))
             tops.append(quantile(ratios, 0.99))
-        ax.bar(xs, medians, width, color=colours[run.policy], label=run.policy)
-        ax.scatter(xs, tops, marker="_", color="black", s=40, zorder=3)
+        colour = colours[run.policy]
+        ax.vlines(xs, medians, tops, color=colour, linewidth=1.2)
+        ax.scatter(xs, medians, color=colour, s=22, zorder=3, label=run.policy)
+        ax.scatter(xs, tops, color=colour, marker="_", s=60, zorder=3)
+    for k in range(1, len(names)):
+        ax.axvline(k - 0.5, color="0.9", linewidth=0.6)
     ax.axhline(1.0, color="black", linewidth=0.6)
     ax.set_yscale("log")
     ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize="x-small")
     ax.set_ylabel("step time / best step (log)")
-    ax.set_title("Step time against the template's best slice: median (bar), p99 (tick)", fontsize="medium")
+    ax.set_title("Step time against the template's best slice: median (dot) to p99 (tick)", fontsize="medium")
     ax.legend(fontsize="x-small", frameon=False, ncol=min(len(runs), 6))
     return _save(fig, out, "step-ratio.png")
 
