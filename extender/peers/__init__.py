@@ -2,7 +2,8 @@
 
 Each policy is re-implemented from the peers' documented behaviour (shared/reference:
 peers.md, kueue-admission-checks.md section 7, kube-scheduler-extender-and-volcano.md
-section 2c), not from their code. All of them:
+section 2c) and, for Volcano, from a reading of its v1.14.1 code (cited in
+:mod:`extender.peers.volcano`); no code is copied. All of them:
 
 - are all-or-nothing, like the gangslice solver: pods are placed one by one on a working
   copy of the free GPUs, and if any pod finds no room the gang is :class:`Unplaceable`;
