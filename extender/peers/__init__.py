@@ -2,8 +2,8 @@
 
 Each policy is re-implemented from the peers' documented behaviour (shared/reference:
 peers.md, kueue-admission-checks.md section 7, kube-scheduler-extender-and-volcano.md
-section 2c), not from their code; KAI's from a reading of its code, none of it copied
-(:mod:`extender.peers.kai` cites the upstream files). All of them:
+section 2c) and from a reading of the peers' code, none of it copied: Kueue's v0.19.2,
+Volcano's v1.14.1 and KAI's (each module cites the upstream files). All of them:
 
 - are all-or-nothing, like the gangslice solver: pods are placed one by one on a working
   copy of the free GPUs, and if any pod finds no room the gang is :class:`Unplaceable`;

@@ -264,19 +264,28 @@ def test_volcano_keeps_the_job_within_the_highest_tier_allowed() -> None:
     assert leaves_of(snap, volcano(snap, gang(PodSet("w", 3, 4)))) == {"leaf-a", "leaf-b"}
 
 
-def test_volcano_prefers_the_lowest_tier_then_the_fullest_hypernode() -> None:
+def test_volcano_places_an_unconstrained_job_pod_by_pod_on_the_fullest_nodes() -> None:
+    """No required level: no HyperNode search (allocate.go sends only hard-topology or
+    subgroup-policy jobs there); each pod goes where GPU bin-pack plus the network-topology
+    plugin's per-tier HyperNode bin-pack score most: the half-full leaf's nodes."""
     nodes = [node(f"a{i}", "leaf-a") for i in range(2)]  # empty leaf
     nodes += [node(f"b{i}", "leaf-b", allocated=range(4)) for i in range(2)]  # half full
     nodes += [node(f"c{i}", "leaf-c", allocated=range(7)) for i in range(2)]  # too full
     snap = ClusterSnapshot(nodes, HIER)
-    result = volcano(snap, gang(PodSet("w", 2, 4)))  # no required level: any tier, lowest first
+    result = volcano(snap, gang(PodSet("w", 2, 4)))
     assert leaves_of(snap, result) == {"leaf-b"}
     assert sorted(nodes_of(result)) == ["b0", "b1"]
 
 
-def test_volcano_places_a_node_scope_gang_on_one_node() -> None:
+def test_volcano_binds_a_node_scope_gang_by_pod_affinity() -> None:
+    """requiredLevel node is a required pod affinity on the hostname (Volcano has no tier for
+    one node): the first pod goes where bin-pack scores best, the others must join it (the
+    predicates plugin's InterPodAffinity filter), and allocate does not backtrack when they
+    cannot: three pods refused though node b holds them."""
     snap = ClusterSnapshot([node("a", "l0", allocated=range(4)), node("b", "l0", allocated=range(2))], HIER)
-    assert set(nodes_of(volcano(snap, gang(PodSet("w", 3, 2, required_level="node"))))) == {"b"}
+    assert set(nodes_of(volcano(snap, gang(PodSet("w", 2, 2, required_level="node"))))) == {"a"}
+    three = volcano(snap, gang(PodSet("w", 3, 2, required_level="node")))
+    assert isinstance(three, Unplaceable) and "pod affinity" in three.reason
     assert isinstance(volcano(snap, gang(PodSet("w", 4, 2, required_level="node"))), Unplaceable)
 
 
