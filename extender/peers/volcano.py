@@ -139,8 +139,10 @@ def volcano_job(snap: ClusterSnapshot, gang: GangRequest) -> VolcanoJob:
       of its own (selected by its ``volcano.sh/task-spec``, ``subGroupSize`` its pod count) with
       a hard topology at that tier; one with only a ``preferredLevel``, a soft one. A
       ``colocateWith`` at a hierarchy level is the job's ``networkTopology`` at the coarsest such
-      tier, soft: gangslice keeps a colocation before cost but places the gang without it, as it
-      does a preferred level.
+      tier, hard: that is how a Volcano user keeps prefill and decode together (v1.14.1's soft
+      mode only steers pods among HyperNodes of tier 1, which on a mixed fleet exist only where
+      the finest level is, the NVL72 cliques; the llm-d guides likewise write the P/D locality
+      as a required topology, Kueue's ``podset-required-topology``).
     - ``requiredLevel: node`` is a required pod affinity on the hostname among the pod set's
       pods; in-node levels (``nvlink``, ``numa`` ...) have no Volcano equivalent and are dropped.
     """
@@ -176,7 +178,7 @@ def _job_of(snap: ClusterSnapshot, gang: GangRequest, tiers: dict[int, int]) -> 
         and (s := resolve_level(ps.colocate_with.level, h)[0]) is not None
         and s < node_scope(h)
     ]
-    job = Topology(False, tier_of(min(scopes))) if scopes else None
+    job = Topology(True, tier_of(min(scopes))) if scopes else None
     return VolcanoJob(job, policies, same_node)
 
 

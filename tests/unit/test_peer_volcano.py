@@ -267,7 +267,7 @@ def test_a_gang_maps_onto_a_volcano_job_as_the_podgroup_reader_reads_one_back() 
         PodSet("decode", 4, 4, required_level="clique", colocate_with=Colocation("prefill", "leaf")),
     )
     assert volcano_job(snap, pd) == VolcanoJob(
-        Topology(False, 2),
+        Topology(True, 2),  # the colocation, hard: see volcano_job
         (
             SubGroupPolicy("prefill", ("prefill",), 2, Topology(True, 1)),
             SubGroupPolicy("decode", ("decode",), 4, Topology(True, 1)),
