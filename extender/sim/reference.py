@@ -296,16 +296,24 @@ def _node_choices(search: _Search, i: int, names: tuple[str, ...]) -> list[tuple
     memo_key = (key, names)
     got = search.memo.get(memo_key)
     if got is None:
-        node = snap.nodes[i]
-        by_name = {ps.name: ps for ps in search.gang.pod_sets}
-        need = {n: resolve_need(by_name[n], snap.hierarchy) for n in set(names)}
-        tiers = {n: pod_tier(snap, i, by_name[n], need[n]) for n in set(names)}
-        if node.plugin:
-            got = _plugin_choices(snap, i, names, by_name, tiers)
-        else:
-            got = _free_choices(snap, i, names, by_name, tiers)
-        search.memo[memo_key] = got
+        got = search.memo[memo_key] = node_choices(snap, search.gang, i, names)
     return got
+
+
+def node_choices(
+    snap: ClusterSnapshot, gang: GangRequest, i: int, names: Sequence[str]
+) -> list[tuple[int, ...]]:
+    """The ways node ``i`` gives GPUs to pods of ``gang`` (``names``: their pod sets, grouped),
+    each pod within its tier there: on a DRA node every choice of free GPUs, one of each kind
+    (every group of the pods with the same tier, ring bandwidth and NUMA nodes); on a
+    device-plugin node the plugin's answers to each pod set in turn, in every order of the pod
+    sets. Each choice is one GPU mask per pod, in the order of ``names``."""
+    names = tuple(names)
+    by_name = {ps.name: ps for ps in gang.pod_sets}
+    tiers = {n: pod_tier(snap, i, by_name[n], resolve_need(by_name[n], snap.hierarchy)) for n in set(names)}
+    if snap.nodes[i].plugin:
+        return _plugin_choices(snap, i, names, by_name, tiers)
+    return _free_choices(snap, i, names, by_name, tiers)
 
 
 def _plugin_choices(

@@ -7,7 +7,9 @@ then the predicted per-layer cost). Two reductions keep it fast without
 losing the optimum: pods of one pod set are interchangeable (assignments are enumerated up to
 their order), and on one node, two ways of choosing the GPUs that give every group of the pods
 there the same tier, ring bandwidth and NUMA nodes are interchangeable too (the objective and
-the rules see a node's GPUs through nothing else), so one of each kind is evaluated.
+the rules see a node's GPUs through nothing else), so one of each kind is evaluated (the
+simulator's best-slice search enumerates a node's choices the same way:
+``extender.sim.reference.node_choices``).
 
 The instances are DRA nodes, where a slot's GPUs are the scheduler's own choice. The same
 instances on device-plugin nodes are checked against the same enumeration with the plugin's
@@ -31,11 +33,11 @@ from hypothesis import strategies as st
 from extender.cost import Comm, ModelDims
 from extender.placement import scoring
 from extender.placement import solver as solver_module
-from extender.placement.plugin_fit import plugin_pick
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import Solver
+from extender.sim.reference import node_choices
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy, Level
 from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel
@@ -169,71 +171,6 @@ def _single_pod_options(snap: ClusterSnapshot, gang: GangRequest, ps: PodSet) ->
     return out
 
 
-def _plugin_choices(
-    snap: ClusterSnapshot, gang: GangRequest, i: int, pods: Sequence[str]
-) -> list[tuple[int, ...]]:
-    """The GPU masks a device-plugin node ``i`` hands ``pods`` (pod set names, grouped): each
-    pod set's pods get the plugin's answers in turn from what the pod sets before them left,
-    for every order of the pod sets; an order where some answer breaks a pod set's tier there
-    gives nothing."""
-    node = snap.nodes[i]
-    by_name = {ps.name: ps for ps in gang.pod_sets}
-    names = list(dict.fromkeys(pods))
-    out: list[tuple[int, ...]] = []
-    for order in itertools.permutations(names):
-        free = snap.free_mask(i)
-        masks: dict[str, tuple[int, ...]] = {}
-        for name in order:
-            ps = by_name[name]
-            tier = scoring.pod_tier(snap, i, ps, scoring.resolve_need(ps, snap.hierarchy))
-            got = (
-                plugin_pick(node.graph, free, ps.gpus_per_pod, tier, pods.count(name))
-                if tier is not None
-                else None
-            )
-            if got is None:
-                break
-            masks[name] = got
-            for m in got:
-                free &= ~m
-        else:
-            chosen = tuple(m for name in names for m in masks[name])
-            if chosen not in out:
-                out.append(chosen)
-    return out
-
-
-def _node_choices(
-    snap: ClusterSnapshot, i: int, pods: Sequence[str], options: dict[str, dict[int, list[int]]]
-) -> list[tuple[int, ...]]:
-    """Disjoint GPU masks for ``pods`` (pod set names, grouped) on node ``i``, one per kind."""
-    shape = snap.nodes[i].shape
-    groups = [list(itertools.combinations(range(len(pods)), r)) for r in range(1, len(pods) + 1)]
-    members = [g for gs in groups for g in gs]
-    kinds: dict[tuple[object, ...], tuple[int, ...]] = {}
-
-    def walk(k: int, used: int, chosen: list[int]) -> None:
-        if k == len(pods):
-            sig = []
-            for group in members:
-                union = 0
-                for p in group:
-                    union |= chosen[p]
-                sig.append((shape.tier_of(union), shape.gbps_of(union), shape.numa_of(union)))
-            kinds.setdefault(tuple(sig), tuple(chosen))
-            return
-        for mask in options[pods[k]][i]:
-            if mask & used:
-                continue
-            # Pods of one pod set are interchangeable: keep their masks in increasing order.
-            if k and pods[k - 1] == pods[k] and mask < chosen[-1]:
-                continue
-            walk(k + 1, used | mask, [*chosen, mask])
-
-    walk(0, 0, [])
-    return list(kinds.values())
-
-
 Key = tuple[int, float]
 
 
@@ -254,10 +191,7 @@ def exhaustive(snap: ClusterSnapshot, gang: GangRequest) -> tuple[Key, list[PodS
         for i, pods in sorted(on_node.items()):
             key = (i, tuple(pods))
             if key not in memo:
-                plugin = snap.nodes[i].allocation == Allocation.DEVICE_PLUGIN
-                memo[key] = (
-                    _plugin_choices(snap, gang, i, pods) if plugin else _node_choices(snap, i, pods, options)
-                )
+                memo[key] = node_choices(snap, gang, i, pods)
             choices.append([(i, pods, masks) for masks in memo[key]])
         for combo in itertools.product(*choices):
             slots = _slots(snap, gang, combo)
@@ -386,7 +320,7 @@ def _check_plugin_sets(inst: Instance, got: Slice) -> None:
             return {k: sorted(v) for k, v in out.items()}
 
         held = by_set([node.shape.mask_of(s.gpus) for s in mine])
-        choices = [by_set(c) for c in _plugin_choices(snap, gang, i, pods)]
+        choices = [by_set(c) for c in node_choices(snap, gang, i, pods)]
         assert held in choices, ("not the device plugin's answers", inst, got.slots)
 
 
