@@ -21,7 +21,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from extender.sim.engine import (
+from extender.sim.judge import REASONS
+from extender.sim.records import (
     MOVED,
     NODE_LOST,
     PLACED,
@@ -33,7 +34,6 @@ from extender.sim.engine import (
     Run,
     speed,
 )
-from extender.sim.judge import REASONS
 
 TIMELINE_COLUMNS = (
     "t",

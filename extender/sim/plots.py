@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from extender.sim.engine import GangRecord, Point, PolicyRun
 from extender.sim.metrics import demand_s, quantile, run_speed, step_ratios
+from extender.sim.records import GangRecord, Point, PolicyRun
 
 _HOUR = 3600.0
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from extender.sim.engine import gpu_model
 from extender.sim.metrics import gang_rows
+from extender.sim.records import gpu_model
 from extender.sim.runner import Outcome
 from extender.topology.allocation import Allocation
 

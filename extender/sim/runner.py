@@ -19,8 +19,9 @@ from typing import Any
 from extender import __version__
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.waiting import KeepCliques
-from extender.sim.engine import IMEX_STARTUP_S, Policy, PolicyRun, Progress, Simulation, node_type
+from extender.sim.engine import IMEX_STARTUP_S, Policy, Progress, Simulation
 from extender.sim.metrics import policy_results, starvation
+from extender.sim.records import PolicyRun, node_type
 from extender.sim.reference import Reference
 from extender.sim.trace import Trace
 from extender.topology.allocation import Allocation

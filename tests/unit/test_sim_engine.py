@@ -16,16 +16,9 @@ from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 from extender.placement.waiting import KeepCliques
-from extender.sim.engine import (
-    IMEX_STARTUP_S,
-    PLACED,
-    REJECTED,
-    WITHDRAWN,
-    Point,
-    PolicyRun,
-    Simulation,
-)
+from extender.sim.engine import IMEX_STARTUP_S, Simulation
 from extender.sim.metrics import policy_results, quantile, step_mean
+from extender.sim.records import PLACED, REJECTED, WITHDRAWN, Point, PolicyRun
 from extender.sim.reference import Reference
 from extender.sim.trace import Trace, trace_from_data
 

@@ -15,11 +15,12 @@ from extender.placement.files import cluster_from_data, load_cluster
 from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot
-from extender.sim.engine import MOVED, NODE_LOST, Move, Plan, Running, Simulation
+from extender.sim.engine import Simulation
 from extender.sim.generate import demand_gpu_hours, generate_trace
 from extender.sim.inputs import default_cluster, fitted_day
 from extender.sim.life import Life
 from extender.sim.metrics import policy_results, starvation
+from extender.sim.records import MOVED, NODE_LOST, Move, Plan, Running
 from extender.sim.reference import Reference
 from extender.sim.trace import trace_from_data
 
