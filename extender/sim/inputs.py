@@ -101,6 +101,11 @@ def check_levels(trace: Trace, cluster: ClusterSnapshot) -> None:
                 raise TraceError(f"{origin}{field}: pod set {ps.name}: {exc}") from None
 
 
+def schedulable_gpus(fleet: ClusterSnapshot) -> int:
+    """GPUs the simulated gangs can have: healthy, and not taken in the cluster file."""
+    return sum(m.bit_count() for m in fleet.free_masks())
+
+
 def fitted_day(
     seed: int, fleet: ClusterSnapshot, load: float = DEFAULT_LOAD, shape: TraceShape | None = None
 ) -> tuple[Trace, list[str]]:
@@ -110,7 +115,7 @@ def fitted_day(
     order drawn from the seed (those that arrived during the day first; of the base, all but
     one at most), while that brings demand closer to the target."""
     shape = shape or TraceShape()
-    capacity = fleet.total_gpus * shape.duration_s / 3600
+    capacity = schedulable_gpus(fleet) * shape.duration_s / 3600
     target = load * capacity
 
     def draw(factor: float) -> tuple[float, Trace, list[str]]:
