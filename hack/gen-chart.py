@@ -7,7 +7,8 @@ replicas, the TLS Secret), and so do the usual settings of each pod the chart ru
 resources, scheduling, labels, security contexts, extra arguments and environment), their
 defaults read from the manifests. With the default values the chart renders exactly what
 ``kubectl kustomize manifests/`` does (tests/e2e/test_chart.py compares them object by object
-and checks that the committed chart is what this script writes).
+and checks that the committed chart is what this script writes). values.schema.json refuses
+values of the wrong type and keys the chart does not know.
 
 Usage: hack/gen-chart.py [--check] [--kubectl PATH]
   --kubectl   default: $GANGSLICE_E2E_BIN/kubectl, else the one hack/e2e/build.sh builds
@@ -335,7 +336,8 @@ def render_values(values: Values) -> str:
     sched_repo, sched_tag = scheduler_image()
     return f"""\
 # Written by hack/gen-chart.py; do not edit (the defaults come from manifests/). With these
-# defaults the chart installs exactly `kubectl kustomize manifests/`.
+# defaults the chart installs exactly `kubectl kustomize manifests/`; values.schema.json
+# refuses a value of the wrong type and a key the chart does not know.
 #
 # Each pod the chart runs (controller, agent, scheduler) has these settings, their defaults
 # what manifests/ sets:
@@ -426,6 +428,96 @@ openshift:
 """
 
 
+def _object(properties: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A map with these keys and no other."""
+    return {"type": "object", "properties": properties, "additionalProperties": False, **more}
+
+
+STRING = {"type": "string"}
+OBJECT = {"type": "object"}
+SWITCH = _object({"enabled": {"type": "boolean"}})
+QUANTITIES = {"type": "object", "additionalProperties": {"type": ["string", "number"]}}
+IMAGE = _object(
+    {
+        "repository": {"type": "string", "minLength": 1},
+        "tag": STRING,
+        "digest": {"type": "string", "pattern": "^(sha256:[0-9a-f]{64})?$"},
+    }
+)
+#: Each pod setting's schema. Kubernetes-shaped values check their own keys (ResourceRequirements,
+#: Toleration, Affinity, EnvVar) and leave what lies below to the API server.
+SETTING_SCHEMAS: dict[str, dict[str, Any]] = {
+    "resources": _object({"limits": QUANTITIES, "requests": QUANTITIES, "claims": {"type": "array"}}),
+    "nodeSelector": {"type": "object", "additionalProperties": STRING},
+    "tolerations": {
+        "type": "array",
+        "items": _object(
+            {
+                "key": STRING,
+                "operator": {"enum": ["Exists", "Equal"]},
+                "value": STRING,
+                "effect": {"enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
+                "tolerationSeconds": {"type": "integer"},
+            }
+        ),
+    },
+    "affinity": _object({name: OBJECT for name in ("nodeAffinity", "podAffinity", "podAntiAffinity")}),
+    "topologySpreadConstraints": {
+        "type": "array",
+        "items": {"type": "object", "required": ["maxSkew", "topologyKey", "whenUnsatisfiable"]},
+    },
+    "priorityClassName": STRING,
+    "runtimeClassName": STRING,
+    "podAnnotations": {"type": "object", "additionalProperties": STRING},
+    "podLabels": {"type": "object", "additionalProperties": STRING},
+    "podSecurityContext": OBJECT,
+    "securityContext": OBJECT,
+    "extraArgs": {"type": "array", "items": STRING},
+    "extraEnv": {
+        "type": "array",
+        "items": _object({"name": STRING, "value": STRING, "valueFrom": OBJECT}, required=["name"]),
+    },
+}
+
+
+def _pod_schema(key: str, values: Values) -> dict[str, Any]:
+    """The schemas of pod ``key``'s settings; podLabels may not name a label the manifests give
+    the pod (its controller selects it by them): the false schema refuses any value there."""
+    out = {name: SETTING_SCHEMAS[name] for name in POD_SETTINGS if name in values.pods[key]}
+    out["podLabels"] = {**out["podLabels"], "properties": dict.fromkeys(values.labels[key], False)}
+    return out
+
+
+def render_schema(values: Values) -> str:
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$comment": "Written by hack/gen-chart.py; do not edit.",
+        "title": "Values of the gangslice chart",
+        **_object(
+            {
+                "image": IMAGE,
+                "imagePullSecrets": {"type": "array", "items": _object({"name": STRING}, required=["name"])},
+                "controller": _object(
+                    {
+                        "replicas": {"type": "integer", "minimum": 0},
+                        "keepCliques": {"enum": ["while-waiting", "always"]},  # extender KeepCliques
+                        "imexDaemonRequests": STRING,
+                        **_pod_schema("controller", values),
+                    }
+                ),
+                "agent": _object(_pod_schema("agent", values)),
+                "namespace": _object({"create": {"type": "boolean"}}),
+                "tls": _object({"secretName": {"type": "string", "minLength": 1}, "certManager": SWITCH}),
+                "scheduler": _object(
+                    {"enabled": {"type": "boolean"}, "image": IMAGE, **_pod_schema("scheduler", values)}
+                ),
+                **{name: SWITCH for name in ("kueue", "volcano", "monitoring", "dra", "openshift")},
+            }
+        ),
+    }
+    return json.dumps(schema, indent=2) + "\n"
+
+
 def render_chart_yaml() -> str:
     _, version = image_of()
     return f"""\
@@ -457,6 +549,7 @@ def chart_files(kubectl: str) -> dict[Path, str]:
         files[CHART / "templates" / file] = render_part(objects, condition, relative, values)
     files[CHART / "templates" / "_helpers.tpl"] = HELPERS
     files[CHART / "values.yaml"] = render_values(values)
+    files[CHART / "values.schema.json"] = render_schema(values)
     return files
 
 
