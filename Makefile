@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e bench reference crds venv clean image
+.PHONY: demo playground test lint typecheck unit e2e bench reference crds venv clean image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,11 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/gangslice simulate --out out/simulate
+
+# gangslice on a control plane on loopback with fake GPU nodes, until Ctrl-C (needs Go the first
+# time, to build the binaries; no container engine). ARGS=--once stops after printing.
+playground: $(STAMP)
+	$(BIN)/gangslice playground $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check extender tests

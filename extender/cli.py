@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "extender.commands.explain",
     "extender.commands.hypernodes",
     "extender.commands.bench_scheduler",
+    "extender.commands.playground",
 )
 
 

@@ -182,6 +182,8 @@ class ControlPlane:
         ``clientConnection.kubeconfig`` is set to the admin kubeconfig and ``leaderElection.leaderElect`` to
         false unless given. ``None`` gives a minimal config (``percentageOfNodesToScore: 100``).
       workdir_parent: where to create the temporary folder (default: system temp dir).
+      workdir: use this folder (created if missing) instead of a new temporary one; :meth:`stop`
+        leaves it in place (``gangslice playground`` keeps its logs there).
       keep_workdir: do not delete the temporary folder on stop (for debugging).
       extra_apiserver_args: extra ``--flag=value`` arguments for kube-apiserver (they win over defaults
         with the same flag name).
@@ -204,6 +206,7 @@ class ControlPlane:
         scheduler: bool = True,
         scheduler_config: StrPath | Mapping[str, Any] | None = None,
         workdir_parent: StrPath | None = None,
+        workdir: StrPath | None = None,
         keep_workdir: bool = False,
         extra_apiserver_args: Iterable[str] = (),
         startup_timeout: float = 90.0,
@@ -220,7 +223,8 @@ class ControlPlane:
         self.with_scheduler = scheduler
         self._scheduler_config_src = scheduler_config
         self._workdir_parent = workdir_parent
-        self.keep_workdir = keep_workdir
+        self._fixed_workdir = Path(workdir) if workdir is not None else None
+        self.keep_workdir = keep_workdir or workdir is not None
         self.extra_apiserver_args = list(extra_apiserver_args)
         self.startup_timeout = startup_timeout
 
@@ -256,7 +260,11 @@ class ControlPlane:
                 )
         if shutil.which("openssl") is None:
             raise ControlPlaneError("openssl not found on PATH (install the 'openssl' package)")
-        self.workdir = Path(tempfile.mkdtemp(prefix="gangslice-e2e-", dir=self._workdir_parent))
+        if self._fixed_workdir is not None:
+            self._fixed_workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.workdir = self._fixed_workdir
+        else:
+            self.workdir = Path(tempfile.mkdtemp(prefix="gangslice-e2e-", dir=self._workdir_parent))
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True
@@ -576,38 +584,52 @@ class ControlPlane:
         )
         return proc
 
-    def start_scheduler(self, config: StrPath | Mapping[str, Any] | None = None) -> ManagedProcess:
-        """(Re)start kube-scheduler with ``config`` (see the class doc); waits for its /healthz."""
+    def start_scheduler(
+        self,
+        config: StrPath | Mapping[str, Any] | None = None,
+        *,
+        name: str = "kube-scheduler",
+        kubeconfig: StrPath | None = None,
+    ) -> ManagedProcess:
+        """(Re)start kube-scheduler with ``config`` (see the class doc); waits for its /healthz.
+
+        ``name``: another scheduler next to the first, in a process, config file and port of its own
+        (``scheduler_config_file`` and ``scheduler_port`` stay those of ``kube-scheduler``).
+        ``kubeconfig``: whose credentials it runs under (default: the admin kubeconfig); a config's own
+        ``clientConnection.kubeconfig`` wins."""
         assert self.workdir is not None and self.kubeconfig is not None
-        self.stop_process("kube-scheduler")
+        self.stop_process(name)
+        credentials = str(kubeconfig or self.kubeconfig)
         cfg = _load_yaml_or_mapping(config) if config is not None else {}
         cfg.setdefault("apiVersion", "kubescheduler.config.k8s.io/v1")
         cfg.setdefault("kind", "KubeSchedulerConfiguration")
-        cfg.setdefault("clientConnection", {}).setdefault("kubeconfig", str(self.kubeconfig))
+        cfg.setdefault("clientConnection", {}).setdefault("kubeconfig", credentials)
         cfg.setdefault("leaderElection", {}).setdefault("leaderElect", False)
         cfg.setdefault("percentageOfNodesToScore", 100)
-        self.scheduler_config_file = self.workdir / "kube-scheduler.yaml"
+        config_file = self.workdir / f"{name}.yaml"
         # JSON is valid YAML; avoids needing pyyaml for the default config.
-        self.scheduler_config_file.write_text(json.dumps(cfg, indent=2))
-        (self.scheduler_port,) = free_ports(1)
+        config_file.write_text(json.dumps(cfg, indent=2))
+        (port,) = free_ports(1)
+        if name == "kube-scheduler":
+            self.scheduler_config_file, self.scheduler_port = config_file, port
         proc = self.start_process(
-            "kube-scheduler",
+            name,
             [
                 str(self.bin_dir / "kube-scheduler"),
-                f"--config={self.scheduler_config_file}",
+                f"--config={config_file}",
                 "--bind-address=127.0.0.1",
-                f"--secure-port={self.scheduler_port}",
-                f"--cert-dir={self.workdir / 'kube-scheduler'}",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / name}",
+                f"--authentication-kubeconfig={credentials}",
+                f"--authorization-kubeconfig={credentials}",
             ],
         )
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # the scheduler self-signs its serving cert
         self.wait_ready(
-            "kube-scheduler",
-            f"https://127.0.0.1:{self.scheduler_port}/healthz",
+            name,
+            f"https://127.0.0.1:{port}/healthz",
             lambda body: body.strip() == b"ok",
             ssl_context=insecure,
         )

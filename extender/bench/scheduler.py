@@ -47,10 +47,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from extender.bench.controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, free_ports
+from extender.bench.fake_nodes import FakeGpuNode, create_nodes
 from extender.kube import names as keys
 from extender.kube.pods import gpu_request
-from extender.topology.presets import preset_graph
-from extender.topology.serialize import graph_to_dict
 
 SCHEDULER_CONFIG = REPO_ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
 CRDS = REPO_ROOT / "manifests" / "crds"
@@ -172,31 +171,6 @@ def fabric(options: SchedulerBenchOptions) -> list[BenchNode]:
     return out
 
 
-def node_objects(node: BenchNode, topology_spec: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
-    """The Node, its status (capacity, Ready), and its NodeTopology."""
-    labels = {"kubernetes.io/hostname": node.name, LEAF_LABEL: node.leaf, SPINE_LABEL: node.spine}
-    resources = {"cpu": "192", "memory": "2Ti", "pods": "110", keys.GPU_RESOURCE: "8"}
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    ready = {
-        "type": "Ready",
-        "status": "True",
-        "reason": "KubeletReady",
-        "message": "fake node of gangslice bench scheduler",
-        "lastHeartbeatTime": now,
-        "lastTransitionTime": now,
-    }
-    return (
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": labels}},
-        {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
-        {
-            "apiVersion": f"{keys.GROUP}/{keys.VERSION}",
-            "kind": "NodeTopology",
-            "metadata": {"name": node.name},
-            "spec": dict(topology_spec),
-        },
-    )
-
-
 def bench_pods(case: Case, options: SchedulerBenchOptions, namespace: str) -> list[dict[str, Any]]:
     """The case's pods: ``options.pods`` pods of ``options.gpus`` GPUs (whole gangs only)."""
     size = case.gang_size or 1
@@ -267,21 +241,18 @@ def _parallel(fn: Callable[[Any], None], work: Sequence[Any]) -> None:
 
 
 def make_nodes(cp: ControlPlane, nodes: Sequence[BenchNode]) -> None:
-    spec = graph_to_dict(preset_graph("hgx-h100"))
-    spec["source"] = "nvml"
-
-    def one(node: BenchNode) -> None:
-        obj, status, topology = node_objects(node, spec)
-        _post(cp, "/api/v1/nodes", obj)
-        cp.request(
-            "PATCH",
-            f"/api/v1/nodes/{node.name}/status",
-            status,
-            content_type="application/merge-patch+json",
-        )
-        _post(cp, f"/apis/{keys.GROUP}/{keys.VERSION}/{keys.NODE_TOPOLOGIES}", topology)
-
-    _parallel(one, nodes)
+    create_nodes(
+        cp,
+        [
+            FakeGpuNode(
+                n.name,
+                "hgx-h100",
+                {LEAF_LABEL: n.leaf, SPINE_LABEL: n.spine},
+                {"cpu": "192", "memory": "2Ti"},
+            )
+            for n in nodes
+        ],
+    )
 
 
 def list_pods(cp: ControlPlane, namespace: str) -> tuple[list[dict[str, Any]], str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -79,6 +80,19 @@ def _mapped(exc: BaseException) -> KubeError:
     if isinstance(exc, ApiException):
         return error_for(int(exc.status or 0), _reason(exc))
     return error_for(0, f"{type(exc).__name__}: {exc}")
+
+
+def _interrupt(resp: Any) -> None:
+    """Close a streaming response that a reader thread may sit in ``recv`` on: shut the socket
+    down first, so that read returns at once. Closing alone waits for the reader's lock on the
+    buffered file, that is for the stream's next event or its end (a watch's timeout: minutes),
+    and held up ``gangslice serve``'s exit that long."""
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        resp.close()
 
 
 def _reason(exc: Any) -> str:
@@ -222,8 +236,7 @@ class ApiServerClient:
             stop.set()
             resp = holder.get("resp")
             if resp is not None:
-                with contextlib.suppress(Exception):
-                    resp.close()
+                _interrupt(resp)
 
     async def create(self, res: Resource, obj: Mapping[str, Any], *, subresource: str = "") -> dict[str, Any]:
         name = name_of(obj) if subresource else ""

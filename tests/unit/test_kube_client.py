@@ -5,9 +5,11 @@ errors with the cause chained, a watch stream with its 410, and discovery."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -205,3 +207,57 @@ def test_evict_posts_a_policy_v1_eviction_and_a_budget_429_is_throttled(
     with pytest.raises(Throttled) as got:
         asyncio.run(api.evict("llm", "p"))
     assert got.value.message == said
+
+
+class _Stalling(BaseHTTPRequestHandler):
+    """A watch as the API server streams it (chunked), quiet after its first event."""
+
+    protocol_version = "HTTP/1.1"
+    release: threading.Event
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        line = json.dumps({"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "5"}}})
+        data = line.encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+        self.release.wait(30)  # no event until the watch's timeout
+        with contextlib.suppress(OSError):
+            self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_leaving_a_quiet_watch_does_not_wait_for_its_next_event() -> None:
+    """The stream's reader thread sits in recv until the next event; closing the response alone
+    waited for that thread (up to the watch's timeout, minutes), and so did `gangslice serve`'s exit."""
+    from kubernetes import client
+
+    release = threading.Event()
+    handler: Any = type("Handler", (_Stalling,), {"release": release})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{httpd.server_port}"
+    api = ApiServerClient(client.ApiClient(cfg), timeout_s=5)
+
+    async def go() -> float:
+        events: Any = api.watch(NODES, "4", timeout_s=60)
+        first = await events.__anext__()
+        assert first.type == "ADDED"
+        await asyncio.sleep(0.5)  # the reader thread is back in recv
+        began = time.monotonic()
+        await events.aclose()
+        return time.monotonic() - began
+
+    try:
+        took = asyncio.run(go())
+    finally:
+        release.set()
+        httpd.shutdown()
+        httpd.server_close()
+    assert took < 2.0, f"closing the watch took {took:.1f} s"
