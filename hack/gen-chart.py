@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,10 @@ def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 #: Placeholders set into objects before dumping, replaced by template expressions after.
 VALUES = {
-    "@@GANGSLICE_IMAGE@@": '"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"',
+    "@@GANGSLICE_IMAGE@@": (
+        '"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}'
+        '{{ with .Values.image.digest }}@{{ . }}{{ end }}"'
+    ),
     "@@SCHEDULER_IMAGE@@": '"{{ .Values.scheduler.image.repository }}:{{ .Values.scheduler.image.tag }}"',
     "@@CONTROLLER_REPLICAS@@": "{{ .Values.controller.replicas }}",
     "@@TLS_SECRET@@": "{{ .Values.tls.secretName }}",
@@ -148,10 +152,13 @@ def render_values() -> str:
 # defaults the chart installs exactly `kubectl kustomize manifests/`.
 
 # The gangslice image (controller, agent): manifests/kustomization.yaml `images:`; the tag
-# defaults to the chart's appVersion, the package version.
+# defaults to the chart's appVersion, the package version. With a digest (sha256:...) the
+# image is pulled by it (<repository>:<tag>@<digest>): the released chart sets the digest of
+# the multi-arch image index (make release).
 image:
   repository: {repository}
   tag: ""
+  digest: ""
 
 controller:
   replicas: 2
@@ -212,8 +219,14 @@ openshift:
 """
 
 
+def package_version() -> str:
+    """The one version of a release: pyproject.toml's. The chart's version and appVersion are
+    it; the image tag in manifests/kustomization.yaml must be it too (tests/unit/test_manifests.py)."""
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
+
 def render_chart_yaml() -> str:
-    _, version = image_of()
+    version = package_version()
     return f"""\
 # Written by hack/gen-chart.py; do not edit.
 apiVersion: v2
