@@ -94,12 +94,12 @@ ROOTFS="${WORK}/rootfs"
 cp -a "${DEBIAN_DIR}" "${ROOTFS}" && rm -f "${ROOTFS}/.done"
 cp -a "${DEPS_DIR}/." "${ROOTFS}/" && rm -f "${ROOTFS}/.done"
 "${HERE}/rootfs.sh" app "${ROOTFS}" "${ARCH}" "${WHEEL}"
-# pip notes where it found the wheel (PEP 610 direct_url.json, a temporary path of this build):
-# nothing an image needs, and the one file that would differ between two builds of the same inputs.
-for dist_info in "${ROOTFS}${PYTHON_SITE}"/gangslice-*.dist-info; do
-    rm -f "${dist_info}/direct_url.json"
-    sed -i '/\/direct_url\.json,/d' "${dist_info}/RECORD"
-done
+# What would differ between two builds of the same inputs, and nothing an image needs: pip notes
+# where it found the wheel (PEP 610 direct_url.json, a temporary path of this build), and each
+# RECORD lists the console scripts pip wrote to bin/ (which rootfs.sh removes) with hashes of
+# their shebang, the path of the interpreter that ran pip.
+rm -f "${ROOTFS}${PYTHON_SITE}"/gangslice-*.dist-info/direct_url.json
+sed -i -e '/\/direct_url\.json,/d' -e '/^\.\.\/\.\.\/bin\//d' "${ROOTFS}${PYTHON_SITE}"/*.dist-info/RECORD
 
 log "SBOM"
 "${PYTHON}" "${HERE}/sbom.py" "${ROOTFS}" "${IMAGE}:${VERSION}" "${VERSION}" "${ARCH}" >"${OUT}/${NAME}.spdx.json"
