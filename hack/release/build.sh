@@ -17,8 +17,9 @@
 # archives in a fixed order with fixed dates (docs/install.md, "From a release"). The image
 # steps are cached as `make image` caches them. Needs what `make image` needs (root, mmdebstrap,
 # buildah), the `build` package in PYTHON's environment, and helm: $HELM, else
-# $GANGSLICE_E2E_BIN/helm, else the one hack/e2e/build.sh builds (Go). The last lines on
-# stdout are IMAGE_DIGEST=<digest of the index> and RELEASE_DIR=<path>.
+# $GANGSLICE_E2E_BIN/helm, else the one hack/e2e/build.sh builds (Go). GANGSLICE_RELEASE_TAG,
+# when set (.github/workflows/release.yaml), must be v<version>. The last lines on stdout are
+# IMAGE_DIGEST=<digest of the index> and RELEASE_DIR=<path>.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -53,6 +54,10 @@ if wrong:
 print(version)
 PY
 )" || die "the versions disagree"
+# The release workflow passes its tag: v<version> and nothing else.
+if [[ -n "${GANGSLICE_RELEASE_TAG:-}" && "${GANGSLICE_RELEASE_TAG}" != "v${VERSION}" ]]; then
+    die "tag ${GANGSLICE_RELEASE_TAG}, but pyproject.toml's version is ${VERSION} (tag v${VERSION})"
+fi
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "${REPO}" log -1 --format=%ct 2>/dev/null || date +%s)}"
 OUT="${REPO}/out/release"
 WORK="$(mktemp -d)"

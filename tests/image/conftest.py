@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from released import Release
 
+from extender import __version__
 from extender.bench.controlplane import build_binaries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +31,13 @@ def helm_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def release(helm_bin: Path) -> Release:
-    env = {**os.environ, "PYTHON": sys.executable, "HELM": str(helm_bin)}
+    """The build as the release workflow runs it (with its tag), with the helm of the checks."""
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "HELM": str(helm_bin),
+        "GANGSLICE_RELEASE_TAG": f"v{__version__}",
+    }
     proc = subprocess.run([str(BUILD)], capture_output=True, text=True, timeout=3600, env=env, check=False)
     assert proc.returncode == 0, f"hack/release/build.sh failed:\n{proc.stderr[-4000:]}"
     said = dict(line.split("=", 1) for line in proc.stdout.splitlines()[-2:])
