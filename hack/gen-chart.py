@@ -41,7 +41,10 @@ PARTS: dict[str, tuple[str, str]] = {
     "base.yaml": ("", "not .Values.openshift.enabled"),
     "openshift.yaml": (OPENSHIFT, ".Values.openshift.enabled"),
     "scheduler.yaml": ("scheduler", "and .Values.scheduler.enabled (not .Values.openshift.enabled)"),
-    "openshift-scheduler.yaml": ("openshift-scheduler", "and .Values.scheduler.enabled .Values.openshift.enabled"),
+    "openshift-scheduler.yaml": (
+        "openshift-scheduler",
+        "and .Values.scheduler.enabled .Values.openshift.enabled",
+    ),
     "kueue.yaml": ("kueue", ".Values.kueue.enabled"),
     "volcano.yaml": ("volcano", ".Values.volcano.enabled"),
     "cert-manager.yaml": ("components/cert-manager", ".Values.tls.certManager.enabled"),
@@ -62,7 +65,9 @@ def kustomize(kubectl: str, relative: str) -> list[dict[str, Any]]:
                 f"resources: [{up}]\ncomponents: [{up}/components/openshift]\n"
             )
             target = tmp
-        out = subprocess.run([kubectl, "kustomize", target], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [kubectl, "kustomize", target], capture_output=True, text=True, check=True
+        ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -145,7 +150,7 @@ def scheduler_image() -> tuple[str, str]:
 
 
 def render_values() -> str:
-    repository, tag = image_of()
+    repository, _ = image_of()
     sched_repo, sched_tag = scheduler_image()
     return f"""\
 # Written by hack/gen-chart.py; do not edit (the defaults come from manifests/). With these
@@ -269,7 +274,9 @@ def default_kubectl() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--kubectl")
     args = parser.parse_args()
@@ -277,10 +284,14 @@ def main() -> int:
     generated = {p for p in files}
     present = {p for p in CHART.rglob("*.yaml") if p.parent.name in ("templates", "crds")}
     if args.check:
-        stale = sorted(str(p.relative_to(REPO)) for p in generated if not p.is_file() or p.read_text() != files[p])
+        stale = sorted(
+            str(p.relative_to(REPO)) for p in generated if not p.is_file() or p.read_text() != files[p]
+        )
         stale += sorted(str(p.relative_to(REPO)) for p in present - generated)
         if stale:
-            print(f"charts/gangslice is not what hack/gen-chart.py writes: {', '.join(stale)}", file=sys.stderr)
+            print(
+                f"charts/gangslice is not what hack/gen-chart.py writes: {', '.join(stale)}", file=sys.stderr
+            )
             return 1
         return 0
     for path in present - generated:
