@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo playground test lint typecheck unit e2e bench reference crds venv clean image
+.PHONY: demo playground test lint typecheck unit e2e bench reference crds venv clean image release
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ test: lint typecheck
 # mmdebstrap, buildah; no container daemon or registry). ARCH=arm64 for Grace trays.
 image: $(STAMP)
 	PYTHON=$(abspath $(BIN))/python hack/image/build.sh $(or $(ARCH),amd64)
+
+# Every artifact of the version in pyproject.toml under out/release/ (hack/release/build.sh):
+# the wheel and the sdist, the amd64 and arm64 image archives and the multi-arch index over
+# both, their SBOMs, the Helm chart with the image by digest, SHA256SUMS. Needs what `make image`
+# needs, and helm (hack/e2e/build.sh builds it). .github/workflows/release.yaml publishes them.
+release: $(STAMP)
+	PYTHON=$(abspath $(BIN))/python hack/release/build.sh
 
 bench: $(STAMP)
 	$(BIN)/gangslice bench placement

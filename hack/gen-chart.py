@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,7 +354,8 @@ def render_values(values: Values) -> str:
 
 # The gangslice image (controller, agent): manifests/kustomization.yaml `images:`; the tag
 # defaults to the chart's appVersion, the package version. A digest (sha256:...) pins the
-# image instead of the tag: repository@digest.
+# image instead of the tag: repository@digest; the released chart sets the digest of the
+# multi-arch image index (make release).
 image:
   repository: {repository}
   tag: ""
@@ -518,8 +520,14 @@ def render_schema(values: Values) -> str:
     return json.dumps(schema, indent=2) + "\n"
 
 
+def package_version() -> str:
+    """The one version of a release: pyproject.toml's. The chart's version and appVersion are
+    it; the image tag in manifests/kustomization.yaml must be it too (tests/unit/test_manifests.py)."""
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
+
 def render_chart_yaml() -> str:
-    _, version = image_of()
+    version = package_version()
     return f"""\
 # Written by hack/gen-chart.py; do not edit.
 apiVersion: v2

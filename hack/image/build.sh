@@ -11,8 +11,10 @@
 # hack/image/recipe.env. The Debian and the dependency steps are cached under
 #   ${GANGSLICE_CACHE:-$HOME/.cache/gangslice}/image/<version>/<arch>-<step>-<inputs hash>/
 # so a rebuild after a code change only installs the wheel and assembles. Files are dated
-# SOURCE_DATE_EPOCH (default: the last commit's time). Needs root, mmdebstrap and buildah
-# (installed with apt-get when missing); arm64 needs no emulator (nothing runs in the rootfs).
+# SOURCE_DATE_EPOCH (default: the last commit's time). GANGSLICE_WHEEL=<path> installs that
+# wheel instead of building one (make release passes the wheel it publishes). Needs root,
+# mmdebstrap and buildah (installed with apt-get when missing); arm64 needs no emulator
+# (nothing runs in the rootfs).
 # The last line on stdout is IMAGE_ARCHIVE=<path>.
 set -euo pipefail
 
@@ -78,13 +80,26 @@ DEPS_DIR="$(cached_step deps "${HERE}/requirements.lock")"
 
 WORK="$(mktemp -d "${CACHE}/build.XXXXXX")"
 trap 'rm -rf "${WORK}"' EXIT
-log "wheel"
-"${PYTHON}" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "${WORK}/dist" "${REPO}"
-WHEEL="$(ls "${WORK}"/dist/gangslice-*.whl)"
+if [[ -n "${GANGSLICE_WHEEL:-}" ]]; then
+    [[ -f "${GANGSLICE_WHEEL}" ]] || die "GANGSLICE_WHEEL=${GANGSLICE_WHEEL}: no such file"
+    [[ "$(basename "${GANGSLICE_WHEEL}")" == "gangslice-${VERSION}-"*.whl ]] ||
+        die "GANGSLICE_WHEEL=${GANGSLICE_WHEEL} is not gangslice ${VERSION}'s wheel"
+    WHEEL="${GANGSLICE_WHEEL}"
+else
+    log "wheel"
+    "${PYTHON}" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "${WORK}/dist" "${REPO}"
+    WHEEL="$(ls "${WORK}"/dist/gangslice-*.whl)"
+fi
 ROOTFS="${WORK}/rootfs"
 cp -a "${DEBIAN_DIR}" "${ROOTFS}" && rm -f "${ROOTFS}/.done"
 cp -a "${DEPS_DIR}/." "${ROOTFS}/" && rm -f "${ROOTFS}/.done"
 "${HERE}/rootfs.sh" app "${ROOTFS}" "${ARCH}" "${WHEEL}"
+# What would differ between two builds of the same inputs, and nothing an image needs: pip notes
+# where it found the wheel (PEP 610 direct_url.json, a temporary path of this build), and each
+# RECORD lists the console scripts pip wrote to bin/ (which rootfs.sh removes) with hashes of
+# their shebang, the path of the interpreter that ran pip.
+rm -f "${ROOTFS}${PYTHON_SITE}"/gangslice-*.dist-info/direct_url.json
+sed -i -e '/\/direct_url\.json,/d' -e '/^\.\.\/\.\.\/bin\//d' "${ROOTFS}${PYTHON_SITE}"/*.dist-info/RECORD
 
 log "SBOM"
 "${PYTHON}" "${HERE}/sbom.py" "${ROOTFS}" "${IMAGE}:${VERSION}" "${VERSION}" "${ARCH}" >"${OUT}/${NAME}.spdx.json"

@@ -45,7 +45,9 @@ def main() -> int:
         if len(sys.argv) > 1:
             wheel = Path(sys.argv[1]).resolve()
         else:
-            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp, str(REPO)], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp, str(REPO)], check=True
+            )
             (wheel,) = work.glob("gangslice-*.whl")
         pins: dict[tuple[str, str], set[str]] = {}
         for arch in ARCHES:

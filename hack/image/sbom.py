@@ -37,7 +37,9 @@ def package(kind: str, name: str, version: str, purl: str, supplier: str) -> dic
         "licenseConcluded": "NOASSERTION",
         "licenseDeclared": "NOASSERTION",
         "copyrightText": "NOASSERTION",
-        "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl", "referenceLocator": purl}],
+        "externalRefs": [
+            {"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl", "referenceLocator": purl}
+        ],
     }
 
 
@@ -56,6 +58,7 @@ def main() -> int:
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
     created = datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     digest = hashlib.sha256(json.dumps(packages, sort_keys=True).encode()).hexdigest()[:16]
+    purl = f"pkg:oci/gangslice@{version}?arch={arch}&repository_url={quote(ref.rsplit(':', 1)[0])}"
     image = {
         "name": ref,
         "SPDXID": "SPDXRef-image",
@@ -71,7 +74,7 @@ def main() -> int:
             {
                 "referenceCategory": "PACKAGE-MANAGER",
                 "referenceType": "purl",
-                "referenceLocator": f"pkg:oci/gangslice@{version}?arch={arch}&repository_url={quote(ref.rsplit(':', 1)[0])}",
+                "referenceLocator": purl,
             }
         ],
     }
@@ -85,7 +88,11 @@ def main() -> int:
         "documentDescribes": ["SPDXRef-image"],
         "packages": [image, *packages],
         "relationships": [
-            {"spdxElementId": "SPDXRef-image", "relationshipType": "CONTAINS", "relatedSpdxElement": p["SPDXID"]}
+            {
+                "spdxElementId": "SPDXRef-image",
+                "relationshipType": "CONTAINS",
+                "relatedSpdxElement": p["SPDXID"],
+            }
             for p in packages
         ],
     }

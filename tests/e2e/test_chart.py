@@ -129,6 +129,19 @@ def test_values_reach_the_objects(e2e_bin_dir: Path, tmp_path: Path) -> None:
     assert ("v1", "Namespace", None, "gangslice-system") not in rendered
 
 
+def test_a_digest_pins_the_image(e2e_bin_dir: Path, tmp_path: Path) -> None:
+    """The released chart sets image.digest (make release): every gangslice container then
+    pulls <repository>@<digest>, whatever the tag says."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    rendered = template(e2e_bin_dir, f"image.digest={digest}", tmp=tmp_path)
+    images = {
+        c["image"]
+        for obj in rendered.values()
+        for c in obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+    }
+    assert images == {f"ghcr.io/gangslice/gangslice@{digest}"}
+
+
 @pytest.fixture(scope="module")
 def fresh_cluster(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     """A control plane of its own: the chart's objects must not meet those the other modules apply."""

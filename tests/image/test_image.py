@@ -1,8 +1,9 @@
-"""``make image``: the OCI archive hack/image/build.sh writes, unpacked and run with chroot (no
-container runtime): ``gangslice --version``, ``gangslice place`` on an example and ``gangslice
-serve --cluster`` answering its health endpoints, as the image's own user on a root
-filesystem it cannot write to; its labels, user and entrypoint; no shell; the SBOM beside it
-naming what is inside; the Containerfile written from the same recipe.
+"""``make image``: the OCI archive hack/image/build.sh writes (the amd64 one of the session's
+``make release``, conftest.py), unpacked and run with chroot (no container runtime):
+``gangslice --version``, ``gangslice place`` on an example and ``gangslice serve --cluster``
+answering its health endpoints, as the image's own user on a root filesystem it cannot write
+to; its labels, user and entrypoint; no shell; the SBOM beside it naming what is inside; the
+Containerfile written from the same recipe.
 
 The build needs root, mmdebstrap and buildah (Debian packages); without them it fails saying
 so. Its Debian and dependency steps are cached under ~/.cache/gangslice/image/<version>/."""
@@ -24,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from released import Release
 
 from extender import __version__
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "hack" / "image" / "build.sh"
 LOCK = REPO / "hack" / "image" / "requirements.lock"
 IMAGE = "ghcr.io/gangslice/gangslice"
 EXAMPLES = REPO / "examples"
@@ -48,11 +49,8 @@ def _blob(layout: Path, digest: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Unpacked]:
-    env = {**os.environ, "PYTHON": str(Path(os.sys.executable))}
-    proc = subprocess.run([str(BUILD)], capture_output=True, text=True, timeout=1800, env=env, check=False)
-    assert proc.returncode == 0, f"hack/image/build.sh failed:\n{proc.stderr[-4000:]}"
-    archive = Path(proc.stdout.strip().splitlines()[-1].removeprefix("IMAGE_ARCHIVE="))
+def image(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Unpacked]:
+    archive = release.file("-amd64.oci.tar")
     layout = tmp_path_factory.mktemp("oci")
     with tarfile.open(archive) as tar:
         tar.extractall(layout, filter="tar")

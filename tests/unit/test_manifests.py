@@ -539,6 +539,21 @@ def test_example_gangslice_containers_run_a_preflight_the_cli_accepts() -> None:
     assert {"kueue/llama-70b-tp8.yaml", "plain/llama-70b-tp8.yaml"} <= found
 
 
+def test_every_version_is_pyprojects() -> None:
+    """pyproject.toml's version is the one version of a release (make release reads it there):
+    the package's ``__version__``, the image tag and the chart's version and appVersion
+    (hack/gen-chart.py writes them from it) are that version."""
+    import tomllib
+
+    from extender import __version__
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((REPO / "charts" / "gangslice" / "Chart.yaml").read_text())
+    k = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    (image,) = [i for i in k["images"] if i["name"] == GANGSLICE_IMAGE]
+    assert (__version__, image["newTag"], chart["version"], chart["appVersion"]) == (version,) * 4
+
+
 def test_the_image_tag_is_the_package_version() -> None:
     from extender import __version__
 
