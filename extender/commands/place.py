@@ -5,13 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNPLACEABLE
 from extender.placement.files import FileError, load_cluster, load_gang
+from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, Slice
 from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.step import StepTime, slice_step
 from extender.topology.allocation import Allocation
+
+#: Slices the search for the fastest one tries at most for ``place`` (see extender.sim.reference).
+BEST_BUDGET = 20_000
 
 
 def register(sub: Any) -> None:
@@ -25,10 +31,47 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def placement_json(result: Placement, cluster: ClusterSnapshot | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Speed:
+    """A slice's step time, and the fastest step any valid slice of the gang gets on the
+    cluster as the file has it (None where the search found none)."""
+
+    step: StepTime
+    best_us: float | None
+    exact: bool
+
+    @property
+    def share(self) -> float | None:
+        """The slice's speed as a share of the fastest: what a GPU-hour on it delivers."""
+        if self.best_us is None or self.step.total_us <= 0:
+            return None
+        return min(1.0, self.best_us / self.step.total_us)
+
+
+def speed_of(cluster: ClusterSnapshot, gang: GangRequest, result: Slice) -> Speed:
+    from extender.sim.reference import best_slice
+
+    best = best_slice(cluster, gang, budget=BEST_BUDGET)
+    step = slice_step(cluster, gang, result.slots)
+    return Speed(step, None if best is None else best.step_us, best is None or best.exact)
+
+
+def placement_json(
+    result: Placement, cluster: ClusterSnapshot | None = None, speed: Speed | None = None
+) -> dict[str, Any]:
     """The placement as JSON; with ``cluster``, also how the nodes' GPUs are allocated: the
-    count of nodes per mode, and for a slice the mode of each node it uses."""
+    count of nodes per mode, and for a slice the mode of each node it uses; with ``speed``,
+    the step time and its share of the fastest slice's speed."""
     modes: dict[str, Any] = {}
+    if speed is not None:
+        modes["step"] = {
+            "millis": round(speed.step.total_us / 1000, 3),
+            "computeMillis": round(speed.step.compute_us / 1000, 3),
+            "commMillis": round(speed.step.comm_us / 1000, 3),
+            "bestMillis": None if speed.best_us is None else round(speed.best_us / 1000, 3),
+            "bestProven": speed.exact,
+            "speed": None if speed.share is None else round(speed.share, 4),
+        }
     if cluster is not None:
         modes["allocation"] = {str(a): sum(n.allocation == a for n in cluster.nodes) for a in Allocation}
         if isinstance(result, Slice):
@@ -55,7 +98,23 @@ def allocation_line(result: Placement, cluster: ClusterSnapshot) -> str:
     return line
 
 
-def render(result: Placement, cluster: ClusterSnapshot | None = None) -> str:
+def speed_line(speed: Speed) -> str:
+    """``  step 84.8 ms (compute 66.7, communication 18.1); the fastest slice ...``"""
+    step = speed.step
+    line = (
+        f"  step {step.total_us / 1000:.1f} ms (compute {step.compute_us / 1000:.1f}, "
+        f"communication {step.comm_us / 1000:.1f})"
+    )
+    if speed.best_us is not None and speed.share is not None:
+        proven = "" if speed.exact else ", not proven the fastest"
+        line += (
+            f"; the fastest slice this cluster has room for: {speed.best_us / 1000:.1f} ms{proven}, so a "
+            f"GPU-hour here serves {100 * speed.share:.0f}% of what it could"
+        )
+    return line
+
+
+def render(result: Placement, cluster: ClusterSnapshot | None = None, speed: Speed | None = None) -> str:
     modes = [allocation_line(result, cluster)] if cluster is not None else []
     if not isinstance(result, Slice):
         never = (
@@ -65,6 +124,8 @@ def render(result: Placement, cluster: ClusterSnapshot | None = None) -> str:
         )
         return "\n".join([f"gang {result.gang}: unplaceable\n  {result.reason}{never}", *modes])
     lines = [f"gang {result.gang}: placed, predicted {result.per_layer_micros:.1f} us/layer of communication"]
+    if speed is not None:
+        lines.append(speed_line(speed))
     lines.extend(modes)
     for name, micros in result.pod_set_micros.items():
         where = result.domains.get(name, "")
@@ -92,5 +153,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"gangslice place: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     result = policy(cluster, gang)
-    print(json.dumps(placement_json(result, cluster), indent=2) if args.json else render(result, cluster))
+    speed = speed_of(cluster, gang, result) if isinstance(result, Slice) else None
+    print(
+        json.dumps(placement_json(result, cluster, speed), indent=2)
+        if args.json
+        else render(result, cluster, speed)
+    )
     return EXIT_OK if isinstance(result, Slice) else EXIT_UNPLACEABLE

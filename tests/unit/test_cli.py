@@ -154,6 +154,25 @@ def test_place_json_of_a_placed_gang(capsys: pytest.CaptureFixture[str]) -> None
     assert pod["numaNodes"] == [0, 1]
 
 
+@pytest.mark.parametrize(
+    ("policy", "speed"), [("gangslice", 1.0), ("spread", 84.8 / 579.5), ("volcano", 84.8 / 265.0)]
+)
+def test_place_on_a_fragmented_fleet_says_how_fast_the_slice_serves(
+    capsys: pytest.CaptureFixture[str], policy: str, speed: float
+) -> None:
+    """examples/clusters/fragmented.yaml: the two TP=4 halves on the one free NVSwitch node
+    (gangslice), across an H100 and an L40S box (spread), across two H100 nodes (volcano)."""
+    args = ["--cluster", str(CLUSTERS / "fragmented.yaml"), "--gang", str(GANGS / "llama-70b-tp4x2.yaml")]
+    code, out, _ = run(capsys, "place", *args, "--policy", policy, "--json")
+    step = json.loads(out)["step"]
+    assert code == EXIT_PLACED and step["bestProven"] is True
+    assert step["bestMillis"] == pytest.approx(84.8, abs=0.05)
+    assert step["millis"] == pytest.approx(step["computeMillis"] + step["commMillis"], abs=0.002)
+    assert step["speed"] == pytest.approx(speed, abs=0.002)
+    code, out, _ = run(capsys, "place", *args, "--policy", policy)
+    assert f"a GPU-hour here serves {100 * speed:.0f}% of what it could" in out.splitlines()[1]
+
+
 def test_place_json_of_an_unplaceable_gang(capsys: pytest.CaptureFixture[str]) -> None:
     # GB200 trays have 4 GPUs; a TP=8 pod fits none of them, even on an empty cluster.
     code, d, _ = place(capsys, CLUSTERS / "gb200-nvl72-pair.yaml", GANGS / "llama-70b-tp8.yaml")
