@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
 from extender.agent.podresources import CpuUse, MemoryUse, PodResourcesUnavailable
+from extender.placement.reading import FileError, parse_yaml, read_text
 from extender.topology.kubelet import CpuPolicy, MemoryPolicy, TopologyPolicy, TopologyScope
 from extender.topology.serialize import index_ranges, parse_cpu_ranges
 
@@ -65,11 +64,12 @@ class KubeletSettings:
 
 
 def parse_config(text: str, where: str) -> KubeletSettings:
-    """The alignment settings of a ``KubeletConfiguration`` (YAML or JSON)."""
+    """The alignment settings of a ``KubeletConfiguration`` (YAML or JSON), read within the
+    bounds every file is read in (:mod:`extender.placement.reading`)."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise KubeletProblem("ConfigInvalid", f"{where}: not YAML: {str(exc).splitlines()[0]}") from None
+        data = parse_yaml(text, where)
+    except FileError as exc:
+        raise KubeletProblem("ConfigInvalid", str(exc)) from None
     if not isinstance(data, dict):
         raise KubeletProblem("ConfigInvalid", f"{where}: expected a KubeletConfiguration mapping")
     if data.get("kind") != KIND:
@@ -95,12 +95,10 @@ def parse_config(text: str, where: str) -> KubeletSettings:
 
 def read_config(path: Path) -> KubeletSettings:
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = read_text(path)
+    except FileError as exc:
         raise KubeletProblem(
-            "ConfigUnreadable",
-            f"kubelet configuration {path}: {exc.strerror or exc} "
-            "(mount it read-only, or set --kubelet-config)",
+            "ConfigUnreadable", f"kubelet configuration {exc} (mount it read-only, or set --kubelet-config)"
         ) from None
     return parse_config(text, f"kubelet configuration {path}")
 

@@ -19,6 +19,7 @@ import gc
 import json
 import math
 import statistics
+import sys
 import time
 import weakref
 from collections.abc import Sequence
@@ -48,6 +49,9 @@ from extender.topology.presets import PRESETS, preset_graph
 DEFAULT_NODES = (1000, 5000, 20000)
 DEFAULT_REPEAT = 20
 QUICK_REPEAT = 3
+#: Timed calls per decision a target is judged on: a p99 of fewer (``--quick``'s 3) is
+#: indicative only, and the targets and ratios are shown but not judged met or MISSED.
+JUDGED_REPEAT = DEFAULT_REPEAT
 
 #: Targets: gangslice's p99 decision time by (cluster nodes, gang pods).
 TARGETS_MS = {(5000, 64): 100.0, (5000, 512): 1000.0, (20000, 64): 20.0, (20000, 512): 100.0}
@@ -246,14 +250,21 @@ def render(
                 f"{micros} {m.broken:>6} {m.nodes_used:>10} {m.median_ms:>10.2f} {m.p99_ms:>9.2f} "
                 f"{m.cold_ms:>9.2f}"
             )
+    judged = repeat >= JUDGED_REPEAT
+    shown = ratios(runs)
+    if (targets or shown) and not judged:
+        lines.append(
+            f"indicative figures: {repeat} timed runs per decision, fewer than the {JUDGED_REPEAT} the "
+            f"targets are judged on; rerun without --quick (or with --repeat {JUDGED_REPEAT}) to judge them"
+        )
     for t in targets:
-        verdict = "met" if t.met else "MISSED"
+        verdict = ("met" if t.met else "MISSED") if judged else "indicative"
         lines.append(
             f"target: gangslice {t.gang} gang on {t.nodes} nodes, p99 < {t.limit_ms:.0f} ms: "
             f"{t.p99_ms:.1f} ms ({verdict})"
         )
-    for r in ratios(runs):
-        verdict = "met" if r.met else "MISSED"
+    for r in shown:
+        verdict = ("met" if r.met else "MISSED") if judged else "indicative"
         lines.append(
             f"ratio: gangslice / {RATIO_POLICY} p99, {r.gang} on {r.nodes} nodes: {r.ratio:.2f}x "
             f"({r.gangslice_p99_ms:.1f} vs {r.baseline_p99_ms:.1f} ms; target <= {RATIO_TARGET}x: {verdict})"
@@ -264,9 +275,12 @@ def render(
 def to_json(
     runs: Sequence[ClusterRun], targets: Sequence[Target], node_type: str, repeat: int, seed: int
 ) -> Any:
+    judged = repeat >= JUDGED_REPEAT
     return {
         "nodeType": node_type,
         "repeat": repeat,
+        # False below JUDGED_REPEAT timed runs: every "met" is then null, not judged.
+        "judged": judged,
         "seed": seed,
         "allocatedFraction": 0.5,
         "allocation": str(BENCH_ALLOCATION),
@@ -284,8 +298,8 @@ def to_json(
             }
             for r in runs
         ],
-        "targets": [{**asdict(t), "met": t.met} for t in targets],
-        "ratios": [{**asdict(r), "ratio": r.ratio, "met": r.met} for r in ratios(runs)],
+        "targets": [{**asdict(t), "met": t.met if judged else None} for t in targets],
+        "ratios": [{**asdict(r), "ratio": r.ratio, "met": r.met if judged else None} for r in ratios(runs)],
     }
 
 
@@ -321,9 +335,17 @@ def register(sub: Any) -> None:
         help=f"cluster sizes (default {' '.join(map(str, DEFAULT_NODES))})",
     )
     p.add_argument(
-        "--repeat", type=int, default=None, help=f"timed runs per decision (default {DEFAULT_REPEAT})"
+        "--repeat",
+        type=int,
+        default=None,
+        help=f"timed runs per decision (default {DEFAULT_REPEAT}); with fewer than {JUDGED_REPEAT} the "
+        "figures are indicative and the targets are not judged",
     )
-    p.add_argument("--quick", action="store_true", help=f"{QUICK_REPEAT} timed runs per decision")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_REPEAT} timed runs per decision: indicative figures, targets not judged",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the random allocation (default 1)")
     p.add_argument(
         "--node-type", default="hgx-h100", choices=sorted(PRESETS), help="node preset (default hgx-h100)"
@@ -355,7 +377,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     repeat = args.repeat if args.repeat is not None else QUICK_REPEAT if args.quick else DEFAULT_REPEAT
     if repeat < 1 or any(n < 1 for n in args.nodes):
-        print("gangslice bench placement: --repeat and --nodes must be at least 1")
+        print("gangslice bench placement: --repeat and --nodes must be at least 1", file=sys.stderr)
         return 2
     topology_policy = TopologyPolicy(args.topology_manager_policy)
     runs, targets = run_bench(

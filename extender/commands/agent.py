@@ -256,12 +256,14 @@ def _graph(args: argparse.Namespace) -> GpuGraph:
 
 
 def _promise(path: Path) -> tuple[Promise, str | None]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    from extender.placement.reading import FileError, read_text
+
+    if not path.exists():
         return Promise(), f"{path} not found (no downward-API annotations volume); promise not checked"
-    except OSError as exc:
-        raise PreflightError(f"cannot read {path}: {exc}") from exc
+    try:
+        text = read_text(path)
+    except FileError as exc:
+        raise PreflightError(str(exc)) from None
     return Promise.from_annotations(parse_annotations(text)), None
 
 

@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNPLACEABLE, EXIT_UNREACHABLE
 from extender.controllers import assignment, kueue, workload_gang
@@ -39,6 +37,7 @@ from extender.kube.api import (
 )
 from extender.kube.crd_models import CrdError, object_name
 from extender.placement.files import FileError, load_cluster, load_gang
+from extender.placement.reading import load_yaml
 from extender.placement.request import GangRequest
 from extender.placement.scoring import LevelError
 from extender.placement.slice import Slice, Unplaceable
@@ -336,26 +335,21 @@ def refused_nodes(cache: Any) -> list[str]:
 # -- the command -------------------------------------------------------------------------------
 
 
-def _load_yaml(path: str) -> Any:
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise FileError(f"{path}: {exc}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         if args.gang or args.workload:
             if not args.cluster:
-                print("gangslice explain: --gang/--workload need --cluster (offline dry run)")
+                print(
+                    "gangslice explain: --gang/--workload need --cluster (offline dry run)", file=sys.stderr
+                )
                 return EXIT_BAD_INPUT
             snap = load_cluster(args.cluster)
             if args.gang:
                 facts = explain_gang_file(snap, load_gang(args.gang, snap.hierarchy), args.gang)
             else:
-                wl = _load_yaml(args.workload)
+                wl = load_yaml(args.workload)
                 if not isinstance(wl, dict) or wl.get("kind") != "Workload":
-                    print(f"gangslice explain: {args.workload}: not a Workload object")
+                    print(f"gangslice explain: {args.workload}: not a Workload object", file=sys.stderr)
                     return EXIT_BAD_INPUT
                 checks = {args.check} if args.check else None
                 facts = explain_workload_object(snap, wl, checks)
@@ -363,13 +357,16 @@ def run(args: argparse.Namespace) -> int:
             kind, namespace, name = parse_target(args.target)
             facts = asyncio.run(_online(args, kind, namespace, name))
         else:
-            print("gangslice explain: give KIND/NAMESPACE/NAME, or --cluster with --gang or --workload")
+            print(
+                "gangslice explain: give KIND/NAMESPACE/NAME, or --cluster with --gang or --workload",
+                file=sys.stderr,
+            )
             return EXIT_BAD_INPUT
     except (FileError, ValueError) as exc:
-        print(f"gangslice explain: {exc}")
+        print(f"gangslice explain: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KubeError as exc:
-        print(f"gangslice explain: the API server: {exc}")
+        print(f"gangslice explain: the API server: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     print(json.dumps(to_json(facts), indent=2) if args.json else render(facts))
     return EXIT_UNPLACEABLE if isinstance(facts.dry_run, Unplaceable) else EXIT_OK

@@ -131,7 +131,12 @@ def register(sub: Any) -> None:
     )
     add_wait_flags(p)
     add_limit_flags(p)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log (default info)",
+    )
     p.add_argument(
         "--log-format",
         default="text",
@@ -272,6 +277,29 @@ def controller_configs(args: argparse.Namespace) -> tuple[CheckConfig, PodGroupC
     return check, podgroups
 
 
+def _check_tls_files(cert: str, key: str, client_ca: str | None) -> None:
+    """The certificate, its key and the client CA load, or a one-line usage error says which
+    does not (OpenSSL's own words are terse: "PEM lib")."""
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError:
+        raise UsageError(
+            f"--tls-cert {cert}, --tls-key {key}: not a PEM certificate and its private key"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"--tls-cert {cert}, --tls-key {key}: cannot read: {exc.strerror or exc}") from None
+    if client_ca:
+        try:
+            context.load_verify_locations(cafile=client_ca)
+        except ssl.SSLError:
+            raise UsageError(f"--tls-client-ca {client_ca}: not PEM certificates") from None
+        except OSError as exc:
+            raise UsageError(f"--tls-client-ca {client_ca}: cannot read: {exc.strerror or exc}") from None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from extender.httpapi.server import ServeOptions, serve
     from extender.kube import compute_domains as cds
@@ -301,6 +329,8 @@ def run_serve(args: argparse.Namespace) -> int:
             read_ca(args.webhook_ca_bundle)
         except CaBundleError as exc:
             raise UsageError(f"--webhook-ca-bundle {exc}") from None
+    if args.tls_cert:
+        _check_tls_files(args.tls_cert, args.tls_key, args.tls_client_ca)
     client_names = frozenset(n.strip() for n in (args.tls_client_names or "").split(",") if n.strip())
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from extender import cost
@@ -18,11 +17,11 @@ def register(sub: Any) -> None:
     topo = sub.add_parser("topo", help="parse or list GPU topologies")
     tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION", required=True)
     parse = tsub.add_parser("parse", help="parse `nvidia-smi topo -m` output (a file, or - for stdin)")
-    parse.add_argument("file")
-    parse.add_argument("--json", action="store_true")
+    parse.add_argument("file", metavar="FILE", help="a file of `nvidia-smi topo -m` output, or - for stdin")
+    parse.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     parse.set_defaults(func=run_parse)
     presets = tsub.add_parser("presets", help="list the built-in node presets")
-    presets.add_argument("--json", action="store_true")
+    presets.add_argument("--json", action="store_true", help="print a JSON list instead of text")
     presets.set_defaults(func=run_presets)
 
     c = sub.add_parser("cost", help="per-layer tensor-parallel communication time for one link class")
@@ -31,7 +30,7 @@ def register(sub: Any) -> None:
     c.add_argument("--bytes", type=int, default=2, help="bytes per element (default 2, bf16)")
     c.add_argument("--tp", type=int, required=True, help="tensor-parallel degree (GPUs in the ring)")
     c.add_argument("--link", default="nvlink", help=f"link class: {', '.join(cost.LINK_CLASSES)}")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     c.set_defaults(func=run_cost)
 
 
@@ -81,20 +80,17 @@ def render_graph(g: GpuGraph) -> str:
 
 
 def run_parse(args: argparse.Namespace) -> int:
+    from extender.placement.reading import FileError, read_stream, read_text
     from extender.topology.nvidia_smi import parse_topo
 
+    source = "<stdin>" if args.file == "-" else args.file
     try:
-        text = (
-            sys.stdin.read()
-            if args.file == "-"
-            else Path(args.file).read_text(encoding="utf-8", errors="replace")
-        )
-    except OSError as exc:
-        print(f"gangslice topo parse: {args.file}: cannot read: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        graph = parse_topo(text, source=args.file)
-    except TopologyError as exc:
+        text = read_stream(sys.stdin, source) if args.file == "-" else read_text(args.file)
+        try:
+            graph = parse_topo(text, source=source)
+        except TopologyError as exc:
+            raise FileError(str(exc)) from None  # one line, whatever the file's name holds
+    except FileError as exc:
         print(f"gangslice topo parse: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(json.dumps(graph_json(graph), indent=2) if args.json else render_graph(graph))

@@ -53,20 +53,47 @@ Node facts and a pod set's requirements are judged as kube-scheduler's NodeUnsch
 TaintToleration, NodeAffinity and NodeResourcesFit filters judge them
 (:mod:`extender.placement.feasibility`). A node without ``allocatable`` (or without one of
 its resources) is not limited in that resource.
+
+Bounds. Both files are read as :mod:`extender.placement.reading` reads every file (at most
+16 MiB of UTF-8 YAML, nested at most 64 levels, at most 1,000,000 values with aliases
+expanded). Their values are bounded far above any real fleet or model and low enough that a
+slip (``count: 1000000000``) is refused at once, the bound named in the message, instead of
+running for minutes; the bounds are :data:`LIMITS`:
+
+- a cluster file has at most 100,000 nodes (each ``count`` expanded); a GPU index is at most
+  1023; ``nicGbps`` at most 10,000 and ``oversubscription`` at most 1,000; a NUMA node's
+  ``id`` at most 1023 and its ``cpus`` at most 65,536;
+- a gang has at most 64 pod sets and 10,000 pods; a pod at most 64 GPUs;
+- a model: ``hiddenSize`` at most 1,048,576, ``tokens`` 16,777,216, ``layers`` 10,000,
+  ``kvHeads`` and ``headDim`` 65,536, ``expertsPerToken`` 1,024, ``bytesPerElement`` 16,
+  ``parameters`` 10^15;
+- quantities (``cpu``, ``memory``, ``pods``, sizes) fit Kubernetes' 64-bit integers;
+- counts are whole numbers written as such (``8``, not ``8.0``, ``"8"`` or ``true``), and no
+  number is ``.nan`` or ``.inf``.
 """
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from extender.cost import Comm, ModelDims
 from extender.placement import quantities
 from extender.placement.feasibility import NOTHING, NodeFacts, Resources, Taint
+from extender.placement.reading import FileError as FileError
+from extender.placement.reading import load_yaml, read_text, shown
 from extender.placement.request import (
     Colocation,
     GangRequest,
@@ -91,25 +118,68 @@ from extender.topology.kubelet import (
 )
 from extender.topology.model import GpuGraph, TopologyError
 
+# -- bounds ------------------------------------------------------------------------------
 
-class FileError(ValueError):
-    """A file that cannot be used; the message names the file, the field and the problem."""
+#: The most a cluster file or a gang file may say, by what is bounded (the module docstring
+#: gives the reasons; ``python -m extender.docs`` lists them in docs/reference.md).
+LIMITS: dict[str, int] = {
+    "nodes in a cluster file (each count expanded)": 100_000,
+    "a GPU index (allocatedGpus, unhealthyGpus)": 1023,
+    "network.nicGbps": 10_000,
+    "network.oversubscription": 1_000,
+    "a NUMA node's id": 1023,
+    "a NUMA node's cpus": 65_536,
+    "pod sets in a gang": 64,
+    "pods in a gang (all pod sets)": 10_000,
+    "gpusPerPod": 64,
+    "model.hiddenSize": 2**20,
+    "model.tokens": 2**24,
+    "model.layers": 10_000,
+    "model.kvHeads, model.headDim": 65_536,
+    "model.expertsPerToken": 1_024,
+    "model.bytesPerElement": 16,
+    "model.parameters, model.activeParameters": 10**15,
+    "a quantity (cpu in thousandths, memory and sizes in bytes, pods)": 2**63 - 1,
+}
+MAX_NODES = LIMITS["nodes in a cluster file (each count expanded)"]
+MAX_GPU_INDEX = LIMITS["a GPU index (allocatedGpus, unhealthyGpus)"]
+MAX_NUMA_ID = LIMITS["a NUMA node's id"]
+MAX_POD_SETS = LIMITS["pod sets in a gang"]
+MAX_PODS = LIMITS["pods in a gang (all pod sets)"]
+MAX_GPUS_PER_POD = LIMITS["gpusPerPod"]
+MAX_QUANTITY = LIMITS["a quantity (cpu in thousandths, memory and sizes in bytes, pods)"]
+
+#: A count: a whole number as written (not 8.0, "8" or true, which pydantic would take).
+Whole = Annotated[int, Strict()]
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got {str(v).lower()}")
+    return v
+
+
+#: A number: an integer or a decimal (``1e3`` too, which YAML reads as text), not true or false.
+Number = Annotated[float, BeforeValidator(_not_bool)]
+GpuIndex = Annotated[int, Strict(), Field(ge=0, le=MAX_GPU_INDEX)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
-    hidden_size: int = Field(8192, alias="hiddenSize", gt=0)
-    bytes_per_element: int = Field(2, alias="bytesPerElement", gt=0)
-    tokens: int = Field(128, gt=0)
-    layers: int = Field(80, gt=0)
-    kv_heads: int = Field(8, alias="kvHeads", gt=0)
-    head_dim: int = Field(128, alias="headDim", gt=0)
-    experts_per_token: int = Field(8, alias="expertsPerToken", gt=0)
-    parameters: float = Field(0.0, ge=0, le=1e15)
-    active_parameters: float = Field(0.0, alias="activeParameters", ge=0, le=1e15)
+    hidden_size: Whole = Field(8192, alias="hiddenSize", gt=0, le=LIMITS["model.hiddenSize"])
+    bytes_per_element: Whole = Field(2, alias="bytesPerElement", gt=0, le=LIMITS["model.bytesPerElement"])
+    tokens: Whole = Field(128, gt=0, le=LIMITS["model.tokens"])
+    layers: Whole = Field(80, gt=0, le=LIMITS["model.layers"])
+    kv_heads: Whole = Field(8, alias="kvHeads", gt=0, le=LIMITS["model.kvHeads, model.headDim"])
+    head_dim: Whole = Field(128, alias="headDim", gt=0, le=LIMITS["model.kvHeads, model.headDim"])
+    experts_per_token: Whole = Field(8, alias="expertsPerToken", gt=0, le=LIMITS["model.expertsPerToken"])
+    parameters: Number = Field(0.0, ge=0, le=LIMITS["model.parameters, model.activeParameters"])
+    active_parameters: Number = Field(
+        0.0, alias="activeParameters", ge=0, le=LIMITS["model.parameters, model.activeParameters"]
+    )
 
     @field_validator("parameters", "active_parameters", mode="before")
     @classmethod
@@ -177,7 +247,7 @@ class TermSpec(_Strict):
 
 
 class PreferredSpec(_Strict):
-    weight: int = Field(ge=1, le=100)
+    weight: Whole = Field(ge=1, le=100)
     preference: TermSpec
 
 
@@ -213,21 +283,29 @@ def _quantity(v: Any) -> Any:
     return v
 
 
+def _cpu(v: Any) -> Any:
+    if v is not None:
+        quantities.milli(v)
+    return v
+
+
 class RequestsSpec(_Strict):
     cpu: Quantity = 0
     memory: Quantity = 0
     ephemeral_storage: Quantity = Field(0, alias="ephemeral-storage")
 
-    _quantities = field_validator("cpu", "memory", "ephemeral_storage")(_quantity)
+    _cpus = field_validator("cpu", mode="before")(_cpu)
+    _quantities = field_validator("memory", "ephemeral_storage", mode="before")(_quantity)
 
 
 class ResourcesSpec(_Strict):
     cpu: Quantity | None = None
     memory: Quantity | None = None
     ephemeral_storage: Quantity | None = Field(None, alias="ephemeral-storage")
-    pods: int | None = Field(None, ge=0)
+    pods: Whole | None = Field(None, ge=0, le=MAX_QUANTITY)
 
-    _quantities = field_validator("cpu", "memory", "ephemeral_storage")(_quantity)
+    _cpus = field_validator("cpu", mode="before")(_cpu)
+    _quantities = field_validator("memory", "ephemeral_storage", mode="before")(_quantity)
 
     def resources(self) -> Resources:
         return Resources(
@@ -240,8 +318,8 @@ class ResourcesSpec(_Strict):
 
 class PodSetSpec(_Strict):
     name: str
-    count: int = Field(ge=1)
-    gpus_per_pod: int = Field(alias="gpusPerPod", ge=0)
+    count: Whole = Field(ge=1, le=MAX_PODS)
+    gpus_per_pod: Whole = Field(alias="gpusPerPod", ge=0, le=MAX_GPUS_PER_POD)
     comm: Comm = Comm.NONE
     required_level: str | None = Field(None, alias="requiredLevel")
     preferred_level: str | None = Field(None, alias="preferredLevel")
@@ -278,7 +356,14 @@ class PodSetSpec(_Strict):
 
 class GangSpec(_Strict):
     name: str
-    pod_sets: list[PodSetSpec] = Field(alias="podSets", min_length=1)
+    pod_sets: list[PodSetSpec] = Field(alias="podSets", min_length=1, max_length=MAX_POD_SETS)
+
+    @model_validator(mode="after")
+    def _pods(self) -> GangSpec:
+        pods = sum(p.count for p in self.pod_sets)
+        if pods > MAX_PODS:
+            raise ValueError(f"{pods} pods in all; a gang has at most {MAX_PODS}")
+        return self
 
     def request(self) -> GangRequest:
         return GangRequest(
@@ -316,11 +401,11 @@ def _bytes(v: Any) -> Any:
 
 
 class NumaNodeSpec(_Strict):
-    id: int = Field(ge=0)
-    cpus: int = Field(0, ge=0)
-    cpus_in_use: int = Field(0, alias="cpusInUse", ge=0)
-    memory: int | None = Field(None, ge=0)
-    memory_in_use: int = Field(0, alias="memoryInUse", ge=0)
+    id: Whole = Field(ge=0, le=MAX_NUMA_ID)
+    cpus: Whole = Field(0, ge=0, le=LIMITS["a NUMA node's cpus"])
+    cpus_in_use: Whole = Field(0, alias="cpusInUse", ge=0, le=LIMITS["a NUMA node's cpus"])
+    memory: Whole | None = Field(None, ge=0, le=MAX_QUANTITY)
+    memory_in_use: Whole = Field(0, alias="memoryInUse", ge=0, le=MAX_QUANTITY)
 
     @field_validator("memory", "memory_in_use", mode="before")
     @classmethod
@@ -349,9 +434,9 @@ class NodeSpec(_Strict):
     name: str
     labels: dict[str, str] = Field(default_factory=dict)
     gpu_topology: str = Field(alias="gpuTopology")
-    allocated_gpus: list[int] = Field(default_factory=list, alias="allocatedGpus")
-    unhealthy_gpus: list[int] = Field(default_factory=list, alias="unhealthyGpus")
-    count: int | None = Field(None, ge=1)
+    allocated_gpus: list[GpuIndex] = Field(default_factory=list, alias="allocatedGpus")
+    unhealthy_gpus: list[GpuIndex] = Field(default_factory=list, alias="unhealthyGpus")
+    count: Whole | None = Field(None, ge=1, le=MAX_NODES)
     allocation: Allocation = Allocation.DEVICE_PLUGIN
     taints: list[TaintSpec] = Field(default_factory=list)
     unschedulable: bool = False
@@ -370,14 +455,23 @@ class NodeSpec(_Strict):
 
 
 class NetworkSpec(_Strict):
-    nic_gbps: float = Field(100.0, alias="nicGbps", gt=0)
-    oversubscription: float = Field(2.0, ge=1)
+    nic_gbps: Number = Field(100.0, alias="nicGbps", gt=0, le=LIMITS["network.nicGbps"])
+    oversubscription: Number = Field(2.0, ge=1, le=LIMITS["network.oversubscription"])
 
 
 class ClusterSpec(_Strict):
     levels: list[str | dict[str, Any]] | None = None
     network: NetworkSpec = Field(default_factory=lambda: NetworkSpec.model_validate({}))
-    nodes: list[NodeSpec] = Field(min_length=1)
+    nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_NODES)
+
+    @model_validator(mode="after")
+    def _nodes(self) -> ClusterSpec:
+        nodes = sum(1 if n.count is None else n.count for n in self.nodes)
+        if nodes > MAX_NODES:
+            raise ValueError(
+                f"{nodes} nodes in all, each count expanded; a cluster file has at most {MAX_NODES}"
+            )
+        return self
 
 
 def _known_fields(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
@@ -408,26 +502,13 @@ def _first_error(where: str, err: ValidationError, model: type[BaseModel] | None
     shows up as the real one missing), with the known field it is closest to."""
     errors = err.errors()
     e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    loc = ".".join(str(p) if len(str(p)) <= 60 else shown(p) for p in e["loc"]) or "(top level)"
     if e["type"] == "extra_forbidden" and model is not None:
         known = _known_fields(model, tuple(e["loc"]))
         close = difflib.get_close_matches(str(e["loc"][-1]), known, n=1)
         hint = f"; did you mean {close[0]}?" if close else (f"; known: {', '.join(known)}" if known else "")
         return FileError(f"{where}: field {loc}: unknown field{hint}")
     return FileError(f"{where}: field {loc}: {e['msg']}")
-
-
-def _load_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise FileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}" if mark is not None else ""
-        raise FileError(f"{path}:{at} not valid YAML: {getattr(exc, 'problem', exc)}") from None
 
 
 def _level_fields(ps: PodSet) -> list[tuple[str, str]]:
@@ -486,7 +567,7 @@ def gang_from_data(data: Any, where: str = "gang", hierarchy: Hierarchy | None =
 
 def load_gang(path: str | Path, hierarchy: Hierarchy | None = None) -> GangRequest:
     p = Path(path)
-    return gang_from_data(_load_yaml(p), str(p), hierarchy)
+    return gang_from_data(load_yaml(p), str(p), hierarchy)
 
 
 def _graph_for(topology: str, base: Path, cache: dict[str, GpuGraph], where: str) -> GpuGraph:
@@ -507,7 +588,9 @@ def _graph_for(topology: str, base: Path, cache: dict[str, GpuGraph], where: str
                 f"nor a file next to the cluster file"
             )
         try:
-            graph = parse_topo(path.read_text(), source=str(path))
+            graph = parse_topo(read_text(path), source=str(path))
+        except FileError as exc:
+            raise FileError(f"{where}: gpuTopology: {exc}") from None
         except TopologyError as exc:
             raise FileError(f"{where}: gpuTopology: {exc}") from None
     cache[topology] = graph
@@ -571,4 +654,4 @@ def cluster_from_data(data: Any, base: Path, where: str = "cluster") -> ClusterS
 
 def load_cluster(path: str | Path) -> ClusterSnapshot:
     p = Path(path)
-    return cluster_from_data(_load_yaml(p), p.parent, str(p))
+    return cluster_from_data(load_yaml(p), p.parent, str(p))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.cost import Comm
+from extender.placement.reading import shown
 from extender.placement.request import GangRequest
 
 DEPLOYMENT = "Deployment"
@@ -33,6 +34,11 @@ LEADER_WORKER_SET = "LeaderWorkerSet"
 OWNERS = (DEPLOYMENT, LEADER_WORKER_SET)
 #: The keys a template may carry beside its gang-file content.
 LIFE_KEYS = ("owner", "maxSurge", "maxUnavailable", "loadSeconds")
+
+#: Bounds of a trace file's values (:data:`extender.sim.trace.LIMITS` lists them all): a
+#: number of replicas, and seconds of simulated time (a year).
+MAX_AMOUNT = 10_000
+MAX_SECONDS = 86_400 * 365
 
 ENGINE_START_S = 60.0
 #: Pod sets whose pods each hold a share of the weights (the others hold all of them).
@@ -99,15 +105,18 @@ def _resolve(value: int | str, replicas: int, up: bool) -> int:
 
 
 def _amount(value: Any, where: str) -> int | str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_AMOUNT:
         return value
-    if isinstance(value, str) and value.endswith("%"):
+    if isinstance(value, str) and value.endswith("%") and len(value) <= 32:
         try:
             if 0 <= float(value[:-1]) <= 100:
                 return value
         except ValueError:
             pass
-    raise LifeError(f"{where}: expected a whole number >= 0 or a percentage like '25%', got {value!r}")
+    raise LifeError(
+        f"{where}: expected a whole number from 0 to {MAX_AMOUNT} or a percentage like '25%', "
+        f"got {shown(value)}"
+    )
 
 
 def split_life(spec: Mapping[str, Any], where: str) -> tuple[dict[str, Any], Life]:
@@ -115,14 +124,16 @@ def split_life(spec: Mapping[str, Any], where: str) -> tuple[dict[str, Any], Lif
     gang = {k: v for k, v in spec.items() if k not in LIFE_KEYS}
     owner = spec.get("owner", DEPLOYMENT)
     if owner not in OWNERS:
-        raise LifeError(f"{where}owner: expected one of {', '.join(OWNERS)}, got {owner!r}")
+        raise LifeError(f"{where}owner: expected one of {', '.join(OWNERS)}, got {shown(owner)}")
     surge = _amount(spec["maxSurge"], f"{where}maxSurge") if "maxSurge" in spec else None
     unavailable = (
         _amount(spec["maxUnavailable"], f"{where}maxUnavailable") if "maxUnavailable" in spec else None
     )
     load = spec.get("loadSeconds")
     if load is not None and (
-        not isinstance(load, int | float) or isinstance(load, bool) or not 0 <= load < 86_400 * 365
+        not isinstance(load, int | float) or isinstance(load, bool) or not 0 <= load <= MAX_SECONDS
     ):
-        raise LifeError(f"{where}loadSeconds: expected a number of seconds >= 0, got {load!r}")
+        raise LifeError(
+            f"{where}loadSeconds: expected a number of seconds from 0 to {MAX_SECONDS}, got {shown(load)}"
+        )
     return gang, Life(owner, surge, unavailable, None if load is None else float(load))

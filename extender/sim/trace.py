@@ -24,21 +24,27 @@ Trace file (YAML, or JSON Lines with one event per line)::
 A rollout replaces every replica by one of a new revision, as the deployment's owner does
 (:mod:`extender.sim.life`). A bare list of events is accepted too. In JSON Lines, a line
 ``{"templates": {...}}`` defines templates. Every replica is one gang, named ``<deployment>-<n>``.
+
+Bounds. A trace file is read as :mod:`extender.placement.reading` reads every file (at most
+16 MiB of UTF-8, values nested at most 64 levels, at most 1,000,000 values with YAML aliases
+expanded; JSON Lines without ``NaN`` or ``Infinity``), its gangs are bounded as gang files
+are (:mod:`extender.placement.files`), and its own values by :data:`LIMITS`: at most 100,000
+events, 10,000 replicas (an event's ``replicas``, a template's ``maxSurge`` and
+``maxUnavailable``), and times (``at``, ``lifetime``, ``repairAfter``, ``loadSeconds``) finite
+and within a year of simulated time, 31,536,000 seconds.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from extender.placement.files import FileError, gang_from_data
+from extender.placement.reading import load_json, parse_yaml, read_text, shown
 from extender.placement.request import GangRequest
-from extender.sim.life import Life, LifeError, split_life
+from extender.sim.life import MAX_AMOUNT, MAX_SECONDS, Life, LifeError, split_life
 from extender.sim.templates import (
     builtin_template_data,
     builtin_template_life,
@@ -46,7 +52,14 @@ from extender.sim.templates import (
     gang_to_data,
 )
 
-MAX_REPLICAS = 10_000
+#: The most a trace file may say, by what is bounded (see the module docstring).
+LIMITS: dict[str, int] = {
+    "events in a trace": 100_000,
+    "replicas (and a template's maxSurge, maxUnavailable)": MAX_AMOUNT,
+    "seconds (at, lifetime, repairAfter, loadSeconds)": MAX_SECONDS,
+}
+MAX_EVENTS = LIMITS["events in a trace"]
+MAX_REPLICAS = LIMITS["replicas (and a template's maxSurge, maxUnavailable)"]
 
 
 class TraceError(FileError):
@@ -163,15 +176,18 @@ _KINDS: tuple[tuple[str | None, tuple[str, ...], str], ...] = (
 
 
 def _number(ev: Mapping[str, Any], key: str, where: str, minimum: float, strict: bool) -> float:
+    """A number of seconds: finite, above (or from) ``minimum``, at most :data:`MAX_SECONDS`."""
     value = ev.get(key)
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if ok:
         assert isinstance(value, int | float)
-        ok = value > minimum if strict else value >= minimum
+        ok = (value > minimum if strict else value >= minimum) and value <= MAX_SECONDS
     if not ok:
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        got = "missing" if key not in ev else f"got {value!r}"
-        raise TraceError(f"{where}{key}: expected a number {bound}, {got}")
+        got = "missing" if key not in ev else f"got {shown(value)}"
+        raise TraceError(
+            f"{where}{key}: expected a number {bound}, at most {MAX_SECONDS} seconds (a year), {got}"
+        )
     return float(value)  # type: ignore[arg-type]
 
 
@@ -180,7 +196,7 @@ def _count(ev: Mapping[str, Any], key: str, where: str, default: int | None) -> 
         return default
     value = ev.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_REPLICAS:
-        got = "missing" if key not in ev else f"got {value!r}"
+        got = "missing" if key not in ev else f"got {shown(value)}"
         raise TraceError(f"{where}{key}: expected a whole number from 0 to {MAX_REPLICAS}, {got}")
     return value
 
@@ -188,7 +204,7 @@ def _count(ev: Mapping[str, Any], key: str, where: str, default: int | None) -> 
 def _name(ev: Mapping[str, Any], key: str, where: str) -> str:
     value = ev.get(key)
     if not isinstance(value, str) or not value.strip():
-        raise TraceError(f"{where}{key}: expected a non-empty name, got {value!r}")
+        raise TraceError(f"{where}{key}: expected a non-empty name, got {shown(value)}")
     return value
 
 
@@ -223,6 +239,7 @@ class _Builder:
         self.scales: list[Scale] = []
         self.rollouts: list[Rollout] = []
         self.node_downs: list[NodeDown] = []
+        self.events = 0
 
     def add_templates(self, data: Any, where: str) -> None:
         try:
@@ -236,6 +253,11 @@ class _Builder:
 
     def add_event(self, ev: Any, where: str) -> None:
         """``where`` ends with the separator before a field name (``events[3].``)."""
+        self.events += 1
+        if self.events > MAX_EVENTS:
+            raise TraceError(
+                f"{_label(where)}: more than {MAX_EVENTS} events; a trace has at most {MAX_EVENTS}"
+            )
         if not isinstance(ev, dict):
             raise TraceError(f"{_label(where)}: expected a mapping (an event), got {type(ev).__name__}")
         kind, what = next((k, w) for m, k, w in _KINDS if m is None or m in ev)
@@ -345,9 +367,9 @@ def trace_from_lines(lines: Sequence[str], source: str = "trace") -> Trace:
         if not line.strip():
             continue
         try:
-            ev = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{source}: line {n}: not valid JSON: {exc.msg}") from None
+            ev = load_json(line, f"{source}: line {n}")
+        except FileError as exc:
+            raise TraceError(str(exc)) from None
         if isinstance(ev, dict) and set(ev) == {"templates"}:
             b.add_templates(ev["templates"], f"{source}: line {n}: templates")
         else:
@@ -358,15 +380,12 @@ def trace_from_lines(lines: Sequence[str], source: str = "trace") -> Trace:
 def load_trace(path: str | Path) -> Trace:
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise TraceError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    if p.suffix.lower() in (".jsonl", ".ndjson"):
-        return trace_from_lines(text.splitlines(), str(p))
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}:" if mark is not None else ""
-        raise TraceError(f"{p}:{at} not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        text = read_text(p)
+        if p.suffix.lower() in (".jsonl", ".ndjson"):
+            return trace_from_lines(text.splitlines(), str(p))
+        data = parse_yaml(text, str(p))
+    except TraceError:
+        raise
+    except FileError as exc:
+        raise TraceError(str(exc)) from None
     return trace_from_data(data, str(p))

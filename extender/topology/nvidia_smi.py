@@ -6,6 +6,13 @@ in. Published copies of the matrix are often damaged (tabs re-rendered as spaces
 compacted by hand, separators lost between cells, ANSI codes, cut-off legends), so the
 parser reads cells by their grammar rather than by column position, and it reports
 anything it cannot read as a :class:`TopologyError` naming the source and line.
+
+Bounds, far above any real host, so that a garbage matrix is refused at once rather than
+read for minutes: at most :data:`MAX_DEVICES` (256) device columns, GPUs and NICs together; a
+GPU index at most :data:`MAX_GPU_INDEX` (1023); at most :data:`MAX_NVLINKS` (64) NVLinks
+between two GPUs (Hopper and Blackwell have 18); a CPU id at most :data:`MAX_CPU_ID` (65535)
+and a NUMA node at most :data:`MAX_NUMA_NODE` (1023). A file is read as every file is
+(:mod:`extender.placement.reading`: at most 16 MiB of UTF-8 text).
 """
 
 from __future__ import annotations
@@ -50,6 +57,15 @@ _NOT_AVAILABLE = "N/A"
 
 #: Larger CPU ids than any Linux kernel supports (NR_CPUS tops out at 8192) mean garbage.
 MAX_CPU_ID = 65535
+#: Linux's MAX_NUMNODES tops out at 1024.
+MAX_NUMA_NODE = 1023
+#: Device columns (GPUs and NICs) of one matrix: a host has 8 or 16 GPUs and a few NICs.
+MAX_DEVICES = 256
+MAX_GPU_INDEX = 1023
+#: NVLinks between two GPUs: 18 on Hopper and Blackwell.
+MAX_NVLINKS = 64
+#: An error message quotes at most this much of the input.
+_QUOTED = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +98,18 @@ class _Source:
     name: str
 
     def error(self, line: int, message: str) -> TopologyError:
+        if len(message) > _QUOTED:
+            message = f"{message[:_QUOTED]}..."
         return TopologyError(f"{self.name} line {line}: {message}")
+
+
+def _bounded(digits: str, limit: int) -> int | None:
+    """The number ``digits`` spell, or None above ``limit`` (told by the length first: Python
+    refuses to read more than 4,300 digits into a number)."""
+    if len(digits.lstrip("0")) > len(str(limit)):
+        return None
+    value = int(digits)
+    return value if value <= limit else None
 
 
 # --- parsing ----------------------------------------------------------------------------
@@ -173,9 +200,13 @@ def _trailer_key(words: str) -> str:
 
 
 def _check_devices(devices: Sequence[str], line: _Line, src: _Source) -> None:
+    if len(devices) > MAX_DEVICES:
+        raise src.error(line.number, f"{len(devices)} device columns; a matrix has at most {MAX_DEVICES}")
     if len(set(devices)) != len(devices):
         raise src.error(line.number, f"a device column appears twice in the header: {' '.join(devices)}")
-    indices = [int(m.group(1)) for d in devices if (m := _GPU_NAME.fullmatch(d))]
+    indices = [_bounded(m.group(1), MAX_GPU_INDEX) for d in devices if (m := _GPU_NAME.fullmatch(d))]
+    if None in indices:
+        raise src.error(line.number, f"a GPU index above {MAX_GPU_INDEX} in the header")
     if not indices:
         raise src.error(line.number, "expected at least one GPU column (GPU0 ...) in the header")
     if len(set(indices)) != len(indices):
@@ -290,8 +321,11 @@ def _check_cell(cell: str, row: int, column: int, header: _Header, line: _Line, 
         raise src.error(
             line.number, f"expected a PCIe cell (PIX, PXB, PHB, NODE, SYS) for {where}, got {cell!r}"
         )
-    if int(cell[2:]) == 0:
+    count = _bounded(cell[2:], MAX_NVLINKS)
+    if count == 0:
         raise src.error(line.number, f"expected at least one NVLink in {where}, got {cell!r}")
+    if count is None:
+        raise src.error(line.number, f"expected at most {MAX_NVLINKS} NVLinks in {where}, got {cell!r}")
 
 
 def _gpu_trailer(tokens: Sequence[str], header: _Header, line: _Line, src: _Source) -> dict[str, str]:
@@ -391,9 +425,9 @@ def _cpu_set(cell: str, row: _Row, src: _Source) -> frozenset[int]:
     cpus: set[int] = set()
     for part in cell.split(","):
         match = _CPU_PART.fullmatch(part)
-        low = int(match.group(1)) if match else -1
-        high = int(match.group(2) or low) if match else -1
-        if match is None or high < low or high > MAX_CPU_ID:
+        low = _bounded(match.group(1), MAX_CPU_ID) if match else None
+        high = _bounded(match.group(2), MAX_CPU_ID) if match and match.group(2) else low
+        if low is None or high is None or high < low:
             raise src.error(row.line, f"expected a CPU list like 0-47,96-143 for {row.name}, got {cell!r}")
         cpus.update(range(low, high + 1))
     return frozenset(cpus)
@@ -403,19 +437,26 @@ def _numa_node(cell: str, row: _Row, src: _Source) -> int | None:
     if cell.upper() == _NOT_AVAILABLE:
         return None
     match = _NUMA_LIST.fullmatch(cell)
-    if match is None:
+    node = _bounded(match.group(1), MAX_NUMA_NODE) if match else None
+    if node is None:
         raise src.error(
-            row.line, f"expected a NUMA node (a number, a list, or N/A) for {row.name}, got {cell!r}"
+            row.line,
+            f"expected a NUMA node (a number up to {MAX_NUMA_NODE}, a list, or N/A) for {row.name}, "
+            f"got {cell!r}",
         )
-    return int(match.group(1))
+    return node
 
 
 def _gpu_numa_id(cell: str, row: _Row, src: _Source) -> int | None:
     if cell.upper() == _NOT_AVAILABLE:
         return None
-    if not _NUMBER.fullmatch(cell):
-        raise src.error(row.line, f"expected a GPU NUMA ID (a number or N/A) for {row.name}, got {cell!r}")
-    return int(cell)
+    node = _bounded(cell, MAX_NUMA_NODE) if _NUMBER.fullmatch(cell) else None
+    if node is None:
+        raise src.error(
+            row.line,
+            f"expected a GPU NUMA ID (a number up to {MAX_NUMA_NODE} or N/A) for {row.name}, got {cell!r}",
+        )
+    return node
 
 
 # --- rendering --------------------------------------------------------------------------

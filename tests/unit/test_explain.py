@@ -159,7 +159,8 @@ def test_offline_workload_shows_its_check_and_a_dry_run(capsys: pytest.CaptureFi
 )
 def test_bad_input_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
-    assert capsys.readouterr().out.startswith("gangslice explain: ")
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("gangslice explain: ") and len(err.splitlines()) == 1, (out, err)
 
 
 def test_parse_target() -> None:

@@ -94,7 +94,7 @@ def test_fields_left_out_take_the_kubelets_defaults() -> None:
         ),
         ("kind: Pod\n", "ConfigInvalid", "kind: expected KubeletConfiguration, got 'Pod'"),
         ("- a list\n", "ConfigInvalid", "expected a KubeletConfiguration mapping"),
-        ("kind: [unclosed\n", "ConfigInvalid", "not YAML"),
+        ("kind: [unclosed\n", "ConfigInvalid", "not valid YAML"),
     ],
     ids=["misspelt-policy", "capitalised-cpu-policy", "wrong-kind", "not-a-mapping", "not-yaml"],
 )
