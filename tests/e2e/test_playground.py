@@ -4,7 +4,7 @@ stops every process it started.
 
 The test runs the foreground mode, not ``--once``: the printed commands need the playground up, and
 Ctrl-C is the way out that a user takes. ``--once`` differs only in stopping right after printing
-(tests/unit/test_playground.py).
+(tests/unit/test_playground_setup.py).
 """
 
 from __future__ import annotations
