@@ -301,16 +301,32 @@ def instances(draw: st.DrawFn) -> tuple[ClusterSnapshot, GangRequest]:
 
 
 def _feasible(snap: ClusterSnapshot, g: GangRequest) -> bool:
-    """Whether any assignment of (node, GPU set) per pod passes the slice checker."""
-    choices = []
-    for ps in g.pod_sets:
-        for k in range(ps.count):
-            opts = []
-            for n in snap.nodes:
-                for combo in itertools.combinations(sorted(snap.free_gpus(n.name)), ps.gpus_per_pod):
-                    opts.append(PodSlot(ps.name, k, n.name, combo))
-            choices.append(opts)
-    return any(not scoring.violations(snap, g, list(slots)) for slots in itertools.product(*choices))
+    """Whether any assignment of (node, GPU set) per pod passes the slice checker. The
+    assignments are tried in order, pod by pod; one that gives a GPU to two pods is not put to
+    the checker (it refuses every such slice: "given twice"), nor is anything built on it."""
+    pods = [(ps.name, k, ps.gpus_per_pod) for ps in g.pod_sets for k in range(ps.count)]
+    options = {
+        size: [
+            (n.name, combo)
+            for n in snap.nodes
+            for combo in itertools.combinations(sorted(snap.free_gpus(n.name)), size)
+        ]
+        for size in {size for *_, size in pods}
+    }
+
+    def extend(slots: list[PodSlot], used: dict[str, frozenset[int]]) -> bool:
+        if len(slots) == len(pods):
+            return not scoring.violations(snap, g, slots)
+        name, k, size = pods[len(slots)]
+        for node, combo in options[size]:
+            taken = used.get(node, frozenset())
+            if taken.isdisjoint(combo) and extend(
+                [*slots, PodSlot(name, k, node, combo)], {**used, node: taken | set(combo)}
+            ):
+                return True
+        return False
+
+    return extend([], {})
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
