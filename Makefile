@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo playground test lint typecheck unit e2e bench reference crds venv clean image release
+.PHONY: demo playground test lint typecheck unit image-test e2e bench reference crds venv clean image release
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,12 +36,19 @@ crds: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy extender
 
+# The quick tier: unit and conformance tests (a few minutes; no image, no control plane).
 unit: $(STAMP)
-	$(BIN)/pytest -q -m 'not e2e' tests
+	$(BIN)/pytest -q -m 'not e2e' tests/unit tests/conformance
+
+# The image tier: builds the release once (`make release`: both images, the chart, the wheel;
+# needs root, mmdebstrap and buildah) and checks every artifact.
+image-test: $(STAMP)
+	$(BIN)/pytest -q tests/image
 
 e2e: $(STAMP)
 	$(BIN)/pytest -q -m e2e tests/e2e
 
+# Everything: lint, types, then every tier in one pytest run (unit, conformance, image, e2e).
 test: lint typecheck
 	$(BIN)/pytest -q tests
 

@@ -1,6 +1,7 @@
-"""Helpers for testing the extender service: object builders, a small cluster, and ways to
-run the app (an aiohttp test client in the current loop, or a server in a thread for
-synchronous clients such as property-based tests)."""
+"""Helpers for testing the extender service: object shorthands (over the builders of
+:mod:`extender.testing.objects`), a small cluster, and ways to run the app (an aiohttp test
+client in the current loop, or a server in a thread for synchronous clients such as
+property-based tests)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from extender.kube import names as keys
+from extender.testing.objects import make_node_object, make_pod
 
 #: Two leaves: leaf-1 holds four HGX H100 nodes (h-0..h-3, NVSwitch, 8 GPUs), leaf-2 two
 #: dual-socket PCIe servers (p-0, p-1, 8 GPUs in PCIe-switch pairs) and one 4-GPU L40S
@@ -61,27 +63,9 @@ def pod_obj(
     phase: str = "Pending",
     scheduler: str = "gangslice-scheduler",
 ) -> dict[str, Any]:
-    """A core/v1 Pod as the API (and kube-scheduler) writes it."""
-    resources: dict[str, Any] = {"requests": {"cpu": "1"}}
-    if gpus:
-        resources = {"requests": {keys.GPU_RESOURCE: str(gpus)}, "limits": {keys.GPU_RESOURCE: str(gpus)}}
-    spec: dict[str, Any] = {
-        "schedulerName": scheduler,
-        "containers": [{"name": "main", "image": "vllm/vllm-openai", "resources": resources}],
-    }
-    if node:
-        spec["nodeName"] = node
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid or f"uid-{namespace}-{name}",
-            "labels": dict(labels or {}),
-            "annotations": dict(annotations or {}),
-        },
-        "spec": spec,
-        "status": {"phase": phase},
-    }
+    """A core/v1 Pod as the API (and kube-scheduler) writes it: :func:`make_pod` in one call."""
+    pod = make_pod(name, namespace).gpus(gpus).labels(labels or {}).annotations(annotations or {})
+    return pod.on_node(node).uid(uid).phase(phase).scheduler(scheduler).obj()
 
 
 def gang_pod(
@@ -101,20 +85,14 @@ def node_obj(
     ready: bool = True,
     unschedulable: bool = False,
 ) -> dict[str, Any]:
-    """A core/v1 Node with ``nvidia.com/gpu`` capacity and GFD's product label."""
-    all_labels = {"kubernetes.io/hostname": name, **(labels or {})}
-    if product:
-        all_labels[keys.GPU_PRODUCT_LABEL] = product
-    capacity = {"cpu": "96", keys.GPU_RESOURCE: str(gpus)} if gpus else {"cpu": "96"}
-    return {
-        "metadata": {"name": name, "labels": all_labels},
-        "spec": {"unschedulable": True} if unschedulable else {},
-        "status": {
-            "capacity": capacity,
-            "allocatable": dict(capacity),
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
+    """A core/v1 Node with ``nvidia.com/gpu`` capacity and GFD's product label:
+    :func:`make_node_object` in one call."""
+    node = make_node_object(name).gpus(gpus).labels(labels or {}).product(product)
+    if not ready:
+        node = node.not_ready()
+    if unschedulable:
+        node = node.unschedulable()
+    return node.obj()
 
 
 @contextlib.asynccontextmanager

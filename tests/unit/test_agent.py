@@ -132,6 +132,8 @@ def _agent(
 
 @pytest.fixture
 def node(workdir: Path) -> Iterator[Node]:
+    """A running agent on a fake HGX H100 (NVML, sysfs, a kubelet on a socket): not a
+    NodeState, so none of the placement builders (:mod:`extender.testing.builders`)."""
     fake = FakeNvml.hgx_h100()
     sysfs = fake.write_sysfs(workdir / "sys")
     kubelet = FakeKubelet()

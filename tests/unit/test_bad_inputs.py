@@ -60,6 +60,7 @@ def refused(capsys: pytest.CaptureFixture[str], argv: list[str], path: Path, *wo
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Path:
+    """A good cluster *file* for the CLI to read (beside each bad input), not a snapshot."""
     return write(tmp_path / "cluster.yaml", CLUSTER)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -21,30 +21,22 @@ from extender.peers.common import first_free
 from extender.placement import scoring, solver
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import Placement, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, NodeState
-from extender.topology.allocation import Allocation
+from extender.placement.snapshot import ClusterSnapshot
+from extender.testing.builders import make_node
+from extender.testing.hardware import hgx_h100, pcie_8gpu_2socket
 from extender.topology.hierarchy import Hierarchy, Level
-from extender.topology.model import GpuGraph, Tier
-from extender.topology.presets import preset_graph
+from extender.topology.model import Tier
 
 SPINE = Level("spine", "fabric.topograph.run/tier-1")
 LEAF = Level("leaf", "fabric.topograph.run/tier-0")
 HIER = Hierarchy((SPINE, LEAF))
-HGX = preset_graph("hgx-h100")
-PCIE = preset_graph("pcie-8gpu-2socket")
+HGX = hgx_h100()
+PCIE = pcie_8gpu_2socket()
 BASELINES = ("spread", "binpack", "kueue-tas", "volcano", "kai")
 
 
-def node(
-    name: str,
-    leaf: str,
-    graph: GpuGraph = HGX,
-    allocated: Sequence[int] = (),
-    spine: str = "s0",
-    allocation: Allocation = Allocation.DEVICE_PLUGIN,
-) -> NodeState:
-    labels = {SPINE.label: spine, LEAF.label: leaf}
-    return NodeState(name, labels, graph, frozenset(allocated), allocation=allocation)
+#: An HGX H100 under spine s0, device plugin; a case names the leaf and what differs.
+NODE = make_node().hgx_h100().spine("s0")
 
 
 def gang(*pod_sets: PodSet) -> GangRequest:
@@ -101,7 +93,9 @@ def cluster_and_gang(draw: st.DrawFn) -> tuple[ClusterSnapshot, GangRequest]:
     for i in range(count):
         graph = draw(st.sampled_from((HGX, PCIE)))
         allocated = draw(st.sets(st.integers(0, 7), max_size=8))
-        nodes.append(node(f"n{i}", f"leaf-{i % 2}", graph, sorted(allocated)))
+        nodes.append(
+            NODE.named(f"n{i}").graph(graph).leaf(f"leaf-{i % 2}").allocated(sorted(allocated)).obj()
+        )
     levels = (None, "leaf", "spine", "node", "nvlink")
     sets = [
         PodSet(
@@ -142,7 +136,13 @@ def test_baselines_never_book_a_gpu_that_is_taken_or_twice(case: tuple[ClusterSn
 
 
 def test_a_gang_that_does_not_fit_is_unplaceable_as_a_whole() -> None:
-    snap = ClusterSnapshot([node("a", "l0", allocated=range(4)), node("b", "l0", allocated=range(4))], HIER)
+    snap = ClusterSnapshot(
+        [
+            NODE.named("a").leaf("l0").allocated(range(4)).obj(),
+            NODE.named("b").leaf("l0").allocated(range(4)).obj(),
+        ],
+        HIER,
+    )
     g = gang(PodSet("w", 3, 4))  # 8 free GPUs, 12 needed
     for name in BASELINES:
         result = POLICIES[name](snap, g)
@@ -158,7 +158,7 @@ def test_a_gang_that_does_not_fit_is_unplaceable_as_a_whole() -> None:
 
 
 def test_spread_puts_pods_on_different_nodes_and_binpack_packs_them() -> None:
-    snap = ClusterSnapshot([node(f"n{i}", "l0") for i in range(4)], HIER)
+    snap = ClusterSnapshot([NODE.named(f"n{i}").leaf("l0").obj() for i in range(4)], HIER)
     g = gang(PodSet("w", 4, 2))
     assert sorted(nodes_of(spread(snap, g))) == ["n0", "n1", "n2", "n3"]
     assert nodes_of(binpack(snap, g)) == ["n0"] * 4
@@ -167,7 +167,11 @@ def test_spread_puts_pods_on_different_nodes_and_binpack_packs_them() -> None:
 
 def test_spread_prefers_the_emptiest_node_and_binpack_the_fullest_that_fits() -> None:
     snap = ClusterSnapshot(
-        [node("full", "l0", allocated=range(7)), node("half", "l0", allocated=range(4)), node("empty", "l0")],
+        [
+            NODE.named("full").leaf("l0").allocated(range(7)).obj(),
+            NODE.named("half").leaf("l0").allocated(range(4)).obj(),
+            NODE.named("empty").leaf("l0").obj(),
+        ],
         HIER,
     )
     g = gang(PodSet("w", 1, 2))
@@ -180,9 +184,11 @@ def test_spread_prefers_the_emptiest_node_and_binpack_the_fullest_that_fits() ->
 
 
 def test_kueue_tas_keeps_a_required_leaf_and_takes_the_best_fitting_one() -> None:
-    nodes = [node(f"a{i}", "leaf-a", allocated=range(6)) for i in range(2)]  # 2 pods of 2 GPUs
-    nodes += [node(f"b{i}", "leaf-b", allocated=range(4)) for i in range(2)]  # 4 pods
-    nodes += [node(f"c{i}", "leaf-c") for i in range(2)]  # 8 pods
+    nodes = [
+        NODE.named(f"a{i}").leaf("leaf-a").allocated(range(6)).obj() for i in range(2)
+    ]  # 2 pods of 2 GPUs
+    nodes += [NODE.named(f"b{i}").leaf("leaf-b").allocated(range(4)).obj() for i in range(2)]  # 4 pods
+    nodes += [NODE.named(f"c{i}").leaf("leaf-c").obj() for i in range(2)]  # 8 pods
     snap = ClusterSnapshot(nodes, HIER)
     g = gang(PodSet("w", 3, 2, required_level="leaf"))
     assert leaves_of(snap, kueue_tas(snap, g)) == {"leaf-b"}  # BestFit: least room left over
@@ -196,8 +202,8 @@ def test_kueue_tas_keeps_a_required_leaf_and_takes_the_best_fitting_one() -> Non
 
 
 def test_kueue_tas_climbs_from_a_preferred_level() -> None:
-    nodes = [node(f"a{i}", "leaf-a", allocated=range(4)) for i in range(2)]
-    nodes += [node(f"b{i}", "leaf-b", allocated=range(4), spine="s1") for i in range(2)]
+    nodes = [NODE.named(f"a{i}").leaf("leaf-a").allocated(range(4)).obj() for i in range(2)]
+    nodes += [NODE.named(f"b{i}").spine("s1").leaf("leaf-b").allocated(range(4)).obj() for i in range(2)]
     snap = ClusterSnapshot(nodes, HIER)
     fits_leaf = gang(PodSet("w", 2, 4, preferred_level="leaf"))
     assert len(leaves_of(snap, kueue_tas(snap, fits_leaf))) == 1
@@ -211,8 +217,13 @@ def test_kueue_tas_unconstrained_sorts_every_node_at_once_fullest_first() -> Non
     """Implied TAS (no topology annotation): the lowest level, every node sorted by pods that
     fit, fewest first, then topology path; the first that holds every pod. The old fill from
     the top level down took the fullest leaf first and split the pods there."""
-    nodes = [node(f"a{i}", "leaf-a", allocated=range(6)) for i in range(2)]  # leaf-a: 2+2 free
-    nodes += [node("b0", "leaf-b", allocated=range(3)), node("b1", "leaf-b")]  # leaf-b: 5+8 free
+    nodes = [
+        NODE.named(f"a{i}").leaf("leaf-a").allocated(range(6)).obj() for i in range(2)
+    ]  # leaf-a: 2+2 free
+    nodes += [
+        NODE.named("b0").leaf("leaf-b").allocated(range(3)).obj(),
+        NODE.named("b1").leaf("leaf-b").obj(),
+    ]  # leaf-b: 5+8 free
     snap = ClusterSnapshot(nodes, HIER)
     g = gang(PodSet("w", 4, 1))
     # Fullest node that holds all four pods: b0 (5 free), though leaf-a is the fullest leaf.
@@ -222,7 +233,11 @@ def test_kueue_tas_unconstrained_sorts_every_node_at_once_fullest_first() -> Non
 
 
 def test_kueue_tas_unconstrained_ties_by_topology_path_not_file_order() -> None:
-    nodes = [node("z", "leaf-b"), node("y", "leaf-a"), node("x", "leaf-a")]
+    nodes = [
+        NODE.named("z").leaf("leaf-b").obj(),
+        NODE.named("y").leaf("leaf-a").obj(),
+        NODE.named("x").leaf("leaf-a").obj(),
+    ]
     for order in (nodes, nodes[::-1]):
         snap = ClusterSnapshot(list(order), HIER)
         assert nodes_of(kueue_tas(snap, gang(PodSet("w", 1, 8)))) == ["x"]
@@ -231,15 +246,15 @@ def test_kueue_tas_unconstrained_ties_by_topology_path_not_file_order() -> None:
 def test_kueue_tas_required_and_preferred_take_the_fullest_domain_that_fits() -> None:
     """BestFit for required and preferred levels: two leaves with 4 and 3 free single-GPU
     slots; a one-pod gang goes to the 3-slot leaf, so a four-pod gang still fits."""
-    nodes = [node(f"a{i}", "leaf-a", allocated=range(7)) for i in range(4)]
-    nodes += [node(f"b{i}", "leaf-b", allocated=range(7)) for i in range(3)]
+    nodes = [NODE.named(f"a{i}").leaf("leaf-a").allocated(range(7)).obj() for i in range(4)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-b").allocated(range(7)).obj() for i in range(3)]
     snap = ClusterSnapshot(nodes, HIER)
     for wish in ({"required_level": "leaf"}, {"preferred_level": "leaf"}):
         assert leaves_of(snap, kueue_tas(snap, gang(PodSet("w", 1, 1, **wish)))) == {"leaf-b"}
 
 
 def test_kueue_tas_counts_gpus_and_ignores_nvlink_coherence() -> None:
-    snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 2, 4, 6))], HIER)
+    snap = ClusterSnapshot([NODE.named("p").pcie_8gpu_2socket().leaf("l0").allocated(0, 2, 4, 6).obj()], HIER)
     g = gang(PodSet("tp", 2, 2, Comm.NONE, required_level="nvlink"))  # PCIe node: no NVLink at all
     result = placed(kueue_tas(snap, g))
     assert [s.gpus for s in result.slots] == [(1, 3), (5, 7)]
@@ -250,8 +265,8 @@ def test_kueue_tas_counts_gpus_and_ignores_nvlink_coherence() -> None:
 
 
 def test_volcano_keeps_the_job_within_the_highest_tier_allowed() -> None:
-    nodes = [node(f"a{i}", "leaf-a", allocated=range(4)) for i in range(2)]
-    nodes += [node(f"b{i}", "leaf-b", allocated=range(4)) for i in range(2)]
+    nodes = [NODE.named(f"a{i}").leaf("leaf-a").allocated(range(4)).obj() for i in range(2)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-b").allocated(range(4)).obj() for i in range(2)]
     snap = ClusterSnapshot(nodes, HIER)
     assert len(leaves_of(snap, volcano(snap, gang(PodSet("w", 2, 4, required_level="leaf"))))) == 1
     three = gang(PodSet("w", 3, 4, required_level="leaf"))
@@ -268,9 +283,9 @@ def test_volcano_places_an_unconstrained_job_pod_by_pod_on_the_fullest_nodes() -
     """No required level: no HyperNode search (allocate.go sends only hard-topology or
     subgroup-policy jobs there); each pod goes where GPU bin-pack plus the network-topology
     plugin's per-tier HyperNode bin-pack score most: the half-full leaf's nodes."""
-    nodes = [node(f"a{i}", "leaf-a") for i in range(2)]  # empty leaf
-    nodes += [node(f"b{i}", "leaf-b", allocated=range(4)) for i in range(2)]  # half full
-    nodes += [node(f"c{i}", "leaf-c", allocated=range(7)) for i in range(2)]  # too full
+    nodes = [NODE.named(f"a{i}").leaf("leaf-a").obj() for i in range(2)]  # empty leaf
+    nodes += [NODE.named(f"b{i}").leaf("leaf-b").allocated(range(4)).obj() for i in range(2)]  # half full
+    nodes += [NODE.named(f"c{i}").leaf("leaf-c").allocated(range(7)).obj() for i in range(2)]  # too full
     snap = ClusterSnapshot(nodes, HIER)
     result = volcano(snap, gang(PodSet("w", 2, 4)))
     assert leaves_of(snap, result) == {"leaf-b"}
@@ -282,7 +297,13 @@ def test_volcano_binds_a_node_scope_gang_by_pod_affinity() -> None:
     one node): the first pod goes where bin-pack scores best, the others must join it (the
     predicates plugin's InterPodAffinity filter), and allocate does not backtrack when they
     cannot: three pods refused though node b holds them."""
-    snap = ClusterSnapshot([node("a", "l0", allocated=range(4)), node("b", "l0", allocated=range(2))], HIER)
+    snap = ClusterSnapshot(
+        [
+            NODE.named("a").leaf("l0").allocated(range(4)).obj(),
+            NODE.named("b").leaf("l0").allocated(range(2)).obj(),
+        ],
+        HIER,
+    )
     assert set(nodes_of(volcano(snap, gang(PodSet("w", 2, 2, required_level="node"))))) == {"a"}
     three = volcano(snap, gang(PodSet("w", 3, 2, required_level="node")))
     assert isinstance(three, Unplaceable) and "pod affinity" in three.reason
@@ -296,7 +317,9 @@ def test_first_free_gets_a_pair_across_sockets_where_gangslice_gets_a_pix_pair()
     # Free GPUs 3, 4, 6, 7 of a dual-socket PCIe node: 3 and 4 sit on different sockets (SYS),
     # 6 and 7 share a PCIe switch (PIX). A DRA node: the peers' claims name no devices, so
     # they get the lowest free ones, while gangslice's claim names its own choice.
-    snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 1, 2, 5), allocation=Allocation.DRA)], HIER)
+    snap = ClusterSnapshot(
+        [NODE.named("p").pcie_8gpu_2socket().leaf("l0").allocated(0, 1, 2, 5).dra().obj()], HIER
+    )
     g = gang(PodSet("tp", 1, 2, Comm.ALLREDUCE))
     ours = placed(solver.place(snap, g))
     assert ours.slots[0].gpus == (6, 7)
@@ -317,7 +340,7 @@ def test_first_free_gets_a_pair_across_sockets_where_gangslice_gets_a_pix_pair()
 def test_on_a_device_plugin_node_every_policy_gets_the_plugins_choice() -> None:
     """The same free GPUs on a device-plugin node: the plugin scores the PIX pair 6,7 highest
     and hands it out whoever chose the node, so the peers' pod is as coherent as gangslice's."""
-    snap = ClusterSnapshot([node("p", "l0", PCIE, allocated=(0, 1, 2, 5))], HIER)
+    snap = ClusterSnapshot([NODE.named("p").pcie_8gpu_2socket().leaf("l0").allocated(0, 1, 2, 5).obj()], HIER)
     g = gang(PodSet("tp", 1, 2, Comm.ALLREDUCE))
     ours = placed(solver.place(snap, g))
     for name in BASELINES:

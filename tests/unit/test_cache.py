@@ -4,12 +4,10 @@ how it keeps the ledger, and its reservation bookkeeping as pods come and go."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from extender.agent.publish import build_object, build_spec
 from extender.kube import names as keys
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
@@ -22,11 +20,11 @@ from extender.placement.ledger import Phase
 from extender.placement.request import GangRequest, NodeNeeds, Toleration
 from extender.placement.slice import Slice, Unplaceable
 from extender.testing.extender import gang_pod, node_obj, pod_obj, write_cluster
+from extender.testing.objects import make_node_topology
 from extender.testing.reserve import hold, reserve_gang
 from extender.topology.presets import preset_graph
 
 #: When the NodeTopology objects below were published (the cache does not read it).
-PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def kube_cache(**kw: object) -> ClusterCache:
@@ -97,7 +95,7 @@ def test_node_topology_wins_over_the_fallback_and_its_removal_restores_it() -> N
     cache.apply(Kind.NODES, "ADDED", node_obj("a", gpus=8, product="NVIDIA-H100-80GB-HBM3"))
     pcie = preset_graph("pcie-8gpu-2socket")
     # Written as the node agent writes it.
-    topo = build_object("a", build_spec(pcie, "nvml", [], []), [], PUBLISHED)
+    topo = make_node_topology("a").graph(pcie).obj()
     cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", topo)
     assert cache.snapshot().node("a").graph == pcie
     cache.apply(Kind.NODE_TOPOLOGIES, "DELETED", topo)
@@ -155,9 +153,8 @@ def test_the_echo_of_our_annotation_patch_does_not_unbind_a_noted_pod() -> None:
 def test_devices_the_kubelet_reports_in_use_beat_the_first_free_guess() -> None:
     cache = kube_cache()
     cache.apply(Kind.NODES, "ADDED", node_obj("a"))
-    in_use = [{"deviceId": "GPU-6", "index": 6, "namespace": "llm", "pod": "y", "container": ""}]
-    spec = build_spec(preset_graph("hgx-h100"), "nvml", in_use, [])
-    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", build_object("a", spec, [], PUBLISHED))
+    topology = make_node_topology("a").hgx_h100().in_use("y", 6, container="").obj()
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", topology)
     cache.apply(Kind.PODS, "ADDED", pod_obj("y", gpus=1, node="a", phase="Running"))
     cache.apply(Kind.PODS, "ADDED", pod_obj("v", gpus=1, node="a", phase="Running"))
     assert cache.gpus_of("llm/y") == frozenset({6})

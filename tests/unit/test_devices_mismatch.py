@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from extender.agent.publish import build_object, build_spec
 from extender.httpapi.metrics import Metrics
 from extender.kube import names as keys
 from extender.kube.api import PODS, Kind
@@ -27,11 +25,11 @@ from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Slice
 from extender.testing.extender import gang_pod, node_obj
 from extender.testing.kube import FakeKube
+from extender.testing.objects import make_node_topology
 from extender.testing.reserve import hold
 from extender.topology.model import GpuGraph
 from extender.topology.presets import preset_graph
 
-PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
 NODE = "a"
 
 
@@ -58,12 +56,10 @@ def kube_cache(**kw: Any) -> ClusterCache:
 
 def topology(graph: GpuGraph, held: dict[str, list[int]]) -> dict[str, Any]:
     """The NodeTopology the agent publishes when the kubelet gave pod ``llm/<name>`` those GPUs."""
-    in_use = [
-        {"deviceId": uuid(graph, i), "index": i, "namespace": "llm", "pod": pod, "container": "main"}
-        for pod, gpus in sorted(held.items())
-        for i in gpus
-    ]
-    return build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED)
+    topology = make_node_topology(NODE).graph(graph)
+    for pod, gpus in sorted(held.items()):
+        topology = topology.in_use(pod, *gpus)
+    return topology.obj()
 
 
 def one_pod_gang(name: str, gpus: int, required: str | None = None) -> GangRequest:
@@ -347,9 +343,7 @@ def test_bind_writes_the_slots_gpu_uuids_when_the_graph_has_them(uuids: bool) ->
     graph = with_uuids(graph) if uuids else graph
     cache = kube_cache()
     cache.apply(Kind.NODES, "ADDED", node_obj(NODE))
-    cache.apply(
-        Kind.NODE_TOPOLOGIES, "ADDED", build_object(NODE, build_spec(graph, "nvml", [], []), [], PUBLISHED)
-    )
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(NODE).graph(graph).obj())
     placed = hold(cache, "llm/g", one_pod_gang("llm/g", 4))
     assert isinstance(placed, Slice)
     decider = Decider(cache)

@@ -5,28 +5,26 @@ it out of in-node choices with a condition naming it; allocated claims take devi
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from extender.agent.publish import build_object, build_spec
 from extender.kube import dra
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
 from extender.kube.topology_status import DEVICES_MATCHED, DRA_DEVICE_MISMATCH, TopologyStatusReporter
 from extender.testing.dra import compute_domain_slice, device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.testing.extender import node_obj
+from extender.testing.objects import make_node_topology
 from extender.topology.allocation import Allocation
 from extender.topology.presets import preset_graph
 
-PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "nvidia-dra"
 
 
 def topology(node: str, graph: Any) -> dict[str, Any]:
-    return build_object(node, build_spec(graph, "nvml", [], []), [], PUBLISHED)
+    return make_node_topology(node).graph(graph).obj()
 
 
 def dra_cache(*nodes: str, preset: str = "pcie-8gpu-2socket", **slice_kw: Any) -> ClusterCache:

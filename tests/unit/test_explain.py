@@ -7,7 +7,6 @@ import asyncio
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -24,17 +23,13 @@ from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.slice import Slice, Unplaceable
 from extender.testing.clock import FakeClock
+from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
 CLUSTER = FIXTURES / "cluster.yaml"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()
 LWS = ("serving", "leaderworkerset-vllm-0-3f2a1")
-
-
-def load(name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = yaml.safe_load((FIXTURES / name).read_text())
-    return obj
 
 
 def busy_cluster(tmp_path: Path) -> Path:
@@ -174,9 +169,9 @@ def test_parse_target() -> None:
 
 def _api() -> FakeKube:
     api = FakeKube()
-    api.put("admissionchecks", load("admissioncheck.yaml"))
-    api.put("resourceflavors", load("resourceflavor.yaml"))
-    api.put("workloads", load("workload-lws.yaml"))
+    api.put("admissionchecks", load_fixture("kueue/admissioncheck.yaml"))
+    api.put("resourceflavors", load_fixture("kueue/resourceflavor.yaml"))
+    api.put("workloads", load_fixture("kueue/workload-lws.yaml"))
     return api
 
 
@@ -188,7 +183,7 @@ def test_online_workload_holding_a_reservation() -> None:
         )
         ctl = AdmissionController(api, cache, CheckConfig(), clock=clock)
         await take_lead(ctl.cache, ctl)
-        await ctl.on_admission_check(None, load("admissioncheck.yaml"))
+        await ctl.on_admission_check(None, load_fixture("kueue/admissioncheck.yaml"))
         wl = api.peek("workloads", LWS[1], LWS[0])
         assert wl is not None
         await ctl.on_workload(None, wl)

@@ -19,23 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from extender.kube import names
 from extender.placement.files import load_cluster
 from extender.testing.extender import gang_pod
 from extender.testing.faults import ARRIVE, BIND, FINISH, LEAD, Fault, Point, Verdict, World, matrix_line
+from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 VOLCANO = REPO / "tests" / "fixtures" / "volcano"
-KUEUE = REPO / "tests" / "fixtures" / "kueue"
 GB200 = load_cluster(VOLCANO / "gb200.yaml")  # 3 free trays of 4 GPUs (c1-0 is taken)
-
-
-def _load(folder: Path, name: str) -> Any:
-    docs = list(yaml.safe_load_all((folder / name).read_text()))
-    return docs[0] if len(docs) == 1 else docs
 
 
 def _now() -> str:
@@ -81,13 +75,13 @@ class PodGroups:
 
     def setup(self, kube: FakeKube) -> None:
         for group in ("podgroup-prefill.yaml", "podgroup-decode.yaml"):
-            pg = copy.deepcopy(_load(VOLCANO, group))
+            pg = copy.deepcopy(load_fixture(f"volcano/{group}"))
             if not self.joint:
                 pg["metadata"]["labels"].pop(names.GANG, None)
                 for key in ("gangslice.io/gang-members", "gangslice.io/colocate-with"):
                     pg["metadata"]["annotations"].pop(key, None)
             kube.put("podgroups", pg)
-        for pod in _load(VOLCANO, "pods-disagg.yaml"):
+        for pod in load_fixture("volcano/pods-disagg.yaml"):
             kube.put("pods", pod)
 
     def arrived(self, kube: FakeKube) -> None:
@@ -123,7 +117,7 @@ class JointPodGroups(PodGroups):
 
 def _workload(name: str, uid: str) -> dict[str, Any]:
     """The recorded LWS Workload reshaped as one 4-GPU pod on the GB200 flavor."""
-    wl: dict[str, Any] = copy.deepcopy(_load(KUEUE, "workload-lws.yaml"))
+    wl: dict[str, Any] = copy.deepcopy(load_fixture("kueue/workload-lws.yaml"))
     wl["metadata"].update(name=name, uid=uid)
     ps = wl["spec"]["podSets"][1]
     ps.update(count=1)
@@ -149,7 +143,7 @@ class Workloads:
     name = "kueue"
 
     def setup(self, kube: FakeKube) -> None:
-        kube.put("admissionchecks", _load(KUEUE, "admissioncheck.yaml"))
+        kube.put("admissionchecks", load_fixture("kueue/admissioncheck.yaml"))
         for i in range(2):
             kube.put("workloads", _workload(f"wl-{i}", f"11111111-2222-4333-8444-55555555550{i}"))
 
@@ -222,7 +216,7 @@ class JointWorkloads(Workloads):
     name = "joint-kueue"
 
     def setup(self, kube: FakeKube) -> None:
-        kube.put("admissionchecks", _load(KUEUE, "admissioncheck.yaml"))
+        kube.put("admissionchecks", load_fixture("kueue/admissioncheck.yaml"))
         for i, role in enumerate(("prefill", "decode")):
             wl = _workload(f"disagg-{role}", f"11111111-2222-4333-8444-55555555551{i}")
             meta = wl["metadata"]

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_kueue_controller import World, load
+from test_kueue_controller import World
 from test_kueue_logic import hierarchy
 
 from extender.controllers import workload_gang
@@ -20,6 +20,7 @@ from extender.kube.pods import PodError, PodInfo
 from extender.placement.feasibility import Resources, Taint
 from extender.placement.request import GangRequest, NodeNeeds, NodeRequirement, PodNeeds, Toleration
 from extender.testing.extender import gang_pod, node_obj, pod_obj
+from extender.testing.fixtures import load_fixture
 
 GI = 2**30
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -62,7 +63,7 @@ def test_the_cache_reads_taints_allocatable_and_what_non_terminal_pods_request()
 
 
 def test_a_workload_pod_set_carries_its_templates_needs() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     spec = wl["spec"]["podSets"][0]["template"]["spec"]
     spec["nodeSelector"] = {"disk": "nvme"}
     spec["tolerations"] = [TOLERATE_GPU]
@@ -91,7 +92,7 @@ def test_an_unreadable_template_field_rejects_the_workload_and_the_controller_go
     async def body() -> None:
         w = World()
         await w.start()
-        wl = load("workload-lws.yaml")
+        wl = load_fixture("kueue/workload-lws.yaml")
         change(wl["spec"]["podSets"][1]["template"]["spec"])
         await w.kueue_writes(wl, None)
         entry = w.our_entry()
@@ -99,7 +100,7 @@ def test_an_unreadable_template_field_rejects_the_workload_and_the_controller_go
         assert field in entry["message"] and "template.spec" in entry["message"], entry["message"]
         assert w.api.objects("slicereservations") == []
         # The same controller still places a good Workload.
-        await w.kueue_writes(load("workload-lws.yaml"), "MODIFIED")
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), "MODIFIED")
         assert w.our_entry()["state"] == "Ready"
 
     asyncio.run(body())
@@ -142,20 +143,20 @@ def test_a_resource_flavors_tolerations_count_as_the_pods_own() -> None:
     ``nvidia.com/gpu:NoSchedule`` are open to the fixture flavor's pods, others' taints not."""
     from dataclasses import replace
 
-    from test_kueue_controller import cluster
+    from test_kueue_controller import fixture_cluster
 
     from extender.placement.feasibility import NodeFacts
     from extender.placement.snapshot import ClusterSnapshot
 
     def tainted(key: str) -> ClusterSnapshot:
-        base = cluster()
+        base = fixture_cluster()
         facts = NodeFacts(taints=(Taint(key, "", "NoSchedule"),))
         return ClusterSnapshot([replace(n, facts=facts) for n in base.nodes], base.hierarchy)
 
     async def body(key: str) -> str:
         w = World(tainted(key))
         await w.start()
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         return str(w.our_entry()["state"]) + ": " + str(w.our_entry()["message"])
 
     assert asyncio.run(body("nvidia.com/gpu")).startswith("Ready"), "the flavor tolerates this taint"

@@ -10,8 +10,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from extender.controllers import joint
 from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
 from extender.controllers.podgroups import PodGroup, gang_request, pod_infos
@@ -24,17 +22,13 @@ from extender.placement.scoring import gang_micros
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.solver import place
 from extender.testing.clock import FakeClock
+from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
 CLIQUE = "nvidia.com/gpu.clique"
 PREFILL, DECODE = "serve/disagg-prefill", "serve/disagg-decode"
-
-
-def load(name: str) -> Any:
-    docs = list(yaml.safe_load_all((FIXTURES / name).read_text()))
-    return docs[0] if len(docs) == 1 else docs
 
 
 def world(wait_s: float = 300.0) -> tuple[PodGroupController, FakeKube, ClusterCache, FakeClock]:
@@ -49,7 +43,7 @@ def world(wait_s: float = 300.0) -> tuple[PodGroupController, FakeKube, ClusterC
 
 
 def add(ctl: PodGroupController, api: FakeKube, group: str, pod: dict[str, Any]) -> None:
-    asyncio.run(ctl.on_podgroup("ADDED", api.put("podgroups", load(group))))
+    asyncio.run(ctl.on_podgroup("ADDED", api.put("podgroups", load_fixture(f"volcano/{group}"))))
     asyncio.run(ctl.on_pod("ADDED", pod))
 
 
@@ -66,7 +60,7 @@ def cliques(cache: ClusterCache, slots: list[PodSlot]) -> set[str]:
 
 def test_prefill_and_decode_podgroups_are_placed_together_in_one_clique() -> None:
     ctl, api, cache, _ = world()
-    prefill_pod, decode_pod = load("pods-disagg.yaml")
+    prefill_pod, decode_pod = load_fixture("volcano/pods-disagg.yaml")
     add(ctl, api, "podgroup-prefill.yaml", prefill_pod)
     assert cache.reservation(PREFILL) is None
     assert "waiting for member(s) 1 unnamed member(s) (1 of 2)" in status(api, "disagg-prefill")
@@ -84,13 +78,13 @@ def test_prefill_and_decode_podgroups_are_placed_together_in_one_clique() -> Non
 
 def test_joint_placement_predicts_a_cheaper_kv_transfer_than_independent_placement() -> None:
     snap = load_cluster(FIXTURES / "gb200.yaml")
-    prefill_pod, decode_pod = load("pods-disagg.yaml")
+    prefill_pod, decode_pod = load_fixture("volcano/pods-disagg.yaml")
     requests = {
         "disagg-prefill": gang_request(
-            PodGroup.from_obj(load("podgroup-prefill.yaml")), pod_infos([prefill_pod]), snap
+            PodGroup.from_obj(load_fixture("volcano/podgroup-prefill.yaml")), pod_infos([prefill_pod]), snap
         ),
         "disagg-decode": gang_request(
-            PodGroup.from_obj(load("podgroup-decode.yaml")), pod_infos([decode_pod]), snap
+            PodGroup.from_obj(load_fixture("volcano/podgroup-decode.yaml")), pod_infos([decode_pod]), snap
         ),
     }
     colocate = {"disagg-decode": "disagg-prefill@clique"}
@@ -122,7 +116,7 @@ def test_joint_placement_predicts_a_cheaper_kv_transfer_than_independent_placeme
 
 def test_a_member_that_never_arrives_is_named_and_nothing_is_held() -> None:
     ctl, api, cache, clock = world(wait_s=60)
-    _, decode_pod = load("pods-disagg.yaml")
+    _, decode_pod = load_fixture("volcano/pods-disagg.yaml")
     add(ctl, api, "podgroup-decode.yaml", decode_pod)
     assert "waiting for member(s) disagg-prefill" in status(api, "disagg-decode")
     assert api.events == []
@@ -136,7 +130,7 @@ def test_a_member_that_never_arrives_is_named_and_nothing_is_held() -> None:
 
 def test_when_a_member_arrives_late_both_are_placed_then() -> None:
     ctl, api, cache, clock = world(wait_s=60)
-    prefill_pod, decode_pod = load("pods-disagg.yaml")
+    prefill_pod, decode_pod = load_fixture("volcano/pods-disagg.yaml")
     add(ctl, api, "podgroup-decode.yaml", decode_pod)
     clock.now += 61
     asyncio.run(ctl.resync())
@@ -146,10 +140,14 @@ def test_when_a_member_arrives_late_both_are_placed_then() -> None:
 
 def test_colocate_with_a_pod_set_name_and_unknown_targets() -> None:
     snap = load_cluster(FIXTURES / "gb200.yaml")
-    prefill_pod, decode_pod = load("pods-disagg.yaml")
+    prefill_pod, decode_pod = load_fixture("volcano/pods-disagg.yaml")
     requests = {
-        "pre": gang_request(PodGroup.from_obj(load("podgroup-prefill.yaml")), pod_infos([prefill_pod]), snap),
-        "dec": gang_request(PodGroup.from_obj(load("podgroup-decode.yaml")), pod_infos([decode_pod]), snap),
+        "pre": gang_request(
+            PodGroup.from_obj(load_fixture("volcano/podgroup-prefill.yaml")), pod_infos([prefill_pod]), snap
+        ),
+        "dec": gang_request(
+            PodGroup.from_obj(load_fixture("volcano/podgroup-decode.yaml")), pod_infos([decode_pod]), snap
+        ),
     }
     got = joint.joint_request("serve/disagg", requests, {"dec": "p"}, snap.hierarchy)
     colo = got.pod_set("dec.d").colocate_with

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from extender.controllers import assignment, workload_gang
 from extender.controllers.controller import AdmissionController
@@ -25,15 +24,15 @@ from extender.controllers.runner import take_lead
 from extender.kube.api import Conflict, KubeError
 from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
-from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
 from extender.placement.slice import PodSlot, Slice
-from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.snapshot import ClusterSnapshot
+from extender.testing.builders import make_cluster, make_node_like
 from extender.testing.clock import FakeClock
+from extender.testing.fixtures import load_cluster_fixture, load_fixture
 from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "fixtures" / "kueue"
 UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "kueue"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()  # QuotaReserved of the LWS fixture
 LWS = ("serving", "leaderworkerset-vllm-0-3f2a1")
@@ -41,23 +40,18 @@ KEY = "serving/leaderworkerset-vllm-0-3f2a1"
 CFG = CheckConfig(widen_after_s=120, retry_after_s=300, requeue_after_s=45)
 
 
-def load(name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = yaml.safe_load((FIXTURES / name).read_text())
-    return obj
-
-
 @cache
 def workload_schema() -> dict[str, Any]:
     return version_schema(load_crd(UPSTREAM / "kueue.x-k8s.io_workloads.yaml"), "v1beta2")
 
 
-def cluster(busy: dict[str, int] | None = None) -> ClusterSnapshot:
+def fixture_cluster(busy: dict[str, int] | None = None) -> ClusterSnapshot:
     """The fixture cluster (a-0..a-3 under leaf-a, b-0..b-3 under leaf-b); ``busy`` takes the
     first N GPUs of the named nodes."""
-    snap = load_cluster(FIXTURES / "cluster.yaml")
+    snap = load_cluster_fixture("kueue/cluster.yaml")
     busy = busy or {}
-    nodes = [NodeState(n.name, n.labels, n.graph, frozenset(range(busy.get(n.name, 0)))) for n in snap.nodes]
-    return ClusterSnapshot(nodes, snap.hierarchy)
+    nodes = (make_node_like(n).busy(busy.get(n.name, 0)) for n in snap.nodes)
+    return make_cluster(*nodes).hierarchy(snap.hierarchy).obj()
 
 
 class World:
@@ -67,12 +61,12 @@ class World:
         self.clock = FakeClock(now)
         self.api = FakeKube()
         for name in ("admissioncheck.yaml", "admissioncheck-provisioning.yaml", "resourceflavor.yaml"):
-            obj = load(name)
+            obj = load_fixture(f"kueue/{name}")
             self.api.put(
                 {"AdmissionCheck": "admissionchecks", "ResourceFlavor": "resourceflavors"}[obj["kind"]], obj
             )
         self.cache = ClusterCache.from_snapshot(
-            snap or cluster(), clock=self.clock, store=KubeReservationStore(self.api, self.clock)
+            snap or fixture_cluster(), clock=self.clock, store=KubeReservationStore(self.api, self.clock)
         )
         self.ctl = AdmissionController(self.api, self.cache, CFG, clock=self.clock)
         self.leader = leader
@@ -122,7 +116,7 @@ def test_slice_is_reserved_then_the_check_is_set_ready_with_only_our_entry() -> 
     async def body() -> None:
         w = World()
         await w.start()
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
 
         # The SliceReservation exists, owned by the Workload, and came before the Ready write.
         (obj,) = w.api.objects("slicereservations")
@@ -155,7 +149,7 @@ def test_slice_is_reserved_then_the_check_is_set_ready_with_only_our_entry() -> 
 
         # Kueue's own entry is untouched; the ledger holds the whole gang.
         entries = {e["name"]: e for e in w.workload()["status"]["admissionChecks"]}
-        assert entries["provision"] == load("workload-lws.yaml")["status"]["admissionChecks"][1]
+        assert entries["provision"] == load_fixture("kueue/workload-lws.yaml")["status"]["admissionChecks"][1]
         r = w.cache.reservation(KEY)
         assert r is not None and sum(len(s.gpus) for s in r.slice.slots) == 32
         assert len({s.node for s in r.slice.slots}) == 4
@@ -173,7 +167,7 @@ def test_tas_workload_gets_gpus_inside_kueues_domains() -> None:
     async def body() -> None:
         w = World(now=datetime.fromisoformat("2026-08-25T10:05:01+00:00").timestamp())
         await w.start()
-        await w.kueue_writes(load("workload-job-tas.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-job-tas.yaml"), None)
         entry = {
             e["name"]: e for e in w.workload("serving", "job-llama-8b-7c1d2")["status"]["admissionChecks"]
         }
@@ -190,7 +184,7 @@ def test_a_conflicting_write_is_read_again_and_applied_once() -> None:
     async def body() -> None:
         w = World()
         await w.start()
-        wl = w.api.put("workloads", load("workload-lws.yaml"))
+        wl = w.api.put("workloads", load_fixture("kueue/workload-lws.yaml"))
         w.api.fail_next("apply workloads/status", Conflict(409, "the object has been modified"))
         await w.ctl.on_workload(None, wl)
         assert "get workloads" in w.api.labels()
@@ -207,7 +201,7 @@ def test_a_failed_create_leaves_no_hold_and_the_resync_retries(caplog: pytest.Lo
         await w.start()
         w.api.fail_next("apply slicereservations", KubeError(500, "etcd timeout"))
         with caplog.at_level(logging.WARNING, logger="extender.controllers"):
-            await w.kueue_writes(load("workload-lws.yaml"), None)
+            await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         (failed,) = [r for r in caplog.records if "etcd timeout" in r.getMessage()]
         # The structured fields name the gang and its reservation object.
         assert getattr(failed, "gang", None) == KEY
@@ -225,7 +219,7 @@ def test_invalid_gang_settings_reject_the_workload() -> None:
     async def body() -> None:
         w = World()
         await w.start()
-        wl = load("workload-lws.yaml")
+        wl = load_fixture("kueue/workload-lws.yaml")
         wl["spec"]["podSets"][1]["template"]["metadata"]["annotations"]["gangslice.io/required-level"] = (
             "rack"
         )
@@ -246,9 +240,9 @@ def test_pending_message_is_the_engines_reason_and_is_not_rewritten() -> None:
     busy = {n: 8 for n in ("a-1", "a-2", "a-3", "b-1", "b-2", "b-3")}
 
     async def body() -> None:
-        w = World(cluster(busy))
+        w = World(fixture_cluster(busy))
         await w.start()
-        wl = await w.kueue_writes(load("workload-lws.yaml"), None)
+        wl = await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         gang = workload_gang.gang_from_workload(wl, w.cache.snapshot().hierarchy).request
         allowed = assignment.pod_set_nodes(wl, {"h100": {"gangslice.io/pool": "h100"}})
         expected = assignment.solve(w.cache.view([KEY]), gang, Stage.STRICT, allowed, "2026-08-25T10:02:00Z")
@@ -273,9 +267,9 @@ def test_preferred_level_widens_to_the_required_level_after_the_wait() -> None:
     busy = {n: 8 for n in ("a-2", "a-3", "b-2", "b-3")}
 
     async def body() -> None:
-        w = World(cluster(busy))
+        w = World(fixture_cluster(busy))
         await w.start()
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         assert w.our_entry()["state"] == "Pending"
         assert "holding out for the preferred levels" in w.our_entry()["message"]
 
@@ -309,7 +303,7 @@ def test_retry_after_the_second_wait_then_a_fresh_placement_after_requeue() -> N
         w = World()
         await w.start()
         assert w.cache.restore(_blocker(["a-1", "a-2", "a-3", "b-1", "b-2", "b-3"]))
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         w.clock.now = T0 + CFG.widen_after_s + 1
         await w.ctl.resync()
         assert w.our_entry()["state"] == "Pending"
@@ -374,7 +368,7 @@ def test_the_reservation_is_released(change: Callable[[dict[str, Any]], dict[str
     async def body() -> None:
         w = World()
         await w.start()
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         assert w.cache.reservation(KEY) is not None and len(w.api.objects("slicereservations")) == 1
         if change is None:
             wl = w.workload()
@@ -395,7 +389,7 @@ def test_an_evicted_workload_gets_a_fresh_placement_when_it_returns() -> None:
     async def body() -> None:
         w = World()
         await w.start()
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         first = w.cache.reservation(KEY)
         assert first is not None
         wl = _evicted(w.workload())
@@ -418,7 +412,7 @@ def test_a_reservation_from_an_earlier_admission_is_replaced() -> None:
     async def body() -> None:
         w = World()
         await w.start()
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         # Kueue requeued the Workload while we were not looking: Pending again, new quota time.
         w.clock.now = T0 + 900
         wl = set_condition(w.workload(), "QuotaReserved", "True", "2026-08-25T10:14:00Z")
@@ -438,7 +432,7 @@ def test_a_reservation_from_an_earlier_admission_is_replaced() -> None:
 def test_our_admission_checks_are_set_active_and_others_left_alone() -> None:
     async def body() -> None:
         w = World()
-        w.api.put("admissionchecks", load("admissioncheck-bad-params.yaml"))
+        w.api.put("admissionchecks", load_fixture("kueue/admissioncheck-bad-params.yaml"))
         await w.start()
         applied = {
             b["metadata"]["name"]: b["status"]["conditions"][0] for b in w.api.applies_to("admissionchecks")
@@ -463,7 +457,7 @@ def test_a_standby_decides_nothing() -> None:
     async def body() -> None:
         w = World(leader=False)
         await w.start()
-        await w.kueue_writes(load("workload-lws.yaml"), None)
+        await w.kueue_writes(load_fixture("kueue/workload-lws.yaml"), None)
         assert w.api.applies == [] and w.api.objects("slicereservations") == []
         assert len(w.cache.ledger) == 0
         # Becoming leader acts on what the standby has seen.

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from extender.controllers import kueue
 from extender.controllers.openapi import SchemaError, load_crd, validate, version_schema
+from extender.testing.fixtures import load_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "kueue"
@@ -25,33 +25,28 @@ def upstream_schema(kind: str, version: str = "v1beta2") -> dict[str, Any]:
     return version_schema(load_crd(UPSTREAM / f"kueue.x-k8s.io_{PLURALS[kind]}.yaml"), version)
 
 
-def load(name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = yaml.safe_load((FIXTURES / name).read_text())
-    return obj
-
-
 def kueue_fixtures() -> list[str]:
     return sorted(p.name for p in FIXTURES.glob("*.yaml") if p.name not in ("cluster.yaml", "gang.yaml"))
 
 
 def test_there_are_fixtures_of_every_kind() -> None:
-    kinds = {load(n)["kind"] for n in kueue_fixtures()}
+    kinds = {load_fixture(f"kueue/{n}")["kind"] for n in kueue_fixtures()}
     assert kinds == set(PLURALS)
 
 
 @pytest.mark.parametrize("name", kueue_fixtures())
 def test_fixture_matches_upstream_schema(name: str) -> None:
-    obj = load(name)
+    obj = load_fixture(f"kueue/{name}")
     assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     validate(upstream_schema(obj["kind"]), obj, name)
 
 
 def test_schema_check_has_teeth() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     wl["status"]["admissionChecks"][0]["state"] = "Waiting"
     with pytest.raises(SchemaError, match="state"):
         validate(upstream_schema("Workload"), wl)
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     del wl["status"]["admissionChecks"][0]["message"]
     with pytest.raises(SchemaError, match="message"):
         validate(upstream_schema("Workload"), wl)
@@ -75,7 +70,7 @@ def _set_condition(wl: dict[str, Any], kind: str, status: str, reason: str) -> d
 
 def variants() -> dict[str, dict[str, Any]]:
     """The Workload states the controller tests use, derived from the recorded objects."""
-    lws = load("workload-lws.yaml")
+    lws = load_fixture("kueue/workload-lws.yaml")
     out = {
         "finished": _set_condition(lws, "Finished", "True", "Succeeded"),
         "evicted": _set_condition(lws, "Evicted", "True", "Preempted"),
@@ -97,7 +92,7 @@ def test_derived_variants_match_upstream_schema(name: str) -> None:
 
 def test_our_status_bodies_match_upstream_schema() -> None:
     """The SSA bodies: Ready with pod set updates, Pending, Retry with requeueAfterSeconds."""
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     current = wl["status"]["admissionChecks"][0]
     updates = [
         {"name": "leader", "annotations": {"gangslice.io/reservation": "vllm"}},
@@ -118,7 +113,7 @@ def test_our_status_bodies_match_upstream_schema() -> None:
         body = kueue.workload_apply_body(wl, [entry])
         validate(upstream_schema("Workload"), body, f"{entry['state']} body")
         assert [e["name"] for e in body["status"]["admissionChecks"]] == ["gangslice"]
-    ac = load("admissioncheck.yaml")
+    ac = load_fixture("kueue/admissioncheck.yaml")
     ac_body = kueue.admission_check_apply_body(ac, "2026-08-25T10:00:00Z")
     assert ac_body is not None
     validate(upstream_schema("AdmissionCheck"), ac_body, "AdmissionCheck body")

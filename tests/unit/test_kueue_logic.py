@@ -4,34 +4,22 @@ its pod sets ask for, the wait, Kueue's node constraints, pod set updates, statu
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from extender.controllers import assignment, kueue, workload_gang
 from extender.controllers.kueue import Action, CheckConfig, Stage
 from extender.cost import Comm
-from extender.placement.files import load_cluster
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import Slice, Unplaceable
 from extender.placement.solver import place
+from extender.testing.fixtures import load_cluster_fixture, load_fixture
 from extender.topology.hierarchy import Hierarchy, parse_levels
 
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
 OURS = {"gangslice"}
 LEAF = "fabric.topograph.run/tier-0"
 SPINE = "fabric.topograph.run/tier-1"
-
-
-def load(name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = yaml.safe_load((FIXTURES / name).read_text())
-    return obj
-
-
-def cluster() -> Any:
-    return load_cluster(FIXTURES / "cluster.yaml")
 
 
 def hierarchy() -> Hierarchy:
@@ -62,13 +50,13 @@ def with_state(wl: dict[str, Any], state: str) -> dict[str, Any]:
 
 
 def test_a_quota_reserved_workload_with_our_pending_check_is_placed() -> None:
-    action, why = kueue.decide(load("workload-lws.yaml"), OURS, holds=False)
+    action, why = kueue.decide(load_fixture("kueue/workload-lws.yaml"), OURS, holds=False)
     assert action is Action.PLACE
     assert "Pending" in why
 
 
 def test_a_workload_without_our_check_is_not_ours() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     assert kueue.decide(wl, {"provision-2"}, holds=False)[0] is Action.IGNORE
     # "provision" is on the Workload but belongs to another controller: still not ours.
     assert kueue.decide(wl, set(), holds=True)[0] is Action.RELEASE
@@ -86,7 +74,7 @@ def test_a_workload_without_our_check_is_not_ours() -> None:
     ],
 )
 def test_finished_evicted_deactivated_or_bounced_workloads_release(change: Any, why: str) -> None:
-    wl = change(load("workload-lws.yaml"))
+    wl = change(load_fixture("kueue/workload-lws.yaml"))
     action, reason = kueue.decide(wl, OURS, holds=True)
     assert action is Action.RELEASE
     assert why in reason
@@ -94,14 +82,14 @@ def test_finished_evicted_deactivated_or_bounced_workloads_release(change: Any, 
 
 
 def test_ready_is_kept_and_a_requeued_workload_is_placed_again() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     assert kueue.decide(with_state(wl, "Ready"), OURS, holds=True)[0] is Action.KEEP
     requeued = with_condition(wl, "Evicted", "False")
     assert kueue.decide(requeued, OURS, holds=False)[0] is Action.PLACE
 
 
 def test_a_delayed_topology_request_is_left_alone() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     wl["status"]["admission"]["podSetAssignments"][0]["delayedTopologyRequest"] = "Pending"
     assert kueue.decide(wl, OURS, holds=False)[0] is Action.IGNORE
 
@@ -110,7 +98,7 @@ def test_a_delayed_topology_request_is_left_alone() -> None:
 
 
 def test_gang_from_the_leader_worker_workload() -> None:
-    wg = workload_gang.gang_from_workload(load("workload-lws.yaml"), hierarchy())
+    wg = workload_gang.gang_from_workload(load_fixture("kueue/workload-lws.yaml"), hierarchy())
     g = wg.request
     assert g.name == "serving/leaderworkerset-vllm-0-3f2a1"
     leader, worker = g.pod_set("leader"), g.pod_set("worker")
@@ -124,7 +112,7 @@ def test_gang_from_the_leader_worker_workload() -> None:
 
 
 def test_partial_admission_count_and_gangslice_annotations_win() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     wl["status"]["admission"]["podSetAssignments"][1]["count"] = 2
     tmpl = wl["spec"]["podSets"][1]["template"]["metadata"]["annotations"]
     tmpl["gangslice.io/required-level"] = "spine"
@@ -135,7 +123,7 @@ def test_partial_admission_count_and_gangslice_annotations_win() -> None:
 
 
 def test_kueue_levels_gangslice_does_not_model_are_left_to_kueue() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     for ps in wl["spec"]["podSets"]:
         ps["topologyRequest"] = {"required": "cloud.example.com/block"}
         del ps["template"]["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"]
@@ -153,14 +141,14 @@ def test_kueue_levels_gangslice_does_not_model_are_left_to_kueue() -> None:
     ],
 )
 def test_bad_gangslice_annotations_are_errors(annotation: str, value: str, message: str) -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     wl["spec"]["podSets"][1]["template"]["metadata"]["annotations"][annotation] = value
     with pytest.raises(workload_gang.WorkloadError, match=message):
         workload_gang.gang_from_workload(wl, hierarchy())
 
 
 def test_an_unreadable_gpu_quantity_is_an_error() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     wl["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = (
         "1.5"
     )
@@ -195,7 +183,7 @@ def test_wait_stages() -> None:
     assert kueue.wait_stage(100, cfg) is Stage.WIDENED
     assert kueue.wait_stage(149.9, cfg) is Stage.WIDENED
     assert kueue.wait_stage(150, cfg) is Stage.RETRY
-    assert kueue.wait_started(load("workload-lws.yaml")) == "2026-08-25T10:00:00Z"
+    assert kueue.wait_started(load_fixture("kueue/workload-lws.yaml")) == "2026-08-25T10:00:00Z"
 
 
 # -- Kueue's node constraints ------------------------------------------------------------------
@@ -228,8 +216,8 @@ def test_topology_assignment_decoding() -> None:
 
 
 def test_flavor_labels_and_template_selector_restrict_the_nodes() -> None:
-    snap = cluster()
-    wl = load("workload-lws.yaml")
+    snap = load_cluster_fixture("kueue/cluster.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     wl["spec"]["podSets"][1]["template"]["spec"]["nodeSelector"] = {LEAF: "leaf-b"}
     allowed = assignment.pod_set_nodes(wl, {"h100": {"gangslice.io/pool": "h100"}})
     assert allowed["worker"].selector == {LEAF: "leaf-b", "gangslice.io/pool": "h100"}
@@ -244,8 +232,8 @@ def test_flavor_labels_and_template_selector_restrict_the_nodes() -> None:
 
 
 def test_a_slice_outside_the_flavor_is_refused() -> None:
-    snap = cluster()
-    wl = load("workload-lws.yaml")
+    snap = load_cluster_fixture("kueue/cluster.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     allowed = assignment.pod_set_nodes(wl, {"h100": {"gangslice.io/pool": "a100"}})
     gang = workload_gang.gang_from_workload(wl, snap.hierarchy).request
     got = assignment.solve(snap, gang, Stage.WIDENED, allowed, "")
@@ -253,8 +241,8 @@ def test_a_slice_outside_the_flavor_is_refused() -> None:
 
 
 def test_tas_assignment_is_placed_domain_by_domain() -> None:
-    snap = cluster()
-    wl = load("workload-job-tas.yaml")
+    snap = load_cluster_fixture("kueue/cluster.yaml")
+    wl = load_fixture("kueue/workload-job-tas.yaml")
     allowed = assignment.pod_set_nodes(wl, {"h100": {"gangslice.io/pool": "h100"}})
     assert [c for _, c in allowed["main"].domains] == [1, 1]
     gang = workload_gang.gang_from_workload(wl, snap.hierarchy).request
@@ -267,12 +255,12 @@ def test_tas_assignment_is_placed_domain_by_domain() -> None:
 
 
 def test_tas_assignment_on_a_full_node_says_which_domain() -> None:
-    snap = cluster()
+    snap = load_cluster_fixture("kueue/cluster.yaml")
     busy = [
         n if n.name != "b-2" else type(n)(n.name, n.labels, n.graph, frozenset(range(6))) for n in snap.nodes
     ]
     snap = type(snap)(busy, snap.hierarchy)
-    wl = load("workload-job-tas.yaml")
+    wl = load_fixture("kueue/workload-job-tas.yaml")
     allowed = assignment.pod_set_nodes(wl, {})
     gang = workload_gang.gang_from_workload(wl, snap.hierarchy).request
     got = assignment.solve(snap, gang, Stage.WIDENED, allowed, "")
@@ -281,8 +269,8 @@ def test_tas_assignment_on_a_full_node_says_which_domain() -> None:
 
 
 def test_assignment_problem_names_a_count_mismatch() -> None:
-    snap = cluster()
-    wl = load("workload-job-tas.yaml")
+    snap = load_cluster_fixture("kueue/cluster.yaml")
+    wl = load_fixture("kueue/workload-job-tas.yaml")
     allowed = assignment.pod_set_nodes(wl, {})
     gang = workload_gang.gang_from_workload(wl, snap.hierarchy).request
     view = assignment.restrict(snap, allowed)
@@ -297,7 +285,7 @@ def test_assignment_problem_names_a_count_mismatch() -> None:
 
 
 def test_shared_domain_selector() -> None:
-    snap = cluster()
+    snap = load_cluster_fixture("kueue/cluster.yaml")
     assert assignment.shared_domain_selector(snap, ["a-1", "a-1"]) == {"kubernetes.io/hostname": "a-1"}
     assert assignment.shared_domain_selector(snap, ["a-0", "a-2"]) == {SPINE: "spine-1", LEAF: "leaf-a"}
     assert assignment.shared_domain_selector(snap, ["a-0", "b-0"]) == {SPINE: "spine-1"}
@@ -305,8 +293,8 @@ def test_shared_domain_selector() -> None:
 
 
 def test_pod_set_updates_carry_only_our_keys() -> None:
-    snap = cluster()
-    wl = load("workload-lws.yaml")
+    snap = load_cluster_fixture("kueue/cluster.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     allowed = assignment.pod_set_nodes(wl, {"h100": {"gangslice.io/pool": "h100"}})
     gang = workload_gang.gang_from_workload(wl, snap.hierarchy).request
     sl = assignment.solve(snap, gang, Stage.STRICT, allowed, "")
@@ -322,8 +310,8 @@ def test_pod_set_updates_carry_only_our_keys() -> None:
 
 
 def test_pod_set_updates_leave_tas_levels_to_kueue() -> None:
-    snap = cluster()
-    wl = load("workload-job-tas.yaml")
+    snap = load_cluster_fixture("kueue/cluster.yaml")
+    wl = load_fixture("kueue/workload-job-tas.yaml")
     allowed = assignment.pod_set_nodes(wl, {})
     gang = workload_gang.gang_from_workload(wl, snap.hierarchy).request
     sl = assignment.solve(snap, gang, Stage.WIDENED, allowed, "")
@@ -337,7 +325,7 @@ def test_pod_set_updates_leave_tas_levels_to_kueue() -> None:
 
 
 def test_check_entry_moves_the_transition_time_only_with_the_state() -> None:
-    current = load("workload-lws.yaml")["status"]["admissionChecks"][0]
+    current = load_fixture("kueue/workload-lws.yaml")["status"]["admissionChecks"][0]
     same = kueue.check_entry(current, "Pending", "waiting", "2026-08-25T10:01:00Z")
     assert same["lastTransitionTime"] == "2026-08-25T10:00:00Z"
     assert same["podSetUpdates"] == []
@@ -350,7 +338,7 @@ def test_check_entry_moves_the_transition_time_only_with_the_state() -> None:
 
 
 def test_workload_apply_body_holds_only_the_entries_given() -> None:
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     entry = kueue.check_entry(wl["status"]["admissionChecks"][0], "Pending", "m", "2026-08-25T10:01:00Z")
     body = kueue.workload_apply_body(wl, [entry])
     assert body["metadata"] == {
@@ -363,7 +351,7 @@ def test_workload_apply_body_holds_only_the_entries_given() -> None:
 
 
 def test_admission_check_active_condition() -> None:
-    ac = load("admissioncheck.yaml")
+    ac = load_fixture("kueue/admissioncheck.yaml")
     body = kueue.admission_check_apply_body(ac, "2026-08-25T10:00:00Z")
     assert body is not None
     (cond,) = body["status"]["conditions"]
@@ -376,10 +364,10 @@ def test_admission_check_active_condition() -> None:
     ac["status"] = {"conditions": [cond]}
     assert kueue.admission_check_apply_body(ac, "2026-08-25T11:00:00Z") is None
 
-    bad = load("admissioncheck-bad-params.yaml")
+    bad = load_fixture("kueue/admissioncheck-bad-params.yaml")
     body = kueue.admission_check_apply_body(bad, "2026-08-25T10:00:00Z")
     assert body is not None
     (cond,) = body["status"]["conditions"]
     assert (cond["status"], cond["reason"]) == ("False", "BadParametersRef")
     assert "SliceCheckConfig" in cond["message"]
-    assert not kueue.is_our_check(load("admissioncheck-provisioning.yaml"))
+    assert not kueue.is_our_check(load_fixture("kueue/admissioncheck-provisioning.yaml"))

@@ -8,8 +8,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from extender.controllers.objects import reservation_to_object
 from extender.kube.api import SLICE_RESERVATIONS, Kind
 from extender.kube.cache import ClusterCache
@@ -18,14 +16,11 @@ from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
+from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube
 from extender.testing.leading import lead
 
 VOLCANO = Path(__file__).resolve().parents[1] / "fixtures" / "volcano"
-
-
-def load(path: Path) -> Any:
-    return yaml.safe_load(path.read_text())
 
 
 def persisted(api: FakeKube, cache: ClusterCache, gang: str, gpus: int, owner: Any = None) -> Reservation:
@@ -43,7 +38,7 @@ def test_a_new_leader_rebuilds_the_ledger_once_for_every_component() -> None:
         snap = load_cluster(VOLCANO / "cluster.yaml")
         scratch = ClusterCache.from_snapshot(snap)
         kept = persisted(api, scratch, "llm/kept", 8)
-        pg = api.put("podgroups", load(VOLCANO / "podgroup-llama.yaml"))
+        pg = api.put("podgroups", load_fixture("volcano/podgroup-llama.yaml"))
         owner = {"apiVersion": pg["apiVersion"], "kind": "PodGroup", "name": "gone", "uid": "u-gone"}
         persisted(api, scratch, "llm/gone", 8, owner)
         orphan_meta = {"ownerKind": "PodGroup", "ownerName": "gone", "ownerUid": "u-gone"}

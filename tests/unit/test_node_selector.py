@@ -11,30 +11,25 @@ from extender.placement import scoring
 from extender.placement.files import FileError, gang_from_data
 from extender.placement.request import GangRequest, NodeRequirement, PodSet
 from extender.placement.slice import Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.snapshot import ClusterSnapshot
 from extender.sim.generate import generate_trace
 from extender.sim.inputs import default_cluster, fit_generated
 from extender.sim.templates import builtin_templates, gang_to_data
-from extender.topology.hierarchy import Hierarchy, Level
-from extender.topology.presets import preset_graph
+from extender.testing.builders import make_cluster, make_node
 
-LEAF = Level("leaf", "fabric.topograph.run/tier-0")
 PRODUCT, MEMORY = "nvidia.com/gpu.product", "nvidia.com/gpu.memory"
 H100 = {PRODUCT: "NVIDIA-H100-80GB-HBM3", MEMORY: "81559"}
 L40S = {PRODUCT: "NVIDIA-L40S", MEMORY: "46068"}
 
 
-def cluster() -> ClusterSnapshot:
-    # The L40S boxes come first in file order and in name order, so a policy that ignored
-    # the requirement would take them.
-    nodes = [
-        NodeState(f"a-l40s-{i}", {LEAF.label: "l1", **L40S}, preset_graph("pcie-8gpu-2socket"))
-        for i in range(2)
-    ]
-    nodes += [
-        NodeState(f"b-h100-{i}", {LEAF.label: "l2", **H100}, preset_graph("hgx-h100")) for i in range(2)
-    ]
-    return ClusterSnapshot(nodes, Hierarchy((LEAF,)))
+def l40s_then_h100() -> ClusterSnapshot:
+    """Two L40S boxes under leaf l1, then two HGX H100 nodes under leaf l2, with GPU Feature
+    Discovery's product and memory labels. The L40S boxes come first in file order and in
+    name order, so a policy that ignored the requirement would take them."""
+    l40s = make_node().pcie_8gpu_2socket().leaf("l1").labels(L40S)
+    h100 = make_node().hgx_h100().leaf("l2").labels(H100)
+    nodes = [*(l40s.named(f"a-l40s-{i}") for i in range(2)), *(h100.named(f"b-h100-{i}") for i in range(2))]
+    return make_cluster(*nodes).levels("leaf").obj()
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
@@ -47,7 +42,7 @@ def cluster() -> ClusterSnapshot:
     ],
 )
 def test_every_policy_honours_node_requirements(policy: str, requirement: NodeRequirement) -> None:
-    snap = cluster()
+    snap = l40s_then_h100()
     g = GangRequest("g", (PodSet("s", 2, 4, node_selector=(requirement,)),))
     got = POLICIES[policy](snap, g)
     assert isinstance(got, Slice), got
@@ -60,12 +55,12 @@ def test_no_node_meets_it_unplaceable_for_ever(policy: str) -> None:
     g = GangRequest(
         "g", (PodSet("s", 1, 1, node_selector=(NodeRequirement(PRODUCT, "In", ("NVIDIA-GB200",)),)),)
     )
-    got = POLICIES[policy](cluster(), g)
+    got = POLICIES[policy](l40s_then_h100(), g)
     assert isinstance(got, Unplaceable) and not got.feasible_when_empty
 
 
 def test_violations_name_the_unmet_requirement() -> None:
-    snap = cluster()
+    snap = l40s_then_h100()
     g = GangRequest("g", (PodSet("s", 1, 8, node_selector=(NodeRequirement(MEMORY, "Gt", ("80000",)),)),))
     slot = POLICIES["spread"](snap, GangRequest("g", (PodSet("s", 1, 8),)))
     assert isinstance(slot, Slice) and slot.slots[0].node.startswith("a-l40s")
@@ -131,8 +126,8 @@ def test_builtin_templates_pin_hardware_and_some_accept_several_products() -> No
 
 
 def test_generated_trace_leaves_out_what_the_fleet_cannot_run() -> None:
-    nodes = [NodeState(f"h-{i}", {LEAF.label: "l1", **H100}, preset_graph("hgx-h100")) for i in range(4)]
-    snap = ClusterSnapshot(nodes, Hierarchy((LEAF,)))
+    h100 = make_node().hgx_h100().leaf("l1").labels(H100)
+    snap = make_cluster(*(h100.named(f"h-{i}") for i in range(4))).levels("leaf").obj()
     trace = generate_trace(1)
     fitted, lines = fit_generated(trace, snap)
     assert {d.template for d in fitted.deployments}.isdisjoint(

@@ -24,6 +24,8 @@ from extender.placement.request import GangRequest, PodRequests, PodSet
 from extender.placement.slice import PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import Solver, place
+from extender.testing.builders import make_node
+from extender.testing.hardware import hgx_h100
 from extender.topology.allocation import Allocation
 from extender.topology.kubelet import (
     CpuPolicy,
@@ -32,7 +34,6 @@ from extender.topology.kubelet import (
     NumaNode,
     TopologyPolicy,
 )
-from extender.topology.presets import preset_graph
 
 SINGLE = TopologyPolicy.SINGLE_NUMA_NODE
 RESTRICTED = TopologyPolicy.RESTRICTED
@@ -58,16 +59,8 @@ def kubelet(
     )
 
 
-def node(
-    name: str = "n0",
-    preset: str = "hgx-h100",
-    k: KubeletAlignment | None = None,
-    allocated: Sequence[int] = (),
-    allocation: Allocation = Allocation.DEVICE_PLUGIN,
-) -> NodeState:
-    return NodeState(
-        name, {}, preset_graph(preset), frozenset(allocated), allocation=allocation, kubelet=k or kubelet()
-    )
+#: An unlabelled HGX H100 whose kubelet aligns to single NUMA nodes (:func:`kubelet`).
+NODE = make_node("n0").hgx_h100().kubelet(kubelet())
 
 
 def gang(
@@ -103,7 +96,7 @@ def gpus_of(result: object) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def test_tp8_on_hgx_is_unplaceable_under_single_numa_node_in_every_policy() -> None:
-    snap = ClusterSnapshot([node()])
+    snap = ClusterSnapshot([NODE.obj()])
     for name, got in placements(snap, gang(8)).items():
         if name == "exact":
             assert got is None
@@ -116,13 +109,15 @@ def test_tp8_on_hgx_is_unplaceable_under_single_numa_node_in_every_policy() -> N
 
 @pytest.mark.parametrize("policy", [TopologyPolicy.NONE, TopologyPolicy.BEST_EFFORT])
 def test_policies_that_never_refuse_set_no_rule(policy: TopologyPolicy) -> None:
-    snap = ClusterSnapshot([node(k=kubelet(policy))])
+    snap = ClusterSnapshot([NODE.kubelet(kubelet(policy)).obj()])
     assert numa_fit.rule_for(snap.nodes[0], gang(8, cpu=16000, guaranteed=True).pod_sets[0]) is None
     assert gpus_of(place(snap, gang(8))) == [("n0", tuple(range(8)))]
 
 
 def test_another_node_without_the_policy_takes_tp8() -> None:
-    snap = ClusterSnapshot([node("a"), node("b", k=kubelet(TopologyPolicy.BEST_EFFORT))])
+    snap = ClusterSnapshot(
+        [NODE.named("a").obj(), NODE.named("b").kubelet(kubelet(TopologyPolicy.BEST_EFFORT)).obj()]
+    )
     for name, got in placements(snap, gang(8)).items():
         if name in ("spread", "binpack", "kueue-tas", "kueue_tas", "volcano", "kai"):
             # Peers do not know the policy: by snapshot order they may pick node a and be refused.
@@ -131,7 +126,7 @@ def test_another_node_without_the_policy_takes_tp8() -> None:
 
 
 def test_two_tp4_pods_take_one_numa_node_each_lowest_first() -> None:
-    snap = ClusterSnapshot([node()])
+    snap = ClusterSnapshot([NODE.obj()])
     for name, got in placements(snap, gang(4, count=2)).items():
         assert sorted(gpus_of(got)) == [("n0", (0, 1, 2, 3)), ("n0", (4, 5, 6, 7))], name
     one = place(snap, gang(4))
@@ -139,13 +134,13 @@ def test_two_tp4_pods_take_one_numa_node_each_lowest_first() -> None:
 
 
 def test_a_half_busy_numa_node_leaves_no_room_for_tp4() -> None:
-    snap = ClusterSnapshot([node(allocated=(0, 5))])
+    snap = ClusterSnapshot([NODE.allocated(0, 5).obj()])
     got = place(snap, gang(4))
     assert isinstance(got, Unplaceable)
     assert "no NUMA node has 4 GPUs free" in got.reason
     assert got.feasible_when_empty
     # Without the policy the same node holds a TP=4 pod across both sockets.
-    free = ClusterSnapshot([node(k=kubelet(TopologyPolicy.NONE), allocated=(0, 5))])
+    free = ClusterSnapshot([NODE.kubelet(kubelet(TopologyPolicy.NONE)).allocated(0, 5).obj()])
     assert len(gpus_of(place(free, gang(4)))[0][1]) == 4
 
 
@@ -154,7 +149,7 @@ def test_a_half_busy_numa_node_leaves_no_room_for_tp4() -> None:
 
 def test_integer_cpus_of_a_guaranteed_pod_follow_its_gpus() -> None:
     # NUMA node 0 has 20 free CPUs: a Guaranteed pod asking 24 goes to NUMA node 1's GPUs.
-    snap = ClusterSnapshot([node(k=kubelet(in_use=(36, 0)))])
+    snap = ClusterSnapshot([NODE.kubelet(kubelet(in_use=(36, 0))).obj()])
     assert gpus_of(place(snap, gang(2, cpu=24000, guaranteed=True))) == [("n0", (4, 5))]
     # Two such pods: NUMA node 1 has CPUs for two (48 of 56), so both go there.
     got = place(snap, gang(2, count=2, cpu=24000, guaranteed=True))
@@ -175,7 +170,7 @@ def test_integer_cpus_of_a_guaranteed_pod_follow_its_gpus() -> None:
     ids=["fractional", "burstable"],
 )
 def test_cpus_outside_the_static_cpu_manager_are_not_aligned(requests: PodRequests) -> None:
-    snap = ClusterSnapshot([node(k=kubelet(in_use=(56, 56)))])
+    snap = ClusterSnapshot([NODE.kubelet(kubelet(in_use=(56, 56))).obj()])
     ps = PodSet("w", 1, 2, requests=requests)
     rule = numa_fit.rule_for(snap.nodes[0], ps)
     assert rule is not None and rule.cpus == 0 and rule.gpus_aligned
@@ -184,7 +179,7 @@ def test_cpus_outside_the_static_cpu_manager_are_not_aligned(requests: PodReques
 
 def test_memory_is_aligned_where_the_memory_manager_is_static() -> None:
     k = kubelet(memory=(256 * GiB, 256 * GiB), memory_in_use=(200 * GiB, 0))
-    snap = ClusterSnapshot([node(k=k)])
+    snap = ClusterSnapshot([NODE.kubelet(k).obj()])
     g = gang(2, cpu=8000, guaranteed=True, memory=100 * GiB)
     assert gpus_of(place(snap, g)) == [("n0", (4, 5))]
     too_big = place(snap, gang(2, cpu=8000, guaranteed=True, memory=300 * GiB))
@@ -196,12 +191,12 @@ def test_memory_is_aligned_where_the_memory_manager_is_static() -> None:
 
 
 def test_restricted_admits_tp8_when_only_gpus_are_aligned() -> None:
-    snap = ClusterSnapshot([node(k=kubelet(RESTRICTED))])
+    snap = ClusterSnapshot([NODE.kubelet(kubelet(RESTRICTED)).obj()])
     assert gpus_of(place(snap, gang(8))) == [("n0", tuple(range(8)))]
 
 
 def test_restricted_refuses_tp8_whose_cpus_fit_one_numa_node() -> None:
-    snap = ClusterSnapshot([node(k=kubelet(RESTRICTED))])
+    snap = ClusterSnapshot([NODE.kubelet(kubelet(RESTRICTED)).obj()])
     got = place(snap, gang(8, cpu=16000, guaranteed=True))
     assert isinstance(got, Unplaceable)
     assert "topologyManagerPolicy restricted" in got.reason
@@ -211,7 +206,7 @@ def test_restricted_refuses_tp8_whose_cpus_fit_one_numa_node() -> None:
 
 
 def test_restricted_refuses_gpus_split_across_numa_nodes_that_one_could_hold() -> None:
-    snap = ClusterSnapshot([node(k=kubelet(RESTRICTED), allocated=(0, 1, 4, 5))])
+    snap = ClusterSnapshot([NODE.kubelet(kubelet(RESTRICTED)).allocated(0, 1, 4, 5).obj()])
     got = place(snap, gang(4, required="node"))
     assert isinstance(got, Unplaceable)
     assert "no NUMA node has 4 GPUs free" in got.reason
@@ -222,17 +217,17 @@ def test_restricted_refuses_gpus_split_across_numa_nodes_that_one_could_hold() -
 
 def test_dra_gpus_are_not_aligned_but_cpus_still_are() -> None:
     # DRA devices give the Topology Manager no hints: only the CPUs must fit one NUMA node.
-    snap = ClusterSnapshot([node(allocation=Allocation.DRA)])
+    snap = ClusterSnapshot([NODE.dra().obj()])
     assert gpus_of(place(snap, gang(8))) == [("n0", tuple(range(8)))]
     assert gpus_of(place(snap, gang(8, cpu=16000, guaranteed=True))) == [("n0", tuple(range(8)))]
-    busy = ClusterSnapshot([node(k=kubelet(in_use=(50, 50)), allocation=Allocation.DRA)])
+    busy = ClusterSnapshot([NODE.kubelet(kubelet(in_use=(50, 50))).dra().obj()])
     got = place(busy, gang(2, cpu=16000, guaranteed=True))
     assert isinstance(got, Unplaceable)
     assert "no NUMA node has 16 CPUs free" in got.reason
 
 
 def test_pcie_node_keeps_the_pods_tier_inside_the_numa_node() -> None:
-    snap = ClusterSnapshot([node(preset="pcie-8gpu-2socket", allocated=(0, 4))])
+    snap = ClusterSnapshot([NODE.pcie_8gpu_2socket().allocated(0, 4).obj()])
     got = place(snap, gang(2, count=2, required="node"))
     assert isinstance(got, Slice)
     for s in got.slots:
@@ -240,13 +235,13 @@ def test_pcie_node_keeps_the_pods_tier_inside_the_numa_node() -> None:
     # TP=4 with each socket holding 3 free GPUs: only across sockets, which the policy refuses.
     assert isinstance(place(snap, gang(4, required="node")), Unplaceable)
     free = ClusterSnapshot(
-        [node(preset="pcie-8gpu-2socket", k=kubelet(TopologyPolicy.NONE), allocated=(0, 4))]
+        [NODE.pcie_8gpu_2socket().kubelet(kubelet(TopologyPolicy.NONE)).allocated(0, 4).obj()]
     )
     assert isinstance(place(free, gang(4, required="node")), Slice)
 
 
 def test_offer_is_the_kubelets_hint_after_earlier_pods() -> None:
-    n = node(k=kubelet(in_use=(30, 0)))
+    n = NODE.kubelet(kubelet(in_use=(30, 0))).obj()
     ps = gang(2, cpu=10000, guaranteed=True).pod_sets[0]
     full = n.shape.full_mask
     assert numa_fit.offer(n, [], ps, full) == 0b00001111  # NUMA node 0: 26 CPUs free
@@ -260,7 +255,7 @@ def test_offer_is_the_kubelets_hint_after_earlier_pods() -> None:
 
 
 def test_the_slice_checker_names_gpus_across_numa_nodes() -> None:
-    snap = ClusterSnapshot([node()])
+    snap = ClusterSnapshot([NODE.obj()])
     g = gang(4, count=2)
     slots = [PodSlot("w", 0, "n0", (0, 1, 4, 5)), PodSlot("w", 1, "n0", (2, 3, 6, 7))]
     problems = scoring.violations(snap, g, slots)
@@ -270,7 +265,7 @@ def test_the_slice_checker_names_gpus_across_numa_nodes() -> None:
 
 
 def test_one_numa_node_sets_no_rule() -> None:
-    graph = preset_graph("hgx-h100")
+    graph = hgx_h100()
     flat = dataclasses.replace(graph, gpus=tuple(dataclasses.replace(g, numa_node=0) for g in graph.gpus))
     n = NodeState("n0", {}, flat, kubelet=kubelet(cpus=(112,), in_use=(0,)))
     assert numa_fit.rule_for(n, gang(8, cpu=16000, guaranteed=True).pod_sets[0]) is None
@@ -295,7 +290,7 @@ def instances(draw: st.DrawFn) -> tuple[ClusterSnapshot, GangRequest]:
         policy = draw(st.sampled_from([SINGLE, RESTRICTED]))
         allocation = draw(st.sampled_from([Allocation.DEVICE_PLUGIN, Allocation.DRA]))
         k = kubelet(policy, in_use=in_use)
-        nodes.append(node(f"n{i}", k=k, allocated=sorted(allocated), allocation=allocation))
+        nodes.append(NODE.named(f"n{i}").kubelet(k).allocated(sorted(allocated)).allocation(allocation).obj())
     sets = []
     for j in range(draw(st.integers(1, 2))):
         gpus = draw(st.sampled_from([1, 2, 4, 8]))
@@ -306,16 +301,32 @@ def instances(draw: st.DrawFn) -> tuple[ClusterSnapshot, GangRequest]:
 
 
 def _feasible(snap: ClusterSnapshot, g: GangRequest) -> bool:
-    """Whether any assignment of (node, GPU set) per pod passes the slice checker."""
-    choices = []
-    for ps in g.pod_sets:
-        for k in range(ps.count):
-            opts = []
-            for n in snap.nodes:
-                for combo in itertools.combinations(sorted(snap.free_gpus(n.name)), ps.gpus_per_pod):
-                    opts.append(PodSlot(ps.name, k, n.name, combo))
-            choices.append(opts)
-    return any(not scoring.violations(snap, g, list(slots)) for slots in itertools.product(*choices))
+    """Whether any assignment of (node, GPU set) per pod passes the slice checker. The
+    assignments are tried in order, pod by pod; one that gives a GPU to two pods is not put to
+    the checker (it refuses every such slice: "given twice"), nor is anything built on it."""
+    pods = [(ps.name, k, ps.gpus_per_pod) for ps in g.pod_sets for k in range(ps.count)]
+    options = {
+        size: [
+            (n.name, combo)
+            for n in snap.nodes
+            for combo in itertools.combinations(sorted(snap.free_gpus(n.name)), size)
+        ]
+        for size in {size for *_, size in pods}
+    }
+
+    def extend(slots: list[PodSlot], used: dict[str, frozenset[int]]) -> bool:
+        if len(slots) == len(pods):
+            return not scoring.violations(snap, g, slots)
+        name, k, size = pods[len(slots)]
+        for node, combo in options[size]:
+            taken = used.get(node, frozenset())
+            if taken.isdisjoint(combo) and extend(
+                [*slots, PodSlot(name, k, node, combo)], {**used, node: taken | set(combo)}
+            ):
+                return True
+        return False
+
+    return extend([], {})
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
@@ -22,6 +20,7 @@ from extender.kube.store import KubeReservationStore
 from extender.kube.topology_status import KubeTopologyStatusApi, node_event
 from extender.placement.files import load_cluster
 from extender.testing.clock import FakeClock
+from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube, foreign_writes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -29,17 +28,12 @@ KUEUE, VOLCANO = FIXTURES / "kueue", FIXTURES / "volcano"
 STORE = "extender.kube.store"
 
 
-def load(path: Path) -> Any:
-    docs = list(yaml.safe_load_all(path.read_text()))
-    return docs[0] if len(docs) == 1 else docs
-
-
 def test_a_workload_reserved_bound_and_released_is_written_only_by_the_store() -> None:
     async def go() -> FakeKube:
         api, clock = FakeKube(), FakeClock(1_756_116_005.0)
         for plural, name in (("admissionchecks", "admissioncheck"), ("resourceflavors", "resourceflavor")):
-            api.put(plural, load(KUEUE / f"{name}.yaml"))
-        wl = api.put("workloads", load(KUEUE / "workload-lws.yaml"))
+            api.put(plural, load_fixture(f"kueue/{name}.yaml"))
+        wl = api.put("workloads", load_fixture("kueue/workload-lws.yaml"))
         cache = ClusterCache.from_snapshot(
             load_cluster(KUEUE / "cluster.yaml"), clock=clock, store=KubeReservationStore(api, clock)
         )
@@ -71,8 +65,8 @@ def test_a_podgroup_reservation_is_written_only_by_the_store() -> None:
         )
         ctl = PodGroupController(api, cache, clock=clock)
         ctl.leader = True
-        await ctl.on_podgroup("ADDED", api.put("podgroups", load(VOLCANO / "podgroup-llama.yaml")))
-        for p in load(VOLCANO / "pods-llama.yaml"):
+        await ctl.on_podgroup("ADDED", api.put("podgroups", load_fixture("volcano/podgroup-llama.yaml")))
+        for p in load_fixture("volcano/pods-llama.yaml"):
             await ctl.on_pod("ADDED", p)
         assert cache.reservation("llm/llama-70b") is not None
         return api
@@ -104,14 +98,14 @@ def test_an_object_an_older_writer_left_for_another_owner_is_replaced_not_merged
         )
         ctl = PodGroupController(api, cache, clock=clock)
         ctl.leader = True
-        pg = load(VOLCANO / "podgroup-llama.yaml")
+        pg = load_fixture("volcano/podgroup-llama.yaml")
         stale = {"apiVersion": pg["apiVersion"], "kind": "PodGroup", "name": "llama-70b", "uid": "u-earlier"}
         api.put(
             SLICE_RESERVATIONS,
             {"metadata": {"name": "llama-70b", "namespace": "llm", "ownerReferences": [stale]}, "spec": {}},
         )
         await ctl.on_podgroup("ADDED", api.put("podgroups", pg))
-        for p in load(VOLCANO / "pods-llama.yaml"):
+        for p in load_fixture("volcano/pods-llama.yaml"):
             await ctl.on_pod("ADDED", p)
         assert cache.reservation("llm/llama-70b") is not None
         return api

@@ -17,10 +17,9 @@ from extender.placement.feasibility import NodeFacts, Resources
 from extender.placement.request import Colocation, GangRequest, NodeRequirement, PodRequests, PodSet
 from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.testing.builders import make_node
 from extender.topology.hierarchy import Hierarchy, Level
-from extender.topology.presets import preset_graph
 
-HGX = preset_graph("hgx-h100")
 ZONE = Level("zone", "k8s.io/zone")
 SPINE = Level("spine", "k8s.io/spine")
 RACK = Level("rack", "k8s.io/rack")
@@ -28,14 +27,13 @@ AFFINITY = "kai-test/affinity"
 
 
 def node(name: str, free: int, facts: NodeFacts | None = None, **labels: str) -> NodeState:
-    """An HGX H100 node with ``free`` GPUs left and ``k8s.io/<level>`` labels."""
-    return NodeState(
-        name,
-        {k if "/" in k else f"k8s.io/{k}": v for k, v in labels.items()},
-        HGX,
-        frozenset(range(8 - free)),
-        facts=facts if facts is not None else NodeFacts(),
-    )
+    """An HGX H100 node with ``free`` GPUs left (the last ones) and ``k8s.io/<level>`` labels.
+
+    A helper of this file's own rather than :func:`make_node` at each case: the cases are
+    KAI's upstream tables, one node a line as upstream lists them (name, free GPUs, levels),
+    and read side by side with them."""
+    levels = {k if "/" in k else f"k8s.io/{k}": v for k, v in labels.items()}
+    return make_node(name).hgx_h100().free_count(free).facts(facts).labels(levels).obj()
 
 
 def gang(*pod_sets: PodSet) -> GangRequest:

@@ -25,6 +25,7 @@ from extender.kube.pods import PodInfo
 from extender.kube.slot_claims import uuid_selector
 from extender.testing.dra import gpu_uuid
 from extender.testing.kube import FakeKube
+from extender.testing.objects import make_pod_group, make_workload
 
 NS = "llm"
 WL = "job-tp4-7c1d2"
@@ -55,39 +56,16 @@ def test_every_gang_source_maps_a_pod_to_its_gang_key() -> None:
 def workload(count: int = 2) -> dict[str, Any]:
     """A Job's Workload with quota reserved and our check Pending; its pods ask for 4 GPUs each
     through the ResourceClaimTemplate ``gpus`` (no nvidia.com/gpu)."""
-    pod_spec = {
-        "restartPolicy": "Never",
-        "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpus"}]}}],
-        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpus"}],
-    }
     at = "2026-08-25T10:05:00Z"
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {"name": WL, "namespace": NS, "uid": "wl-uid-1", "resourceVersion": "7"},
-        "spec": {
-            "active": True,
-            "queueName": "gpu",
-            "podSets": [{"name": "main", "count": count, "template": {"metadata": {}, "spec": pod_spec}}],
-        },
-        "status": {
-            "conditions": [
-                {
-                    "type": "QuotaReserved",
-                    "status": "True",
-                    "reason": "QuotaReserved",
-                    "lastTransitionTime": at,
-                }
-            ],
-            "admission": {
-                "clusterQueue": "gpu-cq",
-                "podSetAssignments": [{"name": "main", "count": count, "flavors": {"cpu": "default"}}],
-            },
-            "admissionChecks": [
-                {"name": "gangslice", "state": "Pending", "message": "", "lastTransitionTime": at}
-            ],
-        },
-    }
+    return (
+        make_workload(WL, NS)
+        .uid("wl-uid-1")
+        .resource_version("7")
+        .pod_set("main", count, claim="gpus", restart_policy="Never")
+        .quota_reserved(at)
+        .check("gangslice", "Pending")
+        .obj()
+    )
 
 
 def kueue_world() -> tuple[FakeKube, ClusterCache, AdmissionController]:
@@ -197,13 +175,14 @@ def test_a_kueue_pod_whose_reservation_is_missing_is_refused_and_nothing_is_rese
 
 
 def podgroup(min_member: int = 2) -> dict[str, Any]:
-    return {
-        "apiVersion": "scheduling.volcano.sh/v1beta1",
-        "kind": "PodGroup",
-        "metadata": {"name": "pg", "namespace": NS, "uid": "pg-uid-1", "resourceVersion": "3"},
-        "spec": {"minMember": min_member},
-        "status": {"phase": "Inqueue"},
-    }
+    return (
+        make_pod_group("pg", NS)
+        .uid("pg-uid-1")
+        .resource_version("3")
+        .min_member(min_member)
+        .phase("Inqueue")
+        .obj()
+    )
 
 
 def volcano_pod(i: int) -> dict[str, Any]:

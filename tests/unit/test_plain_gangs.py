@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from extender.agent.publish import build_object, build_spec
 from extender.controllers.plain_gangs import PlainGangReporter, never_fits
 from extender.httpapi.decide import Decider
 from extender.kube.api import Kind
@@ -29,7 +27,7 @@ from extender.placement.request import Colocation, GangRequest
 from extender.testing.clock import FakeClock
 from extender.testing.extender import gang_pod, node_obj
 from extender.testing.kube import FakeKube
-from extender.topology.presets import preset_graph
+from extender.testing.objects import make_node_topology
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
@@ -208,9 +206,8 @@ def kube_cluster(*nodes: str) -> ClusterCache:
 
 
 def add_node(cache: ClusterCache, name: str) -> None:
-    spec = build_spec(preset_graph("hgx-h100"), "nvml", [], [])
     cache.apply(Kind.NODES, "ADDED", node_obj(name))
-    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", build_object(name, spec, [], datetime(2026, 1, 1, tzinfo=UTC)))
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(name).hgx_h100().obj())
 
 
 def test_a_gang_that_never_fit_becomes_placeable_when_a_node_joins() -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
@@ -36,17 +35,13 @@ from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.snapshot import ClusterSnapshot
 from extender.testing.clock import FakeClock
+from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "volcano"
 UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / "volcano"
 KEY = "llm/llama-70b"
-
-
-def load(name: str) -> Any:
-    docs = list(yaml.safe_load_all((FIXTURES / name).read_text()))
-    return docs[0] if len(docs) == 1 else docs
 
 
 @cache
@@ -91,18 +86,18 @@ class World:
 
 @pytest.mark.parametrize("name", ["podgroup-llama.yaml", "podgroup-prefill.yaml", "podgroup-decode.yaml"])
 def test_recorded_podgroups_are_valid_against_the_volcano_crd(name: str) -> None:
-    validate(podgroup_schema(), load(name), name)
+    validate(podgroup_schema(), load_fixture(f"volcano/{name}"), name)
 
 
 def test_a_podgroup_the_crd_refuses_is_caught_by_the_schema_check() -> None:
-    bad = copy.deepcopy(load("podgroup-llama.yaml"))
+    bad = copy.deepcopy(load_fixture("volcano/podgroup-llama.yaml"))
     bad["spec"]["networkTopology"]["mode"] = "strict"
     with pytest.raises(ValueError):
         validate(podgroup_schema(), bad, "bad")
 
 
 def test_pods_of_a_volcano_job_are_members_of_its_podgroup() -> None:
-    pods = load("pods-llama.yaml")
+    pods = load_fixture("volcano/pods-llama.yaml")
     assert {member_of(p) for p in pods} == {KEY}
     other = copy.deepcopy(pods[0])
     other["spec"]["schedulerName"] = "default-scheduler"
@@ -113,8 +108,8 @@ def test_pods_of_a_volcano_job_are_members_of_its_podgroup() -> None:
 
 
 def test_roles_become_pod_sets_with_the_podgroup_comm_and_hard_tier_1_as_required_leaf() -> None:
-    pg = PodGroup.from_obj(load("podgroup-llama.yaml"))
-    req = gang_request(pg, pod_infos(load("pods-llama.yaml")), snapshot())
+    pg = PodGroup.from_obj(load_fixture("volcano/podgroup-llama.yaml"))
+    req = gang_request(pg, pod_infos(load_fixture("volcano/pods-llama.yaml")), snapshot())
     sets = {ps.name: ps for ps in req.pod_sets}
     assert req.name == KEY
     assert (sets["leader"].count, sets["worker"].count) == (1, 3)
@@ -138,9 +133,9 @@ def test_tiers_count_from_the_finest_level_any_node_is_labelled_with() -> None:
 
 
 def test_soft_mode_is_a_preferred_level_and_a_finer_pod_level_wins() -> None:
-    obj = copy.deepcopy(load("podgroup-llama.yaml"))
+    obj = copy.deepcopy(load_fixture("volcano/podgroup-llama.yaml"))
     obj["spec"]["networkTopology"] = {"mode": "soft", "highestTierName": "spine"}
-    pods = load("pods-llama.yaml")
+    pods = load_fixture("volcano/pods-llama.yaml")
     pods[0]["metadata"]["annotations"]["gangslice.io/required-level"] = "node"
     req = gang_request(PodGroup.from_obj(obj), pod_infos(pods), snapshot())
     sets = {ps.name: ps for ps in req.pod_sets}
@@ -150,7 +145,7 @@ def test_soft_mode_is_a_preferred_level_and_a_finer_pod_level_wins() -> None:
 
 
 def test_both_tier_fields_at_once_are_refused() -> None:
-    obj = copy.deepcopy(load("podgroup-llama.yaml"))
+    obj = copy.deepcopy(load_fixture("volcano/podgroup-llama.yaml"))
     obj["spec"]["networkTopology"] = {"mode": "hard", "highestTierAllowed": 1, "highestTierName": "leaf"}
     with pytest.raises(PodGroupError, match="both"):
         PodGroup.from_obj(obj)
@@ -161,8 +156,8 @@ def test_both_tier_fields_at_once_are_refused() -> None:
 
 def test_the_controller_waits_for_min_member_pods_then_reserves_one_leaf_and_annotates() -> None:
     w = World()
-    w.add_group(load("podgroup-llama.yaml"))
-    pods = load("pods-llama.yaml")
+    w.add_group(load_fixture("volcano/podgroup-llama.yaml"))
+    pods = load_fixture("volcano/pods-llama.yaml")
     w.add_pods(pods[:3])
     assert w.cache.reservation(KEY) is None
     assert w.group()["metadata"]["annotations"][STATUS].startswith("Waiting: waiting for 1 more")
@@ -189,13 +184,13 @@ def test_the_controller_waits_for_min_member_pods_then_reserves_one_leaf_and_ann
 
 def test_the_volcano_extender_pins_each_task_to_its_slot_once_reserved() -> None:
     w = World()
-    w.add_group(load("podgroup-llama.yaml"))
-    pods = pod_infos(load("pods-llama.yaml"))
+    w.add_group(load_fixture("volcano/podgroup-llama.yaml"))
+    pods = pod_infos(load_fixture("volcano/pods-llama.yaml"))
     decider = Decider(w.cache)
     names = w.cache.node_names()
     before = decider.filter(pods[0], names, KEY)
     assert not before.passed and before.outcome == "waiting"
-    w.add_pods(load("pods-llama.yaml"))
+    w.add_pods(load_fixture("volcano/pods-llama.yaml"))
     r = w.cache.reservation(KEY)
     assert r is not None
     leader = decider.filter(pods[0], names, KEY)
@@ -206,10 +201,10 @@ def test_the_volcano_extender_pins_each_task_to_its_slot_once_reserved() -> None
 
 def test_an_annotation_write_that_meets_409_reads_again_and_retries() -> None:
     w = World()
-    w.add_group(load("podgroup-llama.yaml"))
+    w.add_group(load_fixture("volcano/podgroup-llama.yaml"))
     w.api.fail_next("replace podgroups", Conflict(409, "the object has been modified"))
     w.api.fail_next("replace podgroups", Conflict(409, "the object has been modified"))
-    w.add_pods(load("pods-llama.yaml"))
+    w.add_pods(load_fixture("volcano/pods-llama.yaml"))
     ann = w.group()["metadata"]["annotations"]
     assert ann[RESERVATION] == "llama-70b"
     assert w.api.labels().count("get podgroups") >= 2
@@ -217,12 +212,12 @@ def test_an_annotation_write_that_meets_409_reads_again_and_retries() -> None:
 
 def test_a_stale_resource_version_is_refused_by_the_api_and_then_written_fresh() -> None:
     w = World()
-    w.add_group(load("podgroup-llama.yaml"))
+    w.add_group(load_fixture("volcano/podgroup-llama.yaml"))
     # Volcano updates the group's status after our copy was taken: our copy is stale.
     fresh = w.group()
     fresh["status"]["phase"] = "Inqueue"
     w.api.put("podgroups", fresh)
-    w.add_pods(load("pods-llama.yaml"))
+    w.add_pods(load_fixture("volcano/pods-llama.yaml"))
     got = w.group()
     assert got["status"]["phase"] == "Inqueue"  # Volcano's write survived ours
     assert got["metadata"]["annotations"][RESERVATION] == "llama-70b"
@@ -231,8 +226,8 @@ def test_a_stale_resource_version_is_refused_by_the_api_and_then_written_fresh()
 def test_completed_or_deleted_podgroups_release_their_slice() -> None:
     for how in ("Completed", "DELETED"):
         w = World()
-        w.add_group(load("podgroup-llama.yaml"))
-        w.add_pods(load("pods-llama.yaml"))
+        w.add_group(load_fixture("volcano/podgroup-llama.yaml"))
+        w.add_pods(load_fixture("volcano/pods-llama.yaml"))
         assert w.cache.reservation(KEY) is not None
         if how == "DELETED":
             w.run(w.ctl.on_podgroup("DELETED", w.group()))
@@ -246,10 +241,10 @@ def test_completed_or_deleted_podgroups_release_their_slice() -> None:
 
 def test_a_gang_that_can_never_fit_says_so_with_a_warning_event() -> None:
     w = World()
-    obj = copy.deepcopy(load("podgroup-llama.yaml"))
+    obj = copy.deepcopy(load_fixture("volcano/podgroup-llama.yaml"))
     obj["spec"]["minMember"] = 2
     w.add_group(obj)
-    pods = load("pods-llama.yaml")[:2]
+    pods = load_fixture("volcano/pods-llama.yaml")[:2]
     for p in pods:
         p["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "16"}}
     w.add_pods(pods)
@@ -266,8 +261,8 @@ def test_a_podgroup_hold_outlives_its_ttl_while_the_podgroup_lives() -> None:
     """The PodGroup controller, not the clock, ends a PodGroup's hold: past the TTL the cache
     keeps it and a resync leaves the same slice in place."""
     w = World(config=PodGroupConfig(hold_ttl_s=60))
-    w.add_group(load("podgroup-llama.yaml"))
-    w.add_pods(load("pods-llama.yaml"))
+    w.add_group(load_fixture("volcano/podgroup-llama.yaml"))
+    w.add_pods(load_fixture("volcano/pods-llama.yaml"))
     before = w.cache.reservation(KEY)
     assert before is not None
     w.clock.now += 61
@@ -279,8 +274,8 @@ def test_a_podgroup_hold_outlives_its_ttl_while_the_podgroup_lives() -> None:
 
 def test_leadership_releases_reservations_whose_podgroup_is_gone() -> None:
     w = World()
-    w.add_group(load("podgroup-llama.yaml"))
-    w.add_pods(load("pods-llama.yaml"))
+    w.add_group(load_fixture("volcano/podgroup-llama.yaml"))
+    w.add_pods(load_fixture("volcano/pods-llama.yaml"))
     w.api.remove("podgroups", "llama-70b", "llm")
     standby = PodGroupController(w.api, w.cache, clock=w.clock)
     w.run(take_lead(standby.cache, standby))
@@ -288,17 +283,17 @@ def test_leadership_releases_reservations_whose_podgroup_is_gone() -> None:
 
 
 def test_a_pod_info_reads_the_volcano_role_as_its_pod_set() -> None:
-    pod = PodInfo.from_obj(load("pods-llama.yaml")[1])
+    pod = PodInfo.from_obj(load_fixture("volcano/pods-llama.yaml")[1])
     assert pod.pod_set == "worker"
     assert pod.volcano_group == KEY
 
 
 def test_an_unknown_level_annotation_makes_the_group_invalid_with_a_warning() -> None:
     w = World()
-    obj = copy.deepcopy(load("podgroup-llama.yaml"))
+    obj = copy.deepcopy(load_fixture("volcano/podgroup-llama.yaml"))
     obj["metadata"]["annotations"]["gangslice.io/preferred-level"] = "rack"
     w.add_group(obj)
-    w.add_pods(load("pods-llama.yaml"))
+    w.add_pods(load_fixture("volcano/pods-llama.yaml"))
     assert w.cache.reservation(KEY) is None
     status = w.group()["metadata"]["annotations"][STATUS]
     assert status.startswith("Invalid:") and "rack" in status

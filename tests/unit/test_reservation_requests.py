@@ -5,31 +5,26 @@ reserved gangs never overfill one node; once the pod binds its own requests coun
 
 from __future__ import annotations
 
-from typing import Any
-
 from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import SliceReservationObject, reservation_from_object, reservation_object
 from extender.kube.store import InMemoryReservationStore
-from extender.placement.feasibility import NOTHING, Resources
-from extender.placement.files import cluster_from_data
+from extender.placement.feasibility import NOTHING, NodeFacts, Resources
 from extender.placement.request import GangRequest, PodRequests, PodSet
 from extender.placement.slice import Slice
+from extender.testing.builders import make_cluster, make_node
 from extender.testing.reserve import hold
 
 GI = 2**30
 
 
-def cluster(tmp_path: Any) -> Any:
-    """Two HGX nodes that can each hold 100Gi of pod memory."""
-    nodes = [
-        {
-            "name": name,
-            "gpuTopology": "hgx-h100",
-            "allocatable": {"cpu": "200", "memory": "100Gi", "pods": 110},
-        }
-        for name in ("n1", "n2")
-    ]
-    return cluster_from_data({"nodes": nodes}, tmp_path)
+#: An HGX H100 that can hold 200 CPUs, 100Gi of pod memory and 110 pods.
+ROOMY = (
+    make_node()
+    .hgx_h100()
+    .hostname()
+    .facts(NodeFacts(allocatable=Resources(cpu_millis=200_000, memory_bytes=100 * GI, pods=110)))
+)
+TWO_NODES = make_cluster(ROOMY.named("n1"), ROOMY.named("n2"))
 
 
 def gang(name: str, gpus: int, memory_gi: int) -> GangRequest:
@@ -37,8 +32,8 @@ def gang(name: str, gpus: int, memory_gi: int) -> GangRequest:
     return GangRequest(name, (ps,))
 
 
-def test_a_second_gang_does_not_take_the_memory_a_reserved_pod_will_need(tmp_path: Any) -> None:
-    cache = ClusterCache.from_snapshot(cluster(tmp_path))
+def test_a_second_gang_does_not_take_the_memory_a_reserved_pod_will_need() -> None:
+    cache = ClusterCache.from_snapshot(TWO_NODES.obj())
     first = hold(cache, "llm/a", gang("llm/a", 4, 64))
     assert isinstance(first, Slice)
     (slot,) = first.slots
@@ -61,8 +56,8 @@ def same_as_fresh(cache: ClusterCache) -> None:
     assert [n.facts for n in cache.view().nodes] == [n.facts for n in fresh.nodes]
 
 
-def test_a_bound_pod_counts_once_and_a_dropped_reservation_holds_nothing(tmp_path: Any) -> None:
-    cache = ClusterCache.from_snapshot(cluster(tmp_path))
+def test_a_bound_pod_counts_once_and_a_dropped_reservation_holds_nothing() -> None:
+    cache = ClusterCache.from_snapshot(TWO_NODES.obj())
     placed = hold(cache, "llm/a", gang("llm/a", 4, 64))
     assert isinstance(placed, Slice)
     same_as_fresh(cache)
@@ -83,9 +78,9 @@ def test_a_bound_pod_counts_once_and_a_dropped_reservation_holds_nothing(tmp_pat
     assert cache.view(["llm/a", "llm/b"]).nodes[i].facts.requested == NOTHING
 
 
-def test_the_held_requests_are_persisted_and_read_back(tmp_path: Any) -> None:
+def test_the_held_requests_are_persisted_and_read_back() -> None:
     store = InMemoryReservationStore()
-    cache = ClusterCache.from_snapshot(cluster(tmp_path), store=store)
+    cache = ClusterCache.from_snapshot(TWO_NODES.obj(), store=store)
     placed = hold(cache, "llm/a", gang("llm/a", 4, 64))
     assert isinstance(placed, Slice)
     r = cache.reservation("llm/a")

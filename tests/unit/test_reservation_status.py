@@ -10,8 +10,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.openapi import load_crd, validate, version_schema
@@ -27,6 +25,7 @@ from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import Slice
 from extender.testing.clock import FakeClock
 from extender.testing.extender import gang_pod, node_obj
+from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube
 from extender.testing.reserve import hold, reserve_gang
 
@@ -36,11 +35,6 @@ KUEUE = REPO / "tests" / "fixtures" / "kueue"
 VOLCANO = REPO / "tests" / "fixtures" / "volcano"
 T0 = datetime.fromisoformat("2026-08-25T10:00:00+00:00").timestamp()
 PLURAL = "slicereservations"
-
-
-def load(path: Path) -> Any:
-    docs = list(yaml.safe_load_all(path.read_text()))
-    return docs[0] if len(docs) == 1 else docs
 
 
 def schema() -> dict[str, Any]:
@@ -239,9 +233,9 @@ def kueue_world(api: FakeKube, clock: FakeClock, identity: str) -> tuple[Cluster
 
 def kueue_api() -> FakeKube:
     api = FakeKube()
-    api.put("admissionchecks", load(KUEUE / "admissioncheck.yaml"))
-    api.put("resourceflavors", load(KUEUE / "resourceflavor.yaml"))
-    api.put("workloads", load(KUEUE / "workload-lws.yaml"))
+    api.put("admissionchecks", load_fixture("kueue/admissioncheck.yaml"))
+    api.put("resourceflavors", load_fixture("kueue/resourceflavor.yaml"))
+    api.put("workloads", load_fixture("kueue/workload-lws.yaml"))
     return api
 
 
@@ -305,8 +299,8 @@ def test_a_podgroup_hold_writes_status_then_bound_through_the_cache() -> None:
         )
         ctl = PodGroupController(api, cache, clock=clock)
         ctl.leader = True
-        await ctl.on_podgroup("ADDED", api.put("podgroups", load(VOLCANO / "podgroup-llama.yaml")))
-        pods = load(VOLCANO / "pods-llama.yaml")
+        await ctl.on_podgroup("ADDED", api.put("podgroups", load_fixture("volcano/podgroup-llama.yaml")))
+        pods = load_fixture("volcano/pods-llama.yaml")
         for p in pods:
             await ctl.on_pod("ADDED", p)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from extender.controllers.controller import AdmissionController
 from extender.controllers.kueue import CheckConfig
@@ -22,6 +21,7 @@ from extender.kube.cache import ClusterCache
 from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.testing.clock import FakeClock
+from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "kueue"
@@ -35,14 +35,9 @@ class Crash(BaseException):
     """The process dies here: nothing in the controller catches it."""
 
 
-def load(name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = yaml.safe_load((FIXTURES / name).read_text())
-    return obj
-
-
 def other_workload(name: str, uid: str) -> dict[str, Any]:
     """A second gang in the same namespace: 2 pods x 8 GPUs."""
-    wl = load("workload-lws.yaml")
+    wl = load_fixture("kueue/workload-lws.yaml")
     wl["metadata"].update(name=name, uid=uid)
     wl["spec"]["podSets"] = wl["spec"]["podSets"][1:]
     wl["spec"]["podSets"][0]["count"] = 2
@@ -54,8 +49,8 @@ def other_workload(name: str, uid: str) -> dict[str, Any]:
 
 def kueue_api() -> FakeKube:
     api = FakeKube()
-    api.put("admissionchecks", load("admissioncheck.yaml"))
-    api.put("resourceflavors", load("resourceflavor.yaml"))
+    api.put("admissionchecks", load_fixture("kueue/admissioncheck.yaml"))
+    api.put("resourceflavors", load_fixture("kueue/resourceflavor.yaml"))
     return api
 
 
@@ -100,7 +95,7 @@ async def lws_leader() -> tuple[FakeClock, FakeKube, Process]:
     """The LWS Workload in a fresh fake API and a first controller process, made leader."""
     clock = FakeClock(T0 + 5)
     api = kueue_api()
-    api.put("workloads", load("workload-lws.yaml"))
+    api.put("workloads", load_fixture("kueue/workload-lws.yaml"))
     first = Process(api, clock, "first")
     await take_lead(first.ctl.cache, first.ctl)
     return clock, api, first
@@ -118,7 +113,7 @@ def test_stop_between_reservation_and_ready_then_restart_uses_the_same_slice() -
         assert entry(api, "other")["state"] == "Ready"
 
         # The LWS gang: its SliceReservation is created, then the process dies before Ready.
-        api.put("workloads", load("workload-lws.yaml"))
+        api.put("workloads", load_fixture("kueue/workload-lws.yaml"))
         api.fail_next("apply workloads/status", Crash())
         with pytest.raises(Crash):
             await first.ctl.on_workload(None, workload(api, LWS[1]))

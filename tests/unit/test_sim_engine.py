@@ -21,17 +21,15 @@ from extender.sim.metrics import policy_results, quantile, step_mean
 from extender.sim.records import PLACED, REJECTED, WITHDRAWN, Point, PolicyRun
 from extender.sim.reference import Reference
 from extender.sim.trace import Trace, trace_from_data
+from extender.testing.builders import make_cluster, make_node
+from extender.testing.hardware import CLIQUE, LEAF
 
-LEAF = "fabric.topograph.run/tier-0"
-
-
-def cluster(*nodes: tuple[str, str], leaf: str = "leaf-1") -> ClusterSnapshot:
-    data = {"nodes": [{"name": n, "gpuTopology": t, "labels": {LEAF: leaf}} for n, t in nodes]}
-    return cluster_from_data(data, Path("."))
+#: A node as a cluster file gives it (hostname label) under leaf-1; a case names its hardware.
+NODE = make_node().leaf("leaf-1").hostname()
 
 
 def two_hgx() -> ClusterSnapshot:
-    return cluster(("a", "hgx-h100"), ("b", "hgx-h100"))
+    return make_cluster(NODE.named("a").hgx_h100(), NODE.named("b").hgx_h100()).obj()
 
 
 def tp(gpus: int, count: int = 1, **extra: Any) -> dict[str, Any]:
@@ -153,7 +151,7 @@ def test_two_nodes_three_gangs_every_metric() -> None:
 
 
 def test_gpu_hours_are_counted_per_node_type_from_placement_to_end() -> None:
-    snap = cluster(("a", "hgx-h100"), ("b", "pcie-8gpu-2socket"))
+    snap = make_cluster(NODE.named("a").hgx_h100(), NODE.named("b").pcie_8gpu_2socket()).obj()
     # Two TP=8 replicas for an hour: the H100 node first (cheapest), the L40S box for the
     # other; then a TP=4 replica arriving at 1,800 s waits for the H100 node until 3,600 s and
     # runs there for half an hour.
@@ -208,7 +206,7 @@ def test_waiting_gang_is_withdrawn_when_its_deployment_ends() -> None:
 
 
 def four_gpu_nodes() -> ClusterSnapshot:
-    return cluster(("n0", "l40s-4gpu"), ("n1", "l40s-4gpu"))
+    return make_cluster(NODE.named("n0").l40s_4gpu(), NODE.named("n1").l40s_4gpu()).obj()
 
 
 def test_backfill_lets_smaller_gangs_pass_a_blocked_head_but_not_larger_ones() -> None:
@@ -298,7 +296,7 @@ def test_policy_exception_is_reported_not_raised() -> None:
 def test_incoherent_slice_is_counted_with_its_reason() -> None:
     # pcie-8gpu-2socket: pairs (0,1) (2,3) share a PCIe switch; first fit puts a TP=2 pod
     # after a TP=1 pod on GPUs 1 and 2, across two switches.
-    snap = cluster(("n0", "pcie-8gpu-2socket"))
+    snap = make_cluster(NODE.named("n0").pcie_8gpu_2socket()).obj()
     r = run(snap, [deploy(0, "a", tp(1), 10), deploy(1, "b", tp(2), 10)], policy=first_fit)
     g = by_name(r)
     assert g["a-0"].coherent is True
@@ -403,7 +401,6 @@ def test_the_default_fleet_says_which_node_types_are_which() -> None:
 
 
 # -- IMEX start-up on multi-node NVLink ----------------------------------------------------------
-CLIQUE = "nvidia.com/gpu.clique"
 
 
 def one_clique(trays: int = 2) -> ClusterSnapshot:

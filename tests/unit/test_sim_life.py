@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_sim_engine import by_name, cluster, deploy, first_fit, four_gpu_nodes, run, tp
+from test_sim_engine import NODE, by_name, deploy, first_fit, four_gpu_nodes, run, tp
 
 from extender.placement.files import cluster_from_data, load_cluster
 from extender.placement.request import GangRequest
@@ -23,6 +23,7 @@ from extender.sim.metrics import policy_results, starvation
 from extender.sim.records import MOVED, NODE_LOST, Move, Plan, Running
 from extender.sim.reference import Reference
 from extender.sim.trace import trace_from_data
+from extender.testing.builders import make_cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -52,7 +53,7 @@ def test_a_deployment_rolls_one_surge_replica_at_a_time() -> None:
 
 
 def test_a_surge_replica_that_finds_no_room_waits_and_the_old_one_keeps_serving() -> None:
-    snap = cluster(("n0", "l40s-4gpu"))
+    snap = make_cluster(NODE.named("n0").l40s_4gpu()).obj()
     r = run(snap, [deploy(0, "web", tp(4), 1000), {"at": 100, "rollout": "web"}], policy=first_fit)
     g = by_name(r)
     assert g["web-1"].placed_at is None and g["web-1"].ended_at == 1000  # never found room
@@ -96,7 +97,7 @@ def test_a_failed_node_loses_its_replicas_which_restart_elsewhere_and_it_comes_b
         deploy(0, "c", {**tp(4), "loadSeconds": 30}, 1000),
         {"at": 200, "nodeDown": "n0", "repairAfter": 300},
     ]
-    snap = cluster(("n0", "l40s-4gpu"), ("n1", "l40s-4gpu"), ("n2", "l40s-4gpu"), ("n3", "l40s-4gpu"))
+    snap = make_cluster(*(NODE.named(f"n{i}").l40s_4gpu() for i in range(4))).obj()
     r = run(snap, events, policy=first_fit)
     g = by_name(r)
     a = g["a-0"]  # on n0, then on the free n3
@@ -185,7 +186,7 @@ def test_a_plan_with_a_move_that_breaks_the_capacity_rules_is_refused_whole() ->
 def test_goodput_waits_and_starvation_on_three_gangs() -> None:
     # One 4-GPU node. "a" (4 GPUs) runs 0..100; "b" (4 GPUs) arrives at 10, waits until 100,
     # runs to 300; "c" (4 GPUs) arrives at 20 and is withdrawn at 200 without ever running.
-    snap = cluster(("n0", "l40s-4gpu"))
+    snap = make_cluster(NODE.named("n0").l40s_4gpu()).obj()
     events = [deploy(0, "a", tp(4), 100), deploy(10, "b", tp(4), 290), deploy(20, "c", tp(4), 180)]
     r = run(snap, events, policy=first_fit)
     res = policy_results(r)
@@ -218,7 +219,7 @@ def test_goodput_waits_and_starvation_on_three_gangs() -> None:
 
 def test_a_slower_slice_delivers_less_goodput() -> None:
     # One H100 node and one L40S box; a 1-GPU 8B replica is fastest on the H100.
-    snap = cluster(("h", "hgx-h100"), ("p", "pcie-8gpu-2socket"))
+    snap = make_cluster(NODE.named("h").hgx_h100(), NODE.named("p").pcie_8gpu_2socket()).obj()
     llama = {
         "podSets": [{"name": "s", "count": 1, "gpusPerPod": 1, "model": {"parameters": "8B", "tokens": 2048}}]
     }

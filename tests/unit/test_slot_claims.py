@@ -7,14 +7,12 @@ import asyncio
 import base64
 import json
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from extender.agent.publish import build_object, build_spec
 from extender.httpapi.app import build_app
 from extender.kube import dra, names
 from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, SLICE_RESERVATIONS, Kind
@@ -36,9 +34,9 @@ from extender.placement.slice import PodSlot, Slice
 from extender.testing.dra import device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.testing.extender import node_obj
 from extender.testing.kube import FakeKube
+from extender.testing.objects import make_node_topology
 from extender.topology.presets import preset_graph
 
-PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "nvidia-dra"
 
 
@@ -197,9 +195,7 @@ def pcie_cache(api: FakeKube) -> ClusterCache:
         )
     graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
     cache.apply(Kind.NODES, "ADDED", node_obj(NODE, gpus=0))
-    cache.apply(
-        Kind.NODE_TOPOLOGIES, "ADDED", build_object(NODE, build_spec(graph, "nvml", [], []), [], PUBLISHED)
-    )
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(NODE).graph(graph).obj())
     cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(NODE, graph))
     cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
     return cache
@@ -347,9 +343,7 @@ def example_world(preset: str, node: str, files: str) -> tuple[FakeKube, Cluster
         cache.replace(kind, [])
     graph = with_identities(node, preset_graph(preset))
     cache.apply(Kind.NODES, "ADDED", node_obj(node, gpus=0))
-    cache.apply(
-        Kind.NODE_TOPOLOGIES, "ADDED", build_object(node, build_spec(graph, "nvml", [], []), [], PUBLISHED)
-    )
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(node).graph(graph).obj())
     cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(node, graph))
     cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
     pods = []
@@ -626,7 +620,7 @@ def gb200_world(trays: int = 4) -> tuple[FakeKube, ClusterCache]:
         cache.apply(
             Kind.NODE_TOPOLOGIES,
             "ADDED",
-            build_object(node, build_spec(graph, "nvml", [], []), [], PUBLISHED),
+            make_node_topology(node).graph(graph).obj(),
         )
         cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(node, graph))
     cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
@@ -718,9 +712,7 @@ def test_a_hold_pinned_by_claims_outlives_its_ttl_while_a_pod_of_the_gang_lives(
         cache.replace(kind, [])
     graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
     cache.apply(Kind.NODES, "ADDED", node_obj(NODE, gpus=0))
-    cache.apply(
-        Kind.NODE_TOPOLOGIES, "ADDED", build_object(NODE, build_spec(graph, "nvml", [], []), [], PUBLISHED)
-    )
+    cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(NODE).graph(graph).obj())
     cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(NODE, graph))
     cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
     pod = dra_pod("tp4-0")
@@ -775,11 +767,7 @@ def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mi
     graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
 
     def kubelet_reports(gpus: Sequence[int]) -> None:
-        in_use = [
-            {"deviceId": graph.gpu(g).uuid, "index": g, "namespace": "llm", "pod": "tp4-0", "container": "c"}
-            for g in gpus
-        ]
-        topology = build_object(NODE, build_spec(graph, "nvml", in_use, []), [], PUBLISHED)
+        topology = make_node_topology(NODE).graph(graph).in_use("tp4-0", *gpus, container="c").obj()
         cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology)
 
     kubelet_reports(now)

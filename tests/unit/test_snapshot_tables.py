@@ -10,19 +10,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.placement.snapshot import ClusterSnapshot, NodeState
-from extender.topology.hierarchy import Hierarchy, Level
-from extender.topology.presets import preset_graph
+from extender.testing.builders import make_cluster, make_node
+from extender.testing.hardware import hgx_h100, l40s_4gpu
+from extender.topology.hierarchy import Level
 
 LEVELS = (Level("spine", "x/spine"), Level("leaf", "x/leaf"), Level("rack", "x/rack", kind="group"))
 
 
-def cluster(labels: list[dict[str, str]], allocated: list[frozenset[int]]) -> ClusterSnapshot:
-    graphs = [preset_graph("hgx-h100"), preset_graph("l40s-4gpu")]
+def alternating(labels: list[dict[str, str]], allocated: list[frozenset[int]]) -> ClusterSnapshot:
+    """Nodes n0, n1... with these labels, HGX H100 and 4-GPU L40S in turn (two node kinds,
+    whatever was drawn), each with the drawn GPUs it has taken."""
+    graphs = [hgx_h100(), l40s_4gpu()]
     nodes = []
     for i, (lab, taken) in enumerate(zip(labels, allocated, strict=True)):
         graph = graphs[i % 2]
-        nodes.append(NodeState(f"n{i}", lab, graph, frozenset(g for g in taken if g in graph.indices)))
-    return ClusterSnapshot(nodes, Hierarchy(LEVELS))
+        nodes.append(
+            make_node(f"n{i}").graph(graph).labels(lab).allocated(g for g in taken if g in graph.indices)
+        )
+    return make_cluster(*nodes).levels(*LEVELS).obj()
 
 
 def fresh_classes(snap: ClusterSnapshot) -> dict[tuple[str, int], list[int]]:
@@ -51,7 +56,7 @@ GPUS = st.frozensets(st.integers(0, 7), max_size=8)
 def test_free_classes_follow_updates_as_a_fresh_build(
     nodes: list[tuple[dict[str, str], frozenset[int]]], events: list[tuple[int, frozenset[int], str]]
 ) -> None:
-    snap = cluster([lab for lab, _ in nodes], [gpus for _, gpus in nodes])
+    snap = alternating([lab for lab, _ in nodes], [gpus for _, gpus in nodes])
     assert snap.free_classes() == fresh_classes(snap)
     for i, gpus, how in events:
         if i >= len(snap.nodes):
@@ -74,7 +79,7 @@ def test_free_classes_follow_updates_as_a_fresh_build(
 @settings(max_examples=60, deadline=None)
 @given(st.lists(LABELS, min_size=1, max_size=16))
 def test_each_domain_is_a_range_of_the_snapshot_order(labels: list[dict[str, str]]) -> None:
-    snap = cluster(labels, [frozenset()] * len(labels))
+    snap = alternating(labels, [frozenset()] * len(labels))
     rank = snap.order()
     spans = snap.domain_spans()
     assert set(spans) == set(snap.domains())
@@ -84,7 +89,7 @@ def test_each_domain_is_a_range_of_the_snapshot_order(labels: list[dict[str, str
 
 
 def test_per_node_tables_follow_node_changes_and_leave_the_older_snapshot_alone() -> None:
-    snap = cluster([{"x/leaf": "l0"}] * 4, [frozenset()] * 4)
+    snap = alternating([{"x/leaf": "l0"}] * 4, [frozenset()] * 4)
     calls: list[str] = []
 
     def derive(node: NodeState) -> int:
@@ -107,7 +112,7 @@ def test_per_node_tables_follow_node_changes_and_leave_the_older_snapshot_alone(
 def test_per_node_tables_are_bounded() -> None:
     from extender.placement.snapshot import PER_NODE_TABLES
 
-    snap = cluster([{}] * 2, [frozenset()] * 2)
+    snap = alternating([{}] * 2, [frozenset()] * 2)
     for k in range(PER_NODE_TABLES + 5):
         assert snap.per_node(("shape", k), lambda n: n.name) == ["n0", "n1"]
     node = snap.nodes[0]

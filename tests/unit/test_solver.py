@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -16,35 +15,13 @@ from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import Solver, place
-from extender.topology.hierarchy import Hierarchy, Level
+from extender.testing.builders import make_cluster, make_node
+from extender.testing.hardware import LEAF
 from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel, Tier
-from extender.topology.presets import preset_graph
 
-SPINE = "fabric.topograph.run/tier-1"
-LEAF = "fabric.topograph.run/tier-0"
-CLIQUE = "nvidia.com/gpu.clique"
-HIERARCHY = Hierarchy((Level("spine", SPINE), Level("leaf", LEAF), Level("clique", CLIQUE, kind="fabric")))
-
-
-def node(
-    name: str,
-    preset: str = "hgx-h100",
-    leaf: str | None = "leaf-1",
-    clique: str | None = None,
-    allocated: Iterable[int] = (),
-    unhealthy: Iterable[int] = (),
-    graph: GpuGraph | None = None,
-) -> NodeState:
-    labels = {SPINE: "spine-1"}
-    if leaf is not None:
-        labels[LEAF] = leaf
-    if clique is not None:
-        labels[CLIQUE] = clique
-    return NodeState(name, labels, graph or preset_graph(preset), frozenset(allocated), frozenset(unhealthy))
-
-
-def cluster(*nodes: NodeState) -> ClusterSnapshot:
-    return ClusterSnapshot(list(nodes), HIERARCHY)
+#: Most nodes here: an HGX H100 under spine-1 and leaf-1 (a case names what differs).
+NODE = make_node().hgx_h100().spine("spine-1").leaf("leaf-1")
+CLUSTER = make_cluster().levels("spine", "leaf", "clique")
 
 
 def gang(*pod_sets: PodSet, name: str = "g") -> GangRequest:
@@ -88,7 +65,7 @@ def two_island_graph() -> GpuGraph:
 
 
 def test_tp8_on_hgx_gets_one_nvlink_island() -> None:
-    snap = cluster(node("n1"))
+    snap = CLUSTER.nodes(NODE.named("n1")).obj()
     sl = placed(snap, gang(tp(1, 8)))
     (slot,) = sl.slots
     assert slot.gpus == tuple(range(8))
@@ -97,7 +74,7 @@ def test_tp8_on_hgx_gets_one_nvlink_island() -> None:
 
 
 def test_tp4_stays_inside_one_nvlink_island() -> None:
-    snap = cluster(node("n1", graph=two_island_graph(), allocated=[0]))
+    snap = CLUSTER.nodes(NODE.named("n1").graph(two_island_graph()).allocated(0)).obj()
     sl = placed(snap, gang(tp(1, 4)))
     assert sl.slots[0].gpus == (4, 5, 6, 7)
     assert tier(snap, sl.slots[0]) == Tier.NVLINK
@@ -108,7 +85,7 @@ def test_tp4_stays_inside_one_nvlink_island() -> None:
     [(2, Tier.PIX, 1), (4, Tier.NUMA, 1), (8, Tier.NODE, 2)],
 )
 def test_tp_on_dual_socket_pcie_box(gpus: int, expected_tier: Tier, sockets: int) -> None:
-    snap = cluster(node("pcie", "pcie-8gpu-2socket"))
+    snap = CLUSTER.nodes(NODE.named("pcie").pcie_8gpu_2socket()).obj()
     sl = placed(snap, gang(tp(1, gpus)))
     (slot,) = sl.slots
     assert tier(snap, slot) == expected_tier
@@ -119,11 +96,11 @@ def test_tp_on_dual_socket_pcie_box(gpus: int, expected_tier: Tier, sockets: int
 
 def test_tp_group_never_crosses_a_socket_when_one_socket_could_hold_it() -> None:
     # GPU 0 is taken: socket 0 has 3 free, socket 1 has 4; a TP=4 pod takes socket 1 whole.
-    snap = cluster(node("pcie", "pcie-8gpu-2socket", allocated=[0]))
+    snap = CLUSTER.nodes(NODE.named("pcie").pcie_8gpu_2socket().allocated(0)).obj()
     sl = placed(snap, gang(tp(1, 4)))
     assert sl.slots[0].gpus == (4, 5, 6, 7)
     # With one GPU taken on each socket no socket holds 4: unplaceable rather than split over SYS.
-    snap = cluster(node("pcie", "pcie-8gpu-2socket", allocated=[0, 4]))
+    snap = CLUSTER.nodes(NODE.named("pcie").pcie_8gpu_2socket().allocated(0, 4)).obj()
     reason = unplaceable(snap, gang(tp(1, 4))).reason
     assert "NUMA-local" in reason
     # Relaxing the requirement explicitly (requiredLevel: node) lets it cross.
@@ -132,7 +109,7 @@ def test_tp_group_never_crosses_a_socket_when_one_socket_could_hold_it() -> None
 
 
 def test_unhealthy_gpus_are_never_chosen() -> None:
-    snap = cluster(node("n1", unhealthy=[3]))
+    snap = CLUSTER.nodes(NODE.named("n1").unhealthy(3)).obj()
     sl = placed(snap, gang(tp(1, 4)))
     assert 3 not in sl.slots[0].gpus
     sl = placed(snap, gang(tp(7, 1, Comm.NONE)))
@@ -141,7 +118,7 @@ def test_unhealthy_gpus_are_never_chosen() -> None:
 
 
 def test_remainder_stays_coherent_inside_a_pcie_box() -> None:
-    snap = cluster(node("pcie", "pcie-8gpu-2socket"))
+    snap = CLUSTER.nodes(NODE.named("pcie").pcie_8gpu_2socket()).obj()
     for comm in (Comm.NONE, Comm.ALLREDUCE):
         sl = placed(snap, gang(tp(2, 2, comm)))
         used = {g for s in sl.slots for g in s.gpus}
@@ -150,7 +127,7 @@ def test_remainder_stays_coherent_inside_a_pcie_box() -> None:
 
 
 def test_a_single_gpu_pod_fills_a_broken_pair_first() -> None:
-    snap = cluster(node("pcie", "pcie-8gpu-2socket", allocated=[0]))
+    snap = CLUSTER.nodes(NODE.named("pcie").pcie_8gpu_2socket().allocated(0)).obj()
     sl = placed(snap, gang(tp(1, 1, Comm.NONE)))
     assert sl.slots[0].gpus == (1,)  # keeps every whole PIX pair free
 
@@ -159,33 +136,35 @@ def test_a_single_gpu_pod_fills_a_broken_pair_first() -> None:
 
 
 def test_allreduce_gang_of_4_by_8_lands_in_one_leaf() -> None:
-    nodes = [node(f"a{i}", leaf="leaf-1") for i in range(3)]
-    nodes += [node(f"b{i}", leaf="leaf-2") for i in range(4)]
-    nodes += [node(f"c{i}", leaf="leaf-3") for i in range(6)]
-    snap = cluster(*nodes)
+    nodes = [NODE.named(f"a{i}").obj() for i in range(3)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-2").obj() for i in range(4)]
+    nodes += [NODE.named(f"c{i}").leaf("leaf-3").obj() for i in range(6)]
+    snap = CLUSTER.nodes(*nodes).obj()
     sl = placed(snap, gang(tp(4, 8)))
     assert {snap.path_of(n)[1] for n in sl.nodes} == {"leaf-2"}  # the leaf it fills exactly
     assert sl.domains["p"] == "leaf leaf-2"
 
 
 def test_best_fit_keeps_a_free_node_whole() -> None:
-    snap = cluster(node("free"), node("half", allocated=[0, 1, 2, 3]))
+    snap = CLUSTER.nodes(NODE.named("free"), NODE.named("half").allocated(0, 1, 2, 3)).obj()
     assert placed(snap, gang(tp(1, 4))).slots[0].node == "half"
 
 
 def test_best_fit_keeps_a_free_leaf_whole() -> None:
-    nodes = [node(f"a{i}", leaf="leaf-1") for i in range(4)]
-    nodes += [node(f"b{i}", leaf="leaf-2", allocated=range(8) if i < 2 else ()) for i in range(4)]
-    snap = cluster(*nodes)
+    nodes = [NODE.named(f"a{i}").obj() for i in range(4)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-2").allocated(range(8) if i < 2 else ()).obj() for i in range(4)]
+    snap = CLUSTER.nodes(*nodes).obj()
     sl = placed(snap, gang(tp(2, 8)))
     assert set(sl.nodes) == {"b2", "b3"}
 
 
 def test_required_level_is_hard_and_the_reason_names_the_binding_domain() -> None:
-    nodes = [node(f"a{i}", leaf="leaf-1", allocated=range(8) if i else ()) for i in range(4)]
-    nodes += [node(f"b{i}", leaf="leaf-2", allocated=range(8) if i > 1 else ()) for i in range(4)]
-    nodes += [node(f"c{i}", leaf="leaf-3", allocated=range(8) if i == 3 else ()) for i in range(4)]
-    snap = cluster(*nodes)
+    nodes = [NODE.named(f"a{i}").allocated(range(8) if i else ()).obj() for i in range(4)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-2").allocated(range(8) if i > 1 else ()).obj() for i in range(4)]
+    nodes += [
+        NODE.named(f"c{i}").leaf("leaf-3").allocated(range(8) if i == 3 else ()).obj() for i in range(4)
+    ]
+    snap = CLUSTER.nodes(*nodes).obj()
     got = unplaceable(snap, gang(tp(4, 8, required_level="leaf")))
     assert re.search(
         r"no leaf has room for 4 pods of 8 free NVLink-connected GPUs; "
@@ -199,9 +178,9 @@ def test_required_level_is_hard_and_the_reason_names_the_binding_domain() -> Non
 
 
 def test_preferred_level_is_soft_and_says_so() -> None:
-    nodes = [node(f"a{i}", leaf="leaf-1") for i in range(2)]
-    nodes += [node(f"b{i}", leaf="leaf-2") for i in range(2)]
-    snap = cluster(*nodes)
+    nodes = [NODE.named(f"a{i}").obj() for i in range(2)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-2").obj() for i in range(2)]
+    snap = CLUSTER.nodes(*nodes).obj()
     sl = placed(snap, gang(tp(4, 8, preferred_level="leaf")))
     assert sl.domains["p"] == "spine spine-1"
     assert any("preferred level leaf not met; placed within spine spine-1" in n for n in sl.notes), sl.notes
@@ -212,7 +191,7 @@ def test_preferred_level_is_soft_and_says_so() -> None:
 
 
 def test_preferred_tier_is_soft() -> None:
-    snap = cluster(node("pcie", "pcie-8gpu-2socket"))
+    snap = CLUSTER.nodes(NODE.named("pcie").pcie_8gpu_2socket()).obj()
     sl = placed(snap, gang(tp(1, 2, preferred_level="nvlink")))
     assert tier(snap, sl.slots[0]) == Tier.PIX
     assert any("preferred level nvlink not met" in n for n in sl.notes)
@@ -220,7 +199,7 @@ def test_preferred_tier_is_soft() -> None:
 
 
 def test_gpus_per_pod_larger_than_any_node() -> None:
-    snap = cluster(node("n1"), node("n2", "l40s-4gpu"))
+    snap = CLUSTER.nodes(NODE.named("n1"), NODE.named("n2").l40s_4gpu()).obj()
     got = unplaceable(snap, gang(tp(1, 16)))
     assert got.reason == "pod set p: no node has 16 GPUs (the largest has 8)"
     assert not got.feasible_when_empty
@@ -228,14 +207,14 @@ def test_gpus_per_pod_larger_than_any_node() -> None:
 
 def test_feasible_when_empty() -> None:
     # Larger than the biggest leaf: never fits, whatever is allocated.
-    nodes = [node(f"a{i}", leaf="leaf-1", allocated=[0] if i == 0 else ()) for i in range(3)]
-    nodes += [node(f"b{i}", leaf="leaf-2") for i in range(3)]
-    got = unplaceable(cluster(*nodes), gang(tp(4, 8, required_level="leaf")))
+    nodes = [NODE.named(f"a{i}").allocated([0] if i == 0 else ()).obj() for i in range(3)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-2").obj() for i in range(3)]
+    got = unplaceable(CLUSTER.nodes(*nodes).obj(), gang(tp(4, 8, required_level="leaf")))
     assert not got.feasible_when_empty
     # Fails only because of what is allocated now.
-    nodes = [node(f"a{i}", leaf="leaf-1", allocated=[0] if i == 0 else ()) for i in range(4)]
-    nodes += [node(f"b{i}", leaf="leaf-2", allocated=[7] if i == 3 else ()) for i in range(4)]
-    got = unplaceable(cluster(*nodes), gang(tp(4, 8, required_level="leaf")))
+    nodes = [NODE.named(f"a{i}").allocated([0] if i == 0 else ()).obj() for i in range(4)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-2").allocated([7] if i == 3 else ()).obj() for i in range(4)]
+    got = unplaceable(CLUSTER.nodes(*nodes).obj(), gang(tp(4, 8, required_level="leaf")))
     assert got.feasible_when_empty
 
 
@@ -260,12 +239,16 @@ def test_feasible_when_empty_is_solved_once_per_topology_and_pod_sets(
     ) -> ClusterSnapshot:
         sick = unhealthy or {}
         names = [f"a{i}" for i in range(4)] + [f"b{i}" for i in range(4)]
-        return cluster(
+        return CLUSTER.nodes(
             *(
-                node(n, leaf=f"leaf-{n[0]}", allocated=allocated.get(n, ()), unhealthy=sick.get(n, ()))
+                NODE.named(n)
+                .leaf(f"leaf-{n[0]}")
+                .allocated(allocated.get(n, ()))
+                .unhealthy(sick.get(n, ()))
+                .obj()
                 for n in names
             )
-        )
+        ).obj()
 
     wide = tp(4, 8, required_level="leaf")
     first = unplaceable(leaves({"a0": [0], "b3": [7]}), gang(wide, name="first"))
@@ -288,15 +271,15 @@ def test_feasible_when_empty_is_solved_once_per_topology_and_pod_sets(
 
 
 def test_topology_ignores_allocation_and_sees_graphs_labels_and_health() -> None:
-    base = cluster(node("n1"), node("n2", leaf="leaf-2"))
-    same = cluster(node("n1", allocated=[0, 1]), node("n2", leaf="leaf-2"))
+    base = CLUSTER.nodes(NODE.named("n1"), NODE.named("n2").leaf("leaf-2")).obj()
+    same = CLUSTER.nodes(NODE.named("n1").allocated(0, 1), NODE.named("n2").leaf("leaf-2")).obj()
     assert base.topology() == same.topology() and hash(base.topology()) == hash(same.topology())
     assert Ledger().view(same).topology() == base.topology()
     for other in (
-        cluster(node("n1", unhealthy=[2]), node("n2", leaf="leaf-2")),
-        cluster(node("n1"), node("n2", leaf="leaf-3")),
-        cluster(node("n1"), node("n2", "dgx-a100", leaf="leaf-2")),
-        cluster(node("n1"), node("n3", leaf="leaf-2")),
+        CLUSTER.nodes(NODE.named("n1").unhealthy(2), NODE.named("n2").leaf("leaf-2")).obj(),
+        CLUSTER.nodes(NODE.named("n1"), NODE.named("n2").leaf("leaf-3")).obj(),
+        CLUSTER.nodes(NODE.named("n1"), NODE.named("n2").dgx_a100().leaf("leaf-2")).obj(),
+        CLUSTER.nodes(NODE.named("n1"), NODE.named("n3").leaf("leaf-2")).obj(),
     ):
         assert other.topology() != base.topology()
     emptied = same.emptied()
@@ -308,7 +291,7 @@ def test_topology_ignores_allocation_and_sees_graphs_labels_and_health() -> None
 
 
 def test_all_or_nothing_when_a_later_pod_set_fails() -> None:
-    snap = cluster(node("n1"), node("n2"))
+    snap = CLUSTER.nodes(NODE.named("n1"), NODE.named("n2")).obj()
     before = [snap.free_mask(i) for i in range(len(snap.nodes))]
     ledger = Ledger()
     g = gang(tp(2, 8, name="big"), tp(1, 4, name="extra"))
@@ -322,9 +305,9 @@ def test_all_or_nothing_when_a_later_pod_set_fails() -> None:
 
 
 def test_colocate_with_puts_decode_in_the_prefill_leaf_and_kv_is_cheaper_there() -> None:
-    nodes = [node(f"a{i}", leaf="leaf-1", allocated=range(4) if i == 0 else ()) for i in range(2)]
-    nodes += [node(f"b{i}", leaf="leaf-2") for i in range(2)]
-    snap = cluster(*nodes)
+    nodes = [NODE.named(f"a{i}").allocated(range(4) if i == 0 else ()).obj() for i in range(2)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-2").obj() for i in range(2)]
+    snap = CLUSTER.nodes(*nodes).obj()
     prefill = tp(1, 8, name="prefill")
     decode = tp(1, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
     g = gang(prefill, decode)
@@ -345,7 +328,7 @@ def test_colocate_with_puts_decode_in_the_prefill_leaf_and_kv_is_cheaper_there()
 def test_prefill_spreads_so_each_decode_pod_sits_on_its_prefill_pods_node() -> None:
     """Two free HGX nodes, two prefill and two decode pods of 4 GPUs: packing prefill on one
     node sends every KV cache over the network; one of each per node keeps it on NVLink."""
-    snap = cluster(node("a"), node("b"))
+    snap = CLUSTER.nodes(NODE.named("a"), NODE.named("b")).obj()
     prefill = tp(2, 4, Comm.NONE, name="prefill")
     decode = tp(2, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
     sl = placed(snap, gang(prefill, decode))
@@ -368,8 +351,12 @@ def test_more_free_nodes_never_make_prefill_decode_worse(free_nodes: int) -> Non
     pods another, and every KV cache crossed the network)."""
     prefill = tp(2, 4, Comm.NONE, name="prefill")
     decode = tp(2, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
-    two = placed(cluster(node("a"), node("b")), gang(prefill, decode)).per_layer_micros
-    more = cluster(*(node(f"n{i:02d}", leaf=f"leaf-{i % 2}") for i in range(free_nodes)))
+    two = placed(
+        CLUSTER.nodes(NODE.named("a"), NODE.named("b")).obj(), gang(prefill, decode)
+    ).per_layer_micros
+    more = CLUSTER.nodes(
+        *(NODE.named(f"n{i:02d}").leaf(f"leaf-{i % 2}").obj() for i in range(free_nodes))
+    ).obj()
     assert placed(more, gang(prefill, decode)).per_layer_micros <= two + 1e-6
 
 
@@ -385,12 +372,12 @@ def test_colocation_binds_both_sides_whichever_the_search_places_first() -> None
     def pool(n: NodeState) -> NodeState:
         return dataclasses.replace(n, labels={**n.labels, "pool": "decode"})
 
-    snap = cluster(
-        pool(node("h0", leaf="leaf-1")),
-        pool(node("h1", leaf="leaf-1", allocated=range(4))),
-        pool(node("h2", leaf="leaf-1", allocated=range(4))),
-        *(node(f"g{i}", leaf="leaf-2") for i in range(3)),
-    )
+    snap = CLUSTER.nodes(
+        pool(NODE.named("h0").obj()),
+        pool(NODE.named("h1").allocated(range(4)).obj()),
+        pool(NODE.named("h2").allocated(range(4)).obj()),
+        *(NODE.named(f"g{i}").leaf("leaf-2").obj() for i in range(3)),
+    ).obj()
     prefill = tp(2, 4, name="prefill")
     decode = PodSet(
         "decode",
@@ -435,53 +422,56 @@ def test_equal_cost_prefers_the_fullest_domain_so_a_later_gang_fits(policy: str)
     four-pod one: taking the slot from the 3-slot leaf (Kueue BestFit) leaves room for both."""
     from extender.peers import POLICIES
 
-    nodes = [node(f"a{i}", leaf="leaf-a", allocated=range(7)) for i in range(4)]
-    nodes += [node(f"b{i}", leaf="leaf-b", allocated=range(7)) for i in range(3)]
-    snap = cluster(*nodes)
+    nodes = [NODE.named(f"a{i}").leaf("leaf-a").allocated(range(7)).obj() for i in range(4)]
+    nodes += [NODE.named(f"b{i}").leaf("leaf-b").allocated(range(7)).obj() for i in range(3)]
+    snap = CLUSTER.nodes(*nodes).obj()
     first = POLICIES[policy](snap, gang(tp(1, 1, Comm.NONE, required_level="leaf")))
     assert isinstance(first, Slice) and first.slots[0].node.startswith("b")
     taken = {s.node: set(s.gpus) for s in first.slots}
-    after = cluster(
+    after = CLUSTER.nodes(
         *(
-            node(n.name, leaf=n.labels[LEAF], allocated=set(n.allocated) | taken.get(n.name, set()))
+            NODE.named(n.name)
+            .leaf(n.labels[LEAF])
+            .allocated(set(n.allocated) | taken.get(n.name, set()))
+            .obj()
             for n in nodes
         )
-    )
+    ).obj()
     assert isinstance(POLICIES[policy](after, gang(tp(4, 1, Comm.NONE, required_level="leaf"))), Slice)
 
 
 def test_exact_ties_follow_topology_path_then_name_not_file_order() -> None:
     nodes = [
-        node("z", leaf="leaf-1"),
-        node("a", leaf="leaf-2"),
-        node("m", leaf="leaf-1"),
-        node("b", leaf="leaf-2"),
+        NODE.named("z").obj(),
+        NODE.named("a").leaf("leaf-2").obj(),
+        NODE.named("m").obj(),
+        NODE.named("b").leaf("leaf-2").obj(),
     ]
     for order in (nodes, nodes[::-1], [nodes[1], nodes[3], nodes[0], nodes[2]]):
-        sl = placed(cluster(*order), gang(tp(1, 8)))
+        sl = placed(CLUSTER.nodes(*order).obj(), gang(tp(1, 8)))
         assert sl.slots[0].node == "m"  # leaf-1 before leaf-2, then m before z
 
 
 def test_the_faster_node_type_with_room_wins_over_keeping_blocks_whole() -> None:
     """A TP=8 x PP=2 gang that has room on HGX nodes (one leaf, partly used) and on a whole
     leaf of PCIe boxes: the PCIe leaf stays whole only at many times the cost, so HGX wins."""
-    h100 = [node(f"h{i}", leaf="leaf-h", allocated=range(8) if i < 2 else ()) for i in range(4)]
-    pcie = [node(f"p{i}", "pcie-8gpu-2socket", leaf="leaf-p") for i in range(4)]
-    snap = cluster(*pcie, *h100)
+    h100 = [NODE.named(f"h{i}").leaf("leaf-h").allocated(range(8) if i < 2 else ()).obj() for i in range(4)]
+    pcie = [NODE.named(f"p{i}").pcie_8gpu_2socket().leaf("leaf-p").obj() for i in range(4)]
+    snap = CLUSTER.nodes(*pcie, *h100).obj()
     stages = tp(2, 8, Comm.PIPELINE, required_level="leaf", preferred_level="nvlink")
     sl = placed(snap, gang(stages))
     assert {s.node[0] for s in sl.slots} == {"h"}
-    on_pcie = placed(cluster(*pcie), gang(stages))
+    on_pcie = placed(CLUSTER.nodes(*pcie).obj(), gang(stages))
     assert on_pcie.per_layer_micros > 5 * sl.per_layer_micros
 
 
 def test_colocate_with_in_a_clique_and_kv_over_nvlink() -> None:
-    trays = [node(f"x{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.0") for i in range(2)]
-    trays += [node(f"y{i}", "gb200-tray", leaf="leaf-1", clique="nvl72.1") for i in range(2)]
+    trays = [NODE.named(f"x{i}").gb200_tray().clique("nvl72.0").obj() for i in range(2)]
+    trays += [NODE.named(f"y{i}").gb200_tray().clique("nvl72.1").obj() for i in range(2)]
     prefill = tp(2, 4, name="prefill")
     decode = tp(1, 4, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "clique"))
     # The prefill set needs two trays of one clique; decode needs a third: only a clique of 3 works.
-    snap = cluster(*trays, node("x2", "gb200-tray", leaf="leaf-1", clique="nvl72.0"))
+    snap = CLUSTER.nodes(*trays, NODE.named("x2").gb200_tray().clique("nvl72.0")).obj()
     sl = placed(snap, gang(prefill, decode))
     cliques = {snap.path_of(s.node)[2] for s in sl.slots}
     assert cliques == {"nvl72.0"}
@@ -491,7 +481,7 @@ def test_colocate_with_in_a_clique_and_kv_over_nvlink() -> None:
 
 
 def test_colocation_that_cannot_be_met_is_a_note() -> None:
-    snap = cluster(node("a0", leaf="leaf-1"), node("b0", leaf="leaf-2"))
+    snap = CLUSTER.nodes(NODE.named("a0"), NODE.named("b0").leaf("leaf-2")).obj()
     prefill = tp(1, 8, name="prefill")
     decode = tp(1, 8, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
     sl = placed(snap, gang(prefill, decode))
@@ -501,11 +491,11 @@ def test_colocation_that_cannot_be_met_is_a_note() -> None:
 def test_colocation_with_a_pod_set_spread_over_two_leaves_is_a_note() -> None:
     """Decode next to one of prefill's pods but not the other does not share a leaf with
     prefill; the simulator found this silent before."""
-    snap = cluster(
-        node("h1", leaf="leaf-1", allocated=range(4)),
-        node("h2", leaf="leaf-1"),
-        node("p1", "pcie-8gpu-2socket", leaf="leaf-2", allocated=range(4, 8)),
-    )
+    snap = CLUSTER.nodes(
+        NODE.named("h1").allocated(range(4)),
+        NODE.named("h2"),
+        NODE.named("p1").pcie_8gpu_2socket().leaf("leaf-2").allocated(range(4, 8)),
+    ).obj()
     prefill = tp(2, 4, Comm.NONE, name="prefill")
     decode = tp(1, 8, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "leaf"))
     g = gang(prefill, decode)
@@ -525,9 +515,12 @@ def test_colocation_with_a_pod_set_spread_over_two_leaves_is_a_note() -> None:
 
 
 def test_clique_is_all_or_nothing() -> None:
-    trays = [node(f"x{i}", "gb200-tray", clique="nvl72.0", allocated=[0, 1] if i else ()) for i in range(2)]
-    trays.append(node("y0", "gb200-tray", clique="nvl72.1"))
-    snap = cluster(*trays, node("h0", "hgx-h100", allocated=range(4)))
+    trays = [
+        NODE.named(f"x{i}").gb200_tray().clique("nvl72.0").allocated([0, 1] if i else ()).obj()
+        for i in range(2)
+    ]
+    trays.append(NODE.named("y0").gb200_tray().clique("nvl72.1").obj())
+    snap = CLUSTER.nodes(*trays, NODE.named("h0").allocated(range(4))).obj()
     # 3 pods of 2 GPUs: x0 holds 2 and x1 one more, inside clique nvl72.0.
     sl = placed(snap, gang(tp(3, 2)))
     assert {snap.path_of(n)[2] for n in sl.nodes} == {"nvl72.0"}
@@ -545,8 +538,8 @@ def test_clique_is_all_or_nothing() -> None:
 
 
 def test_one_multi_node_nvlink_gang_per_node_through_the_ledger() -> None:
-    trays = [node(f"x{i}", "gb200-tray", clique="nvl72.0") for i in range(3)]
-    snap = cluster(*trays)
+    trays = [NODE.named(f"x{i}").gb200_tray().clique("nvl72.0").obj() for i in range(3)]
+    snap = CLUSTER.nodes(*trays).obj()
     ledger = Ledger()
     first = placed(snap, gang(tp(3, 2), name="first"))  # two trays: 2 pods + 1 pod
     assert len(first.mnnvl_nodes) == 2
@@ -576,8 +569,8 @@ def test_one_multi_node_nvlink_gang_per_node_through_the_ledger() -> None:
 
 
 def test_held_channel_from_node_state_blocks_multi_node_use() -> None:
-    trays = [node(f"x{i}", "gb200-tray", clique="nvl72.0") for i in range(2)]
+    trays = [NODE.named(f"x{i}").gb200_tray().clique("nvl72.0").obj() for i in range(2)]
     trays[1].mnnvl_gang = "other"
-    snap = cluster(*trays)
+    snap = CLUSTER.nodes(*trays).obj()
     assert isinstance(place(snap, gang(tp(2, 4))), Unplaceable)
     assert len(placed(snap, gang(tp(1, 4))).slots) == 1

@@ -12,31 +12,30 @@ from extender.placement.feasibility import NodeFacts, Resources
 from extender.placement.ledger import Ledger
 from extender.placement.request import Colocation, GangRequest, PodRequests, PodSet
 from extender.placement.slice import PodSlot, Slice, Unplaceable
-from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import Solver
 from extender.sim.inputs import default_cluster
 from extender.sim.templates import builtin_templates
+from extender.testing.builders import make_node
 from extender.topology.hierarchy import Hierarchy, Level
-from extender.topology.presets import preset_graph
 
 LEAF = "fabric.topograph.run/tier-0"
 CLIQUE = "nvidia.com/gpu.clique"
 HIERARCHY = Hierarchy((Level("leaf", LEAF), Level("clique", CLIQUE, kind="fabric")))
 
 
-def node(
-    name: str, preset: str, clique: str | None = None, allocated: range | tuple[int, ...] = ()
-) -> NodeState:
-    labels = {LEAF: "leaf-c" if clique else "leaf-1"}
-    if clique is not None:
-        labels[CLIQUE] = clique
-    return NodeState(name, labels, preset_graph(preset), frozenset(allocated))
+#: Nodes outside a clique sit under leaf-1, GB200 trays under leaf-c (a case names the clique).
+NODE = make_node().leaf("leaf-1")
+TRAY = make_node().gb200_tray().leaf("leaf-c")
 
 
 def mixed(**allocated: range) -> ClusterSnapshot:
     """One HGX H100 node, one dual-socket PCIe box and four GB200 trays in one clique."""
-    nodes = [node("hgx", "hgx-h100", allocated=allocated.get("hgx", ())), node("pcie", "pcie-8gpu-2socket")]
-    nodes += [node(f"tray{i}", "gb200-tray", "nvl72.0") for i in range(4)]
+    nodes = [
+        NODE.named("hgx").hgx_h100().allocated(allocated.get("hgx", ())).obj(),
+        NODE.named("pcie").pcie_8gpu_2socket().obj(),
+    ]
+    nodes += [TRAY.named(f"tray{i}").clique("nvl72.0").obj() for i in range(4)]
     return ClusterSnapshot(nodes, HIERARCHY)
 
 
@@ -130,7 +129,7 @@ def test_a_kv_transfer_set_next_to_its_partner_in_the_clique_uses_the_fabric() -
 
 
 def trays_only(imex_owner: str | None = None) -> ClusterSnapshot:
-    nodes = [node(f"tray{i}", "gb200-tray", "nvl72.0") for i in range(3)]
+    nodes = [TRAY.named(f"tray{i}").clique("nvl72.0").obj() for i in range(3)]
     nodes[0] = replace(nodes[0], mnnvl_gang=imex_owner)
     return ClusterSnapshot(nodes, HIERARCHY)
 
@@ -179,10 +178,11 @@ def test_pods_that_do_not_talk_may_mix_clique_and_other_nodes() -> None:
 
 def two_cliques(**allocated: tuple[int, ...]) -> ClusterSnapshot:
     """One whole HGX H100 node and two cliques of two GB200 trays each."""
-    nodes = [node("hgx", "hgx-h100")]
+    nodes = [NODE.named("hgx").hgx_h100().obj()]
     for c in (0, 1):
         nodes += [
-            node(f"t{c}{k}", "gb200-tray", f"nvl72.{c}", allocated.get(f"t{c}{k}", ())) for k in range(2)
+            TRAY.named(f"t{c}{k}").clique(f"nvl72.{c}").allocated(allocated.get(f"t{c}{k}", ())).obj()
+            for k in range(2)
         ]
     return ClusterSnapshot(nodes, HIERARCHY)
 
@@ -215,7 +215,7 @@ def trays_with_pods(slots_left: dict[int, int], trays: int = 3) -> ClusterSnapsh
     for i in range(trays):
         left = slots_left.get(i, 8)
         facts = NodeFacts(allocatable=Resources(pods=8), requested=Resources(0, 0, 0, 8 - left))
-        nodes.append(replace(node(f"tray{i}", "gb200-tray", "nvl72.0"), facts=facts))
+        nodes.append(TRAY.named(f"tray{i}").clique("nvl72.0").facts(facts).obj())
     return ClusterSnapshot(nodes, HIERARCHY)
 
 
@@ -236,7 +236,7 @@ def test_the_daemon_s_own_requests_count_where_the_driver_gives_it_some() -> Non
     nodes = []
     for i, cpu in enumerate((4_000, 64_000, 64_000)):
         facts = NodeFacts(allocatable=Resources(cpu_millis=cpu), imex_daemon=daemon)
-        nodes.append(replace(node(f"tray{i}", "gb200-tray", "nvl72.0"), facts=facts))
+        nodes.append(TRAY.named(f"tray{i}").clique("nvl72.0").facts(facts).obj())
     snap = ClusterSnapshot(nodes, HIERARCHY)
     gang = GangRequest("ep", (PodSet("p", 2, 4, Comm.ALLTOALL, requests=PodRequests(cpu_millis=4_000)),))
     sl = placed(snap, gang)
@@ -264,7 +264,7 @@ def test_a_node_already_in_the_gang_s_domain_has_its_daemon_counted_once() -> No
 
 def test_a_node_in_a_compute_domain_of_someone_else_is_no_fit_for_a_clique_pod_set() -> None:
     words = "ComputeDomain 0f3e (resource.nvidia.com/computeDomain), not created or adopted by gangslice"
-    nodes = [node(f"tray{i}", "gb200-tray", "nvl72.0") for i in range(3)]
+    nodes = [TRAY.named(f"tray{i}").clique("nvl72.0").obj() for i in range(3)]
     nodes[0] = replace(nodes[0], foreign_domain=words)
     snap = ClusterSnapshot(nodes, HIERARCHY)
     sl = placed(snap, one("ep", 2, 4))

@@ -7,25 +7,18 @@ from __future__ import annotations
 from extender.cost import Comm
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
-from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
-from extender.topology.hierarchy import Hierarchy, Level
-from extender.topology.presets import preset_graph
-
-LEAF = "fabric.topograph.run/tier-0"
-HIERARCHY = Hierarchy((Level("leaf", LEAF),))
+from extender.testing.builders import make_cluster, make_node
 
 
-def node(name: str, leaf: str, allocated: int) -> NodeState:
-    return NodeState(name, {LEAF: leaf}, preset_graph("hgx-h100"), frozenset(range(allocated)))
-
-
-def cluster() -> ClusterSnapshot:
+def two_leaves() -> ClusterSnapshot:
     """Leaf a, the fullest: two nodes with 3 free GPUs each (6). Leaf b: one node with 1 free
-    GPU and one with 6 (7)."""
-    return ClusterSnapshot(
-        [node("a0", "a", 5), node("a1", "a", 5), node("b0", "b", 7), node("b1", "b", 2)], HIERARCHY
-    )
+    GPU and one with 6 (7). Every node an HGX H100."""
+    hgx = make_node().hgx_h100()
+    nodes = [hgx.named("a0").leaf("a").busy(5), hgx.named("a1").leaf("a").busy(5)]
+    nodes += [hgx.named("b0").leaf("b").busy(7), hgx.named("b1").leaf("b").busy(2)]
+    return make_cluster(*nodes).levels("leaf").obj()
 
 
 def only_node(got: object) -> str:
@@ -35,10 +28,10 @@ def only_node(got: object) -> str:
 
 
 def test_an_unconstrained_pod_set_takes_the_tightest_node_even_in_an_emptier_domain() -> None:
-    got = place(cluster(), GangRequest("g", (PodSet("w", 1, 1, Comm.NONE),)))
+    got = place(two_leaves(), GangRequest("g", (PodSet("w", 1, 1, Comm.NONE),)))
     assert only_node(got) == "b0"  # its last free GPU; leaf a's nodes keep room for 2-3 GPU pods
 
 
 def test_a_leaf_required_pod_set_takes_the_fullest_leaf_first() -> None:
-    got = place(cluster(), GangRequest("g", (PodSet("w", 1, 1, Comm.NONE, required_level="leaf"),)))
+    got = place(two_leaves(), GangRequest("g", (PodSet("w", 1, 1, Comm.NONE, required_level="leaf"),)))
     assert only_node(got) in {"a0", "a1"}

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
-from extender.agent.publish import build_object, build_spec
 from extender.commands.explain import refused_nodes
 from extender.httpapi.decide import Decider
 from extender.httpapi.nodelist import filter_known
@@ -24,31 +22,32 @@ from extender.kube.topology_status import (
     TopologyStatusReporter,
 )
 from extender.testing.clock import FakeClock
-from extender.testing.extender import node_obj, pod_obj
-from extender.topology.presets import preset_graph
+from extender.testing.extender import pod_obj
+from extender.testing.objects import make_node_object, make_node_topology
 
-PUBLISHED = datetime(2026, 1, 1, tzinfo=UTC)
 ZERO = "spec.nvlinkGbps: Input should be greater than 0"
 
 
 def topology(node: str, **spec: Any) -> dict[str, Any]:
-    obj = build_object(node, build_spec(preset_graph("hgx-h100"), "nvml", [], []), [], PUBLISHED)
+    """The HGX H100 NodeTopology the agent publishes for ``node``, with ``spec`` fields changed."""
+    obj = make_node_topology(node).hgx_h100().obj()
     obj["spec"].update(spec)
     return obj
 
 
-def cluster() -> ClusterCache:
+def two_node_cache() -> ClusterCache:
+    """A synced cache of nodes a and b, each an HGX H100 with its NodeTopology."""
     cache = ClusterCache()
     for kind in Kind:
         cache.replace(kind, [])
     for name in ("a", "b"):
-        cache.apply(Kind.NODES, "ADDED", node_obj(name))
+        cache.apply(Kind.NODES, "ADDED", make_node_object(name).obj())
         cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", topology(name))
     return cache
 
 
 def test_a_zero_nvlink_bandwidth_keeps_the_node_out_with_the_field_named() -> None:
-    cache = cluster()
+    cache = two_node_cache()
     assert cache.node_names() == ["a", "b"]
     cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology("b", nvlinkGbps=0))
     assert cache.node_names() == ["a"]
@@ -60,7 +59,7 @@ def test_a_zero_nvlink_bandwidth_keeps_the_node_out_with_the_field_named() -> No
 
 
 def test_a_relist_refuses_the_same_way() -> None:
-    cache = cluster()
+    cache = two_node_cache()
     cache.replace(Kind.NODE_TOPOLOGIES, [topology("a"), topology("b", nvlinkGbps=0)])
     assert cache.node_names() == ["a"]
     assert cache.refused_topologies() == {"b": ZERO}
@@ -69,7 +68,7 @@ def test_a_relist_refuses_the_same_way() -> None:
 
 
 def test_the_filter_and_explain_name_the_reason() -> None:
-    cache = cluster()
+    cache = two_node_cache()
     decider = Decider(cache)
     pod = PodInfo.from_obj(pod_obj("p", gpus=1))
     assert decider.filter(pod, ["a", "b"]).passed == ["a", "b"]
@@ -109,7 +108,7 @@ def echo(cache: ClusterCache, obj: dict[str, Any], condition: Mapping[str, str])
 
 
 def test_the_nodetopology_gets_a_condition_and_the_node_an_event(clock: FakeClock) -> None:
-    cache = cluster()
+    cache = two_node_cache()
     api = RecordingStatusApi()
     reporter = TopologyStatusReporter(api)
     assert asyncio.run(reporter.sync(cache, clock())) == 0
@@ -147,7 +146,7 @@ def test_the_nodetopology_gets_a_condition_and_the_node_an_event(clock: FakeCloc
 
 
 def test_a_failed_write_is_tried_again_and_a_restart_converges(clock: FakeClock) -> None:
-    cache = cluster()
+    cache = two_node_cache()
     cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology("b", nvlinkGbps=0))
     api = RecordingStatusApi()
     api.fail = True
@@ -159,7 +158,7 @@ def test_a_failed_write_is_tried_again_and_a_restart_converges(clock: FakeClock)
     _, cond = api.conditions[-1]
     broken = topology("b", nvlinkGbps=0)
     broken["status"]["conditions"] = [cond]
-    fresh = cluster()
+    fresh = two_node_cache()
     fresh.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", broken)
     again = RecordingStatusApi()
     assert asyncio.run(TopologyStatusReporter(again).sync(fresh, clock())) == 0
@@ -168,7 +167,7 @@ def test_a_failed_write_is_tried_again_and_a_restart_converges(clock: FakeClock)
 
 def test_one_sync_writes_a_bounded_number(clock: FakeClock, monkeypatch: Any) -> None:
     monkeypatch.setattr("extender.kube.topology_status.MAX_WRITES_PER_SYNC", 1)
-    cache = cluster()
+    cache = two_node_cache()
     for name in ("a", "b"):
         cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology(name, nvlinkGbps=0))
     api = RecordingStatusApi()

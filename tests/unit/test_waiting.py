@@ -3,7 +3,7 @@ or while that is not known."""
 
 from __future__ import annotations
 
-from test_solver_cliques import mixed, node, one, two_cliques
+from test_solver_cliques import mixed, one, two_cliques
 
 from extender.cost import Comm
 from extender.kube.cache import ClusterCache
@@ -24,7 +24,7 @@ from extender.placement.waiting import (
 )
 from extender.sim.inputs import default_cluster
 from extender.sim.templates import builtin_templates
-from extender.topology.hierarchy import Hierarchy, Level
+from extender.testing.builders import make_cluster, make_node
 
 WIDE = one("wide", 4, 4, Comm.ALLTOALL, required_level="clique")
 
@@ -77,9 +77,7 @@ def test_with_demand_reads_the_waiting_gangs() -> None:
     assert with_demand(snap, clique_demand(snap, [one("tp2", 1, 2), WIDE])).clique_demand is True
     assert with_demand(snap, clique_demand(snap, [one("tp2", 1, 2)])).clique_demand is False
     # A fleet without a clique level has nothing to keep.
-    flat = ClusterSnapshot(
-        [node("a", "hgx-h100")], Hierarchy((Level("leaf", "fabric.topograph.run/tier-0"),))
-    )
+    flat = make_cluster(make_node("a").hgx_h100().leaf("leaf-1")).levels("leaf").obj()
     assert with_demand(flat, clique_demand(flat, [WIDE])).clique_demand is None
 
 
