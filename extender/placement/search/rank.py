@@ -88,13 +88,6 @@ def slice_rank(fabric_waste: int, colocation_misses: int, cost_us: float, notes:
     return SliceRank(fabric_waste, colocation_misses, quantize(cost_us), notes)
 
 
-class Tightness(NamedTuple):
-    """How tightly a pod set's GPU sets fit one node."""
-
-    leftover: int  # free GPUs left on the node
-    incoherent: int  # minus the largest coherent block of what is left, GPUs
-
-
 class LevelledTie(NamedTuple):
     """One node, for a pod set with a required level: the fullest domains first."""
 
@@ -102,7 +95,8 @@ class LevelledTie(NamedTuple):
     whole: bool  # the node had every GPU free
     worth_gbps: float  # the node type's all-GPU ring bandwidth, GB/s
     fullness: tuple[int, ...]  # free GPUs of the enclosing domains, coarsest level first
-    tightness: Tightness
+    leftover: int  # free GPUs the pods leave on the node (the tightest fit first)
+    incoherent: int  # minus the largest coherent block of GPUs they leave
     order: int  # the node's place in the snapshot's tie-break order
 
 
@@ -112,7 +106,8 @@ class SpreadTie(NamedTuple):
     preference: int
     whole: bool
     worth_gbps: float
-    tightness: Tightness
+    leftover: int
+    incoherent: int
     fullness: tuple[int, ...]
     order: int
 
@@ -203,13 +198,15 @@ def option_rank(
 def node_tie(ctx: Decision, ps: PodSet, i: int, pick: NodePick) -> NodeTie:
     """How node ``i`` ranks among one-node placements of ``ps`` of equal price."""
     snap = ctx.snap
-    node = snap.nodes[i]
-    preference = -node_preference(ps, i, ctx)
-    whole = snap.free_mask(i).bit_count() == node.shape.size
-    tight = Tightness(pick.leftover, -pick.coherent)
+    preference = -node_preference(ps, i, ctx) if ps.preferred else 0
+    whole = snap.free_mask(i).bit_count() == snap.nodes[i].shape.size
     if ctx.needs[ps.name].scope == ANYWHERE:
-        return SpreadTie(preference, whole, worth(ctx, i), tight, snap.fullness(i), snap.order()[i])
-    return LevelledTie(preference, whole, worth(ctx, i), snap.fullness(i), tight, snap.order()[i])
+        return SpreadTie(
+            preference, whole, worth(ctx, i), pick.leftover, -pick.coherent, snap.fullness(i), snap.order()[i]
+        )
+    return LevelledTie(
+        preference, whole, worth(ctx, i), snap.fullness(i), pick.leftover, -pick.coherent, snap.order()[i]
+    )
 
 
 def node_rank(ctx: Decision, ps: PodSet, i: int, pick: NodePick, fabric_waste: int) -> NodeRank:
