@@ -32,7 +32,7 @@ from extender.placement.search.memory import Entry
 from extender.placement.search.option import Links, Option, placement_price, slots_of
 from extender.placement.search.rank import (
     DomainFit,
-    DomainRank,
+    DomainParts,
     Price,
     Speed,
     domain_rank,
@@ -136,7 +136,7 @@ def options(
                 speeds.setdefault((off, -(g if g < cap_gbps else cap_gbps)), []).append(p)
         ranks = sorted(speeds.items(), key=lambda r: r[0])
         pods, gpus = ps.count, ps.count * ps.gpus_per_pod
-        found: list[tuple[DomainRank, list[int] | None]] = []
+        found: list[tuple[DomainParts, list[int] | None]] = []
         for key, listed in domains:
             lo, hi = (0, size) if key is None else spans[key]
             # Packed sums add field by field (no field overflows into the next). The fastest
@@ -148,10 +148,11 @@ def options(
                     total += p[hi] - p[lo]
                 if total & _MASK >= pods:
                     _, free, count = unpack(total)
-                    found.append((domain_rank(speed, free - gpus, count), listed))
+                    found.append(((speed, free - gpus, count), listed))
                     break
         found.sort(key=lambda f: f[0])
-        for n, (domain, listed) in enumerate(found[:CANDIDATES]):
+        for n, (parts, listed) in enumerate(found[:CANDIDATES]):
+            domain = domain_rank(parts)
             if n and not fabric and not ties and bound >= best:
                 break  # one candidate already costs the least any domain here can
             threshold = domain.speed

@@ -213,8 +213,16 @@ def node_rank(ctx: Decision, ps: PodSet, i: int, pick: NodePick, fabric_waste: i
     return NodeRank(fabric_waste, quantize(pick.cost), node_tie(ctx, ps, i, pick))
 
 
-def domain_rank(speed: Speed, spare_gpus: int, nodes: int) -> DomainRank:
-    return DomainRank(speed[0], speed[1], spare_gpus, nodes)
+#: A :class:`DomainRank`'s parts as a plain tuple, in its field order ((off_fabric,
+#: minus_gbps), spare_gpus, nodes): the across-nodes search sorts every domain of a level by
+#: it (a NamedTuple per domain would cost more than the sort) and names the few it then looks
+#: at with :func:`domain_rank`.
+DomainParts = tuple[Speed, int, int]
+
+
+def domain_rank(parts: DomainParts) -> DomainRank:
+    (off_fabric, minus_gbps), spare_gpus, nodes = parts
+    return DomainRank(off_fabric, minus_gbps, spare_gpus, nodes)
 
 
 def node_preference(ps: PodSet, i: int, ctx: Decision) -> int:
