@@ -1,7 +1,9 @@
-"""How placements rank: every key the search compares, built here and nowhere else.
+"""How placements rank: every key the search compares placements by, defined here.
 
 Each key is a NamedTuple compared as a tuple, field by field in the order written (lower
-is better), like Kueue's ordered comparators; a field's comment gives its unit.
+is better), like Kueue's ordered comparators; a field's comment gives its unit. (How the
+generators fill a chosen domain, roomiest node first, and pick GPU sets inside a node are
+orders of their own, next to that work in ``across_nodes`` and ``option``.)
 
 :class:`SliceRank` ranks finished slices of the whole gang, the objective first
 (:func:`~extender.placement.scoring.objective`):
@@ -40,7 +42,8 @@ of the smallest domain holding it: finer first), and last ``fit``, how tightly i
 the fabric, cost, then the node's tie); :class:`DomainRank` orders the domains of one level
 by the speed class their fastest nodes reach (nodes off the fabric first for a pod set
 whose pods do not talk; the pod bandwidth, GB/s, capped where a faster node no longer helps,
-higher first), then their fit.
+higher first), then their fit; the sort itself runs on :data:`DomainParts`, the same parts as
+a plain tuple, since a NamedTuple per domain would cost more than the sort.
 """
 
 from __future__ import annotations
