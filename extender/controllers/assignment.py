@@ -105,7 +105,9 @@ def with_flavor_tolerations(
 def _only(view: ClusterSnapshot, keep: list[NodeState]) -> ClusterSnapshot:
     if len(keep) == len(view.nodes):
         return view
-    return ClusterSnapshot(keep, view.hierarchy, dict(view.reserved), dict(view.reserved_mnnvl))
+    return ClusterSnapshot(
+        keep, view.hierarchy, dict(view.reserved), dict(view.reserved_mnnvl), memory=view.memory
+    )
 
 
 def restrict(view: ClusterSnapshot, allowed: Mapping[str, PodSetNodes]) -> ClusterSnapshot:
@@ -221,7 +223,11 @@ def place_in_assignment(
             members = [n for n in view.nodes if rule.allows(n.labels) and _matches(n.labels, values)]
             part = GangRequest(gang.name, (replace(ps, count=count, colocate_with=None),))
             sub = ClusterSnapshot(
-                members, h, {n: frozenset(g) for n, g in held.items()}, dict(view.reserved_mnnvl)
+                members,
+                h,
+                {n: frozenset(g) for n, g in held.items()},
+                dict(view.reserved_mnnvl),
+                memory=view.memory,
             )
             got = place(sub, part) if members else Unplaceable(gang.name, "no such node in the cluster")
             if isinstance(got, Unplaceable):

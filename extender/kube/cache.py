@@ -62,6 +62,7 @@ from extender.logs import fields
 from extender.placement.feasibility import IMEX_DAEMON, NO_FACTS, NOTHING, NodeFacts, Resources, usage
 from extender.placement.files import load_cluster
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation, hold_requests
+from extender.placement.search.memory import SolverMemory
 from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.waiting import KeepCliques, WaitingGangs
@@ -147,6 +148,10 @@ class ClusterCache:
         self._dirty_nodes: set[str] = set()
         self._snap: ClusterSnapshot | None = None
         self._view: ClusterSnapshot | None = None
+        #: What the solver keeps across decisions (:mod:`extender.placement.search.memory`):
+        #: owned here for the life of the process and carried by every snapshot built here,
+        #: so it outlives a rebuild of the snapshot when nodes come or go.
+        self.solver_memory = SolverMemory()
         #: Nodes whose reserved GPUs changed since the view was last brought up to date.
         self._held_dirty: set[str] = set()
         #: Nodes where reserved pods not bound yet request something (their states in
@@ -288,7 +293,9 @@ class ClusterCache:
                     changed[name] = state
             self._dirty_nodes.clear()
             if self._snap is None or membership:
-                self._snap = ClusterSnapshot([self._states[n] for n in sorted(self._states)], self.hierarchy)
+                self._snap = ClusterSnapshot(
+                    [self._states[n] for n in sorted(self._states)], self.hierarchy, memory=self.solver_memory
+                )
                 self._view = None
             elif changed:
                 self._snap = self._snap.updated(changed)

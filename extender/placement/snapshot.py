@@ -12,6 +12,7 @@ from extender.placement import feasibility
 from extender.placement.feasibility import NO_FACTS, UNLIMITED, NodeFacts, Resources
 from extender.placement.plugin_fit import plugin_kind
 from extender.placement.request import NodeNeeds, NodeRequirement, PodRequests
+from extender.placement.search.memory import SolverMemory
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
 from extender.topology.kubelet import KubeletAlignment
@@ -97,6 +98,10 @@ class ClusterSnapshot:
     #: Whether a gang that needs a multi-node NVLink clique is known to wait (None: not known,
     #: so cliques are kept whole as if one did; :func:`~extender.placement.scoring.on_whole_clique`).
     clique_demand: bool | None = None
+    #: What the solver keeps across decisions on this cluster (per-class tables, fits on the
+    #: emptied cluster): shared by every snapshot derived from this one, so the caller that
+    #: builds the snapshot owns it; pass the same one to a rebuilt snapshot to keep it.
+    memory: SolverMemory = field(default_factory=SolverMemory, kw_only=True, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
@@ -504,7 +509,7 @@ class ClusterSnapshot:
             )
             for n in self.nodes
         ]
-        snap = ClusterSnapshot(nodes, self.hierarchy)
+        snap = ClusterSnapshot(nodes, self.hierarchy, memory=self.memory)
         snap._domains = self._domains
         return snap
 
@@ -525,7 +530,7 @@ class ClusterSnapshot:
 
     def with_held(self, held: Mapping[str, frozenset[int]], mnnvl: Mapping[str, str]) -> ClusterSnapshot:
         """The same cluster with reservations' capacity taken out."""
-        snap = ClusterSnapshot(self.nodes, self.hierarchy, dict(held), dict(mnnvl))
+        snap = ClusterSnapshot(self.nodes, self.hierarchy, dict(held), dict(mnnvl), memory=self.memory)
         # Same nodes and hierarchy: share the label paths too, so the clique table (kept with
         # the ``_paths`` it was derived from) is reused instead of rebuilt.
         snap._paths = self._paths
@@ -604,6 +609,7 @@ class ClusterSnapshot:
                 self.hierarchy,
                 dict(held) if held is not None else dict(self.reserved),
                 dict(mnnvl) if mnnvl is not None else dict(self.reserved_mnnvl),
+                memory=self.memory,
             )
         snap = copy.copy(self)
         if held is not None:

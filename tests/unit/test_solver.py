@@ -9,9 +9,10 @@ import pytest
 
 from extender.cost import Comm
 from extender.placement import scoring
-from extender.placement import solver as solver_module
 from extender.placement.ledger import Ledger
 from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.search import decide as decide_module
+from extender.placement.search.memory import SolverMemory
 from extender.placement.slice import PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import Solver, place
@@ -223,32 +224,40 @@ def test_feasible_when_empty_is_solved_once_per_topology_and_pod_sets(
 ) -> None:
     """A refusal asks whether the gang fits the emptied cluster; the answer depends on the
     topology (graphs, labels, unhealthy GPUs) and the pod sets only, so it is solved once and
-    remembered, whatever is allocated and whatever the gang is called."""
-    monkeypatch.setattr(solver_module, "_EMPTY_FITS", solver_module._EmptyFits())
+    remembered (in the solver memory the snapshots share), whatever is allocated and whatever
+    the gang is called."""
+    memory = SolverMemory()
     solved: list[ClusterSnapshot] = []
-    real = Solver.place
+    real = decide_module.decide
 
-    def counting(self: Solver, g: GangRequest) -> Any:
-        solved.append(self.snap)
-        return real(self, g)
+    def counting(snap: ClusterSnapshot, g: GangRequest, **kw: Any) -> Any:
+        solved.append(snap)
+        return real(snap, g, **kw)
 
-    monkeypatch.setattr(Solver, "place", counting)
+    monkeypatch.setattr(decide_module, "decide", counting)
+
+    def unplaceable(snap: ClusterSnapshot, g: GangRequest) -> Unplaceable:
+        got = decide_module.decide(snap, g)
+        assert isinstance(got, Unplaceable), got
+        return got
 
     def leaves(
         allocated: dict[str, list[int]], unhealthy: dict[str, list[int]] | None = None
     ) -> ClusterSnapshot:
         sick = unhealthy or {}
         names = [f"a{i}" for i in range(4)] + [f"b{i}" for i in range(4)]
-        return CLUSTER.nodes(
-            *(
+        return ClusterSnapshot(
+            [
                 NODE.named(n)
                 .leaf(f"leaf-{n[0]}")
                 .allocated(allocated.get(n, ()))
                 .unhealthy(sick.get(n, ()))
                 .obj()
                 for n in names
-            )
-        ).obj()
+            ],
+            CLUSTER.obj().hierarchy,
+            memory=memory,
+        )
 
     wide = tp(4, 8, required_level="leaf")
     first = unplaceable(leaves({"a0": [0], "b3": [7]}), gang(wide, name="first"))
@@ -267,7 +276,10 @@ def test_feasible_when_empty_is_solved_once_per_topology_and_pod_sets(
     sick = leaves({}, unhealthy={"a0": [0], "b3": [7]})
     never = unplaceable(sick, gang(wide, name="fourth"))
     assert not never.feasible_when_empty
-    assert isinstance(real(Solver(sick.emptied()), gang(wide)), Unplaceable)
+    assert isinstance(real(sick.emptied(), gang(wide)), Unplaceable)
+    # Another memory (another cache's, another simulation's) remembers nothing of this one.
+    other = ClusterSnapshot(leaves({"a0": [0], "b3": [7]}).nodes, CLUSTER.obj().hierarchy)
+    assert unplaceable(other, gang(wide, name="fifth")).feasible_when_empty and len(solved) == 9
 
 
 def test_topology_ignores_allocation_and_sees_graphs_labels_and_health() -> None:

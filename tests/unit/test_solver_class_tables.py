@@ -1,6 +1,7 @@
-"""The per-class tables the solver keeps across decisions (capacity entries, pod bandwidth)
-must never change an answer: a decision made with tables warmed by other clusters, other
-allocations and other gangs equals the same decision made with empty tables."""
+"""The per-class tables the solver keeps across decisions (capacity entries, pod bandwidth, in
+the caller's :class:`SolverMemory`) must never change an answer: a decision made with tables
+warmed by other clusters, other allocations and other gangs equals the same decision made with
+empty tables."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from dataclasses import replace
 import pytest
 
 from extender.cost import Comm
-from extender.placement import solver
 from extender.placement.request import GangRequest, PodRequests, PodSet, Toleration
+from extender.placement.search import capacity
+from extender.placement.search.context import Decision, Taken
+from extender.placement.search.memory import SolverMemory
 from extender.placement.slice import Slice
+from extender.placement.solver import Solver
 from extender.placement.synthetic import GPU_TAINT, synthetic_cluster
 from extender.topology.kubelet import TopologyPolicy
 from extender.topology.presets import preset_graph
@@ -41,21 +45,20 @@ def answer(got: object) -> object:
 
 
 @pytest.mark.parametrize("preset", ["hgx-h100", "pcie-8gpu-2socket", "l40s-4gpu"])
-def test_warm_tables_give_the_answers_of_empty_ones(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warm_tables_give_the_answers_of_empty_ones(preset: str) -> None:
     rng = random.Random(7)
     clusters = [
         synthetic_cluster(n, preset_graph(preset), fraction, seed)[0]
         for n, fraction, seed in ((96, 0.5, 1), (160, 0.7, 2), (64, 0.3, 3))
     ]
-    warm = solver._ClassTables()
-    monkeypatch.setattr(solver, "_CLASS_TABLES", warm)
+    warm = SolverMemory()
     asked = [(snap, gang) for snap in clusters for gang in GANGS]
     rng.shuffle(asked)
-    warm_answers = [answer(solver.place(snap, gang)) for snap, gang in asked]
-    assert warm._entries, "the tables were not used"
+    warm_answers = [answer(Solver(snap, memory=warm).place(gang)) for snap, gang in asked]
+    assert warm.classes._entries, "the tables were not used"
     for (snap, gang), expected in zip(asked, warm_answers, strict=True):
-        monkeypatch.setattr(solver, "_CLASS_TABLES", solver._ClassTables())
-        assert answer(solver.place(snap, gang)) == expected, (preset, gang.name, len(snap.nodes))
+        got = Solver(snap, memory=SolverMemory()).place(gang)
+        assert answer(got) == expected, (preset, gang.name, len(snap.nodes))
 
 
 def asking(gang: GangRequest, cpus: int, guaranteed: bool) -> GangRequest:
@@ -74,7 +77,7 @@ def asking(gang: GangRequest, cpus: int, guaranteed: bool) -> GangRequest:
 
 
 @pytest.mark.parametrize("preset", ["hgx-h100", "pcie-8gpu-2socket"])
-def test_warm_tables_keep_numa_rules_and_room_apart(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warm_tables_keep_numa_rules_and_room_apart(preset: str) -> None:
     """Nodes of one type and free mask differ in the kubelet's NUMA rule (what CPUs are in use,
     which policy) and in their room: tables warmed on one cluster answer another as empty ones."""
     rng = random.Random(11)
@@ -89,15 +92,14 @@ def test_warm_tables_keep_numa_rules_and_room_apart(preset: str, monkeypatch: py
         )
     ]
     gangs = [*GANGS, *(asking(g, cpus, True) for g in GANGS for cpus in (8, 20)), asking(GANGS[1], 30, False)]
-    warm = solver._ClassTables()
-    monkeypatch.setattr(solver, "_CLASS_TABLES", warm)
+    warm = SolverMemory()
     asked = [(snap, gang) for snap in clusters for gang in gangs]
     rng.shuffle(asked)
-    warm_answers = [answer(solver.place(snap, gang)) for snap, gang in asked]
+    warm_answers = [answer(Solver(snap, memory=warm).place(gang)) for snap, gang in asked]
     assert any(isinstance(a, tuple) for a in warm_answers), "nothing was placed"
     for (snap, gang), expected in zip(asked, warm_answers, strict=True):
-        monkeypatch.setattr(solver, "_CLASS_TABLES", solver._ClassTables())
-        assert answer(solver.place(snap, gang)) == expected, (preset, gang.name, len(snap.nodes))
+        got = Solver(snap, memory=SolverMemory()).place(gang)
+        assert answer(got) == expected, (preset, gang.name, len(snap.nodes))
 
 
 @pytest.mark.parametrize("policy", [TopologyPolicy.NONE, TopologyPolicy.SINGLE_NUMA_NODE])
@@ -111,20 +113,20 @@ def test_capacity_by_class_and_room_is_each_nodes_own(policy: TopologyPolicy) ->
     capped = dropped = 0
     for gang in (asking(g, cpus, True) for g in GANGS for cpus in (8, 20, 40)):
         ps = gang.pod_sets[0]
-        s = solver.Solver(snap)
-        s._needs = {ps.name: solver.resolve_need(ps, snap.hierarchy)}
-        need = s._needs[ps.name]
-        taken = solver._State({i: snap.free_mask(i) & -snap.free_mask(i) for i in range(0, 160, 7)})
-        for state in (solver._State(), taken):
-            caps = s._caps(gang, ps, need, state, False)
+        ctx = Decision.of(snap, gang)
+        need = ctx.needs[ps.name]
+        taken = Taken({i: snap.free_mask(i) & -snap.free_mask(i) for i in range(0, 160, 7)})
+        for state in (Taken(), taken):
+            caps = capacity.table(ctx, ps, need, state, False)
             for i in range(len(snap.nodes)):
-                free = snap.free_mask(i) & ~state.taken.get(i, 0)
-                own = s._cap_entry(ps, need, i, free, False)
+                free = snap.free_mask(i) & ~state.gpus.get(i, 0)
+                own = capacity.node_entry(ctx, ps, need, i, free, False)
                 assert caps.get(i) == own, (gang.name, i)
-                gpus_only = s._cap_entry(replace(ps, requests=PodRequests()), need, i, free, False)
+                gpus_only = capacity.node_entry(
+                    ctx, replace(ps, requests=PodRequests()), need, i, free, False
+                )
                 capped += own is not None and gpus_only is not None and own[0] < gpus_only[0]
                 dropped += own is None and gpus_only is not None
-            groups = solver._groups_of(caps, snap.kinds(), None)
-            listed = sorted(i for members in groups.values() for i in members)
+            listed = sorted(i for members in caps.groups.values() for i in members)
             assert listed == sorted(i for i in range(len(snap.nodes)) if caps.get(i) is not None)
     assert capped and dropped, "no node's room capped or ruled out its entry: the test proves nothing"

@@ -32,8 +32,10 @@ from hypothesis import strategies as st
 
 from extender.cost import Comm, ModelDims
 from extender.placement import scoring
-from extender.placement import solver as solver_module
 from extender.placement.request import Colocation, GangRequest, PodSet
+from extender.placement.search import beam
+from extender.placement.search.context import Decision
+from extender.placement.search.option import Shortfall
 from extender.placement.slice import PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import Solver
@@ -392,7 +394,7 @@ def test_exact_fallback_alone_is_complete(allocation: Allocation, drawn: Instanc
     inst = _as(drawn, allocation)
     optimum = exhaustive(inst.snap, inst.gang)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Solver, "_search", _greedy_fails)
+        patch.setattr(beam, "search", _greedy_fails)
         got = Solver(inst.snap).place(inst.gang)
         if optimum is None:
             assert isinstance(got, Unplaceable)
@@ -409,5 +411,6 @@ def test_exact_fallback_alone_is_complete(allocation: Allocation, drawn: Instanc
         assert isinstance(Solver(inst.snap, exact_fallback=False).place(inst.gang), Unplaceable)
 
 
-def _greedy_fails(self: Solver, gang: GangRequest, *_: object) -> object:
-    return solver_module._Shortfall(gang.pod_sets[0].name, lambda: ("greedy switched off", None, 1))
+def _greedy_fails(ctx: Decision, order: Sequence[PodSet], *_: object) -> Shortfall:
+    """The candidate search's answer switched off: the first pod set has no placement."""
+    return Shortfall(order[0], ctx.needs[order[0].name], None)

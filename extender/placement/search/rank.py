@@ -1,0 +1,257 @@
+"""How placements rank: every key the search compares placements by, defined here.
+
+Each key is a NamedTuple compared as a tuple, field by field in the order written (lower
+is better), like Kueue's ordered comparators; a field's comment gives its unit. (How the
+generators fill a chosen domain, roomiest node first, and pick GPU sets inside a node are
+orders of their own, next to that work in ``across_nodes`` and ``option``.)
+
+:class:`SliceRank` ranks finished slices of the whole gang, the objective first
+(:func:`~extender.placement.scoring.objective`):
+
+1. ``fabric_waste``: GPUs of multi-node NVLink cliques taken by pod sets that do not use
+   multi-node NVLink (:func:`~extender.placement.scoring.fabric_waste`), GPUs;
+2. ``colocation_misses``: colocateWith wishes the slice misses, a count;
+3. ``cost_us``: the predicted communication time per transformer layer, summed over the pod
+   sets (:func:`~extender.placement.scoring.pod_set_micros`: ring all-reduce
+   ``2 (K-1)/K * bytes / B + alpha`` and its siblings), microseconds, rounded to 1e-6 so
+   float noise between equal placements ties;
+4. ``notes``: wishes missed and said in the slice's notes, a count.
+
+:class:`OptionRank` ranks one pod set's candidate placements: ``fabric_waste`` and
+``colocation_missed`` (a colocateWith the user asked for is kept before cost) come first,
+then ``cost_us`` (its own communication and its KV hand-offs to placed partners), soft
+wishes missed (``wishes_missed``: preferred level, colocation), ``no_room`` (a pod set that
+colocates with it finds no room next to it), ``kv_short`` (pods of kv-transfer sets
+colocating with it that its nodes cannot hold: their KV cache crosses the network), nodes
+with every GPU free it breaks into (``nodes_opened``), ``coarseness`` (minus the level index
+of the smallest domain holding it: finer first), and last ``fit``, how tightly it fits:
+
+- on one node, a :class:`NodeTie`: the preferred node affinity score (higher first), a node
+  in use before a whole one, the node type worth least to others (its all-GPU ring
+  bandwidth, GB/s, so NVLink islands stay for the gangs that pay for them), then for a pod
+  set with a required level the fullest enclosing domains from the coarsest level down (as
+  Kueue's BestFit: free GPUs per enclosing domain) before the tightest fit (free GPUs left on
+  the node, then the largest coherent block left, larger first); for a pod set without one,
+  the tightest fit first (Kueue sorts every node at once for such pod sets, fullest first),
+  then the fullest domains; then the node's place in the snapshot's one tie-break order
+  (topology path, then name);
+- across nodes, a :class:`DomainFit`: free GPUs the domain keeps after the pod set (fewer
+  first: the tightest domain) and the nodes its fastest nodes span.
+
+:class:`NodeRank` orders the nodes that could hold a whole pod set alone (clique GPUs off
+the fabric, cost, then the node's tie); :class:`DomainRank` orders the domains of one level
+by the speed class their fastest nodes reach (nodes off the fabric first for a pod set
+whose pods do not talk; the pod bandwidth, GB/s, capped where a faster node no longer helps,
+higher first), then their fit; the sort itself runs on :data:`DomainParts`, the same parts as
+a plain tuple, since a NamedTuple per domain would cost more than the sort.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from extender.placement import feasibility
+from extender.placement.node_fit import fit_for
+from extender.placement.request import PodSet
+from extender.placement.scoring import ANYWHERE, pod_set_micros
+from extender.placement.search.context import Decision, NodePick
+from extender.placement.slice import PodSlot
+
+#: The soft wishes an option can miss (its ``misses``), in words.
+PREFERRED = "preferred level"
+COLOCATE = "colocation"
+
+
+def quantize(micros: float) -> float:
+    """Costs this close are ties (float noise between equal placements)."""
+    return round(micros, 6)
+
+
+class Price(NamedTuple):
+    """What a placement adds to the gang's objective."""
+
+    fabric_waste: int  # clique GPUs taken off the fabric, GPUs
+    cost_us: float  # communication per layer, us, quantized
+
+
+def price(waste: int, cost: float) -> Price:
+    return Price(waste, quantize(cost))
+
+
+class SliceRank(NamedTuple):
+    """How a finished slice ranks (lower is better)."""
+
+    fabric_waste: int  # clique GPUs of the gang off the fabric, GPUs
+    colocation_misses: int  # colocateWith wishes missed, count
+    cost_us: float  # communication per layer summed over the pod sets, us, quantized
+    notes: int  # wishes missed and said, count
+
+
+def slice_rank(fabric_waste: int, colocation_misses: int, cost_us: float, notes: int) -> SliceRank:
+    return SliceRank(fabric_waste, colocation_misses, quantize(cost_us), notes)
+
+
+class LevelledTie(NamedTuple):
+    """One node, for a pod set with a required level: the fullest domains first."""
+
+    preference: int  # minus the preferred node affinity score
+    whole: bool  # the node had every GPU free
+    worth_gbps: float  # the node type's all-GPU ring bandwidth, GB/s
+    fullness: tuple[int, ...]  # free GPUs of the enclosing domains, coarsest level first
+    leftover: int  # free GPUs the pods leave on the node (the tightest fit first)
+    incoherent: int  # minus the largest coherent block of GPUs they leave
+    order: int  # the node's place in the snapshot's tie-break order
+
+
+class SpreadTie(NamedTuple):
+    """One node, for a pod set without a required level: the tightest fit first."""
+
+    preference: int
+    whole: bool
+    worth_gbps: float
+    leftover: int
+    incoherent: int
+    fullness: tuple[int, ...]
+    order: int
+
+
+#: How one-node placements of equal price rank.
+NodeTie = LevelledTie | SpreadTie
+
+
+class DomainFit(NamedTuple):
+    """How tightly a pod set fits the domain it spans."""
+
+    spare_gpus: int  # free GPUs of its fastest nodes beyond what the pod set takes
+    nodes: int  # how many of those nodes
+
+
+#: No fit to compare (a pod set without GPUs: one option only).
+NO_FIT = DomainFit(0, 0)
+
+
+class OptionRank(NamedTuple):
+    """How one pod set's candidate placements rank (lower is better)."""
+
+    fabric_waste: int  # clique GPUs taken off the fabric, GPUs
+    colocation_missed: bool  # misses the colocateWith wish the user asked for
+    cost_us: float  # communication per layer (its own and its KV hand-offs), us, quantized
+    wishes_missed: int  # soft wishes missed (preferred level, colocation), count
+    no_room: bool  # a pod set colocating with it has no room next to it
+    kv_short: int  # pods of kv-transfer sets colocating with it its nodes cannot hold
+    nodes_opened: int  # nodes with every GPU free it breaks into
+    coarseness: int  # minus the level index of its smallest enclosing domain
+    fit: NodeTie | DomainFit
+
+
+class NodeRank(NamedTuple):
+    """How the nodes that hold every pod of a pod set alone rank (lower is better)."""
+
+    fabric_waste: int  # clique GPUs taken off the fabric, GPUs
+    cost_us: float  # the pods' communication on the node, us, quantized
+    tie: NodeTie
+
+
+#: A node's speed class for a pod set spanning nodes: (1 for a clique node a pod set whose
+#: pods do not talk takes last, else 0; minus the pod bandwidth it gets, GB/s, capped).
+Speed = tuple[int, float]
+
+
+class DomainRank(NamedTuple):
+    """How the domains of one level rank for a pod set spanning nodes (lower is better)."""
+
+    off_fabric: int  # its fastest nodes include clique nodes taken last
+    minus_gbps: float  # minus the pod bandwidth its fastest nodes reach, GB/s, capped
+    spare_gpus: int  # free GPUs of those nodes beyond what the pod set takes
+    nodes: int  # how many nodes those are
+
+    @property
+    def speed(self) -> Speed:
+        return (self.off_fabric, self.minus_gbps)
+
+    @property
+    def fit(self) -> DomainFit:
+        return DomainFit(self.spare_gpus, self.nodes)
+
+
+def option_rank(
+    *,
+    fabric_waste: int,
+    misses: tuple[str, ...],
+    cost_us: float,
+    no_room: bool,
+    kv_short: int,
+    nodes_opened: int,
+    level: int,
+    fit: NodeTie | DomainFit,
+) -> OptionRank:
+    return OptionRank(
+        fabric_waste,
+        COLOCATE in misses,
+        quantize(cost_us),
+        len(misses),
+        no_room,
+        kv_short,
+        nodes_opened,
+        -level,
+        fit,
+    )
+
+
+def node_tie(ctx: Decision, ps: PodSet, i: int, pick: NodePick) -> NodeTie:
+    """How node ``i`` ranks among one-node placements of ``ps`` of equal price."""
+    snap = ctx.snap
+    preference = -node_preference(ps, i, ctx) if ps.preferred else 0
+    whole = snap.free_mask(i).bit_count() == snap.nodes[i].shape.size
+    if ctx.needs[ps.name].scope == ANYWHERE:
+        return SpreadTie(
+            preference, whole, worth(ctx, i), pick.leftover, -pick.coherent, snap.fullness(i), snap.order()[i]
+        )
+    return LevelledTie(
+        preference, whole, worth(ctx, i), snap.fullness(i), pick.leftover, -pick.coherent, snap.order()[i]
+    )
+
+
+def node_rank(ctx: Decision, ps: PodSet, i: int, pick: NodePick, fabric_waste: int) -> NodeRank:
+    return NodeRank(fabric_waste, quantize(pick.cost), node_tie(ctx, ps, i, pick))
+
+
+#: A :class:`DomainRank`'s parts as a plain tuple, in its field order ((off_fabric,
+#: minus_gbps), spare_gpus, nodes): the across-nodes search sorts every domain of a level by
+#: it (a NamedTuple per domain would cost more than the sort) and names the few it then looks
+#: at with :func:`domain_rank`.
+DomainParts = tuple[Speed, int, int]
+
+
+def domain_rank(parts: DomainParts) -> DomainRank:
+    (off_fabric, minus_gbps), spare_gpus, nodes = parts
+    return DomainRank(off_fabric, minus_gbps, spare_gpus, nodes)
+
+
+def node_preference(ps: PodSet, i: int, ctx: Decision) -> int:
+    """The preferred node affinity score of node ``i`` for ``ps`` (0 without preferences)."""
+    if not ps.preferred:
+        return 0
+    node = ctx.snap.nodes[i]
+    return feasibility.preference(ps.preferred, node.name, node.labels)
+
+
+def worth(ctx: Decision, i: int) -> float:
+    """What node ``i``'s type is worth to others: its all-GPU ring bandwidth, GB/s (memoised
+    per node type for the decision)."""
+    kind = ctx.snap.kinds()[i]
+    got = ctx.tables.worths.get(kind)
+    if got is None:
+        shape = ctx.snap.nodes[i].shape
+        got = ctx.tables.worths[kind] = round(fit_for(shape).gbps(shape.full_mask), 3)
+    return got
+
+
+def micros(ctx: Decision, ps: PodSet, slots: tuple[PodSlot, ...], partner: tuple[PodSlot, ...]) -> float:
+    """:func:`~extender.placement.scoring.pod_set_micros` (us per layer), once per placement:
+    the price of an option and the finished slice read the same slots."""
+    key = (ps.name, id(slots), id(partner))
+    got = ctx.tables.micros.get(key)
+    if got is None:
+        got = ctx.tables.micros[key] = (pod_set_micros(ctx.snap, ps, slots, partner), slots, partner)
+    return got[0]
