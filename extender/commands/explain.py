@@ -225,7 +225,7 @@ def explain_pods(
 async def live_cache(api: KubeClient | None, cluster: str | None) -> Any:
     """A cluster cache filled by one list of every kind (or from a cluster file)."""
     from extender.kube.api import ALL_KINDS, Kind
-    from extender.kube.cache import ClusterCache
+    from extender.reservations import ClusterCache
 
     if cluster or api is None:
         assert cluster is not None

@@ -55,12 +55,12 @@ from extender.kube.api import (
 )
 from extender.kube.crd_models import CrdError, object_name
 from extender.kube.pods import PodInfo
-from extender.kube.reserve import Claim, Reserving, reserve, reserve_all
 from extender.logs import fields
 from extender.placement.ledger import Ledger, Reservation
 from extender.placement.request import Toleration
 from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
+from extender.reservations.reserve import Claim, Reserving, reserve, reserve_all
 
 log = logging.getLogger(__name__)
 

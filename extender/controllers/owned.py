@@ -20,8 +20,8 @@ from extender.kube import events, names
 from extender.kube.api import EVENTS, KubeClient, KubeError
 from extender.kube.crd_models import object_name
 from extender.kube.events import ObjectRef
-from extender.kube.reserve import Claim
 from extender.placement.ledger import Reservation
+from extender.reservations.reserve import Claim
 
 log = logging.getLogger(__name__)
 

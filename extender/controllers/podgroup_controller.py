@@ -43,11 +43,11 @@ from extender.kube import names
 from extender.kube.api import PODGROUPS, Conflict, KubeClient, KubeError, NotFound
 from extender.kube.crd_models import object_name
 from extender.kube.pods import PodInfo
-from extender.kube.reserve import reserve, reserve_all
 from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.scoring import resolve_need
 from extender.placement.slice import Unplaceable
+from extender.reservations.reserve import reserve, reserve_all
 
 log = logging.getLogger(__name__)
 

@@ -51,11 +51,9 @@ from extender.kube.api import (
     NotFound,
     as_map,
 )
-from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import object_name
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.reserve import Claim, reserve
 from extender.kube.slot_claims import (
     SlotClaims,
     SlotError,
@@ -68,6 +66,8 @@ from extender.kube.slot_claims import (
 from extender.logs import fields
 from extender.placement.scoring import LevelError
 from extender.placement.slice import Unplaceable
+from extender.reservations import ClusterCache
+from extender.reservations.reserve import Claim, reserve
 
 log = logging.getLogger(__name__)
 

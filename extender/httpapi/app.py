@@ -40,12 +40,12 @@ from extender.httpapi.limits import LIMITS, Limits, bounded
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
-from extender.kube.cache import ClusterCache
-from extender.kube.claim_sync import SlotClaimSync
 from extender.kube.mismatch import MismatchReporter
 from extender.kube.topology_status import TopologyStatusReporter
 from extender.kube.webhook_ca import WebhookCa
 from extender.logs import fields
+from extender.reservations import ClusterCache
+from extender.reservations.claim_sync import SlotClaimSync
 
 log = logging.getLogger(__name__)
 

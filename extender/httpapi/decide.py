@@ -29,11 +29,9 @@ from typing import TypeVar
 from extender.httpapi.memo import NamesKey, NamesMemo
 from extender.httpapi.wire import MAX_EXTENDER_PRIORITY
 from extender.kube import names as keys
-from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import gang_namespace, object_name
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.reserve import Claim, reserve
 from extender.placement import choice, numa_fit
 from extender.placement.ledger import Reservation
 from extender.placement.node_fit import fit_for
@@ -42,6 +40,8 @@ from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import LevelError, pod_set_micros, resolve_need
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.reservations import ClusterCache
+from extender.reservations.reserve import Claim, reserve
 from extender.topology.model import NodeShape, Tier
 
 

@@ -46,11 +46,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.httpapi.health_metrics import HealthCollector
-from extender.kube.cache import ClusterCache
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.waiting import WAITING_TTL_S
+from extender.reservations import ClusterCache
 
 #: Buckets for a service whose target is well under 5 ms.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from extender.httpapi.decide import Decider, FilterOutcome, Scores
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
+from extender.reservations import ClusterCache
 
 #: Lists up to this long are always taken (a cluster still being listed, a small cluster).
 MIN_ALLOWED = 1000

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from extender.httpapi.decide import FilterOutcome
-from extender.kube.cache import ClusterCache
 from extender.logs import fields
+from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits,
 from extender.httpapi.secure_metrics import Reviewer, start_metrics_site
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import PODS, KubeClient, KubeError
-from extender.kube.cache import ClusterCache
 from extender.kube.mismatch import MismatchReporter
 from extender.kube.names import LEADER_LABEL
 from extender.kube.topology_status import TopologyStatusReporter
 from extender.kube.watch import Watcher
 from extender.kube.webhook_ca import WebhookCa
+from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.kube.api import ALL_KINDS, Gone, Kind, KubeClient
-from extender.kube.cache import ClusterCache
+from extender.kube.cache import ClusterInformer
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Watcher:
     def __init__(
         self,
         api: KubeClient,
-        cache: ClusterCache,
+        cache: ClusterInformer,
         kinds: Iterable[Kind] = ALL_KINDS,
         *,
         watch_timeout_s: float = 300.0,

@@ -3,11 +3,11 @@ member's first filter)."""
 
 from __future__ import annotations
 
-from extender.kube.cache import ClusterCache
-from extender.kube.reserve import Claim, reserve
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest
 from extender.placement.slice import Placement
+from extender.reservations import ClusterCache
+from extender.reservations.reserve import Claim, reserve
 
 
 def hold(

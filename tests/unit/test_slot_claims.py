@@ -16,7 +16,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from extender.httpapi.app import build_app
 from extender.kube import dra, names
 from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, SLICE_RESERVATIONS, Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.kube.slot_claims import (
     GpuRequest,
@@ -28,9 +27,10 @@ from extender.kube.slot_claims import (
     pick_slot,
     uuid_selector,
 )
-from extender.kube.store import KubeReservationStore
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import PodSlot, Slice
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.dra import device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.testing.extender import node_obj
 from extender.testing.kube import FakeKube
@@ -430,7 +430,7 @@ def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_st
     world: tuple[FakeKube, ClusterCache],
 ) -> None:
     from extender.kube.api import EVENTS
-    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+    from extender.reservations.claim_sync import DEVICE_TAKEN, SlotClaimSync
 
     api, cache = world
     admitted = admitted_alone(api, cache)
@@ -480,7 +480,7 @@ def test_a_workloads_taken_slot_moves_on_its_node_instead_of_a_whole_re_plan() -
     the taken slot moves, on its own node."""
     import dataclasses
 
-    from extender.kube.claim_sync import SlotClaimSync
+    from extender.reservations.claim_sync import SlotClaimSync
 
     api, cache, pods = pair_one_bound("tp2", 2, bound=False)
     r = cache.reservation("llm/tp2")
@@ -504,7 +504,7 @@ def test_a_workloads_taken_slot_moves_on_its_node_instead_of_a_whole_re_plan() -
 
 def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() -> None:
     from extender.kube.api import EVENTS
-    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+    from extender.reservations.claim_sync import DEVICE_TAKEN, SlotClaimSync
 
     api, cache, pods = pair_one_bound("tp2", 2)
     r = cache.reservation("llm/tp2")
@@ -540,7 +540,7 @@ def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() ->
 
 def test_with_a_pod_bound_and_no_other_set_on_its_node_the_slot_waits_and_says_so() -> None:
     from extender.kube.api import EVENTS
-    from extender.kube.claim_sync import DEVICE_TAKEN, SlotClaimSync
+    from extender.reservations.claim_sync import DEVICE_TAKEN, SlotClaimSync
 
     api, cache, pods = pair_one_bound("tp4", 4)
     waiting = pinned(pods[1])
@@ -748,7 +748,7 @@ def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mi
 ) -> None:
     """Re-planning replaces the slot's claim but not the pod's ``gangslice.io/gpus`` (set at its
     admission): the kubelet then reports the re-planned devices, which is what was promised."""
-    from extender.kube.claim_sync import SlotClaimSync
+    from extender.reservations.claim_sync import SlotClaimSync
 
     api, cache = world
     admitted = admitted_alone(api, cache)

@@ -12,7 +12,6 @@ from extender.commands.explain import refused_nodes
 from extender.httpapi.decide import Decider
 from extender.httpapi.nodelist import filter_known
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.kube.topology_status import (
     ACCEPTED,
@@ -21,6 +20,7 @@ from extender.kube.topology_status import (
     SPEC_VALID,
     TopologyStatusReporter,
 )
+from extender.reservations import ClusterCache
 from extender.testing.clock import FakeClock
 from extender.testing.extender import pod_obj
 from extender.testing.objects import make_node_object, make_node_topology

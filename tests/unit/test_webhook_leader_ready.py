@@ -11,9 +11,9 @@ from extender.httpapi.app import build_app, housekeeping
 from extender.httpapi.handling import LEADING
 from extender.httpapi.server import label_own_pod
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
 from extender.placement.request import GangRequest, PodSet
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, write_cluster
 from extender.testing.kube import FakeKube
 from extender.testing.reserve import hold

@@ -1,9 +1,10 @@
-"""Where reservations persist, so a restart rebuilds the same ledger.
+"""Where reservations persist, so a restart rebuilds the same ledger, and the queue of writes.
 
 The store is the only writer of ``SliceReservation`` objects (see
 :mod:`extender.kube.crd_models`), spec and status alike, for plain gangs, Workloads and
-PodGroups: the controllers and the extender change the cluster cache's ledger, and the cache
-hands each change to the store. ``save`` creates or updates the object and writes its
+PodGroups: the controllers and the extender change the book's ledger
+(:mod:`extender.reservations.book`), and the book queues each change here
+(:class:`WriteQueue`), which hands it to the store. ``save`` creates or updates the object and writes its
 status (phase, bound pods, nodes, GPUs), ``delete`` forgets (a missing object is not an
 error), ``load`` returns everything persisted. The ledger is rebuilt from spec alone;
 status is for people and kubectl.
@@ -17,6 +18,7 @@ so an apply sets each whole: a freed slot's entry goes, whoever wrote the map be
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
@@ -33,7 +35,9 @@ from extender.kube.crd_models import (
     reservation_status,
 )
 from extender.kube.devices import DeviceMismatch
+from extender.logs import fields
 from extender.placement.ledger import Reservation
+from extender.reservations.ref import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -187,3 +191,132 @@ def _foreign_owners(got: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     have = {str(o.get("uid")) for o in (got.get("metadata") or {}).get("ownerReferences") or ()}
     want = {str(o.get("uid")) for o in wanted["metadata"].get("ownerReferences") or ()}
     return bool(have - want)
+
+
+class WriteQueue:
+    """Ledger changes waiting for the store, per gang: ``await flush()`` writes them (the
+    housekeeping loop also flushes, and retries what failed)."""
+
+    def __init__(
+        self,
+        store: ReservationStore,
+        current: Callable[[str], Reservation | None],
+        mismatches: Callable[[str], Sequence[DeviceMismatch]],
+    ) -> None:
+        self.store = store
+        #: The reservation the book holds now for a gang (None: released).
+        self._current = current
+        self._mismatches = mismatches
+        #: Gang -> the reservation to delete (released), or None (write what is held).
+        self._pending: dict[str, Reservation | None] = {}
+        #: Gangs whose change the store is writing now: an echo of an older write must not
+        #: undo it (see :meth:`extender.reservations.book.ReservationBook.reservation_deleted`).
+        self._writing: set[str] = set()
+        #: Gangs whose reservation object the store could not write, with the error.
+        self._unsaved: dict[str, str] = {}
+        self._flush_lock: asyncio.Lock | None = None
+        #: The background write :meth:`flush_soon` started and that has not begun yet.
+        self._flush_queued: asyncio.Task[None] | None = None
+
+    def changed(self, gang: str, deleted: Reservation | None = None) -> None:
+        """Queue a gang's change: ``deleted``, the reservation released."""
+        if deleted is not None:
+            self._pending[gang] = deleted
+        else:
+            self._pending.setdefault(gang, None)
+            if self._pending[gang] is not None and self._current(gang) is not None:
+                self._pending[gang] = None
+
+    def status_changed(self, gang: str) -> None:
+        """A held reservation's status must be written again (its spec did not change)."""
+        self._pending.setdefault(gang, None)
+
+    def busy(self, gang: str) -> bool:
+        """Whether a change of ``gang`` is queued or being written."""
+        return gang in self._pending or gang in self._writing
+
+    def clear(self) -> None:
+        self._pending.clear()
+        self._unsaved.clear()
+
+    async def flush(self) -> None:
+        """Write queued ledger changes to the store; a failed write stays queued."""
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        async with self._flush_lock:
+            for gang in list(self._pending):
+                if gang in self._pending:
+                    await self._write(gang)
+
+    async def persist(self, gang: str) -> bool:
+        """Write gang's queued change now (a controller does before it tells its owner the
+        slice is reserved); False when its object could not be written (it stays queued)."""
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        async with self._flush_lock:
+            if gang not in self._pending:
+                return True  # nothing queued: already written
+            return await self._write(gang)
+
+    async def _write(self, gang: str) -> bool:
+        deleted = self._pending.pop(gang)
+        current = self._current(gang)
+        self._writing.add(gang)
+        try:
+            if current is not None:
+                await self.store.save(current, self._mismatches(gang))
+            elif deleted is not None:
+                await self.store.delete(deleted)
+            self._unsaved.pop(gang, None)
+            return True
+        except StatusNotSaved as exc:
+            self._unsaved.pop(gang, None)
+            log.warning("%s; will retry", exc, extra=fields(gang=gang))
+            self._pending.setdefault(gang, deleted)
+            return True
+        except Exception as exc:
+            r = current or deleted
+            where = str(ReservationRef.of(r)) if r else ""
+            log.warning(
+                "persisting reservation of gang %s failed: %s",
+                gang,
+                exc,
+                extra=fields(gang=gang, reservation=where),
+            )
+            self._pending.setdefault(gang, deleted)
+            if current is not None:
+                self._unsaved[gang] = str(exc)
+            return False
+        finally:
+            self._writing.discard(gang)
+
+    async def discard(self, r: Reservation) -> None:
+        """Delete a persisted reservation the book does not hold (one that overlaps another
+        found at a rebuild); a failure is logged."""
+        try:
+            await self.store.delete(r)
+        except Exception as exc:
+            log.warning(
+                "deleting the reservation of gang %s failed: %s", r.gang, exc, extra=fields(gang=r.gang)
+            )
+
+    def flush_soon(self) -> None:
+        """Write queued ledger changes in the background, on the running loop, without
+        waiting for them. At most one such write waits to begin, so a burst of changes is
+        written together; what fails stays queued for the next flush (housekeeping retries)."""
+        if not self._pending or self._flush_queued is not None:
+            return
+
+        async def write() -> None:
+            self._flush_queued = None  # changes queued from here on start a write of their own
+            await self.flush()
+
+        self._flush_queued = asyncio.get_running_loop().create_task(write())
+
+    def save_error(self, gang: str) -> str | None:
+        """Why the reservation object of ``gang`` last failed to be written, if it did."""
+        return self._unsaved.get(gang)
+
+    @property
+    def unflushed(self) -> int:
+        return len(self._pending)

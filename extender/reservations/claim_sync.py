@@ -26,17 +26,17 @@ from typing import Any
 
 from extender.kube import dra, events, names
 from extender.kube.api import EVENTS, RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
-from extender.kube.cache import ClusterCache
 from extender.kube.events import ObjectRef
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.reserve import Claim, reserve
 from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim, claim_name
 from extender.logs import fields
 from extender.placement import numa_fit
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Unplaceable
+from extender.reservations.cluster import ClusterCache
+from extender.reservations.reserve import Claim, reserve
 
 log = logging.getLogger(__name__)
 

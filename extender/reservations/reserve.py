@@ -12,8 +12,8 @@ whether a gang that asks for a multi-node NVLink clique waits: a gang refused he
 waiting until it is placed, :mod:`extender.placement.waiting`), the solver (``place`` unless
 the caller brings its own, as the Kueue check does for its waiting stages), the split of a
 joint gang's slice into one reservation per member. The cache only observes and records:
-:meth:`ClusterCache.hold_all` enters the reservations in the ledger, all or none, and queues
-them for its store; :meth:`ClusterCache.restore` only puts back what an earlier process
+:meth:`ReservationBook.hold_all` enters the reservations in the ledger, all or none, and queues
+them for its store; :meth:`ReservationBook.restore` only puts back what an earlier process
 persisted.
 
 ``reserve`` is synchronous: call it under ``cache.lock`` (no other decision on the loop may
@@ -57,7 +57,7 @@ class Claim:
 
 
 class Reserving(Protocol):
-    """What :func:`reserve` needs of :class:`extender.kube.cache.ClusterCache`."""
+    """What :func:`reserve` needs of :class:`extender.reservations.cluster.ClusterCache`."""
 
     @property
     def clock(self) -> Callable[[], float]: ...
