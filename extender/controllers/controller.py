@@ -60,7 +60,8 @@ from extender.placement.ledger import Ledger, Reservation
 from extender.placement.request import Toleration
 from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
-from extender.reservations.reserve import Claim, Reserving, reserve, reserve_all
+from extender.reservations.book import ReservationBook
+from extender.reservations.reserve import Claim, Reserving
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ WORKLOAD_KIND = "Workload"
 
 
 class Cache(Reserving, Protocol):
-    """What the controller needs of :class:`extender.kube.cache.ClusterCache`."""
+    """What the controller needs of :class:`extender.reservations.cluster.ClusterCache`."""
 
     @property
     def ready(self) -> bool: ...
@@ -77,7 +78,7 @@ class Cache(Reserving, Protocol):
     def ledger(self) -> Ledger: ...
 
     @property
-    def lock(self) -> asyncio.Lock: ...
+    def book(self) -> ReservationBook: ...
 
     def snapshot(self) -> ClusterSnapshot: ...
 
@@ -304,8 +305,9 @@ class AdmissionController:
             started = parse_rfc3339(kueue.wait_started(wl)) or now
             stage = kueue.wait_stage(now - started, self.config)
             solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
-            async with self.cache.lock:
-                got = reserve(self.cache, request, self._claim(key, wl, now, bool(claim_gpus)), solve=solve)
+            got = await self.cache.book.hold(
+                request, self._claim(key, wl, now, bool(claim_gpus)), solve=solve
+            )
             if isinstance(got, Unplaceable):
                 await self._wait(wl, got, stage)
                 return
@@ -454,8 +456,7 @@ class AdmissionController:
         keys = {name: kueue.gang_key(w) for name, w in wls.items()}
         solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
         claims = [self._claim(keys[name], w, now, pinned[name]) for name, w in wls.items()]
-        async with self.cache.lock:
-            result = reserve_all(self.cache, request, claims, split=joint.splitter(keys), solve=solve)
+        result = await self.cache.book.hold_joint(request, claims, split=joint.splitter(keys), solve=solve)
         if isinstance(result, Unplaceable):
             for w in wls.values():
                 await self._wait(w, result, stage)

@@ -47,7 +47,6 @@ from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.scoring import resolve_need
 from extender.placement.slice import Unplaceable
-from extender.reservations.reserve import reserve, reserve_all
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +181,7 @@ class PodGroupController:
         if request is None:
             return
         claim = owned.owner_claim(key, obj, self.clock() + self.config.hold_ttl_s, **self._pinned(key))
-        async with self.cache.lock:
-            result = reserve(self.cache, request, claim)
+        result = await self.cache.book.hold(request, claim)
         if isinstance(result, Unplaceable):
             await self._unplaceable([key], result)
             return
@@ -308,8 +306,7 @@ class PodGroupController:
             owned.owner_claim(k, self.groups[k], expires, jointGang=jkey, **self._pinned(k))
             for k in keys.values()
         ]
-        async with self.cache.lock:
-            got = reserve_all(self.cache, request, claims, split=joint.splitter(keys))
+        got = await self.cache.book.hold_joint(request, claims, split=joint.splitter(keys))
         return got if isinstance(got, Unplaceable) else None
 
     # -- writing -------------------------------------------------------------------------------

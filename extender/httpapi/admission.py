@@ -52,6 +52,7 @@ from extender.kube.api import (
     as_map,
 )
 from extender.kube.crd_models import object_name
+from extender.kube.dra import DeviceMap
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.slot_claims import (
@@ -64,9 +65,10 @@ from extender.kube.slot_claims import (
     pick_slot,
 )
 from extender.logs import fields
+from extender.placement.ledger import Reservation
 from extender.placement.scoring import LevelError
-from extender.placement.slice import Unplaceable
-from extender.reservations import ClusterCache
+from extender.placement.slice import PodSlot, Unplaceable
+from extender.reservations import ClusterCache, ReservationRef
 from extender.reservations.reserve import Claim, reserve
 
 log = logging.getLogger(__name__)
@@ -147,7 +149,9 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     if pod.problems:
         raise Refusal(pod.problems[0])
     pending: dict[str, dict[str, tuple[str, float]]] = app[PENDING]
-    async with cache.lock:
+
+    def hand_out() -> tuple[Reservation, PodSlot, DeviceMap]:
+        """The pod's gang reserved (a plain gang's first pod reserves it) and a slot handed out."""
         r = cache.reservation_of(pod)
         if r is None:
             r = _reserve(cache, pod)
@@ -170,10 +174,14 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
             )
         mine[slot.key] = (pod.name or "<generated name>", now)
         pending[gang] = mine
+        return r, slot, device_map
+
+    r, slot, device_map = await cache.book.deciding(hand_out)
+    gang = r.gang
     try:
         if not await cache.persist(gang):
             raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.save_error(gang)}")
-        res_name = str(r.meta.get("name") or object_name(gang))
+        res_name = ReservationRef.of(r).name
         try:
             saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
         except KubeError as exc:
@@ -293,7 +301,7 @@ async def _join_domain(
     return ops
 
 
-def _reserve(cache: ClusterCache, pod: PodInfo) -> Any:
+def _reserve(cache: ClusterCache, pod: PodInfo) -> Reservation:
     """Reserve a plain gang on its first pod; a Kueue or Volcano gang is its controller's to
     reserve, so a pod of one that has no reservation yet is refused (its creator retries)."""
     if pod.reservation_name:
@@ -320,7 +328,7 @@ def _reserve(cache: ClusterCache, pod: PodInfo) -> Any:
         cache.remember(pod)  # its pod set counts for the gang's next pod; its controller retries
         raise Refusal(f"gang {gang}: {request.reason}; retry once a pod of every pod set was created")
     try:
-        placed = reserve(cache, request, Claim(gang, {names.META_SLOT_CLAIMS: "true"}))
+        placed = reserve(cache.book, request, Claim(gang, {names.META_SLOT_CLAIMS: "true"}))
     except LevelError as exc:
         raise Refusal(f"gang {gang}: {exc}") from None
     if isinstance(placed, Unplaceable):

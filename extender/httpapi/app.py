@@ -90,8 +90,7 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
         if not leads(app):
             continue
         try:
-            async with cache.lock:
-                gone = cache.expire()
+            gone = await cache.book.deciding(cache.book.expire)
             for r in gone:
                 log.info("reservation of gang %s expired", r.gang, extra=fields(gang=r.gang))
             mismatches = app.get(MISMATCHES)

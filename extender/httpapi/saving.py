@@ -35,9 +35,8 @@ async def saved(cache: ClusterCache, out: FilterOutcome) -> FilterOutcome:
     why = cache.save_error(gang)
     if why is None:
         return out
-    async with cache.lock:
-        cache.drop(gang)
-    await cache.flush()  # the object may exist after all (a write that timed out): delete it
+    # The object may exist after all (a write that timed out): the release deletes it.
+    await cache.book.release_gang(gang)
     log.warning(
         "gang %s: its reservation could not be saved (%s); released the hold",
         gang,

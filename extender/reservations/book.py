@@ -21,24 +21,75 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from extender.kube import names
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterInformer
 from extender.kube.devices import DeviceMismatch, node_mismatches
-from extender.kube.pods import PodInfo
+from extender.kube.gangs import Incomplete, plain_gang_request
+from extender.kube.pods import PodError, PodInfo
 from extender.logs import fields
 from extender.placement.feasibility import NOTHING
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation, hold_requests
-from extender.placement.slice import PodSlot
+from extender.placement.request import GangRequest
+from extender.placement.slice import PodSlot, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.waiting import KeepCliques, WaitingGangs
 from extender.reservations.ref import ReservationRef
+from extender.reservations.reserve import Claim, Solver, Split, reserve, reserve_all
 from extender.reservations.store import InMemoryReservationStore, ReservationStore, WriteQueue
 from extender.topology.model import GpuGraph
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class GangRef:
+    """A pod's gang: its key, its reservation if any, and what to do without one."""
+
+    key: str
+    reservation_label: str
+    request: GangRequest | None = None
+    waiting: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    pod: PodInfo
+    node: str
+    gpus: tuple[int, ...]
+    numa_nodes: tuple[int, ...]
+    gang: str | None = None
+    slot: str | None = None
+    #: The pod as the cache had it before the plan recorded it bound (for undo).
+    previous: PodInfo | None = None
+    noted: bool = False
+    #: The GPUs' UUIDs from the node's graph, in the order of ``gpus`` (empty when the graph
+    #: has none, e.g. one parsed from ``nvidia-smi topo -m``).
+    uuids: tuple[str, ...] = ()
+
+    def annotations(self) -> dict[str, str]:
+        if not self.gpus:
+            return {}
+        out = {names.GPUS: ",".join(map(str, self.gpus))}
+        if self.numa_nodes:
+            out[names.NUMA_NODE] = ",".join(map(str, self.numa_nodes))
+        if self.uuids:
+            out[names.GPU_UUIDS] = ",".join(self.uuids)
+        return out
+
+
+class Refused(Exception):
+    """A bind or allocation that cannot be done; the message says why."""
+
+
+#: Picks the GPUs of a pod in no gang on a node (the extender's own choice); raises Refused.
+PlainPick = Callable[[PodInfo, str], BindPlan]
 
 
 class ReservationBook:
@@ -119,6 +170,13 @@ class ReservationBook:
         self._held_dirty.clear()
         return self._view
 
+    async def deciding(self, decide: Callable[[], T]) -> T:
+        """Run one synchronous decision (a filter that may reserve, a preemption) with the
+        book's lock held: no other decision sees the ledger between its reading and its
+        changes."""
+        async with self.lock:
+            return decide()
+
     # -- reading -------------------------------------------------------------------------
     def reservation(self, gang: str) -> Reservation | None:
         return self._ledger.get(gang)
@@ -153,6 +211,155 @@ class ReservationBook:
         if not self.informer.pods_listed:
             return None
         return sum(1 for p in self.informer.pods_of_gang(gang) if p.holds_gpus and not p.deleting)
+
+    def gang_of(self, pod: PodInfo, job: str | None = None) -> GangRef | None:
+        """The pod's gang, or None for a pod in no gang. Raises PodError for bad annotations."""
+        if pod.problems:
+            raise PodError(pod.problems[0])
+        if pod.reservation_name:
+            r = self.reservation_named(pod.namespace, pod.reservation_name)
+            label = f"reservation {pod.namespace}/{pod.reservation_name}"
+            if r is None:
+                return GangRef(
+                    f"{pod.namespace}/{pod.reservation_name}", label, waiting=f"{label} does not exist"
+                )
+            return GangRef(r.gang, label)
+        key = pod.gang or job
+        if key is None:
+            return None
+        r = self.reservation(key)
+        label = ReservationRef.parse(key, r.meta if r else None).label
+        if r is not None:
+            return GangRef(key, label)
+        waiting = f"gang {key} has no reservation yet"
+        got = plain_gang_request(pod, self.informer.pods_of_gang(key)) if pod.gang else None
+        if isinstance(got, Incomplete):
+            return GangRef(key, label, None, f"gang {key}: {got.reason}")
+        return GangRef(key, label, got, waiting)
+
+    # -- holding a slice -----------------------------------------------------------------
+    async def hold(
+        self, request: GangRequest, claim: Claim, *, solve: Solver | None = None
+    ) -> Reservation | Unplaceable:
+        """Place one gang and hold its slice (:func:`~extender.reservations.reserve.reserve`)
+        under the lock; :meth:`persist` writes it."""
+        async with self.lock:
+            return reserve(self, request, claim, solve=solve)
+
+    async def hold_joint(
+        self,
+        request: GangRequest,
+        claims: Iterable[Claim],
+        *,
+        split: Split | None = None,
+        solve: Solver | None = None,
+    ) -> list[Reservation] | Unplaceable:
+        """Place one slice and hold it as one reservation per claim, all or none
+        (:func:`~extender.reservations.reserve.reserve_all`), under the lock."""
+        async with self.lock:
+            return reserve_all(self, request, claims, split=split, solve=solve)
+
+    # -- kube-scheduler's Reserve and Unreserve --------------------------------------------
+    async def reserve_pod(self, pod: PodInfo, node: str, plain: PlainPick) -> BindPlan:
+        """Take the pod's slot on ``node`` (a gang's) or its GPUs there (``plain`` picks them
+        for a pod in no gang) and record the pod bound, before the API call binds it;
+        :meth:`unreserve` reverts. Raises :class:`Refused`."""
+        async with self.lock:
+            return self.plan_bind(pod, node, plain)
+
+    async def unreserve(self, plan: BindPlan) -> None:
+        """The bind of ``plan`` failed: free what :meth:`reserve_pod` took."""
+        async with self.lock:
+            self.undo_bind(plan)
+        self.flush_soon()
+
+    def plan_bind(self, pod: PodInfo, node: str, plain: PlainPick) -> BindPlan:
+        """:meth:`reserve_pod` without the lock."""
+        try:
+            ref = self.gang_of(pod)
+        except PodError as exc:
+            raise Refused(str(exc)) from None
+        r = self.reservation(ref.key) if ref is not None else None
+        if ref is not None and r is not None:
+            if outside_slice(ref.reservation_label, r, pod):
+                return BindPlan(pod, node, (), ())
+            slot = r.slot_of(pod.name)
+            if slot is None or slot.node != node:
+                free = [s for s in free_slots(r, pod) if s.node == node]
+                if not free:
+                    raise Refused(f"{ref.reservation_label} has no free slot for pod {pod.name} on {node}")
+                if slot is not None:
+                    self.unbind_slot(r.gang, slot.key)
+                slot = free[0]
+            self.bind_slot(r.gang, slot.key, pod.name)
+            plan = BindPlan(pod, node, slot.gpus, slot.numa_nodes, r.gang, slot.key)
+        elif ref is not None and pod.gpus > 0:
+            raise Refused(ref.waiting)
+        elif pod.gpus > 0:
+            plan = plain(pod, node)
+        else:
+            plan = BindPlan(pod, node, (), ())
+        if plan.gpus:
+            plan = replace(plan, uuids=self._uuids(node, plan.gpus))
+            bound = replace(pod, node=node, annotations={**pod.annotations, **plan.annotations()})
+            plan = replace(plan, previous=self.informer.note_bound(bound), noted=True)
+        return plan
+
+    def _uuids(self, node: str, gpus: Sequence[int]) -> tuple[str, ...]:
+        """The UUIDs of ``gpus`` on ``node`` (``gangslice.io/gpu-uuids``); empty when the
+        node's graph lacks one of them."""
+        snap = self.informer.snapshot()
+        if not snap.has_node(node):
+            return ()
+        graph = snap.node(node).graph
+        if any(g not in graph.indices for g in gpus):
+            return ()
+        return graph.uuids(gpus) or ()
+
+    def undo_bind(self, plan: BindPlan) -> None:
+        """:meth:`unreserve` without the lock or the write."""
+        r = self.reservation(plan.gang) if plan.gang is not None else None
+        if r is not None and plan.slot is not None and r.bound.get(plan.slot) == plan.pod.name:
+            self.unbind_slot(r.gang, plan.slot)
+        if plan.noted:
+            self.informer.restore_pod(plan.pod.key, plan.previous)
+            if plan.previous is None:
+                self.informer.remember(plan.pod)
+
+    # -- Volcano allocate / deallocate ---------------------------------------------------
+    def allocate(self, pod: PodInfo, node: str, job: str | None) -> None:
+        """Volcano allocated a task in its session: take the matching slot. Raises Refused."""
+        try:
+            ref = self.gang_of(pod, job)
+        except PodError as exc:
+            raise Refused(str(exc)) from None
+        r = self.reservation(ref.key) if ref is not None else None
+        if ref is None or r is None:
+            return
+        if outside_slice(ref.reservation_label, r, pod):
+            return
+        mine = r.slot_of(pod.name)
+        if mine is not None and mine.node == node:
+            return
+        free = [s for s in free_slots(r, pod) if s.node == node]
+        if not free:
+            raise Refused(f"{ref.reservation_label} has no free slot for task {pod.name} on {node}")
+        if mine is not None:
+            self.unbind_slot(r.gang, mine.key)
+        self.bind_slot(r.gang, free[0].key, pod.name)
+
+    def deallocate(self, pod: PodInfo, job: str | None) -> None:
+        """Volcano took a task's allocation back: free its slot."""
+        try:
+            ref = self.gang_of(pod, job)
+        except PodError:
+            return
+        r = self.reservation(ref.key) if ref is not None else None
+        if r is None:
+            return
+        mine = r.slot_of(pod.name)
+        if mine is not None:
+            self.unbind_slot(r.gang, mine.key)
 
     # -- lifecycle -----------------------------------------------------------------------
     def drop(self, gang: str) -> Reservation | None:
@@ -512,3 +719,28 @@ class ReservationBook:
             if r is not None:
                 self.informer.mark_domains_of(*ReservationRef.of(r).key)
         self._queue.changed(gang, deleted)
+
+
+def free_slots(r: Reservation, pod: PodInfo) -> list[PodSlot]:
+    """Free slots for ``pod``: of its GPU count, and only its pod set's when the reservation
+    has such a pod set; of any pod set when the pod names none or one the slice does not know
+    (a Kueue or Volcano role name that the reservation did not use)."""
+    free = [s for s in r.free_slots() if len(s.gpus) == pod.gpus]
+    if pod.pod_set is None or all(s.pod_set != pod.pod_set for s in r.slice.slots):
+        return free
+    return [s for s in free if s.pod_set == pod.pod_set]
+
+
+def outside_slice(label: str, r: Reservation, pod: PodInfo) -> bool:
+    """Whether a member of the gang is no pod of its slice: one without GPUs (a CPU-only
+    leader or router) when no slot is without GPUs. Raises :class:`Refused` for a member
+    whose GPU count no slot has."""
+    if r.slot_of(pod.name) is not None or any(len(s.gpus) == pod.gpus for s in r.slice.slots):
+        return False
+    if pod.gpus <= 0:
+        return True
+    sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
+    why = f"{label}: pod {pod.name} asks for {pod.gpus} GPUs; the reservation's slots have {sizes}"
+    if pod.pod_set and all(s.pod_set != pod.pod_set for s in r.slice.slots):
+        why += f" (a plain gang of several pod sets gives each pod {names.POD_SET_SIZE})"
+    raise Refused(why)
