@@ -297,11 +297,12 @@ async def add_slot_claims(api: KubeClient, cache: Any, facts: Facts) -> None:
     (allocated, reserved for, prepared)."""
     from extender.kube.api import RESOURCE_CLAIMS
     from extender.kube.slot_claims import claim_name, claim_state
+    from extender.reservations.ref import ReservationRef
 
     r = facts.reservation
     if r is None:
         return
-    namespace, name = r.meta.get("namespace", ""), r.meta.get("name", "")
+    namespace, name = ReservationRef.of(r).key
     claims = {
         c.get("metadata", {}).get("name"): c for c in (await api.list(RESOURCE_CLAIMS, namespace)).items
     }

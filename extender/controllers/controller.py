@@ -32,8 +32,6 @@ from extender.controllers.api import KUEUE_API_VERSION
 from extender.controllers.kueue import Action, CheckConfig, Stage
 from extender.controllers.objects import (
     META_ATTEMPT,
-    META_OWNER_KIND,
-    META_OWNER_NAME,
     META_OWNER_UID,
     object_ref,
     parse_rfc3339,
@@ -61,6 +59,7 @@ from extender.placement.request import Toleration
 from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.reservations.book import ReservationBook
+from extender.reservations.ref import ReservationRef
 from extender.reservations.reserve import Claim, Reserving
 
 log = logging.getLogger(__name__)
@@ -188,9 +187,10 @@ class AdmissionController:
         later one of the same name; returns how many."""
         released = 0
         for r in self.cache.ledger.reservations():
-            if r.meta.get(META_OWNER_KIND) != WORKLOAD_KIND:
+            ref = ReservationRef.of(r)
+            if ref.owner_kind != WORKLOAD_KIND:
                 continue
-            ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
+            ns, name = ref.namespace, ref.owner_name
             try:
                 wl = await self.api.get(WORKLOADS, name, ns)
             except NotFound:

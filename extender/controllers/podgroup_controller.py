@@ -28,7 +28,7 @@ from typing import Any
 
 from extender.controllers import joint, owned
 from extender.controllers.controller import Cache, resync_until
-from extender.controllers.objects import META_OWNER_KIND, META_OWNER_NAME, object_ref
+from extender.controllers.objects import object_ref
 from extender.controllers.podgroups import (
     PODGROUP_KIND,
     VOLCANO_SCHEDULER,
@@ -47,6 +47,7 @@ from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.scoring import resolve_need
 from extender.placement.slice import Unplaceable
+from extender.reservations.ref import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +119,10 @@ class PodGroupController:
         SliceReservation objects), then decide for every known group."""
         self.leader = True
         for r in list(self.cache.ledger.reservations()):
-            if r.meta.get(META_OWNER_KIND) != PODGROUP_KIND:
+            ref = ReservationRef.of(r)
+            if ref.owner_kind != PODGROUP_KIND:
                 continue
-            ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
+            ns, name = ref.namespace, ref.owner_name
             try:
                 pg = await self.api.get(PODGROUPS, name, ns)
             except NotFound:

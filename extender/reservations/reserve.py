@@ -36,6 +36,7 @@ from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 from extender.placement.waiting import WaitingGangs
+from extender.reservations.ref import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def reserve_all(
             len(r.slice.slots),
             ",".join(r.slice.nodes),
             r.slice.per_layer_micros,
-            extra=fields(gang=r.gang, reservation=f"{r.meta['namespace']}/{r.meta['name']}"),
+            extra=fields(gang=r.gang, reservation=str(ReservationRef.of(r))),
         )
     return rs
 

@@ -62,16 +62,14 @@ class StatusNotSaved(Exception):
 def owner_reference_of(r: Reservation) -> dict[str, Any] | None:
     """The ``ownerReferences`` entry of the object ``r`` was made for (a Workload, a
     PodGroup; from its meta), or None for a plain gang's reservation."""
-    meta = r.meta
-    kind, name = meta.get(names.META_OWNER_KIND), meta.get(names.META_OWNER_NAME)
-    api_version = meta.get(names.META_OWNER_API_VERSION)
-    if not (kind and name and api_version):
+    ref = ReservationRef.of(r)
+    if not (ref.owner_kind and ref.owner_name and ref.owner_api_version):
         return None
     return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "name": name,
-        "uid": meta.get(names.META_OWNER_UID, ""),
+        "apiVersion": ref.owner_api_version,
+        "kind": ref.owner_kind,
+        "name": ref.owner_name,
+        "uid": ref.owner_uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
