@@ -297,7 +297,7 @@ async def add_slot_claims(api: KubeClient, cache: Any, facts: Facts) -> None:
     (allocated, reserved for, prepared)."""
     from extender.kube.api import RESOURCE_CLAIMS
     from extender.kube.slot_claims import claim_name, claim_state
-    from extender.reservations.ref import ReservationRef
+    from extender.reservations.store import ReservationRef
 
     r = facts.reservation
     if r is None:

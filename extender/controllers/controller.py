@@ -59,8 +59,8 @@ from extender.placement.request import Toleration
 from extender.placement.slice import Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.reservations.book import ReservationBook
-from extender.reservations.ref import ReservationRef
 from extender.reservations.reserve import Claim, Reserving
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from extender.kube.api import EVENTS, KubeClient, KubeError
 from extender.kube.crd_models import object_name
 from extender.kube.events import ObjectRef
 from extender.placement.ledger import Reservation
-from extender.reservations.ref import ReservationRef
 from extender.reservations.reserve import Claim
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.scoring import resolve_need
 from extender.placement.slice import Unplaceable
-from extender.reservations.ref import ReservationRef
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 

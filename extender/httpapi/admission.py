@@ -152,11 +152,11 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
 
     def hand_out() -> tuple[Reservation, PodSlot, DeviceMap]:
         """The pod's gang reserved (a plain gang's first pod reserves it) and a slot handed out."""
-        r = cache.reservation_of(pod)
+        r = cache.book.reservation_of(pod)
         if r is None:
             r = _reserve(cache, pod)
         gang = r.gang
-        for other in [g for g in pending if g != gang and cache.reservation(g) is None]:
+        for other in [g for g in pending if g != gang and cache.book.reservation(g) is None]:
             del pending[other]  # released gangs: nothing of theirs is handed out any more
         now = time.monotonic()
         mine = {k: v for k, v in pending.get(gang, {}).items() if now - v[1] < PENDING_S}
@@ -179,8 +179,9 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     r, slot, device_map = await cache.book.deciding(hand_out)
     gang = r.gang
     try:
-        if not await cache.persist(gang):
-            raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.save_error(gang)}")
+        if not await cache.book.persist(gang):
+            why = cache.book.save_error(gang)
+            raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {why}")
         res_name = ReservationRef.of(r).name
         try:
             saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)

@@ -96,7 +96,7 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
             mismatches = app.get(MISMATCHES)
             if mismatches is not None:
                 await mismatches.sync(cache, cache.clock())
-            await cache.flush()
+            await cache.book.flush()
             reporter = app.get(TOPOLOGY_STATUS)
             if reporter is not None:
                 await reporter.sync(cache, cache.clock())

@@ -122,7 +122,7 @@ class Decider:
             return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
         outcome = "fit"
         if ref is not None:
-            r = self.cache.reservation(ref.key)
+            r = self.cache.book.reservation(ref.key)
             if r is None and ref.request is not None and pod.gpus > 0:
                 try:
                     placed = reserve(self.cache.book, ref.request, Claim(ref.key))
@@ -131,7 +131,7 @@ class Decider:
                 if isinstance(placed, Unplaceable):
                     code = Code.UNSCHEDULABLE if placed.feasible_when_empty else Code.UNRESOLVABLE
                     return _all(names, code, f"gang {ref.key}: {placed.reason}", "unplaceable")
-                r = self.cache.reservation(ref.key)
+                r = self.cache.book.reservation(ref.key)
                 ref.reservation_label = ReservationRef.parse(ref.key, r.meta if r else None).label
                 outcome = "reserved"
             try:
@@ -187,7 +187,7 @@ class Decider:
         return _split(names, [PASS if n in nodes else elsewhere for n in names])
 
     def _slot_nodes(self, pod: PodInfo, ref: GangRef) -> tuple[set[str], str]:
-        r = self.cache.reservation(ref.key)
+        r = self.cache.book.reservation(ref.key)
         assert r is not None
         label = ref.reservation_label
         mine = r.slot_of(pod.name)
@@ -218,7 +218,7 @@ class Decider:
     def _fresh(self) -> ClusterSnapshot:
         """The current view, with the memo tables brought up to date: entries of nodes that
         changed are dropped (recomputed on demand); everything when too much changed."""
-        view = self.cache.view()
+        view = self.cache.book.view()
         version = self.cache.version
         if len(self._fit) + len(self._raw) > MAX_RULES or len(self._raw_values) > MAX_RAW_VALUES:
             self._memo_version = None  # one table per pod rule asked about: bounded all the same
@@ -291,7 +291,7 @@ class Decider:
         except PodError:
             return Scores.zeros(len(names))
         if ref is not None:
-            if self.cache.reservation(ref.key) is None:
+            if self.cache.book.reservation(ref.key) is None:
                 return Scores.zeros(len(names))
             nodes, _ = self._slot_nodes(pod, ref)
             key = NamesKey(names)
@@ -419,7 +419,7 @@ class Decider:
         if pod.gpus <= 0:
             return list(victims)
         if ref is not None:
-            if self.cache.reservation(ref.key) is None:
+            if self.cache.book.reservation(ref.key) is None:
                 return list(victims)
             nodes, _ = self._slot_nodes(pod, ref)
             return [n for n in victims if n in nodes]
@@ -429,7 +429,7 @@ class Decider:
             return []
         view = self._fresh()
         ps = self._pod_set(pod)
-        held = self.cache.ledger.held()
+        held = self.cache.book.ledger.held()
         keep = []
         for node, pods in victims.items():
             if not view.has_node(node):
@@ -458,6 +458,14 @@ class Decider:
 
     def deallocate(self, pod: PodInfo, job: str | None) -> None:
         self.cache.book.deallocate(pod, job)
+
+
+def unsaved(out: FilterOutcome, why: str) -> FilterOutcome:
+    """The outcome of a filter whose reservation could not be saved (nothing is held now):
+    every node unschedulable with the reason."""
+    reason = f"gang {out.reserved}: the reservation could not be saved ({why}); nothing is held, will retry"
+    names = [*out.passed, *out.failed, *out.unresolvable]
+    return FilterOutcome([], dict.fromkeys(names, reason), {}, "unsaved")
 
 
 def normalise(raws: Sequence[Raw]) -> list[int]:

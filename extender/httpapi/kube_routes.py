@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi import checks, nodelist, saving
-from extender.httpapi.decide import FilterOutcome, Scores, lookup
+from extender.httpapi import checks, nodelist
+from extender.httpapi.decide import FilterOutcome, Scores, lookup, unsaved
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.httpapi.wire import (
     MAX_EXTENDER_PRIORITY,
@@ -70,7 +70,10 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
         with request.app[METRICS].decision_duration.labels("filter").time():
             return nodelist.filter_known(decider, pod, names)
 
-    out = await saving.saved(cache, await cache.book.deciding(decide))
+    out = await cache.book.deciding(decide)
+    why = await cache.book.promise(out.reserved)
+    if why is not None:
+        out = unsaved(out, why)
     request.app[METRICS].decisions.labels(out.outcome).inc()
     names_only = args.nodes is None and args.node_names is not None
     if names_only:
@@ -202,7 +205,7 @@ async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any
     # reservation's record of it (spec.bound, status) is written in the background, several
     # binds of a gang together. After a restart before that write, the pod watch gives the
     # bound pod its slot again (ReservationBook.pod_bound).
-    cache.flush_soon()
+    cache.book.flush_soon()
     metrics.decisions.labels("bound").inc()
     return {"Error": ""}
 

@@ -68,7 +68,7 @@ async def rebuild_before_serving(cache: ClusterCache, retry_s: float = 2.0) -> N
     it could hand out GPUs that a persisted reservation holds."""
     while True:
         try:
-            await cache.rebuild_ledger()
+            await cache.book.rebuild_ledger()
             return
         except KubeError as exc:
             log.warning("rebuilding the ledger failed (%s); retrying in %gs", exc, retry_s)
@@ -182,7 +182,7 @@ async def serve(
         for task in background:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await cache.flush()
+        await cache.book.flush()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await runner.cleanup()

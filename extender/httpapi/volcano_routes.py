@@ -19,8 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi import checks, nodelist, saving
-from extender.httpapi.decide import FilterOutcome, Scores
+from extender.httpapi import checks, nodelist
+from extender.httpapi.decide import FilterOutcome, Scores, unsaved
 from extender.httpapi.handling import CACHE, DECIDER, METRICS, dumps, json_endpoint
 from extender.httpapi.volcano_wire import (
     ABSTAIN,
@@ -89,7 +89,10 @@ async def predicate(request: web.Request, args: PredicateRequest) -> dict[str, A
         with request.app[METRICS].decision_duration.labels("volcano-predicate").time():
             return nodelist.filter_known(decider, pod, [node], job)
 
-    out = await saving.saved(cache, await cache.book.deciding(decide))
+    out = await cache.book.deciding(decide)
+    why = await cache.book.promise(out.reserved)
+    if why is not None:
+        out = unsaved(out, why)
     request.app[METRICS].decisions.labels(out.outcome).inc()
     if out.passed:
         return {"status": "", "code": SUCCESS}
@@ -155,7 +158,7 @@ async def job_enqueueable(request: web.Request, args: JobRequest) -> dict[str, A
     except PodError as exc:
         metrics.decisions.labels("invalid").inc()
         return {"status": REJECT, "errorMessage": f"job {args.job.key}: {exc}"}
-    if cache.reservation(args.job.key) is not None:
+    if cache.book.reservation(args.job.key) is not None:
         status, outcome = PERMIT, "permit"
     elif gpus > 0:
         status, outcome = REJECT, "reject"
@@ -194,7 +197,7 @@ async def allocate(request: web.Request, args: EventHandlerRequest) -> dict[str,
         return {
             "errorMessage": checks.refused(request, "volcano-allocate", checks.Refusal("no-slot", str(exc)))
         }
-    await cache.flush()
+    await cache.book.flush()
     request.app[METRICS].decisions.labels("allocated").inc()
     return {"errorMessage": ""}
 
@@ -213,7 +216,7 @@ async def deallocate(request: web.Request, args: EventHandlerRequest) -> dict[st
             decider.deallocate(pod, job)
 
     await cache.book.deciding(decide)
-    await cache.flush()
+    await cache.book.flush()
     return {"errorMessage": ""}
 
 

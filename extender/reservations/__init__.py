@@ -11,8 +11,12 @@ taken. :mod:`~extender.reservations.cluster` joins the book to the informer
 
 from extender.reservations.book import ReservationBook
 from extender.reservations.cluster import ClusterCache
-from extender.reservations.ref import ReservationRef
-from extender.reservations.store import InMemoryReservationStore, KubeReservationStore, ReservationStore
+from extender.reservations.store import (
+    InMemoryReservationStore,
+    KubeReservationStore,
+    ReservationRef,
+    ReservationStore,
+)
 
 __all__ = [
     "ClusterCache",

@@ -38,9 +38,8 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.waiting import KeepCliques, WaitingGangs
-from extender.reservations.ref import ReservationRef
 from extender.reservations.reserve import Claim, Solver, Split, reserve, reserve_all
-from extender.reservations.store import InMemoryReservationStore, ReservationStore, WriteQueue
+from extender.reservations.store import InMemoryReservationStore, ReservationRef, ReservationStore, WriteQueue
 from extender.topology.model import GpuGraph
 
 log = logging.getLogger(__name__)
@@ -520,6 +519,34 @@ class ReservationBook:
     @property
     def unflushed(self) -> int:
         return self._queue.unflushed
+
+    async def promise(self, gang: str | None) -> str | None:
+        """Write what a filter changed before its reply; None when its promise holds.
+
+        The filter that places a plain gang (the first member's) holds the slice, and its
+        reply lets kube-scheduler bind the member on it; that promise must outlive this
+        process, so the reservation it placed (``gang``) is written now. When the store cannot
+        write it, the hold is released (a restart would not know of it, and a pod bound on its
+        strength would hold GPUs nobody reserved) and the reason is returned; the next member's
+        filter places the gang afresh. Other queued changes (binds' updates) are written in the
+        background, since kube-scheduler's one scheduling loop waits on the reply."""
+        if gang is None:
+            self.flush_soon()
+            return None
+        await self.persist(gang)  # only the new reservation gates the reply
+        self.flush_soon()
+        why = self.save_error(gang)
+        if why is None:
+            return None
+        # The object may exist after all (a write that timed out): the release deletes it.
+        await self.release_gang(gang)
+        log.warning(
+            "gang %s: its reservation could not be saved (%s); released the hold",
+            gang,
+            why,
+            extra=fields(gang=gang),
+        )
+        return why
 
     # -- what the informer tells -----------------------------------------------------------
     def pod_gone(self, pod: PodInfo) -> None:

@@ -36,8 +36,8 @@ from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.reservations.cluster import ClusterCache
-from extender.reservations.ref import ReservationRef
 from extender.reservations.reserve import Claim, reserve
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 

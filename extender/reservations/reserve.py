@@ -36,7 +36,7 @@ from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 from extender.placement.waiting import WaitingGangs
-from extender.reservations.ref import ReservationRef
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 

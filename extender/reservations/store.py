@@ -4,10 +4,12 @@ The store is the only writer of ``SliceReservation`` objects (see
 :mod:`extender.kube.crd_models`), spec and status alike, for plain gangs, Workloads and
 PodGroups: the controllers and the extender change the book's ledger
 (:mod:`extender.reservations.book`), and the book queues each change here
-(:class:`WriteQueue`), which hands it to the store. ``save`` creates or updates the object and writes its
-status (phase, bound pods, nodes, GPUs), ``delete`` forgets (a missing object is not an
-error), ``load`` returns everything persisted. The ledger is rebuilt from spec alone;
-status is for people and kubectl.
+(:class:`WriteQueue`), which hands it to the store. :class:`ReservationRef` names a
+reservation's object (and its owner) from the meta kept with it.
+
+``save`` creates or updates the object and writes its status (phase, bound pods, nodes,
+GPUs), ``delete`` forgets (a missing object is not an error), ``load`` returns everything
+persisted. The ledger is rebuilt from spec alone; status is for people and kubectl.
 
 :class:`KubeReservationStore` writes with server-side apply as the one field manager
 ``gangslice`` (forced): the object (metadata, owner reference, spec) on the main resource,
@@ -24,12 +26,15 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from extender.kube import names
 from extender.kube.api import SLICE_RESERVATIONS, KubeClient, KubeError, NotFound
 from extender.kube.crd_models import (
     CrdError,
+    gang_namespace,
+    object_name,
     reservation_from_object,
     reservation_object,
     reservation_status,
@@ -37,11 +42,61 @@ from extender.kube.crd_models import (
 from extender.kube.devices import DeviceMismatch
 from extender.logs import fields
 from extender.placement.ledger import Reservation
-from extender.reservations.ref import ReservationRef
 
 log = logging.getLogger(__name__)
 
 _Ref = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReservationRef:
+    """A reservation's gang key, its SliceReservation (namespace, name) and the object that
+    owns it (a Workload, a PodGroup; empty for a plain gang)."""
+
+    gang: str
+    namespace: str
+    name: str
+    owner_kind: str = ""
+    owner_name: str = ""
+    owner_uid: str = ""
+    owner_api_version: str = ""
+    #: Its slots are ResourceClaims the admission webhook created (DRA).
+    slot_claims: bool = False
+
+    @classmethod
+    def of(cls, r: Reservation) -> ReservationRef:
+        return cls.parse(r.gang, r.meta)
+
+    @classmethod
+    def parse(cls, gang: str, meta: Mapping[str, str] | None) -> ReservationRef:
+        m = meta or {}
+        return cls(
+            gang=gang,
+            namespace=m.get("namespace") or gang_namespace(gang),
+            name=m.get("name") or object_name(gang),
+            owner_kind=m.get(names.META_OWNER_KIND, ""),
+            owner_name=m.get(names.META_OWNER_NAME, ""),
+            owner_uid=m.get(names.META_OWNER_UID, ""),
+            owner_api_version=m.get(names.META_OWNER_API_VERSION, ""),
+            slot_claims=m.get(names.META_SLOT_CLAIMS) == "true",
+        )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(namespace, name) of the SliceReservation."""
+        return self.namespace, self.name
+
+    @property
+    def owner_managed(self) -> bool:
+        """Held until its controller releases it (a Workload's, a PodGroup's): no TTL."""
+        return self.owner_kind in names.OWNER_MANAGED_KINDS
+
+    @property
+    def label(self) -> str:
+        return f"reservation {self.namespace}/{self.name} (gang {self.gang})"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 class ReservationStore(Protocol):
