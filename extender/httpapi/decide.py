@@ -14,7 +14,8 @@ gang ``<namespace>/<gang>``; a Volcano task belongs to its job's gang ``<namespa
   solver holds gang pods to); nodes whose type can never hold one are unresolvable.
 - A pod without GPUs passes everywhere.
 
-Everything here is synchronous and must run under the cache's lock.
+Everything here is synchronous and must run under the book's lock
+(:meth:`extender.reservations.book.ReservationBook.deciding`).
 """
 
 from __future__ import annotations

@@ -22,8 +22,7 @@ def hold(
 async def reserve_gang(
     cache: ClusterCache, gang: str, request: GangRequest, meta: dict[str, str] | None = None
 ) -> Placement:
-    """:func:`hold` under the cache's lock, then the cache's store writes it."""
-    async with cache.lock:
-        got = hold(cache, gang, request, meta)
+    """:func:`hold` under the book's lock, then the book's store writes it."""
+    got = await cache.book.deciding(lambda: hold(cache, gang, request, meta))
     await cache.flush()
     return got
