@@ -68,7 +68,7 @@ from extender.logs import fields
 from extender.placement.ledger import Reservation
 from extender.placement.scoring import LevelError
 from extender.placement.slice import PodSlot, Unplaceable
-from extender.reservations import ClusterCache, ReservationRef
+from extender.reservations import ClusterCache
 from extender.reservations.reserve import Claim, reserve
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         if not await cache.book.persist(gang):
             why = cache.book.save_error(gang)
             raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {why}")
-        res_name = ReservationRef.of(r).name
+        res_name = cache.book.ref_of(r).name
         try:
             saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
         except KubeError as exc:

@@ -133,7 +133,9 @@ class Decider:
                     code = Code.UNSCHEDULABLE if placed.feasible_when_empty else Code.UNRESOLVABLE
                     return _all(names, code, f"gang {ref.key}: {placed.reason}", "unplaceable")
                 r = self.cache.book.reservation(ref.key)
-                ref.reservation_label = ReservationRef.parse(ref.key, r.meta if r else None).label
+                ref.reservation_label = (
+                    self.cache.book.ref_of(r).label if r else ReservationRef.parse(ref.key, None).label
+                )
                 outcome = "reserved"
             try:
                 if r is not None and outside_slice(ref.reservation_label, r, pod):

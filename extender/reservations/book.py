@@ -122,6 +122,9 @@ class ReservationBook:
         #: ``_view`` count it where the node reports what it can hold).
         self._folded: set[str] = set()
         self._named: dict[tuple[str, str], str] | None = None
+        #: Gang -> (the meta it was read from, its ref): a bind replaces the reservation but
+        #: keeps its meta, so each is read once (see :meth:`ref_of`).
+        self._refs: dict[str, tuple[Mapping[str, str], ReservationRef]] = {}
         #: How many times the ledger was rebuilt from the store (:meth:`rebuild`).
         self.rebuilds = 0
         #: Bound pods whose GPUs, as the kubelet reports them, differ from their annotation
@@ -186,11 +189,18 @@ class ReservationBook:
         if self._named is None:
             self._named = {}
             for r in self._ledger.reservations():
-                self._named[ReservationRef.of(r).key] = r.gang
+                self._named[self.ref_of(r).key] = r.gang
         gang = self._named.get((namespace, name))
         if gang is None:
             return self._ledger.get(f"{namespace}/{name}")
         return self._ledger.get(gang)
+
+    def ref_of(self, r: Reservation) -> ReservationRef:
+        """Who ``r`` is for, read once per reservation meta."""
+        got = self._refs.get(r.gang)
+        if got is None or got[0] is not r.meta:
+            got = self._refs[r.gang] = (r.meta, ReservationRef.of(r))
+        return got[1]
 
     def gang_named(self, namespace: str, name: str) -> str | None:
         """The gang of the reservation :meth:`reservation_named` finds."""
@@ -227,7 +237,7 @@ class ReservationBook:
         if key is None:
             return None
         r = self.reservation(key)
-        label = ReservationRef.parse(key, r.meta if r else None).label
+        label = self.ref_of(r).label if r is not None else ReservationRef.parse(key, None).label
         if r is not None:
             return GangRef(key, label)
         waiting = f"gang {key} has no reservation yet"
@@ -406,7 +416,7 @@ class ReservationBook:
         ResourceClaims while a pod of its gang lives (the pods point at those claims)."""
 
         def keep(r: Reservation) -> bool:
-            ref = ReservationRef.of(r)
+            ref = self.ref_of(r)
             if ref.owner_managed:
                 return True
             if not ref.slot_claims:
@@ -457,6 +467,7 @@ class ReservationBook:
             self._held_changed(r.slice.nodes)
         self._queue.clear()
         self._named = None
+        self._refs.clear()
         refused = [
             r
             for r in rs
@@ -553,7 +564,7 @@ class ReservationBook:
         """A pod that held a slot finished or was deleted: free its slot for a replacement
         (with a fresh TTL), or release the reservation when no pod of the gang is left."""
         for r in self._ledger.reservations():
-            ns = ReservationRef.of(r).namespace
+            ns = self.ref_of(r).namespace
             if ns != pod.namespace:
                 continue
             slot = r.slot_of(pod.name)
@@ -595,6 +606,7 @@ class ReservationBook:
         if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and not ours:
             self._ledger.release(r.gang)
             self._named = None
+            self._refs.pop(r.gang, None)
             self._held_changed(mine.slice.nodes)
 
     def listed(self, kind: Kind) -> None:
@@ -668,7 +680,7 @@ class ReservationBook:
         if r is not None and slot is not None:
             return r, slot
         for r in self._ledger.reservations():
-            if ReservationRef.of(r).namespace == pod.namespace:
+            if self.ref_of(r).namespace == pod.namespace:
                 slot = r.slot_of(pod.name)
                 if slot is not None:
                     return r, slot
@@ -720,7 +732,7 @@ class ReservationBook:
         if not self.informer.pods_listed:
             return
         for r in self._ledger.reservations():
-            ns = ReservationRef.of(r).namespace
+            ns = self.ref_of(r).namespace
             for name in list(r.bound.values()):
                 if not self.informer.pod_alive(ns, name):
                     info = self.informer.watched_pod(ns, name) or PodInfo(namespace=ns, name=name)
@@ -744,8 +756,10 @@ class ReservationBook:
         if (deleted is not None or nodes) and self.informer.has_channels:
             r = deleted or self._ledger.get(gang)
             if r is not None:
-                self.informer.mark_domains_of(*ReservationRef.of(r).key)
+                self.informer.mark_domains_of(*self.ref_of(r).key)
         self._queue.changed(gang, deleted)
+        if deleted is not None:
+            self._refs.pop(gang, None)
 
 
 def free_slots(r: Reservation, pod: PodInfo) -> list[PodSlot]:

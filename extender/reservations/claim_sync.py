@@ -37,7 +37,6 @@ from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.reservations.cluster import ClusterCache
 from extender.reservations.reserve import Claim, reserve
-from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,7 @@ class SlotClaimSync:
         """Gang -> (slot, its devices held by someone else, the claims that hold them)."""
         out: dict[str, list[tuple[PodSlot, list[str], list[str]]]] = {}
         for r in cache.ledger.reservations():
-            ns, res_name = ReservationRef.of(r).key
+            ns, res_name = cache.book.ref_of(r).key
             for slot in r.free_slots():
                 device_map = cache.device_map(slot.node)
                 if device_map is None:
@@ -132,7 +131,7 @@ class SlotClaimSync:
         self, cache: ClusterCache, r: Reservation, found: list[tuple[PodSlot, list[str], list[str]]]
     ) -> bool:
         gang = r.gang
-        ns, res_name = ReservationRef.of(r).key
+        ns, res_name = cache.book.ref_of(r).key
         pods = {p.annotations.get(names.SLOT): p for p in cache.pods_of_gang(gang) if not p.terminal}
         why = {
             slot.key: f"GPU {', '.join(taken)} of slot {slot.key} on node {slot.node} was allocated to "
@@ -140,7 +139,7 @@ class SlotClaimSync:
             f"{ns}/{claim_name(res_name, slot)}"
             for slot, taken, holders in found
         }
-        if r.bound or ReservationRef.of(r).owner_managed:
+        if r.bound or cache.book.ref_of(r).owner_managed:
             # Bound pods stay where they are; a Workload's or PodGroup's reservation is what its
             # controller released the gang to (Kueue's podSetUpdates name its nodes): move only
             # the taken slots, each on its own node.
@@ -184,7 +183,7 @@ class SlotClaimSync:
         pods: Mapping[str | None, PodInfo],
     ) -> bool:
         """Move each slot of ``found`` to other free GPUs of its node (a gang with bound pods)."""
-        ns, res_name = ReservationRef.of(r).key
+        ns, res_name = cache.book.ref_of(r).key
         moved: list[PodSlot] = []
         stuck: list[PodSlot] = []
         async with cache.lock:
@@ -227,7 +226,7 @@ class SlotClaimSync:
     ) -> None:
         """Pin each of ``slots``' claims (same name, the template of the old one) to its devices now."""
         gang = r.gang
-        ns, res_name = ReservationRef.of(r).key
+        ns, res_name = cache.book.ref_of(r).key
         saved = await self.api.get(SLICE_RESERVATIONS, res_name, ns)
         owner = {
             "name": res_name,
