@@ -296,7 +296,8 @@ async def add_slot_claims(api: KubeClient, cache: Any, facts: Facts) -> None:
     """On DRA nodes: per slot, the devices its ResourceClaim pins and what the claim says now
     (allocated, reserved for, prepared)."""
     from extender.kube.api import RESOURCE_CLAIMS
-    from extender.kube.slot_claims import claim_name, claim_state
+    from extender.kube.crd_models import claim_name
+    from extender.kube.slot_claims import claim_state
     from extender.reservations.store import ReservationRef
 
     r = facts.reservation

@@ -51,7 +51,7 @@ from extender.kube.api import (
     NotFound,
     as_map,
 )
-from extender.kube.crd_models import object_name
+from extender.kube.crd_models import claim_name, object_name
 from extender.kube.dra import DeviceMap
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
@@ -59,7 +59,6 @@ from extender.kube.slot_claims import (
     SlotClaims,
     SlotError,
     build_claim,
-    claim_name,
     gpu_claim,
     handed_out,
     pick_slot,

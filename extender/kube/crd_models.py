@@ -43,8 +43,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from extender.kube import names
 from extender.kube.api import as_map
 from extender.kube.devices import DeviceMismatch, devices_condition
-from extender.kube.slot_claims import claim_name
 from extender.placement.ledger import Phase, Reservation
+from extender.placement.slice import PodSlot
 from extender.topology.allocation import Allocation
 from extender.topology.kubelet import (
     CpuPolicy,
@@ -534,6 +534,35 @@ def reservation_from_object(obj: Mapping[str, Any]) -> Reservation:
 
 
 #: The condition every SliceReservation status carries: True while the slice is held.
+def claim_name(reservation_name: str, slot: PodSlot) -> str:
+    """``<reservation>-<pod set>-<index>``, a DNS subdomain name (lower case, at most 253): the
+    ResourceClaim of a slot (:mod:`extender.kube.slot_claims`)."""
+    raw = f"{reservation_name}-{slot.pod_set}-{slot.index}".lower()
+    cleaned = re.sub(r"[^a-z0-9.-]+", "-", raw).strip("-.")
+    return cleaned[:253].rstrip("-.")
+
+
+#: NodeTopology conditions gangslice writes (:mod:`extender.kube.topology_status`): the spec
+#: is accepted; on a DRA node, its published devices pair with its GPUs.
+ACCEPTED = "Accepted"
+DEVICES_MATCHED = "DevicesMatched"
+
+
+def condition_of(obj: Mapping[str, Any], type_: str) -> tuple[str, str] | None:
+    """The condition ``type_`` a NodeTopology object carries: (status, message), or None."""
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, Mapping) and c.get("type") == type_:
+            return str(c.get("status") or ""), str(c.get("message") or "")
+    return None
+
+
+def accepted_condition(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The ``Accepted`` condition a NodeTopology object carries: (status, message), or None."""
+    return condition_of(obj, ACCEPTED)
+
+
 HELD_CONDITION = "Held"
 
 

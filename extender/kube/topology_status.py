@@ -34,13 +34,12 @@ from typing import Any, Protocol
 
 from extender.kube import events, names
 from extender.kube.api import EVENTS, NODE_TOPOLOGIES, KubeClient
-from extender.kube.crd_models import rfc3339
+from extender.kube.crd_models import ACCEPTED, DEVICES_MATCHED, rfc3339
 from extender.kube.events import ObjectRef
 
 log = logging.getLogger(__name__)
 
 #: The NodeTopology condition gangslice's scheduler side owns.
-ACCEPTED = "Accepted"
 INVALID_SPEC = "InvalidSpec"
 SPEC_VALID = "SpecValid"
 #: The Event reason on the Node.
@@ -53,8 +52,6 @@ NODE_EVENT_NAMESPACE = "default"
 MAX_WRITES_PER_SYNC = 50
 
 
-#: The condition on a DRA node's NodeTopology: its published devices pair with its GPUs.
-DEVICES_MATCHED = "DevicesMatched"
 DEVICE_MISMATCH = "DeviceMismatch"
 DEVICES_PAIRED = "DevicesPaired"
 DRA_DEVICE_MISMATCH = "DraDeviceMismatch"
@@ -91,21 +88,6 @@ _RULES = (
         "node kept out of in-node choices: {problem}",
     ),
 )
-
-
-def condition_of(obj: Mapping[str, Any], type_: str) -> tuple[str, str] | None:
-    """The condition ``type_`` a NodeTopology object carries: (status, message), or None."""
-    status = obj.get("status")
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    for c in conditions if isinstance(conditions, list) else ():
-        if isinstance(c, Mapping) and c.get("type") == type_:
-            return str(c.get("status") or ""), str(c.get("message") or "")
-    return None
-
-
-def accepted_condition(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The ``Accepted`` condition a NodeTopology object carries: (status, message), or None."""
-    return condition_of(obj, ACCEPTED)
 
 
 def condition(problem: str | None, now: float, rule: _Rule = _RULES[0]) -> dict[str, str]:

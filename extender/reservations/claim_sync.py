@@ -26,10 +26,11 @@ from typing import Any
 
 from extender.kube import dra, events, names
 from extender.kube.api import EVENTS, RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
+from extender.kube.crd_models import claim_name
 from extender.kube.events import ObjectRef
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim, claim_name
+from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim
 from extender.logs import fields
 from extender.placement import numa_fit
 from extender.placement.ledger import Reservation

@@ -16,12 +16,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from extender.httpapi.app import build_app
 from extender.kube import dra, names
 from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, SLICE_RESERVATIONS, Kind
+from extender.kube.crd_models import claim_name
 from extender.kube.pods import PodInfo
 from extender.kube.slot_claims import (
     GpuRequest,
     SlotError,
     build_claim,
-    claim_name,
     gpu_request_of,
     handed_out,
     pick_slot,

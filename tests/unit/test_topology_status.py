@@ -12,9 +12,9 @@ from extender.commands.explain import refused_nodes
 from extender.httpapi.decide import Decider
 from extender.httpapi.nodelist import filter_known
 from extender.kube.api import Kind
+from extender.kube.crd_models import ACCEPTED
 from extender.kube.pods import PodInfo
 from extender.kube.topology_status import (
-    ACCEPTED,
     INVALID_NODE_TOPOLOGY,
     INVALID_SPEC,
     SPEC_VALID,
