@@ -8,11 +8,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from extender.bench.extender import TARGET_RPS
 from extender.bench.placement import bench_subparsers
 from extender.commands.exits import EXIT_OK, UsageError
 from extender.controllers.kueue import CheckConfig
 from extender.controllers.podgroup_controller import PodGroupConfig
-from extender.httpapi.bench import TARGET_RPS
 from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
 from extender.httpapi.limits import Limits
 from extender.kube.mismatch import OnMismatch
@@ -436,10 +436,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from extender.httpapi.bench import BenchOptions, render, run_extender_bench, to_json
+    from extender.bench.extender import BenchOptions, render, run_extender_bench, to_json
 
     if args.hostile:
-        from extender.httpapi.hostile import run_hostile
+        from extender.bench.hostile import run_hostile
 
         figures = asyncio.run(run_hostile())
         if args.json:

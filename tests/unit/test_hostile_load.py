@@ -1,5 +1,5 @@
 """The hostile-load run against a real ``gangslice serve`` process over loopback (bounded:
-a few hundred requests, about ten seconds; extender/httpapi/hostile.py says what it sends).
+a few hundred requests, about ten seconds; extender/bench/hostile.py says what it sends).
 Targets: server RSS after the run below 300 MiB, no /healthz slower than 200 ms during it,
 no crash, every reply a 2xx or a 4xx with a one-line reason, and every slow or idle
 connection closed by its timeout. The figures are printed (pytest -s shows them; so does
@@ -12,10 +12,10 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from extender.bench.hostile import run_hostile
 from extender.httpapi import nodelist
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import DECIDER
-from extender.httpapi.hostile import run_hostile
 from extender.httpapi.limits import Limits, runner_options
 from extender.kube.cache import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster

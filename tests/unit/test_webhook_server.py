@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from extender.bench.extender import BenchOptions, render, run_extender_bench
 from extender.cli import build_parser, main
 from extender.httpapi.app import build_app
-from extender.httpapi.bench import BenchOptions, render, run_extender_bench
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterCache
