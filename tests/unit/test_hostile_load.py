@@ -41,7 +41,7 @@ def test_memo_tables_hold_node_names_only(tmp_path: Path) -> None:
 
     async def go() -> None:
         cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
-        app = build_app(cache, housekeeping_s=None)
+        app = build_app(cache)
         async with client_for(app) as client:
             for gpus in (1, 2, 4):
                 for verb in ("filter", "prioritize"):
@@ -74,7 +74,7 @@ def test_any_content_encoding_is_refused_and_session_bodies_are_bounded(tmp_path
     async def go() -> None:
         cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
         limits = Limits(max_body_bytes=4096)
-        app = build_app(cache, housekeeping_s=None, limits=limits)
+        app = build_app(cache, limits=limits)
         server = TestServer(app)
         await server.start_server(**runner_options(limits))  # auto_decompress off, as `serve` runs
         async with TestClient(server) as client:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from extender.controllers import joint
-from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
-from extender.controllers.podgroups import PodGroup, gang_request, pod_infos
+from extender.controllers.podgroups.controller import PodGroupConfig, PodGroupController
+from extender.controllers.podgroups.groups import PodGroup, gang_request, pod_infos
 from extender.kube.cache import ClusterCache
 from extender.kube.names import STATUS
 from extender.kube.store import KubeReservationStore

@@ -85,7 +85,7 @@ def test_troubleshooting_names_every_event_and_condition_reason() -> None:
     }
     found: set[str] = set()
     for folder, pattern in patterns.items():
-        for path in (REPO / "extender" / folder).glob("*.py"):
+        for path in (REPO / "extender" / folder).rglob("*.py"):
             found |= set(pattern.findall(path.read_text()))
     assert {"SliceReserved", "WaitingForSlice", "Nvml", "Listed", "RateLimited", "RpcFailed"} <= found
     missing = sorted(r for r in found if f"`{r}`" not in text)

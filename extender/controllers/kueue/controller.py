@@ -3,7 +3,7 @@
 Watch events (from kopf, see :mod:`extender.controllers.handlers`) land in
 :meth:`AdmissionController.on_workload` / :meth:`on_admission_check`; a periodic
 :meth:`resync` looks again at Workloads still waiting, so the widening and the Retry happen
-on time without an event. The rules are :mod:`extender.controllers.kueue`'s; this class does
+on time without an event. The rules are :mod:`extender.controllers.kueue.contract`'s; this class does
 the I/O in the order that keeps a restart safe:
 
 1. place on the cluster cache's view and hold the slice in its ledger (no ``await`` in
@@ -21,15 +21,18 @@ Only the leader writes anything; a standby keeps its index of Workloads up to da
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from extender.controllers import assignment, joint, kueue, owned, workload_gang
+from extender.controllers import joint, owned
 from extender.controllers.api import KUEUE_API_VERSION
-from extender.controllers.kueue import Action, CheckConfig, Stage
+from extender.controllers.common import Cache, resync_until
+from extender.controllers.kueue import assignment, workload_gang
+from extender.controllers.kueue import contract as kueue
+from extender.controllers.kueue.contract import Action, CheckConfig, Stage
+from extender.controllers.kueue.workload_gang import WorkloadError
 from extender.controllers.objects import (
     META_ATTEMPT,
     META_OWNER_KIND,
@@ -40,7 +43,6 @@ from extender.controllers.objects import (
     reservation_from_object,
     rfc3339,
 )
-from extender.controllers.workload_gang import WorkloadError
 from extender.kube import names, pod_needs, slot_claims
 from extender.kube.api import (
     ADMISSION_CHECKS,
@@ -54,57 +56,15 @@ from extender.kube.api import (
     as_map,
 )
 from extender.kube.crd_models import CrdError, object_name
-from extender.kube.pods import PodInfo
-from extender.kube.reserve import Claim, Reserving, reserve, reserve_all
+from extender.kube.reserve import Claim, reserve, reserve_all
 from extender.logs import fields
-from extender.placement.ledger import Ledger, Reservation
+from extender.placement.ledger import Reservation
 from extender.placement.request import Toleration
 from extender.placement.slice import Unplaceable
-from extender.placement.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 
 WORKLOAD_KIND = "Workload"
-
-
-class Cache(Reserving, Protocol):
-    """What the controller needs of :class:`extender.kube.cache.ClusterCache`."""
-
-    @property
-    def ready(self) -> bool: ...
-
-    @property
-    def ledger(self) -> Ledger: ...
-
-    @property
-    def lock(self) -> asyncio.Lock: ...
-
-    def snapshot(self) -> ClusterSnapshot: ...
-
-    @property
-    def node_generation(self) -> int: ...
-
-    def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot: ...
-
-    def reservation(self, gang: str) -> Reservation | None: ...
-
-    def pods_of_gang(self, gang: str) -> list[PodInfo]: ...
-
-    def forget_gang(self, key: str) -> None: ...
-
-    def device_class_drivers(self, name: str) -> frozenset[str] | None: ...
-
-    def restore(self, r: Reservation) -> bool: ...
-
-    def hold_all(self, rs: Iterable[Reservation]) -> bool: ...
-
-    def drop(self, gang: str) -> Reservation | None: ...
-
-    async def flush(self) -> None: ...
-
-    async def persist(self, gang: str) -> bool: ...
-
-    async def rebuild_ledger(self) -> int: ...
 
 
 class AdmissionController:
@@ -620,21 +580,6 @@ class AdmissionController:
     async def _event(self, wl: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         now, component = self.clock(), names.CHECK_CONTROLLER
         await owned.post_event(self.api, _owner(wl), kind, reason, message, now, self.identity, component)
-
-
-async def resync_until(
-    stop: asyncio.Event, period_s: float, resync: Callable[[], Awaitable[None]], what: str
-) -> None:
-    """Call ``resync`` every ``period_s`` seconds until ``stop`` is set; a failure is logged
-    (as ``<what> failed``) and the loop goes on."""
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period_s)
-        if not stop.is_set():
-            try:
-                await resync()
-            except Exception:
-                log.exception("%s failed", what)
 
 
 def _membership(wl: Mapping[str, Any]) -> joint.Membership | None:

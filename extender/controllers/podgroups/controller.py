@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.controllers import joint, owned
-from extender.controllers.controller import Cache, resync_until
+from extender.controllers.common import Cache, resync_until
 from extender.controllers.objects import META_OWNER_KIND, META_OWNER_NAME, object_ref
-from extender.controllers.podgroups import (
+from extender.controllers.podgroups.groups import (
     PODGROUP_KIND,
     VOLCANO_SCHEDULER,
     PodGroup,
