@@ -91,7 +91,7 @@ class AdmissionController:
         self.workloads: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: When each joint gang began waiting for missing members (joint key -> time).
-        self._joint_since: dict[str, float] = {}
+        self._member_wait = joint.MemberWait()
 
     # -- events ------------------------------------------------------------------------------
     async def on_admission_check(self, event_type: str | None, ac: Mapping[str, Any]) -> None:
@@ -240,7 +240,7 @@ class AdmissionController:
             await self._write(wl, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
             return
         if member is not None:
-            await self._place_joint(wl, member)
+            await self._reconcile_joint(wl, member)
             return
         now = self.clock()
         held = self.cache.reservation(key)
@@ -283,7 +283,7 @@ class AdmissionController:
         await self._write(wl, "Ready", message, pod_set_updates=updates)
 
     # -- joint gangs ---------------------------------------------------------------------------
-    async def _place_joint(self, wl: Mapping[str, Any], member: joint.Membership) -> None:
+    async def _reconcile_joint(self, wl: Mapping[str, Any], member: joint.Membership) -> None:
         """Place every Workload of ``member``'s joint gang as one request once all of them
         have quota, hold one reservation per Workload (all or none), then set every one's
         check Ready in one pass. Members with quota wait for the others up to
@@ -292,18 +292,12 @@ class AdmissionController:
         jkey = f"{ns}/{member.gang}"
         wls: dict[str, dict[str, Any]] = {}
         declared: dict[str, joint.Membership] = {}
-        for w in self.workloads.values():
-            wns, wname = object_ref(w)
-            try:
-                m = _membership(w)
-            except joint.JointError:
-                continue
-            if wns == ns and m is not None and m.gang == member.gang:
-                action, _ = kueue.decide(
-                    w, self.checks, self.cache.reservation(kueue.gang_key(w)) is not None
-                )
-                if action in (Action.PLACE, Action.KEEP):
-                    wls[wname], declared[wname] = w, m
+        same_namespace = (w for w in self.workloads.values() if object_ref(w)[0] == ns)
+        for w, m in joint.members(same_namespace, member.gang, _membership):
+            action, _ = kueue.decide(w, self.checks, self.cache.reservation(kueue.gang_key(w)) is not None)
+            if action in (Action.PLACE, Action.KEEP):
+                wname = object_ref(w)[1]
+                wls[wname], declared[wname] = w, m
         try:
             expected = joint.expected_members(list(declared.values()))
         except joint.JointError as exc:
@@ -313,17 +307,17 @@ class AdmissionController:
         now = self.clock()
         keys = {name: kueue.gang_key(w) for name, w in wls.items()}
         held = {n: self.cache.reservation(k) for n, k in keys.items()}
-        if len(wls) < expected:
-            since = self._joint_since.setdefault(jkey, now)
-            absent = joint.missing(declared, expected)
-            if now - since < self.config.member_wait_s:
+        short = self._member_wait.short(jkey, declared, expected, now, self.config.member_wait_s)
+        if short is not None:
+            absent = short.absent
+            if not short.timed_out:
                 message = (
                     f"joint gang {jkey}: waiting for member(s) {absent} ({len(wls)} of {expected} have quota)"
                 )
                 for w in wls.values():
                     await self._write(w, "Pending", message)
                 return
-            self._joint_since.pop(jkey, None)
+            self._member_wait.forget(jkey)
             message = (
                 f"joint gang {jkey}: member(s) {absent} did not get quota within "
                 f"{int(self.config.member_wait_s)}s; giving the quota back"
@@ -338,7 +332,6 @@ class AdmissionController:
                     event=("Warning", "MemberMissing", message),
                 )
             return
-        self._joint_since.pop(jkey, None)
         if any(r is None for r in held.values()):
             for name, r in held.items():
                 if r is not None:
