@@ -87,9 +87,10 @@ async def serve(
     watcher: Watcher | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the controllers (the
-    housekeeping among them) run on the same loop over the same cache; where they ``elects``
-    a leader, the replica holding the lease labels its pod ``gangslice.io/leader=true`` and
-    says so on ``/readyz``. ``watcher`` feeds the cache (default: one over ``api``)."""
+    housekeeping among them) run on the same loop over the same cache. With ``elects`` they
+    elect a leader: the replica holding the lease labels its pod ``gangslice.io/leader=true``
+    and says so on ``/readyz``; without, this replica decides alone. ``watcher`` feeds the
+    cache (default: one over ``api``)."""
     if api is not None and (controller is None or not elects):
         # No election: this replica decides from its first request, so the ledger is rebuilt
         # before it listens (with a controller, the replica that becomes leader rebuilds it).
