@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNPLACEABLE, EXIT_UNREACHABLE
-from extender.controllers import assignment, kueue, workload_gang
-from extender.controllers.controller import Cache
+from extender.controllers.common import Cache
 from extender.controllers.explain import CheckState, Facts, render, to_json
+from extender.controllers.kueue import assignment, workload_gang
+from extender.controllers.kueue import contract as kueue
 from extender.controllers.objects import object_ref, reservation_from_object
 from extender.kube import names
 from extender.kube.api import (
@@ -184,7 +185,7 @@ def explain_pods(
     """A plain gang (pods labelled ``gangslice.io/gang``) or a Volcano PodGroup (``podgroup``,
     with its pods annotated ``scheduling.k8s.io/group-name``): the request the controller
     would build from them, and a dry run of it."""
-    from extender.controllers.podgroups import PodGroup, PodGroupError, gang_request
+    from extender.controllers.podgroups.groups import PodGroup, PodGroupError, gang_request
     from extender.kube.gangs import Incomplete, plain_gang_request
     from extender.kube.pods import PodError
 

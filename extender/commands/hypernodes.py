@@ -7,11 +7,11 @@ import sys
 from typing import Any
 
 from extender.commands.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNREACHABLE
-from extender.controllers import hypernodes
+from extender.controllers.podgroups import hypernodes
 from extender.placement.files import FileError, load_cluster
 
 #: What ``--help`` says: written for an operator (the module docstring of
-#: extender.controllers.hypernodes is written for a developer).
+#: extender.controllers.podgroups.hypernodes is written for a developer).
 DESCRIPTION = """\
 Print the cluster's level hierarchy as Volcano HyperNode objects (YAML), so that
 Volcano's network-topology plugin and gangslice see the same network domains.

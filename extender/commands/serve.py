@@ -8,14 +8,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from extender.bench.extender import TARGET_RPS
 from extender.bench.placement import bench_subparsers
 from extender.commands.exits import EXIT_OK, UsageError
-from extender.controllers.kueue import CheckConfig
-from extender.controllers.podgroup_controller import PodGroupConfig
-from extender.httpapi.bench import TARGET_RPS
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.mismatch.reporter import OnMismatch
+from extender.controllers.podgroups.controller import PodGroupConfig
 from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
 from extender.httpapi.limits import Limits
-from extender.kube.mismatch import OnMismatch
 from extender.kube.names import WEBHOOK_CONFIGURATION
 from extender.logs import FORMATS, configure
 from extender.placement.ledger import DEFAULT_TTL_S
@@ -321,7 +321,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.tls_client_names and not args.tls_client_ca:
         raise UsageError("--tls-client-names needs --tls-client-ca")
     if args.webhook_ca_bundle:
-        from extender.kube.webhook_ca import CaBundleError, read_ca
+        from extender.controllers.webhook_ca.sync import CaBundleError, read_ca
 
         if args.cluster or not args.tls_cert:
             raise UsageError("--webhook-ca-bundle needs --tls-cert and an API server (not --cluster)")
@@ -359,6 +359,9 @@ def run_serve(args: argparse.Namespace) -> int:
         volcano_port=args.volcano_port,
         metrics_port=args.metrics_port,
     )
+    from extender.controllers.housekeeping import Housekeeping
+    from extender.controllers.runner import run_controller
+
     if args.cluster:
         try:
             cache = ClusterCache.from_cluster_file(
@@ -366,11 +369,20 @@ def run_serve(args: argparse.Namespace) -> int:
             )
         except FileError as exc:
             raise UsageError(str(exc)) from None
-        asyncio.run(serve(cache, options))
+        alone = Housekeeping(cache)
+
+        async def housekeeping_only(stop: asyncio.Event, on_leadership: Callable[[bool], None]) -> None:
+            await run_controller(cache, stop=stop, housekeeping=alone, elect=False)
+
+        asyncio.run(serve(cache, options, controller=housekeeping_only, elects=False))
         return EXIT_OK
+    from extender.controllers.claims.sync import SlotClaimSync
+    from extender.controllers.mismatch.reporter import MismatchReporter
+    from extender.controllers.pods import PodFeed
+    from extender.controllers.topology_status.reporter import KubeTopologyStatusApi, TopologyStatusReporter
+    from extender.kube.api import Kind
     from extender.kube.client import ApiServerClient
-    from extender.kube.mismatch import MismatchReporter
-    from extender.kube.topology_status import KubeTopologyStatusApi, TopologyStatusReporter
+    from extender.kube.watch import Watcher
 
     try:
         api = ApiServerClient.connect(args.kubeconfig)
@@ -382,32 +394,31 @@ def run_serve(args: argparse.Namespace) -> int:
         imex_daemon=daemon,
         keep_cliques=KeepCliques(args.keep_cliques),
     )
-    reporter = TopologyStatusReporter(KubeTopologyStatusApi(api))
-    mismatches = MismatchReporter(api, OnMismatch(args.on_mismatch))
     webhook_ca = None
     if args.webhook_ca_bundle:
-        from extender.kube.webhook_ca import WebhookCa
+        from extender.controllers.webhook_ca.sync import WebhookCa
 
         webhook_ca = WebhookCa(api, args.webhook_configuration, args.webhook_ca_bundle)
+    housekeeping = Housekeeping(
+        cache,
+        topology_status=TopologyStatusReporter(KubeTopologyStatusApi(api)),
+        mismatches=MismatchReporter(api, OnMismatch(args.on_mismatch)),
+        claims=SlotClaimSync(api, cache.clock),
+        webhook_ca=webhook_ca,
+    )
     reviewer = None
     if args.metrics_port:
         from extender.httpapi.secure_metrics import ApiReviewer
 
         reviewer = ApiReviewer(api)
-    if args.no_controller:
-        asyncio.run(
-            serve(
-                cache,
-                options,
-                api,
-                topology_status=reporter,
-                reviewer=reviewer,
-                mismatches=mismatches,
-                webhook_ca=webhook_ca,
-            )
-        )
-        return EXIT_OK
-    from extender.controllers.runner import run_controller
+    elects = not args.no_controller
+    watcher = Watcher(api, cache)
+    pods = None
+    if elects:
+        # The controllers react to pods through the cache's own watch; registered before
+        # the watch starts, so the first list reaches them too.
+        pods = PodFeed()
+        watcher.listen(Kind.PODS, pods.tell)
 
     async def controller(stop: asyncio.Event, on_leadership: Callable[[bool], None]) -> None:
         await run_controller(
@@ -418,28 +429,20 @@ def run_serve(args: argparse.Namespace) -> int:
             on_leadership=on_leadership,
             config=check_config,
             podgroup_config=podgroup_config,
+            housekeeping=housekeeping,
+            pods=pods,
+            elect=elects,
         )
 
-    asyncio.run(
-        serve(
-            cache,
-            options,
-            api,
-            controller,
-            topology_status=reporter,
-            reviewer=reviewer,
-            mismatches=mismatches,
-            webhook_ca=webhook_ca,
-        )
-    )
+    asyncio.run(serve(cache, options, api, controller, reviewer, elects=elects, watcher=watcher))
     return EXIT_OK
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from extender.httpapi.bench import BenchOptions, render, run_extender_bench, to_json
+    from extender.bench.extender import BenchOptions, render, run_extender_bench, to_json
 
     if args.hostile:
-        from extender.httpapi.hostile import run_hostile
+        from extender.bench.hostile import run_hostile
 
         figures = asyncio.run(run_hostile())
         if args.json:

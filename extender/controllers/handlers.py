@@ -1,7 +1,8 @@
 """kopf wiring: watch AdmissionChecks and Workloads (``kueue.x-k8s.io/v1beta2``) and hand
-every event to the :class:`~extender.controllers.controller.AdmissionController`; where Volcano
-is installed, also PodGroups and the pods that name one, for the
-:class:`~extender.controllers.podgroup_controller.PodGroupController`.
+every event to the :class:`~extender.controllers.kueue.controller.AdmissionController`; where Volcano
+is installed, also PodGroups, for the
+:class:`~extender.controllers.podgroups.controller.PodGroupController`. Pods are not watched
+here: their events come from the cluster cache's watch (:mod:`extender.controllers.pods`).
 
 Only ``@kopf.on.event`` handlers: they keep no progress on the object (no annotations,
 no finalizers, no status writes by kopf, each of which would trigger Kueue's reconcile and
@@ -26,10 +27,8 @@ from extender.controllers.api import (
     PODGROUPS,
     WORKLOADS,
 )
-from extender.controllers.controller import AdmissionController
-from extender.controllers.plain_gangs import PlainGangReporter
-from extender.controllers.podgroup_controller import PodGroupController
-from extender.kube import names
+from extender.controllers.kueue.controller import AdmissionController
+from extender.controllers.podgroups.controller import PodGroupController
 
 
 def operator_settings() -> kopf.OperatorSettings:
@@ -52,11 +51,9 @@ def register(
     controller: AdmissionController,
     api_client: Any | None,
     podgroups: PodGroupController | None = None,
-    plain: PlainGangReporter | None = None,
 ) -> None:
     """Add the handlers (and, with ``api_client``, a login from its configuration) to ``registry``;
-    with ``podgroups``, also Volcano PodGroups and the pods that name one; with ``plain``, the
-    pods of plain gangs."""
+    with ``podgroups``, also Volcano PodGroups."""
 
     if controller.kueue:
 
@@ -74,17 +71,6 @@ def register(
         @kopf.on.event(PODGROUP_GROUP, PODGROUP_VERSION, PODGROUPS, registry=registry)
         async def podgroup_event(event: Mapping[str, Any], **_: Any) -> None:
             await pg.on_podgroup(_event_type(event), dict(event["object"]))
-
-        @kopf.on.event("", "v1", "pods", annotations={names.VOLCANO_GROUP: kopf.PRESENT}, registry=registry)
-        async def pod_event(event: Mapping[str, Any], **_: Any) -> None:
-            await pg.on_pod(_event_type(event), dict(event["object"]))
-
-    if plain is not None:
-        reporter = plain
-
-        @kopf.on.event("", "v1", "pods", labels={names.GANG: kopf.PRESENT}, registry=registry)
-        async def plain_gang_pod_event(event: Mapping[str, Any], **_: Any) -> None:
-            await reporter.on_pod(_event_type(event), dict(event["object"]))
 
     if api_client is not None:
 

@@ -13,12 +13,18 @@ hierarchy level), so a KV transfer from prefill to decode stays on NVLink.
 The joint slice is then cut back into one slice per member (its pod sets under their own
 names), so each member's reservation is keyed and pinned as for a lone gang; the
 controllers create all of them in one pass, or none.
+
+Both controllers (Kueue Workloads, Volcano PodGroups) take a joint gang through the same
+steps here: find its members (:func:`members`), wait for the missing ones up to a limit
+(:class:`MemberWait`), build the one request (:func:`joint_request`) and cut the slice
+(:func:`splitter`); what each writes on its objects is its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from extender.kube import names
 from extender.kube.pods import digits
@@ -29,6 +35,8 @@ from extender.topology.hierarchy import Hierarchy
 
 #: Between a member's name and its pod set's in the joint request.
 SEP = "."
+
+T = TypeVar("T")
 
 
 class JointError(ValueError):
@@ -70,6 +78,52 @@ def parse_colocate(text: str) -> tuple[str, str | None]:
         return split_colocation(text)
     except ValueError:
         raise JointError(f"{names.COLOCATE_WITH}={text!r} names no member or pod set") from None
+
+
+def members(
+    objects: Iterable[T], gang: str, declared: Callable[[T], Membership | None]
+) -> list[tuple[T, Membership]]:
+    """The objects that declare themselves members of joint gang ``gang`` (``objects`` of one
+    namespace). One whose declaration does not read is left out: its own reconcile says why."""
+    out = []
+    for obj in objects:
+        try:
+            m = declared(obj)
+        except JointError:
+            continue
+        if m is not None and m.gang == gang:
+            out.append((obj, m))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Short:
+    """A joint gang short of members: which are missing, in words, and whether the members
+    present have waited for them longer than they may."""
+
+    absent: str
+    timed_out: bool
+
+
+@dataclass
+class MemberWait:
+    """When each joint gang (by joint key) was first seen short of members."""
+
+    since: dict[str, float] = field(default_factory=dict)
+
+    def short(
+        self, jkey: str, declared: Mapping[str, Membership], expected: int, now: float, wait_s: float
+    ) -> Short | None:
+        """None once every member is there (the wait is forgotten), else what is missing."""
+        if len(declared) >= expected:
+            self.since.pop(jkey, None)
+            return None
+        since = self.since.setdefault(jkey, now)
+        return Short(missing(declared, expected), now - since >= wait_s)
+
+    def forget(self, jkey: str) -> None:
+        """Start the wait afresh next time (the members gave up and will come again)."""
+        self.since.pop(jkey, None)
 
 
 def referenced(declared: Mapping[str, Membership]) -> set[str]:

@@ -1,4 +1,4 @@
-"""``run_controller``: the admission controller as tasks on the caller's asyncio loop.
+"""``run_controller``: the one runner of every reconcile loop, as tasks on the caller's asyncio loop.
 
 ``gangslice serve`` runs it next to the extender HTTP server, on the same loop and over the
 same :class:`~extender.reservations.cluster.ClusterCache`, so the extender and the admission check
@@ -15,10 +15,15 @@ read and change one ledger and no two decisions race::
 
 Its tasks: the Lease election (only the leader decides; becoming leader first rebuilds the
 ledger from the SliceReservation objects), the periodic resync of waiting Workloads (and of
-PodGroups where Volcano is served), and kopf's watches (AdmissionChecks and Workloads;
-PodGroups and their pods; the pods of plain gangs). It returns when ``stop`` is
-set or when kopf stops (kopf installs SIGINT/SIGTERM handlers on the main thread); on the
-way out it gives the Lease up.
+PodGroups where Volcano is served), kopf's watches of AdmissionChecks, Workloads and
+PodGroups, the pod events of the cluster cache's own watch (:mod:`extender.controllers.pods`:
+pods naming a PodGroup, pods of plain gangs), and the leader's housekeeping
+(:mod:`extender.controllers.housekeeping`). It returns when ``stop`` is set or when kopf
+stops (kopf installs SIGINT/SIGTERM handlers on the main thread); on the way out it gives
+the Lease up.
+
+A replica that decides alone (``serve --cluster`` or ``--no-controller``) runs it with
+``elect=False``: no Lease and no gang controllers, only the housekeeping, always.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from extender.controllers.controller import AdmissionController, Cache
-from extender.controllers.kueue import CheckConfig
+from extender.controllers.common import Cache
+from extender.controllers.housekeeping import Housekeeping
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.leader import LeaderElector, LeaseConfig, default_identity
-from extender.controllers.plain_gangs import PlainGangReporter
-from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
+from extender.controllers.plain_gangs.reporter import PlainGangReporter
+from extender.controllers.podgroups.controller import PodGroupConfig, PodGroupController
+from extender.controllers.pods import PodFeed
 from extender.kube.api import ADMISSION_CHECKS, PODGROUPS, KubeClient, Resource
 from extender.kube.client import ApiServerClient, load_api_client
 
@@ -55,8 +63,12 @@ async def run_controller(
     kueue: bool | None = None,
     volcano: bool | None = None,
     podgroup_config: PodGroupConfig | None = None,
+    housekeeping: Housekeeping | None = None,
+    pods: PodFeed | None = None,
+    elect: bool = True,
 ) -> None:
-    """Run the controllers (Kueue admission check, PodGroups, plain gangs) until ``stop`` is set.
+    """Run the controllers (Kueue admission check, PodGroups, plain gangs, housekeeping) until
+    ``stop`` is set.
 
     ``cache``: the cluster cache the extender uses (its ledger is the one reservations go
     to). The API is ``api`` if given, else a client for ``api_client`` or ``kubeconfig``
@@ -65,8 +77,17 @@ async def run_controller(
     ``on_leadership(True/False)`` is called as leadership comes and goes (for ``/readyz``).
     ``kueue``: run the Kueue admission check (None: when the API serves AdmissionChecks).
     ``volcano``: also run the PodGroup controller (None: when the API serves PodGroups).
+    ``housekeeping``: its pass runs on the leader. ``pods``: the pod events of the cluster
+    cache's watch, handed to the PodGroup controller and the plain-gang reporter.
+    ``elect=False``: this replica decides alone; only ``housekeeping`` runs (no API needed).
     """
     stop = stop if stop is not None else asyncio.Event()
+    if not elect:
+        if housekeeping is not None:
+            await _until_done([asyncio.create_task(housekeeping.run(stop, lambda: True))], stop)
+        else:
+            await stop.wait()
+        return
     if api is None:
         api_client = api_client if api_client is not None else load_api_client(kubeconfig)
         api = ApiServerClient(api_client)
@@ -78,18 +99,21 @@ async def run_controller(
     controller = AdmissionController(api, cache, config, identity=ident, kueue=kueue)
     podgroups = PodGroupController(api, cache, podgroup_config, identity=ident) if volcano else None
     plain = PlainGangReporter(api, cache, identity=ident)
+    leading = False
 
     async def started() -> None:
+        nonlocal leading
         await take_lead(cache, controller, *([podgroups] if podgroups is not None else []))
-        plain.leader = True
+        plain.leader = leading = True
         if on_leadership is not None:
             on_leadership(True)
 
     def stopped() -> None:
+        nonlocal leading
         controller.lose_leadership()
         if podgroups is not None:
             podgroups.lose_leadership()
-        plain.leader = False
+        plain.leader = leading = False
         if on_leadership is not None:
             on_leadership(False)
 
@@ -100,12 +124,21 @@ async def run_controller(
     ]
     if podgroups is not None:
         tasks.append(asyncio.create_task(podgroups.run_resync(stop), name="gangslice-podgroup-resync"))
+    if pods is not None:
+        tasks.append(asyncio.create_task(pods.run(stop, podgroups, plain), name="gangslice-pods"))
+    if housekeeping is not None:
+        tasks.append(
+            asyncio.create_task(housekeeping.run(stop, lambda: leading), name="gangslice-housekeeping")
+        )
     if watch:
         tasks.append(
-            asyncio.create_task(
-                _run_kopf(controller, api_client, stop, podgroups, plain), name="gangslice-kopf"
-            )
+            asyncio.create_task(_run_kopf(controller, api_client, stop, podgroups), name="gangslice-kopf")
         )
+    await _until_done(tasks, stop)
+
+
+async def _until_done(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
+    """Wait for the first task to end (or fail), then stop the others."""
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in done:
@@ -153,14 +186,13 @@ async def _run_kopf(
     api_client: Any | None,
     stop: asyncio.Event,
     podgroups: PodGroupController | None = None,
-    plain: PlainGangReporter | None = None,
 ) -> None:
     import kopf
 
     from extender.controllers.handlers import operator_settings, register
 
     registry = kopf.OperatorRegistry()
-    register(registry, controller, api_client, podgroups, plain)
+    register(registry, controller, api_client, podgroups)
     await kopf.operator(
         registry=registry,
         settings=operator_settings(),

@@ -23,8 +23,6 @@ from extender.httpapi.decide import Decider
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import Binder
-from extender.kube.mismatch import MismatchReporter
-from extender.kube.topology_status import TopologyStatusReporter
 from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
@@ -37,11 +35,6 @@ METRICS = web.AppKey("metrics", Metrics)
 API: web.AppKey[KubeClient | None] = web.AppKey("api")
 #: Set when a controller runs beside the extender: True only while this replica leads.
 LEADING: web.AppKey[dict[str, bool]] = web.AppKey("leading")
-
-#: Writes the ``Accepted`` condition of refused NodeTopologies (None in file mode).
-TOPOLOGY_STATUS: web.AppKey[TopologyStatusReporter | None] = web.AppKey("topology_status")
-#: Tells (and with --on-mismatch=evict, evicts) pods the kubelet gave other GPUs (None in file mode).
-MISMATCHES: web.AppKey[MismatchReporter | None] = web.AppKey("mismatches")
 
 STANDBY = "this gangslice replica is a standby (another holds the leader lease); retry"
 

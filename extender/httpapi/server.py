@@ -22,11 +22,8 @@ from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits,
 from extender.httpapi.secure_metrics import Reviewer, start_metrics_site
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import PODS, KubeClient, KubeError
-from extender.kube.mismatch import MismatchReporter
 from extender.kube.names import LEADER_LABEL
-from extender.kube.topology_status import TopologyStatusReporter
 from extender.kube.watch import Watcher
-from extender.kube.webhook_ca import WebhookCa
 from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
@@ -75,7 +72,7 @@ async def rebuild_before_serving(cache: ClusterCache, retry_s: float = 2.0) -> N
             await asyncio.sleep(retry_s)
 
 
-#: Runs the admission controller beside the server: ``controller(stop, on_leadership)``.
+#: Runs the controllers beside the server: ``controller(stop, on_leadership)``.
 Controller = Callable[[asyncio.Event, Callable[[bool], None]], Coroutine[Any, Any, None]]
 
 
@@ -84,15 +81,17 @@ async def serve(
     options: ServeOptions,
     api: KubeClient | None = None,
     controller: Controller | None = None,
-    topology_status: TopologyStatusReporter | None = None,
     reviewer: Reviewer | None = None,
-    mismatches: MismatchReporter | None = None,
-    webhook_ca: WebhookCa | None = None,
+    *,
+    elects: bool = True,
+    watcher: Watcher | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the admission
-    controller runs on the same loop over the same cache; the replica holding the leader
-    lease labels its pod ``gangslice.io/leader=true`` and says so on ``/readyz``."""
-    if api is not None and controller is None:
+    """Serve until SIGINT/SIGTERM (or cancellation). With ``controller`` the controllers (the
+    housekeeping among them) run on the same loop over the same cache. With ``elects`` they
+    elect a leader: the replica holding the lease labels its pod ``gangslice.io/leader=true``
+    and says so on ``/readyz``; without, this replica decides alone. ``watcher`` feeds the
+    cache (default: one over ``api``)."""
+    if api is not None and (controller is None or not elects):
         # No election: this replica decides from its first request, so the ledger is rebuilt
         # before it listens (with a controller, the replica that becomes leader rebuilds it).
         await rebuild_before_serving(cache)
@@ -106,12 +105,9 @@ async def serve(
         limits=options.limits,
         schedulers=options.schedulers,
         access=access,
-        topology_status=topology_status,
-        mismatches=mismatches,
-        webhook_ca=webhook_ca,
     )
     leading = {"now": False}
-    if controller is not None:
+    if controller is not None and elects:
         app[LEADING] = leading
     tls = volcano_tls = None
     if options.tls_cert and options.tls_key:
@@ -156,7 +152,8 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     background = [asyncio.create_task(guard.watch())]
-    watcher = Watcher(api, cache) if api is not None else None
+    if watcher is None and api is not None:
+        watcher = Watcher(api, cache)
     if watcher is not None:
         background.append(asyncio.create_task(watcher.run()))
     for reloading in (tls, volcano_tls, metrics_tls):

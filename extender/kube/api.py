@@ -74,7 +74,7 @@ RESOURCE_CLAIM_TEMPLATES = Resource(
 COMPUTE_DOMAINS = Resource(
     "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain", namespaced=True
 )
-#: The DRA pinning webhook's registration (its caBundle: extender/kube/webhook_ca.py).
+#: The DRA pinning webhook's registration (its caBundle: extender/controllers/webhook_ca/sync.py).
 MUTATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io",
     "v1",

@@ -39,18 +39,11 @@ from typing import Any, Protocol, Self
 from extender.kube import compute_domains as cds
 from extender.kube import dra
 from extender.kube.api import ALL_KINDS, Kind, name_of, namespace_of
-from extender.kube.crd_models import (
-    DEVICES_MATCHED,
-    CrdError,
-    NodeTopology,
-    accepted_condition,
-    condition_of,
-    parse_node_topology,
-    reservation_from_object,
-)
+from extender.kube.crd_models import CrdError, NodeTopology, parse_node_topology, reservation_from_object
 from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
+from extender.kube.topology_status import DEVICES_MATCHED, accepted_condition, condition_of
 from extender.placement.feasibility import IMEX_DAEMON, NO_FACTS, NodeFacts, Resources, usage
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation

@@ -542,27 +542,6 @@ def claim_name(reservation_name: str, slot: PodSlot) -> str:
     return cleaned[:253].rstrip("-.")
 
 
-#: NodeTopology conditions gangslice writes (:mod:`extender.kube.topology_status`): the spec
-#: is accepted; on a DRA node, its published devices pair with its GPUs.
-ACCEPTED = "Accepted"
-DEVICES_MATCHED = "DevicesMatched"
-
-
-def condition_of(obj: Mapping[str, Any], type_: str) -> tuple[str, str] | None:
-    """The condition ``type_`` a NodeTopology object carries: (status, message), or None."""
-    status = obj.get("status")
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    for c in conditions if isinstance(conditions, list) else ():
-        if isinstance(c, Mapping) and c.get("type") == type_:
-            return str(c.get("status") or ""), str(c.get("message") or "")
-    return None
-
-
-def accepted_condition(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The ``Accepted`` condition a NodeTopology object carries: (status, message), or None."""
-    return condition_of(obj, ACCEPTED)
-
-
 HELD_CONDITION = "Held"
 
 

@@ -4,6 +4,9 @@ Events are applied on the loop, one at a time, so the cache is only ever touched
 A watch that ends (server timeout) resumes from the last resourceVersion; ``410 Gone``
 lists again, and the cache keeps its state until the new list replaces it; any other error
 waits a moment and retries (listing again after repeated failures).
+
+Whoever reacts to a kind's objects listens here rather than watching it a second time
+(:meth:`Watcher.listen`): each listener is told every object after the cache took it in.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +35,12 @@ class _Event:
     kind: Kind
     type: str
     obj: dict[str, Any]
+
+
+#: Told ``(event type, object)`` after the cache applied it: ADDED, MODIFIED or DELETED, and
+#: None for each object of a list (the first, or a relist after ``410 Gone``), as kopf's
+#: event handlers are. It runs on the loop and must not block; what awaits, it queues.
+Listener = Callable[[str | None, dict[str, Any]], None]
 
 
 @dataclass
@@ -58,6 +67,10 @@ class Watcher:
         self.retry_s = retry_s
         self.stats = WatchStats()
         self._stop = asyncio.Event()
+        self._listeners: dict[Kind, list[Listener]] = {}
+
+    def listen(self, kind: Kind, listener: Listener) -> None:
+        self._listeners.setdefault(kind, []).append(listener)
 
     async def run(self) -> None:
         """Watch every kind and apply what comes until cancelled (or :meth:`stop`)."""
@@ -82,6 +95,15 @@ class Watcher:
                 self.cache.apply(item.kind, item.type, item.obj)
         except Exception:
             log.exception("applying a %s update failed; continuing", item.kind.value)
+        for listener in self._listeners.get(item.kind, ()):
+            try:
+                if isinstance(item, _Listed):
+                    for obj in item.items:
+                        listener(None, obj)
+                else:
+                    listener(item.type, item.obj)
+            except Exception:
+                log.exception("a listener to %s failed; continuing", item.kind.value)
 
     async def _loop(self, kind: Kind) -> None:
         rv: str | None = None

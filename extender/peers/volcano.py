@@ -129,7 +129,7 @@ class VolcanoJob:
 
 def volcano_job(snap: ClusterSnapshot, gang: GangRequest) -> VolcanoJob:
     """The Volcano Job a gang is: gangslice's PodGroup reader
-    (:func:`extender.controllers.podgroups.gang_request`) in reverse, tiers numbered as
+    (:func:`extender.controllers.podgroups.groups.gang_request`) in reverse, tiers numbered as
     ``gangslice hypernodes`` numbers them (tier 1 the finest level some node carries).
 
     - A gang of one pod set: its ``requiredLevel`` is the job's ``networkTopology``, hard (the
@@ -236,7 +236,7 @@ def _tree(snap: ClusterSnapshot) -> _Tree:
 
 @functools.lru_cache(maxsize=8)
 def _tree_of(h: Hierarchy, paths: tuple[tuple[str | None, ...], ...]) -> _Tree:
-    # The levels some node carries a value for (extender.controllers.podgroups.present_levels).
+    # The levels some node carries a value for (extender.controllers.podgroups.groups.present_levels).
     present = [lv for lv in range(len(h.levels)) if any(p[lv] for p in paths)]
     level_tier = {lv: t for t, lv in enumerate(reversed(present), start=1)}
     root_tier = len(present) + 1

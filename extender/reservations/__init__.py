@@ -4,7 +4,7 @@
 unbind, a pod gone or bound, expire, follow the kubelet, move a slot, rebuild after a
 restart), :mod:`~extender.reservations.reserve` places a gang and holds its slice,
 :mod:`~extender.reservations.store` writes each change (the only writer of SliceReservation
-objects), :mod:`~extender.reservations.claim_sync` re-plans slots whose claimed devices were
+objects), :mod:`~extender.controllers.claims.sync` re-plans slots whose claimed devices were
 taken. :mod:`~extender.reservations.cluster` joins the book to the informer
 (:mod:`extender.kube.cache`), which only observes.
 """

@@ -689,7 +689,7 @@ class ReservationBook:
     def _claim_promises(self, node: str, pods: Iterable[PodInfo]) -> dict[str, tuple[int, ...]]:
         """On a DRA node, what each pod with a slot there was promised: its slot's GPUs, which
         its claim pins. The pod's ``gangslice.io/gpus`` is what its admission planned; a
-        re-plan (:mod:`extender.reservations.claim_sync`) replaces the claim and the slot, not
+        re-plan (:mod:`extender.controllers.claims.sync`) replaces the claim and the slot, not
         the pod's annotation."""
         topo = self.informer.topology(node)
         if not self.informer.is_dra(node) or topo is None:

@@ -36,9 +36,9 @@ from typing import Any, Protocol
 
 from aiohttp.test_utils import make_mocked_request
 
-from extender.controllers.controller import AdmissionController
-from extender.controllers.kueue import CheckConfig
-from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.kueue.controller import AdmissionController
+from extender.controllers.podgroups.controller import PodGroupConfig, PodGroupController
 from extender.controllers.runner import take_lead
 from extender.httpapi import kube_routes, volcano_routes
 from extender.httpapi.app import build_app
@@ -176,7 +176,7 @@ class Process:
         self.podgroups = PodGroupController(
             api, self.cache, PodGroupConfig(member_wait_s=60), clock=world.clock
         )
-        self.app = build_app(self.cache, api=api, housekeeping_s=None)  # type: ignore[arg-type]
+        self.app = build_app(self.cache, api=api)  # type: ignore[arg-type]
         self.led = False
 
     def relist(self) -> None:

@@ -488,21 +488,21 @@ def _fresh(v: Mapping[str, Any]) -> dict[str, Any]:
 
 #: The one module that may write each object through the client (see extender/reservations/store.py,
 #: extender/kube/binder.py, extender/agent/publish.py, extender/kube/slot_claims.py,
-#: extender/kube/compute_domains.py, extender/kube/webhook_ca.py): what
+#: extender/kube/compute_domains.py, extender/controllers/webhook_ca/sync.py): what
 #: tests/conftest.py checks after every test on every fake API server the test made.
 WRITERS = {
     "slicereservations": "extender.reservations.store",
     "nodetopologies": "extender.agent.publish",
     "resourceclaims": "extender.kube.slot_claims",
     "computedomains": "extender.kube.compute_domains",
-    "mutatingwebhookconfigurations": "extender.kube.webhook_ca",
+    "mutatingwebhookconfigurations": "extender.controllers.webhook_ca.sync",
 }
 BINDER = "extender.kube.binder"
 #: The one module that evicts pods (a pod the kubelet gave other GPUs than promised).
-EVICTOR = "extender.kube.mismatch"
+EVICTOR = "extender.controllers.mismatch.reporter"
 #: The one part of a NodeTopology the agent does not write: the controller's ``Accepted``
-#: condition on its status (extender/kube/topology_status.py).
-SUBRESOURCE_WRITERS = {("nodetopologies", "status"): "extender.kube.topology_status"}
+#: condition on its status (extender/controllers/topology_status/reporter.py).
+SUBRESOURCE_WRITERS = {("nodetopologies", "status"): "extender.controllers.topology_status.reporter"}
 
 
 def foreign_writes(api: FakeKube) -> list[str]:

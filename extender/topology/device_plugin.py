@@ -217,6 +217,10 @@ class _Search:
         self.full = (1 << len(self.slots)) - 1
         self._best: dict[tuple[int, bool], tuple[int, tuple[int, ...]] | None] = {}
         self._group_score: dict[int, int] = {}
+        # Every best partition is walked again by possible(): the groups of a mask and the
+        # GPUs of a group are asked for over and over, so each is worked out once.
+        self._gpus: dict[int, tuple[int, ...]] = {}
+        self._choices: dict[int, tuple[int, ...]] = {}
 
     # --- groups ---------------------------------------------------------------------
 
@@ -224,7 +228,10 @@ class _Search:
         return tuple(self.slots[p] for p in range(len(self.slots)) if group >> p & 1)
 
     def gpus(self, group: int) -> tuple[int, ...]:
-        return tuple(g for g in self.members(group) if g != _PAD)
+        got = self._gpus.get(group)
+        if got is None:
+            got = self._gpus[group] = tuple(g for g in self.members(group) if g != _PAD)
+        return got
 
     def group_score(self, group: int) -> int:
         got = self._group_score.get(group)
@@ -237,23 +244,31 @@ class _Search:
     def holds_must(self, group: int) -> bool:
         return self.must <= set(self.gpus(group))
 
-    def choices(self, mask: int) -> Iterable[int]:
+    def choices(self, mask: int) -> tuple[int, ...]:
         """The groups the search tries first from ``mask``, in its order."""
+        got = self._choices.get(mask)
+        if got is None:
+            got = self._choices[mask] = tuple(self._groups_from(mask))
+        return got
+
+    def _groups_from(self, mask: int) -> Iterable[int]:
         positions = [p for p in range(len(self.slots)) if mask >> p & 1]
         lead, rest = positions[0], positions[1:]
         if len(positions) == self.size:
             yield mask
             return
+        pad = [int(slot == _PAD) for slot in self.slots]
         for combo in itertools.combinations(rest, self.size - 1):
             group = 1 << lead
+            pads = pad[lead]
             for p in combo:
                 group |= 1 << p
-            pads = sum(1 for p in combo if self.slots[p] == _PAD) + (self.slots[lead] == _PAD)
+                pads += pad[p]
             if pads in (0, self.padding):
                 yield group
 
     def qualifies(self, group: int) -> bool:
-        return self.holds_must(group) and _PAD not in self.members(group)
+        return self.holds_must(group) and len(self.gpus(group)) == self.size
 
     # --- the best partition -----------------------------------------------------------
 

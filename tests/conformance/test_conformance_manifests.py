@@ -37,7 +37,7 @@ GO_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
 
 def served_posts(tmp_path: Path) -> set[str]:
     (tmp_path / "c.yaml").write_text("nodes: [{name: n, gpuTopology: hgx-h100}]\n")
-    app = build_app(ClusterCache.from_cluster_file(tmp_path / "c.yaml"), housekeeping_s=None)
+    app = build_app(ClusterCache.from_cluster_file(tmp_path / "c.yaml"))
     return {
         r.resource.canonical for r in app.router.routes() if r.method == "POST" and r.resource is not None
     }

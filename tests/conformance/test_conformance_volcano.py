@@ -126,7 +126,7 @@ def run(tmp_path: Path, body: Callable[[Client, ClusterCache], Awaitable[None]])
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
 
     async def go() -> None:
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             await body(client, cache)
 
     asyncio.run(go())

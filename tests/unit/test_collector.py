@@ -103,7 +103,7 @@ def test_requests_decide_with_the_collector_paused_and_leave_it_on(
 
     async def run() -> list[bool]:
         between: list[bool] = []
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             for _ in range(5):
                 resp = await client.post("/gangslice/filter", json=body)
                 assert resp.status == 200 and (await resp.json())["Error"] == ""

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from extender.controllers.mismatch.reporter import EVICTED, EVICTION_BLOCKED, MismatchReporter, OnMismatch
 from extender.httpapi.metrics import Metrics
 from extender.kube import names as keys
 from extender.kube.api import PODS, Kind
 from extender.kube.devices import COHERENCE_BROKEN, DEVICES_DIFFER, DEVICES_MATCH, DEVICES_MISMATCH
-from extender.kube.mismatch import EVICTED, EVICTION_BLOCKED, MismatchReporter, OnMismatch
 from extender.placement.ledger import Ledger, LedgerError
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Slice

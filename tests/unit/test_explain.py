@@ -13,9 +13,9 @@ import yaml
 
 from extender.cli import main
 from extender.commands.explain import explain_pods, explain_workload, parse_target, podgroup_state
-from extender.controllers.controller import AdmissionController
 from extender.controllers.explain import render
-from extender.controllers.kueue import CheckConfig
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.runner import take_lead
 from extender.kube.api import Kind
 from extender.placement.files import load_cluster

@@ -11,8 +11,8 @@ import pytest
 from test_kueue_controller import World
 from test_kueue_logic import hierarchy
 
-from extender.controllers import workload_gang
-from extender.controllers.podgroups import PodGroup, PodGroupError, gang_request
+from extender.controllers.kueue import workload_gang
+from extender.controllers.podgroups.groups import PodGroup, PodGroupError, gang_request
 from extender.kube.api import Kind
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo

@@ -1,5 +1,5 @@
 """The hostile-load run against a real ``gangslice serve`` process over loopback (bounded:
-a few hundred requests, about ten seconds; extender/httpapi/hostile.py says what it sends).
+a few hundred requests, about ten seconds; extender/bench/hostile.py says what it sends).
 Targets: server RSS after the run below 300 MiB, no /healthz slower than 200 ms during it,
 no crash, every reply a 2xx or a 4xx with a one-line reason, and every slow or idle
 connection closed by its timeout. The figures are printed (pytest -s shows them; so does
@@ -12,10 +12,10 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from extender.bench.hostile import run_hostile
 from extender.httpapi import nodelist
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import DECIDER
-from extender.httpapi.hostile import run_hostile
 from extender.httpapi.limits import Limits, runner_options
 from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
@@ -41,7 +41,7 @@ def test_memo_tables_hold_node_names_only(tmp_path: Path) -> None:
 
     async def go() -> None:
         cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
-        app = build_app(cache, housekeeping_s=None)
+        app = build_app(cache)
         async with client_for(app) as client:
             for gpus in (1, 2, 4):
                 for verb in ("filter", "prioritize"):
@@ -74,7 +74,7 @@ def test_any_content_encoding_is_refused_and_session_bodies_are_bounded(tmp_path
     async def go() -> None:
         cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
         limits = Limits(max_body_bytes=4096)
-        app = build_app(cache, housekeeping_s=None, limits=limits)
+        app = build_app(cache, limits=limits)
         server = TestServer(app)
         await server.start_server(**runner_options(limits))  # auto_decompress off, as `serve` runs
         async with TestClient(server) as client:

@@ -53,9 +53,7 @@ def test_an_internal_error_in_filter_answers_as_an_error(
     names = cache.node_names()
     monkeypatch.setattr(target, _bug)
     caplog.set_level(logging.ERROR, logger="extender.httpapi.handling")
-    status, reply, errors = asyncio.run(
-        _call(build_app(cache, housekeeping_s=None), "filter", {"Pod": pod, "NodeNames": names})
-    )
+    status, reply, errors = asyncio.run(_call(build_app(cache), "filter", {"Pod": pod, "NodeNames": names}))
     assert status == 200
     assert reply["Error"] == "internal error in filter: ValueError: an internal inconsistency"
     assert not reply["FailedAndUnresolvableNodes"] and not reply["NodeNames"]
@@ -69,9 +67,7 @@ def test_a_bad_level_name_is_still_a_verdict(tmp_path: Path) -> None:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
     names = cache.node_names()
     pod = gang_pod("g-0", "g", 2, 8, extra={"gangslice.io/required-level": "galaxy"})
-    status, reply, errors = asyncio.run(
-        _call(build_app(cache, housekeeping_s=None), "filter", {"Pod": pod, "NodeNames": names})
-    )
+    status, reply, errors = asyncio.run(_call(build_app(cache), "filter", {"Pod": pod, "NodeNames": names}))
     assert status == 200 and reply["Error"] == ""
     assert set(reply["FailedAndUnresolvableNodes"]) == set(names)
     assert "unknown level 'galaxy'" in next(iter(reply["FailedAndUnresolvableNodes"].values()))
@@ -88,7 +84,7 @@ def test_an_internal_error_in_bind_is_undone_and_answered_as_an_error(
             raise TypeError("a bug in the binder")
 
     pod = pod_obj("solo", gpus=1)
-    app = build_app(cache, housekeeping_s=None, binder=BrokenBinder())
+    app = build_app(cache, binder=BrokenBinder())
 
     async def go() -> tuple[Any, float]:
         async with client_for(app) as client:

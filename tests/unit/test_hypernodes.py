@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from extender.cli import main
-from extender.controllers.hypernodes import from_snapshot, hypernodes
 from extender.controllers.openapi import load_crd, validate, version_schema
-from extender.controllers.podgroups import level_tiers
+from extender.controllers.podgroups.groups import level_tiers
+from extender.controllers.podgroups.hypernodes import from_snapshot, hypernodes
 from extender.placement.files import load_cluster
 from extender.topology.hierarchy import Hierarchy
 

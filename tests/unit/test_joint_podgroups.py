@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from extender.controllers import joint
-from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
-from extender.controllers.podgroups import PodGroup, gang_request, pod_infos
+from extender.controllers.podgroups.controller import PodGroupConfig, PodGroupController
+from extender.controllers.podgroups.groups import PodGroup, gang_request, pod_infos
 from extender.kube.names import STATUS
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
@@ -164,3 +164,21 @@ def test_colocate_with_a_pod_set_name_and_unknown_targets() -> None:
         assert "rack" in str(exc)
     else:
         raise AssertionError("an unknown colocate-with level was accepted")
+
+
+def test_both_controllers_wait_for_members_by_the_same_rule() -> None:
+    """The member wait both controllers keep (extender/controllers/joint.py): short until every
+    member is there, timed out after the wait, forgotten once complete or given up."""
+    one = {"pre": joint.Membership("disagg", 2, "dec")}
+    wait = joint.MemberWait()
+    assert wait.short("s/disagg", one, 2, now=0.0, wait_s=60) == joint.Short("dec", timed_out=False)
+    assert wait.short("s/disagg", one, 2, now=59.0, wait_s=60) == joint.Short("dec", timed_out=False)
+    assert wait.short("s/disagg", one, 2, now=60.0, wait_s=60) == joint.Short("dec", timed_out=True)
+    wait.forget("s/disagg")
+    assert wait.short("s/disagg", one, 2, now=61.0, wait_s=60) == joint.Short("dec", timed_out=False)
+    both = {**one, "dec": joint.Membership("disagg", 2)}
+    assert wait.short("s/disagg", both, 2, now=200.0, wait_s=60) is None and not wait.since
+    objs = [({"gangslice.io/gang": "disagg"}, {"gangslice.io/gang-members": "2"}), ({}, {})]
+    objs.append(({"gangslice.io/gang": "disagg"}, {"gangslice.io/gang-members": "one"}))  # unreadable
+    found = joint.members(objs, "disagg", lambda o: joint.membership(*o))
+    assert [m for _, m in found] == [joint.Membership("disagg", 2)]

@@ -14,9 +14,10 @@ from typing import Any
 
 import yaml
 
-from extender.controllers import joint, workload_gang
-from extender.controllers.controller import AdmissionController
-from extender.controllers.kueue import CheckConfig
+from extender.controllers import joint
+from extender.controllers.kueue import workload_gang
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.controllers.runner import take_lead
 from extender.placement.files import load_cluster

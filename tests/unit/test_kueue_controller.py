@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from extender.controllers import assignment, workload_gang
-from extender.controllers.controller import AdmissionController
-from extender.controllers.kueue import CheckConfig, Stage
+from extender.controllers.kueue import assignment, workload_gang
+from extender.controllers.kueue.contract import CheckConfig, Stage
+from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.objects import reservation_to_object, rfc3339
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.controllers.runner import take_lead

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from extender.controllers import kueue
+from extender.controllers.kueue import contract as kueue
 from extender.controllers.openapi import SchemaError, load_crd, validate, version_schema
 from extender.testing.fixtures import load_fixture
 

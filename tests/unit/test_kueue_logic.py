@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from extender.controllers import assignment, kueue, workload_gang
-from extender.controllers.kueue import Action, CheckConfig, Stage
+from extender.controllers.kueue import assignment, workload_gang
+from extender.controllers.kueue import contract as kueue
+from extender.controllers.kueue.contract import Action, CheckConfig, Stage
 from extender.cost import Comm
 from extender.placement.request import Colocation, GangRequest, PodSet
 from extender.placement.slice import Slice, Unplaceable

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from test_manifests import EXAMPLES, K8S_EXAMPLES, load_all, pod_templates, yaml_files
 
-from extender.controllers.workload_gang import gang_from_workload
+from extender.controllers.kueue.workload_gang import gang_from_workload
 from extender.kube import names
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo

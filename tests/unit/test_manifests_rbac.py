@@ -24,7 +24,7 @@ from extender.kube.api import ALL_KINDS, Resource
 CONTROLLER_PACKAGES = ("extender/kube", "extender/reservations", "extender/controllers", "extender/httpapi")
 CONTROLLER_FILES = ("extender/commands/serve.py",)
 #: Not part of ``serve``: the `gangslice hypernodes` command's read of the nodes.
-NOT_SERVE = {"extender/controllers/hypernodes.py"}
+NOT_SERVE = {"extender/controllers/podgroups/hypernodes.py"}
 #: kopf watches of the admission controller.
 KOPF_MODULE = "extender.controllers.handlers"
 #: Where ``kubernetes`` API classes may be built: nowhere, since every call goes through
@@ -83,7 +83,7 @@ def _subresources(call: ast.Call) -> set[str]:
 
 def client_calls() -> Iterator[tuple[str, str, ast.Call]]:
     """(module name, method, call) for every call of the one client in ``serve``'s code."""
-    files = [f for pkg in CONTROLLER_PACKAGES for f in sorted((REPO / pkg).glob("*.py"))]
+    files = [f for pkg in CONTROLLER_PACKAGES for f in sorted((REPO / pkg).rglob("*.py"))]
     files += [REPO / f for f in CONTROLLER_FILES]
     for path in files:
         relative = str(path.relative_to(REPO))
@@ -144,9 +144,9 @@ def test_the_derivation_sees_the_calls_we_know_of() -> None:
     got = derived_grants()
     # A sample from each source, so a broken scan cannot pass by finding nothing.
     assert ("", "pods/binding", "create") in got  # kube/binder.py
-    assert ("", "pods/eviction", "create") in got  # kube/mismatch.py
+    assert ("", "pods/eviction", "create") in got  # controllers/mismatch/reporter.py
     assert ("", "nodes", "watch") in got  # kube/watch.py, for every watched kind
-    assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # controllers/controller.py SSA
+    assert ("kueue.x-k8s.io", "workloads/status", "patch") in got  # controllers/kueue/controller.py SSA
     assert ("coordination.k8s.io", "leases", "update") in got  # controllers/leader.py replace
     assert ("kueue.x-k8s.io", "admissionchecks", "watch") in got  # kopf
     assert ("authorization.k8s.io", "subjectaccessreviews", "create") in got  # secure_metrics.py

@@ -82,7 +82,7 @@ def _scrape(tmp_path: Path) -> tuple[Samples, ClusterCache]:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path, CLUSTER))
 
     async def go() -> str:
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             # A gang of two 8-GPU pods: only h-0 and h-1 hold 8; one member binds.
             assert await _filter_and_bind(client, gang_pod("g-0", "g", 2, 8), "h-0") == ["h-0", "h-1"]
             # A 4-GPU pod: only p-0's second socket (4-7) holds 4 at the tightest tier.
@@ -163,7 +163,7 @@ def test_level_gpus_count_only_the_slots_on_nodes_of_that_level(tmp_path: Path) 
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path, PARTLY_LABELLED))
 
     async def go() -> str:
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             pod = gang_pod("g-0", "g", 2, 8)
             assert await _filter_and_bind(client, pod, "h-0", ["h-0", "h-1"]) == ["h-0", "h-1"]
             return await (await client.get("/metrics")).text()
@@ -184,7 +184,7 @@ def test_level_gpus_count_only_the_slots_on_nodes_of_that_level(tmp_path: Path) 
 
 def test_an_empty_cache_scrapes_zeroes_for_every_level() -> None:
     async def go() -> str:
-        async with client_for(build_app(ClusterCache(), housekeeping_s=None)) as client:
+        async with client_for(build_app(ClusterCache())) as client:
             return await (await client.get("/metrics")).text()
 
     families = {f.name: f for f in text_string_to_metric_families(asyncio.run(go()))}
@@ -206,7 +206,7 @@ def test_the_clique_gauges_follow_the_gangs_refused() -> None:
     wide = one("wide", 4, 4, Comm.ALLTOALL, required_level="clique")
 
     async def scrape() -> Samples:
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             return _samples(await (await client.get("/metrics")).text())
 
     def gauges() -> tuple[float, float]:

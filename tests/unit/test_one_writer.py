@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from extender.controllers.controller import AdmissionController
-from extender.controllers.kueue import CheckConfig
-from extender.controllers.podgroup_controller import PodGroupController
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.kueue.controller import AdmissionController
+from extender.controllers.podgroups.controller import PodGroupController
 from extender.controllers.runner import take_lead
+from extender.controllers.topology_status.reporter import KubeTopologyStatusApi, node_event
 from extender.kube.api import SLICE_RESERVATIONS
-from extender.kube.topology_status import KubeTopologyStatusApi, node_event
 from extender.placement.files import load_cluster
 from extender.reservations import ClusterCache
 from extender.reservations.store import KubeReservationStore
@@ -120,7 +120,7 @@ def test_an_object_an_older_writer_left_for_another_owner_is_replaced_not_merged
 
 
 def test_the_accepted_condition_is_the_controllers_one_write_to_a_node_topology() -> None:
-    """kube.topology_status writes only the NodeTopology's status, through the one client;
+    """The topology status reconciler writes only the NodeTopology's status, through the one client;
     the agent's writer stays the only writer of the rest."""
     api = FakeKube()
     api.put("nodetopologies", {"metadata": {"name": "n1"}, "spec": {"source": "nvml"}})

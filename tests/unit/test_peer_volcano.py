@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from extender.controllers.hypernodes import from_snapshot
+from extender.controllers.podgroups.hypernodes import from_snapshot
 from extender.peers.volcano import SubGroupPolicy, Topology, VolcanoJob, _tree, allocate, volcano, volcano_job
 from extender.placement.request import Colocation, GangRequest, NodeRequirement, PodSet
 from extender.placement.slice import Placement, Slice, Unplaceable

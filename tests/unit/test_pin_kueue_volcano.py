@@ -14,9 +14,9 @@ from test_joint_workloads import DECODE, PREFILL, entry, submit
 from test_joint_workloads import world as joint_world
 from test_slot_claims import NODE, admit, patched, pcie_cache, template
 
-from extender.controllers.controller import AdmissionController
-from extender.controllers.kueue import CheckConfig
-from extender.controllers.podgroup_controller import PodGroupController
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.kueue.controller import AdmissionController
+from extender.controllers.podgroups.controller import PodGroupController
 from extender.controllers.runner import take_lead
 from extender.kube import names
 from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
@@ -284,7 +284,7 @@ def test_the_members_of_a_joint_kueue_gang_are_counted_and_labelled_for_the_webh
 def test_a_joint_kueue_gang_whose_claim_template_read_fails_at_ready_holds_nothing_and_readies_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from extender.controllers.workload_gang import WorkloadError
+    from extender.controllers.kueue.workload_gang import WorkloadError
 
     ctl, api, cache, _ = joint_world()
     api.put(RESOURCE_CLAIM_TEMPLATES, {**template(4), "metadata": {"name": "gpus", "namespace": "serving"}})

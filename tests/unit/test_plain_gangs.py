@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from extender.controllers.plain_gangs import PlainGangReporter, never_fits
+from extender.controllers.plain_gangs.reporter import PlainGangReporter, never_fits
 from extender.httpapi.decide import Decider
 from extender.kube.api import Kind
 from extender.kube.gangs import Incomplete, plain_gang_request
@@ -254,7 +254,7 @@ def test_the_verdicts_are_forgotten_with_their_gangs_and_bounded(monkeypatch: An
     for i in range(20):
         asyncio.run(reporter.on_pod("DELETED", gang_pod(f"g{i}-0", f"g{i}", 2, 8)))
     assert reporter.remembered == 0
-    monkeypatch.setattr("extender.controllers.plain_gangs.MAX_VERDICTS", 5)
+    monkeypatch.setattr("extender.controllers.plain_gangs.reporter.MAX_VERDICTS", 5)
     for i in range(20):
         asyncio.run(reporter.on_pod("ADDED", gang_pod(f"h{i}-0", f"h{i}", 2, 8)))
     assert reporter.remembered == 5

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from extender.controllers.openapi import load_crd, validate, version_schema
-from extender.controllers.podgroup_controller import PodGroupConfig, PodGroupController
-from extender.controllers.podgroups import (
+from extender.controllers.podgroups.controller import PodGroupConfig, PodGroupController
+from extender.controllers.podgroups.groups import (
     PodGroup,
     PodGroupError,
     Topology,

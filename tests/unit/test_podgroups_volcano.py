@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from aiohttp.test_utils import TestClient
 
-from extender.controllers.podgroup_controller import PodGroupController
+from extender.controllers.podgroups.controller import PodGroupController
 from extender.httpapi.app import build_app
 from extender.kube import names as keys
 from extender.placement.files import load_cluster
@@ -64,7 +64,7 @@ def test_the_job_is_held_until_reserved_then_each_task_is_pinned_to_its_role() -
     }
 
     async def body() -> None:
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             await ctl.on_podgroup("ADDED", group)
             assert await post(client, "jobEnqueueable", {"job": job}) == {"status": -1}
             for p in pods:

@@ -10,10 +10,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from extender.controllers.controller import AdmissionController
-from extender.controllers.kueue import CheckConfig
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.openapi import load_crd, validate, version_schema
-from extender.controllers.podgroup_controller import PodGroupController
+from extender.controllers.podgroups.controller import PodGroupController
 from extender.controllers.runner import take_lead
 from extender.kube.api import Kind
 from extender.kube.gangs import plain_gang_request

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from extender.controllers.controller import AdmissionController
-from extender.controllers.kueue import CheckConfig
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.leader import LeaderElector, LeaseConfig
 from extender.controllers.objects import reservation_from_object
 from extender.controllers.runner import take_lead

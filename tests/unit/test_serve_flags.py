@@ -11,9 +11,9 @@ import pytest
 from extender import cli
 from extender.cli import UsageError, build_parser
 from extender.commands import serve as commands
-from extender.controllers.kueue import CheckConfig
-from extender.controllers.podgroup_controller import PodGroupConfig
-from extender.kube.mismatch import OnMismatch
+from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.mismatch.reporter import OnMismatch
+from extender.controllers.podgroups.controller import PodGroupConfig
 from extender.placement.waiting import KeepCliques
 
 
@@ -101,18 +101,10 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
         seen.update(kwargs)
 
     async def fake_serve(
-        cache: Any,
-        options: Any,
-        api: Any = None,
-        controller: Any = None,
-        topology_status: Any = None,
-        reviewer: Any = None,
-        mismatches: Any = None,
-        webhook_ca: Any = None,
+        cache: Any, options: Any, api: Any = None, controller: Any = None, reviewer: Any = None, **kw: Any
     ) -> None:
         seen["cache"] = cache
-        seen["topology_status"] = topology_status
-        seen["mismatches"] = mismatches
+        seen["serve"] = kw
         await controller(asyncio.Event(), lambda leading: None)
 
     api_client = object()
@@ -131,9 +123,12 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
     # One client, from the kubeconfig, for the extender and the controllers alike.
     assert seen["loaded"] == "kc"
     assert seen["api"].api_client is api_client and seen["api_client"] is api_client
-    assert seen["topology_status"] is not None
-    assert seen["mismatches"].on_mismatch is OnMismatch.REPORT  # the default: report, evict nothing
-    assert seen["mismatches"].api is seen["api"]
+    housekeeping = seen["housekeeping"]
+    assert housekeeping.topology_status is not None and housekeeping.claims is not None
+    assert housekeeping.mismatches.on_mismatch is OnMismatch.REPORT  # the default: report, evict nothing
+    assert housekeeping.mismatches.api is seen["api"]
+    # The controllers hear pods from the cache's own watch, the one serve runs.
+    assert seen["elect"] and seen["pods"] is not None and seen["serve"]["watcher"] is not None
     assert seen["cache"].waiting.keep is KeepCliques.WHILE_WAITING  # the default
 
 

@@ -238,7 +238,7 @@ def dra_pod(name: str, gang: str | None = "tp4", size: int = 2) -> dict[str, Any
 
 def admit(api: FakeKube, cache: ClusterCache, *pods: dict[str, Any]) -> list[dict[str, Any]]:
     async def run() -> list[dict[str, Any]]:
-        app = build_app(cache, api=api, housekeeping_s=None)
+        app = build_app(cache, api=api)
         async with TestClient(TestServer(app)) as client:
             out = []
             for i, pod in enumerate(pods):
@@ -429,8 +429,8 @@ def admitted_alone(api: FakeKube, cache: ClusterCache) -> dict[str, Any]:
 def test_a_device_taken_by_a_foreign_claim_re_plans_the_gang_and_replaces_the_stale_claim(
     world: tuple[FakeKube, ClusterCache],
 ) -> None:
+    from extender.controllers.claims.sync import DEVICE_TAKEN, SlotClaimSync
     from extender.kube.api import EVENTS
-    from extender.reservations.claim_sync import DEVICE_TAKEN, SlotClaimSync
 
     api, cache = world
     admitted = admitted_alone(api, cache)
@@ -480,7 +480,7 @@ def test_a_workloads_taken_slot_moves_on_its_node_instead_of_a_whole_re_plan() -
     the taken slot moves, on its own node."""
     import dataclasses
 
-    from extender.reservations.claim_sync import SlotClaimSync
+    from extender.controllers.claims.sync import SlotClaimSync
 
     api, cache, pods = pair_one_bound("tp2", 2, bound=False)
     r = cache.reservation("llm/tp2")
@@ -503,8 +503,8 @@ def test_a_workloads_taken_slot_moves_on_its_node_instead_of_a_whole_re_plan() -
 
 
 def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() -> None:
+    from extender.controllers.claims.sync import DEVICE_TAKEN, SlotClaimSync
     from extender.kube.api import EVENTS
-    from extender.reservations.claim_sync import DEVICE_TAKEN, SlotClaimSync
 
     api, cache, pods = pair_one_bound("tp2", 2)
     r = cache.reservation("llm/tp2")
@@ -539,8 +539,8 @@ def test_with_a_pod_bound_a_taken_slot_moves_to_other_free_gpus_of_its_node() ->
 
 
 def test_with_a_pod_bound_and_no_other_set_on_its_node_the_slot_waits_and_says_so() -> None:
+    from extender.controllers.claims.sync import DEVICE_TAKEN, SlotClaimSync
     from extender.kube.api import EVENTS
-    from extender.reservations.claim_sync import DEVICE_TAKEN, SlotClaimSync
 
     api, cache, pods = pair_one_bound("tp4", 4)
     waiting = pinned(pods[1])
@@ -748,7 +748,7 @@ def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mi
 ) -> None:
     """Re-planning replaces the slot's claim but not the pod's ``gangslice.io/gpus`` (set at its
     admission): the kubelet then reports the re-planned devices, which is what was promised."""
-    from extender.reservations.claim_sync import SlotClaimSync
+    from extender.controllers.claims.sync import SlotClaimSync
 
     api, cache = world
     admitted = admitted_alone(api, cache)

@@ -197,10 +197,10 @@ def exhaustive(snap: ClusterSnapshot, gang: GangRequest) -> tuple[Key, list[PodS
             choices.append([(i, pods, masks) for masks in memo[key]])
         for combo in itertools.product(*choices):
             slots = _slots(snap, gang, combo)
-            if scoring.violations(snap, gang, slots):
-                continue
             got = scoring.objective(snap, gang, slots)
-            if best is None or got < best[0]:
+            # Only a strictly better assignment replaces the best: the rules, dearer than
+            # the objective, are checked on those alone.
+            if (best is None or got < best[0]) and not scoring.violations(snap, gang, slots):
                 best = (got, slots)
     return best
 

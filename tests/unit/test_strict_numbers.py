@@ -77,7 +77,7 @@ def _task(milli: Any) -> dict[str, Any]:
 def test_volcano_refuses_a_negative_gpu_request_naming_the_field(tmp_path: Path) -> None:
     async def go() -> None:
         cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             r = await client.post(
                 "/gangslice/volcano/predicate", json={"task": _task(-8000), "node": {"Name": "h-0"}}
             )

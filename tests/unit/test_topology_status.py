@@ -9,17 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from extender.commands.explain import refused_nodes
+from extender.controllers.topology_status.reporter import TopologyStatusReporter
 from extender.httpapi.decide import Decider
 from extender.httpapi.nodelist import filter_known
 from extender.kube.api import Kind
-from extender.kube.crd_models import ACCEPTED
 from extender.kube.pods import PodInfo
-from extender.kube.topology_status import (
-    INVALID_NODE_TOPOLOGY,
-    INVALID_SPEC,
-    SPEC_VALID,
-    TopologyStatusReporter,
-)
+from extender.kube.topology_status import ACCEPTED, INVALID_NODE_TOPOLOGY, INVALID_SPEC, SPEC_VALID
 from extender.reservations import ClusterCache
 from extender.testing.clock import FakeClock
 from extender.testing.extender import pod_obj
@@ -166,7 +161,7 @@ def test_a_failed_write_is_tried_again_and_a_restart_converges(clock: FakeClock)
 
 
 def test_one_sync_writes_a_bounded_number(clock: FakeClock, monkeypatch: Any) -> None:
-    monkeypatch.setattr("extender.kube.topology_status.MAX_WRITES_PER_SYNC", 1)
+    monkeypatch.setattr("extender.controllers.topology_status.reporter.MAX_WRITES_PER_SYNC", 1)
     cache = two_node_cache()
     for name in ("a", "b"):
         cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology(name, nvlinkGbps=0))

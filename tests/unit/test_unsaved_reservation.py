@@ -28,7 +28,7 @@ def test_a_reservation_that_cannot_be_saved_is_not_promised() -> None:
             objs: dict[Kind, list[Any]] = {Kind.NODES: [node_obj(n) for n in NODES], Kind.PODS: pods}
             cache.replace(kind, objs.get(kind, []))
         api.fail_next("apply slicereservations", Unavailable(503, "etcd is away"))
-        async with client_for(build_app(cache, api=api, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache, api=api)) as client:
             r = await client.post("/gangslice/filter", json={"Pod": pods[0], "NodeNames": NODES})
             reply = await r.json()
             assert reply["NodeNames"] == []

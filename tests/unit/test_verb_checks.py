@@ -32,7 +32,7 @@ def watched_cache(pods: list[dict[str, Any]]) -> ClusterCache:
 def run(pods: list[dict[str, Any]], body: Callable[[Client, ClusterCache], Awaitable[None]]) -> None:
     async def go() -> None:
         cache = watched_cache(pods)
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             await body(client, cache)
 
     asyncio.run(go())

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from extender.cli import main
+from extender.controllers.webhook_ca.sync import CaBundleError, WebhookCa, ours, read_ca
 from extender.kube.api import MUTATING_WEBHOOKS, Conflict
 from extender.kube.names import WEBHOOK_CONFIGURATION
-from extender.kube.webhook_ca import CaBundleError, WebhookCa, ours, read_ca
 from extender.testing.kube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]

@@ -151,7 +151,7 @@ def request(port: int, method: str, path: str, body: bytes | None = None) -> tup
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     path: Path = write_cluster(tmp_path_factory.mktemp("fuzz"))
-    app = build_app(ClusterCache.from_cluster_file(path), housekeeping_s=None)
+    app = build_app(ClusterCache.from_cluster_file(path))
     with ServerThread(app) as s:
         yield s
 

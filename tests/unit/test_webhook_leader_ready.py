@@ -7,21 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from extender.httpapi.app import build_app, housekeeping
+from extender.httpapi.app import build_app
 from extender.httpapi.handling import LEADING
 from extender.httpapi.server import label_own_pod
 from extender.kube.api import Kind
 from extender.kube.names import LEADER_LABEL
-from extender.placement.request import GangRequest, PodSet
 from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, write_cluster
 from extender.testing.kube import FakeKube
-from extender.testing.reserve import hold
 
 
 def _status(tmp_path: Path, leading: dict[str, bool] | None) -> tuple[int, str]:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
-    app = build_app(cache, housekeeping_s=None)
+    app = build_app(cache)
     if leading is not None:
         app[LEADING] = leading
 
@@ -59,7 +57,7 @@ def test_without_controller_readiness_is_the_cache(tmp_path: Path) -> None:
 def test_a_standby_decides_nothing_and_says_why(tmp_path: Path) -> None:
     """Only the leader reserves or binds: a standby answers every verb with its error reply."""
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
-    app = build_app(cache, housekeeping_s=None)
+    app = build_app(cache)
     leading = {"now": False}
     app[LEADING] = leading
     member = gang_pod("g-0", "g", 2, 8)
@@ -79,24 +77,3 @@ def test_a_standby_decides_nothing_and_says_why(tmp_path: Path) -> None:
             assert cache.reservation("llm/g") is not None
 
     asyncio.run(go())
-
-
-def test_housekeeping_expires_holds_on_the_leader_only(tmp_path: Path) -> None:
-    now = [0.0]
-    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), ttl_s=10.0, clock=lambda: now[0])
-    hold(cache, "llm/g", GangRequest("g", (PodSet("w", 1, 8),)))
-    app = build_app(cache, housekeeping_s=None)
-    leading = {"now": False}
-    app[LEADING] = leading
-    now[0] = 100.0  # long past the TTL
-
-    async def two_rounds() -> None:
-        task = asyncio.create_task(housekeeping(app, 0.01))
-        await asyncio.sleep(0.1)
-        assert cache.reservation("llm/g") is not None  # the standby leaves it alone
-        leading["now"] = True
-        await asyncio.sleep(0.1)
-        task.cancel()
-
-    asyncio.run(two_rounds())
-    assert cache.reservation("llm/g") is None

@@ -32,7 +32,7 @@ def serve(tmp_path: Path, body: Any) -> None:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
 
     async def go() -> None:
-        app = build_app(cache, housekeeping_s=None)
+        app = build_app(cache)
         async with client_for(app) as client:
             await body(client, cache, app[DECIDER])
 

@@ -36,7 +36,7 @@ def run(tmp_path: Path, body: Body, api: FakeKube | None = None) -> ClusterCache
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
 
     async def go() -> None:
-        app = build_app(cache, api=api, housekeeping_s=None)
+        app = build_app(cache, api=api)
         async with client_for(app) as client:
             await body(client, cache)
 
@@ -295,7 +295,7 @@ def test_bind_picks_the_gpu_set_and_records_it(tmp_path: Path) -> None:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
 
     async def go() -> None:
-        app = build_app(cache, binder=binder, housekeeping_s=None)
+        app = build_app(cache, binder=binder)
         async with client_for(app) as client:
             await body(client, cache)
 
@@ -416,7 +416,7 @@ def test_a_restart_rebuilds_the_same_reservation_and_doubles_nothing(tmp_path: P
     async def life(pod: dict[str, Any], bind_it: bool) -> tuple[list[str], dict[str, Any]]:
         cache = ClusterCache.from_cluster_file(path, store=store)
         await cache.rebuild_ledger()
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             got = await filter_(client, pod)
             if bind_it:
                 assert await bind(client, pod, got["NodeNames"][0]) == ""
@@ -455,7 +455,7 @@ def test_only_a_new_reservation_gates_the_filter_and_binds_answer_before_their_s
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path), store=store)
 
     async def go() -> None:
-        app = build_app(cache, housekeeping_s=None)
+        app = build_app(cache)
         async with client_for(app) as client:
             first, second = gang_pod("g-0", "g", 2, 8), gang_pod("g-1", "g", 2, 8)
             got = await asyncio.wait_for(filter_(client, first), 5)
@@ -485,7 +485,7 @@ def test_a_second_bind_to_another_node_is_refused_and_keeps_the_gpus(tmp_path: P
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
 
     async def go() -> None:
-        app = build_app(cache, binder=binder, housekeeping_s=None)
+        app = build_app(cache, binder=binder)
         async with client_for(app) as client:
             pod = pod_obj("tp2", gpus=2)
             await filter_(client, pod)
@@ -516,7 +516,7 @@ def test_filter_and_bind_follow_the_device_plugin_on_its_nodes(tmp_path: Path) -
     binder = LocalBinder()
 
     async def go() -> None:
-        app = build_app(cache, binder=binder, housekeeping_s=None)
+        app = build_app(cache, binder=binder)
         async with client_for(app) as client:
             pod = pod_obj("tp3", gpus=3, annotations={keys.REQUIRED_LEVEL: "numa"})
             got = await filter_(client, pod, ["plugin-0", "dra-0"])

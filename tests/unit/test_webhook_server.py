@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from extender.bench.extender import BenchOptions, render, run_extender_bench
 from extender.cli import build_parser, main
 from extender.httpapi.app import build_app
-from extender.httpapi.bench import BenchOptions, render, run_extender_bench
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import Kind
 from extender.reservations import ClusterCache
@@ -129,7 +129,7 @@ def test_health_readiness_and_metrics() -> None:
     cache = ClusterCache()
 
     async def go() -> None:
-        async with client_for(build_app(cache, housekeeping_s=None)) as client:
+        async with client_for(build_app(cache)) as client:
             assert (await client.get("/healthz")).status == 200
             waiting = await client.get("/readyz")
             assert waiting.status == 503 and "nodes" in await waiting.text()
@@ -169,7 +169,7 @@ def test_tls_certificate_is_reloaded_when_its_files_change(tmp_path: Path) -> No
     cert.write_text(CERT_A)
     key.write_text(KEY_A)
     tls = ReloadingTls(str(cert), str(key))
-    app = build_app(ClusterCache.from_cluster_file(write_cluster(tmp_path)), housekeeping_s=None)
+    app = build_app(ClusterCache.from_cluster_file(write_cluster(tmp_path)))
     with ServerThread(app, ssl_context=tls.context) as server:
         assert _served_cert(server.port) == ssl.PEM_cert_to_DER_cert(CERT_A)
         assert not tls.reload_if_changed()

@@ -4,8 +4,8 @@ Whether a Workload is ours and what to do with it (:func:`decide`), where in the
 slice it is (:func:`wait_stage`), our check entry (:func:`check_entry`) and the bodies of
 the server-side applies (:func:`workload_apply_body`, :func:`admission_check_apply_body`),
 which carry only our own entries. The gang a Workload asks for is
-:mod:`extender.controllers.workload_gang`'s; where Kueue lets it run,
-:mod:`extender.controllers.assignment`'s.
+:mod:`extender.controllers.kueue.workload_gang`'s; where Kueue lets it run,
+:mod:`extender.controllers.kueue.assignment`'s.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ network-topology plugin and gangslice see the same domains.
 
 Tiers follow the level order over the levels some node is labelled with: the finest such
 level is tier 1, the next coarser tier 2, and so on (the same numbering PodGroup
-``networkTopology.highestTierAllowed`` is read with, see :mod:`extender.controllers.podgroups`);
+``networkTopology.highestTierAllowed`` is read with, see :mod:`extender.controllers.podgroups.groups`);
 ``tierName`` is the level's name. A domain's members are its nodes (``type: Node``) when it is
 at a node's finest labelled level, else the finer domains under it (``type: HyperNode``), all
 by ``exactMatch``.
@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from extender.controllers.podgroups import present_levels
+from extender.controllers.podgroups.groups import present_levels
 from extender.kube import names as keys
 from extender.placement.snapshot import ClusterSnapshot
 from extender.topology.hierarchy import DomainKey, Hierarchy

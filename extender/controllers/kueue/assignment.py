@@ -13,8 +13,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.controllers.kueue import Stage, assignments, pod_sets
-from extender.controllers.workload_gang import describe_request, strict_gang
+from extender.controllers.kueue.contract import Stage, assignments, pod_sets
+from extender.controllers.kueue.workload_gang import describe_request, strict_gang
 from extender.kube import names
 from extender.kube.api import as_map
 from extender.placement.request import GangRequest, Toleration

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from extender.controllers import owned
-from extender.controllers.controller import Cache
+from extender.controllers.common import Cache
 from extender.kube.api import KubeClient
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from extender.controllers.kueue import assignments, gang_key, pod_sets
+from extender.controllers.kueue.contract import assignments, gang_key, pod_sets
 from extender.cost import Comm
 from extender.kube import names
 from extender.kube.api import as_map

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.controllers import joint, owned
-from extender.controllers.controller import Cache, resync_until
+from extender.controllers.common import Cache, resync_until
 from extender.controllers.objects import object_ref
-from extender.controllers.podgroups import (
+from extender.controllers.podgroups.groups import (
     PODGROUP_KIND,
     VOLCANO_SCHEDULER,
     PodGroup,
@@ -82,8 +82,8 @@ class PodGroupController:
         self.groups: dict[str, dict[str, Any]] = {}
         #: Member pods seen, by PodGroup key then pod name.
         self.pods: dict[str, dict[str, PodInfo]] = {}
-        #: When a joint gang was first seen short of members, by joint key.
-        self.waiting_since: dict[str, float] = {}
+        #: When a joint gang was first seen short of members.
+        self.member_wait = joint.MemberWait()
         self._lock = asyncio.Lock()
 
     # -- events --------------------------------------------------------------------------------
@@ -232,15 +232,17 @@ class PodGroupController:
         jkey = f"{namespace}/{gang}"
         declared: dict[str, joint.Membership] = {}
         keys: dict[str, str] = {}
+        groups = []
         for key, obj in sorted(self.groups.items()):
             try:
                 pg = PodGroup.from_obj(obj)
-                m = joint.membership(pg.labels, pg.annotations)
-            except (PodGroupError, joint.JointError):
+            except PodGroupError:
                 continue  # said on that group by its own reconcile
-            if pg.namespace == namespace and m is not None and m.gang == gang and not pg.completed:
-                declared[pg.name] = m
-                keys[pg.name] = key
+            if pg.namespace == namespace and not pg.completed:
+                groups.append((key, pg))
+        for (key, pg), m in joint.members(groups, gang, _declared):
+            declared[pg.name] = m
+            keys[pg.name] = key
         try:
             expected = joint.expected_members(list(declared.values()))
         except joint.JointError as exc:
@@ -249,15 +251,13 @@ class PodGroupController:
             )
             return
         held = [k for k in keys.values() if self.cache.reservation(k) is not None]
-        if held and len(held) == len(keys) == expected:
-            self.waiting_since.pop(jkey, None)
+        short = self.member_wait.short(jkey, declared, expected, self.clock(), self.config.member_wait_s)
+        if held and short is None and len(held) == len(keys) == expected:
             await self._reserved(list(keys.values()))
             return
-        if len(declared) < expected:
-            now = self.clock()
-            since = self.waiting_since.setdefault(jkey, now)
-            absent = joint.missing(declared, expected)
-            if now - since >= self.config.member_wait_s:
+        if short is not None:
+            absent = short.absent
+            if short.timed_out:
                 for k in held:
                     await self._release(
                         k, self.groups.get(k), f"member(s) {absent} of joint gang {jkey} missing"
@@ -271,7 +271,6 @@ class PodGroupController:
                 message = f"joint gang {jkey}: waiting for member(s) {absent} ({len(declared)} of {expected})"
                 await self._status_all(keys.values(), "Waiting", message)
             return
-        self.waiting_since.pop(jkey, None)
         requests: dict[str, GangRequest] = {}
         for name, key in keys.items():
             got = await self._request(key, PodGroup.from_obj(self.groups[key]))
@@ -400,3 +399,8 @@ class PodGroupController:
             await owned.post_event(
                 self.api, obj, "Normal", "SliceReleased", f"released: {why}", self.clock(), self.identity
             )
+
+
+def _declared(group: tuple[str, PodGroup]) -> joint.Membership | None:
+    """The joint gang a PodGroup (key, group) declares, or None."""
+    return joint.membership(group[1].labels, group[1].annotations)

@@ -3,7 +3,7 @@
 Watch events (from kopf, see :mod:`extender.controllers.handlers`) land in
 :meth:`AdmissionController.on_workload` / :meth:`on_admission_check`; a periodic
 :meth:`resync` looks again at Workloads still waiting, so the widening and the Retry happen
-on time without an event. The rules are :mod:`extender.controllers.kueue`'s; this class does
+on time without an event. The rules are :mod:`extender.controllers.kueue.contract`'s; this class does
 the I/O in the order that keeps a restart safe:
 
 1. place on the cluster cache's view and hold the slice in its ledger (no ``await`` in
@@ -21,15 +21,18 @@ Only the leader writes anything; a standby keeps its index of Workloads up to da
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from extender.controllers import assignment, joint, kueue, owned, workload_gang
+from extender.controllers import joint, owned
 from extender.controllers.api import KUEUE_API_VERSION
-from extender.controllers.kueue import Action, CheckConfig, Stage
+from extender.controllers.common import Cache, resync_until
+from extender.controllers.kueue import assignment, workload_gang
+from extender.controllers.kueue import contract as kueue
+from extender.controllers.kueue.contract import Action, CheckConfig, Stage
+from extender.controllers.kueue.workload_gang import WorkloadError
 from extender.controllers.objects import (
     META_ATTEMPT,
     META_OWNER_UID,
@@ -38,7 +41,6 @@ from extender.controllers.objects import (
     reservation_from_object,
     rfc3339,
 )
-from extender.controllers.workload_gang import WorkloadError
 from extender.kube import names, pod_needs, slot_claims
 from extender.kube.api import (
     ADMISSION_CHECKS,
@@ -52,59 +54,16 @@ from extender.kube.api import (
     as_map,
 )
 from extender.kube.crd_models import CrdError, object_name
-from extender.kube.pods import PodInfo
 from extender.logs import fields
-from extender.placement.ledger import Ledger, Reservation
+from extender.placement.ledger import Reservation
 from extender.placement.request import Toleration
 from extender.placement.slice import Unplaceable
-from extender.placement.snapshot import ClusterSnapshot
-from extender.reservations.book import ReservationBook
-from extender.reservations.reserve import Claim, Reserving
+from extender.reservations.reserve import Claim
 from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 
 WORKLOAD_KIND = "Workload"
-
-
-class Cache(Reserving, Protocol):
-    """What the controller needs of :class:`extender.reservations.cluster.ClusterCache`."""
-
-    @property
-    def ready(self) -> bool: ...
-
-    @property
-    def ledger(self) -> Ledger: ...
-
-    @property
-    def book(self) -> ReservationBook: ...
-
-    def snapshot(self) -> ClusterSnapshot: ...
-
-    @property
-    def node_generation(self) -> int: ...
-
-    def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot: ...
-
-    def reservation(self, gang: str) -> Reservation | None: ...
-
-    def pods_of_gang(self, gang: str) -> list[PodInfo]: ...
-
-    def forget_gang(self, key: str) -> None: ...
-
-    def device_class_drivers(self, name: str) -> frozenset[str] | None: ...
-
-    def restore(self, r: Reservation) -> bool: ...
-
-    def hold_all(self, rs: Iterable[Reservation]) -> bool: ...
-
-    def drop(self, gang: str) -> Reservation | None: ...
-
-    async def flush(self) -> None: ...
-
-    async def persist(self, gang: str) -> bool: ...
-
-    async def rebuild_ledger(self) -> int: ...
 
 
 class AdmissionController:
@@ -131,7 +90,7 @@ class AdmissionController:
         self.workloads: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: When each joint gang began waiting for missing members (joint key -> time).
-        self._joint_since: dict[str, float] = {}
+        self._member_wait = joint.MemberWait()
 
     # -- events ------------------------------------------------------------------------------
     async def on_admission_check(self, event_type: str | None, ac: Mapping[str, Any]) -> None:
@@ -281,7 +240,7 @@ class AdmissionController:
             await self._write(wl, "Rejected", str(exc), event=("Warning", "InvalidGang", str(exc)))
             return
         if member is not None:
-            await self._place_joint(wl, member)
+            await self._reconcile_joint(wl, member)
             return
         now = self.clock()
         held = self.cache.reservation(key)
@@ -325,7 +284,7 @@ class AdmissionController:
         await self._write(wl, "Ready", message, pod_set_updates=updates)
 
     # -- joint gangs ---------------------------------------------------------------------------
-    async def _place_joint(self, wl: Mapping[str, Any], member: joint.Membership) -> None:
+    async def _reconcile_joint(self, wl: Mapping[str, Any], member: joint.Membership) -> None:
         """Place every Workload of ``member``'s joint gang as one request once all of them
         have quota, hold one reservation per Workload (all or none), then set every one's
         check Ready in one pass. Members with quota wait for the others up to
@@ -334,18 +293,12 @@ class AdmissionController:
         jkey = f"{ns}/{member.gang}"
         wls: dict[str, dict[str, Any]] = {}
         declared: dict[str, joint.Membership] = {}
-        for w in self.workloads.values():
-            wns, wname = object_ref(w)
-            try:
-                m = _membership(w)
-            except joint.JointError:
-                continue
-            if wns == ns and m is not None and m.gang == member.gang:
-                action, _ = kueue.decide(
-                    w, self.checks, self.cache.reservation(kueue.gang_key(w)) is not None
-                )
-                if action in (Action.PLACE, Action.KEEP):
-                    wls[wname], declared[wname] = w, m
+        same_namespace = (w for w in self.workloads.values() if object_ref(w)[0] == ns)
+        for w, m in joint.members(same_namespace, member.gang, _membership):
+            action, _ = kueue.decide(w, self.checks, self.cache.reservation(kueue.gang_key(w)) is not None)
+            if action in (Action.PLACE, Action.KEEP):
+                wname = object_ref(w)[1]
+                wls[wname], declared[wname] = w, m
         try:
             expected = joint.expected_members(list(declared.values()))
         except joint.JointError as exc:
@@ -355,17 +308,17 @@ class AdmissionController:
         now = self.clock()
         keys = {name: kueue.gang_key(w) for name, w in wls.items()}
         held = {n: self.cache.reservation(k) for n, k in keys.items()}
-        if len(wls) < expected:
-            since = self._joint_since.setdefault(jkey, now)
-            absent = joint.missing(declared, expected)
-            if now - since < self.config.member_wait_s:
+        short = self._member_wait.short(jkey, declared, expected, now, self.config.member_wait_s)
+        if short is not None:
+            absent = short.absent
+            if not short.timed_out:
                 message = (
                     f"joint gang {jkey}: waiting for member(s) {absent} ({len(wls)} of {expected} have quota)"
                 )
                 for w in wls.values():
                     await self._write(w, "Pending", message)
                 return
-            self._joint_since.pop(jkey, None)
+            self._member_wait.forget(jkey)
             message = (
                 f"joint gang {jkey}: member(s) {absent} did not get quota within "
                 f"{int(self.config.member_wait_s)}s; giving the quota back"
@@ -380,7 +333,6 @@ class AdmissionController:
                     event=("Warning", "MemberMissing", message),
                 )
             return
-        self._joint_since.pop(jkey, None)
         if any(r is None for r in held.values()):
             for name, r in held.items():
                 if r is not None:
@@ -621,21 +573,6 @@ class AdmissionController:
     async def _event(self, wl: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         now, component = self.clock(), names.CHECK_CONTROLLER
         await owned.post_event(self.api, _owner(wl), kind, reason, message, now, self.identity, component)
-
-
-async def resync_until(
-    stop: asyncio.Event, period_s: float, resync: Callable[[], Awaitable[None]], what: str
-) -> None:
-    """Call ``resync`` every ``period_s`` seconds until ``stop`` is set; a failure is logged
-    (as ``<what> failed``) and the loop goes on."""
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period_s)
-        if not stop.is_set():
-            try:
-                await resync()
-            except Exception:
-                log.exception("%s failed", what)
 
 
 def _membership(wl: Mapping[str, Any]) -> joint.Membership | None:

@@ -333,7 +333,7 @@ def _passed(verb: str, reply: Any) -> int:
 async def run_extender_bench(options: BenchOptions) -> list[CaseResult]:
     snap, _ = synthetic_cluster(max(options.nodes, options.full_nodes), preset_graph("hgx-h100"))
     cache = ClusterCache.from_snapshot(snap)
-    app = build_app(cache, housekeeping_s=None)
+    app = build_app(cache)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

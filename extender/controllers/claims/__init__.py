@@ -1,0 +1,1 @@
+"""DRA: slots whose pinned devices someone else took are re-planned (:mod:`.sync`)."""

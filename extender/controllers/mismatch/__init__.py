@@ -1,0 +1,1 @@
+"""Pods the kubelet gave other GPUs than promised: told, or evicted (:mod:`.reporter`)."""

@@ -1,0 +1,1 @@
+"""The DRA webhook's caBundle, kept equal to the serving certificate's CA (:mod:`.sync`)."""
