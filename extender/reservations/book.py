@@ -268,6 +268,16 @@ class ReservationBook:
         async with self.lock:
             return reserve_all(self, request, claims, split=split, solve=solve)
 
+    async def replan(self, r: Reservation, request: GangRequest) -> Reservation | Unplaceable:
+        """Place a held gang afresh on the cluster as it is now (devices of its slots were
+        taken): the new reservation, or why none fits, the old one then held again."""
+        async with self.lock:
+            self.drop(r.gang)
+            placed = reserve(self, request, Claim(r.gang, r.meta))
+            if isinstance(placed, Unplaceable):
+                self.hold_all([r])  # keep the old plan: the device may come free
+            return placed
+
     # -- kube-scheduler's Reserve and Unreserve --------------------------------------------
     async def reserve_pod(self, pod: PodInfo, node: str, plain: PlainPick) -> BindPlan:
         """Take the pod's slot on ``node`` (a gang's) or its GPUs there (``plain`` picks them

@@ -37,7 +37,6 @@ from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.reservations.cluster import ClusterCache
-from extender.reservations.reserve import Claim, reserve
 
 log = logging.getLogger(__name__)
 
@@ -157,11 +156,7 @@ class SlotClaimSync:
                 await self._tell(pods.get(key), f"{text}; cannot re-plan: {problem}")
             return False
         old_claims = await self._claims(ns, res_name, r)
-        async with cache.lock:
-            cache.drop(gang)
-            placed = reserve(cache, request, Claim(gang, r.meta))
-            if isinstance(placed, Unplaceable):
-                cache.hold_all([r])  # keep the old plan: the device may come free
+        placed = await cache.book.replan(r, request)
         if isinstance(placed, Unplaceable):
             for key, text in why.items():
                 await self._tell(pods.get(key), f"{text}; no other plan fits now: {placed.reason}")
@@ -187,14 +182,18 @@ class SlotClaimSync:
         ns, res_name = cache.book.ref_of(r).key
         moved: list[PodSlot] = []
         stuck: list[PodSlot] = []
-        async with cache.lock:
+
+        def move(r: Reservation) -> Reservation:
             for slot, _, _ in found:
                 other = _other_set(cache, r, slot)
                 if other is None:
                     stuck.append(slot)
                     continue
-                r = cache.move_slot(r.gang, slot.key, *other)
+                r = cache.book.move_slot(r.gang, slot.key, *other)
                 moved.append(r.slice.slot(slot.key))
+            return r
+
+        r = await cache.book.deciding(lambda: move(r))
         for slot in stuck:
             await self._tell(
                 pods.get(slot.key),
