@@ -4,9 +4,9 @@
 unbind, a pod gone or bound, expire, follow the kubelet, move a slot, rebuild after a
 restart), :mod:`~extender.reservations.reserve` places a gang and holds its slice,
 :mod:`~extender.reservations.store` writes each change (the only writer of SliceReservation
-objects), :mod:`~extender.controllers.claims.sync` re-plans slots whose claimed devices were
-taken. :mod:`~extender.reservations.cluster` joins the book to the informer
-(:mod:`extender.kube.cache`), which only observes.
+objects). :mod:`~extender.reservations.cluster` joins the book to the informer
+(:mod:`extender.kube.cache`), which only observes. The reconcilers that drive a step (the
+DRA claim re-plan, for one) live in :mod:`extender.controllers` and call the book.
 """
 
 from extender.reservations.book import ReservationBook
