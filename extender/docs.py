@@ -566,7 +566,7 @@ def api_section() -> list[str]:
 def metrics_section() -> list[str]:
     from extender.agent.metrics import AgentMetrics
     from extender.httpapi.metrics import Metrics
-    from extender.kube.cache import ClusterCache
+    from extender.reservations import ClusterCache
 
     lines = ["## Metrics", ""]
     for where, registry in (

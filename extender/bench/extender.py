@@ -39,8 +39,8 @@ from aiohttp import web
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import METRICS
 from extender.kube import names as keys
-from extender.kube.cache import ClusterCache
 from extender.placement.synthetic import percentile, synthetic_cluster
+from extender.reservations import ClusterCache
 from extender.topology.presets import preset_graph
 
 #: Targets for the ``names`` case at the default 5,000 names and concurrency 16.

@@ -226,7 +226,7 @@ def explain_pods(
 async def live_cache(api: KubeClient | None, cluster: str | None) -> Any:
     """A cluster cache filled by one list of every kind (or from a cluster file)."""
     from extender.kube.api import ALL_KINDS, Kind
-    from extender.kube.cache import ClusterCache
+    from extender.reservations import ClusterCache
 
     if cluster or api is None:
         assert cluster is not None
@@ -297,12 +297,14 @@ async def add_slot_claims(api: KubeClient, cache: Any, facts: Facts) -> None:
     """On DRA nodes: per slot, the devices its ResourceClaim pins and what the claim says now
     (allocated, reserved for, prepared)."""
     from extender.kube.api import RESOURCE_CLAIMS
-    from extender.kube.slot_claims import claim_name, claim_state
+    from extender.kube.crd_models import claim_name
+    from extender.kube.slot_claims import claim_state
+    from extender.reservations.store import ReservationRef
 
     r = facts.reservation
     if r is None:
         return
-    namespace, name = r.meta.get("namespace", ""), r.meta.get("name", "")
+    namespace, name = ReservationRef.of(r).key
     claims = {
         c.get("metadata", {}).get("name"): c for c in (await api.list(RESOURCE_CLAIMS, namespace)).items
     }

@@ -303,9 +303,9 @@ def _check_tls_files(cert: str, key: str, client_ca: str | None) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from extender.httpapi.server import ServeOptions, serve
     from extender.kube import compute_domains as cds
-    from extender.kube.cache import ClusterCache
-    from extender.kube.store import KubeReservationStore
     from extender.placement.files import FileError
+    from extender.reservations import ClusterCache
+    from extender.reservations.store import KubeReservationStore
 
     configure(args.log_level, args.log_format)
     if bool(args.tls_cert) != bool(args.tls_key):

@@ -9,15 +9,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from extender.kube.pods import PodInfo
-from extender.kube.reserve import Reserving
 from extender.placement.ledger import Ledger, Reservation
 from extender.placement.snapshot import ClusterSnapshot
+from extender.reservations.book import ReservationBook
+from extender.reservations.reserve import Reserving
 
 log = logging.getLogger(__name__)
 
 
 class Cache(Reserving, Protocol):
-    """What the controllers need of :class:`extender.kube.cache.ClusterCache`."""
+    """What the controllers need of :class:`extender.reservations.cluster.ClusterCache`."""
 
     @property
     def ready(self) -> bool: ...
@@ -26,7 +27,7 @@ class Cache(Reserving, Protocol):
     def ledger(self) -> Ledger: ...
 
     @property
-    def lock(self) -> asyncio.Lock: ...
+    def book(self) -> ReservationBook: ...
 
     def snapshot(self) -> ClusterSnapshot: ...
 

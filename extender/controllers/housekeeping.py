@@ -19,8 +19,8 @@ from extender.controllers.claims.sync import SlotClaimSync
 from extender.controllers.mismatch.reporter import MismatchReporter
 from extender.controllers.topology_status.reporter import TopologyStatusReporter
 from extender.controllers.webhook_ca.sync import WebhookCa
-from extender.kube.cache import ClusterCache
 from extender.logs import fields
+from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,7 @@ class Housekeeping:
     async def once(self) -> None:
         cache = self.cache
         try:
-            async with cache.lock:
-                gone = cache.expire()
+            gone = await cache.book.deciding(cache.book.expire)
             for r in gone:
                 log.info("reservation of gang %s expired", r.gang, extra=fields(gang=r.gang))
             if self.mismatches is not None:

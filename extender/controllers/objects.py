@@ -15,8 +15,8 @@ from typing import Any
 
 from extender.kube import names
 from extender.kube.crd_models import reservation_from_object, reservation_status, rfc3339
-from extender.kube.store import reservation_manifest
 from extender.placement.ledger import Reservation
+from extender.reservations.store import reservation_manifest
 
 __all__ = [
     "object_ref",

@@ -20,8 +20,9 @@ from extender.kube import events, names
 from extender.kube.api import EVENTS, KubeClient, KubeError
 from extender.kube.crd_models import object_name
 from extender.kube.events import ObjectRef
-from extender.kube.reserve import Claim
 from extender.placement.ledger import Reservation
+from extender.reservations.reserve import Claim
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def owned_by(r: Reservation, owner: Mapping[str, Any] | None) -> bool:
     """Whether ``owner`` (None: not found) is the very object ``r`` was made for (same UID),
     not a later one of the same name."""
     uid = str(((owner or {}).get("metadata") or {}).get("uid", ""))
-    return owner is not None and uid == r.meta.get(META_OWNER_UID, "")
+    return owner is not None and uid == ReservationRef.of(r).owner_uid
 
 
 async def post_event(

@@ -1,7 +1,7 @@
 """``run_controller``: the one runner of every reconcile loop, as tasks on the caller's asyncio loop.
 
 ``gangslice serve`` runs it next to the extender HTTP server, on the same loop and over the
-same :class:`~extender.kube.cache.ClusterCache`, so the extender and the admission check
+same :class:`~extender.reservations.cluster.ClusterCache`, so the extender and the admission check
 read and change one ledger and no two decisions race::
 
     cache = ClusterCache(store=...)                  # fed by the kube watches

@@ -51,23 +51,24 @@ from extender.kube.api import (
     NotFound,
     as_map,
 )
-from extender.kube.cache import ClusterCache
-from extender.kube.crd_models import object_name
+from extender.kube.crd_models import claim_name, object_name
+from extender.kube.dra import DeviceMap
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.reserve import Claim, reserve
 from extender.kube.slot_claims import (
     SlotClaims,
     SlotError,
     build_claim,
-    claim_name,
     gpu_claim,
     handed_out,
     pick_slot,
 )
 from extender.logs import fields
+from extender.placement.ledger import Reservation
 from extender.placement.scoring import LevelError
-from extender.placement.slice import Unplaceable
+from extender.placement.slice import PodSlot, Unplaceable
+from extender.reservations import ClusterCache
+from extender.reservations.reserve import Claim, reserve
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +148,14 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     if pod.problems:
         raise Refusal(pod.problems[0])
     pending: dict[str, dict[str, tuple[str, float]]] = app[PENDING]
-    async with cache.lock:
-        r = cache.reservation_of(pod)
+
+    def hand_out() -> tuple[Reservation, PodSlot, DeviceMap]:
+        """The pod's gang reserved (a plain gang's first pod reserves it) and a slot handed out."""
+        r = cache.book.reservation_of(pod)
         if r is None:
             r = _reserve(cache, pod)
         gang = r.gang
-        for other in [g for g in pending if g != gang and cache.reservation(g) is None]:
+        for other in [g for g in pending if g != gang and cache.book.reservation(g) is None]:
             del pending[other]  # released gangs: nothing of theirs is handed out any more
         now = time.monotonic()
         mine = {k: v for k, v in pending.get(gang, {}).items() if now - v[1] < PENDING_S}
@@ -170,10 +173,15 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
             )
         mine[slot.key] = (pod.name or "<generated name>", now)
         pending[gang] = mine
+        return r, slot, device_map
+
+    r, slot, device_map = await cache.book.deciding(hand_out)
+    gang = r.gang
     try:
-        if not await cache.persist(gang):
-            raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.save_error(gang)}")
-        res_name = str(r.meta.get("name") or object_name(gang))
+        if not await cache.book.persist(gang):
+            why = cache.book.save_error(gang)
+            raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {why}")
+        res_name = cache.book.ref_of(r).name
         try:
             saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
         except KubeError as exc:
@@ -293,7 +301,7 @@ async def _join_domain(
     return ops
 
 
-def _reserve(cache: ClusterCache, pod: PodInfo) -> Any:
+def _reserve(cache: ClusterCache, pod: PodInfo) -> Reservation:
     """Reserve a plain gang on its first pod; a Kueue or Volcano gang is its controller's to
     reserve, so a pod of one that has no reservation yet is refused (its creator retries)."""
     if pod.reservation_name:
@@ -320,7 +328,7 @@ def _reserve(cache: ClusterCache, pod: PodInfo) -> Any:
         cache.remember(pod)  # its pod set counts for the gang's next pod; its controller retries
         raise Refusal(f"gang {gang}: {request.reason}; retry once a pod of every pod set was created")
     try:
-        placed = reserve(cache, request, Claim(gang, {names.META_SLOT_CLAIMS: "true"}))
+        placed = reserve(cache.book, request, Claim(gang, {names.META_SLOT_CLAIMS: "true"}))
     except LevelError as exc:
         raise Refusal(f"gang {gang}: {exc}") from None
     if isinstance(placed, Unplaceable):

@@ -27,7 +27,7 @@ from extender.httpapi.limits import LIMITS, Limits, bounded
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
 

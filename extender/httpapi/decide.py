@@ -14,7 +14,8 @@ gang ``<namespace>/<gang>``; a Volcano task belongs to its job's gang ``<namespa
   solver holds gang pods to); nodes whose type can never hold one are unresolvable.
 - A pod without GPUs passes everywhere.
 
-Everything here is synchronous and must run under the cache's lock.
+Everything here is synchronous and must run under the book's lock
+(:meth:`extender.reservations.book.ReservationBook.deciding`).
 """
 
 from __future__ import annotations
@@ -28,20 +29,17 @@ from typing import TypeVar
 
 from extender.httpapi.memo import NamesKey, NamesMemo
 from extender.httpapi.wire import MAX_EXTENDER_PRIORITY
-from extender.kube import names as keys
-from extender.kube.cache import ClusterCache
-from extender.kube.crd_models import gang_namespace, object_name
-from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.reserve import Claim, reserve
 from extender.placement import choice, numa_fit
-from extender.placement.ledger import Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.numa_fit import GpuFit
-from extender.placement.request import GangRequest, PodSet
+from extender.placement.request import PodSet
 from extender.placement.scoring import LevelError, pod_set_micros, resolve_need
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.reservations import ClusterCache, ReservationRef
+from extender.reservations.book import BindPlan, GangRef, Refused, free_slots, outside_slice
+from extender.reservations.reserve import Claim, reserve
 from extender.topology.model import NodeShape, Tier
 
 
@@ -96,46 +94,6 @@ class Scores:
         return cls([0] * n)
 
 
-@dataclass
-class GangRef:
-    """A pod's gang: its key, its reservation if any, and what to do without one."""
-
-    key: str
-    reservation_label: str
-    request: GangRequest | None = None
-    waiting: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class BindPlan:
-    pod: PodInfo
-    node: str
-    gpus: tuple[int, ...]
-    numa_nodes: tuple[int, ...]
-    gang: str | None = None
-    slot: str | None = None
-    #: The pod as the cache had it before the plan recorded it bound (for undo).
-    previous: PodInfo | None = None
-    noted: bool = False
-    #: The GPUs' UUIDs from the node's graph, in the order of ``gpus`` (empty when the graph
-    #: has none, e.g. one parsed from ``nvidia-smi topo -m``).
-    uuids: tuple[str, ...] = ()
-
-    def annotations(self) -> dict[str, str]:
-        if not self.gpus:
-            return {}
-        out = {keys.GPUS: ",".join(map(str, self.gpus))}
-        if self.numa_nodes:
-            out[keys.NUMA_NODE] = ",".join(map(str, self.numa_nodes))
-        if self.uuids:
-            out[keys.GPU_UUIDS] = ",".join(self.uuids)
-        return out
-
-
-class Refused(Exception):
-    """A bind or allocation that cannot be done; the message says why."""
-
-
 class Decider:
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
@@ -155,28 +113,7 @@ class Decider:
     # -- who the pod is ------------------------------------------------------------------
     def gang_of(self, pod: PodInfo, job: str | None = None) -> GangRef | None:
         """The pod's gang, or None for a pod in no gang. Raises PodError for bad annotations."""
-        if pod.problems:
-            raise PodError(pod.problems[0])
-        if pod.reservation_name:
-            r = self.cache.reservation_named(pod.namespace, pod.reservation_name)
-            label = f"reservation {pod.namespace}/{pod.reservation_name}"
-            if r is None:
-                return GangRef(
-                    f"{pod.namespace}/{pod.reservation_name}", label, waiting=f"{label} does not exist"
-                )
-            return GangRef(r.gang, label)
-        key = pod.gang or job
-        if key is None:
-            return None
-        r = self.cache.reservation(key)
-        label = _label(key, r.meta if r else None)
-        if r is not None:
-            return GangRef(key, label)
-        waiting = f"gang {key} has no reservation yet"
-        got = plain_gang_request(pod, self.cache.pods_of_gang(key)) if pod.gang else None
-        if isinstance(got, Incomplete):
-            return GangRef(key, label, None, f"gang {key}: {got.reason}")
-        return GangRef(key, label, got, waiting)
+        return self.cache.book.gang_of(pod, job)
 
     # -- filter --------------------------------------------------------------------------
     def filter(self, pod: PodInfo, names: Sequence[str], job: str | None = None) -> FilterOutcome:
@@ -186,20 +123,22 @@ class Decider:
             return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
         outcome = "fit"
         if ref is not None:
-            r = self.cache.reservation(ref.key)
+            r = self.cache.book.reservation(ref.key)
             if r is None and ref.request is not None and pod.gpus > 0:
                 try:
-                    placed = reserve(self.cache, ref.request, Claim(ref.key))
+                    placed = reserve(self.cache.book, ref.request, Claim(ref.key))
                 except LevelError as exc:
                     return _all(names, Code.UNRESOLVABLE, f"gang {ref.key}: {exc}", "invalid")
                 if isinstance(placed, Unplaceable):
                     code = Code.UNSCHEDULABLE if placed.feasible_when_empty else Code.UNRESOLVABLE
                     return _all(names, code, f"gang {ref.key}: {placed.reason}", "unplaceable")
-                r = self.cache.reservation(ref.key)
-                ref.reservation_label = _label(ref.key, r.meta if r else None)
+                r = self.cache.book.reservation(ref.key)
+                ref.reservation_label = (
+                    self.cache.book.ref_of(r).label if r else ReservationRef.parse(ref.key, None).label
+                )
                 outcome = "reserved"
             try:
-                if r is not None and _outside_slice(ref.reservation_label, r, pod):
+                if r is not None and outside_slice(ref.reservation_label, r, pod):
                     return FilterOutcome(list(names), {}, {}, outcome, reserved=ref.key if r else None)
             except Refused as exc:
                 return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
@@ -251,13 +190,13 @@ class Decider:
         return _split(names, [PASS if n in nodes else elsewhere for n in names])
 
     def _slot_nodes(self, pod: PodInfo, ref: GangRef) -> tuple[set[str], str]:
-        r = self.cache.reservation(ref.key)
+        r = self.cache.book.reservation(ref.key)
         assert r is not None
         label = ref.reservation_label
         mine = r.slot_of(pod.name)
         if mine is not None:
             return {mine.node}, f"{label}: pod {pod.name} holds slot {mine.key} on {mine.node}"
-        free = _free_slots(r, pod)
+        free = free_slots(r, pod)
         which = f" for pod set {pod.pod_set}" if pod.pod_set else ""
         if not free:
             bound = f"{len(r.bound)}/{len(r.slice.slots)} bound"
@@ -282,7 +221,7 @@ class Decider:
     def _fresh(self) -> ClusterSnapshot:
         """The current view, with the memo tables brought up to date: entries of nodes that
         changed are dropped (recomputed on demand); everything when too much changed."""
-        view = self.cache.view()
+        view = self.cache.book.view()
         version = self.cache.version
         if len(self._fit) + len(self._raw) > MAX_RULES or len(self._raw_values) > MAX_RAW_VALUES:
             self._memo_version = None  # one table per pod rule asked about: bounded all the same
@@ -355,7 +294,7 @@ class Decider:
         except PodError:
             return Scores.zeros(len(names))
         if ref is not None:
-            if self.cache.reservation(ref.key) is None:
+            if self.cache.book.reservation(ref.key) is None:
                 return Scores.zeros(len(names))
             nodes, _ = self._slot_nodes(pod, ref)
             key = NamesKey(names)
@@ -442,51 +381,12 @@ class Decider:
 
     # -- bind ----------------------------------------------------------------------------
     def plan_bind(self, pod: PodInfo, node: str) -> BindPlan:
-        """Choose the slot (gang) or the GPU set (otherwise) on ``node`` and record it as
-        taken before the API call; :meth:`undo_bind` reverts. Raises :class:`Refused`."""
-        try:
-            ref = self.gang_of(pod)
-        except PodError as exc:
-            raise Refused(str(exc)) from None
-        if ref is not None and self.cache.reservation(ref.key) is not None:
-            r = self.cache.reservation(ref.key)
-            assert r is not None
-            if _outside_slice(ref.reservation_label, r, pod):
-                return BindPlan(pod, node, (), ())
-            slot = r.slot_of(pod.name)
-            if slot is None or slot.node != node:
-                free = [s for s in _free_slots(r, pod) if s.node == node]
-                if not free:
-                    raise Refused(f"{ref.reservation_label} has no free slot for pod {pod.name} on {node}")
-                if slot is not None:
-                    self.cache.unbind_slot(r.gang, slot.key)
-                slot = free[0]
-            self.cache.bind_slot(r.gang, slot.key, pod.name)
-            plan = BindPlan(pod, node, slot.gpus, slot.numa_nodes, r.gang, slot.key)
-        elif ref is not None and pod.gpus > 0:
-            raise Refused(ref.waiting)
-        elif pod.gpus > 0:
-            plan = self._plan_gpus(pod, node)
-        else:
-            plan = BindPlan(pod, node, (), ())
-        if plan.gpus:
-            plan = replace(plan, uuids=self._uuids(node, plan.gpus))
-            bound = replace(pod, node=node, annotations={**pod.annotations, **plan.annotations()})
-            plan = replace(plan, previous=self.cache.note_bound(bound), noted=True)
-        return plan
+        """The book's Reserve without its lock (:meth:`ReservationBook.plan_bind`), this
+        decider picking the GPUs of a pod in no gang. Raises :class:`Refused`."""
+        return self.cache.book.plan_bind(pod, node, self.plan_gpus)
 
-    def _uuids(self, node: str, gpus: Sequence[int]) -> tuple[str, ...]:
-        """The UUIDs of ``gpus`` on ``node`` (``gangslice.io/gpu-uuids``); empty when the
-        node's graph lacks one of them."""
-        snap = self.cache.snapshot()
-        if not snap.has_node(node):
-            return ()
-        graph = snap.node(node).graph
-        if any(g not in graph.indices for g in gpus):
-            return ()
-        return graph.uuids(gpus) or ()
-
-    def _plan_gpus(self, pod: PodInfo, node: str) -> BindPlan:
+    def plan_gpus(self, pod: PodInfo, node: str) -> BindPlan:
+        """The GPUs of a pod in no gang on ``node``. Raises :class:`Refused`."""
         if pod.node == node and pod.assigned_gpus:
             # A retried bind of a pod already recorded on this node: the same GPUs again.
             view = self._fresh()
@@ -511,15 +411,6 @@ class Decider:
             raise Refused(f"node {node} no longer has {pod.gpus} free GPUs meeting the pod's rule")
         return BindPlan(pod, node, shape.gpus_of(picked[0]), shape.numa_of(picked[0]))
 
-    def undo_bind(self, plan: BindPlan) -> None:
-        r = self.cache.reservation(plan.gang) if plan.gang is not None else None
-        if r is not None and plan.slot is not None and r.bound.get(plan.slot) == plan.pod.name:
-            self.cache.unbind_slot(r.gang, plan.slot)
-        if plan.noted:
-            self.cache.restore_pod(plan.pod.key, plan.previous)
-            if plan.previous is None:
-                self.cache.remember(plan.pod)
-
     # -- preempt -------------------------------------------------------------------------
     def preempt(self, pod: PodInfo, victims: Mapping[str, Sequence[tuple[str, PodInfo | None]]]) -> list[str]:
         """The nodes (of ``victims``) where removing the given victims lets the pod fit;
@@ -531,7 +422,7 @@ class Decider:
         if pod.gpus <= 0:
             return list(victims)
         if ref is not None:
-            if self.cache.reservation(ref.key) is None:
+            if self.cache.book.reservation(ref.key) is None:
                 return list(victims)
             nodes, _ = self._slot_nodes(pod, ref)
             return [n for n in victims if n in nodes]
@@ -541,7 +432,7 @@ class Decider:
             return []
         view = self._fresh()
         ps = self._pod_set(pod)
-        held = self.cache.ledger.held()
+        held = self.cache.book.ledger.held()
         keep = []
         for node, pods in victims.items():
             if not view.has_node(node):
@@ -566,37 +457,18 @@ class Decider:
     # -- Volcano allocate / deallocate ---------------------------------------------------
     def allocate(self, pod: PodInfo, node: str, job: str | None) -> None:
         """Volcano allocated a task in its session: take the matching slot. Raises Refused."""
-        try:
-            ref = self.gang_of(pod, job)
-        except PodError as exc:
-            raise Refused(str(exc)) from None
-        if ref is None or self.cache.reservation(ref.key) is None:
-            return
-        r = self.cache.reservation(ref.key)
-        assert r is not None
-        if _outside_slice(ref.reservation_label, r, pod):
-            return
-        mine = r.slot_of(pod.name)
-        if mine is not None and mine.node == node:
-            return
-        free = [s for s in _free_slots(r, pod) if s.node == node]
-        if not free:
-            raise Refused(f"{ref.reservation_label} has no free slot for task {pod.name} on {node}")
-        if mine is not None:
-            self.cache.unbind_slot(r.gang, mine.key)
-        self.cache.bind_slot(r.gang, free[0].key, pod.name)
+        self.cache.book.allocate(pod, node, job)
 
     def deallocate(self, pod: PodInfo, job: str | None) -> None:
-        try:
-            ref = self.gang_of(pod, job)
-        except PodError:
-            return
-        r = self.cache.reservation(ref.key) if ref is not None else None
-        if r is None:
-            return
-        mine = r.slot_of(pod.name)
-        if mine is not None:
-            self.cache.unbind_slot(r.gang, mine.key)
+        self.cache.book.deallocate(pod, job)
+
+
+def unsaved(out: FilterOutcome, why: str) -> FilterOutcome:
+    """The outcome of a filter whose reservation could not be saved (nothing is held now):
+    every node unschedulable with the reason."""
+    reason = f"gang {out.reserved}: the reservation could not be saved ({why}); nothing is held, will retry"
+    names = [*out.passed, *out.failed, *out.unresolvable]
+    return FilterOutcome([], dict.fromkeys(names, reason), {}, "unsaved")
 
 
 def normalise(raws: Sequence[Raw]) -> list[int]:
@@ -642,42 +514,11 @@ def _split(names: Sequence[str], verdicts: Sequence[Verdict]) -> FilterOutcome:
     return FilterOutcome(passed, failed, unresolvable, "fit" if passed else "no-fit")
 
 
-def _free_slots(r: Reservation, pod: PodInfo) -> list[PodSlot]:
-    """Free slots for ``pod``: of its GPU count, and only its pod set's when the reservation
-    has such a pod set; of any pod set when the pod names none or one the slice does not know
-    (a Kueue or Volcano role name that the reservation did not use)."""
-    free = [s for s in r.free_slots() if len(s.gpus) == pod.gpus]
-    if pod.pod_set is None or all(s.pod_set != pod.pod_set for s in r.slice.slots):
-        return free
-    return [s for s in free if s.pod_set == pod.pod_set]
-
-
-def _outside_slice(label: str, r: Reservation, pod: PodInfo) -> bool:
-    """Whether a member of the gang is no pod of its slice: one without GPUs (a CPU-only
-    leader or router) when no slot is without GPUs. Raises :class:`Refused` for a member
-    whose GPU count no slot has."""
-    if r.slot_of(pod.name) is not None or any(len(s.gpus) == pod.gpus for s in r.slice.slots):
-        return False
-    if pod.gpus <= 0:
-        return True
-    sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
-    why = f"{label}: pod {pod.name} asks for {pod.gpus} GPUs; the reservation's slots have {sizes}"
-    if pod.pod_set and all(s.pod_set != pod.pod_set for s in r.slice.slots):
-        why += f" (a plain gang of several pod sets gives each pod {keys.POD_SET_SIZE})"
-    raise Refused(why)
-
-
 def _all(names: Iterable[str], code: Code, reason: str, outcome: str) -> FilterOutcome:
     target: dict[str, str] = dict.fromkeys(names, reason)
     if code is Code.UNRESOLVABLE:
         return FilterOutcome([], {}, target, outcome)
     return FilterOutcome([], target, {}, outcome)
-
-
-def _label(gang: str, meta: Mapping[str, str] | None) -> str:
-    ns = (meta or {}).get("namespace") or gang_namespace(gang)
-    name = (meta or {}).get("name") or object_name(gang)
-    return f"reservation {ns}/{name} (gang {gang})"
 
 
 def _on_node(node: NodeState, ps: PodSet) -> GpuFit:

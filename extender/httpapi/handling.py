@@ -23,7 +23,7 @@ from extender.httpapi.decide import Decider
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import Binder
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
+from extender.reservations import ClusterCache
 
 
 def certificate_files(tls_cert: str) -> dict[str, str]:

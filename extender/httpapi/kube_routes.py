@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi import checks, nodelist, saving
-from extender.httpapi.decide import Refused, lookup
+from extender.httpapi import checks, nodelist
+from extender.httpapi.decide import FilterOutcome, Scores, lookup, unsaved
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.httpapi.wire import (
     MAX_EXTENDER_PRIORITY,
@@ -24,6 +24,7 @@ from extender.httpapi.wire import (
 )
 from extender.kube.api import PODS, KubeError
 from extender.kube.pods import PodInfo
+from extender.reservations.book import Refused
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,15 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
         }
     if not cache.pods_watched:
         cache.remember(pod)
-    async with cache.lock:
+
+    def decide() -> FilterOutcome:
         with request.app[METRICS].decision_duration.labels("filter").time():
-            out = nodelist.filter_known(decider, pod, names)
-    out = await saving.saved(cache, out)
+            return nodelist.filter_known(decider, pod, names)
+
+    out = await cache.book.deciding(decide)
+    why = await cache.book.promise(out.reserved)
+    if why is not None:
+        out = unsaved(out, why)
     request.app[METRICS].decisions.labels(out.outcome).inc()
     names_only = args.nodes is None and args.node_names is not None
     if names_only:
@@ -141,9 +147,12 @@ async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
         return encode_priorities(names, [0] * len(names), remember=False)
     if not cache.pods_watched:
         cache.remember(pod)
-    async with cache.lock:
+
+    def decide() -> tuple[Scores, bool]:
         with request.app[METRICS].decision_duration.labels("prioritize").time():
-            scores, known = nodelist.prioritize_known(decider, pod, names)
+            return nodelist.prioritize_known(decider, pod, names)
+
+    scores, known = await cache.book.deciding(decide)
     request.app[METRICS].decisions.labels("scored").inc()
     # Both node modes get the same bare array for the same names: one encoded form.
     encoded = scores.replies.get(NAMES_FORM)
@@ -177,20 +186,17 @@ async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any
     except checks.Refusal as exc:
         metrics.decisions.labels("bind-failed").inc()
         return {"Error": f"cannot bind to {args.node}: {checks.refused(request, 'bind', exc)}"}
-    async with cache.lock:
-        try:
-            with metrics.decision_duration.labels("bind").time():
-                plan = decider.plan_bind(pod, args.node)
-        except Refused as exc:
-            metrics.decisions.labels("bind-failed").inc()
-            message = f"cannot bind {pod.key} to {args.node}: {exc}"
-            return {"Error": checks.refused(request, "bind", checks.Refusal("no-slot", message))}
+    try:
+        with metrics.decision_duration.labels("bind").time():
+            plan = await cache.book.reserve_pod(pod, args.node, decider.plan_gpus)
+    except Refused as exc:
+        metrics.decisions.labels("bind-failed").inc()
+        message = f"cannot bind {pod.key} to {args.node}: {exc}"
+        return {"Error": checks.refused(request, "bind", checks.Refusal("no-slot", message))}
     try:
         await request.app[BINDER].bind(pod, args.node, plan.annotations())
     except Exception as exc:
-        async with cache.lock:
-            decider.undo_bind(plan)
-        cache.flush_soon()
+        await cache.book.unreserve(plan)
         if not isinstance(exc, KubeError):
             raise  # a bug, not a refusal: answered, logged and counted as an internal error
         metrics.decisions.labels("bind-failed").inc()
@@ -198,8 +204,8 @@ async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any
     # The Binding and the GPU annotation are the truth of what the pod holds; the
     # reservation's record of it (spec.bound, status) is written in the background, several
     # binds of a gang together. After a restart before that write, the pod watch gives the
-    # bound pod its slot again (ClusterCache._pod_bound).
-    cache.flush_soon()
+    # bound pod its slot again (ReservationBook.pod_bound).
+    cache.book.flush_soon()
     metrics.decisions.labels("bound").inc()
     return {"Error": ""}
 
@@ -220,9 +226,12 @@ async def preempt(request: web.Request, args: ExtenderPreemptionArgs) -> dict[st
         infos = [PodInfo.from_obj(p) for p in v.pods or []]
         victims[node] = [(i.uid, i) for i in infos]
         pdb[node] = v.num_pdb_violations
-    async with cache.lock:
+
+    def decide() -> list[str]:
         with request.app[METRICS].decision_duration.labels("preempt").time():
-            keep = decider.preempt(pod, victims)
+            return decider.preempt(pod, victims)
+
+    keep = await cache.book.deciding(decide)
     request.app[METRICS].decisions.labels("preempt").inc()
     return {
         "NodeNameToMetaVictims": {

@@ -46,11 +46,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.httpapi.health_metrics import HealthCollector
-from extender.kube.cache import ClusterCache
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.waiting import WAITING_TTL_S
+from extender.reservations import ClusterCache
 
 #: Buckets for a service whose target is well under 5 ms.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -155,7 +155,7 @@ class _CacheCollector(Collector):
         self.cache = cache
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        reservations = self.cache.ledger.reservations()
+        reservations = self.cache.book.ledger.reservations()
         by_phase = {Phase.RESERVED.value: 0, Phase.BOUND.value: 0}
         for r in reservations:
             by_phase[r.phase.value] = by_phase.get(r.phase.value, 0) + 1
@@ -163,7 +163,7 @@ class _CacheCollector(Collector):
         for phase, n in sorted(by_phase.items()):
             g.add_metric([phase], n)
         yield g
-        snap, view = self.cache.snapshot(), self.cache.view()
+        snap, view = self.cache.snapshot(), self.cache.book.view()
         gpus = GaugeMetricFamily("gangslice_gpus", _GPUS_HELP, labels=["state"])
         for state, n in gpu_counts(snap, view, reservations).by_state().items():
             gpus.add_metric([state], n)
@@ -183,13 +183,13 @@ class _CacheCollector(Collector):
             "agent reports the kubelet's allocation, by node.",
             labels=["node"],
         )
-        for node, n in sorted(self.cache.mismatches_found.items()):
+        for node, n in sorted(self.cache.book.mismatches_found.items()):
             found.add_metric([node], n)
         yield found
         yield GaugeMetricFamily(
             "gangslice_devices_mismatched_pods",
             "Pods holding other GPUs than promised now.",
-            value=len(self.cache.device_mismatches()),
+            value=len(self.cache.book.device_mismatches()),
         )
         evictions = CounterMetricFamily(
             "gangslice_mismatch_evictions",
@@ -197,19 +197,19 @@ class _CacheCollector(Collector):
             "(evicted; blocked: a PodDisruptionBudget answered 429; failed).",
             labels=["result"],
         )
-        for result, n in sorted(self.cache.mismatch_evictions.items()):
+        for result, n in sorted(self.cache.book.mismatch_evictions.items()):
             evictions.add_metric([result], n)
         yield evictions
         yield GaugeMetricFamily(
             "gangslice_cache_ready", "1 once every watched kind is listed.", value=int(self.cache.ready)
         )
         yield GaugeMetricFamily("gangslice_cache_nodes", "GPU nodes in the snapshot.", value=len(snap.nodes))
-        kept = self.cache.waiting.view(view, self.cache.clock()).kept_cliques()
+        kept = self.cache.book.waiting.view(view, self.cache.clock()).kept_cliques()
         yield GaugeMetricFamily(
             "gangslice_refused_gangs",
             "Gangs refused for want of room and not placed since (forgotten after "
             f"{WAITING_TTL_S:g} s without a refusal).",
-            value=len(self.cache.waiting),
+            value=len(self.cache.book.waiting),
         )
         yield GaugeMetricFamily(
             "gangslice_cliques_kept",

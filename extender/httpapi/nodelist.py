@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from extender.httpapi.decide import Decider, FilterOutcome, Scores
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
+from extender.reservations import ClusterCache
 
 #: Lists up to this long are always taken (a cluster still being listed, a small cluster).
 MIN_ALLOWED = 1000
@@ -46,7 +46,7 @@ def filter_known(
     """``decider.filter`` over ``names``, with every name that is no known node asked about
     as the one :data:`STAND_IN` (the answer for such a name depends on the pod alone)."""
     cache = decider.cache
-    view = cache.view()
+    view = cache.book.view()
     if view.all_known(names):
         return decider.filter(pod, names, job)
 
@@ -77,7 +77,7 @@ def prioritize_known(
 ) -> tuple[Scores, bool]:
     """``decider.prioritize`` likewise; and whether every name was known (only then may the
     reply's encoding be remembered by name)."""
-    view = decider.cache.view()
+    view = decider.cache.book.view()
     if view.all_known(names):
         return decider.prioritize(pod, names, job), True
     known = [n for n in names if view.has_node(n)]

@@ -22,9 +22,9 @@ from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits,
 from extender.httpapi.secure_metrics import Reviewer, start_metrics_site
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import PODS, KubeClient, KubeError
-from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
 from extender.kube.watch import Watcher
+from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ async def rebuild_before_serving(cache: ClusterCache, retry_s: float = 2.0) -> N
     it could hand out GPUs that a persisted reservation holds."""
     while True:
         try:
-            await cache.rebuild_ledger()
+            await cache.book.rebuild_ledger()
             return
         except KubeError as exc:
             log.warning("rebuilding the ledger failed (%s); retrying in %gs", exc, retry_s)
@@ -179,7 +179,7 @@ async def serve(
         for task in background:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await cache.flush()
+        await cache.book.flush()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await runner.cleanup()

@@ -19,8 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi import checks, nodelist, saving
-from extender.httpapi.decide import Refused
+from extender.httpapi import checks, nodelist
+from extender.httpapi.decide import FilterOutcome, Scores, unsaved
 from extender.httpapi.handling import CACHE, DECIDER, METRICS, dumps, json_endpoint
 from extender.httpapi.volcano_wire import (
     ABSTAIN,
@@ -39,6 +39,7 @@ from extender.httpapi.volcano_wire import (
 )
 from extender.kube import names as keys
 from extender.kube.pods import PodError, PodInfo, quantity
+from extender.reservations.book import Refused
 
 #: Volcano's own node-order plugins score on roughly 0-100 x weight.
 SCORE_SCALE = 10.0
@@ -83,10 +84,15 @@ async def predicate(request: web.Request, args: PredicateRequest) -> dict[str, A
         pod, job = watched(request, args.task, pod, job)
     except checks.Refusal as exc:
         return {"status": checks.refused(request, "volcano-predicate", exc), "code": UNSCHEDULABLE}
-    async with cache.lock:
+
+    def decide() -> FilterOutcome:
         with request.app[METRICS].decision_duration.labels("volcano-predicate").time():
-            out = nodelist.filter_known(decider, pod, [node], job)
-    out = await saving.saved(cache, out)
+            return nodelist.filter_known(decider, pod, [node], job)
+
+    out = await cache.book.deciding(decide)
+    why = await cache.book.promise(out.reserved)
+    if why is not None:
+        out = unsaved(out, why)
     request.app[METRICS].decisions.labels(out.outcome).inc()
     if out.passed:
         return {"status": "", "code": SUCCESS}
@@ -109,9 +115,12 @@ async def prioritize(request: web.Request, args: PrioritizeRequest) -> dict[str,
         pod, job = watched(request, args.task, pod, job)
     except checks.Refusal as exc:
         return {"nodeScore": {}, "errorMessage": checks.refused(request, "volcano-prioritize", exc)}
-    async with cache.lock:
+
+    def decide() -> tuple[Scores, bool]:
         with request.app[METRICS].decision_duration.labels("volcano-prioritize").time():
-            scores, _ = nodelist.prioritize_known(decider, pod, names, job)
+            return nodelist.prioritize_known(decider, pod, names, job)
+
+    scores, _ = await cache.book.deciding(decide)
     request.app[METRICS].decisions.labels("scored").inc()
     node_score = {n: s * SCORE_SCALE for n, s in zip(names, scores.values, strict=True)}
     return {"nodeScore": node_score, "errorMessage": ""}
@@ -149,7 +158,7 @@ async def job_enqueueable(request: web.Request, args: JobRequest) -> dict[str, A
     except PodError as exc:
         metrics.decisions.labels("invalid").inc()
         return {"status": REJECT, "errorMessage": f"job {args.job.key}: {exc}"}
-    if cache.reservation(args.job.key) is not None:
+    if cache.book.reservation(args.job.key) is not None:
         status, outcome = PERMIT, "permit"
     elif gpus > 0:
         status, outcome = REJECT, "reject"
@@ -177,17 +186,18 @@ async def allocate(request: web.Request, args: EventHandlerRequest) -> dict[str,
         if pod.pod_set is None and sent.pod_set is not None:
             pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: sent.pod_set})
         job = pod.volcano_group or job
-    async with cache.lock:
-        try:
-            with request.app[METRICS].decision_duration.labels("volcano-allocate").time():
-                decider.allocate(pod, node, job)
-        except Refused as exc:
-            return {
-                "errorMessage": checks.refused(
-                    request, "volcano-allocate", checks.Refusal("no-slot", str(exc))
-                )
-            }
-    await cache.flush()
+
+    def decide() -> None:
+        with request.app[METRICS].decision_duration.labels("volcano-allocate").time():
+            decider.allocate(pod, node, job)
+
+    try:
+        await cache.book.deciding(decide)
+    except Refused as exc:
+        return {
+            "errorMessage": checks.refused(request, "volcano-allocate", checks.Refusal("no-slot", str(exc)))
+        }
+    await cache.book.flush()
     request.app[METRICS].decisions.labels("allocated").inc()
     return {"errorMessage": ""}
 
@@ -200,10 +210,13 @@ async def deallocate(request: web.Request, args: EventHandlerRequest) -> dict[st
     except checks.Refusal as exc:
         return {"errorMessage": checks.refused(request, "volcano-deallocate", exc)}
     job = pod.volcano_group or job
-    async with cache.lock:
+
+    def decide() -> None:
         with request.app[METRICS].decision_duration.labels("volcano-deallocate").time():
             decider.deallocate(pod, job)
-    await cache.flush()
+
+    await cache.book.deciding(decide)
+    await cache.book.flush()
     return {"errorMessage": ""}
 
 

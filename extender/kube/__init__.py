@@ -1,5 +1,5 @@
-"""Kubernetes adapters: the one API client, the cluster cache, watches, custom resources,
-the reservation store and the binder."""
+"""Kubernetes adapters: the one API client, the informer, watches, custom resources and the
+binder. Reservations live in :mod:`extender.reservations`."""
 
 from extender.kube.api import (
     ALL_KINDS,
@@ -13,25 +13,21 @@ from extender.kube.api import (
     Resource,
     Unavailable,
 )
-from extender.kube.cache import ClusterCache
+from extender.kube.cache import ClusterInformer
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.store import InMemoryReservationStore, KubeReservationStore, ReservationStore
 
 __all__ = [
     "ALL_KINDS",
-    "ClusterCache",
+    "ClusterInformer",
     "Conflict",
     "Forbidden",
     "Gone",
-    "InMemoryReservationStore",
     "Kind",
     "KubeClient",
     "KubeError",
-    "KubeReservationStore",
     "NotFound",
     "PodError",
     "PodInfo",
-    "ReservationStore",
     "Resource",
     "Unavailable",
 ]

@@ -1,18 +1,19 @@
-"""The cluster cache: one in-memory snapshot of the cluster plus the reservation ledger.
+"""The informer: one in-memory snapshot of the cluster, kept by watch events.
 
-It is the only mutable object of the service. Watch events (or a cluster file) change it;
-decisions read :meth:`ClusterCache.view` (the snapshot with every reservation's GPUs taken
-out) and change the ledger through the methods here, which keep the snapshot, the ledger
-and the persisted reservations in step. Everything runs on one asyncio loop; mutations are
-synchronous, so no decision sees a half-applied event. Decisions that span an ``await``
-take :attr:`ClusterCache.lock`.
+It observes and decides nothing. Watch events (or a cluster file) change it; decisions read
+:meth:`ClusterInformer.snapshot` (what pods and the cluster file take, reservations not
+applied). What it sees that matters to a reservation it tells its listeners
+(:class:`Listener`): a pod gone, a pod bound, a SliceReservation deleted, the nodes whose
+kubelet report changed, a kind listed for the first time. The book of reservations
+(:mod:`extender.reservations.book`) is the listener that decides what follows. Everything
+runs on one asyncio loop; mutations are synchronous, so no decision sees a half-applied event.
 
 GPUs taken on a node: the cluster file's ``allocatedGpus``, plus, for every bound, unfinished
 pod, the GPUs the node agent reports the kubelet gave it (NodeTopology ``devicesInUse``: the
 truth), or else its ``gangslice.io/gpus`` annotation; a bound pod with neither takes as many
 of the lowest free GPU indices as it requests (pods in name order). A pod reported on other
-GPUs than its annotation promised is a device mismatch (:mod:`extender.kube.devices`): its
-reservation slot is moved onto the reported GPUs and its SliceReservation says so.
+GPUs than its annotation promised is a device mismatch (:mod:`extender.kube.devices`), which
+the listeners are told of.
 
 What kube-scheduler's filters read of a node (taints, ``spec.unschedulable``,
 ``status.allocatable``) comes from its Node object, and what its non-terminal pods request
@@ -20,18 +21,12 @@ from those pods (:class:`~extender.placement.feasibility.NodeFacts`); a cordoned
 in the snapshot, for the pods that tolerate it. A NotReady node is left out.
 
 A node whose NodeTopology fails validation is kept out of the snapshot (never given a
-guessed graph) and listed by :meth:`ClusterCache.refused_topologies` with the field and the
-problem; :mod:`extender.kube.topology_status` says so on the object and its Node.
-
-Persisting: ledger changes are queued; ``await cache.flush()`` writes them to the
-:class:`~extender.kube.store.ReservationStore` (the housekeeping loop also flushes, and
-retries what failed). A bind or a freed slot is such a change, so the object's status
-(phase, bound pods) follows the ledger for every reservation, owned ones included.
+guessed graph) and listed by :meth:`ClusterInformer.refused_topologies` with the field and
+the problem; :mod:`extender.kube.topology_status` says so on the object and its Node.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import logging
@@ -39,33 +34,21 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
 from extender.kube import compute_domains as cds
-from extender.kube import dra, names
+from extender.kube import dra
 from extender.kube.api import ALL_KINDS, Kind, name_of, namespace_of
-from extender.kube.crd_models import (
-    CrdError,
-    NodeTopology,
-    gang_namespace,
-    object_name,
-    parse_node_topology,
-    reservation_from_object,
-)
-from extender.kube.devices import DeviceMismatch, node_mismatches
+from extender.kube.crd_models import CrdError, NodeTopology, parse_node_topology, reservation_from_object
 from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.pods import PodInfo
-from extender.kube.store import InMemoryReservationStore, ReservationStore, StatusNotSaved
 from extender.kube.topology_status import DEVICES_MATCHED, accepted_condition, condition_of
-from extender.logs import fields
-from extender.placement.feasibility import IMEX_DAEMON, NO_FACTS, NOTHING, NodeFacts, Resources, usage
+from extender.placement.feasibility import IMEX_DAEMON, NO_FACTS, NodeFacts, Resources, usage
 from extender.placement.files import load_cluster
-from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation, hold_requests
+from extender.placement.ledger import Reservation
 from extender.placement.search.memory import SolverMemory
-from extender.placement.slice import PodSlot
 from extender.placement.snapshot import ClusterSnapshot, NodeState
-from extender.placement.waiting import KeepCliques, WaitingGangs
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
 from extender.topology.kubelet import KubeletAlignment
@@ -90,30 +73,52 @@ class _StaticNode:
     kubelet: KubeletAlignment | None = None
 
 
-class ClusterCache:
-    """Nodes, their GPU graphs, pods and reservations; see the module docstring."""
+class Listener(Protocol):
+    """What the informer tells of what it saw (pods only once pods are watched and listed)."""
+
+    def pod_gone(self, pod: PodInfo) -> None:
+        """A pod finished, is being deleted or is gone."""
+
+    def pod_bound(self, pod: PodInfo) -> None:
+        """A pod holds GPUs on its node (seen bound, or recorded bound before the API said so)."""
+
+    def reservation_deleted(self, r: Reservation) -> None:
+        """A SliceReservation object was deleted (by anyone)."""
+
+    def devices_reported(self, nodes: Iterable[str]) -> None:
+        """These nodes' pods or the kubelet's report of their devices changed."""
+
+    def listed(self, kind: Kind) -> None:
+        """The first full list of ``kind`` is in."""
+
+    def nodes_rebuilt(self, changed: Mapping[str, NodeState] | None) -> None:
+        """The snapshot took these nodes' new states (None: it was built anew)."""
+
+
+def _no_gang(namespace: str, name: str) -> str | None:
+    return None
+
+
+class ClusterInformer:
+    """Nodes, their GPU graphs and pods; see the module docstring."""
 
     def __init__(
         self,
         *,
         hierarchy: Hierarchy | None = None,
-        ttl_s: float = DEFAULT_TTL_S,
-        store: ReservationStore | None = None,
         clock: Callable[[], float] = time.time,
         awaiting: Iterable[Kind] = ALL_KINDS,
         imex_daemon: Resources = IMEX_DAEMON,
-        keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
     ) -> None:
         self.hierarchy = hierarchy or Hierarchy()
         #: What the IMEX daemon pod of a ComputeDomain takes on each node (``serve
         #: --imex-daemon-requests``).
         self.imex_daemon = imex_daemon
-        self.store: ReservationStore = store if store is not None else InMemoryReservationStore(clock)
         self.clock = clock
-        self._ledger = Ledger(ttl_s)
-        #: The gangs the reserve path refused and has not placed since
-        #: (:mod:`extender.placement.waiting`).
-        self.waiting = WaitingGangs(started_at=clock(), keep=keep_cliques)
+        self._listeners: list[Listener] = []
+        #: The gang holding the SliceReservation ``namespace/name``, if any (whose ComputeDomain
+        #: a node's label names); set by whoever holds reservations.
+        self.reservation_gang: Callable[[str, str], str | None] = _no_gang
         self._awaiting = set(awaiting)
         #: Pods are watched: a pod missing from the cache is gone (not so in file mode).
         self._pods_watched = Kind.PODS in self._awaiting
@@ -147,66 +152,27 @@ class ClusterCache:
         self._states: dict[str, NodeState] = {}
         self._dirty_nodes: set[str] = set()
         self._snap: ClusterSnapshot | None = None
-        self._view: ClusterSnapshot | None = None
         #: What the solver keeps across decisions (:mod:`extender.placement.search.memory`):
         #: owned here for the life of the process and carried by every snapshot built here,
         #: so it outlives a rebuild of the snapshot when nodes come or go.
         self.solver_memory = SolverMemory()
-        #: Nodes whose reserved GPUs changed since the view was last brought up to date.
-        self._held_dirty: set[str] = set()
-        #: Nodes where reserved pods not bound yet request something (their states in
-        #: ``_view`` count it where the node reports what it can hold).
-        self._folded: set[str] = set()
         self._version = 0
         self._node_generation = 0
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
-        self._named: dict[tuple[str, str], str] | None = None
-        self._pending: dict[str, Reservation | None] = {}
-        #: How many times the ledger was rebuilt from the store (:meth:`rebuild`).
-        self.rebuilds = 0
-        #: Gangs whose change the store is writing now: an echo of an older write must not
-        #: undo it (see :meth:`_apply_reservation`).
-        self._writing: set[str] = set()
-        #: Gangs whose reservation object the store could not write, with the error.
-        self._unsaved: dict[str, str] = {}
         self._recent: OrderedDict[str, PodInfo] = OrderedDict()
         #: Plain gang key -> pod key -> the pod as :meth:`pod` gives it (watched, else seen in
         #: a request): a gang's members without a walk over every pod.
         self._gang_pods: dict[str, dict[str, PodInfo]] = {}
-        self._lock: asyncio.Lock | None = None
-        self._flush_lock: asyncio.Lock | None = None
-        #: The background write :meth:`flush_soon` started and that has not begun yet.
-        self._flush_queued: asyncio.Task[None] | None = None
-        #: Bound pods whose GPUs, as the kubelet reports them, differ from their annotation
-        #: (pod key -> mismatch), and the nodes to compare again (see :meth:`_check_devices`).
-        self._mismatches: dict[str, DeviceMismatch] = {}
+        #: Nodes whose pods or NodeTopology changed since the listeners were last told.
         self._devices_dirty: set[str] = set()
-        #: Mismatches found, per node, and evictions of mismatched pods, per result (counters).
-        self.mismatches_found: dict[str, int] = {}
-        self.mismatch_evictions: dict[str, int] = {}
 
     # -- construction --------------------------------------------------------------------
     @classmethod
-    def from_snapshot(
-        cls,
-        snap: ClusterSnapshot,
-        *,
-        ttl_s: float = DEFAULT_TTL_S,
-        store: ReservationStore | None = None,
-        clock: Callable[[], float] = time.time,
-        awaiting: Iterable[Kind] = (),
-        keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
-    ) -> ClusterCache:
+    def from_snapshot(cls, snap: ClusterSnapshot, *, awaiting: Iterable[Kind] = (), **kwargs: Any) -> Self:
         """A cache over a fixed set of nodes (no API server); ready at once, or once each
-        kind of ``awaiting`` is listed (``(Kind.PODS,)``: pods come from a watch)."""
-        cache = cls(
-            hierarchy=snap.hierarchy,
-            ttl_s=ttl_s,
-            store=store,
-            clock=clock,
-            awaiting=awaiting,
-            keep_cliques=keep_cliques,
-        )
+        kind of ``awaiting`` is listed (``(Kind.PODS,)``: pods come from a watch). ``kwargs``
+        go to the constructor."""
+        cache = cls(hierarchy=snap.hierarchy, awaiting=awaiting, **kwargs)
         for n in snap.nodes:
             cache._static[n.name] = _StaticNode(
                 dict(n.labels), n.graph, n.allocated, n.unhealthy, n.allocation, n.facts, n.kubelet
@@ -215,19 +181,13 @@ class ClusterCache:
         return cache
 
     @classmethod
-    def from_cluster_file(
-        cls,
-        path: str | Path,
-        *,
-        ttl_s: float = DEFAULT_TTL_S,
-        store: ReservationStore | None = None,
-        clock: Callable[[], float] = time.time,
-        keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
-    ) -> ClusterCache:
+    def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
         """A cache over a cluster file (``gangslice serve --cluster FILE``); raises FileError."""
-        return cls.from_snapshot(
-            load_cluster(path), ttl_s=ttl_s, store=store, clock=clock, keep_cliques=keep_cliques
-        )
+        return cls.from_snapshot(load_cluster(path), **kwargs)
+
+    def listen(self, listener: Listener) -> None:
+        """Tell ``listener`` from now on what is seen."""
+        self._listeners.append(listener)
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -240,16 +200,9 @@ class ClusterCache:
         return frozenset(self._awaiting)
 
     @property
-    def lock(self) -> asyncio.Lock:
-        """The one lock around decisions (created on first use, inside the running loop)."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
-    @property
-    def ledger(self) -> Ledger:
-        """The ledger, for reading; change it only through this cache."""
-        return self._ledger
+    def pods_listed(self) -> bool:
+        """Pods are watched and their first list is in: a pod missing here is gone."""
+        return self._pods_watched and not self._awaiting
 
     @property
     def version(self) -> int:
@@ -296,35 +249,24 @@ class ClusterCache:
                 self._snap = ClusterSnapshot(
                     [self._states[n] for n in sorted(self._states)], self.hierarchy, memory=self.solver_memory
                 )
-                self._view = None
+                for listener in self._listeners:
+                    listener.nodes_rebuilt(None)
             elif changed:
                 self._snap = self._snap.updated(changed)
-                if self._view is not None:
-                    self._view = self._view.updated(changed)
-                    # Their fresh states lack the held requests: view() counts them again.
-                    self._held_dirty.update(n for n in changed if n in self._folded)
+                for listener in self._listeners:
+                    listener.nodes_rebuilt(changed)
         return self._snap
 
-    def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot:
-        """The snapshot decisions read: every reservation's GPUs (but ``exclude``'s) taken out."""
-        ex = list(exclude)
-        snap = self.snapshot()
-        if ex:
-            return self._ledger.view(snap, ex)
-        if self._view is None:
-            self._view = self._ledger.view(snap)
-            self._folded = set(self._ledger.held_requests(snap))
-        elif self._held_dirty:
-            held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
-            view = self._view.updated({}, held, mnnvl, self._held_dirty)
-            requests = self._ledger.held_requests(snap)
-            again = {
-                n: requests.get(n, NOTHING) for n in self._held_dirty if n in requests or n in self._folded
-            }
-            self._view = hold_requests(view, again, base=snap)
-            self._folded = set(requests)
-        self._held_dirty.clear()
-        return self._view
+    @property
+    def built(self) -> ClusterSnapshot | None:
+        """The snapshot as last built (without taking in what changed since), if any."""
+        return self._snap
+
+    def note_changed(self, nodes: Iterable[str]) -> None:
+        """What these nodes offer changed outside the snapshot (what is reserved there):
+        decision memos keyed by :attr:`version` must look again."""
+        for node in nodes:
+            self._log_change(node)
 
     def node_names(self) -> list[str]:
         return [n.name for n in self.snapshot().nodes]
@@ -470,359 +412,52 @@ class ClusterCache:
         else:
             self._put_pod(before)
 
-    # -- reservations ----------------------------------------------------------------------
-    def reservation(self, gang: str) -> Reservation | None:
-        return self._ledger.get(gang)
-
-    def reservation_named(self, namespace: str, name: str) -> Reservation | None:
-        """The reservation whose SliceReservation is ``namespace/name`` (the Kueue path's
-        ``gangslice.io/reservation`` annotation), or whose gang key is ``namespace/name``."""
-        if self._named is None:
-            self._named = {}
-            for r in self._ledger.reservations():
-                ns = r.meta.get("namespace") or gang_namespace(r.gang)
-                self._named[(ns, r.meta.get("name") or object_name(r.gang))] = r.gang
-        gang = self._named.get((namespace, name))
-        if gang is None:
-            return self._ledger.get(f"{namespace}/{name}")
-        return self._ledger.get(gang)
-
-    def running_members(self, gang: str) -> int | None:
-        """How many pods of plain gang ``gang`` run and hold GPUs (None: pods are not watched
-        or not listed yet, so the cache cannot tell)."""
-        if not self._pods_watched or self._awaiting:
-            return None
-        return sum(1 for p in self.pods_of_gang(gang) if p.holds_gpus and not p.deleting)
-
-    def drop(self, gang: str) -> Reservation | None:
-        """Release a gang's reservation (sync; :meth:`flush` deletes the persisted object)."""
-        r = self._ledger.release(gang)
-        if r is not None:
-            self._ledger_changed(gang, r.slice.nodes, deleted=r)
-        return r
-
-    async def release_gang(self, gang: str) -> Reservation | None:
-        async with self.lock:
-            r = self.drop(gang)
-        await self.flush()
-        return r
-
-    def bind_slot(self, gang: str, slot_key: str, pod: str) -> Reservation:
-        """Mark a slot taken by ``pod`` (refreshes the hold); LedgerError/KeyError if not possible."""
-        r = self._ledger.bind(gang, slot_key, pod, self.clock())
-        self._ledger_changed(gang)
-        self._held_changed(self._holding(r.slice.slot(slot_key).node))
-        return r
-
-    def unbind_slot(self, gang: str, slot_key: str) -> Reservation:
-        """Free a slot again, refreshing the hold so a replacement pod has time to come."""
-        r = self._ledger.unbind(gang, slot_key)
-        released = self._ledger.release(gang)
-        assert released is not None
-        r = dataclasses.replace(r, phase=Phase.RESERVED, expires_at=self.clock() + self._ledger.ttl_s)
-        self._ledger.restore(r)
-        self._ledger_changed(gang)
-        self._held_changed(self._holding(r.slice.slot(slot_key).node))
-        return r
-
-    def _holding(self, node: str) -> list[str]:
-        """``[node]`` where the view counts reserved pods' requests (the node reports what it
-        can hold: a bind or unbind changes what is held there), else nothing: there a bind
-        changes no node's offer."""
-        snap = self._snap
-        limits = snap is not None and snap.has_node(node) and snap.node(node).facts.allocatable.reported
-        return [node] if limits else []
-
-    def expire(self) -> list[Reservation]:
-        """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
-        PodGroup stay until their controller releases them, and so does a hold whose slots are
-        ResourceClaims while a pod of its gang lives (the pods point at those claims)."""
-
-        def keep(r: Reservation) -> bool:
-            if r.meta.get(names.META_OWNER_KIND) in names.OWNER_MANAGED_KINDS:
-                return True
-            if r.meta.get(names.META_SLOT_CLAIMS) != "true":
-                return False
-            return any(not p.terminal and not p.deleting for p in self._gang_pods.get(r.gang, {}).values())
-
-        gone = self._ledger.expire(self.clock(), keep=keep)
-        for r in gone:
-            self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
-        return gone
-
-    def hold_all(self, rs: Iterable[Reservation]) -> bool:
-        """Hold every reservation of ``rs`` (placed by a controller) in the ledger, or none
-        when one does not fit; each held one is queued for the store (:meth:`persist` or
-        :meth:`flush` writes it). Call it under :attr:`lock`."""
-        done: list[Reservation] = []
-        for r in rs:
-            if not self.restore(r):
-                for d in done:
-                    self._ledger.release(d.gang)
-                    self._held_changed(d.slice.nodes)
-                return False
-            done.append(r)
-        for r in done:
-            self._ledger_changed(r.gang)
-        return True
-
-    def restore(self, r: Reservation) -> bool:
-        """Put back a persisted reservation; False when it is already there or refused."""
-        if r.gang in self._ledger or r.phase in (Phase.RELEASED, Phase.EXPIRED):
-            return False
-        try:
-            self._ledger.restore(r)
-        except LedgerError as exc:
-            log.warning("not restoring reservation: %s", exc)
-            return False
-        self._named = None
-        self._held_changed(r.slice.nodes)
-        return True
-
-    def rebuild(self, rs: Iterable[Reservation]) -> list[Reservation]:
-        """The ledger from persisted reservations, replacing what it held (a standby's idea of
-        it is stale), then matched against the pods (a pod bound or gone while no one led).
-        Returns the reservations refused because they overlap one rebuilt before them, for
-        the caller to delete. See :meth:`rebuild_ledger`."""
-        for r in self._ledger.reservations():
-            self._ledger.release(r.gang)
-            self._held_changed(r.slice.nodes)
-        self._pending.clear()
-        self._unsaved.clear()
-        self._named = None
-        refused = [
-            r
-            for r in rs
-            if not self.restore(r)
-            and r.gang not in self._ledger  # a second copy of one already held is no clash
-            and r.phase not in (Phase.RELEASED, Phase.EXPIRED)
-        ]
-        self.rebuilds += 1
-        self._reconcile_bindings()
-        # The rebuilt slots are the persisted ones: make them follow the kubelet again.
-        self._devices_dirty.update(m.node for m in self._mismatches.values())
-        self._check_devices()
-        return refused
-
-    async def rebuild_ledger(self) -> int:
-        """Rebuild the ledger from the store, once, when this replica starts to decide (it
-        became leader, or it runs without an election); returns how many came back. An object
-        that overlaps another is deleted: never double-book."""
-        await self.flush()
-        refused = self.rebuild(await self.store.load())
-        for r in refused:
-            log.error(
-                "reservation of gang %s overlaps another; deleting it", r.gang, extra=fields(gang=r.gang)
-            )
-            await self.discard(r)
-        await self.flush()
-        return len(self._ledger)
-
-    async def flush(self) -> None:
-        """Write queued ledger changes to the store; a failed write stays queued."""
-        if self._flush_lock is None:
-            self._flush_lock = asyncio.Lock()
-        async with self._flush_lock:
-            for gang in list(self._pending):
-                if gang in self._pending:
-                    await self._write(gang)
-
-    async def persist(self, gang: str) -> bool:
-        """Write gang's queued change now (a controller does before it tells its owner the
-        slice is reserved); False when its object could not be written (it stays queued)."""
-        if self._flush_lock is None:
-            self._flush_lock = asyncio.Lock()
-        async with self._flush_lock:
-            if gang not in self._pending:
-                return True  # nothing queued: already written
-            return await self._write(gang)
-
-    async def _write(self, gang: str) -> bool:
-        deleted = self._pending.pop(gang)
-        current = self._ledger.get(gang)
-        self._writing.add(gang)
-        try:
-            if current is not None:
-                await self.store.save(current, self.device_mismatches(gang))
-            elif deleted is not None:
-                await self.store.delete(deleted)
-            self._unsaved.pop(gang, None)
-            return True
-        except StatusNotSaved as exc:
-            self._unsaved.pop(gang, None)
-            log.warning("%s; will retry", exc, extra=fields(gang=gang))
-            self._pending.setdefault(gang, deleted)
-            return True
-        except Exception as exc:
-            r = current or deleted
-            where = (
-                f"{r.meta.get('namespace') or gang_namespace(gang)}/{r.meta.get('name') or object_name(gang)}"
-                if r
-                else ""
-            )
-            log.warning(
-                "persisting reservation of gang %s failed: %s",
-                gang,
-                exc,
-                extra=fields(gang=gang, reservation=where),
-            )
-            self._pending.setdefault(gang, deleted)
-            if current is not None:
-                self._unsaved[gang] = str(exc)
-            return False
-        finally:
-            self._writing.discard(gang)
-
-    async def discard(self, r: Reservation) -> None:
-        """Delete a persisted reservation this cache does not hold (one that overlaps another
-        found at a rebuild); a failure is logged."""
-        try:
-            await self.store.delete(r)
-        except Exception as exc:
-            log.warning(
-                "deleting the reservation of gang %s failed: %s", r.gang, exc, extra=fields(gang=r.gang)
-            )
-
-    def flush_soon(self) -> None:
-        """Write queued ledger changes in the background, on the running loop, without
-        waiting for them. At most one such write waits to begin, so a burst of changes is
-        written together; what fails stays queued for the next flush (housekeeping retries)."""
-        if not self._pending or self._flush_queued is not None:
-            return
-
-        async def write() -> None:
-            self._flush_queued = None  # changes queued from here on start a write of their own
-            await self.flush()
-
-        self._flush_queued = asyncio.get_running_loop().create_task(write())
-
-    def save_error(self, gang: str) -> str | None:
-        """Why the reservation object of ``gang`` is not saved (its last write failed), or
-        None once it is (a status not yet written does not count: the spec is the record)."""
-        return self._unsaved.get(gang) if gang in self._ledger else None
-
-    @property
-    def unflushed(self) -> int:
-        return len(self._pending)
-
-    # -- the kubelet's report ----------------------------------------------------------------
-    def device_mismatches(self, gang: str | None = None) -> list[DeviceMismatch]:
-        """Bound pods the kubelet reports holding other GPUs than their annotation says (of
-        ``gang``'s reservation only, when given), in pod order."""
-        found = [m for m in self._mismatches.values() if gang is None or m.gang == gang]
-        return sorted(found, key=lambda m: m.pod)
-
-    def note_eviction(self, pod_key: str, result: str, text: str) -> None:
-        """What evicting a mismatched pod came to (``result``: evicted, blocked, failed);
-        ``text`` goes into its reservation's condition."""
-        self.mismatch_evictions[result] = self.mismatch_evictions.get(result, 0) + 1
-        m = self._mismatches.get(pod_key)
-        if m is not None and m.eviction != text:
-            self._mismatches[pod_key] = m = dataclasses.replace(m, eviction=text)
-            self._status_changed(m.gang)
-
-    def _status_changed(self, gang: str | None) -> None:
-        """A reservation's status must be written again (its spec did not change)."""
-        if gang is not None and gang in self._ledger:
-            self._pending.setdefault(gang, None)
-
-    def _check_devices(self) -> None:
-        """On the nodes whose pods or NodeTopology changed: compare what the kubelet reports
-        each bound pod holds with its ``gangslice.io/gpus``, record the differences, and move
-        each such pod's reservation slot onto the GPUs it really holds (see
-        :mod:`extender.kube.devices`). Only once pods are watched and listed."""
-        if not self._devices_dirty or not self._pods_watched or self._awaiting:
+    # -- what the listeners are told -------------------------------------------------------
+    def _report_devices(self) -> None:
+        """Tell the listeners which nodes' pods or NodeTopology changed, once pods are watched
+        and listed (until then the nodes wait)."""
+        if not self._devices_dirty or not self.pods_listed:
             return
         nodes, self._devices_dirty = self._devices_dirty, set()
-        for node in sorted(nodes):
-            topo = self._topologies.get(node)
-            graph = topo.graph if topo is not None else None
-            pods = [self._pods[k] for k in sorted(self._by_node.get(node, ())) if k in self._pods]
-            found = node_mismatches(node, pods, topo, self.hierarchy, self._claim_promises(node, pods))
-            for key in [k for k, m in self._mismatches.items() if m.node == node and k not in found]:
-                gone = self._mismatches.pop(key)
-                log.info("pod %s: the kubelet's report and the promise agree again (or it is gone)", key)
-                self._status_changed(gone.gang)
-            for key, m in found.items():
-                old = self._mismatches.get(key)
-                fresh = old is None or old.sets != m.sets
-                m = self._follow_kubelet(m, graph)
-                if not fresh and old is not None:
-                    m = dataclasses.replace(m, eviction=old.eviction)
-                else:
-                    self.mismatches_found[node] = self.mismatches_found.get(node, 0) + 1
-                    log.warning("GPUs differ from the promise: %s", m.message(), extra=fields(gang=m.gang))
-                self._mismatches[key] = m
-                if m != old:
-                    self._status_changed(m.gang)
+        for listener in self._listeners:
+            listener.devices_reported(nodes)
+
+    def recheck_devices(self, nodes: Iterable[str]) -> None:
+        """Tell the listeners again of these nodes' devices (with those not told yet)."""
+        self._devices_dirty.update(nodes)
+        self._report_devices()
+
+    def topology(self, node: str) -> NodeTopology | None:
+        """The node's NodeTopology, as accepted."""
+        return self._topologies.get(node)
+
+    def pods_on(self, node: str) -> list[PodInfo]:
+        """The watched pods bound to ``node``, in key order."""
+        return [self._pods[k] for k in sorted(self._by_node.get(node, ())) if k in self._pods]
+
+    def pod_alive(self, namespace: str, name: str) -> bool:
+        """Whether the pod is watched and neither finished nor being deleted."""
+        p = self._pods.get(f"{namespace}/{name}")
+        return p is not None and not p.terminal and not p.deleting
+
+    def is_dra(self, node: str) -> bool:
+        """Whether a DRA driver publishes the node's devices (as :meth:`_build_state` reads it)."""
+        return self._is_dra(node)
+
+    @property
+    def has_channels(self) -> bool:
+        """Whether any of gangslice's ComputeDomain channel claims is known."""
+        return bool(self._channels)
+
+    def mark_domains_of(self, namespace: str, name: str) -> None:
+        """What is reserved under SliceReservation ``namespace/name`` changed: rebuild the
+        nodes of the ComputeDomains its channel claims name."""
+        if self._channels:
+            self._mark_domain({u for u, n, res in self._channels.values() if (n, res) == (namespace, name)})
 
     def _is_dra(self, node: str) -> bool:
         """Whether a DRA driver publishes the node's devices (as :meth:`_build_state` reads it)."""
         return node not in self._static and node in self._slices_by_node
-
-    def _slot_held(self, pod: PodInfo) -> tuple[Reservation, PodSlot] | None:
-        """The reservation slot bound to the pod, with its reservation."""
-        r = self.reservation_of(pod)
-        slot = r.slot_of(pod.name) if r is not None else None
-        if r is not None and slot is not None:
-            return r, slot
-        for r in self._ledger.reservations():
-            if (r.meta.get("namespace") or gang_namespace(r.gang)) == pod.namespace:
-                slot = r.slot_of(pod.name)
-                if slot is not None:
-                    return r, slot
-        return None
-
-    def _claim_promises(self, node: str, pods: Iterable[PodInfo]) -> dict[str, tuple[int, ...]]:
-        """On a DRA node, what each pod with a slot there was promised: its slot's GPUs, which
-        its claim pins. The pod's ``gangslice.io/gpus`` is what its admission planned; a
-        re-plan (:mod:`extender.kube.claim_sync`) replaces the claim and the slot, not the
-        pod's annotation."""
-        topo = self._topologies.get(node)
-        if not self._is_dra(node) or topo is None:
-            return {}
-        out = {}
-        for pod in pods:
-            if pod.key not in topo.in_use:
-                continue  # no report to compare
-            held = self._slot_held(pod)
-            if held is not None and held[1].node == node:
-                out[pod.key] = tuple(held[1].gpus)
-        return out
-
-    def _follow_kubelet(self, m: DeviceMismatch, graph: GpuGraph | None) -> DeviceMismatch:
-        """Move the pod's reservation slot onto the GPUs the kubelet reports it holds, so the
-        GPUs it was promised are free again and the ones it holds are not handed out."""
-        held = self._slot_held(self._pods[m.pod])
-        if held is None:
-            return m
-        r, slot = held
-        m = dataclasses.replace(m, gang=r.gang, slot=slot.key)
-        if slot.node != m.node:
-            return dataclasses.replace(m, not_corrected=f"its slot is on node {slot.node}")
-        if self._is_dra(m.node):
-            # The slot is the promise here (its claim pins it) and the allocated claims are
-            # what is taken: moving the slot would only hide the difference.
-            return dataclasses.replace(m, not_corrected="on a DRA node the slot stays what its claim pins")
-        numa = None
-        if graph is not None and all(g in graph.indices for g in m.reported):
-            numa = graph.shape.numa_of(graph.shape.mask_of(m.reported))
-        try:
-            self.move_slot(r.gang, slot.key, m.reported, numa)
-        except (LedgerError, KeyError) as exc:
-            return dataclasses.replace(m, not_corrected=str(exc))
-        return m
-
-    def move_slot(
-        self, gang: str, slot_key: str, gpus: Iterable[int], numa_nodes: Iterable[int] | None = None
-    ) -> Reservation:
-        """Point a slot of ``gang`` at other GPUs of its node (see :meth:`Ledger.move_slot`,
-        whose LedgerError and KeyError pass through) and queue the reservation to be written."""
-        before = self._ledger.get(gang)
-        moved = self._ledger.move_slot(gang, slot_key, gpus, numa_nodes)
-        if moved is not before:
-            self._ledger_changed(gang, [moved.slice.slot(slot_key).node])
-        return moved
 
     # -- watch events ----------------------------------------------------------------------
     def replace(self, kind: Kind, objs: Iterable[Mapping[str, Any]]) -> None:
@@ -879,14 +514,15 @@ class ClusterCache:
         # come back as events and change nothing, a deletion by someone else releases.
         was_awaiting = kind in self._awaiting
         self._awaiting.discard(kind)
-        if was_awaiting and kind in (Kind.PODS, Kind.SLICE_RESERVATIONS):
-            self._reconcile_bindings()
-        self._check_devices()
+        if was_awaiting:
+            for listener in self._listeners:
+                listener.listed(kind)
+        self._report_devices()
 
     def apply(self, kind: Kind, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED or DELETED)."""
         self._apply_event(kind, event_type, obj)
-        self._check_devices()
+        self._report_devices()
 
     def _apply_event(self, kind: Kind, event_type: str, obj: Mapping[str, Any]) -> None:
         deleted = event_type == "DELETED"
@@ -1020,9 +656,9 @@ class ClusterCache:
             return None, None
         for domain, namespace, reservation in self._channels.values():
             if domain == uid:
-                r = self.reservation_named(namespace, reservation)
-                if r is not None:
-                    return r.gang, None
+                gang = self.reservation_gang(namespace, reservation)
+                if gang is not None:
+                    return gang, None
         return None, cds.label_holder(uid)
 
     def _read_topology(self, obj: Mapping[str, Any]) -> None:
@@ -1058,33 +694,9 @@ class ClusterCache:
         self._devices_dirty.add(node)
         self._log_change(node)
 
-    def _held_changed(self, nodes: Iterable[str]) -> None:
-        for node in nodes:
-            self._held_dirty.add(node)
-            self._log_change(node)
-
     def _log_change(self, node: str) -> None:
         self._version += 1
         self._changes.append((self._version, node))
-
-    def _ledger_changed(
-        self, gang: str, nodes: Iterable[str] = (), deleted: Reservation | None = None
-    ) -> None:
-        """``nodes``: where the reserved GPUs changed (none for a bind or unbind)."""
-        self._named = None
-        self._held_changed(nodes)
-        if self._channels and (deleted is not None or nodes):
-            r = deleted or self._ledger.get(gang)
-            if r is not None:
-                ns = r.meta.get("namespace") or gang_namespace(gang)
-                name = r.meta.get("name") or object_name(gang)
-                self._mark_domain({u for u, n, res in self._channels.values() if (n, res) == (ns, name)})
-        if deleted is not None:
-            self._pending[gang] = deleted
-        else:
-            self._pending.setdefault(gang, None)
-            if self._pending[gang] is not None and gang in self._ledger:
-                self._pending[gang] = None
 
     def _apply_reservation(self, event_type: str, obj: Mapping[str, Any]) -> None:
         try:
@@ -1092,15 +704,9 @@ class ClusterCache:
         except CrdError as exc:
             log.warning("ignoring %s", exc)
             return
-        if event_type != "DELETED":
-            return
-        mine = self._ledger.get(r.gang)
-        # Someone else deleted the object: release, unless it is an older hold than ours.
-        ours = r.gang in self._pending or r.gang in self._writing
-        if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and not ours:
-            self._ledger.release(r.gang)
-            self._named = None
-            self._held_changed(mine.slice.nodes)
+        if event_type == "DELETED":
+            for listener in self._listeners:
+                listener.reservation_deleted(r)
 
     def _put_pod(self, pod: PodInfo) -> None:
         old = self._pods.get(pod.key)
@@ -1119,11 +725,12 @@ class ClusterCache:
             self._by_node[old.node].discard(pod.key)
         if pod.node is not None:
             self._by_node[pod.node].add(pod.key)
-        if self._pods_watched and not self._awaiting:
-            if pod.terminal or pod.deleting:
-                self._pod_gone(pod)
-            elif pod.holds_gpus:
-                self._pod_bound(pod)
+        if self.pods_listed:
+            for listener in self._listeners:
+                if pod.terminal or pod.deleting:
+                    listener.pod_gone(pod)
+                elif pod.holds_gpus:
+                    listener.pod_bound(pod)
 
     def _drop_pod(self, key: str) -> None:
         pod = self._pods.pop(key, None)
@@ -1136,69 +743,9 @@ class ClusterCache:
             self._by_node.get(pod.node, set()).discard(key)
             self._mark(pod.node)
         self._pod_gpus.pop(key, None)
-        if self._pods_watched and not self._awaiting:
-            self._pod_gone(pod)
-
-    def _alive(self, namespace: str, name: str) -> bool:
-        p = self._pods.get(f"{namespace}/{name}")
-        return p is not None and not p.terminal and not p.deleting
-
-    def _pod_gone(self, pod: PodInfo) -> None:
-        """A pod that held a slot finished or was deleted: free its slot for a replacement
-        (with a fresh TTL), or release the reservation when no pod of the gang is left."""
-        for r in self._ledger.reservations():
-            ns = r.meta.get("namespace") or gang_namespace(r.gang)
-            if ns != pod.namespace:
-                continue
-            slot = r.slot_of(pod.name)
-            if slot is None:
-                continue
-            others = [name for key, name in r.bound.items() if key != slot.key and self._alive(ns, name)]
-            if not others:
-                # Nothing of the gang runs any more: done, or being recreated (a plain gang
-                # is then placed afresh on first sight; a controller re-reserves its own).
-                self.drop(r.gang)
-            else:
-                self.unbind_slot(r.gang, slot.key)
-
-    def _pod_bound(self, pod: PodInfo) -> None:
-        """A gang pod that shows up bound but is not in the ledger (bound by someone else, or
-        before a restart): take the matching slot so it is not handed out twice."""
-        r = self.reservation_of(pod)
-        if r is None or r.slot_of(pod.name) is not None:
-            return
-        assigned = set(pod.assigned_gpus or ())
-        pod_sets = {s.pod_set for s in r.slice.slots}
-        candidates = [
-            s
-            for s in r.free_slots()
-            if s.node == pod.node and (pod.pod_set not in pod_sets or s.pod_set == pod.pod_set)
-        ]
-        # The slot the admission webhook gave it (DRA), else the one with its GPUs.
-        given = pod.annotations.get(names.SLOT)
-        candidates.sort(key=lambda s: (s.key != given, set(s.gpus) != assigned, s.key))
-        if candidates:
-            self.bind_slot(r.gang, candidates[0].key, pod.name)
-
-    def reservation_of(self, pod: PodInfo) -> Reservation | None:
-        """The reservation of the gang ``pod`` belongs to (:attr:`PodInfo.gang_key`), if held."""
-        if pod.reservation_name:
-            return self.reservation_named(pod.namespace, pod.reservation_name)
-        key = pod.gang_key
-        return self._ledger.get(key) if key is not None and key in self._ledger else None
-
-    def _reconcile_bindings(self) -> None:
-        if not self._pods_watched or self._awaiting:
-            return
-        for r in self._ledger.reservations():
-            ns = r.meta.get("namespace") or gang_namespace(r.gang)
-            for name in list(r.bound.values()):
-                if not self._alive(ns, name):
-                    info = self._pods.get(f"{ns}/{name}") or PodInfo(namespace=ns, name=name)
-                    self._pod_gone(info)
-        for pod in self._pods.values():
-            if pod.holds_gpus and not pod.deleting:
-                self._pod_bound(pod)
+        if self.pods_listed:
+            for listener in self._listeners:
+                listener.pod_gone(pod)
 
     def _source(self, name: str) -> _StaticNode | None:
         static = self._static.get(name)
@@ -1309,7 +856,7 @@ def _claim_key(obj: Mapping[str, Any]) -> str:
 
 
 def _offer(state: NodeState | None) -> tuple[object, ...] | None:
-    """What of a node counts on an empty cluster (see :attr:`ClusterCache.node_generation`)."""
+    """What of a node counts on an empty cluster (see :attr:`ClusterInformer.node_generation`)."""
     if state is None:
         return None
     kubelet = state.kubelet.emptied() if state.kubelet is not None else None

@@ -43,8 +43,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from extender.kube import names
 from extender.kube.api import as_map
 from extender.kube.devices import DeviceMismatch, devices_condition
-from extender.kube.slot_claims import claim_name
 from extender.placement.ledger import Phase, Reservation
+from extender.placement.slice import PodSlot
 from extender.topology.allocation import Allocation
 from extender.topology.kubelet import (
     CpuPolicy,
@@ -534,6 +534,14 @@ def reservation_from_object(obj: Mapping[str, Any]) -> Reservation:
 
 
 #: The condition every SliceReservation status carries: True while the slice is held.
+def claim_name(reservation_name: str, slot: PodSlot) -> str:
+    """``<reservation>-<pod set>-<index>``, a DNS subdomain name (lower case, at most 253): the
+    ResourceClaim of a slot (:mod:`extender.kube.slot_claims`)."""
+    raw = f"{reservation_name}-{slot.pod_set}-{slot.index}".lower()
+    cleaned = re.sub(r"[^a-z0-9.-]+", "-", raw).strip("-.")
+    return cleaned[:253].rstrip("-.")
+
+
 HELD_CONDITION = "Held"
 
 

@@ -58,13 +58,6 @@ class SlotError(Exception):
     """A pod gangslice cannot give a slot (the message says why, for the admission reply)."""
 
 
-def claim_name(reservation_name: str, slot: PodSlot) -> str:
-    """``<reservation>-<pod set>-<index>``, a DNS subdomain name (lower case, at most 253)."""
-    raw = f"{reservation_name}-{slot.pod_set}-{slot.index}".lower()
-    cleaned = re.sub(r"[^a-z0-9.-]+", "-", raw).strip("-.")
-    return cleaned[:253].rstrip("-.")
-
-
 def slot_label(slot: PodSlot) -> str:
     """The slot key as a label value (``decode-1``)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", slot.key)[:63].strip("-_.")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.kube.api import ALL_KINDS, Gone, Kind, KubeClient
-from extender.kube.cache import ClusterCache
+from extender.kube.cache import ClusterInformer
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Watcher:
     def __init__(
         self,
         api: KubeClient,
-        cache: ClusterCache,
+        cache: ClusterInformer,
         kinds: Iterable[Kind] = ALL_KINDS,
         *,
         watch_timeout_s: float = 300.0,

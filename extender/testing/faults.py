@@ -46,11 +46,11 @@ from extender.httpapi.volcano_wire import EventHandlerRequest, PredicateRequest
 from extender.httpapi.wire import ExtenderArgs, ExtenderBindingArgs
 from extender.kube import names
 from extender.kube.api import PODS, Kind, KubeError, Resource, Unavailable
-from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import reservation_from_object
 from extender.kube.pods import PodInfo
-from extender.kube.store import KubeReservationStore
 from extender.placement.snapshot import ClusterSnapshot
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.kube import FakeKube
 

@@ -486,12 +486,12 @@ def _fresh(v: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-#: The one module that may write each object through the client (see extender/kube/store.py,
+#: The one module that may write each object through the client (see extender/reservations/store.py,
 #: extender/kube/binder.py, extender/agent/publish.py, extender/kube/slot_claims.py,
 #: extender/kube/compute_domains.py, extender/controllers/webhook_ca/sync.py): what
 #: tests/conftest.py checks after every test on every fake API server the test made.
 WRITERS = {
-    "slicereservations": "extender.kube.store",
+    "slicereservations": "extender.reservations.store",
     "nodetopologies": "extender.agent.publish",
     "resourceclaims": "extender.kube.slot_claims",
     "computedomains": "extender.kube.compute_domains",

@@ -6,7 +6,7 @@ import asyncio
 
 from extender.controllers.leader import LeaseConfig
 from extender.controllers.runner import run_controller
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.kube import FakeKube
 
 #: The Lease the tests contend for (renewed every 10 ms).

@@ -3,11 +3,11 @@ member's first filter)."""
 
 from __future__ import annotations
 
-from extender.kube.cache import ClusterCache
-from extender.kube.reserve import Claim, reserve
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest
 from extender.placement.slice import Placement
+from extender.reservations import ClusterCache
+from extender.reservations.reserve import Claim, reserve
 
 
 def hold(
@@ -22,8 +22,7 @@ def hold(
 async def reserve_gang(
     cache: ClusterCache, gang: str, request: GangRequest, meta: dict[str, str] | None = None
 ) -> Placement:
-    """:func:`hold` under the cache's lock, then the cache's store writes it."""
-    async with cache.lock:
-        got = hold(cache, gang, request, meta)
+    """:func:`hold` under the book's lock, then the book's store writes it."""
+    got = await cache.book.deciding(lambda: hold(cache, gang, request, meta))
     await cache.flush()
     return got

@@ -23,7 +23,7 @@ from gowire import (
 )
 
 from extender.httpapi.app import build_app
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, write_cluster
 
 Client = TestClient[Any, Any]

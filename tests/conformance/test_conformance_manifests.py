@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import yaml
 
 from extender.httpapi.app import build_app
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_CONFIG = ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml"

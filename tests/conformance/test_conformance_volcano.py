@@ -15,9 +15,9 @@ from aiohttp.test_utils import TestClient
 from gowire import EVENT_HANDLER_RESPONSE, JOB_ENQUEUEABLE_RESPONSE, PREDICATE_RESPONSE, PRIORITIZE_RESPONSE
 
 from extender.httpapi.app import build_app
-from extender.kube.cache import ClusterCache
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
 from extender.testing.reserve import reserve_gang
 

@@ -10,15 +10,15 @@ import pytest
 
 from extender.kube import names as keys
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import reservation_object
 from extender.kube.gangs import plain_gang_request
 from extender.kube.node_graphs import UNIFORM, fallback_preset
 from extender.kube.pods import PodInfo
-from extender.kube.store import InMemoryReservationStore
 from extender.placement.ledger import Phase
 from extender.placement.request import GangRequest, NodeNeeds, Toleration
 from extender.placement.slice import Slice, Unplaceable
+from extender.reservations import ClusterCache
+from extender.reservations.store import InMemoryReservationStore
 from extender.testing.extender import gang_pod, node_obj, pod_obj, write_cluster
 from extender.testing.objects import make_node_topology
 from extender.testing.reserve import hold, reserve_gang

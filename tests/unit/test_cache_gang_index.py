@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from extender.kube import cache as cache_module
 from extender.kube import names as keys
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
+from extender.reservations import ClusterCache
 from extender.testing.extender import pod_obj
 
 GANGS = ["a", "b", None]

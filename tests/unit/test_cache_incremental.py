@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from extender.httpapi.decide import Decider
 from extender.kube import names as keys
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo
 from extender.placement.snapshot import ClusterSnapshot
+from extender.reservations import ClusterCache
 from extender.testing.extender import gang_pod, node_obj, pod_obj
 from extender.testing.reserve import hold
 

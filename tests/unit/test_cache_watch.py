@@ -10,13 +10,13 @@ from typing import TypeVar
 from extender.kube import names as keys
 from extender.kube.api import Kind, KubeError
 from extender.kube.binder import ApiBinder
-from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import reservation_object
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo
-from extender.kube.store import KubeReservationStore
 from extender.kube.watch import Watcher
 from extender.placement.slice import Slice
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.extender import gang_pod, node_obj, pod_obj
 from extender.testing.kube import FakeKube
 from extender.testing.reserve import hold, reserve_gang

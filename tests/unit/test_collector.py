@@ -15,7 +15,7 @@ from extender.httpapi.app import build_app
 from extender.httpapi.collector import CollectorPause
 from extender.httpapi.decide import Decider
 from extender.httpapi.handling import PAUSE
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, node_obj, pod_obj, write_cluster
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from extender.kube import compute_domains as cds
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.placement.feasibility import IMEX_DAEMON, Resources
+from extender.reservations import ClusterCache
 from extender.testing.extender import node_obj
 
 RESERVATION = {"name": "ep-x1", "uid": "r-uid"}

@@ -17,9 +17,9 @@ from extender.controllers.pods import PodFeed
 from extender.controllers.runner import run_controller
 from extender.kube import names as keys
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.watch import Watcher
 from extender.placement.request import GangRequest, PodSet
+from extender.reservations import ClusterCache
 from extender.testing.extender import gang_pod, node_obj, pod_obj, write_cluster
 from extender.testing.kube import FakeKube
 from extender.testing.reserve import hold

@@ -17,12 +17,12 @@ from extender.controllers.mismatch.reporter import EVICTED, EVICTION_BLOCKED, Mi
 from extender.httpapi.metrics import Metrics
 from extender.kube import names as keys
 from extender.kube.api import PODS, Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.devices import COHERENCE_BROKEN, DEVICES_DIFFER, DEVICES_MATCH, DEVICES_MISMATCH
-from extender.kube.store import InMemoryReservationStore, KubeReservationStore
 from extender.placement.ledger import Ledger, LedgerError
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Slice
+from extender.reservations import ClusterCache
+from extender.reservations.store import InMemoryReservationStore, KubeReservationStore
 from extender.testing.extender import gang_pod, node_obj
 from extender.testing.kube import FakeKube
 from extender.testing.objects import make_node_topology

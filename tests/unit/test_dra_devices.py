@@ -13,8 +13,8 @@ import pytest
 from extender.controllers.topology_status.reporter import TopologyStatusReporter
 from extender.kube import dra
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.topology_status import DEVICES_MATCHED, DRA_DEVICE_MISMATCH
+from extender.reservations import ClusterCache
 from extender.testing.dra import compute_domain_slice, device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.testing.extender import node_obj
 from extender.testing.objects import make_node_topology

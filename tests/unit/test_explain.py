@@ -18,10 +18,10 @@ from extender.controllers.kueue.contract import CheckConfig
 from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.runner import take_lead
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.slice import Slice, Unplaceable
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube

@@ -14,11 +14,11 @@ from test_kueue_logic import hierarchy
 from extender.controllers.kueue import workload_gang
 from extender.controllers.podgroups.groups import PodGroup, PodGroupError, gang_request
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.placement.feasibility import Resources, Taint
 from extender.placement.request import GangRequest, NodeNeeds, NodeRequirement, PodNeeds, Toleration
+from extender.reservations import ClusterCache
 from extender.testing.extender import gang_pod, node_obj, pod_obj
 from extender.testing.fixtures import load_fixture
 

@@ -17,7 +17,7 @@ from extender.httpapi import nodelist
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import DECIDER
 from extender.httpapi.limits import Limits, runner_options
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
 
 

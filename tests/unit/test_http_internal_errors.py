@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from extender.httpapi.app import build_app
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.extender import client_for, gang_pod, pod_obj, write_cluster
 
 
@@ -38,7 +38,7 @@ async def _call(app: Any, verb: str, body: dict[str, Any]) -> tuple[int, Any, fl
 @pytest.mark.parametrize(
     ("target", "pod"),
     [
-        ("extender.kube.reserve.place", gang_pod("g-0", "g", 2, 8)),  # placing a plain gang
+        ("extender.reservations.reserve.place", gang_pod("g-0", "g", 2, 8)),  # placing a plain gang
         ("extender.httpapi.decide.resolve_need", pod_obj("solo", gpus=4)),  # a GPU pod's in-node rule
     ],
 )

@@ -13,14 +13,14 @@ from typing import Any
 from extender.controllers import joint
 from extender.controllers.podgroups.controller import PodGroupConfig, PodGroupController
 from extender.controllers.podgroups.groups import PodGroup, gang_request, pod_infos
-from extender.kube.cache import ClusterCache
 from extender.kube.names import STATUS
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.solver import place
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube

@@ -20,13 +20,13 @@ from extender.controllers.kueue.contract import CheckConfig
 from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.controllers.runner import take_lead
-from extender.kube.cache import ClusterCache
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Ledger
 from extender.placement.scoring import gang_micros
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.solver import place
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.kube import FakeKube
 

@@ -31,7 +31,6 @@ from extender.agent.publish import build_object, build_spec
 from extender.cli import main
 from extender.httpapi.decide import Decider, Refused
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import CrdError, NodeTopologyObject, parse_node_topology
 from extender.kube.names import GPU_RESOURCE
 from extender.kube.pods import PodInfo
@@ -40,6 +39,7 @@ from extender.placement.request import GangRequest, PodRequests, PodSet
 from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import place
+from extender.reservations import ClusterCache
 from extender.testing.clock import FakeClock
 from extender.testing.extender import node_obj, pod_obj
 from extender.testing.kubelet import FakeKubelet, serve

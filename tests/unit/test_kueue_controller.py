@@ -22,11 +22,11 @@ from extender.controllers.objects import reservation_to_object, rfc3339
 from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.controllers.runner import take_lead
 from extender.kube.api import Conflict, KubeError
-from extender.kube.cache import ClusterCache
-from extender.kube.store import KubeReservationStore
 from extender.placement.ledger import Reservation
 from extender.placement.slice import PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.builders import make_cluster, make_node_like
 from extender.testing.clock import FakeClock
 from extender.testing.fixtures import load_cluster_fixture, load_fixture

@@ -10,9 +10,9 @@ from typing import Any
 import kopf
 
 from extender.controllers.handlers import connection_info, operator_settings, register
-from extender.kube.cache import ClusterCache
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import cluster_from_data
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.kube import FakeKube
 from extender.testing.leading import lead
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from extender.controllers.objects import reservation_to_object
 from extender.kube.api import SLICE_RESERVATIONS, Kind
-from extender.kube.cache import ClusterCache
-from extender.kube.reserve import Claim, reserve
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
+from extender.reservations import ClusterCache
+from extender.reservations.reserve import Claim, reserve
+from extender.reservations.store import KubeReservationStore
 from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube
 from extender.testing.leading import lead

@@ -21,7 +21,7 @@ from extender.kube.api import ALL_KINDS, Resource
 
 #: The packages whose code runs in ``gangslice serve`` (the extender and the controllers):
 #: every call they make through the one client must be granted.
-CONTROLLER_PACKAGES = ("extender/kube", "extender/controllers", "extender/httpapi")
+CONTROLLER_PACKAGES = ("extender/kube", "extender/reservations", "extender/controllers", "extender/httpapi")
 CONTROLLER_FILES = ("extender/commands/serve.py",)
 #: Not part of ``serve``: the `gangslice hypernodes` command's read of the nodes.
 NOT_SERVE = {"extender/controllers/podgroups/hypernodes.py"}

@@ -14,8 +14,8 @@ from test_solver_cliques import mixed, one
 
 from extender.cost import Comm
 from extender.httpapi.app import build_app
-from extender.kube.cache import ClusterCache
 from extender.placement.waiting import WAITING_TTL_S
+from extender.reservations import ClusterCache
 from extender.testing.extender import client_for, gang_pod, pod_obj, write_cluster
 from extender.topology.hierarchy import DEFAULT_LEVELS
 

@@ -19,7 +19,7 @@ import yaml
 
 from extender.agent.metrics import AgentMetrics
 from extender.httpapi.metrics import Metrics
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 
 REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "manifests" / "monitoring"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from extender.httpapi.server import ServeOptions, serve
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.extender import pod_obj, write_cluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,16 +16,16 @@ from extender.controllers.podgroups.controller import PodGroupController
 from extender.controllers.runner import take_lead
 from extender.controllers.topology_status.reporter import KubeTopologyStatusApi, node_event
 from extender.kube.api import SLICE_RESERVATIONS
-from extender.kube.cache import ClusterCache
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube, foreign_writes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 KUEUE, VOLCANO = FIXTURES / "kueue", FIXTURES / "volcano"
-STORE = "extender.kube.store"
+STORE = "extender.reservations.store"
 
 
 def test_a_workload_reserved_bound_and_released_is_written_only_by_the_store() -> None:

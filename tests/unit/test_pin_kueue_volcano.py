@@ -20,9 +20,9 @@ from extender.controllers.podgroups.controller import PodGroupController
 from extender.controllers.runner import take_lead
 from extender.kube import names
 from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.kube.slot_claims import uuid_selector
+from extender.reservations import ClusterCache
 from extender.testing.dra import gpu_uuid
 from extender.testing.kube import FakeKube
 from extender.testing.objects import make_pod_group, make_workload

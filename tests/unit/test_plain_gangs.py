@@ -17,13 +17,13 @@ import yaml
 from extender.controllers.plain_gangs.reporter import PlainGangReporter, never_fits
 from extender.httpapi.decide import Decider
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.gangs import Incomplete, plain_gang_request
 from extender.kube.names import STATUS
 from extender.kube.pods import PodInfo
-from extender.kube.store import InMemoryReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.request import Colocation, GangRequest
+from extender.reservations import ClusterCache
+from extender.reservations.store import InMemoryReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.extender import gang_pod, node_obj
 from extender.testing.kube import FakeKube

@@ -28,12 +28,12 @@ from extender.controllers.podgroups.groups import (
 from extender.controllers.runner import take_lead
 from extender.httpapi.decide import Decider
 from extender.kube.api import Conflict
-from extender.kube.cache import ClusterCache
 from extender.kube.names import RESERVATION, STATUS
 from extender.kube.pods import PodInfo
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.snapshot import ClusterSnapshot
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube

@@ -15,9 +15,9 @@ from aiohttp.test_utils import TestClient
 from extender.controllers.podgroups.controller import PodGroupController
 from extender.httpapi.app import build_app
 from extender.kube import names as keys
-from extender.kube.cache import ClusterCache
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.extender import client_for
 from extender.testing.kube import FakeKube
 

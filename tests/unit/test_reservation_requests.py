@@ -5,12 +5,12 @@ reserved gangs never overfill one node; once the pod binds its own requests coun
 
 from __future__ import annotations
 
-from extender.kube.cache import ClusterCache
 from extender.kube.crd_models import SliceReservationObject, reservation_from_object, reservation_object
-from extender.kube.store import InMemoryReservationStore
 from extender.placement.feasibility import NOTHING, NodeFacts, Resources
 from extender.placement.request import GangRequest, PodRequests, PodSet
 from extender.placement.slice import Slice
+from extender.reservations import ClusterCache
+from extender.reservations.store import InMemoryReservationStore
 from extender.testing.builders import make_cluster, make_node
 from extender.testing.reserve import hold
 

@@ -16,13 +16,13 @@ from extender.controllers.openapi import load_crd, validate, version_schema
 from extender.controllers.podgroups.controller import PodGroupController
 from extender.controllers.runner import take_lead
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodInfo
-from extender.kube.store import InMemoryReservationStore, KubeReservationStore
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import Slice
+from extender.reservations import ClusterCache
+from extender.reservations.store import InMemoryReservationStore, KubeReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.extender import gang_pod, node_obj
 from extender.testing.fixtures import load_fixture

@@ -17,9 +17,9 @@ from extender.controllers.kueue.controller import AdmissionController
 from extender.controllers.leader import LeaderElector, LeaseConfig
 from extender.controllers.objects import reservation_from_object
 from extender.controllers.runner import take_lead
-from extender.kube.cache import ClusterCache
-from extender.kube.store import KubeReservationStore
 from extender.placement.files import load_cluster
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.clock import FakeClock
 from extender.testing.fixtures import load_fixture
 from extender.testing.kube import FakeKube

@@ -22,8 +22,8 @@ from extender.httpapi.secure_metrics import (
     Verdict,
     build_metrics_app,
 )
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
+from extender.reservations import ClusterCache
 
 BODY = b"# HELP x a metric\n# TYPE x gauge\nx 1.0\n"
 

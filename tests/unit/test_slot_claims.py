@@ -16,21 +16,21 @@ from aiohttp.test_utils import TestClient, TestServer
 from extender.httpapi.app import build_app
 from extender.kube import dra, names
 from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, SLICE_RESERVATIONS, Kind
-from extender.kube.cache import ClusterCache
+from extender.kube.crd_models import claim_name
 from extender.kube.pods import PodInfo
 from extender.kube.slot_claims import (
     GpuRequest,
     SlotError,
     build_claim,
-    claim_name,
     gpu_request_of,
     handed_out,
     pick_slot,
     uuid_selector,
 )
-from extender.kube.store import KubeReservationStore
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import PodSlot, Slice
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.dra import device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.testing.extender import node_obj
 from extender.testing.kube import FakeKube

@@ -12,12 +12,12 @@ import pytest
 
 import extender.placement.search
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.placement.ledger import Ledger
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.search.memory import SolverMemory
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.solver import place
+from extender.reservations import ClusterCache
 from extender.testing.extender import node_obj
 from extender.topology.hierarchy import Hierarchy, Level
 from extender.topology.presets import preset_graph

@@ -13,8 +13,8 @@ import pytest
 
 from extender.httpapi.app import build_app
 from extender.kube import names as keys
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodError, PodInfo, gpu_request, milli_quantity, parse_gpu_list, quantity
+from extender.reservations import ClusterCache
 from extender.testing.extender import client_for, pod_obj, write_cluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ from extender.controllers.topology_status.reporter import TopologyStatusReporter
 from extender.httpapi.decide import Decider
 from extender.httpapi.nodelist import filter_known
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.kube.topology_status import ACCEPTED, INVALID_NODE_TOPOLOGY, INVALID_SPEC, SPEC_VALID
+from extender.reservations import ClusterCache
 from extender.testing.clock import FakeClock
 from extender.testing.extender import pod_obj
 from extender.testing.objects import make_node_object, make_node_topology

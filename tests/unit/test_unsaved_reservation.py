@@ -10,8 +10,8 @@ from typing import Any
 
 from extender.httpapi.app import build_app
 from extender.kube.api import Kind, Unavailable
-from extender.kube.cache import ClusterCache
-from extender.kube.store import KubeReservationStore
+from extender.reservations import ClusterCache
+from extender.reservations.store import KubeReservationStore
 from extender.testing.extender import client_for, gang_pod, node_obj
 from extender.testing.kube import FakeKube
 

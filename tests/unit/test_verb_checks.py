@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient
 from extender.httpapi.app import build_app
 from extender.kube import names as keys
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.extender import client_for, gang_pod, node_obj, pod_obj
 from extender.testing.reserve import hold
 

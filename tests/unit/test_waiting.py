@@ -6,8 +6,6 @@ from __future__ import annotations
 from test_solver_cliques import mixed, one, two_cliques
 
 from extender.cost import Comm
-from extender.kube.cache import ClusterCache
-from extender.kube.reserve import Claim, reserve
 from extender.placement import scoring
 from extender.placement.ledger import Reservation
 from extender.placement.request import Colocation, GangRequest, PodSet
@@ -22,6 +20,8 @@ from extender.placement.waiting import (
     needs_clique,
     with_demand,
 )
+from extender.reservations import ClusterCache
+from extender.reservations.reserve import Claim, reserve
 from extender.sim.inputs import default_cluster
 from extender.sim.templates import builtin_templates
 from extender.testing.builders import make_cluster, make_node

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from extender.httpapi.app import build_app
 from extender.kube import names as keys
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, ServerThread, write_cluster
 
 VERBS = [

@@ -11,8 +11,8 @@ from extender.httpapi.app import build_app
 from extender.httpapi.handling import LEADING
 from extender.httpapi.server import label_own_pod
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
 from extender.kube.names import LEADER_LABEL
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, write_cluster
 from extender.testing.kube import FakeKube
 

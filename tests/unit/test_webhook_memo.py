@@ -18,9 +18,9 @@ from extender.httpapi.decide import Decider
 from extender.httpapi.handling import DECIDER
 from extender.httpapi.memo import NamesKey, NamesMemo
 from extender.kube import names as keys
-from extender.kube.cache import ClusterCache
 from extender.kube.pods import PodInfo
 from extender.placement.request import GangRequest, PodSet
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
 from extender.testing.reserve import hold
 

@@ -17,12 +17,12 @@ from extender.httpapi.handling import DECIDER
 from extender.kube import names as keys
 from extender.kube.api import Kind, KubeError
 from extender.kube.binder import LocalBinder
-from extender.kube.cache import ClusterCache
 from extender.kube.devices import DeviceMismatch
-from extender.kube.store import InMemoryReservationStore
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
+from extender.reservations import ClusterCache
+from extender.reservations.store import InMemoryReservationStore
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod, pod_obj, write_cluster
 from extender.testing.kube import FakeKube
 from extender.testing.reserve import reserve_gang
@@ -406,7 +406,7 @@ def test_an_internal_error_is_a_200_naming_it(tmp_path: Path, monkeypatch: pytes
 
 
 def test_a_restart_rebuilds_the_same_reservation_and_doubles_nothing(tmp_path: Path) -> None:
-    from extender.kube.store import InMemoryReservationStore
+    from extender.reservations.store import InMemoryReservationStore
 
     store = InMemoryReservationStore()
     path = write_cluster(tmp_path)

@@ -16,7 +16,7 @@ from extender.cli import build_parser, main
 from extender.httpapi.app import build_app
 from extender.httpapi.tls import ReloadingTls
 from extender.kube.api import Kind
-from extender.kube.cache import ClusterCache
+from extender.reservations import ClusterCache
 from extender.testing.extender import ServerThread, client_for, node_obj, pod_obj, write_cluster
 
 # Two throw-away self-signed certificates (CN gangslice-test-a / -b, RSA 2048, 100 years),

@@ -11,9 +11,9 @@ from aiohttp.test_utils import TestClient
 
 from extender.httpapi.app import build_app
 from extender.kube import names as keys
-from extender.kube.cache import ClusterCache
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Slice
+from extender.reservations import ClusterCache
 from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, pod_obj, write_cluster
 from extender.testing.reserve import reserve_gang
 

@@ -26,17 +26,17 @@ from typing import Any
 
 from extender.kube import dra, events, names
 from extender.kube.api import EVENTS, RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
-from extender.kube.cache import ClusterCache
+from extender.kube.crd_models import claim_name
 from extender.kube.events import ObjectRef
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.reserve import Claim, reserve
-from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim, claim_name
+from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim
 from extender.logs import fields
 from extender.placement import numa_fit
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot, Unplaceable
+from extender.reservations.cluster import ClusterCache
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class SlotClaimSync:
         """Gang -> (slot, its devices held by someone else, the claims that hold them)."""
         out: dict[str, list[tuple[PodSlot, list[str], list[str]]]] = {}
         for r in cache.ledger.reservations():
-            ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
+            ns, res_name = cache.book.ref_of(r).key
             for slot in r.free_slots():
                 device_map = cache.device_map(slot.node)
                 if device_map is None:
@@ -131,7 +131,7 @@ class SlotClaimSync:
         self, cache: ClusterCache, r: Reservation, found: list[tuple[PodSlot, list[str], list[str]]]
     ) -> bool:
         gang = r.gang
-        ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
+        ns, res_name = cache.book.ref_of(r).key
         pods = {p.annotations.get(names.SLOT): p for p in cache.pods_of_gang(gang) if not p.terminal}
         why = {
             slot.key: f"GPU {', '.join(taken)} of slot {slot.key} on node {slot.node} was allocated to "
@@ -139,7 +139,7 @@ class SlotClaimSync:
             f"{ns}/{claim_name(res_name, slot)}"
             for slot, taken, holders in found
         }
-        if r.bound or r.meta.get(names.META_OWNER_KIND) in names.OWNER_MANAGED_KINDS:
+        if r.bound or cache.book.ref_of(r).owner_managed:
             # Bound pods stay where they are; a Workload's or PodGroup's reservation is what its
             # controller released the gang to (Kueue's podSetUpdates name its nodes): move only
             # the taken slots, each on its own node.
@@ -156,11 +156,7 @@ class SlotClaimSync:
                 await self._tell(pods.get(key), f"{text}; cannot re-plan: {problem}")
             return False
         old_claims = await self._claims(ns, res_name, r)
-        async with cache.lock:
-            cache.drop(gang)
-            placed = reserve(cache, request, Claim(gang, r.meta))
-            if isinstance(placed, Unplaceable):
-                cache.hold_all([r])  # keep the old plan: the device may come free
+        placed = await cache.book.replan(r, request)
         if isinstance(placed, Unplaceable):
             for key, text in why.items():
                 await self._tell(pods.get(key), f"{text}; no other plan fits now: {placed.reason}")
@@ -183,17 +179,21 @@ class SlotClaimSync:
         pods: Mapping[str | None, PodInfo],
     ) -> bool:
         """Move each slot of ``found`` to other free GPUs of its node (a gang with bound pods)."""
-        ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
+        ns, res_name = cache.book.ref_of(r).key
         moved: list[PodSlot] = []
         stuck: list[PodSlot] = []
-        async with cache.lock:
+
+        def move(r: Reservation) -> Reservation:
             for slot, _, _ in found:
                 other = _other_set(cache, r, slot)
                 if other is None:
                     stuck.append(slot)
                     continue
-                r = cache.move_slot(r.gang, slot.key, *other)
+                r = cache.book.move_slot(r.gang, slot.key, *other)
                 moved.append(r.slice.slot(slot.key))
+            return r
+
+        r = await cache.book.deciding(lambda: move(r))
         for slot in stuck:
             await self._tell(
                 pods.get(slot.key),
@@ -226,7 +226,7 @@ class SlotClaimSync:
     ) -> None:
         """Pin each of ``slots``' claims (same name, the template of the old one) to its devices now."""
         gang = r.gang
-        ns, res_name = r.meta.get("namespace", ""), r.meta.get("name", "")
+        ns, res_name = cache.book.ref_of(r).key
         saved = await self.api.get(SLICE_RESERVATIONS, res_name, ns)
         owner = {
             "name": res_name,

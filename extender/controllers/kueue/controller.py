@@ -35,8 +35,6 @@ from extender.controllers.kueue.contract import Action, CheckConfig, Stage
 from extender.controllers.kueue.workload_gang import WorkloadError
 from extender.controllers.objects import (
     META_ATTEMPT,
-    META_OWNER_KIND,
-    META_OWNER_NAME,
     META_OWNER_UID,
     object_ref,
     parse_rfc3339,
@@ -56,11 +54,12 @@ from extender.kube.api import (
     as_map,
 )
 from extender.kube.crd_models import CrdError, object_name
-from extender.kube.reserve import Claim, reserve, reserve_all
 from extender.logs import fields
 from extender.placement.ledger import Reservation
 from extender.placement.request import Toleration
 from extender.placement.slice import Unplaceable
+from extender.reservations.reserve import Claim
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +146,10 @@ class AdmissionController:
         later one of the same name; returns how many."""
         released = 0
         for r in self.cache.ledger.reservations():
-            if r.meta.get(META_OWNER_KIND) != WORKLOAD_KIND:
+            ref = ReservationRef.of(r)
+            if ref.owner_kind != WORKLOAD_KIND:
                 continue
-            ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
+            ns, name = ref.namespace, ref.owner_name
             try:
                 wl = await self.api.get(WORKLOADS, name, ns)
             except NotFound:
@@ -264,8 +264,9 @@ class AdmissionController:
             started = parse_rfc3339(kueue.wait_started(wl)) or now
             stage = kueue.wait_stage(now - started, self.config)
             solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
-            async with self.cache.lock:
-                got = reserve(self.cache, request, self._claim(key, wl, now, bool(claim_gpus)), solve=solve)
+            got = await self.cache.book.hold(
+                request, self._claim(key, wl, now, bool(claim_gpus)), solve=solve
+            )
             if isinstance(got, Unplaceable):
                 await self._wait(wl, got, stage)
                 return
@@ -407,8 +408,7 @@ class AdmissionController:
         keys = {name: kueue.gang_key(w) for name, w in wls.items()}
         solve = assignment.solver(stage, allowed, rfc3339(started + self.config.widen_after_s))
         claims = [self._claim(keys[name], w, now, pinned[name]) for name, w in wls.items()]
-        async with self.cache.lock:
-            result = reserve_all(self.cache, request, claims, split=joint.splitter(keys), solve=solve)
+        result = await self.cache.book.hold_joint(request, claims, split=joint.splitter(keys), solve=solve)
         if isinstance(result, Unplaceable):
             for w in wls.values():
                 await self._wait(w, result, stage)

@@ -28,7 +28,7 @@ from typing import Any
 
 from extender.controllers import joint, owned
 from extender.controllers.common import Cache, resync_until
-from extender.controllers.objects import META_OWNER_KIND, META_OWNER_NAME, object_ref
+from extender.controllers.objects import object_ref
 from extender.controllers.podgroups.groups import (
     PODGROUP_KIND,
     VOLCANO_SCHEDULER,
@@ -43,11 +43,11 @@ from extender.kube import names
 from extender.kube.api import PODGROUPS, Conflict, KubeClient, KubeError, NotFound
 from extender.kube.crd_models import object_name
 from extender.kube.pods import PodInfo
-from extender.kube.reserve import reserve, reserve_all
 from extender.logs import fields
 from extender.placement.request import GangRequest
 from extender.placement.scoring import resolve_need
 from extender.placement.slice import Unplaceable
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +119,10 @@ class PodGroupController:
         SliceReservation objects), then decide for every known group."""
         self.leader = True
         for r in list(self.cache.ledger.reservations()):
-            if r.meta.get(META_OWNER_KIND) != PODGROUP_KIND:
+            ref = ReservationRef.of(r)
+            if ref.owner_kind != PODGROUP_KIND:
                 continue
-            ns, name = r.meta.get("namespace", ""), r.meta.get(META_OWNER_NAME, "")
+            ns, name = ref.namespace, ref.owner_name
             try:
                 pg = await self.api.get(PODGROUPS, name, ns)
             except NotFound:
@@ -182,8 +183,7 @@ class PodGroupController:
         if request is None:
             return
         claim = owned.owner_claim(key, obj, self.clock() + self.config.hold_ttl_s, **self._pinned(key))
-        async with self.cache.lock:
-            result = reserve(self.cache, request, claim)
+        result = await self.cache.book.hold(request, claim)
         if isinstance(result, Unplaceable):
             await self._unplaceable([key], result)
             return
@@ -307,8 +307,7 @@ class PodGroupController:
             owned.owner_claim(k, self.groups[k], expires, jointGang=jkey, **self._pinned(k))
             for k in keys.values()
         ]
-        async with self.cache.lock:
-            got = reserve_all(self.cache, request, claims, split=joint.splitter(keys))
+        got = await self.cache.book.hold_joint(request, claims, split=joint.splitter(keys))
         return got if isinstance(got, Unplaceable) else None
 
     # -- writing -------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The cluster cache keeps a node whose NodeTopology fails validation
 (:func:`extender.kube.crd_models.parse_node_topology`) out of placement, and remembers why
-(:meth:`~extender.kube.cache.ClusterCache.refused_topologies`); the extender's filter names
+(:meth:`~extender.kube.cache.ClusterInformer.refused_topologies`); the extender's filter names
 that reason for the node and ``gangslice explain`` lists it. this reconciler
 makes it visible in the API too, from the leader's housekeeping loop:
 

@@ -1,23 +1,23 @@
-"""The one reserve path: place a gang on the cluster cache's view and hold the slice.
+"""The one reserve path: place a gang on the book's view and hold the slice.
 
 Plain gangs (the extender, on a member's first filter), Volcano PodGroups and Kueue
 Workloads (their controllers), alone or as one member of a joint gang, all reserve here::
 
-    async with cache.lock:
-        got = reserve(cache, request, Claim(gang, meta))      # Reservation | Unplaceable
-    await cache.persist(gang)                                  # the store writes it
+    got = await book.hold(request, Claim(gang, meta))   # Reservation | Unplaceable, locked
+    await book.persist(gang)                              # the store writes it
 
 The decision is this module's: the view (every other reservation's GPUs taken out, and
 whether a gang that asks for a multi-node NVLink clique waits: a gang refused here counts as
 waiting until it is placed, :mod:`extender.placement.waiting`), the solver (``place`` unless
 the caller brings its own, as the Kueue check does for its waiting stages), the split of a
-joint gang's slice into one reservation per member. The cache only observes and records:
-:meth:`ClusterCache.hold_all` enters the reservations in the ledger, all or none, and queues
-them for its store; :meth:`ClusterCache.restore` only puts back what an earlier process
+joint gang's slice into one reservation per member. The book only records:
+:meth:`ReservationBook.hold_all` enters the reservations in the ledger, all or none, and queues
+them for its store; :meth:`ReservationBook.restore` only puts back what an earlier process
 persisted.
 
-``reserve`` is synchronous: call it under ``cache.lock`` (no other decision on the loop may
-see the capacity free between placing and holding).
+``reserve`` is synchronous: call it under the book's lock (``ReservationBook.hold`` and
+``deciding`` take it; no other decision on the loop may see the capacity free between
+placing and holding).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 from extender.placement.waiting import WaitingGangs
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class Claim:
 
 
 class Reserving(Protocol):
-    """What :func:`reserve` needs of :class:`extender.kube.cache.ClusterCache`."""
+    """What :func:`reserve` needs of :class:`extender.reservations.book.ReservationBook`."""
 
     @property
     def clock(self) -> Callable[[], float]: ...
@@ -138,7 +139,7 @@ def reserve_all(
             len(r.slice.slots),
             ",".join(r.slice.nodes),
             r.slice.per_layer_micros,
-            extra=fields(gang=r.gang, reservation=f"{r.meta['namespace']}/{r.meta['name']}"),
+            extra=fields(gang=r.gang, reservation=str(ReservationRef.of(r))),
         )
     return rs
 

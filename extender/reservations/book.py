@@ -1,0 +1,797 @@
+"""The book of reservations: the ledger and every step of a reservation's life.
+
+A reservation is held (:meth:`ReservationBook.hold_all`, through the reserve path of
+:mod:`extender.reservations.reserve`), its slots are bound to pods and freed again
+(:meth:`~ReservationBook.bind_slot`, :meth:`~ReservationBook.unbind_slot`), a slot follows the
+GPUs the kubelet reports its pod holds (:meth:`~ReservationBook.move_slot`), and the hold ends
+when its gang is done (:meth:`~ReservationBook.drop`) or its TTL runs out
+(:meth:`~ReservationBook.expire`). After a restart the ledger is rebuilt from the store and
+matched against the pods (:meth:`~ReservationBook.rebuild_ledger`). Each change is queued
+for the store (:class:`~extender.reservations.store.WriteQueue`).
+
+The book listens to the informer (:class:`extender.kube.cache.ClusterInformer`), which only
+says what it saw: a pod gone or bound, a SliceReservation deleted, the kubelet's report of a
+node's devices. What follows from it (free a slot, release the gang, take a slot for a pod
+bound elsewhere, move a slot) is decided here. Decisions that span an ``await`` take
+:attr:`ReservationBook.lock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from extender.kube import names
+from extender.kube.api import Kind
+from extender.kube.cache import ClusterInformer
+from extender.kube.devices import DeviceMismatch, node_mismatches
+from extender.kube.gangs import Incomplete, plain_gang_request
+from extender.kube.pods import PodError, PodInfo
+from extender.logs import fields
+from extender.placement.feasibility import NOTHING
+from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation, hold_requests
+from extender.placement.request import GangRequest
+from extender.placement.slice import PodSlot, Unplaceable
+from extender.placement.snapshot import ClusterSnapshot, NodeState
+from extender.placement.waiting import KeepCliques, WaitingGangs
+from extender.reservations.reserve import Claim, Solver, Split, reserve, reserve_all
+from extender.reservations.store import InMemoryReservationStore, ReservationRef, ReservationStore, WriteQueue
+from extender.topology.model import GpuGraph
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class GangRef:
+    """A pod's gang: its key, its reservation if any, and what to do without one."""
+
+    key: str
+    reservation_label: str
+    request: GangRequest | None = None
+    waiting: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    pod: PodInfo
+    node: str
+    gpus: tuple[int, ...]
+    numa_nodes: tuple[int, ...]
+    gang: str | None = None
+    slot: str | None = None
+    #: The pod as the cache had it before the plan recorded it bound (for undo).
+    previous: PodInfo | None = None
+    noted: bool = False
+    #: The GPUs' UUIDs from the node's graph, in the order of ``gpus`` (empty when the graph
+    #: has none, e.g. one parsed from ``nvidia-smi topo -m``).
+    uuids: tuple[str, ...] = ()
+
+    def annotations(self) -> dict[str, str]:
+        if not self.gpus:
+            return {}
+        out = {names.GPUS: ",".join(map(str, self.gpus))}
+        if self.numa_nodes:
+            out[names.NUMA_NODE] = ",".join(map(str, self.numa_nodes))
+        if self.uuids:
+            out[names.GPU_UUIDS] = ",".join(self.uuids)
+        return out
+
+
+class Refused(Exception):
+    """A bind or allocation that cannot be done; the message says why."""
+
+
+#: Picks the GPUs of a pod in no gang on a node (the extender's own choice); raises Refused.
+PlainPick = Callable[[PodInfo, str], BindPlan]
+
+
+class ReservationBook:
+    """The ledger and its lifecycle over one informer; see the module docstring."""
+
+    def __init__(
+        self,
+        informer: ClusterInformer,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        store: ReservationStore | None = None,
+        clock: Callable[[], float] | None = None,
+        keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
+    ) -> None:
+        self.informer = informer
+        self.clock = clock or informer.clock
+        self._ledger = Ledger(ttl_s)
+        self._queue = WriteQueue(
+            store if store is not None else InMemoryReservationStore(self.clock),
+            self._ledger.get,
+            self.device_mismatches,
+        )
+        #: The gangs the reserve path refused and has not placed since
+        #: (:mod:`extender.placement.waiting`).
+        self.waiting = WaitingGangs(started_at=self.clock(), keep=keep_cliques)
+        self._lock: asyncio.Lock | None = None
+        self._view: ClusterSnapshot | None = None
+        #: Nodes whose reserved GPUs changed since the view was last brought up to date.
+        self._held_dirty: set[str] = set()
+        #: Nodes where reserved pods not bound yet request something (their states in
+        #: ``_view`` count it where the node reports what it can hold).
+        self._folded: set[str] = set()
+        self._named: dict[tuple[str, str], str] | None = None
+        #: Gang -> (the meta it was read from, its ref): a bind replaces the reservation but
+        #: keeps its meta, so each is read once (see :meth:`ref_of`).
+        self._refs: dict[str, tuple[Mapping[str, str], ReservationRef]] = {}
+        #: How many times the ledger was rebuilt from the store (:meth:`rebuild`).
+        self.rebuilds = 0
+        #: Bound pods whose GPUs, as the kubelet reports them, differ from their annotation
+        #: (pod key -> mismatch).
+        self._mismatches: dict[str, DeviceMismatch] = {}
+        #: Mismatches found, per node, and evictions of mismatched pods, per result (counters).
+        self.mismatches_found: dict[str, int] = {}
+        self.mismatch_evictions: dict[str, int] = {}
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def lock(self) -> asyncio.Lock:
+        """The one lock around decisions (created on first use, inside the running loop)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger, for reading; change it only through this book."""
+        return self._ledger
+
+    @property
+    def store(self) -> ReservationStore:
+        return self._queue.store
+
+    def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot:
+        """The snapshot decisions read: every reservation's GPUs (but ``exclude``'s) taken out."""
+        ex = list(exclude)
+        snap = self.informer.snapshot()
+        if ex:
+            return self._ledger.view(snap, ex)
+        if self._view is None:
+            self._view = self._ledger.view(snap)
+            self._folded = set(self._ledger.held_requests(snap))
+        elif self._held_dirty:
+            held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
+            view = self._view.updated({}, held, mnnvl, self._held_dirty)
+            requests = self._ledger.held_requests(snap)
+            again = {
+                n: requests.get(n, NOTHING) for n in self._held_dirty if n in requests or n in self._folded
+            }
+            self._view = hold_requests(view, again, base=snap)
+            self._folded = set(requests)
+        self._held_dirty.clear()
+        return self._view
+
+    async def deciding(self, decide: Callable[[], T]) -> T:
+        """Run one synchronous decision (a filter that may reserve, a preemption) with the
+        book's lock held: no other decision sees the ledger between its reading and its
+        changes."""
+        async with self.lock:
+            return decide()
+
+    # -- reading -------------------------------------------------------------------------
+    def reservation(self, gang: str) -> Reservation | None:
+        return self._ledger.get(gang)
+
+    def reservation_named(self, namespace: str, name: str) -> Reservation | None:
+        """The reservation whose SliceReservation is ``namespace/name`` (the Kueue path's
+        ``gangslice.io/reservation`` annotation), or whose gang key is ``namespace/name``."""
+        if self._named is None:
+            self._named = {}
+            for r in self._ledger.reservations():
+                self._named[self.ref_of(r).key] = r.gang
+        gang = self._named.get((namespace, name))
+        if gang is None:
+            return self._ledger.get(f"{namespace}/{name}")
+        return self._ledger.get(gang)
+
+    def ref_of(self, r: Reservation) -> ReservationRef:
+        """Who ``r`` is for, read once per reservation meta."""
+        got = self._refs.get(r.gang)
+        if got is None or got[0] is not r.meta:
+            got = self._refs[r.gang] = (r.meta, ReservationRef.of(r))
+        return got[1]
+
+    def gang_named(self, namespace: str, name: str) -> str | None:
+        """The gang of the reservation :meth:`reservation_named` finds."""
+        r = self.reservation_named(namespace, name)
+        return r.gang if r is not None else None
+
+    def reservation_of(self, pod: PodInfo) -> Reservation | None:
+        """The reservation of the gang ``pod`` belongs to (:attr:`PodInfo.gang_key`), if held."""
+        if pod.reservation_name:
+            return self.reservation_named(pod.namespace, pod.reservation_name)
+        key = pod.gang_key
+        return self._ledger.get(key) if key is not None and key in self._ledger else None
+
+    def running_members(self, gang: str) -> int | None:
+        """How many pods of plain gang ``gang`` run and hold GPUs (None: pods are not watched
+        or not listed yet, so nobody can tell)."""
+        if not self.informer.pods_listed:
+            return None
+        return sum(1 for p in self.informer.pods_of_gang(gang) if p.holds_gpus and not p.deleting)
+
+    def gang_of(self, pod: PodInfo, job: str | None = None) -> GangRef | None:
+        """The pod's gang, or None for a pod in no gang. Raises PodError for bad annotations."""
+        if pod.problems:
+            raise PodError(pod.problems[0])
+        if pod.reservation_name:
+            r = self.reservation_named(pod.namespace, pod.reservation_name)
+            label = f"reservation {pod.namespace}/{pod.reservation_name}"
+            if r is None:
+                return GangRef(
+                    f"{pod.namespace}/{pod.reservation_name}", label, waiting=f"{label} does not exist"
+                )
+            return GangRef(r.gang, label)
+        key = pod.gang or job
+        if key is None:
+            return None
+        r = self.reservation(key)
+        label = self.ref_of(r).label if r is not None else ReservationRef.parse(key, None).label
+        if r is not None:
+            return GangRef(key, label)
+        waiting = f"gang {key} has no reservation yet"
+        got = plain_gang_request(pod, self.informer.pods_of_gang(key)) if pod.gang else None
+        if isinstance(got, Incomplete):
+            return GangRef(key, label, None, f"gang {key}: {got.reason}")
+        return GangRef(key, label, got, waiting)
+
+    # -- holding a slice -----------------------------------------------------------------
+    async def hold(
+        self, request: GangRequest, claim: Claim, *, solve: Solver | None = None
+    ) -> Reservation | Unplaceable:
+        """Place one gang and hold its slice (:func:`~extender.reservations.reserve.reserve`)
+        under the lock; :meth:`persist` writes it."""
+        async with self.lock:
+            return reserve(self, request, claim, solve=solve)
+
+    async def hold_joint(
+        self,
+        request: GangRequest,
+        claims: Iterable[Claim],
+        *,
+        split: Split | None = None,
+        solve: Solver | None = None,
+    ) -> list[Reservation] | Unplaceable:
+        """Place one slice and hold it as one reservation per claim, all or none
+        (:func:`~extender.reservations.reserve.reserve_all`), under the lock."""
+        async with self.lock:
+            return reserve_all(self, request, claims, split=split, solve=solve)
+
+    async def replan(self, r: Reservation, request: GangRequest) -> Reservation | Unplaceable:
+        """Place a held gang afresh on the cluster as it is now (devices of its slots were
+        taken): the new reservation, or why none fits, the old one then held again."""
+        async with self.lock:
+            self.drop(r.gang)
+            placed = reserve(self, request, Claim(r.gang, r.meta))
+            if isinstance(placed, Unplaceable):
+                self.hold_all([r])  # keep the old plan: the device may come free
+            return placed
+
+    # -- kube-scheduler's Reserve and Unreserve --------------------------------------------
+    async def reserve_pod(self, pod: PodInfo, node: str, plain: PlainPick) -> BindPlan:
+        """Take the pod's slot on ``node`` (a gang's) or its GPUs there (``plain`` picks them
+        for a pod in no gang) and record the pod bound, before the API call binds it;
+        :meth:`unreserve` reverts. Raises :class:`Refused`."""
+        async with self.lock:
+            return self.plan_bind(pod, node, plain)
+
+    async def unreserve(self, plan: BindPlan) -> None:
+        """The bind of ``plan`` failed: free what :meth:`reserve_pod` took."""
+        async with self.lock:
+            self.undo_bind(plan)
+        self.flush_soon()
+
+    def plan_bind(self, pod: PodInfo, node: str, plain: PlainPick) -> BindPlan:
+        """:meth:`reserve_pod` without the lock."""
+        try:
+            ref = self.gang_of(pod)
+        except PodError as exc:
+            raise Refused(str(exc)) from None
+        r = self.reservation(ref.key) if ref is not None else None
+        if ref is not None and r is not None:
+            if outside_slice(ref.reservation_label, r, pod):
+                return BindPlan(pod, node, (), ())
+            slot = r.slot_of(pod.name)
+            if slot is None or slot.node != node:
+                free = [s for s in free_slots(r, pod) if s.node == node]
+                if not free:
+                    raise Refused(f"{ref.reservation_label} has no free slot for pod {pod.name} on {node}")
+                if slot is not None:
+                    self.unbind_slot(r.gang, slot.key)
+                slot = free[0]
+            self.bind_slot(r.gang, slot.key, pod.name)
+            plan = BindPlan(pod, node, slot.gpus, slot.numa_nodes, r.gang, slot.key)
+        elif ref is not None and pod.gpus > 0:
+            raise Refused(ref.waiting)
+        elif pod.gpus > 0:
+            plan = plain(pod, node)
+        else:
+            plan = BindPlan(pod, node, (), ())
+        if plan.gpus:
+            plan = replace(plan, uuids=self._uuids(node, plan.gpus))
+            bound = replace(pod, node=node, annotations={**pod.annotations, **plan.annotations()})
+            plan = replace(plan, previous=self.informer.note_bound(bound), noted=True)
+        return plan
+
+    def _uuids(self, node: str, gpus: Sequence[int]) -> tuple[str, ...]:
+        """The UUIDs of ``gpus`` on ``node`` (``gangslice.io/gpu-uuids``); empty when the
+        node's graph lacks one of them."""
+        snap = self.informer.snapshot()
+        if not snap.has_node(node):
+            return ()
+        graph = snap.node(node).graph
+        if any(g not in graph.indices for g in gpus):
+            return ()
+        return graph.uuids(gpus) or ()
+
+    def undo_bind(self, plan: BindPlan) -> None:
+        """:meth:`unreserve` without the lock or the write."""
+        r = self.reservation(plan.gang) if plan.gang is not None else None
+        if r is not None and plan.slot is not None and r.bound.get(plan.slot) == plan.pod.name:
+            self.unbind_slot(r.gang, plan.slot)
+        if plan.noted:
+            self.informer.restore_pod(plan.pod.key, plan.previous)
+            if plan.previous is None:
+                self.informer.remember(plan.pod)
+
+    # -- Volcano allocate / deallocate ---------------------------------------------------
+    def allocate(self, pod: PodInfo, node: str, job: str | None) -> None:
+        """Volcano allocated a task in its session: take the matching slot. Raises Refused."""
+        try:
+            ref = self.gang_of(pod, job)
+        except PodError as exc:
+            raise Refused(str(exc)) from None
+        r = self.reservation(ref.key) if ref is not None else None
+        if ref is None or r is None:
+            return
+        if outside_slice(ref.reservation_label, r, pod):
+            return
+        mine = r.slot_of(pod.name)
+        if mine is not None and mine.node == node:
+            return
+        free = [s for s in free_slots(r, pod) if s.node == node]
+        if not free:
+            raise Refused(f"{ref.reservation_label} has no free slot for task {pod.name} on {node}")
+        if mine is not None:
+            self.unbind_slot(r.gang, mine.key)
+        self.bind_slot(r.gang, free[0].key, pod.name)
+
+    def deallocate(self, pod: PodInfo, job: str | None) -> None:
+        """Volcano took a task's allocation back: free its slot."""
+        try:
+            ref = self.gang_of(pod, job)
+        except PodError:
+            return
+        r = self.reservation(ref.key) if ref is not None else None
+        if r is None:
+            return
+        mine = r.slot_of(pod.name)
+        if mine is not None:
+            self.unbind_slot(r.gang, mine.key)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def drop(self, gang: str) -> Reservation | None:
+        """Release a gang's reservation (sync; :meth:`flush` deletes the persisted object)."""
+        r = self._ledger.release(gang)
+        if r is not None:
+            self._ledger_changed(gang, r.slice.nodes, deleted=r)
+        return r
+
+    async def release_gang(self, gang: str) -> Reservation | None:
+        async with self.lock:
+            r = self.drop(gang)
+        await self.flush()
+        return r
+
+    def bind_slot(self, gang: str, slot_key: str, pod: str) -> Reservation:
+        """Mark a slot taken by ``pod`` (refreshes the hold); LedgerError/KeyError if not possible."""
+        r = self._ledger.bind(gang, slot_key, pod, self.clock())
+        self._ledger_changed(gang)
+        self._held_changed(self._holding(r.slice.slot(slot_key).node))
+        return r
+
+    def unbind_slot(self, gang: str, slot_key: str) -> Reservation:
+        """Free a slot again, refreshing the hold so a replacement pod has time to come."""
+        r = self._ledger.unbind(gang, slot_key)
+        released = self._ledger.release(gang)
+        assert released is not None
+        r = dataclasses.replace(r, phase=Phase.RESERVED, expires_at=self.clock() + self._ledger.ttl_s)
+        self._ledger.restore(r)
+        self._ledger_changed(gang)
+        self._held_changed(self._holding(r.slice.slot(slot_key).node))
+        return r
+
+    def _holding(self, node: str) -> list[str]:
+        """``[node]`` where the view counts reserved pods' requests (the node reports what it
+        can hold: a bind or unbind changes what is held there), else nothing: there a bind
+        changes no node's offer."""
+        snap = self.informer.built
+        limits = snap is not None and snap.has_node(node) and snap.node(node).facts.allocatable.reported
+        return [node] if limits else []
+
+    def expire(self) -> list[Reservation]:
+        """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
+        PodGroup stay until their controller releases them, and so does a hold whose slots are
+        ResourceClaims while a pod of its gang lives (the pods point at those claims)."""
+
+        def keep(r: Reservation) -> bool:
+            ref = self.ref_of(r)
+            if ref.owner_managed:
+                return True
+            if not ref.slot_claims:
+                return False
+            return any(not p.terminal and not p.deleting for p in self.informer.pods_of_gang(r.gang))
+
+        gone = self._ledger.expire(self.clock(), keep=keep)
+        for r in gone:
+            self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
+        return gone
+
+    def hold_all(self, rs: Iterable[Reservation]) -> bool:
+        """Hold every reservation of ``rs`` (placed by a controller) in the ledger, or none
+        when one does not fit; each held one is queued for the store (:meth:`persist` or
+        :meth:`flush` writes it). Call it under :attr:`lock`."""
+        done: list[Reservation] = []
+        for r in rs:
+            if not self.restore(r):
+                for d in done:
+                    self._ledger.release(d.gang)
+                    self._held_changed(d.slice.nodes)
+                return False
+            done.append(r)
+        for r in done:
+            self._ledger_changed(r.gang)
+        return True
+
+    def restore(self, r: Reservation) -> bool:
+        """Put back a persisted reservation; False when it is already there or refused."""
+        if r.gang in self._ledger or r.phase in (Phase.RELEASED, Phase.EXPIRED):
+            return False
+        try:
+            self._ledger.restore(r)
+        except LedgerError as exc:
+            log.warning("not restoring reservation: %s", exc)
+            return False
+        self._named = None
+        self._held_changed(r.slice.nodes)
+        return True
+
+    def rebuild(self, rs: Iterable[Reservation]) -> list[Reservation]:
+        """The ledger from persisted reservations, replacing what it held (a standby's idea of
+        it is stale), then matched against the pods (a pod bound or gone while no one led).
+        Returns the reservations refused because they overlap one rebuilt before them, for
+        the caller to delete. See :meth:`rebuild_ledger`."""
+        for r in self._ledger.reservations():
+            self._ledger.release(r.gang)
+            self._held_changed(r.slice.nodes)
+        self._queue.clear()
+        self._named = None
+        self._refs.clear()
+        refused = [
+            r
+            for r in rs
+            if not self.restore(r)
+            and r.gang not in self._ledger  # a second copy of one already held is no clash
+            and r.phase not in (Phase.RELEASED, Phase.EXPIRED)
+        ]
+        self.rebuilds += 1
+        self._reconcile_bindings()
+        # The rebuilt slots are the persisted ones: make them follow the kubelet again.
+        self.informer.recheck_devices(m.node for m in self._mismatches.values())
+        return refused
+
+    async def rebuild_ledger(self) -> int:
+        """Rebuild the ledger from the store, once, when this replica starts to decide (it
+        became leader, or it runs without an election); returns how many came back. An object
+        that overlaps another is deleted: never double-book."""
+        await self.flush()
+        refused = self.rebuild(await self.store.load())
+        for r in refused:
+            log.error(
+                "reservation of gang %s overlaps another; deleting it", r.gang, extra=fields(gang=r.gang)
+            )
+            await self.discard(r)
+        await self.flush()
+        return len(self._ledger)
+
+    def move_slot(
+        self, gang: str, slot_key: str, gpus: Iterable[int], numa_nodes: Iterable[int] | None = None
+    ) -> Reservation:
+        """Point a slot of ``gang`` at other GPUs of its node (see :meth:`Ledger.move_slot`,
+        whose LedgerError and KeyError pass through) and queue the reservation to be written."""
+        before = self._ledger.get(gang)
+        moved = self._ledger.move_slot(gang, slot_key, gpus, numa_nodes)
+        if moved is not before:
+            self._ledger_changed(gang, [moved.slice.slot(slot_key).node])
+        return moved
+
+    # -- the write queue -----------------------------------------------------------------
+    async def flush(self) -> None:
+        """Write queued ledger changes to the store; a failed write stays queued."""
+        await self._queue.flush()
+
+    async def persist(self, gang: str) -> bool:
+        """Write gang's queued change now (a controller does before it tells its owner the
+        slice is reserved); False when its object could not be written (it stays queued)."""
+        return await self._queue.persist(gang)
+
+    async def discard(self, r: Reservation) -> None:
+        await self._queue.discard(r)
+
+    def flush_soon(self) -> None:
+        self._queue.flush_soon()
+
+    def save_error(self, gang: str) -> str | None:
+        """Why the reservation object of ``gang`` is not saved (its last write failed), or
+        None once it is (a status not yet written does not count: the spec is the record)."""
+        return self._queue.save_error(gang) if gang in self._ledger else None
+
+    @property
+    def unflushed(self) -> int:
+        return self._queue.unflushed
+
+    async def promise(self, gang: str | None) -> str | None:
+        """Write what a filter changed before its reply; None when its promise holds.
+
+        The filter that places a plain gang (the first member's) holds the slice, and its
+        reply lets kube-scheduler bind the member on it; that promise must outlive this
+        process, so the reservation it placed (``gang``) is written now. When the store cannot
+        write it, the hold is released (a restart would not know of it, and a pod bound on its
+        strength would hold GPUs nobody reserved) and the reason is returned; the next member's
+        filter places the gang afresh. Other queued changes (binds' updates) are written in the
+        background, since kube-scheduler's one scheduling loop waits on the reply."""
+        if gang is None:
+            self.flush_soon()
+            return None
+        await self.persist(gang)  # only the new reservation gates the reply
+        self.flush_soon()
+        why = self.save_error(gang)
+        if why is None:
+            return None
+        # The object may exist after all (a write that timed out): the release deletes it.
+        await self.release_gang(gang)
+        log.warning(
+            "gang %s: its reservation could not be saved (%s); released the hold",
+            gang,
+            why,
+            extra=fields(gang=gang),
+        )
+        return why
+
+    # -- what the informer tells -----------------------------------------------------------
+    def pod_gone(self, pod: PodInfo) -> None:
+        """A pod that held a slot finished or was deleted: free its slot for a replacement
+        (with a fresh TTL), or release the reservation when no pod of the gang is left."""
+        for r in self._ledger.reservations():
+            ns = self.ref_of(r).namespace
+            if ns != pod.namespace:
+                continue
+            slot = r.slot_of(pod.name)
+            if slot is None:
+                continue
+            others = [
+                name for key, name in r.bound.items() if key != slot.key and self.informer.pod_alive(ns, name)
+            ]
+            if not others:
+                # Nothing of the gang runs any more: done, or being recreated (a plain gang
+                # is then placed afresh on first sight; a controller re-reserves its own).
+                self.drop(r.gang)
+            else:
+                self.unbind_slot(r.gang, slot.key)
+
+    def pod_bound(self, pod: PodInfo) -> None:
+        """A gang pod that shows up bound but is not in the ledger (bound by someone else, or
+        before a restart): take the matching slot so it is not handed out twice."""
+        r = self.reservation_of(pod)
+        if r is None or r.slot_of(pod.name) is not None:
+            return
+        assigned = set(pod.assigned_gpus or ())
+        pod_sets = {s.pod_set for s in r.slice.slots}
+        candidates = [
+            s
+            for s in r.free_slots()
+            if s.node == pod.node and (pod.pod_set not in pod_sets or s.pod_set == pod.pod_set)
+        ]
+        # The slot the admission webhook gave it (DRA), else the one with its GPUs.
+        given = pod.annotations.get(names.SLOT)
+        candidates.sort(key=lambda s: (s.key != given, set(s.gpus) != assigned, s.key))
+        if candidates:
+            self.bind_slot(r.gang, candidates[0].key, pod.name)
+
+    def reservation_deleted(self, r: Reservation) -> None:
+        """Someone else deleted the object: release, unless it is an older hold than ours."""
+        mine = self._ledger.get(r.gang)
+        ours = self._queue.busy(r.gang)
+        if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and not ours:
+            self._ledger.release(r.gang)
+            self._named = None
+            self._refs.pop(r.gang, None)
+            self._held_changed(mine.slice.nodes)
+
+    def listed(self, kind: Kind) -> None:
+        """The first full list of ``kind`` is in: match the ledger against the pods."""
+        if kind in (Kind.PODS, Kind.SLICE_RESERVATIONS):
+            self._reconcile_bindings()
+
+    def nodes_rebuilt(self, changed: Mapping[str, NodeState] | None) -> None:
+        """The informer rebuilt these nodes' states (None: the whole snapshot)."""
+        if changed is None:
+            self._view = None
+        elif self._view is not None:
+            self._view = self._view.updated(changed)
+            # Their fresh states lack the held requests: view() counts them again.
+            self._held_dirty.update(n for n in changed if n in self._folded)
+
+    def devices_reported(self, nodes: Iterable[str]) -> None:
+        """On the nodes whose pods or NodeTopology changed: compare what the kubelet reports
+        each bound pod holds with its ``gangslice.io/gpus``, record the differences, and move
+        each such pod's reservation slot onto the GPUs it really holds (see
+        :mod:`extender.kube.devices`)."""
+        for node in sorted(nodes):
+            topo = self.informer.topology(node)
+            graph = topo.graph if topo is not None else None
+            pods = self.informer.pods_on(node)
+            found = node_mismatches(
+                node, pods, topo, self.informer.hierarchy, self._claim_promises(node, pods)
+            )
+            for key in [k for k, m in self._mismatches.items() if m.node == node and k not in found]:
+                gone = self._mismatches.pop(key)
+                log.info("pod %s: the kubelet's report and the promise agree again (or it is gone)", key)
+                self._status_changed(gone.gang)
+            for key, m in found.items():
+                old = self._mismatches.get(key)
+                fresh = old is None or old.sets != m.sets
+                m = self._follow_kubelet(m, graph)
+                if not fresh and old is not None:
+                    m = dataclasses.replace(m, eviction=old.eviction)
+                else:
+                    self.mismatches_found[node] = self.mismatches_found.get(node, 0) + 1
+                    log.warning("GPUs differ from the promise: %s", m.message(), extra=fields(gang=m.gang))
+                self._mismatches[key] = m
+                if m != old:
+                    self._status_changed(m.gang)
+
+    # -- the kubelet's report ------------------------------------------------------------
+    def device_mismatches(self, gang: str | None = None) -> list[DeviceMismatch]:
+        """Bound pods the kubelet reports holding other GPUs than their annotation says (of
+        ``gang``'s reservation only, when given), in pod order."""
+        found = [m for m in self._mismatches.values() if gang is None or m.gang == gang]
+        return sorted(found, key=lambda m: m.pod)
+
+    def note_eviction(self, pod_key: str, result: str, text: str) -> None:
+        """What evicting a mismatched pod came to (``result``: evicted, blocked, failed);
+        ``text`` goes into its reservation's condition."""
+        self.mismatch_evictions[result] = self.mismatch_evictions.get(result, 0) + 1
+        m = self._mismatches.get(pod_key)
+        if m is not None and m.eviction != text:
+            self._mismatches[pod_key] = m = dataclasses.replace(m, eviction=text)
+            self._status_changed(m.gang)
+
+    def _status_changed(self, gang: str | None) -> None:
+        """A reservation's status must be written again (its spec did not change)."""
+        if gang is not None and gang in self._ledger:
+            self._queue.status_changed(gang)
+
+    def _slot_held(self, pod: PodInfo) -> tuple[Reservation, PodSlot] | None:
+        """The reservation slot bound to the pod, with its reservation."""
+        r = self.reservation_of(pod)
+        slot = r.slot_of(pod.name) if r is not None else None
+        if r is not None and slot is not None:
+            return r, slot
+        for r in self._ledger.reservations():
+            if self.ref_of(r).namespace == pod.namespace:
+                slot = r.slot_of(pod.name)
+                if slot is not None:
+                    return r, slot
+        return None
+
+    def _claim_promises(self, node: str, pods: Iterable[PodInfo]) -> dict[str, tuple[int, ...]]:
+        """On a DRA node, what each pod with a slot there was promised: its slot's GPUs, which
+        its claim pins. The pod's ``gangslice.io/gpus`` is what its admission planned; a
+        re-plan (:mod:`extender.controllers.claims.sync`) replaces the claim and the slot, not
+        the pod's annotation."""
+        topo = self.informer.topology(node)
+        if not self.informer.is_dra(node) or topo is None:
+            return {}
+        out = {}
+        for pod in pods:
+            if pod.key not in topo.in_use:
+                continue  # no report to compare
+            held = self._slot_held(pod)
+            if held is not None and held[1].node == node:
+                out[pod.key] = tuple(held[1].gpus)
+        return out
+
+    def _follow_kubelet(self, m: DeviceMismatch, graph: GpuGraph | None) -> DeviceMismatch:
+        """Move the pod's reservation slot onto the GPUs the kubelet reports it holds, so the
+        GPUs it was promised are free again and the ones it holds are not handed out."""
+        pod = self.informer.watched_pod(*m.pod.split("/", 1))
+        held = self._slot_held(pod) if pod is not None else None
+        if held is None:
+            return m
+        r, slot = held
+        m = dataclasses.replace(m, gang=r.gang, slot=slot.key)
+        if slot.node != m.node:
+            return dataclasses.replace(m, not_corrected=f"its slot is on node {slot.node}")
+        if self.informer.is_dra(m.node):
+            # The slot is the promise here (its claim pins it) and the allocated claims are
+            # what is taken: moving the slot would only hide the difference.
+            return dataclasses.replace(m, not_corrected="on a DRA node the slot stays what its claim pins")
+        numa = None
+        if graph is not None and all(g in graph.indices for g in m.reported):
+            numa = graph.shape.numa_of(graph.shape.mask_of(m.reported))
+        try:
+            self.move_slot(r.gang, slot.key, m.reported, numa)
+        except (LedgerError, KeyError) as exc:
+            return dataclasses.replace(m, not_corrected=str(exc))
+        return m
+
+    # -- internals -----------------------------------------------------------------------
+    def _reconcile_bindings(self) -> None:
+        if not self.informer.pods_listed:
+            return
+        for r in self._ledger.reservations():
+            ns = self.ref_of(r).namespace
+            for name in list(r.bound.values()):
+                if not self.informer.pod_alive(ns, name):
+                    info = self.informer.watched_pod(ns, name) or PodInfo(namespace=ns, name=name)
+                    self.pod_gone(info)
+        for pod in self.informer.pods():
+            if pod.holds_gpus and not pod.deleting:
+                self.pod_bound(pod)
+
+    def _held_changed(self, nodes: Iterable[str]) -> None:
+        nodes = list(nodes)
+        self._held_dirty.update(nodes)
+        self.informer.note_changed(nodes)
+
+    def _ledger_changed(
+        self, gang: str, nodes: Iterable[str] = (), deleted: Reservation | None = None
+    ) -> None:
+        """``nodes``: where the reserved GPUs changed (none for a bind or unbind)."""
+        nodes = list(nodes)
+        self._named = None
+        self._held_changed(nodes)
+        if (deleted is not None or nodes) and self.informer.has_channels:
+            r = deleted or self._ledger.get(gang)
+            if r is not None:
+                self.informer.mark_domains_of(*self.ref_of(r).key)
+        self._queue.changed(gang, deleted)
+        if deleted is not None:
+            self._refs.pop(gang, None)
+
+
+def free_slots(r: Reservation, pod: PodInfo) -> list[PodSlot]:
+    """Free slots for ``pod``: of its GPU count, and only its pod set's when the reservation
+    has such a pod set; of any pod set when the pod names none or one the slice does not know
+    (a Kueue or Volcano role name that the reservation did not use)."""
+    free = [s for s in r.free_slots() if len(s.gpus) == pod.gpus]
+    if pod.pod_set is None or all(s.pod_set != pod.pod_set for s in r.slice.slots):
+        return free
+    return [s for s in free if s.pod_set == pod.pod_set]
+
+
+def outside_slice(label: str, r: Reservation, pod: PodInfo) -> bool:
+    """Whether a member of the gang is no pod of its slice: one without GPUs (a CPU-only
+    leader or router) when no slot is without GPUs. Raises :class:`Refused` for a member
+    whose GPU count no slot has."""
+    if r.slot_of(pod.name) is not None or any(len(s.gpus) == pod.gpus for s in r.slice.slots):
+        return False
+    if pod.gpus <= 0:
+        return True
+    sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
+    why = f"{label}: pod {pod.name} asks for {pod.gpus} GPUs; the reservation's slots have {sizes}"
+    if pod.pod_set and all(s.pod_set != pod.pod_set for s in r.slice.slots):
+        why += f" (a plain gang of several pod sets gives each pod {names.POD_SET_SIZE})"
+    raise Refused(why)
