@@ -114,6 +114,22 @@ async def housekeeping(app: web.Application, every_s: float = HOUSEKEEPING_S) ->
                 log.exception("setting the webhook's caBundle failed; the next housekeeping retries")
 
 
+#: Seconds a stopping service waits for the ledger changes still queued to be written.
+SHUTDOWN_WRITE_S = 10.0
+
+
+async def write_queued(app: web.Application) -> None:
+    """On a graceful stop, write what the background writer still holds (the binds' updates
+    wait a moment to be written together); the leader only, as housekeeping."""
+    cache = app[CACHE]
+    if not leads(app) or not cache.unflushed:
+        return
+    try:
+        await asyncio.wait_for(cache.flush(), SHUTDOWN_WRITE_S)
+    except Exception as exc:
+        log.warning("writing %d queued reservation change(s) at shutdown failed: %s", cache.unflushed, exc)
+
+
 def build_app(
     cache: ClusterCache,
     *,
@@ -154,6 +170,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.on_shutdown.append(write_queued)
     if housekeeping_s:
         period = housekeeping_s
 

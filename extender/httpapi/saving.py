@@ -2,7 +2,8 @@
 
 The filter that places a plain gang (the first member's) holds the slice in the ledger;
 the reply lets kube-scheduler bind the member on it. The promise must outlive this process,
-so the SliceReservation is written before the reply, and when the store cannot write it the
+so the SliceReservation is written before the reply (its object: what a restart rebuilds the
+ledger from; its status, for people, follows in the background), and when the store cannot write it the
 hold goes and the filter answers unschedulable with the reason (issue: a failed save was
 logged, stayed queued, and the filter still said the pod fits).
 """
@@ -30,7 +31,9 @@ async def saved(cache: ClusterCache, out: FilterOutcome) -> FilterOutcome:
         # background, since kube-scheduler's one scheduling loop waits on this reply.
         cache.flush_soon()
         return out
-    await cache.persist(gang)  # only the new reservation gates the reply
+    # Only the new reservation's object gates the reply: it is the promise a restart
+    # rebuilds. Its status follows write-behind, with the binds of the gang.
+    await cache.persist(gang, status=False)
     cache.flush_soon()
     why = cache.save_error(gang)
     if why is None:

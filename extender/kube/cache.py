@@ -32,12 +32,13 @@ retries what failed). A bind or a freed slot is such a change, so the object's s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,36 @@ log = logging.getLogger(__name__)
 
 #: How many pods seen in requests are remembered for a later bind (file mode has no pod watch).
 RECENT_PODS = 10_000
+#: Seconds a background write of queued ledger changes waits to begin (see
+#: :meth:`ClusterCache.flush_soon`): the binds of a gang that come together are written in one.
+WRITE_BEHIND_S = 0.5
 #: How many node changes are remembered for decision memos to catch up on (beyond: start over).
 CHANGE_LOG = 50_000
+
+
+class _KeyedLocks:
+    """One asyncio lock per key, kept only while someone holds it or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def held(self) -> list[str]:
+        """The keys held or waited for now."""
+        return list(self._locks)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,6 +132,7 @@ class ClusterCache:
         awaiting: Iterable[Kind] = ALL_KINDS,
         imex_daemon: Resources = IMEX_DAEMON,
         keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
+        write_behind_s: float = WRITE_BEHIND_S,
     ) -> None:
         self.hierarchy = hierarchy or Hierarchy()
         #: What the IMEX daemon pod of a ComputeDomain takes on each node (``serve
@@ -175,6 +205,11 @@ class ClusterCache:
         self._gang_pods: dict[str, dict[str, PodInfo]] = {}
         self._lock: asyncio.Lock | None = None
         self._flush_lock: asyncio.Lock | None = None
+        #: One lock per gang whose reservation is being written: its writes keep their order,
+        #: and a new reservation's write (:meth:`persist`) never waits on another gang's.
+        self._gang_locks = _KeyedLocks()
+        #: Seconds a background write (:meth:`flush_soon`) waits to begin, to gather changes.
+        self.write_behind_s = write_behind_s
         #: The background write :meth:`flush_soon` started and that has not begun yet.
         self._flush_queued: asyncio.Task[None] | None = None
         #: Bound pods whose GPUs, as the kubelet reports them, differ from their annotation
@@ -301,13 +336,19 @@ class ClusterCache:
                 self._snap = self._snap.updated(changed)
                 if self._view is not None:
                     self._view = self._view.updated(changed)
-                    # Their fresh states lack the held requests: view() counts them again.
-                    self._held_dirty.update(n for n in changed if n in self._folded)
+                    # Their fresh states lack the held requests: view() counts them again
+                    # (and on a node a reservation holds, what it holds may now differ: the
+                    # IMEX daemon's room follows the node's ComputeDomain label).
+                    self._held_dirty.update(
+                        n for n in changed if n in self._folded or self._ledger.gangs_on((n,))
+                    )
         return self._snap
 
     def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot:
         """The snapshot decisions read: every reservation's GPUs (but ``exclude``'s) taken out."""
-        ex = list(exclude)
+        # A gang the ledger does not hold takes nothing out: the view as it is (the reserve
+        # path asks for a gang not placed yet; a fresh view costs a walk over every node).
+        ex = [g for g in exclude if g in self._ledger]
         snap = self.snapshot()
         if ex:
             return self._ledger.view(snap, ex)
@@ -315,14 +356,19 @@ class ClusterCache:
             self._view = self._ledger.view(snap)
             self._folded = set(self._ledger.held_requests(snap))
         elif self._held_dirty:
-            held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
-            view = self._view.updated({}, held, mnnvl, self._held_dirty)
-            requests = self._ledger.held_requests(snap)
-            again = {
-                n: requests.get(n, NOTHING) for n in self._held_dirty if n in requests or n in self._folded
-            }
+            # Only the dirty nodes' holds are read again (through the ledger's node index),
+            # not every reservation's: a bind or a reserve changes a few nodes.
+            dirty = self._held_dirty
+            reserved, channels = dict(self._view.reserved), dict(self._view.reserved_mnnvl)
+            held, mnnvl = self._ledger.held(nodes=dirty), self._ledger.mnnvl(nodes=dirty)
+            for n in dirty:
+                _put_or_drop(reserved, n, held.get(n))
+                _put_or_drop(channels, n, mnnvl.get(n))
+            view = self._view.updated({}, reserved, channels, dirty)
+            requests = self._ledger.held_requests(snap, nodes=dirty)
+            again = {n: requests.get(n, NOTHING) for n in dirty if n in requests or n in self._folded}
             self._view = hold_requests(view, again, base=snap)
-            self._folded = set(requests)
+            self._folded = (self._folded - dirty) | set(requests)
         self._held_dirty.clear()
         return self._view
 
@@ -498,7 +544,7 @@ class ClusterCache:
         """Release a gang's reservation (sync; :meth:`flush` deletes the persisted object)."""
         r = self._ledger.release(gang)
         if r is not None:
-            self._ledger_changed(gang, r.slice.nodes, deleted=r)
+            self._ledger_changed(gang, _held_nodes(r), deleted=r)
         return r
 
     async def release_gang(self, gang: str) -> Reservation | None:
@@ -547,7 +593,7 @@ class ClusterCache:
 
         gone = self._ledger.expire(self.clock(), keep=keep)
         for r in gone:
-            self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
+            self._ledger_changed(r.gang, _held_nodes(r), deleted=r)
         return gone
 
     def hold_all(self, rs: Iterable[Reservation]) -> bool:
@@ -559,7 +605,7 @@ class ClusterCache:
             if not self.restore(r):
                 for d in done:
                     self._ledger.release(d.gang)
-                    self._held_changed(d.slice.nodes)
+                    self._held_changed(_held_nodes(d))
                 return False
             done.append(r)
         for r in done:
@@ -576,7 +622,7 @@ class ClusterCache:
             log.warning("not restoring reservation: %s", exc)
             return False
         self._named = None
-        self._held_changed(r.slice.nodes)
+        self._held_changed(_held_nodes(r))
         return True
 
     def rebuild(self, rs: Iterable[Reservation]) -> list[Reservation]:
@@ -586,7 +632,7 @@ class ClusterCache:
         the caller to delete. See :meth:`rebuild_ledger`."""
         for r in self._ledger.reservations():
             self._ledger.release(r.gang)
-            self._held_changed(r.slice.nodes)
+            self._held_changed(_held_nodes(r))
         self._pending.clear()
         self._unsaved.clear()
         self._named = None
@@ -619,30 +665,40 @@ class ClusterCache:
         return len(self._ledger)
 
     async def flush(self) -> None:
-        """Write queued ledger changes to the store; a failed write stays queued."""
+        """Write queued ledger changes to the store, one gang after another, and wait for
+        the writes in flight (a :meth:`persist` of its own); a failed write stays queued."""
         if self._flush_lock is None:
             self._flush_lock = asyncio.Lock()
         async with self._flush_lock:
-            for gang in list(self._pending):
-                if gang in self._pending:
-                    await self._write(gang)
+            for gang in [*self._pending, *(g for g in self._gang_locks.held() if g not in self._pending)]:
+                async with self._gang_locks.hold(gang):
+                    if gang in self._pending:
+                        await self._write(gang)
 
-    async def persist(self, gang: str) -> bool:
-        """Write gang's queued change now (a controller does before it tells its owner the
-        slice is reserved); False when its object could not be written (it stays queued)."""
-        if self._flush_lock is None:
-            self._flush_lock = asyncio.Lock()
-        async with self._flush_lock:
+    async def persist(self, gang: str, *, status: bool = True) -> bool:
+        """Write gang's queued change now: the promise, which must be durable before anyone
+        is told the slice is theirs (a controller's Ready, the reserving filter's reply).
+        Another gang's write in flight is not waited for (each gang's writes keep their
+        order, not all of them). ``status=False``: only the object (a restart rebuilds the
+        ledger from it alone); its status (for people) stays queued for the next flush, as
+        the reserving filter does, which kube-scheduler's one scheduling loop waits on.
+        False when the object could not be written (it stays queued)."""
+        async with self._gang_locks.hold(gang):
             if gang not in self._pending:
                 return True  # nothing queued: already written
-            return await self._write(gang)
+            return await self._write(gang, status=status)
 
-    async def _write(self, gang: str) -> bool:
+    async def _write(self, gang: str, status: bool = True) -> bool:
+        """Write gang's queued change: its object, and its status unless ``status`` is False
+        (the gang then stays queued for it)."""
         deleted = self._pending.pop(gang)
         current = self._ledger.get(gang)
         self._writing.add(gang)
         try:
-            if current is not None:
+            if current is not None and not status:
+                await self.store.save_object(current)
+                self._pending.setdefault(gang, deleted)
+            elif current is not None:
                 await self.store.save(current, self.device_mismatches(gang))
             elif deleted is not None:
                 await self.store.delete(deleted)
@@ -685,12 +741,22 @@ class ClusterCache:
 
     def flush_soon(self) -> None:
         """Write queued ledger changes in the background, on the running loop, without
-        waiting for them. At most one such write waits to begin, so a burst of changes is
-        written together; what fails stays queued for the next flush (housekeeping retries)."""
+        waiting for them: write-behind. The write begins :attr:`write_behind_s` after the
+        first change queued since the last one began, so the changes of that window (the
+        binds of a gang, say) are written together, one write per reservation instead of
+        one per change. Nothing queued here is a promise: a new reservation is
+        :meth:`persist`-ed before it is promised, and a bind's truth is its Binding and the
+        pod's GPU annotation, which the pod watch brings back after a restart
+        (:meth:`_pod_bound`). Without a pod watch (a cluster file) the reservation is that
+        record, so the write begins at once. What fails stays queued for the next flush
+        (housekeeping retries)."""
         if not self._pending or self._flush_queued is not None:
             return
+        delay = self.write_behind_s if self._pods_watched else 0.0
 
         async def write() -> None:
+            if delay > 0:
+                await asyncio.sleep(delay)
             self._flush_queued = None  # changes queued from here on start a write of their own
             await self.flush()
 
@@ -882,6 +948,11 @@ class ClusterCache:
         if was_awaiting and kind in (Kind.PODS, Kind.SLICE_RESERVATIONS):
             self._reconcile_bindings()
         self._check_devices()
+        if was_awaiting and not self._awaiting:
+            # Build the snapshot and the view now, before /readyz says ready: the first build
+            # walks every node (seconds at 5,000 nodes) and would otherwise stall the first
+            # filter kube-scheduler sends.
+            self.view()
 
     def apply(self, kind: Kind, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED or DELETED)."""
@@ -1100,7 +1171,7 @@ class ClusterCache:
         if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and not ours:
             self._ledger.release(r.gang)
             self._named = None
-            self._held_changed(mine.slice.nodes)
+            self._held_changed(_held_nodes(mine))
 
     def _put_pod(self, pod: PodInfo) -> None:
         old = self._pods.get(pod.key)
@@ -1302,6 +1373,18 @@ class ClusterCache:
             if p is not None and not p.terminal:
                 requested = requested.plus(usage(p.needs.requests))
         return dataclasses.replace(src.facts, requested=requested, imex_daemon=self.imex_daemon)
+
+
+def _held_nodes(r: Reservation) -> tuple[str, ...]:
+    """The nodes a reservation holds something on: its slots' GPUs, its NVLink channels."""
+    return (*r.slice.nodes, *r.slice.mnnvl_nodes)
+
+
+def _put_or_drop(table: dict[str, Any], key: str, value: Any) -> None:
+    if value:
+        table[key] = value
+    else:
+        table.pop(key, None)
 
 
 def _claim_key(obj: Mapping[str, Any]) -> str:

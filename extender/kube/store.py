@@ -46,6 +46,11 @@ class ReservationStore(Protocol):
         ``mismatches``: its pods the kubelet reports on other GPUs (a status condition)."""
         ...
 
+    async def save_object(self, r: Reservation) -> None:
+        """Write ``r``'s object alone (metadata, owner, spec: what a restart rebuilds the
+        ledger from), not its status; the next :meth:`save` writes that."""
+        ...
+
     async def delete(self, r: Reservation) -> None: ...
 
     async def load(self) -> list[Reservation]: ...
@@ -120,6 +125,15 @@ class InMemoryReservationStore:
         self.objects[ref] = copy.deepcopy(obj)
         self.writes += 1
 
+    async def save_object(self, r: Reservation) -> None:
+        obj = reservation_manifest(r)
+        ref = _ref(obj)
+        previous = self.objects.get(ref, {}).get("status")
+        if previous is not None:
+            obj["status"] = previous
+        self.objects[ref] = copy.deepcopy(obj)
+        self.writes += 1
+
     async def delete(self, r: Reservation) -> None:
         self.objects.pop(_ref(reservation_object(r)), None)
         self.writes += 1
@@ -142,6 +156,21 @@ class KubeReservationStore:
     async def save(self, r: Reservation, mismatches: Sequence[DeviceMismatch] = ()) -> None:
         """Apply the object, then its status; an error from the object's write propagates,
         one from the status's becomes :class:`StatusNotSaved` (the cache retries either)."""
+        obj, ref = await self._save_object(r)
+        previous = self._status.get(ref)
+        status = reservation_status(r, self.clock(), previous, mismatches)
+        if status == previous:
+            return
+        try:
+            await self.api.apply(SLICE_RESERVATIONS, status_manifest(obj, status), subresource="status")
+        except KubeError as exc:
+            raise StatusNotSaved(f"SliceReservation {ref[0]}/{ref[1]} status: {exc}") from exc
+        self._status[ref] = status
+
+    async def save_object(self, r: Reservation) -> None:
+        await self._save_object(r)
+
+    async def _save_object(self, r: Reservation) -> tuple[dict[str, Any], _Ref]:
         obj = reservation_manifest(r)
         ref = _ref(obj)
         if self._applied.get(ref) != obj:
@@ -153,15 +182,7 @@ class KubeReservationStore:
                 await self._delete(ref)
                 await self.api.apply(SLICE_RESERVATIONS, obj)
             self._applied[ref] = obj
-        previous = self._status.get(ref)
-        status = reservation_status(r, self.clock(), previous, mismatches)
-        if status == previous:
-            return
-        try:
-            await self.api.apply(SLICE_RESERVATIONS, status_manifest(obj, status), subresource="status")
-        except KubeError as exc:
-            raise StatusNotSaved(f"SliceReservation {ref[0]}/{ref[1]} status: {exc}") from exc
-        self._status[ref] = status
+        return obj, ref
 
     async def delete(self, r: Reservation) -> None:
         await self._delete(_ref(reservation_object(r)))
