@@ -48,6 +48,7 @@ a plain tuple, since a NamedTuple per domain would cost more than the sort.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from extender.placement import feasibility
@@ -212,8 +213,32 @@ def node_tie(ctx: Decision, ps: PodSet, i: int, pick: NodePick) -> NodeTie:
     )
 
 
-def node_rank(ctx: Decision, ps: PodSet, i: int, pick: NodePick, fabric_waste: int) -> NodeRank:
-    return NodeRank(fabric_waste, quantize(pick.cost), node_tie(ctx, ps, i, pick))
+def node_ranks(
+    ctx: Decision, ps: PodSet, members: Sequence[int], pick: NodePick, fabric_waste: Callable[[int], int]
+) -> list[tuple[NodeRank, int]]:
+    """:class:`NodeRank` of each node of ``members``, which share a node type and a free
+    mask (so one ``pick``), with its index; the same ranks :func:`node_tie` gives one at a
+    time, with what the nodes share worked out once (a cluster's thousands of nodes fall
+    into a few such classes)."""
+    snap = ctx.snap
+    first = members[0]
+    cost = quantize(pick.cost)
+    size = snap.nodes[first].shape.size
+    gbps = worth(ctx, first)
+    frees, order = snap.free_masks(), snap.order()
+    spread = ctx.needs[ps.name].scope == ANYWHERE
+    out = []
+    for i in members:
+        preference = -node_preference(ps, i, ctx) if ps.preferred else 0
+        whole = frees[i].bit_count() == size
+        full = snap.fullness(i)
+        tie: NodeTie = (
+            SpreadTie(preference, whole, gbps, pick.leftover, -pick.coherent, full, order[i])
+            if spread
+            else LevelledTie(preference, whole, gbps, full, pick.leftover, -pick.coherent, order[i])
+        )
+        out.append((NodeRank(fabric_waste(i), cost, tie), i))
+    return out
 
 
 #: A :class:`DomainRank`'s parts as a plain tuple, in its field order ((off_fabric,
