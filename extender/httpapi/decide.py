@@ -247,8 +247,13 @@ class Decider:
         return self._filtered.put(version, ("fit", shape, tier), key, _split(key.names, verdicts))
 
     def _slot_split(self, names: Sequence[str], nodes: set[str], reason: str) -> FilterOutcome:
-        elsewhere = Verdict(Code.UNSCHEDULABLE, reason)
-        return _split(names, [PASS if n in nodes else elsewhere for n in names])
+        # What _split gives for PASS on ``nodes`` and one reason elsewhere, in C-level passes:
+        # a gang member's filter lists every other node of a large cluster.
+        passed = list(filter(nodes.__contains__, names))
+        failed = dict.fromkeys(names, reason)
+        for n in passed:
+            failed.pop(n, None)
+        return FilterOutcome(passed, failed, {}, "fit" if passed else "no-fit")
 
     def _slot_nodes(self, pod: PodInfo, ref: GangRef) -> tuple[set[str], str]:
         r = self.cache.reservation(ref.key)

@@ -39,12 +39,14 @@ def options(
         # off the fabric already use costs nothing more.
         return ps.gpus if ctx.has_fabric and on_whole_clique(snap, i) else 0
 
+    # Only the first few are offered, unless every node's relation or room is looked at.
+    best = None if links or dependents else BEAM + 1
     ranked: list[tuple[NodeRank, int]] = []
     for (_, _, (cap, free, tier)), members in caps.groups.items():
         if cap < ps.count:
             continue
         # A group's nodes share node type, NUMA rule and free mask: one pick for all.
-        ranked += node_ranks(ctx, ps, members, node_pick(ctx, ps, members[0], free, tier), waste)
+        ranked += node_ranks(ctx, ps, members, node_pick(ctx, ps, members[0], free, tier), waste, best)
     if not ranked:
         return []
     ranked.sort()
