@@ -3,9 +3,9 @@
 The filter that places a plain gang (the first member's) holds the slice in the ledger;
 the reply lets kube-scheduler bind the member on it. The promise must outlive this process,
 so the SliceReservation is written before the reply (its object: what a restart rebuilds the
-ledger from; its status, for people, follows in the background), and when the store cannot write it the
-hold goes and the filter answers unschedulable with the reason (issue: a failed save was
-logged, stayed queued, and the filter still said the pod fits).
+ledger from; its status, for people, follows in the background), and when the store cannot
+write it the hold goes and the filter answers unschedulable with the reason (issue: a failed
+save was logged, stayed queued, and the filter still said the pod fits).
 """
 
 from __future__ import annotations

@@ -239,7 +239,9 @@ class Ledger:
     def _among(self, exclude: Iterable[str], nodes: Iterable[str] | None) -> list[Reservation]:
         """The reservations but ``exclude``'s; only those on ``nodes`` when given."""
         skip = set(exclude)
-        every = self._by_gang.values() if nodes is None else map(self._by_gang.__getitem__, self.gangs_on(nodes))
+        every = (
+            self._by_gang.values() if nodes is None else map(self._by_gang.__getitem__, self.gangs_on(nodes))
+        )
         return [r for r in every if r.gang not in skip]
 
     def held(
