@@ -156,7 +156,8 @@ class Decider:
                 version = self.cache.version
                 memo = self._filtered.get(version, rule, key)
                 if memo is None:
-                    memo = self._filtered.put(version, rule, key, self._slot_split(key.names, nodes, reason))
+                    got = self._slot_split(key.names, nodes, reason, offered_only=True)
+                    memo = self._filtered.put(version, rule, key, got)
                 return memo
             if pod.gpus > 0:
                 return _all(names, Code.UNSCHEDULABLE, ref.waiting, "waiting")
@@ -185,9 +186,21 @@ class Decider:
             verdicts = lookup(table, key.names)
         return self._filtered.put(version, ("fit", shape, tier), key, _split(key.names, verdicts))
 
-    def _slot_split(self, names: Sequence[str], nodes: set[str], reason: str) -> FilterOutcome:
-        elsewhere = Verdict(Code.UNSCHEDULABLE, reason)
-        return _split(names, [PASS if n in nodes else elsewhere for n in names])
+    def _slot_split(
+        self, names: Sequence[str], nodes: set[str], reason: str, offered_only: bool = False
+    ) -> FilterOutcome:
+        """What _split gives for PASS on ``nodes`` and ``reason`` elsewhere, in C-level passes.
+        ``offered_only``: when a slot node is offered, no other node is listed with the reason.
+        kube-scheduler reads FailedNodes only to explain a pod that no node fits, and on a
+        large cluster they were nearly all of a gang member's reply, decoded in its one
+        scheduling loop."""
+        passed = list(filter(nodes.__contains__, names))
+        if passed and offered_only:
+            return FilterOutcome(passed, {}, {}, "fit")
+        failed = dict.fromkeys(names, reason)
+        for n in passed:
+            failed.pop(n, None)
+        return FilterOutcome(passed, failed, {}, "fit" if passed else "no-fit")
 
     def _slot_nodes(self, pod: PodInfo, ref: GangRef) -> tuple[set[str], str]:
         r = self.cache.book.reservation(ref.key)

@@ -72,6 +72,9 @@ async def rebuild_before_serving(cache: ClusterCache, retry_s: float = 2.0) -> N
             await asyncio.sleep(retry_s)
 
 
+#: Seconds a stopping service waits for the reservation changes still queued to be written.
+SHUTDOWN_WRITE_S = 10.0
+
 #: Runs the controllers beside the server: ``controller(stop, on_leadership)``.
 Controller = Callable[[asyncio.Event, Callable[[bool], None]], Coroutine[Any, Any, None]]
 
@@ -179,7 +182,12 @@ async def serve(
         for task in background:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await cache.book.flush()
+        # The binds' updates wait a moment to be written together (write-behind): write
+        # what is still queued, bounded so a dead API server cannot hold the stop.
+        try:
+            await asyncio.wait_for(cache.book.flush(), SHUTDOWN_WRITE_S)
+        except Exception as exc:
+            log.warning("writing %d queued reservation change(s) at shutdown failed: %s", cache.unflushed, exc)
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await runner.cleanup()

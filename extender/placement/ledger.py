@@ -91,6 +91,10 @@ class Ledger:
     def __init__(self, ttl_s: float = DEFAULT_TTL_S) -> None:
         self.ttl_s = ttl_s
         self._by_gang: dict[str, Reservation] = {}
+        #: Node -> the gangs whose slices hold GPUs or the NVLink (IMEX) channel there, in the
+        #: order they came: what a node's held GPUs and requests are read from, so a change
+        #: of one reservation is brought into a view without a walk over every other one.
+        self._on_node: dict[str, dict[str, None]] = {}
         #: Entries the last :meth:`from_dict` left out (conflicting, duplicated, unreadable).
         self.skipped: tuple[Skipped, ...] = ()
 
@@ -117,17 +121,41 @@ class Ledger:
         if clash is not None:
             raise LedgerError(f"gang {sl.gang}: {clash}")
         r = Reservation(sl.gang, sl, now + self.ttl_s, {}, Phase.RESERVED, dict(meta or {}))
-        self._by_gang[sl.gang] = r
+        self._add(r)
         return r
+
+    def _add(self, r: Reservation) -> None:
+        self._by_gang[r.gang] = r
+        for node in _nodes_of(r.slice):
+            self._on_node.setdefault(node, {})[r.gang] = None
+
+    def _remove(self, gang: str) -> Reservation | None:
+        r = self._by_gang.pop(gang, None)
+        if r is not None:
+            for node in _nodes_of(r.slice):
+                gangs = self._on_node.get(node)
+                if gangs is not None:
+                    gangs.pop(gang, None)
+                    if not gangs:
+                        del self._on_node[node]
+        return r
+
+    def gangs_on(self, nodes: Iterable[str]) -> list[str]:
+        """The gangs whose slices hold GPUs or the NVLink channel on any of ``nodes``."""
+        out: dict[str, None] = {}
+        for node in nodes:
+            out.update(self._on_node.get(node, {}))
+        return list(out)
 
     def _conflict(self, sl: Slice) -> str | None:
         """What another gang's reservation already holds of ``sl``, in words (None: nothing)."""
-        held = self.held(exclude=[sl.gang])
+        touched = _nodes_of(sl)
+        held = self.held(exclude=[sl.gang], nodes=touched)
         for node, gpus in sl.held().items():
             clash = gpus & held.get(node, frozenset())
             if clash:
                 return f"GPUs {sorted(clash)} on {node} are already reserved"
-        channels = self.mnnvl(exclude=[sl.gang])
+        channels = self.mnnvl(exclude=[sl.gang], nodes=touched)
         for node in sl.mnnvl_nodes:
             owner = channels.get(node)
             if owner is not None:
@@ -161,12 +189,12 @@ class Ledger:
         moved = tuple(sorted(gpus))
         if moved == tuple(sorted(slot.gpus)):
             return r
-        others = self.held(exclude=[gang]).get(slot.node, frozenset())
+        others = self.held(exclude=[gang], nodes=[slot.node]).get(slot.node, frozenset())
         clash = others & set(moved)
         if clash:
             holders = sorted(
                 o.gang
-                for o in self._by_gang.values()
+                for o in map(self._by_gang.__getitem__, self.gangs_on([slot.node]))
                 if o.gang != gang and clash & o.slice.held().get(slot.node, frozenset())
             )
             raise LedgerError(
@@ -192,7 +220,7 @@ class Ledger:
         return r
 
     def release(self, gang: str) -> Reservation | None:
-        r = self._by_gang.pop(gang, None)
+        r = self._remove(gang)
         return replace(r, phase=Phase.RELEASED) if r is not None else None
 
     def expire(self, now: float, keep: Callable[[Reservation], bool] | None = None) -> list[Reservation]:
@@ -205,42 +233,61 @@ class Ledger:
             if r.phase != Phase.BOUND and r.expires_at <= now and not (keep and keep(r))
         ]
         for r in gone:
-            del self._by_gang[r.gang]
+            self._remove(r.gang)
         return [replace(r, phase=Phase.EXPIRED) for r in gone]
 
-    def held(self, exclude: Iterable[str] = ()) -> dict[str, frozenset[int]]:
+    def _among(self, exclude: Iterable[str], nodes: Iterable[str] | None) -> list[Reservation]:
+        """The reservations but ``exclude``'s; only those on ``nodes`` when given."""
         skip = set(exclude)
+        every = (
+            self._by_gang.values() if nodes is None else map(self._by_gang.__getitem__, self.gangs_on(nodes))
+        )
+        return [r for r in every if r.gang not in skip]
+
+    def held(
+        self, exclude: Iterable[str] = (), nodes: Iterable[str] | None = None
+    ) -> dict[str, frozenset[int]]:
+        """Node -> the GPUs reservations (but ``exclude``'s) hold there; only ``nodes`` when given."""
+        wanted = None if nodes is None else set(nodes)
         out: dict[str, set[int]] = {}
-        for r in self._by_gang.values():
-            if r.gang in skip:
-                continue
+        for r in self._among(exclude, wanted):
             for node, gpus in r.slice.held().items():
-                out.setdefault(node, set()).update(gpus)
+                if wanted is None or node in wanted:
+                    out.setdefault(node, set()).update(gpus)
         return {k: frozenset(v) for k, v in out.items()}
 
-    def held_requests(self, snapshot: ClusterSnapshot, exclude: Iterable[str] = ()) -> dict[str, Resources]:
+    def held_requests(
+        self, snapshot: ClusterSnapshot, exclude: Iterable[str] = (), nodes: Iterable[str] | None = None
+    ) -> dict[str, Resources]:
         """Node -> what reservations hold of it besides GPUs: the requests of the slots no pod
         is bound to yet (one pod slot each; a bound pod's requests are its node's own from then
         on), and the IMEX daemon pod's room on each multi-node NVLink node of a slice whose
         ComputeDomain does not run there yet (the driver's label names no domain of the gang;
-        once it does, the daemon is one of the node's pods)."""
-        skip = set(exclude)
+        once it does, the daemon is one of the node's pods). Only ``nodes`` when given."""
+        wanted = None if nodes is None else set(nodes)
         out: dict[str, Resources] = {}
-        for r in self._by_gang.values():
-            if r.gang in skip:
-                continue
+        for r in self._among(exclude, wanted):
             for s in r.slice.slots:
-                if s.key not in r.bound:
+                if s.key not in r.bound and (wanted is None or s.node in wanted):
                     out[s.node] = out.get(s.node, NOTHING).plus(usage(s.requests))
             for name in r.slice.mnnvl_nodes:
+                if wanted is not None and name not in wanted:
+                    continue
                 if snapshot.has_node(name) and snapshot.node(name).mnnvl_gang != r.gang:
                     node = snapshot.node(name)
                     out[name] = with_imex_daemon(out.get(name), node.facts)
         return out
 
-    def mnnvl(self, exclude: Iterable[str] = ()) -> dict[str, str]:
-        skip = set(exclude)
-        return {n: r.gang for r in self._by_gang.values() if r.gang not in skip for n in r.slice.mnnvl_nodes}
+    def mnnvl(self, exclude: Iterable[str] = (), nodes: Iterable[str] | None = None) -> dict[str, str]:
+        """Node -> the gang whose reservation (not ``exclude``'s) holds its NVLink (IMEX)
+        channel; only ``nodes`` when given."""
+        wanted = None if nodes is None else set(nodes)
+        return {
+            n: r.gang
+            for r in self._among(exclude, wanted)
+            for n in r.slice.mnnvl_nodes
+            if wanted is None or n in wanted
+        }
 
     def view(self, snapshot: ClusterSnapshot, exclude: Iterable[str] = ()) -> ClusterSnapshot:
         """The snapshot a solver sees: every reservation's GPUs (but ``exclude``'s) taken out,
@@ -287,13 +334,18 @@ class Ledger:
         clash = self._conflict(r.slice)
         if clash is not None:
             raise LedgerError(f"gang {r.gang}: persisted reservation conflicts with another: {clash}")
-        self._by_gang[r.gang] = r
+        self._add(r)
 
     def _require(self, gang: str) -> Reservation:
         r = self._by_gang.get(gang)
         if r is None:
             raise LedgerError(f"gang {gang}: no reservation")
         return r
+
+
+def _nodes_of(sl: Slice) -> tuple[str, ...]:
+    """The nodes a slice holds something on: its slots' and its NVLink (IMEX) channels'."""
+    return (*sl.nodes, *(n for n in sl.mnnvl_nodes if n not in sl.nodes))
 
 
 def hold_requests(

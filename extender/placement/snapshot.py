@@ -128,7 +128,7 @@ class ClusterSnapshot:
         )
         self._order: tuple[list[tuple[str | None, ...]], list[int]] | None = None
         self._domain_free: tuple[list[int], dict[DomainKey, int]] | None = None
-        self._fullness: tuple[list[int], dict[int, tuple[int, ...]]] | None = None
+        self._fullness: tuple[list[int], dict[tuple[str | None, ...], tuple[int, ...]]] | None = None
         self._spans: tuple[list[tuple[str | None, ...]], dict[DomainKey, tuple[int, int]]] | None = None
         self._classes: tuple[list[int], list[str], dict[FreeClass, list[int]]] | None = None
         self._room_classes: RoomTables | None = None
@@ -337,17 +337,18 @@ class ClusterSnapshot:
         cached per free table)."""
         if self._fullness is None or self._fullness[0] is not self._free:
             self._fullness = (self._free, {})
+        # By path: the nodes under one leaf share it (and so their fullness).
         memo = self._fullness[1]
-        got = memo.get(i)
+        path = self._paths[i]
+        got = memo.get(path)
         if got is not None:
             return got
         table = self.domain_free()
-        path = self._paths[i]
         out = []
         for level in range(len(self.hierarchy.levels)):
             key = self.hierarchy.domain(path, level)
             out.append(table.get(key, 0) if key is not None else 0)
-        memo[i] = got = tuple(out)
+        memo[path] = got = tuple(out)
         return got
 
     def order(self) -> list[int]:

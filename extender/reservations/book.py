@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from extender.kube import names
 from extender.kube.api import Kind
@@ -39,7 +39,13 @@ from extender.placement.slice import PodSlot, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.waiting import KeepCliques, WaitingGangs
 from extender.reservations.reserve import Claim, Solver, Split, reserve, reserve_all
-from extender.reservations.store import InMemoryReservationStore, ReservationRef, ReservationStore, WriteQueue
+from extender.reservations.store import (
+    WRITE_BEHIND_S,
+    InMemoryReservationStore,
+    ReservationRef,
+    ReservationStore,
+    WriteQueue,
+)
 from extender.topology.model import GpuGraph
 
 log = logging.getLogger(__name__)
@@ -102,6 +108,7 @@ class ReservationBook:
         store: ReservationStore | None = None,
         clock: Callable[[], float] | None = None,
         keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
+        write_behind_s: float = WRITE_BEHIND_S,
     ) -> None:
         self.informer = informer
         self.clock = clock or informer.clock
@@ -110,6 +117,9 @@ class ReservationBook:
             store if store is not None else InMemoryReservationStore(self.clock),
             self._ledger.get,
             self.device_mismatches,
+            # Without a pod watch (a cluster file) the reservation is the only record of a
+            # bind: written at once.
+            write_behind_s=lambda: write_behind_s if informer.pods_watched else 0.0,
         )
         #: The gangs the reserve path refused and has not placed since
         #: (:mod:`extender.placement.waiting`).
@@ -153,7 +163,9 @@ class ReservationBook:
 
     def view(self, exclude: Iterable[str] = ()) -> ClusterSnapshot:
         """The snapshot decisions read: every reservation's GPUs (but ``exclude``'s) taken out."""
-        ex = list(exclude)
+        # A gang the ledger does not hold takes nothing out: the view as it is (the reserve
+        # path asks for a gang not placed yet; a fresh view costs a walk over every node).
+        ex = [g for g in exclude if g in self._ledger]
         snap = self.informer.snapshot()
         if ex:
             return self._ledger.view(snap, ex)
@@ -161,14 +173,19 @@ class ReservationBook:
             self._view = self._ledger.view(snap)
             self._folded = set(self._ledger.held_requests(snap))
         elif self._held_dirty:
-            held, mnnvl = self._ledger.held(), self._ledger.mnnvl()
-            view = self._view.updated({}, held, mnnvl, self._held_dirty)
-            requests = self._ledger.held_requests(snap)
-            again = {
-                n: requests.get(n, NOTHING) for n in self._held_dirty if n in requests or n in self._folded
-            }
+            # Only the dirty nodes' holds are read again (through the ledger's node index),
+            # not every reservation's: a bind or a reserve changes a few nodes.
+            dirty = self._held_dirty
+            reserved, channels = dict(self._view.reserved), dict(self._view.reserved_mnnvl)
+            held, mnnvl = self._ledger.held(nodes=dirty), self._ledger.mnnvl(nodes=dirty)
+            for n in dirty:
+                _put_or_drop(reserved, n, held.get(n))
+                _put_or_drop(channels, n, mnnvl.get(n))
+            view = self._view.updated({}, reserved, channels, dirty)
+            requests = self._ledger.held_requests(snap, nodes=dirty)
+            again = {n: requests.get(n, NOTHING) for n in dirty if n in requests or n in self._folded}
             self._view = hold_requests(view, again, base=snap)
-            self._folded = set(requests)
+            self._folded = (self._folded - dirty) | set(requests)
         self._held_dirty.clear()
         return self._view
 
@@ -385,7 +402,7 @@ class ReservationBook:
         """Release a gang's reservation (sync; :meth:`flush` deletes the persisted object)."""
         r = self._ledger.release(gang)
         if r is not None:
-            self._ledger_changed(gang, r.slice.nodes, deleted=r)
+            self._ledger_changed(gang, _held_nodes(r), deleted=r)
         return r
 
     async def release_gang(self, gang: str) -> Reservation | None:
@@ -435,7 +452,7 @@ class ReservationBook:
 
         gone = self._ledger.expire(self.clock(), keep=keep)
         for r in gone:
-            self._ledger_changed(r.gang, r.slice.nodes, deleted=r)
+            self._ledger_changed(r.gang, _held_nodes(r), deleted=r)
         return gone
 
     def hold_all(self, rs: Iterable[Reservation]) -> bool:
@@ -447,7 +464,7 @@ class ReservationBook:
             if not self.restore(r):
                 for d in done:
                     self._ledger.release(d.gang)
-                    self._held_changed(d.slice.nodes)
+                    self._held_changed(_held_nodes(d))
                 return False
             done.append(r)
         for r in done:
@@ -464,7 +481,7 @@ class ReservationBook:
             log.warning("not restoring reservation: %s", exc)
             return False
         self._named = None
-        self._held_changed(r.slice.nodes)
+        self._held_changed(_held_nodes(r))
         return True
 
     def rebuild(self, rs: Iterable[Reservation]) -> list[Reservation]:
@@ -474,7 +491,7 @@ class ReservationBook:
         the caller to delete. See :meth:`rebuild_ledger`."""
         for r in self._ledger.reservations():
             self._ledger.release(r.gang)
-            self._held_changed(r.slice.nodes)
+            self._held_changed(_held_nodes(r))
         self._queue.clear()
         self._named = None
         self._refs.clear()
@@ -521,10 +538,12 @@ class ReservationBook:
         """Write queued ledger changes to the store; a failed write stays queued."""
         await self._queue.flush()
 
-    async def persist(self, gang: str) -> bool:
+    async def persist(self, gang: str, *, status: bool = True) -> bool:
         """Write gang's queued change now (a controller does before it tells its owner the
-        slice is reserved); False when its object could not be written (it stays queued)."""
-        return await self._queue.persist(gang)
+        slice is reserved; ``status=False``: the object alone, see
+        :meth:`WriteQueue.persist`); False when its object could not be written (it stays
+        queued)."""
+        return await self._queue.persist(gang, status=status)
 
     async def discard(self, r: Reservation) -> None:
         await self._queue.discard(r)
@@ -554,7 +573,9 @@ class ReservationBook:
         if gang is None:
             self.flush_soon()
             return None
-        await self.persist(gang)  # only the new reservation gates the reply
+        # Only the new reservation's object gates the reply: it is the promise a restart
+        # rebuilds. Its status follows write-behind, with the binds of the gang.
+        await self.persist(gang, status=False)
         self.flush_soon()
         why = self.save_error(gang)
         if why is None:
@@ -617,12 +638,17 @@ class ReservationBook:
             self._ledger.release(r.gang)
             self._named = None
             self._refs.pop(r.gang, None)
-            self._held_changed(mine.slice.nodes)
+            self._held_changed(_held_nodes(mine))
 
     def listed(self, kind: Kind) -> None:
         """The first full list of ``kind`` is in: match the ledger against the pods."""
         if kind in (Kind.PODS, Kind.SLICE_RESERVATIONS):
             self._reconcile_bindings()
+        if self.informer.ready:
+            # Build the view now, before /readyz says ready: the first build walks every
+            # node (seconds at 5,000 nodes) and would otherwise stall the first filter
+            # kube-scheduler sends.
+            self.view()
 
     def nodes_rebuilt(self, changed: Mapping[str, NodeState] | None) -> None:
         """The informer rebuilt these nodes' states (None: the whole snapshot)."""
@@ -630,8 +656,10 @@ class ReservationBook:
             self._view = None
         elif self._view is not None:
             self._view = self._view.updated(changed)
-            # Their fresh states lack the held requests: view() counts them again.
-            self._held_dirty.update(n for n in changed if n in self._folded)
+            # Their fresh states lack the held requests: view() counts them again (and on a
+            # node a reservation holds, what it holds may now differ: the IMEX daemon's room
+            # follows the node's ComputeDomain label).
+            self._held_dirty.update(n for n in changed if n in self._folded or self._ledger.gangs_on((n,)))
 
     def devices_reported(self, nodes: Iterable[str]) -> None:
         """On the nodes whose pods or NodeTopology changed: compare what the kubelet reports
@@ -770,6 +798,18 @@ class ReservationBook:
         self._queue.changed(gang, deleted)
         if deleted is not None:
             self._refs.pop(gang, None)
+
+
+def _held_nodes(r: Reservation) -> tuple[str, ...]:
+    """The nodes a reservation holds something on: its slots' GPUs, its NVLink channels."""
+    return (*r.slice.nodes, *r.slice.mnnvl_nodes)
+
+
+def _put_or_drop(table: dict[str, Any], key: str, value: Any) -> None:
+    if value:
+        table[key] = value
+    else:
+        table.pop(key, None)
 
 
 def free_slots(r: Reservation, pod: PodInfo) -> list[PodSlot]:

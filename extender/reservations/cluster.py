@@ -21,7 +21,7 @@ from extender.placement.ledger import DEFAULT_TTL_S, Ledger, Reservation
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.waiting import KeepCliques, WaitingGangs
 from extender.reservations.book import ReservationBook
-from extender.reservations.store import ReservationStore
+from extender.reservations.store import WRITE_BEHIND_S, ReservationStore
 from extender.topology.hierarchy import Hierarchy
 
 
@@ -38,9 +38,17 @@ class ClusterCache(ClusterInformer):
         awaiting: Iterable[Kind] = ALL_KINDS,
         imex_daemon: Resources = IMEX_DAEMON,
         keep_cliques: KeepCliques = KeepCliques.WHILE_WAITING,
+        write_behind_s: float = WRITE_BEHIND_S,
     ) -> None:
         super().__init__(hierarchy=hierarchy, clock=clock, awaiting=awaiting, imex_daemon=imex_daemon)
-        self.book = ReservationBook(self, ttl_s=ttl_s, store=store, clock=clock, keep_cliques=keep_cliques)
+        self.book = ReservationBook(
+            self,
+            ttl_s=ttl_s,
+            store=store,
+            clock=clock,
+            keep_cliques=keep_cliques,
+            write_behind_s=write_behind_s,
+        )
         self.listen(self.book)
         self.reservation_gang = self.book.gang_named
 

@@ -25,7 +25,7 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,6 +105,11 @@ class ReservationStore(Protocol):
         ``mismatches``: its pods the kubelet reports on other GPUs (a status condition)."""
         ...
 
+    async def save_object(self, r: Reservation) -> None:
+        """Write ``r``'s object alone (metadata, owner, spec: what a restart rebuilds the
+        ledger from), not its status; the next :meth:`save` writes that."""
+        ...
+
     async def delete(self, r: Reservation) -> None: ...
 
     async def load(self) -> list[Reservation]: ...
@@ -177,6 +182,15 @@ class InMemoryReservationStore:
         self.objects[ref] = copy.deepcopy(obj)
         self.writes += 1
 
+    async def save_object(self, r: Reservation) -> None:
+        obj = reservation_manifest(r)
+        ref = _ref(obj)
+        previous = self.objects.get(ref, {}).get("status")
+        if previous is not None:
+            obj["status"] = previous
+        self.objects[ref] = copy.deepcopy(obj)
+        self.writes += 1
+
     async def delete(self, r: Reservation) -> None:
         self.objects.pop(_ref(reservation_object(r)), None)
         self.writes += 1
@@ -199,6 +213,21 @@ class KubeReservationStore:
     async def save(self, r: Reservation, mismatches: Sequence[DeviceMismatch] = ()) -> None:
         """Apply the object, then its status; an error from the object's write propagates,
         one from the status's becomes :class:`StatusNotSaved` (the cache retries either)."""
+        obj, ref = await self._save_object(r)
+        previous = self._status.get(ref)
+        status = reservation_status(r, self.clock(), previous, mismatches)
+        if status == previous:
+            return
+        try:
+            await self.api.apply(SLICE_RESERVATIONS, status_manifest(obj, status), subresource="status")
+        except KubeError as exc:
+            raise StatusNotSaved(f"SliceReservation {ref[0]}/{ref[1]} status: {exc}") from exc
+        self._status[ref] = status
+
+    async def save_object(self, r: Reservation) -> None:
+        await self._save_object(r)
+
+    async def _save_object(self, r: Reservation) -> tuple[dict[str, Any], _Ref]:
         obj = reservation_manifest(r)
         ref = _ref(obj)
         if self._applied.get(ref) != obj:
@@ -210,15 +239,7 @@ class KubeReservationStore:
                 await self._delete(ref)
                 await self.api.apply(SLICE_RESERVATIONS, obj)
             self._applied[ref] = obj
-        previous = self._status.get(ref)
-        status = reservation_status(r, self.clock(), previous, mismatches)
-        if status == previous:
-            return
-        try:
-            await self.api.apply(SLICE_RESERVATIONS, status_manifest(obj, status), subresource="status")
-        except KubeError as exc:
-            raise StatusNotSaved(f"SliceReservation {ref[0]}/{ref[1]} status: {exc}") from exc
-        self._status[ref] = status
+        return obj, ref
 
     async def delete(self, r: Reservation) -> None:
         await self._delete(_ref(reservation_object(r)))
@@ -246,6 +267,36 @@ def _foreign_owners(got: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     return bool(have - want)
 
 
+#: Seconds a background write of queued ledger changes waits to begin (see
+#: :meth:`WriteQueue.flush_soon`): the binds of a gang that come together are written in one.
+WRITE_BEHIND_S = 0.5
+
+
+class _KeyedLocks:
+    """One asyncio lock per key, kept only while someone holds it or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def held(self) -> list[str]:
+        """The keys held or waited for now."""
+        return list(self._locks)
+
+
 class WriteQueue:
     """Ledger changes waiting for the store, per gang: ``await flush()`` writes them (the
     housekeeping loop also flushes, and retries what failed)."""
@@ -255,8 +306,15 @@ class WriteQueue:
         store: ReservationStore,
         current: Callable[[str], Reservation | None],
         mismatches: Callable[[str], Sequence[DeviceMismatch]],
+        *,
+        write_behind_s: Callable[[], float] = lambda: WRITE_BEHIND_S,
     ) -> None:
         self.store = store
+        #: Seconds a background write (:meth:`flush_soon`) waits to begin, to gather changes.
+        self._write_behind_s = write_behind_s
+        #: One lock per gang whose reservation is being written: its writes keep their order,
+        #: and a new reservation's write (:meth:`persist`) never waits on another gang's.
+        self._gang_locks = _KeyedLocks()
         #: The reservation the book holds now for a gang (None: released).
         self._current = current
         self._mismatches = mismatches
@@ -293,30 +351,40 @@ class WriteQueue:
         self._unsaved.clear()
 
     async def flush(self) -> None:
-        """Write queued ledger changes to the store; a failed write stays queued."""
+        """Write queued ledger changes to the store, one gang after another, and wait for
+        the writes in flight (a :meth:`persist` of its own); a failed write stays queued."""
         if self._flush_lock is None:
             self._flush_lock = asyncio.Lock()
         async with self._flush_lock:
-            for gang in list(self._pending):
-                if gang in self._pending:
-                    await self._write(gang)
+            for gang in [*self._pending, *(g for g in self._gang_locks.held() if g not in self._pending)]:
+                async with self._gang_locks.hold(gang):
+                    if gang in self._pending:
+                        await self._write(gang)
 
-    async def persist(self, gang: str) -> bool:
-        """Write gang's queued change now (a controller does before it tells its owner the
-        slice is reserved); False when its object could not be written (it stays queued)."""
-        if self._flush_lock is None:
-            self._flush_lock = asyncio.Lock()
-        async with self._flush_lock:
+    async def persist(self, gang: str, *, status: bool = True) -> bool:
+        """Write gang's queued change now: the promise, which must be durable before anyone
+        is told the slice is theirs (a controller's Ready, the reserving filter's reply).
+        Another gang's write in flight is not waited for (each gang's writes keep their
+        order, not all of them). ``status=False``: only the object (a restart rebuilds the
+        ledger from it alone); its status (for people) stays queued for the next flush, as
+        the reserving filter does, which kube-scheduler's one scheduling loop waits on.
+        False when the object could not be written (it stays queued)."""
+        async with self._gang_locks.hold(gang):
             if gang not in self._pending:
                 return True  # nothing queued: already written
-            return await self._write(gang)
+            return await self._write(gang, status=status)
 
-    async def _write(self, gang: str) -> bool:
+    async def _write(self, gang: str, status: bool = True) -> bool:
+        """Write gang's queued change: its object, and its status unless ``status`` is False
+        (the gang then stays queued for it)."""
         deleted = self._pending.pop(gang)
         current = self._current(gang)
         self._writing.add(gang)
         try:
-            if current is not None:
+            if current is not None and not status:
+                await self.store.save_object(current)
+                self._pending.setdefault(gang, deleted)
+            elif current is not None:
                 await self.store.save(current, self._mismatches(gang))
             elif deleted is not None:
                 await self.store.delete(deleted)
@@ -355,12 +423,22 @@ class WriteQueue:
 
     def flush_soon(self) -> None:
         """Write queued ledger changes in the background, on the running loop, without
-        waiting for them. At most one such write waits to begin, so a burst of changes is
-        written together; what fails stays queued for the next flush (housekeeping retries)."""
+        waiting for them: write-behind. The write begins ``write_behind_s`` after the
+        first change queued since the last one began, so the changes of that window (the
+        binds of a gang, say) are written together, one write per reservation instead of
+        one per change. Nothing queued here is a promise: a new reservation is
+        :meth:`persist`-ed before it is promised, and a bind's truth is its Binding and the
+        pod's GPU annotation, which the pod watch brings back after a restart (the book's
+        ``pod_bound``). Without a pod watch (a cluster file) the reservation is that
+        record, and the book asks for no wait. What fails stays queued for the next flush
+        (housekeeping retries)."""
         if not self._pending or self._flush_queued is not None:
             return
+        delay = self._write_behind_s()
 
         async def write() -> None:
+            if delay > 0:
+                await asyncio.sleep(delay)
             self._flush_queued = None  # changes queued from here on start a write of their own
             await self.flush()
 

@@ -216,6 +216,10 @@ class Process:
         if not passed:
             return f"filter: {next(iter((reply.get('FailedNodes') or {}).values()), reply.get('Error'))}"
         self.world.promised(pod, "filter")
+        if self.world.write_behind_first:
+            # The background writer's turn comes before kube-scheduler's bind (a race in
+            # the real service: the bind usually comes first).
+            await self.cache.flush()
         meta = pod["metadata"]
         bind = ExtenderBindingArgs.model_validate(
             {
@@ -292,6 +296,9 @@ class World:
     restarts: int = 0
     #: Verbs that let a pod on while its reservation was not saved.
     broken: list[str] = field(default_factory=list)
+    #: Run the extender's background writes (write-behind: a new reservation's status, the
+    #: binds' updates) between a filter's reply and the bind, not only at the round's end.
+    write_behind_first: bool = False
 
     def promised(self, pod: Mapping[str, Any], verb: str, job: str | None = None) -> None:
         """A verb let ``pod`` onto a node: its gang's reservation must be saved by now (else

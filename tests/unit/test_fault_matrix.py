@@ -251,6 +251,10 @@ NOT_MADE = {
     ("plain", "event"),
     # Joint Workloads say Ready on the Workloads' status alone (no SliceReserved Event).
     ("joint-kueue", "event"),
+    # The reserving filter awaits only the object (the promise); its status is written
+    # behind, with the gang's binds (bind-status), or before the bind when the background
+    # writer comes first (test_plain_status_written_behind_before_the_bind).
+    ("plain", "save"),
 }
 FAULTS = [Fault(p, mode) for p in POINTS for mode in ("fail", "die", "kill")]
 CELLS = [(s, f) for s in SOURCES for f in FAULTS if (s, f.point.name) not in NOT_MADE]
@@ -306,6 +310,18 @@ def test_matrix_summary() -> None:
     lines.append(f"{len(RESULTS)} cells, {ok} green")
     print("\n" + "\n".join(lines))
     assert ok == len(RESULTS)
+
+
+@pytest.mark.parametrize("mode", ["fail", "die", "kill"])
+def test_plain_status_written_behind_before_the_bind(mode: str) -> None:
+    """A plain gang's status write-behind comes between the reserving filter's reply and the
+    bind (the other order is the matrix's bind-status cells): it fails, or the process dies
+    before it or right after it; the promise (the object) is already saved, so after a
+    restart nothing is booked twice or lost, and every gang is placed."""
+    world = World(SOURCES["plain"], GB200, write_behind_first=True)
+    v = asyncio.run(world.run(Fault(Point("save", "apply slicereservations/status", ARRIVE), mode)))
+    assert v.ok, (matrix_line("plain", f"save-{mode}", v), v.log)
+    assert not v.placed.waiting, v.log
 
 
 def test_a_filter_whose_reservation_cannot_be_saved_answers_unschedulable_and_holds_nothing() -> None:

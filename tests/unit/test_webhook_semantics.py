@@ -116,8 +116,16 @@ def test_a_plain_gang_is_reserved_on_first_sight_and_pinned_to_its_slots(tmp_pat
         assert set(got["FailedNodes"]) == set(ALL) - set(slot_nodes)
         assert all("reservation llm/g" in why for why in got["FailedNodes"].values())
         # a second member sees the same slice, nothing new is reserved
-        again = await filter_(client, gang_pod("g-1", "g", 3, 8, extra={keys.COMM: "allreduce"}))
+        member = gang_pod("g-1", "g", 3, 8, extra={keys.COMM: "allreduce"})
+        again = await filter_(client, member)
         assert again["NodeNames"] == slot_nodes
+        # kube-scheduler reads FailedNodes only when no node passes: a member offered its slot
+        # nodes is told nothing of the others; offered none, it is told why on each node
+        assert again["FailedNodes"] == {} and again["FailedAndUnresolvableNodes"] == {}
+        elsewhere = [n for n in ALL if n not in slot_nodes]
+        refused = await filter_(client, member, elsewhere)
+        assert refused["NodeNames"] == [] and set(refused["FailedNodes"]) == set(elsewhere)
+        assert all("reservation llm/g" in why for why in refused["FailedNodes"].values())
         assert len(cache.ledger) == 1
         assert await scores(client, first) == {n: (10 if n in slot_nodes else 0) for n in ALL}
         # the reserved GPUs are invisible to everyone else
@@ -260,7 +268,9 @@ def test_the_kueue_path_matches_the_pods_reservation_and_pod_set(tmp_path: Path)
         )
         got = await filter_(client, pod)
         assert got["NodeNames"] == workers
-        assert "reservation llm/wl-1-abcde" in next(iter(got["FailedNodes"].values()))
+        # the reason on the other nodes (sent when no node passes) names the reservation
+        elsewhere = await filter_(client, pod, [n for n in ALL if n not in workers])
+        assert "reservation llm/wl-1-abcde" in next(iter(elsewhere["FailedNodes"].values()))
 
     run(tmp_path, body)
 

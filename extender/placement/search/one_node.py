@@ -17,7 +17,7 @@ from extender.placement.scoring import ANYWHERE, clique_gbps, node_scope, on_who
 from extender.placement.search.capacity import ROOM_CHECK_NODES, CapacityTable, room_for
 from extender.placement.search.context import BEAM, Decision, Taken
 from extender.placement.search.option import Links, Option, node_pick, placement_price, slots_of
-from extender.placement.search.rank import NodeRank, node_rank, node_tie
+from extender.placement.search.rank import NodeRank, node_ranks, node_tie
 
 
 def options(
@@ -32,17 +32,21 @@ def options(
     per relation to the pod sets it hands a KV cache to or from, and the best one that leaves
     room for pod sets colocating with this one."""
     snap = ctx.snap
+
+    def waste(i: int) -> int:
+        # One node's pods do not talk over the fabric (a KV hand-off to a partner in the
+        # same clique may: the relation classes below offer that node too); a clique pods
+        # off the fabric already use costs nothing more.
+        return ps.gpus if ctx.has_fabric and on_whole_clique(snap, i) else 0
+
+    # Only the first few are offered, unless every node's relation or room is looked at.
+    best = None if links or dependents else BEAM + 1
     ranked: list[tuple[NodeRank, int]] = []
     for (_, _, (cap, free, tier)), members in caps.groups.items():
         if cap < ps.count:
             continue
-        for i in members:
-            pick = node_pick(ctx, ps, i, free, tier)
-            # One node's pods do not talk over the fabric (a KV hand-off to a partner in the
-            # same clique may: the relation classes below offer that node too); a clique pods
-            # off the fabric already use costs nothing more.
-            waste = ps.gpus if ctx.has_fabric and on_whole_clique(snap, i) else 0
-            ranked.append((node_rank(ctx, ps, i, pick, waste), i))
+        # A group's nodes share node type, NUMA rule and free mask: one pick for all.
+        ranked += node_ranks(ctx, ps, members, node_pick(ctx, ps, members[0], free, tier), waste, best)
     if not ranked:
         return []
     ranked.sort()

@@ -48,6 +48,8 @@ a plain tuple, since a NamedTuple per domain would cost more than the sort.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from extender.placement import feasibility
@@ -212,8 +214,54 @@ def node_tie(ctx: Decision, ps: PodSet, i: int, pick: NodePick) -> NodeTie:
     )
 
 
-def node_rank(ctx: Decision, ps: PodSet, i: int, pick: NodePick, fabric_waste: int) -> NodeRank:
-    return NodeRank(fabric_waste, quantize(pick.cost), node_tie(ctx, ps, i, pick))
+def node_ranks(
+    ctx: Decision,
+    ps: PodSet,
+    members: Sequence[int],
+    pick: NodePick,
+    fabric_waste: Callable[[int], int],
+    best: int | None = None,
+) -> list[tuple[NodeRank, int]]:
+    """:class:`NodeRank` of each node of ``members``, which share a node type and a free
+    mask (so one ``pick``), with its index; the same ranks :func:`node_tie` gives one at a
+    time, with what the nodes share worked out once (a cluster's thousands of nodes fall
+    into a few such classes). With ``best``, only the nodes that can be among the ``best``
+    first of ``members``: of nodes whose ranks differ in their place in the tie-break order
+    alone (one path, so one fullness), the first ``best`` in that order."""
+    snap = ctx.snap
+    first = members[0]
+    cost = quantize(pick.cost)
+    size = snap.nodes[first].shape.size
+    gbps = worth(ctx, first)
+    frees, order = snap.free_masks(), snap.order()
+    spread = ctx.needs[ps.name].scope == ANYWHERE
+
+    def preference(i: int) -> int:
+        return -node_preference(ps, i, ctx) if ps.preferred else 0
+
+    if best is not None:
+        # Nodes alike in all but their place in the order: one path (so one fullness), one
+        # free mask (so one ``whole``), the same preference and fabric waste.
+        keys: list[tuple[object, ...]]
+        if ps.preferred or ctx.has_fabric:
+            keys = [(snap.path(i), frees[i], preference(i), fabric_waste(i)) for i in members]
+        else:
+            keys = list(zip(map(snap.path, members), map(frees.__getitem__, members), strict=True))
+        alike: dict[tuple[object, ...], list[int]] = {}
+        for key, i in zip(keys, members, strict=True):
+            alike.setdefault(key, []).append(i)
+        members = [i for nodes in alike.values() for i in heapq.nsmallest(best, nodes, key=order.__getitem__)]
+    out = []
+    for i in members:
+        whole = frees[i].bit_count() == size
+        full = snap.fullness(i)
+        tie: NodeTie = (
+            SpreadTie(preference(i), whole, gbps, pick.leftover, -pick.coherent, full, order[i])
+            if spread
+            else LevelledTie(preference(i), whole, gbps, full, pick.leftover, -pick.coherent, order[i])
+        )
+        out.append((NodeRank(fabric_waste(i), cost, tie), i))
+    return out
 
 
 #: A :class:`DomainRank`'s parts as a plain tuple, in its field order ((off_fabric,
