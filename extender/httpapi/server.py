@@ -187,7 +187,7 @@ async def serve(
         try:
             await asyncio.wait_for(cache.book.flush(), SHUTDOWN_WRITE_S)
         except Exception as exc:
-            log.warning("writing %d queued reservation change(s) at shutdown failed: %s", cache.unflushed, exc)
+            log.warning("writing %d queued reservation change(s) at stop failed: %s", cache.unflushed, exc)
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await runner.cleanup()

@@ -51,44 +51,72 @@ def _merged(old: tuple[tuple[str, str], ...], new: Mapping[str, str]) -> tuple[t
     return (*old, *new.items())
 
 
+@dataclass(frozen=True)
+class _Namespaced:
+    """What every namespaced object's builder sets in ``metadata``."""
+
+    _name: str
+    _namespace: str = "llm"
+    _uid: str | None = None
+    _resource_version: str | None = None
+    _labels: tuple[tuple[str, str], ...] = ()
+    _annotations: tuple[tuple[str, str], ...] = ()
+
+    def named(self, name: str) -> Self:
+        return replace(self, _name=name)
+
+    def namespace(self, namespace: str) -> Self:
+        return replace(self, _namespace=namespace)
+
+    def uid(self, uid: str | None) -> Self:
+        """The object's uid (None: ``uid-<namespace>-<name>``)."""
+        return replace(self, _uid=uid)
+
+    def resource_version(self, version: str) -> Self:
+        return replace(self, _resource_version=version)
+
+    def label(self, key: str, value: str) -> Self:
+        return replace(self, _labels=(*self._labels, (key, value)))
+
+    def labels(self, labels: Mapping[str, str]) -> Self:
+        return replace(self, _labels=_merged(self._labels, labels))
+
+    def annotation(self, key: str, value: str) -> Self:
+        return replace(self, _annotations=(*self._annotations, (key, value)))
+
+    def annotations(self, annotations: Mapping[str, str]) -> Self:
+        return replace(self, _annotations=_merged(self._annotations, annotations))
+
+    def _metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": self._name,
+            "namespace": self._namespace,
+            "uid": self._uid or f"uid-{self._namespace}-{self._name}",
+        }
+        if self._resource_version is not None:
+            meta["resourceVersion"] = self._resource_version
+        if self._labels:
+            meta["labels"] = dict(self._labels)
+        if self._annotations:
+            meta["annotations"] = dict(self._annotations)
+        return meta
+
+
 # -- core/v1 Pod -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class PodBuilder:
+class PodBuilder(_Namespaced):
     """A core/v1 Pod as the API (and kube-scheduler) writes it; see :func:`make_pod`."""
 
-    _name: str
-    _namespace: str = "llm"
     _gpus: int = 0
-    _labels: tuple[tuple[str, str], ...] = ()
-    _annotations: tuple[tuple[str, str], ...] = ()
     _node: str | None = None
-    _uid: str | None = None
     _phase: str = "Pending"
     _scheduler: str = "gangslice-scheduler"
-
-    def named(self, name: str) -> PodBuilder:
-        return replace(self, _name=name)
-
-    def namespace(self, namespace: str) -> PodBuilder:
-        return replace(self, _namespace=namespace)
 
     def gpus(self, count: int) -> PodBuilder:
         """``nvidia.com/gpu`` requested and limited (0: a CPU pod requesting one core)."""
         return replace(self, _gpus=count)
-
-    def label(self, key: str, value: str) -> PodBuilder:
-        return replace(self, _labels=(*self._labels, (key, value)))
-
-    def labels(self, labels: Mapping[str, str]) -> PodBuilder:
-        return replace(self, _labels=_merged(self._labels, labels))
-
-    def annotation(self, key: str, value: str) -> PodBuilder:
-        return replace(self, _annotations=(*self._annotations, (key, value)))
-
-    def annotations(self, annotations: Mapping[str, str]) -> PodBuilder:
-        return replace(self, _annotations=_merged(self._annotations, annotations))
 
     def gang(self, gang: str, size: int) -> PodBuilder:
         """A pod of a plain gang: label ``gangslice.io/gang`` and annotation ``gang-size``."""
@@ -97,10 +125,6 @@ class PodBuilder:
     def on_node(self, node: str | None) -> PodBuilder:
         """Bound to ``node`` (``spec.nodeName``)."""
         return replace(self, _node=node)
-
-    def uid(self, uid: str | None) -> PodBuilder:
-        """The pod's uid (None: ``uid-<namespace>-<name>``)."""
-        return replace(self, _uid=uid)
 
     def phase(self, phase: str) -> PodBuilder:
         return replace(self, _phase=phase)
@@ -122,14 +146,10 @@ class PodBuilder:
         }
         if self._node:
             spec["nodeName"] = self._node
+        # A pod read back from the API server always has both maps, empty or not.
+        meta = {"labels": {}, "annotations": {}, **self._metadata()}
         return {
-            "metadata": {
-                "name": self._name,
-                "namespace": self._namespace,
-                "uid": self._uid or f"uid-{self._namespace}-{self._name}",
-                "labels": dict(self._labels),
-                "annotations": dict(self._annotations),
-            },
+            "metadata": meta,
             "spec": spec,
             "status": {"phase": self._phase},
         }
@@ -310,15 +330,9 @@ class _WorkloadPodSet:
 
 
 @dataclass(frozen=True)
-class WorkloadBuilder:
+class WorkloadBuilder(_Namespaced):
     """A Kueue Workload; see :func:`make_workload`."""
 
-    _name: str
-    _namespace: str = "llm"
-    _uid: str | None = None
-    _resource_version: str | None = None
-    _labels: tuple[tuple[str, str], ...] = ()
-    _annotations: tuple[tuple[str, str], ...] = ()
     _queue: str = "gpu"
     _active: bool = True
     _pod_sets: tuple[_WorkloadPodSet, ...] = ()
@@ -326,24 +340,6 @@ class WorkloadBuilder:
     _quota: tuple[str, str] | None = None
     _checks: tuple[Mapping[str, str], ...] = ()
     _conditions: tuple[Mapping[str, str], ...] = ()
-
-    def named(self, name: str) -> WorkloadBuilder:
-        return replace(self, _name=name)
-
-    def namespace(self, namespace: str) -> WorkloadBuilder:
-        return replace(self, _namespace=namespace)
-
-    def uid(self, uid: str) -> WorkloadBuilder:
-        return replace(self, _uid=uid)
-
-    def resource_version(self, version: str) -> WorkloadBuilder:
-        return replace(self, _resource_version=version)
-
-    def label(self, key: str, value: str) -> WorkloadBuilder:
-        return replace(self, _labels=(*self._labels, (key, value)))
-
-    def annotation(self, key: str, value: str) -> WorkloadBuilder:
-        return replace(self, _annotations=(*self._annotations, (key, value)))
 
     def queue(self, name: str) -> WorkloadBuilder:
         """The LocalQueue (``spec.queueName``)."""
@@ -404,17 +400,7 @@ class WorkloadBuilder:
         return replace(self, _checks=(*self._checks, entry))
 
     def obj(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "name": self._name,
-            "namespace": self._namespace,
-            "uid": self._uid or f"uid-{self._namespace}-{self._name}",
-        }
-        if self._resource_version is not None:
-            meta["resourceVersion"] = self._resource_version
-        if self._labels:
-            meta["labels"] = dict(self._labels)
-        if self._annotations:
-            meta["annotations"] = dict(self._annotations)
+        meta = self._metadata()
         spec = {
             "active": self._active,
             "queueName": self._queue,
@@ -451,34 +437,14 @@ def make_workload(name: str, namespace: str = "llm") -> WorkloadBuilder:
 
 
 @dataclass(frozen=True)
-class PodGroupBuilder:
+class PodGroupBuilder(_Namespaced):
     """A Volcano PodGroup; see :func:`make_pod_group`."""
 
-    _name: str
-    _namespace: str = "llm"
-    _uid: str | None = None
-    _resource_version: str | None = None
-    _annotations: tuple[tuple[str, str], ...] = ()
     _min_member: int = 1
     _min_task_member: tuple[tuple[str, int], ...] = ()
     _min_gpus: int | None = None
     _queue: str | None = None
     _phase: str = "Pending"
-
-    def named(self, name: str) -> PodGroupBuilder:
-        return replace(self, _name=name)
-
-    def namespace(self, namespace: str) -> PodGroupBuilder:
-        return replace(self, _namespace=namespace)
-
-    def uid(self, uid: str) -> PodGroupBuilder:
-        return replace(self, _uid=uid)
-
-    def resource_version(self, version: str) -> PodGroupBuilder:
-        return replace(self, _resource_version=version)
-
-    def annotation(self, key: str, value: str) -> PodGroupBuilder:
-        return replace(self, _annotations=(*self._annotations, (key, value)))
 
     def min_member(self, count: int) -> PodGroupBuilder:
         return replace(self, _min_member=count)
@@ -498,15 +464,7 @@ class PodGroupBuilder:
         return replace(self, _phase=phase)
 
     def obj(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "name": self._name,
-            "namespace": self._namespace,
-            "uid": self._uid or f"uid-{self._namespace}-{self._name}",
-        }
-        if self._resource_version is not None:
-            meta["resourceVersion"] = self._resource_version
-        if self._annotations:
-            meta["annotations"] = dict(self._annotations)
+        meta = self._metadata()
         spec: dict[str, Any] = {"minMember": self._min_member}
         if self._min_task_member:
             spec["minTaskMember"] = dict(self._min_task_member)
