@@ -336,6 +336,10 @@ class Simulation:
         gpus = rec.gang.gpus
         self.serving_gpus += sign * gpus
         self.goodput_gpus += sign * gpus * speed(rec.ideal, run.step)
+        if self.serving_gpus == 0:
+            # Nothing serves: the running sum of float rates would leave rounding (-5e-15),
+            # which results.json's schema refuses.
+            self.goodput_gpus = 0.0
 
     def _record(self, t: float) -> None:
         p = self.cluster.point(t, len(self.queue), self.serving_gpus, self.goodput_gpus)

@@ -230,3 +230,15 @@ def test_where_each_workload_ran_sums_node_types_of_one_gpu_model() -> None:
     row = next(line for line in _hardware(results) if line.startswith("| t |"))
     # One H100 share for both H100 node types; under 0.5% (L40S) left out.
     assert row == "| t | H100-SXM 75%, GB200 25% |"
+
+
+def test_a_timeline_with_nothing_serving_has_a_goodput_rate_of_zero() -> None:
+    """The goodput rate is a running sum of float speeds; when the last replica stops it
+    must be 0, not rounding below it (the schema refuses a negative rate)."""
+    trace = generate_trace(3, TraceShape(base_deployments=4, arrivals=12))
+    results = run_simulation(default_cluster(), trace, available_policies(), seed=3).results
+    validate(results)
+    columns = results["policies"]["gangslice"]["timeline"]["columns"]
+    serving, goodput = columns.index("servingGpus"), columns.index("goodputGpus")
+    idle = [row for p in results["policies"].values() for row in p["timeline"]["points"] if row[serving] == 0]
+    assert idle and all(row[goodput] == 0 for row in idle)
