@@ -632,7 +632,7 @@ def render(options: SchedulerBenchOptions, results: Sequence[CaseResult]) -> str
                 f"    first to last member of a gang bound: median {median:.2f} s, max {worst:.2f} s"
             )
     lines.append(
-        "targets: gangs of 4 >= 0.8x and pods >= 1.0x the default scheduler; 0 double-booked; 0 split"
+        "targets: gangs (of 4 and of 16) and pods >= 1.0x the default scheduler; 0 double-booked; 0 split"
     )
     return "\n".join(lines)
 
