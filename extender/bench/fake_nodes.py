@@ -115,16 +115,16 @@ def create_nodes(cp: ControlPlane, nodes: Sequence[FakeGpuNode]) -> None:
 
     def one(node: FakeGpuNode) -> None:
         obj, status, topology = node_objects(node)
-        _post(cp, "/api/v1/nodes", obj)
+        post(cp, "/api/v1/nodes", obj)
         cp.request(
             "PATCH",
             f"/api/v1/nodes/{node.name}/status",
             status,
             content_type="application/merge-patch+json",
         )
-        _post(cp, f"/apis/{keys.GROUP}/{keys.VERSION}/{keys.NODE_TOPOLOGIES}", topology)
+        post(cp, f"/apis/{keys.GROUP}/{keys.VERSION}/{keys.NODE_TOPOLOGIES}", topology)
 
-    _parallel(one, nodes)
+    parallel(one, nodes)
 
 
 def playground_fleet() -> list[FakeGpuNode]:
@@ -172,14 +172,16 @@ def _preset_spec(preset: str) -> dict[str, Any]:
     return graph_to_dict(preset_graph(preset))
 
 
-def _post(cp: ControlPlane, path: str, obj: Any) -> None:
+def post(cp: ControlPlane, path: str, obj: Any) -> None:
+    """Create ``obj`` at ``path``; an API error names the path and the server's answer."""
     try:
         cp.request("POST", path, obj)
     except urllib.error.HTTPError as e:
         raise ControlPlaneError(f"POST {path}: HTTP {e.code} {e.read()[:400]!r}") from None
 
 
-def _parallel(fn: Callable[[Any], None], work: Sequence[Any]) -> None:
+def parallel(fn: Callable[[Any], None], work: Sequence[Any]) -> None:
+    """``fn`` on every item of ``work``, a few at a time (creating objects one by one is slow)."""
     with ThreadPoolExecutor(CREATORS) as pool:
         for _ in pool.map(fn, work):
             pass

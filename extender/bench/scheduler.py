@@ -39,7 +39,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from extender.bench.controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, free_ports
-from extender.bench.fake_nodes import FakeGpuNode, create_nodes
+from extender.bench.fake_nodes import FakeGpuNode, create_nodes, parallel, post
 from extender.kube import names as keys
 from extender.kube.pods import gpu_request
 
@@ -59,8 +58,6 @@ PROFILE = "gangslice-scheduler"
 NEEDED = ("etcd", "kube-apiserver", "kube-scheduler")
 #: The most one case may take (pods created to last bind) before the benchmark gives up.
 CASE_TIMEOUT_S = 900.0
-#: Requests in flight while creating nodes and pods.
-CREATORS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,17 +224,6 @@ def scheduler_config(extender_url: str | None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- API
-def _post(cp: ControlPlane, path: str, obj: Any) -> None:
-    try:
-        cp.request("POST", path, obj)
-    except urllib.error.HTTPError as e:
-        raise ControlPlaneError(f"POST {path}: HTTP {e.code} {e.read()[:400]!r}") from None
-
-
-def _parallel(fn: Callable[[Any], None], work: Sequence[Any]) -> None:
-    with ThreadPoolExecutor(CREATORS) as pool:
-        for _ in pool.map(fn, work):
-            pass
 
 
 def make_nodes(cp: ControlPlane, nodes: Sequence[BenchNode]) -> None:
@@ -487,15 +473,13 @@ def run_case(
 ) -> CaseResult:
     namespace = "bench-" + "".join(c if c.isalnum() else "-" for c in case.name).strip("-")
     namespace = "-".join(filter(None, namespace.split("-")))
-    _post(
-        cp, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-    )
+    post(cp, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     extender = Extender(cp, options.log_level) if case.extender else None
     try:
         if extender is not None:
             extender.wait_ready()
         pods = bench_pods(case, options, namespace)
-        _parallel(lambda p: _post(cp, f"/api/v1/namespaces/{namespace}/pods", p), pods)
+        parallel(lambda p: post(cp, f"/api/v1/namespaces/{namespace}/pods", p), pods)
         _, rv = list_pods(cp, namespace)
         watch = BindWatch(cp, namespace, rv, len(pods))
         if extender is not None:

@@ -203,15 +203,23 @@ def option_rank(
 def node_tie(ctx: Decision, ps: PodSet, i: int, pick: NodePick) -> NodeTie:
     """How node ``i`` ranks among one-node placements of ``ps`` of equal price."""
     snap = ctx.snap
-    preference = -node_preference(ps, i, ctx) if ps.preferred else 0
-    whole = snap.free_mask(i).bit_count() == snap.nodes[i].shape.size
-    if ctx.needs[ps.name].scope == ANYWHERE:
-        return SpreadTie(
-            preference, whole, worth(ctx, i), pick.leftover, -pick.coherent, snap.fullness(i), snap.order()[i]
-        )
-    return LevelledTie(
-        preference, whole, worth(ctx, i), snap.fullness(i), pick.leftover, -pick.coherent, snap.order()[i]
+    return _tie(
+        ctx.needs[ps.name].scope == ANYWHERE,
+        -node_preference(ps, i, ctx) if ps.preferred else 0,
+        snap.free_mask(i).bit_count() == snap.nodes[i].shape.size,
+        worth(ctx, i),
+        pick,
+        snap.fullness(i),
+        snap.order()[i],
     )
+
+
+def _tie(
+    spread: bool, preference: int, whole: bool, gbps: float, pick: NodePick, full: tuple[int, ...], order: int
+) -> NodeTie:
+    if spread:
+        return SpreadTie(preference, whole, gbps, pick.leftover, -pick.coherent, full, order)
+    return LevelledTie(preference, whole, gbps, full, pick.leftover, -pick.coherent, order)
 
 
 def node_ranks(
@@ -254,12 +262,7 @@ def node_ranks(
     out = []
     for i in members:
         whole = frees[i].bit_count() == size
-        full = snap.fullness(i)
-        tie: NodeTie = (
-            SpreadTie(preference(i), whole, gbps, pick.leftover, -pick.coherent, full, order[i])
-            if spread
-            else LevelledTie(preference(i), whole, gbps, full, pick.leftover, -pick.coherent, order[i])
-        )
+        tie = _tie(spread, preference(i), whole, gbps, pick, snap.fullness(i), order[i])
         out.append((NodeRank(fabric_waste(i), cost, tie), i))
     return out
 
