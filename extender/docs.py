@@ -65,8 +65,11 @@ USER_KEYS = (
         "annotation",
         "Pod",
         "read by the extender",
-        "How many pods the plain gang has (over all its objects). With it, the first pod the "
-        "scheduler sees makes gangslice reserve the whole gang; without it the pod waits.",
+        "How many pods the plain gang has (over all its objects), for pods no ReplicaSet or "
+        "StatefulSet owns (bare pods, Jobs). With it, the first pod the scheduler sees makes "
+        "gangslice reserve the whole gang; without it (and without an owner) the pod waits. "
+        "Pods of Deployments and StatefulSets need no size: their owners' replicas give it, "
+        "and this annotation is not read.",
     ),
     Key(
         f"{NAMES}:REQUIRED_LEVEL",
@@ -114,7 +117,8 @@ USER_KEYS = (
         "read by the extender",
         "How many pods the pod's pod set has, in a plain gang of several pod sets (prefill + "
         "decode, a leader + workers); the sizes add up to `gang-size`. The gang is placed once a "
-        "pod of every pod set has been seen, each pod set shaped like the first pod seen of it.",
+        "pod of every pod set has been seen, each pod set shaped like the first pod seen of it. "
+        "Not read for pods a ReplicaSet or StatefulSet owns (their replicas size the pod set).",
     ),
     Key(
         f"{NAMES}:COLOCATE_WITH",
@@ -249,6 +253,29 @@ FOREIGN_KEYS = (
         "Pod (LeaderWorkerSet)",
         "read by the cluster cache",
         "Which replica group of a LeaderWorkerSet a pod belongs to.",
+    ),
+    Key(
+        f"{NAMES}:DESIRED_REPLICAS",
+        "annotation",
+        "ReplicaSet (of a Deployment)",
+        "read by the cluster cache",
+        "The Deployment's `replicas`, which the deployment controller writes on each of its "
+        "ReplicaSets: how many pods a plain gang's pod set holds (the newest revision's).",
+    ),
+    Key(
+        f"{NAMES}:MAX_REPLICAS",
+        "annotation",
+        "ReplicaSet (of a Deployment)",
+        "read by the cluster cache",
+        "`replicas + maxSurge`: how many pods of the pod set may hold slots at once during a "
+        "rolling update (a surge pod gets one more slot beside the gang).",
+    ),
+    Key(
+        f"{NAMES}:REVISION",
+        "annotation",
+        "ReplicaSet (of a Deployment)",
+        "read by the cluster cache",
+        "The Deployment revision a ReplicaSet is; the newest speaks for the Deployment.",
     ),
     Key(
         f"{NAMES}:KUEUE_REQUIRED_TOPOLOGY",

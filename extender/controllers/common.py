@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
+from extender.kube.owners import OwnerTable
 from extender.kube.pods import PodInfo
 from extender.placement.ledger import Ledger, Reservation
 from extender.placement.snapshot import ClusterSnapshot
@@ -39,6 +40,9 @@ class Cache(Reserving, Protocol):
     def reservation(self, gang: str) -> Reservation | None: ...
 
     def pods_of_gang(self, gang: str) -> list[PodInfo]: ...
+
+    @property
+    def owners(self) -> OwnerTable: ...
 
     def forget_gang(self, key: str) -> None: ...
 

@@ -319,7 +319,7 @@ def _reserve(cache: ClusterCache, pod: PodInfo) -> Reservation:
             "pods were seen, this one included); retry"
         )
     try:
-        request = plain_gang_request(pod, cache.pods_of_gang(gang))
+        request = plain_gang_request(pod, cache.pods_of_gang(gang), cache.owners)
     except PodError as exc:
         raise Refusal(str(exc)) from None
     if request is None:

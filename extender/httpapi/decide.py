@@ -142,6 +142,17 @@ class Decider:
                     return FilterOutcome(list(names), {}, {}, outcome, reserved=ref.key if r else None)
             except Refused as exc:
                 return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
+            if r is not None and r.slot_of(pod.name) is None and not free_slots(r, pod):
+                try:
+                    grown = self.cache.book.grow(pod)
+                except (PodError, LevelError) as exc:
+                    return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
+                if isinstance(grown, Unplaceable):
+                    return _all(
+                        names, Code.UNSCHEDULABLE, f"{ref.reservation_label}: {grown.reason}", "unplaceable"
+                    )
+                if grown is not None:
+                    r, outcome = grown, "reserved"
             if r is not None:
                 nodes, reason = self._slot_nodes(pod, ref)
                 if outcome == "reserved":

@@ -54,6 +54,9 @@ class Resource:
 
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
+#: The owners whose replica counts size a plain gang's pod sets (:mod:`extender.kube.owners`).
+REPLICA_SETS = Resource("apps", "v1", "replicasets", "ReplicaSet", namespaced=True)
+STATEFUL_SETS = Resource("apps", "v1", "statefulsets", "StatefulSet", namespaced=True)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 NODE_TOPOLOGIES = Resource(names.GROUP, names.VERSION, names.NODE_TOPOLOGIES, "NodeTopology", False)
@@ -100,6 +103,9 @@ class Kind(enum.Enum):
     RESOURCE_SLICES = "resourceslices"
     DEVICE_CLASSES = "deviceclasses"
     RESOURCE_CLAIMS = "resourceclaims"
+    #: The owners of plain gangs' pods: how many pods each pod set should have.
+    REPLICA_SETS = "replicasets"
+    STATEFUL_SETS = "statefulsets"
 
     @property
     def resource(self) -> Resource:
@@ -114,6 +120,8 @@ _WATCHED = {
     Kind.RESOURCE_SLICES: RESOURCE_SLICES,
     Kind.DEVICE_CLASSES: DEVICE_CLASSES,
     Kind.RESOURCE_CLAIMS: RESOURCE_CLAIMS,
+    Kind.REPLICA_SETS: REPLICA_SETS,
+    Kind.STATEFUL_SETS: STATEFUL_SETS,
 }
 
 ALL_KINDS = tuple(Kind)

@@ -4,7 +4,8 @@ It observes and decides nothing. Watch events (or a cluster file) change it; dec
 :meth:`ClusterInformer.snapshot` (what pods and the cluster file take, reservations not
 applied). What it sees that matters to a reservation it tells its listeners
 (:class:`Listener`): a pod gone, a pod bound, a SliceReservation deleted, the nodes whose
-kubelet report changed, a kind listed for the first time. The book of reservations
+kubelet report changed, a kind listed for the first time, the owners (ReplicaSets,
+StatefulSets, :mod:`extender.kube.owners`) of a plain gang's pods changed. The book of reservations
 (:mod:`extender.reservations.book`) is the listener that decides what follows. Everything
 runs on one asyncio loop; mutations are synchronous, so no decision sees a half-applied event.
 
@@ -42,6 +43,7 @@ from extender.kube.api import ALL_KINDS, Kind, name_of, namespace_of
 from extender.kube.crd_models import CrdError, NodeTopology, parse_node_topology, reservation_from_object
 from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
+from extender.kube.owners import OwnerTable
 from extender.kube.pods import PodInfo
 from extender.kube.topology_status import DEVICES_MATCHED, accepted_condition, condition_of
 from extender.placement.feasibility import IMEX_DAEMON, NO_FACTS, NodeFacts, Resources, usage
@@ -60,6 +62,8 @@ log = logging.getLogger(__name__)
 RECENT_PODS = 10_000
 #: How many node changes are remembered for decision memos to catch up on (beyond: start over).
 CHANGE_LOG = 50_000
+#: The kinds whose objects own plain gangs' pods (:mod:`extender.kube.owners`).
+OWNER_KINDS = frozenset({Kind.REPLICA_SETS, Kind.STATEFUL_SETS})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,6 +97,9 @@ class Listener(Protocol):
 
     def nodes_rebuilt(self, changed: Mapping[str, NodeState] | None) -> None:
         """The snapshot took these nodes' new states (None: it was built anew)."""
+
+    def owners_changed(self, gangs: Iterable[str]) -> None:
+        """The owners of these plain gangs' pods changed (a scale, a new revision)."""
 
 
 def _no_gang(namespace: str, name: str) -> str | None:
@@ -145,6 +152,8 @@ class ClusterInformer:
         #: DRA nodes whose devices pair with their NodeTopology's GPUs, and why the others do not.
         self._device_maps: dict[str, dra.DeviceMap] = {}
         self._device_problems: dict[str, str] = {}
+        #: The ReplicaSets and StatefulSets whose templates name a plain gang: its pod sets' sizes.
+        self.owners = OwnerTable()
         self._pods: dict[str, PodInfo] = {}
         self._by_uid: dict[str, str] = {}
         self._by_node: dict[str, set[str]] = {}
@@ -509,6 +518,8 @@ class ClusterInformer:
                 self._drop_pod(key)
             for pod in fresh_pods.values():
                 self._put_pod(pod)
+        elif kind in OWNER_KINDS:
+            self._owners_changed(self.owners.replace(kind.resource.kind, items))
         # SliceReservations: the list only says the watch is on. The ledger is rebuilt from
         # the store once, when this replica starts deciding (rebuild_ledger); its own writes
         # come back as events and change nothing, a deletion by someone else releases.
@@ -577,8 +588,18 @@ class ClusterInformer:
                 # it): keep the node, or its GPUs look free.
                 pod = dataclasses.replace(pod, node=known.node)
             self._put_pod(pod)
+        elif kind in OWNER_KINDS:
+            table = self.owners
+            self._owners_changed(
+                table.drop(kind.resource.kind, obj) if deleted else table.put(kind.resource.kind, obj)
+            )
         else:
             self._apply_reservation(event_type, obj)
+
+    def _owners_changed(self, gangs: set[str]) -> None:
+        if gangs:
+            for listener in self._listeners:
+                listener.owners_changed(sorted(gangs))
 
     # -- internals -----------------------------------------------------------------------
     def _put_slice(self, obj: Mapping[str, Any]) -> None:

@@ -1,5 +1,10 @@
-"""A plain gang as a gang request: pods labelled ``gangslice.io/gang`` with the gang's size
-in ``gangslice.io/gang-size``, so the extender can place the whole gang on first sight.
+"""A plain gang as a gang request: pods labelled ``gangslice.io/gang``, so the extender can
+place the whole gang on first sight.
+
+Pods a ReplicaSet (a Deployment's) or a StatefulSet owns are sized by their owners: each pod
+set holds as many pods as its owners want (:mod:`extender.kube.owners`), and the size
+annotations below are not read. Pods without such an owner carry the gang's size in
+``gangslice.io/gang-size``.
 
 Every pod of a pod set is taken to look like the first one seen, down to what it asks of a
 node (node selector and affinity, tolerations, requests: :mod:`extender.kube.pod_needs`). Without
@@ -12,13 +17,17 @@ pod sets seen add up to ``gang-size``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from extender.cost import Comm
 from extender.kube import names
 from extender.kube.pods import PodError, PodInfo
 from extender.placement.request import Colocation, GangRequest, PodSet, split_colocation
+
+if TYPE_CHECKING:
+    from extender.kube.owners import OwnerTable, PodSetSize
 
 #: The pod set name of a plain gang whose pods name none.
 DEFAULT_POD_SET = "pods"
@@ -31,18 +40,26 @@ class Incomplete:
     reason: str
 
 
-def plain_gang_request(pod: PodInfo, peers: Iterable[PodInfo] = ()) -> GangRequest | Incomplete | None:
+def plain_gang_request(
+    pod: PodInfo, peers: Iterable[PodInfo] = (), owners: OwnerTable | None = None
+) -> GangRequest | Incomplete | None:
     """The gang request ``pod`` and the other pods seen of its gang (``peers``) imply; None
-    when the pod carries no gang size. Raises :class:`PodError` for a size, a communication
-    pattern or a colocation that cannot be read, or sizes that do not add up."""
+    when the pod carries no gang size and no owner sizes its gang. Raises :class:`PodError`
+    for a size, a communication pattern or a colocation that cannot be read, or sizes that
+    do not add up."""
     gang = pod.gang
-    size = pod.gang_size
-    if gang is None or size is None:
+    if gang is None:
         return None
     first: dict[str, PodInfo] = {pod.pod_set or DEFAULT_POD_SET: pod}
     for p in sorted(peers, key=lambda p: p.name):
         if p.gang == gang and not p.terminal and not p.deleting:
             first.setdefault(p.pod_set or DEFAULT_POD_SET, p)
+    sizes = owners.sizes(gang) if owners is not None else None
+    if sizes is not None:
+        return _owned_request(gang, first, sizes, owners)
+    size = pod.gang_size
+    if size is None:
+        return None
     if all(p.pod_set_size is None for p in first.values()):
         # No pod sizes its pod set: the gang is N pods alike (roles only name the pods).
         return GangRequest(name=gang, pod_sets=(_pod_set(pod, pod.pod_set or DEFAULT_POD_SET, size),))
@@ -73,8 +90,33 @@ def plain_gang_request(pod: PodInfo, peers: Iterable[PodInfo] = ()) -> GangReque
         raise PodError(f"gang {gang}: {exc}") from None
 
 
+def _owned_request(
+    gang: str, first: dict[str, PodInfo], sizes: Mapping[str, PodSetSize], owners: OwnerTable | None
+) -> GangRequest | Incomplete:
+    """The gang as its owners size it: every pod set an owner wants pods for, each read from
+    a pod of it seen (else from its owner's template); the size annotations are not read."""
+    missing = sorted(set(first) - set(sizes))
+    if missing:
+        return Incomplete(f"no ReplicaSet or StatefulSet wants pods of pod set {', '.join(missing)} now")
+    pod_sets = []
+    for role, size in sorted(sizes.items()):
+        model = first.get(role) or (owners.template(gang, role) if owners is not None else None)
+        if model is None:
+            return Incomplete(f"waiting for a pod of pod set {role}")
+        pod_sets.append(_pod_set(model, role, size.desired))
+    try:
+        return GangRequest(name=gang, pod_sets=tuple(pod_sets))
+    except ValueError as exc:
+        raise PodError(f"gang {gang}: {exc}") from None
+
+
 def _sizes(counts: dict[str, int]) -> str:
     return ", ".join(f"{role} {n}" for role, n in sorted(counts.items()))
+
+
+def member_pod_set(pod: PodInfo) -> PodSet:
+    """The pod set of one more pod like ``pod`` (its role, one pod). Raises PodError."""
+    return _pod_set(pod, pod.pod_set or DEFAULT_POD_SET, 1)
 
 
 def _pod_set(pod: PodInfo, name: str, count: int) -> PodSet:

@@ -75,6 +75,11 @@ VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_TASK_SPEC = "volcano.sh/task-spec"
 #: LeaderWorkerSet: the replica group a pod belongs to (a plain gang per group).
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+#: What the deployment controller writes on each ReplicaSet of a Deployment: its ``replicas``,
+#: ``replicas + maxSurge``, and which revision the ReplicaSet is (:mod:`extender.kube.owners`).
+DESIRED_REPLICAS = "deployment.kubernetes.io/desired-replicas"
+MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"
+REVISION = "deployment.kubernetes.io/revision"
 #: NVIDIA's DRA driver: the node label its compute-domain kubelet plugin sets to the UID of the
 #: ComputeDomain the node belongs to (``computeDomainLabelKey`` in the driver's code).
 COMPUTE_DOMAIN_NODE_LABEL = "resource.nvidia.com/computeDomain"

@@ -212,6 +212,41 @@ class Ledger:
         self._by_gang[gang] = r
         return r
 
+    def add_slot(self, gang: str, slot: PodSlot) -> Reservation:
+        """Grow a held slice by one slot (a pod set scaled up, a rolling update's surge pod).
+        Refuses a slot key the slice has, or GPUs another reservation or another slot of this
+        one holds (LedgerError)."""
+        r = self._require(gang)
+        if any(s.key == slot.key for s in r.slice.slots):
+            raise LedgerError(f"gang {gang}: slot {slot.key} exists")
+        own = {g for s in r.slice.slots if s.node == slot.node for g in s.gpus} & set(slot.gpus)
+        if own:
+            raise LedgerError(f"gang {gang}: GPUs {sorted(own)} on {slot.node} are another slot's")
+        grown = replace(r.slice, slots=(*r.slice.slots, slot))
+        clash = self._conflict(grown)
+        if clash is not None:
+            raise LedgerError(f"gang {gang}: {clash}")
+        self._remove(gang)
+        r = replace(r, slice=grown, phase=Phase.RESERVED)
+        self._add(r)
+        return r
+
+    def remove_slot(self, gang: str, slot_key: str) -> Reservation:
+        """Shrink a held slice by one slot no pod holds (a pod set scaled down, a rolling
+        update's old pod gone). Refuses a bound slot or the last one (LedgerError)."""
+        r = self._require(gang)
+        r.slice.slot(slot_key)  # KeyError for an unknown slot
+        if slot_key in r.bound:
+            raise LedgerError(f"gang {gang}: slot {slot_key} is bound to {r.bound[slot_key]}")
+        if len(r.slice.slots) == 1:
+            raise LedgerError(f"gang {gang}: slot {slot_key} is its last")
+        slots = tuple(s for s in r.slice.slots if s.key != slot_key)
+        self._remove(gang)
+        phase = Phase.BOUND if len(r.bound) == len(slots) else Phase.RESERVED
+        r = replace(r, slice=replace(r.slice, slots=slots), phase=phase)
+        self._add(r)
+        return r
+
     def unbind(self, gang: str, slot_key: str) -> Reservation:
         r = self._require(gang)
         bound = {k: v for k, v in r.bound.items() if k != slot_key}

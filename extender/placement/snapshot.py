@@ -514,6 +514,18 @@ class ClusterSnapshot:
         snap._domains = self._domains
         return snap
 
+    def only(self, names: Iterable[str]) -> ClusterSnapshot:
+        """The part of the cluster on ``names`` (unknown names ignored), with what is held there:
+        a decision that must stay near a slice (a gang's pod set grown by one) places on it."""
+        keep = set(names)
+        return ClusterSnapshot(
+            [n for n in self.nodes if n.name in keep],
+            self.hierarchy,
+            {n: g for n, g in self.reserved.items() if n in keep},
+            {n: g for n, g in self.reserved_mnnvl.items() if n in keep},
+            self.clique_demand,
+        )
+
     def with_clique_demand(self, demand: bool | None) -> ClusterSnapshot:
         """The same snapshot (every derived table shared) with :attr:`clique_demand` set. The
         copy is kept with this snapshot's free table and nodes, so decisions on one view reuse

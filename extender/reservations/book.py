@@ -29,7 +29,7 @@ from extender.kube import names
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterInformer
 from extender.kube.devices import DeviceMismatch, node_mismatches
-from extender.kube.gangs import Incomplete, plain_gang_request
+from extender.kube.gangs import DEFAULT_POD_SET, Incomplete, member_pod_set, plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.logs import fields
 from extender.placement.feasibility import NOTHING
@@ -38,7 +38,7 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.waiting import KeepCliques, WaitingGangs
-from extender.reservations.reserve import Claim, Solver, Split, reserve, reserve_all
+from extender.reservations.reserve import Claim, Solver, Split, grow, reserve, reserve_all
 from extender.reservations.store import (
     WRITE_BEHIND_S,
     InMemoryReservationStore,
@@ -258,7 +258,11 @@ class ReservationBook:
         if r is not None:
             return GangRef(key, label)
         waiting = f"gang {key} has no reservation yet"
-        got = plain_gang_request(pod, self.informer.pods_of_gang(key)) if pod.gang else None
+        got = (
+            plain_gang_request(pod, self.informer.pods_of_gang(key), self.informer.owners)
+            if pod.gang
+            else None
+        )
         if isinstance(got, Incomplete):
             return GangRef(key, label, None, f"gang {key}: {got.reason}")
         return GangRef(key, label, got, waiting)
@@ -294,6 +298,60 @@ class ReservationBook:
             if isinstance(placed, Unplaceable):
                 self.hold_all([r])  # keep the old plan: the device may come free
             return placed
+
+    # -- a gang that rolls and scales -------------------------------------------------------
+    def grow(self, pod: PodInfo) -> Reservation | Unplaceable | None:
+        """A pod of a held plain gang found no free slot: when the owners of its pod set want
+        more pods than the slice has slots for it (a scale-up) or let more run at once (a
+        rolling update's surge pod), hold one more slot near the slice
+        (:func:`~extender.reservations.reserve.grow`); None when they do not (the pod waits for
+        a slot to come free). Call it under :attr:`lock`. Raises PodError for a pod whose
+        pod set cannot be read, LevelError for an unknown level."""
+        gang = pod.gang
+        r = self._ledger.get(gang) if gang is not None and pod.gang_key == gang else None
+        sizes = self.informer.owners.sizes(gang) if r is not None and gang is not None else None
+        if r is None or sizes is None:
+            return None
+        ps = member_pod_set(pod)
+        size = sizes.get(ps.name)
+        if size is None or sum(1 for s in r.slice.slots if s.pod_set == ps.name) >= size.limit:
+            return None
+        grown = grow(self, r, ps)
+        if not isinstance(grown, Unplaceable):
+            self._ledger_changed(r.gang, _held_nodes(grown))
+        return grown
+
+    def add_slot(self, gang: str, slot: PodSlot) -> Reservation:
+        """Hold one more slot for ``gang`` (:meth:`Ledger.add_slot`; LedgerError passes through)."""
+        return self._ledger.add_slot(gang, slot)
+
+    def trim(self, gang: str) -> None:
+        """Free the slots of ``gang`` no pod holds beyond what its owners want of each pod set
+        and the pods that live need (a scale-down, a rolling update's old pod gone); no owner
+        sizes the gang: nothing."""
+        r = self._ledger.get(gang)
+        sizes = self.informer.owners.sizes(gang) if r is not None else None
+        if r is None or sizes is None:
+            return
+        alive: dict[str, int] = {}
+        for p in self.informer.pods_of_gang(gang):
+            if not p.terminal and not p.deleting:
+                alive[p.pod_set or DEFAULT_POD_SET] = alive.get(p.pod_set or DEFAULT_POD_SET, 0) + 1
+        freed: list[str] = []
+        for role in sorted({s.pod_set for s in r.slice.slots}):
+            slots = [s for s in r.slice.slots if s.pod_set == role]
+            want = max(sizes[role].desired if role in sizes else 0, alive.get(role, 0))
+            spare = sorted((s for s in slots if s.key not in r.bound), key=lambda s: -s.index)
+            for s in spare[: max(len(slots) - want, 0)]:
+                if len(r.slice.slots) == 1:
+                    break
+                r = self._ledger.remove_slot(gang, s.key)
+                freed.append(s.node)
+        if freed:
+            log.info(
+                "gang %s: freed %d slots its owners no longer want", gang, len(freed), extra=fields(gang=gang)
+            )
+            self._ledger_changed(gang, freed)
 
     # -- kube-scheduler's Reserve and Unreserve --------------------------------------------
     async def reserve_pod(self, pod: PodInfo, node: str, plain: PlainPick) -> BindPlan:
@@ -440,13 +498,14 @@ class ReservationBook:
     def expire(self) -> list[Reservation]:
         """Drop holds past their TTL that are not fully bound; holds owned by a Workload or a
         PodGroup stay until their controller releases them, and so does a hold whose slots are
-        ResourceClaims while a pod of its gang lives (the pods point at those claims)."""
+        ResourceClaims (the pods point at those claims), or whose pods a ReplicaSet or
+        StatefulSet owns (it replaces the ones lost), while a pod of its gang lives."""
 
         def keep(r: Reservation) -> bool:
             ref = self.ref_of(r)
             if ref.owner_managed:
                 return True
-            if not ref.slot_claims:
+            if not ref.slot_claims and self.informer.owners.sizes(r.gang) is None:
                 return False
             return any(not p.terminal and not p.deleting for p in self.informer.pods_of_gang(r.gang))
 
@@ -593,7 +652,8 @@ class ReservationBook:
     # -- what the informer tells -----------------------------------------------------------
     def pod_gone(self, pod: PodInfo) -> None:
         """A pod that held a slot finished or was deleted: free its slot for a replacement
-        (with a fresh TTL), or release the reservation when no pod of the gang is left."""
+        (with a fresh TTL), or release the reservation when no pod of the gang is left; a
+        slot its owners no longer want goes (:meth:`trim`)."""
         for r in self._ledger.reservations():
             ns = self.ref_of(r).namespace
             if ns != pod.namespace:
@@ -610,6 +670,8 @@ class ReservationBook:
                 self.drop(r.gang)
             else:
                 self.unbind_slot(r.gang, slot.key)
+        if pod.gang is not None:
+            self.trim(pod.gang)
 
     def pod_bound(self, pod: PodInfo) -> None:
         """A gang pod that shows up bound but is not in the ledger (bound by someone else, or
@@ -629,6 +691,11 @@ class ReservationBook:
         candidates.sort(key=lambda s: (s.key != given, set(s.gpus) != assigned, s.key))
         if candidates:
             self.bind_slot(r.gang, candidates[0].key, pod.name)
+
+    def owners_changed(self, gangs: Iterable[str]) -> None:
+        """Owners of these gangs' pods were scaled or rolled: free the slots they no longer want."""
+        for gang in gangs:
+            self.trim(gang)
 
     def reservation_deleted(self, r: Reservation) -> None:
         """Someone else deleted the object: release, unless it is an older hold than ours."""

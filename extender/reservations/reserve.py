@@ -1,7 +1,8 @@
 """The one reserve path: place a gang on the book's view and hold the slice.
 
 Plain gangs (the extender, on a member's first filter), Volcano PodGroups and Kueue
-Workloads (their controllers), alone or as one member of a joint gang, all reserve here::
+Workloads (their controllers), alone or as one member of a joint gang, all reserve here
+(and a held plain gang whose owner wants one more pod grows here, :func:`grow`)::
 
     got = await book.hold(request, Claim(gang, meta))   # Reservation | Unplaceable, locked
     await book.persist(gang)                              # the store writes it
@@ -30,9 +31,10 @@ from typing import Protocol
 
 from extender.kube.crd_models import gang_namespace, object_name
 from extender.logs import fields
+from extender.placement.growth import near_slice
 from extender.placement.ledger import Ledger, Phase, Reservation
-from extender.placement.request import GangRequest
-from extender.placement.slice import Placement, Slice, Unplaceable
+from extender.placement.request import GangRequest, PodSet
+from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 from extender.placement.waiting import WaitingGangs
@@ -76,6 +78,12 @@ class Reserving(Protocol):
 
     @property
     def waiting(self) -> WaitingGangs: ...
+
+
+class Growing(Reserving, Protocol):
+    """What :func:`grow` needs besides: a slot added to a held reservation."""
+
+    def add_slot(self, gang: str, slot: PodSlot) -> Reservation: ...
 
 
 def reserve(
@@ -142,6 +150,33 @@ def reserve_all(
             extra=fields(gang=r.gang, reservation=str(ReservationRef.of(r))),
         )
     return rs
+
+
+def grow(
+    cache: Growing, r: Reservation, ps: PodSet, *, solve: Solver | None = None
+) -> Reservation | Unplaceable:
+    """Hold one more slot for pod set ``ps`` of the held gang ``r`` (its owner wants another
+    pod, or a rolling update's surge pod came), as near the slice as there is room
+    (:func:`~extender.placement.growth.near_slice`). Raises LevelError for an unknown level."""
+    view = cache.view()
+    one = GangRequest(r.gang, (dataclasses.replace(ps, count=1, colocate_with=None),))
+    taken = [s.index for s in r.slice.slots if s.pod_set == ps.name]
+    for nodes in near_slice(view, r.slice, ps):
+        got = (solve or place)(view.only(nodes), one)
+        if isinstance(got, Slice):
+            slot = dataclasses.replace(got.slots[0], index=max(taken, default=-1) + 1, requests=ps.requests)
+            grown = cache.add_slot(r.gang, slot)
+            log.info(
+                "pod set %s grew to %d pods: slot %s on %s",
+                ps.name,
+                len(taken) + 1,
+                slot.key,
+                slot.node,
+                extra=fields(gang=r.gang, reservation=str(ReservationRef.of(grown))),
+            )
+            return grown
+    where = "its required domain" if ps.required_level else "the cluster"
+    return Unplaceable(r.gang, f"no room for one more pod of pod set {ps.name} in {where}", ps.name)
 
 
 def _holding_requests(result: Slice, request: GangRequest) -> Slice:

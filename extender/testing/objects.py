@@ -7,6 +7,7 @@ fake, in the manner of Kueue's ``pkg/util/testing`` and kube-scheduler's
     make_node_topology("h-0").pcie_8gpu_2socket().in_use("w-0", 0, 1).obj()
     make_workload("tp4").pod_set("main", count=2, gpus=4).quota_reserved(AT).check("gangslice").obj()
     make_pod_group("pg").min_member(2).phase("Inqueue").obj()
+    make_replica_set("decode-7f9").template(make_pod("t").gpus(2).label(GANG, "pd")).deployment("decode", 3, 4).obj()
 
 Every builder is immutable (each setter returns a new one) and ``obj()`` returns a fresh
 dict each call, so a test may change what it got. The objects are what the API server
@@ -33,11 +34,13 @@ __all__ = [
     "NodeTopologyBuilder",
     "PodBuilder",
     "PodGroupBuilder",
+    "ReplicaSetBuilder",
     "WorkloadBuilder",
     "make_node_object",
     "make_node_topology",
     "make_pod",
     "make_pod_group",
+    "make_replica_set",
     "make_workload",
 ]
 
@@ -159,6 +162,76 @@ def make_pod(name: str, namespace: str = "llm") -> PodBuilder:
     """A pending CPU pod of one container for ``gangslice-scheduler``; ``.gpus(n)``,
     ``.gang(name, size)``, ``.on_node(node)``, ``.running()`` change it."""
     return PodBuilder(name, namespace)
+
+
+# -- apps/v1 ReplicaSet and StatefulSet ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplicaSetBuilder(_Namespaced):
+    """An apps/v1 ReplicaSet (or, with ``.stateful()``, a StatefulSet) whose pods are the
+    template's; see :func:`make_replica_set`."""
+
+    _template: PodBuilder | None = None
+    _replicas: int = 1
+    #: (Deployment name, desired-replicas, max-replicas, revision) for a Deployment's ReplicaSet.
+    _deployment: tuple[str, int, int, int] | None = None
+    _kind: str = "ReplicaSet"
+
+    def template(self, pod: PodBuilder) -> ReplicaSetBuilder:
+        """The pod template: the pod's labels, annotations and spec."""
+        return replace(self, _template=pod)
+
+    def replicas(self, count: int) -> ReplicaSetBuilder:
+        return replace(self, _replicas=count)
+
+    def deployment(
+        self, name: str, desired: int, most: int | None = None, revision: int = 1
+    ) -> ReplicaSetBuilder:
+        """Owned by Deployment ``name``, whose replicas (``desired``) and replicas + maxSurge
+        (``most``) the deployment controller writes on it."""
+        return replace(self, _deployment=(name, desired, desired if most is None else most, revision))
+
+    def stateful(self) -> ReplicaSetBuilder:
+        return replace(self, _kind="StatefulSet")
+
+    def obj(self) -> dict[str, Any]:
+        meta = self._metadata()
+        if self._deployment is not None:
+            name, desired, most, revision = self._deployment
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": name,
+                    "uid": f"uid-{name}",
+                    "controller": True,
+                }
+            ]
+            meta.setdefault("annotations", {}).update(
+                {
+                    "deployment.kubernetes.io/desired-replicas": str(desired),
+                    "deployment.kubernetes.io/max-replicas": str(most),
+                    "deployment.kubernetes.io/revision": str(revision),
+                }
+            )
+        pod = (self._template or PodBuilder("template", self._namespace)).obj()
+        template = {
+            "metadata": {"labels": pod["metadata"]["labels"], "annotations": pod["metadata"]["annotations"]},
+            "spec": pod["spec"],
+        }
+        return {
+            "apiVersion": "apps/v1",
+            "kind": self._kind,
+            "metadata": meta,
+            "spec": {"replicas": self._replicas, "template": template},
+        }
+
+
+def make_replica_set(name: str, namespace: str = "llm") -> ReplicaSetBuilder:
+    """A ReplicaSet of one pod like ``.template(make_pod(...))``; ``.deployment(name, desired,
+    most)`` makes it a Deployment's, ``.stateful()`` a StatefulSet."""
+    return ReplicaSetBuilder(name, namespace)
 
 
 # -- core/v1 Node ------------------------------------------------------------------------------

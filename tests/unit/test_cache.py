@@ -50,11 +50,12 @@ def test_cluster_file_gives_the_file_nodes_and_allocations(tmp_path: Path) -> No
 
 
 DRA_KINDS = (Kind.RESOURCE_SLICES, Kind.DEVICE_CLASSES, Kind.RESOURCE_CLAIMS)
+OWNER_KINDS = (Kind.REPLICA_SETS, Kind.STATEFUL_SETS)
 
 
 def test_not_ready_until_every_kind_is_listed() -> None:
     cache = ClusterCache()
-    for kind in (Kind.NODES, Kind.PODS, Kind.NODE_TOPOLOGIES, *DRA_KINDS):
+    for kind in (Kind.NODES, Kind.PODS, Kind.NODE_TOPOLOGIES, *DRA_KINDS, *OWNER_KINDS):
         cache.replace(kind, [])
         assert not cache.ready
     assert cache.awaiting == {Kind.SLICE_RESERVATIONS}
@@ -273,7 +274,7 @@ def test_reservations_come_back_by_the_rebuild_alone_and_once() -> None:
     r = cache.reservation("llm/g")
     assert r is not None
     other = ClusterCache()
-    for kind in (Kind.NODES, Kind.PODS, Kind.NODE_TOPOLOGIES, *DRA_KINDS):
+    for kind in (Kind.NODES, Kind.PODS, Kind.NODE_TOPOLOGIES, *DRA_KINDS, *OWNER_KINDS):
         other.replace(kind, [])
     for name in ("a", "b"):
         other.apply(Kind.NODES, "ADDED", node_obj(name))

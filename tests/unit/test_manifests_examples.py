@@ -18,6 +18,8 @@ from test_manifests import EXAMPLES, K8S_EXAMPLES, load_all, pod_templates, yaml
 from extender.controllers.kueue.workload_gang import gang_from_workload
 from extender.kube import names
 from extender.kube.gangs import plain_gang_request
+from extender.kube.names import DESIRED_REPLICAS, MAX_REPLICAS
+from extender.kube.owners import OwnerTable
 from extender.kube.pods import PodInfo
 from extender.placement.files import load_cluster
 from extender.placement.request import GangRequest, PodSet
@@ -80,6 +82,11 @@ def test_there_are_four_shapes_in_each_flavour() -> None:
 def test_plain_examples_become_the_gangs_they_describe(path: Path) -> None:
     members: dict[str, list[tuple[PodInfo, str | None]]] = defaultdict(list)
     pods = 0
+    owners = OwnerTable()
+    for obj in load_all(path):
+        made = owned_by(obj)
+        if made is not None:
+            owners.put(*made)
     for obj in load_all(path):
         for which, template in pod_templates(obj):
             pod = PodInfo.from_obj(pod_object(obj, which, template))
@@ -93,13 +100,14 @@ def test_plain_examples_become_the_gangs_they_describe(path: Path) -> None:
                 alone = GangRequest(pod.key, (PodSet("pod", 1, pod.gpus, required_level=pod.required_level),))
                 assert_places(alone, cluster_for(_product(template)), path.name)
                 continue
-            assert pod.gang_size is not None, f"{path.name}: a gang pod needs {names.GANG_SIZE}"
+            if owners.sizes(pod.gang) is None:
+                assert pod.gang_size is not None, f"{path.name}: a gang pod needs {names.GANG_SIZE}"
             members[pod.gang].append((pod, _product(template)))
     for key, seen in members.items():
         # Whichever member is seen first, once every pod template has been seen the gang's
         # request is the same (but for the name of a lone pod set, the role a pod names).
         peers = [p for p, _ in seen]
-        requests = [plain_gang_request(p, peers) for p in peers]
+        requests = [plain_gang_request(p, peers, owners) for p in peers]
         assert all(isinstance(r, GangRequest) for r in requests), f"{path.name}: {requests}"
         shapes = {
             tuple(replace(ps, name="pods") if len(r.pod_sets) == 1 else ps for ps in r.pod_sets)
@@ -113,6 +121,26 @@ def test_plain_examples_become_the_gangs_they_describe(path: Path) -> None:
             f"{path.name}: {names.GANG_SIZE} is {request.pods}, the objects make {pods}"
         )
         assert_places(request, cluster_for(seen[0][1]), path.name)
+
+
+def owned_by(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The owner of an example's pods as the cluster makes it: a Deployment's ReplicaSet (the
+    deployment controller writes the Deployment's replicas on it), a StatefulSet as it is."""
+    if obj["kind"] == "StatefulSet":
+        return "StatefulSet", dict(obj)
+    if obj["kind"] != "Deployment":
+        return None
+    meta, replicas = obj["metadata"], obj["spec"].get("replicas", 1)
+    rs_meta = {
+        "name": f"{meta['name']}-1",
+        "namespace": meta.get("namespace", "default"),
+        "ownerReferences": [{"kind": "Deployment", "name": meta["name"], "controller": True}],
+        "annotations": {DESIRED_REPLICAS: str(replicas), MAX_REPLICAS: str(replicas)},
+    }
+    return "ReplicaSet", {
+        "metadata": rs_meta,
+        "spec": {"replicas": replicas, "template": obj["spec"]["template"]},
+    }
 
 
 # -- Kueue -------------------------------------------------------------------------------------

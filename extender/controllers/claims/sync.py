@@ -146,7 +146,7 @@ class SlotClaimSync:
             return await self._move_on_node(cache, r, found, why, pods)
         members = list(pods.values())
         try:
-            request = plain_gang_request(members[0], members) if members else None
+            request = plain_gang_request(members[0], members, cache.owners) if members else None
         except PodError as exc:
             request, problem = None, str(exc)
         else:

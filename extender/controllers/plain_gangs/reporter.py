@@ -90,7 +90,7 @@ class PlainGangReporter:
         if pod.node is not None or pod.terminal or pod.deleting or pod.gang is None:
             return
         try:
-            request = plain_gang_request(pod, self.cache.pods_of_gang(pod.gang))
+            request = plain_gang_request(pod, self.cache.pods_of_gang(pod.gang), self.cache.owners)
         except PodError as exc:
             await self._say(obj, pod, "Invalid", str(exc), "InvalidGang")
             return
