@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from extender.httpapi.memo import NamesKey, NamesMemo
 from extender.httpapi.wire import MAX_EXTENDER_PRIORITY
+from extender.kube.gangs import DEFAULT_POD_SET
 from extender.kube.pods import PodError, PodInfo
 from extender.placement import choice, numa_fit
 from extender.placement.node_fit import fit_for
@@ -224,6 +225,13 @@ class Decider:
         which = f" for pod set {pod.pod_set}" if pod.pod_set else ""
         if not free:
             bound = f"{len(r.bound)}/{len(r.slice.slots)} bound"
+            sizes = self.cache.owners.sizes(pod.gang) if pod.gang is not None else None
+            size = sizes.get(pod.pod_set or DEFAULT_POD_SET) if sizes is not None else None
+            if size is not None:
+                # An owned pod set at its owners' limit: the pod waits for one of it to leave.
+                bound += (
+                    f"; its owners let {size.limit} pods of it hold slots at once: waiting for one to leave"
+                )
             return set(), f"{label}: no free slot{which} ({bound})"
         return {s.node for s in free}, f"{label}: no free slot{which} on this node"
 

@@ -7,7 +7,7 @@ fake, in the manner of Kueue's ``pkg/util/testing`` and kube-scheduler's
     make_node_topology("h-0").pcie_8gpu_2socket().in_use("w-0", 0, 1).obj()
     make_workload("tp4").pod_set("main", count=2, gpus=4).quota_reserved(AT).check("gangslice").obj()
     make_pod_group("pg").min_member(2).phase("Inqueue").obj()
-    make_replica_set("decode-7f9").template(make_pod("t").gpus(2).label(GANG, "pd")).deployment("decode", 3, 4).obj()
+    make_replica_set("decode-7f9").template(make_pod("t").gpus(2)).deployment("decode", 3, 4).obj()
 
 Every builder is immutable (each setter returns a new one) and ``obj()`` returns a fresh
 dict each call, so a test may change what it got. The objects are what the API server

@@ -138,7 +138,9 @@ def test_without_surge_the_new_pod_waits_for_the_old_ones_slot_and_takes_it() ->
     assert freed is not None
     new = member("d-new", "decode", 4)
     out, _ = filtered(cache, decider, new)
-    assert not out.passed and "no free slot for pod set decode" in next(iter(out.failed.values()))
+    why = next(iter(out.failed.values()))
+    assert not out.passed and "no free slot for pod set decode" in why
+    assert "its owners let 2 pods of it hold slots at once: waiting for one to leave" in why
     gone(cache, old[0])
     assert slots(cache) == Counter({"decode": 2})
     node = bind(cache, decider, new)
