@@ -125,6 +125,15 @@ class Decider:
         outcome = "fit"
         if ref is not None:
             r = self.cache.book.reservation(ref.key)
+            if r is not None and pod.gpus > 0 and r.slot_of(pod.name) is None:
+                try:
+                    if self.cache.book.heal(pod):
+                        # Every slot was lost with its node: the gang is placed afresh.
+                        ref = self.gang_of(pod, job)
+                        assert ref is not None
+                except PodError as exc:
+                    return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
+                r = self.cache.book.reservation(ref.key)
             if r is None and ref.request is not None and pod.gpus > 0:
                 try:
                     placed = reserve(self.cache.book, ref.request, Claim(ref.key))

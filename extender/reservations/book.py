@@ -30,6 +30,7 @@ from extender.kube.api import Kind
 from extender.kube.cache import ClusterInformer
 from extender.kube.devices import DeviceMismatch, node_mismatches
 from extender.kube.gangs import DEFAULT_POD_SET, Incomplete, member_pod_set, plain_gang_request
+from extender.kube.owners import PodSetSize
 from extender.kube.pods import PodError, PodInfo
 from extender.logs import fields
 from extender.placement.feasibility import NOTHING
@@ -303,13 +304,14 @@ class ReservationBook:
     def grow(self, pod: PodInfo) -> Reservation | Unplaceable | None:
         """A pod of a held plain gang found no free slot: when the owners of its pod set want
         more pods than the slice has slots for it (a scale-up) or let more run at once (a
-        rolling update's surge pod), hold one more slot near the slice
-        (:func:`~extender.reservations.reserve.grow`); None when they do not (the pod waits for
-        a slot to come free). Call it under :attr:`lock`. Raises PodError for a pod whose
-        pod set cannot be read, LevelError for an unknown level."""
+        rolling update's surge pod), or the slice lost a slot of it (:meth:`heal`), hold one
+        more slot near the slice (:func:`~extender.reservations.reserve.grow`); None when
+        none is due (the pod waits for a slot to come free). Call it under :attr:`lock`.
+        Raises PodError for a pod whose pod set cannot be read, LevelError for an unknown
+        level."""
         gang = pod.gang
         r = self._ledger.get(gang) if gang is not None and pod.gang_key == gang else None
-        sizes = self.informer.owners.sizes(gang) if r is not None and gang is not None else None
+        sizes = self._sizes(pod) if r is not None else None
         if r is None or sizes is None:
             return None
         ps = member_pod_set(pod)
@@ -320,6 +322,57 @@ class ReservationBook:
         if not isinstance(grown, Unplaceable):
             self._ledger_changed(r.gang, _held_nodes(grown))
         return grown
+
+    def _sizes(self, pod: PodInfo) -> Mapping[str, PodSetSize] | None:
+        """The sizes of the pod's plain gang's pod sets: its owners', else what its pods'
+        size annotations say (as many at once as wanted)."""
+        assert pod.gang is not None
+        sizes = self.informer.owners.sizes(pod.gang)
+        if sizes is not None:
+            return sizes
+        got = plain_gang_request(pod, self.informer.pods_of_gang(pod.gang))
+        if not isinstance(got, GangRequest):
+            return None
+        return {ps.name: PodSetSize(ps.count, ps.count) for ps in got.pod_sets}
+
+    def heal(self, pod: PodInfo) -> bool:
+        """Free the slots of the pod's plain gang that the pod would take but cannot: their
+        node is gone, NotReady, or cordoned or tainted against it. The pod then gets a slot
+        beside the slice (:meth:`grow`). When no slot would be left the reservation is
+        released (True), and the gang is placed afresh. Call it under :attr:`lock`. Raises
+        PodError for a pod whose pod set cannot be read."""
+        gang = pod.gang
+        r = self._ledger.get(gang) if gang is not None and pod.gang_key == gang else None
+        if r is None or r.slot_of(pod.name) is not None:
+            return False
+        free = free_slots(r, pod)
+        snap = self.informer.snapshot()
+        if all(snap.has_node(s.node) and not snap.node(s.node).facts.constrains for s in free):
+            return False  # the common case, decided without reading the pod's needs
+        admitted = snap.admitted(member_pod_set(pod).node_needs)
+        lost = [
+            s
+            for s in free
+            if not snap.has_node(s.node) or (admitted is not None and snap.index(s.node) not in admitted)
+        ]
+        if not lost:
+            return False
+        nodes = sorted({s.node for s in lost})
+        if len(lost) == len(r.slice.slots):
+            log.info("gang %s: every slot is on nodes it cannot use (%s); released", r.gang, ",".join(nodes))
+            self.drop(r.gang)
+            return True
+        for s in lost:
+            self._ledger.remove_slot(r.gang, s.key)
+        log.info(
+            "gang %s: freed %d slots on nodes its pods cannot use (%s)",
+            r.gang,
+            len(lost),
+            ",".join(nodes),
+            extra=fields(gang=r.gang),
+        )
+        self._ledger_changed(r.gang, nodes)
+        return False
 
     def add_slot(self, gang: str, slot: PodSlot) -> Reservation:
         """Hold one more slot for ``gang`` (:meth:`Ledger.add_slot`; LedgerError passes through)."""

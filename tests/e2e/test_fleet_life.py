@@ -16,7 +16,7 @@ and a slot within it is kept for the pod's replacement.
 Tests: a prefill/decode pair of Deployments deploys as one gang under one leaf; a rolling update with
 surge and one without complete, with the slice back to the desired size; scaling through the scale
 subresource grows and shrinks the slice (freed GPUs go to another pod); a deleted pod's replacement
-takes the same node and GPUs.
+takes the same node and GPUs; a drained (cordoned) node's pod is replaced beside the gang.
 
 Nodes (pool ``fleet``): spine s1 with leaves a and b of four HGX H100 nodes (8 GPUs) each.
 """
@@ -49,6 +49,7 @@ from cluster import (
     gpus_of,
     hgx_leaves,
     items,
+    merge_patch,
     new_namespace,
     scheduled_condition,
     wait_for,
@@ -688,3 +689,41 @@ def test_deleted_pod_replacement_takes_its_slot(
         f"slot {key} not held by {pod_name(replacement)} within {SETTLE_S}s\n{observed(cp, ns, kubelet)}"
     )
     assert_nothing_double_booked(cp, ns, kubelet)
+
+
+def test_a_pod_lost_with_its_cordoned_node_is_replaced_beside_its_gang(
+    control_plane: ControlPlane, ns: str, kubelet: KubeletStandIn
+) -> None:
+    """`kubectl drain`: the node is cordoned and its pod evicted. The replacement cannot take the
+    slot the pod left (kube-scheduler offers no cordoned node), so the slot is freed and one is
+    placed beside the gang, under its leaf; the cordoned node holds nothing of the gang."""
+    cp = control_plane
+    replicas = 2
+    # Whole nodes: the replacement cannot share the lost pod's node with anything.
+    deploy(cp, deployment(ns, "drain", gang="drain", pod_set="decode", replicas=replicas, gpus=GPUS_PER_NODE))
+    before = wait_bound(cp, ns, "drain", replicas, kubelet)
+    leaf = only_leaf(wait_slots(cp, ns, "drain", replicas, kubelet), cp, ns, kubelet)
+    victim = before[0]
+    lost = victim["spec"]["nodeName"]
+    merge_patch(cp, "Node", lost, {"spec": {"unschedulable": True}})
+    try:
+        cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{pod_name(victim)}")
+        after = wait_bound(cp, ns, "drain", replicas, kubelet)
+        new = [p for p in after if pod_name(p) not in {pod_name(b) for b in before}]
+        assert len(new) == 1, f"{len(new)} new pods, not one replacement\n{observed(cp, ns, kubelet)}"
+        node = new[0]["spec"]["nodeName"]
+        assert node != lost and LEAF_OF[node] == leaf, (
+            f"the replacement went to {node} (leaf {LEAF_OF.get(node)}), not beside the gang under {leaf}\n"
+            f"{observed(cp, ns, kubelet)}"
+        )
+
+        def moved() -> bool:
+            r = reservation_of(cp, ns, "drain")
+            return len(slots(r)) == replicas and lost not in {node for node, _ in slot_places(r)}
+
+        assert wait_for_or_false(moved, SETTLE_S), (
+            f"the reservation still holds {lost} or is not {replicas} slots\n{observed(cp, ns, kubelet)}"
+        )
+        assert_nothing_double_booked(cp, ns, kubelet)
+    finally:
+        merge_patch(cp, "Node", lost, {"spec": {"unschedulable": False}})

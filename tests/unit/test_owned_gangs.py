@@ -270,3 +270,56 @@ def test_the_ledger_grows_and_shrinks_a_slice_without_promising_a_gpu_twice() ->
     with pytest.raises(LedgerError, match="its last"):
         ledger.remove_slot("g", "decode/1")
     assert ledger.held()["a"] == frozenset({2, 3, 4, 5})
+
+
+def _lose(cache: ClusterCache, node: str, how: str) -> None:
+    if how == "deleted":
+        cache.apply(Kind.NODES, "DELETED", node_obj(node))
+    elif how == "not ready":
+        cache.apply(Kind.NODES, "MODIFIED", node_obj(node, labels={LEAF: "leaf-1"}, ready=False))
+    else:
+        cache.apply(Kind.NODES, "MODIFIED", node_obj(node, labels={LEAF: "leaf-1"}, unschedulable=True))
+
+
+@pytest.mark.parametrize("how", ["deleted", "not ready", "cordoned"])
+def test_a_pod_lost_with_its_node_is_replaced_beside_its_gang(how: str) -> None:
+    cache = cluster({"leaf-1": ["a", "b", "c"], "leaf-2": ["x"]})
+    decider = Decider(cache)
+    leaf = {REQUIRED_LEVEL: "leaf"}
+    owner(cache, "decode", 8, desired=2, most=2, **leaf)
+    pods = [member(f"d-{i}", "decode", 8, **leaf) for i in range(2)]
+    nodes = [bind(cache, decider, p) for p in pods]
+    lost = nodes[0]
+    _lose(cache, lost, how)
+    gone(cache, pods[0])
+    node = bind(cache, decider, member("d-new", "decode", 8, **leaf))
+    assert node not in (lost, "x") and node != nodes[1]
+    r = cache.book.reservation(GANG_KEY)
+    assert r is not None and lost not in r.slice.nodes and len(r.slice.slots) == 2 and r.complete
+    assert_no_gpu_twice(cache)
+
+
+def test_a_gang_sized_by_annotation_heals_too_and_one_that_lost_every_slot_is_placed_afresh() -> None:
+    cache = cluster({"leaf-1": ["a", "b", "c"]})
+    decider = Decider(cache)
+    sized = {"gangslice.io/gang-size": "2"}
+    pods = [member(f"d-{i}", "decode", 8, **sized) for i in range(2)]
+    nodes = [bind(cache, decider, p) for p in pods]
+    _lose(cache, nodes[0], "deleted")
+    gone(cache, pods[0])
+    node = bind(cache, decider, member("d-new", "decode", 8, **sized))
+    assert node not in nodes
+    assert slots(cache) == Counter({"decode": 2})
+    # Both nodes of the gang's slice go while one pod is still to come: placed afresh.
+    solo = {"gangslice.io/gang-size": "1"}
+    cache.apply(Kind.PODS, "DELETED", member("d-1", "decode", 8, **sized).obj())
+    cache.apply(Kind.PODS, "DELETED", member("d-new", "decode", 8, **sized).obj())
+    assert cache.book.reservation(GANG_KEY) is None
+    first = member("s-0", "decode", 8, **solo)
+    out, _ = filtered(cache, decider, first)
+    assert out.outcome == "reserved"
+    r = cache.book.reservation(GANG_KEY)
+    assert r is not None
+    _lose(cache, r.slice.nodes[0], "cordoned")
+    out, _ = filtered(cache, decider, first)
+    assert out.outcome == "reserved" and out.passed and r.slice.nodes[0] not in out.passed
