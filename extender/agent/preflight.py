@@ -7,7 +7,14 @@ the process can see with that promise, and checks what operators otherwise check
 
 - ``gpus``: the visible GPUs are the promised ones;
 - ``gpu-uuids``: the visible GPUs' UUIDs are the ones promised in ``gangslice.io/gpu-uuids``
-  (a swap for another GPU of the same NUMA node passes every other check);
+  (a swap for another GPU of the same NUMA node passes every other check).
+
+  As many GPUs as promised but other ones pass these two checks, saying so, unless
+  ``--strict-gpus``: the kubelet's choice stands, gangslice moves the reservation onto them,
+  and whether they serve the pod is what the checks below judge (the promised NUMA node is
+  then not required, only one shared with the process). A set that breaks the in-node rule
+  fails ``tp-links``, and the controller evicts such a pod (``serve --on-mismatch``) rather
+  than leave it crash-looping on the GPUs it holds;
 - ``tp-size``: ``--expect-tp N`` GPUs are visible;
 - ``tp-links``: every pair of visible GPUs is NVLink (``NV#``), or with ``--allow-pcie``
   within the PCIe level promised by ``gangslice.io/required-level`` (PXB when not an
@@ -29,7 +36,7 @@ from __future__ import annotations
 import ast
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from extender.kube.names import GPU_UUIDS, GPUS, NUMA_NODE, REQUIRED_LEVEL
@@ -37,6 +44,10 @@ from extender.topology.model import IN_NODE_LEVELS, GpuGraph, Tier
 from extender.topology.serialize import index_ranges
 
 DEFAULT_ANNOTATIONS = Path("/etc/podinfo/annotations")
+#: Said of a ``gpus`` / ``gpu-uuids`` difference that passes (without ``--strict-gpus``).
+FOLLOWED = (
+    "the kubelet's choice stands: gangslice moves the reservation onto these GPUs (--strict-gpus fails here)"
+)
 
 
 class PreflightError(RuntimeError):
@@ -354,10 +365,18 @@ def run_checks(
     cpus: frozenset[int],
     expect_tp: int | None = None,
     allow_pcie: bool = False,
+    strict_gpus: bool = False,
 ) -> Report:
     if not visible.gpus:
         return Report(visible, (Check("gpus", False, "no GPUs visible to this process"),), ())
     checks = [_check_gpus(visible, promise), _check_uuids(graph, visible, promise)]
+    same_count = promise.gpus is None or len(promise.gpus) == len(visible.gpus)
+    if not strict_gpus and same_count and not all(c.ok for c in checks):
+        # Other GPUs than promised, as many: the kubelet's choice stands and gangslice moves the
+        # reservation onto it. Whether they serve the pod is what the checks below judge (a set
+        # that breaks the in-node rule fails there, and the controller evicts such a pod).
+        checks = [c if c.ok else Check(c.name, True, f"{c.detail}; {FOLLOWED}") for c in checks]
+        promise = replace(promise, numa_nodes=None)
     if expect_tp is not None:
         checks.append(_check_tp_size(visible, expect_tp))
     checks.append(_check_tp_links(graph, visible, promise.allowed_tier(allow_pcie)))

@@ -145,6 +145,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="accept PCIe pairs within the promised level (gangslice.io/required-level, default pcie = PXB)",
     )
+    p.add_argument(
+        "--strict-gpus",
+        action="store_true",
+        help="fail when the GPUs are not the promised ones, even as many that meet the in-node rule "
+        "(default: pass, saying so; gangslice moves the reservation onto them)",
+    )
     p.add_argument("--sysfs-root", type=Path, default=SYSFS, help=argparse.SUPPRESS)
     p.add_argument(
         "--quiet",
@@ -282,6 +288,7 @@ def run_preflight(args: argparse.Namespace) -> int:
         cpus=frozenset(os.sched_getaffinity(0)),
         expect_tp=args.expect_tp,
         allow_pcie=args.allow_pcie,
+        strict_gpus=args.strict_gpus,
     )
     if args.quiet:
         if report.ok and report.numactl:

@@ -102,10 +102,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--on-mismatch",
         choices=[o.value for o in OnMismatch],
-        default=OnMismatch.REPORT.value,
+        default=OnMismatch.EVICT_INCOHERENT.value,
         help="a pod the kubelet gave other GPUs than promised: report it (Event, DevicesMismatch "
-        "condition, metric; default) or also evict it to be placed again (pods/eviction, which "
-        "honours its PodDisruptionBudget)",
+        "condition, metric; its slot follows the kubelet), and evict it to be placed again "
+        "(pods/eviction, which honours its PodDisruptionBudget) never, only when its GPUs break "
+        "its pod set's in-node rule (default: such a pod would crash-loop on its preflight "
+        "holding them), or always",
     )
     p.add_argument(
         "--imex-daemon-requests",

@@ -2,8 +2,8 @@
 kubelet's allocation, differ from its ``gangslice.io/gpus`` promise is counted as reported,
 its reservation slot follows the kubelet, its SliceReservation says so (``DevicesMismatch``,
 both sets, whether the reported set meets the pod set's rule), a metric counts it, an Event
-tells the pod, and ``--on-mismatch=evict`` evicts it (a PodDisruptionBudget's 429 is no
-error)."""
+tells the pod, and ``--on-mismatch`` evicts it: by default only when its GPUs break its pod
+set's rule, with ``evict`` always (a PodDisruptionBudget's 429 is no error)."""
 
 from __future__ import annotations
 
@@ -270,7 +270,7 @@ def mismatched() -> tuple[ClusterCache, InMemoryReservationStore]:
 def test_report_tells_the_pod_once_and_evicts_nothing() -> None:
     cache, _ = mismatched()
     api = api_with_pod(cache)
-    reporter = MismatchReporter(api)
+    reporter = MismatchReporter(api, OnMismatch.REPORT)
     for _ in range(3):
         assert asyncio.run(reporter.sync(cache, 0.0)) == 0
     (event,) = api.events
@@ -294,6 +294,31 @@ def test_evict_evicts_the_pod_through_the_eviction_subresource() -> None:
     asyncio.run(cache.flush())
     c = devices_condition(store)
     assert c is not None and "evicted to be placed again" in c["message"]
+
+
+def test_by_default_only_a_pod_whose_gpus_break_its_rule_is_evicted() -> None:
+    """The default (``evict-incoherent``): a pod on GPUs that still meet its pod set's rule keeps
+    them (its slot follows the kubelet); one across the sockets where one PCIe switch was
+    required is evicted, not left to crash-loop on its preflight holding them."""
+    cache, _ = mismatched()  # HGX: any four GPUs are one NVLink island
+    (m,) = cache.device_mismatches()
+    assert m.coherent
+    api = api_with_pod(cache)
+    reporter = MismatchReporter(api)
+    assert reporter.on_mismatch is OnMismatch.EVICT_INCOHERENT
+    assert asyncio.run(reporter.sync(cache, 0.0)) == 0
+    assert api.peek(PODS, "g-0", "llm") is not None
+    cache, graph, slot = setup("pcie-8gpu-2socket", gpus=2)
+    far = 7 if slot.gpus[0] < 4 else 0
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology(graph, {"g-0": [slot.gpus[0], far]}))
+    (m,) = cache.device_mismatches()
+    assert not m.coherent
+    api = api_with_pod(cache)
+    reporter = MismatchReporter(api)
+    assert asyncio.run(reporter.sync(cache, 0.0)) == 1
+    assert api.peek(PODS, "g-0", "llm") is None
+    assert [e["reason"] for e in api.events] == [DEVICES_MISMATCH, EVICTED]
+    assert cache.mismatch_evictions == {"evicted": 1}
 
 
 def test_a_disruption_budget_429_is_reported_and_retried_next_period() -> None:

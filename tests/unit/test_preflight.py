@@ -11,6 +11,7 @@ import pytest
 
 from extender.agent.fakes import FAKE_ENV, fake_node
 from extender.agent.preflight import (
+    FOLLOWED,
     PreflightError,
     Promise,
     Visible,
@@ -151,10 +152,16 @@ def test_fails_on_a_broken_promise_on_hgx(
     _affinity(cli, cpus)
     ann = _annotations(tmp_path, **promised)
 
-    assert main(["preflight", "--annotations", str(ann)]) == 1
+    assert main(["preflight", "--annotations", str(ann), "--strict-gpus"]) == 1
     out = capsys.readouterr()
     assert f"FAIL  {check}" in out.out
     assert out.err.strip() == f"gangslice preflight: FAIL: {check}: {reason}"
+    # Without --strict-gpus, other GPUs than promised (as many, meeting the rule) pass, saying so.
+    code = main(["preflight", "--annotations", str(ann)])
+    out = capsys.readouterr()
+    assert code == (0 if check == "gpus" else 1), out
+    if check == "gpus":
+        assert f"{reason}; {FOLLOWED}" in out.out
 
 
 def test_fails_when_expect_tp_does_not_match(
@@ -334,7 +341,9 @@ def test_a_swap_within_one_numa_node_is_caught_by_uuid(hgx: GpuGraph) -> None:
         "gangslice.io/numa-node": "0",
         "gangslice.io/gpu-uuids": ",".join(promised),
     }
-    report = run_checks(inside, visible, Promise.from_annotations(ann), cpus=SOCKET0_H100)
+    followed = run_checks(inside, visible, Promise.from_annotations(ann), cpus=SOCKET0_H100)
+    assert followed.ok and FOLLOWED in next(c for c in followed.checks if c.name == "gpu-uuids").detail
+    report = run_checks(inside, visible, Promise.from_annotations(ann), cpus=SOCKET0_H100, strict_gpus=True)
     failed = [c for c in report.checks if not c.ok]
     assert [c.name for c in failed] == ["gpu-uuids"]
     given = hgx.uuids((2, 3))
@@ -365,7 +374,7 @@ def test_the_command_exits_1_naming_both_uuid_sets(
     _affinity(cli, frozenset(range(60, 68)))
     ann = _annotations(tmp_path, uuids=",".join(promised))
 
-    assert main(["preflight", "--annotations", str(ann)]) == 1
+    assert main(["preflight", "--annotations", str(ann), "--strict-gpus"]) == 1
     err = capsys.readouterr().err
     assert "FAIL: gpu-uuids: visible GPUs" in err
     assert all(u.lower() in err for u in {*given, *promised})

@@ -2,16 +2,23 @@
 
 The cluster cache finds such pods (:mod:`extender.kube.devices`) as soon as the node agent's
 NodeTopology shows them, counts their GPUs as reported and moves their reservation slots.
-:class:`MismatchReporter`, run from the leader's housekeeping loop, makes it visible and,
-with ``gangslice serve --on-mismatch=evict``, acts:
+:class:`MismatchReporter`, run from the leader's housekeeping loop, makes it visible and
+acts as ``gangslice serve --on-mismatch`` says:
 
-- ``report`` (the default): a Warning Event ``DevicesMismatch`` on the pod, once per
-  mismatch (the sets promised and reported, and whether the reported set meets the pod
-  set's rule); the reservation's ``DevicesMismatch`` condition says the same;
-- ``evict``: also an eviction of the pod through ``pods/eviction`` (policy/v1), so its
-  PodDisruptionBudget is honoured and its controller makes a new pod, placed again. A 429
-  (the budget allows no disruption now) is no error: the Event and the condition say so and
-  the eviction is tried again at the next pass (every housekeeping period, 5 s by default).
+- ``report``: a Warning Event ``DevicesMismatch`` on the pod, once per mismatch (the sets
+  promised and reported, and whether the reported set meets the pod set's rule); the
+  reservation's ``DevicesMismatch`` condition says the same;
+- ``evict-incoherent`` (the default): that, and an eviction of a pod whose GPUs break its
+  pod set's in-node rule (two GPUs across sockets where one NVLink island was required). Such
+  a pod cannot run as placed (``gangslice preflight`` in it fails), and left alone it would
+  crash-loop holding those GPUs; a pod whose GPUs still meet the rule keeps them, and its
+  slot follows the kubelet;
+- ``evict``: an eviction of every such pod.
+
+An eviction goes through ``pods/eviction`` (policy/v1), so the PodDisruptionBudget is
+honoured, and the pod's controller makes a new pod, placed again. A 429 (the budget allows no
+disruption now) is no error: the Event and the condition say so and the eviction is tried
+again at the next pass (every housekeeping period, 5 s by default).
 """
 
 from __future__ import annotations
@@ -36,7 +43,11 @@ class OnMismatch(enum.StrEnum):
     """``gangslice serve --on-mismatch``."""
 
     REPORT = "report"
+    EVICT_INCOHERENT = "evict-incoherent"
     EVICT = "evict"
+
+    def evicts(self, m: DeviceMismatch) -> bool:
+        return self is OnMismatch.EVICT or (self is OnMismatch.EVICT_INCOHERENT and not m.coherent)
 
 
 def pod_event(m: DeviceMismatch, reason: str, message: str, now: float) -> dict[str, Any]:
@@ -53,10 +64,10 @@ class Mismatches(Protocol):
 
 
 class MismatchReporter:
-    """Events (and, with ``evict``, evictions) for the cache's device mismatches; call
+    """Events (and evictions, as :class:`OnMismatch` says) for the cache's device mismatches; call
     :meth:`sync` on the leader now and then."""
 
-    def __init__(self, api: KubeClient, on_mismatch: OnMismatch = OnMismatch.REPORT) -> None:
+    def __init__(self, api: KubeClient, on_mismatch: OnMismatch = OnMismatch.EVICT_INCOHERENT) -> None:
         self.api = api
         self.on_mismatch = on_mismatch
         #: Mismatches (:attr:`DeviceMismatch.sets`) already told by an Event / already evicted.
@@ -75,7 +86,7 @@ class MismatchReporter:
             if m.sets not in self._told:
                 await self._event(m, DEVICES_MISMATCH, m.message(), now)
                 self._told.add(m.sets)
-            if self.on_mismatch is OnMismatch.EVICT and m.sets not in self._evicted:
+            if self.on_mismatch.evicts(m) and m.sets not in self._evicted:
                 evicted += await self._evict(cache, m, now)
         return evicted
 
@@ -98,7 +109,7 @@ class MismatchReporter:
             cache.note_eviction(m.pod, "failed", f"eviction failed ({exc}); tried again later")
             return 0
         self._evicted.add(m.sets)
-        text = "evicted to be placed again (--on-mismatch=evict)"
+        text = f"evicted to be placed again (--on-mismatch={self.on_mismatch.value})"
         cache.note_eviction(m.pod, "evicted", text)
         log.warning("pod %s evicted: the kubelet gave it other GPUs than promised", m.pod)
         await self._event(m, EVICTED, f"pod {m.pod} {text}: {m.message()}", now)
