@@ -62,6 +62,7 @@ from extender.kube.slot_claims import (
     gpu_claim,
     handed_out,
     pick_slot,
+    pod_index,
 )
 from extender.logs import fields
 from extender.placement.ledger import Reservation
@@ -164,7 +165,22 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         try:
             slot = pick_slot(r, pod, handed)
         except SlotError as exc:
-            raise Refusal(f"gang {gang}: {exc}") from None
+            # Every slot of its pod set is handed out: a rolling update's surge pod or a
+            # scale-up's new pod. The gang grows by one slot beside its slice where its owners
+            # let it (a pod with an index names its slot: it never grows one).
+            try:
+                grown = cache.book.grow(pod) if pod_index(pod) is None else None
+            except (PodError, LevelError) as why:
+                raise Refusal(f"gang {gang}: {why}") from None
+            if isinstance(grown, Unplaceable):
+                raise Refusal(f"gang {gang}: {exc}; {grown.reason}") from None
+            if grown is None:
+                raise Refusal(f"gang {gang}: {exc}") from None
+            try:
+                slot = pick_slot(grown, pod, handed)
+            except SlotError as again:
+                raise Refusal(f"gang {gang}: {again}") from None
+            r = grown
         device_map = cache.device_map(slot.node)
         if device_map is None:
             raise Refusal(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from extender.kube.devices import DeviceMismatch, node_mismatches
 from extender.kube.gangs import DEFAULT_POD_SET, Incomplete, member_pod_set, plain_gang_request
 from extender.kube.owners import PodSetSize
 from extender.kube.pods import PodError, PodInfo
+from extender.kube.slot_claims import handed_out
 from extender.logs import fields
 from extender.placement.feasibility import NOTHING
 from extender.placement.ledger import DEFAULT_TTL_S, Ledger, LedgerError, Phase, Reservation, hold_requests
@@ -378,23 +380,24 @@ class ReservationBook:
         """Hold one more slot for ``gang`` (:meth:`Ledger.add_slot`; LedgerError passes through)."""
         return self._ledger.add_slot(gang, slot)
 
-    def trim(self, gang: str) -> None:
+    def trim(self, gang: str, freed_first: str | None = None) -> None:
         """Free the slots of ``gang`` no pod holds beyond what its owners want of each pod set
         and the pods that live need (a scale-down, a rolling update's old pod gone); no owner
-        sizes the gang: nothing."""
+        sizes the gang: nothing. A slot a live pod was handed at its creation (DRA) stays;
+        ``freed_first``, the slot a pod just left, goes before any other."""
         r = self._ledger.get(gang)
         sizes = self.informer.owners.sizes(gang) if r is not None else None
         if r is None or sizes is None:
             return
-        alive: dict[str, int] = {}
-        for p in self.informer.pods_of_gang(gang):
-            if not p.terminal and not p.deleting:
-                alive[p.pod_set or DEFAULT_POD_SET] = alive.get(p.pod_set or DEFAULT_POD_SET, 0) + 1
+        pods = [p for p in self.informer.pods_of_gang(gang) if not p.terminal and not p.deleting]
+        alive = Counter(p.pod_set or DEFAULT_POD_SET for p in pods)
+        handed = handed_out(pods)
         freed: list[str] = []
         for role in sorted({s.pod_set for s in r.slice.slots}):
             slots = [s for s in r.slice.slots if s.pod_set == role]
-            want = max(sizes[role].desired if role in sizes else 0, alive.get(role, 0))
-            spare = sorted((s for s in slots if s.key not in r.bound), key=lambda s: -s.index)
+            want = max(sizes[role].desired if role in sizes else 0, alive[role])
+            spare = [s for s in slots if s.key not in r.bound and s.key not in handed]
+            spare.sort(key=lambda s: (s.key != freed_first, -s.index))
             for s in spare[: max(len(slots) - want, 0)]:
                 if len(r.slice.slots) == 1:
                     break
@@ -707,6 +710,7 @@ class ReservationBook:
         """A pod that held a slot finished or was deleted: free its slot for a replacement
         (with a fresh TTL), or release the reservation when no pod of the gang is left; a
         slot its owners no longer want goes (:meth:`trim`)."""
+        left: str | None = None
         for r in self._ledger.reservations():
             ns = self.ref_of(r).namespace
             if ns != pod.namespace:
@@ -723,8 +727,9 @@ class ReservationBook:
                 self.drop(r.gang)
             else:
                 self.unbind_slot(r.gang, slot.key)
+                left = slot.key
         if pod.gang is not None:
-            self.trim(pod.gang)
+            self.trim(pod.gang, left)
 
     def pod_bound(self, pod: PodInfo) -> None:
         """A gang pod that shows up bound but is not in the ledger (bound by someone else, or

@@ -34,7 +34,7 @@ from extender.reservations.store import KubeReservationStore
 from extender.testing.dra import device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.testing.extender import node_obj
 from extender.testing.kube import FakeKube
-from extender.testing.objects import make_node_topology
+from extender.testing.objects import make_node_topology, make_pod, make_replica_set
 from extender.topology.presets import preset_graph
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "nvidia-dra"
@@ -829,3 +829,38 @@ def test_the_cache_reads_the_driver_s_compute_domain_label_and_keeps_foreign_dom
         if cds.channel_domain(claim) == (domain["metadata"]["uid"], r1.meta["name"]):
             cache.apply(Kind.RESOURCE_CLAIMS, "DELETED", claim)
     assert cache.snapshot().node(mine[0]).foreign_domain is not None
+
+
+def created(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the API server stores it after the webhook's patch."""
+    out = patched(pod, response)
+    out["metadata"]["namespace"] = "llm"
+    return out
+
+
+def test_a_surge_pod_of_an_owned_gang_grows_a_slot_with_its_own_claim_up_to_its_owners_limit() -> None:
+    """On DRA nodes the slot is handed out at pod creation: a rolling update's surge pod, whose
+    pod set's every slot is handed out, gets one more slot (and claim) beside the gang, as many
+    as the Deployment's max-replicas allow; one more is refused, naming why."""
+    api = FakeKube()
+    cache = pcie_cache(api)
+    api.put(RESOURCE_CLAIM_TEMPLATES, template(2))
+    rs = make_replica_set("tp2-r1").template(make_pod("t").label(names.GANG, "tp2")).deployment("tp2", 2, 3)
+    cache.apply(Kind.REPLICA_SETS, "ADDED", rs.obj())
+    pods = [dra_pod(f"tp2-{i}", gang="tp2") for i in range(4)]
+    for pod, response in zip(pods[:2], admit(api, cache, *pods[:2]), strict=True):
+        assert response["allowed"], response
+        cache.apply(Kind.PODS, "ADDED", created(pod, response))
+    r = cache.reservation("llm/tp2")
+    assert r is not None and len(r.slice.slots) == 2
+    (surge,) = admit(api, cache, pods[2])
+    assert surge["allowed"], surge
+    r = cache.reservation("llm/tp2")
+    assert r is not None and len(r.slice.slots) == 3
+    held = [g for s in r.slice.slots for g in s.gpus]
+    assert len(held) == len(set(held)) == 6
+    assert len(api.objects(RESOURCE_CLAIMS)) == 3
+    cache.apply(Kind.PODS, "ADDED", created(pods[2], surge))
+    (over,) = admit(api, cache, pods[3])
+    assert not over["allowed"]
+    assert "every slot is handed out (3 of 3)" in over["status"]["message"], over
