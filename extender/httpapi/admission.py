@@ -162,20 +162,17 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         mine = {k: v for k, v in pending.get(gang, {}).items() if now - v[1] < PENDING_S}
         handed = {k: name for k, (name, _) in mine.items()}
         handed.update(handed_out(cache.pods_of_gang(gang)))
+        if pod_index(pod) is None and cache.book.lacks_pod_set(pod):
+            r = _grown(cache, pod, gang, "its pod set has no slot")  # an owner come after the placement
         try:
             slot = pick_slot(r, pod, handed)
         except SlotError as exc:
             # Every slot of its pod set is handed out: a rolling update's surge pod or a
             # scale-up's new pod. The gang grows by one slot beside its slice where its owners
             # let it (a pod with an index names its slot: it never grows one).
-            try:
-                grown = cache.book.grow(pod) if pod_index(pod) is None else None
-            except (PodError, LevelError) as why:
-                raise Refusal(f"gang {gang}: {why}") from None
-            if isinstance(grown, Unplaceable):
-                raise Refusal(f"gang {gang}: {exc}; {grown.reason}") from None
-            if grown is None:
+            if pod_index(pod) is not None:
                 raise Refusal(f"gang {gang}: {exc}") from None
+            grown = _grown(cache, pod, gang, str(exc))
             try:
                 slot = pick_slot(grown, pod, handed)
             except SlotError as again:
@@ -315,6 +312,20 @@ async def _join_domain(
             }
         )
     return ops
+
+
+def _grown(cache: ClusterCache, pod: PodInfo, gang: str, why: str) -> Reservation:
+    """The gang grown for ``pod`` (:meth:`ReservationBook.grow`); Refusal, saying ``why`` it
+    needed to, when it cannot or may not grow."""
+    try:
+        grown = cache.book.grow(pod)
+    except (PodError, LevelError) as exc:
+        raise Refusal(f"gang {gang}: {exc}") from None
+    if isinstance(grown, Unplaceable):
+        raise Refusal(f"gang {gang}: {why}; {grown.reason}")
+    if grown is None:
+        raise Refusal(f"gang {gang}: {why}")
+    return grown
 
 
 def _reserve(cache: ClusterCache, pod: PodInfo) -> Reservation:

@@ -147,12 +147,12 @@ class Decider:
                     self.cache.book.ref_of(r).label if r else ReservationRef.parse(ref.key, None).label
                 )
                 outcome = "reserved"
-            try:
-                if r is not None and outside_slice(ref.reservation_label, r, pod):
-                    return FilterOutcome(list(names), {}, {}, outcome, reserved=ref.key if r else None)
-            except Refused as exc:
-                return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
-            if r is not None and r.slot_of(pod.name) is None and not free_slots(r, pod):
+            if (
+                r is not None
+                and pod.gpus > 0
+                and r.slot_of(pod.name) is None
+                and (not free_slots(r, pod) or self.cache.book.lacks_pod_set(pod))
+            ):
                 try:
                     grown = self.cache.book.grow(pod)
                 except (PodError, LevelError) as exc:
@@ -163,6 +163,11 @@ class Decider:
                     )
                 if grown is not None:
                     r, outcome = grown, "reserved"
+            try:
+                if r is not None and outside_slice(ref.reservation_label, r, pod):
+                    return FilterOutcome(list(names), {}, {}, outcome, reserved=ref.key if r else None)
+            except Refused as exc:
+                return _all(names, Code.UNRESOLVABLE, str(exc), "invalid")
             if r is not None:
                 nodes, reason = self._slot_nodes(pod, ref)
                 if outcome == "reserved":

@@ -11,6 +11,10 @@ only when the ones before have no room:
 3. the nodes under each domain the pod set's nodes share, finest first (their leaf, then their
    spine...), down to the required level;
 4. without a required level, the whole cluster.
+
+A pod set the slice has no slot of yet (its owner came after the gang was placed) starts from
+the gang's nodes and may end anywhere: its required level binds its own pods to one another
+(the solver keeps it within the unit placed), not to the gang.
 """
 
 from __future__ import annotations
@@ -24,35 +28,40 @@ from extender.placement.snapshot import ClusterSnapshot
 
 
 def near_slice(view: ClusterSnapshot, sl: Slice, ps: PodSet) -> list[frozenset[str]]:
-    """The node sets to try for one more pod of ``ps`` (a pod set of ``sl``), nearest first;
-    each holds the ones before it. Raises LevelError for a level name the hierarchy lacks."""
+    """The node sets to try for more pods of ``ps`` (a pod set of ``sl``), nearest first; each
+    holds the ones before it. Raises LevelError for a level name the hierarchy lacks."""
     h = view.hierarchy
     scope = resolve_need(ps, h).scope
-    mine = sorted({s.node for s in sl.slots if s.pod_set == ps.name and view.has_node(s.node)})
-    if not mine:
-        # A pod set scaled to nothing and back: it is as near as the gang is.
-        mine = sorted(n for n in sl.nodes if view.has_node(n))
-    stages: list[frozenset[str]] = [frozenset(mine)]
-    if not mine or scope >= node_scope(h):
+    own = sorted({s.node for s in sl.slots if s.pod_set == ps.name and view.has_node(s.node)})
+    # A pod set with pods already is bound to their required domain; one with none yet (its
+    # owner came after the gang was placed) is only drawn to the gang, and keeps its rule among
+    # its own pods wherever they go.
+    bound = bool(own)
+    anchor = own or sorted(n for n in sl.nodes if view.has_node(n))
+    everywhere = frozenset(n.name for n in view.nodes)
+    if not anchor:
+        return [everywhere]
+    stages: list[frozenset[str]] = [frozenset(anchor)]
+    if bound and scope >= node_scope(h):
         return stages
-    paths = [view.path_of(n) for n in mine]
+    paths = [view.path_of(n) for n in anchor]
     ref = paths[0]
 
     def within(path: Sequence[str | None], level: int) -> bool:
         return ref[level] is not None and tuple(path[: level + 1]) == tuple(ref[: level + 1])
 
     def allowed(node: str) -> bool:
-        return scope == ANYWHERE or within(view.path_of(node), scope)
+        return not bound or scope == ANYWHERE or within(view.path_of(node), scope)
 
     partners = frozenset(n for n in sl.nodes if view.has_node(n) and allowed(n))
     _add(stages, stages[-1] | partners)
-    common = h.common_level(paths)
-    for level in range(common, max(scope, 0) - 1, -1):
+    floor = max(scope, 0) if bound else 0
+    for level in range(h.common_level(paths), floor - 1, -1):
         if ref[level] is None:
             continue
         _add(stages, frozenset(n.name for n in view.nodes if within(view.path_of(n.name), level)))
-    if scope == ANYWHERE:
-        _add(stages, frozenset(n.name for n in view.nodes))
+    if scope == ANYWHERE or not bound:
+        _add(stages, everywhere)
     return stages
 
 

@@ -307,10 +307,11 @@ class ReservationBook:
         """A pod of a held plain gang found no free slot: when the owners of its pod set want
         more pods than the slice has slots for it (a scale-up) or let more run at once (a
         rolling update's surge pod), or the slice lost a slot of it (:meth:`heal`), hold one
-        more slot near the slice (:func:`~extender.reservations.reserve.grow`); None when
-        none is due (the pod waits for a slot to come free). Call it under :attr:`lock`.
-        Raises PodError for a pod whose pod set cannot be read, LevelError for an unknown
-        level."""
+        more slot near the slice (:func:`~extender.reservations.reserve.grow`). A pod set the
+        slice has no slot of (its owner came after the gang was placed) is a unit: all the
+        pods its owners want, or none. None when nothing is due (the pod waits for a slot to
+        come free). Call it under :attr:`lock`. Raises PodError for a pod whose pod set
+        cannot be read, LevelError for an unknown level."""
         gang = pod.gang
         r = self._ledger.get(gang) if gang is not None and pod.gang_key == gang else None
         sizes = self._sizes(pod) if r is not None else None
@@ -318,12 +319,20 @@ class ReservationBook:
             return None
         ps = member_pod_set(pod)
         size = sizes.get(ps.name)
-        if size is None or sum(1 for s in r.slice.slots if s.pod_set == ps.name) >= size.limit:
+        have = sum(1 for s in r.slice.slots if s.pod_set == ps.name)
+        if size is None or have >= size.limit:
             return None
-        grown = grow(self, r, ps)
+        grown = grow(self, r, ps, 1 if have else max(size.desired, 1))
         if not isinstance(grown, Unplaceable):
             self._ledger_changed(r.gang, _held_nodes(grown))
         return grown
+
+    def lacks_pod_set(self, pod: PodInfo) -> bool:
+        """Whether the slice of the pod's plain gang has no slot of the pod's pod set (its
+        owner came after the gang was placed): then no other pod set's slot is the pod's."""
+        r = self._ledger.get(pod.gang) if pod.gang is not None and pod.gang_key == pod.gang else None
+        role = pod.pod_set or DEFAULT_POD_SET
+        return r is not None and all(s.pod_set != role for s in r.slice.slots)
 
     def _sizes(self, pod: PodInfo) -> Mapping[str, PodSetSize] | None:
         """The sizes of the pod's plain gang's pod sets: its owners', else what its pods'

@@ -153,30 +153,34 @@ def reserve_all(
 
 
 def grow(
-    cache: Growing, r: Reservation, ps: PodSet, *, solve: Solver | None = None
+    cache: Growing, r: Reservation, ps: PodSet, count: int = 1, *, solve: Solver | None = None
 ) -> Reservation | Unplaceable:
-    """Hold one more slot for pod set ``ps`` of the held gang ``r`` (its owner wants another
-    pod, or a rolling update's surge pod came), as near the slice as there is room
+    """Hold ``count`` more slots for pod set ``ps`` of the held gang ``r``, all or none (its
+    owner wants more pods, a rolling update's surge pod came, or a pod set the slice lacks
+    appeared), as near the slice as there is room
     (:func:`~extender.placement.growth.near_slice`). Raises LevelError for an unknown level."""
     view = cache.view()
-    one = GangRequest(r.gang, (dataclasses.replace(ps, count=1, colocate_with=None),))
+    unit = GangRequest(r.gang, (dataclasses.replace(ps, count=count, colocate_with=None),))
     taken = [s.index for s in r.slice.slots if s.pod_set == ps.name]
+    first = max(taken, default=-1) + 1
     for nodes in near_slice(view, r.slice, ps):
-        got = (solve or place)(view.only(nodes), one)
+        got = (solve or place)(view.only(nodes), unit)
         if isinstance(got, Slice):
-            slot = dataclasses.replace(got.slots[0], index=max(taken, default=-1) + 1, requests=ps.requests)
-            grown = cache.add_slot(r.gang, slot)
+            grown = r
+            for i, slot in enumerate(got.slots):
+                slot = dataclasses.replace(slot, index=first + i, requests=ps.requests)
+                grown = cache.add_slot(r.gang, slot)
             log.info(
-                "pod set %s grew to %d pods: slot %s on %s",
+                "pod set %s grew to %d pods: %s",
                 ps.name,
-                len(taken) + 1,
-                slot.key,
-                slot.node,
+                len(taken) + count,
+                ", ".join(f"slot {s.pod_set}/{first + i} on {s.node}" for i, s in enumerate(got.slots)),
                 extra=fields(gang=r.gang, reservation=str(ReservationRef.of(grown))),
             )
             return grown
     where = "its required domain" if ps.required_level else "the cluster"
-    return Unplaceable(r.gang, f"no room for one more pod of pod set {ps.name} in {where}", ps.name)
+    what = "one more pod" if count == 1 else f"{count} more pods"
+    return Unplaceable(r.gang, f"no room for {what} of pod set {ps.name} in {where}", ps.name)
 
 
 def _holding_requests(result: Slice, request: GangRequest) -> Slice:

@@ -16,7 +16,8 @@ and a slot within it is kept for the pod's replacement.
 Tests: a prefill/decode pair of Deployments deploys as one gang under one leaf; a rolling update with
 surge and one without complete, with the slice back to the desired size; scaling through the scale
 subresource grows and shrinks the slice (freed GPUs go to another pod); a deleted pod's replacement
-takes the same node and GPUs; a drained (cordoned) node's pod is replaced beside the gang.
+takes the same node and GPUs; a drained (cordoned) node's pod is replaced beside the gang; a
+StatefulSet's gang rolls pod by pod and scales.
 
 Nodes (pool ``fleet``): spine s1 with leaves a and b of four HGX H100 nodes (8 GPUs) each.
 """
@@ -68,7 +69,12 @@ NODES = hgx_leaves(POOL, 4)
 LEAF_OF = {n.name: n.leaf for n in NODES}
 GPUS_PER_NODE = 8
 #: kube-controller-manager v1.36's names (``--controllers`` in its ``--help``).
-CONTROLLERS = ("deployment-controller", "replicaset-controller", "garbage-collector-controller")
+CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "garbage-collector-controller",
+)
 #: The scheduler profile of the shipped extender config.
 SCHEDULER = "gangslice-scheduler"
 APPS = "/apis/apps/v1"
@@ -215,14 +221,14 @@ def kubelet(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Kubel
 
 @pytest.fixture
 def ns(control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandIn) -> Iterator[str]:
-    """A fresh namespace; afterwards its Deployments and ReplicaSets are deleted first (else the
-    ReplicaSet controller would recreate the pods that :func:`clean_namespace` deletes), then the rest."""
+    """A fresh namespace; afterwards its Deployments, ReplicaSets and StatefulSets are deleted first
+    (else their controllers would recreate the pods that :func:`clean_namespace` deletes), then the rest."""
     cp = control_plane
     name = new_namespace(cp, f"{POOL}-{uuid.uuid4().hex[:6]}")
     try:
         yield name
     finally:
-        for kind in ("deployments", "replicasets"):
+        for kind in ("deployments", "replicasets", "statefulsets"):
             for obj in cp.request("GET", f"{APPS}/namespaces/{name}/{kind}")["items"]:
                 path = f"{APPS}/namespaces/{name}/{kind}/{obj['metadata']['name']}"
                 try:
@@ -727,3 +733,54 @@ def test_a_pod_lost_with_its_cordoned_node_is_replaced_beside_its_gang(
         assert_nothing_double_booked(cp, ns, kubelet)
     finally:
         merge_patch(cp, "Node", lost, {"spec": {"unschedulable": False}})
+
+
+def test_a_statefulset_gang_rolls_and_scales(
+    control_plane: ControlPlane, ns: str, kubelet: KubeletStandIn
+) -> None:
+    """A StatefulSet's replicas size its pod set too. Its rolling update deletes each pod before it
+    creates its successor of the same name, which takes the slot the old one left; a scale-up
+    grows the slice beside the gang."""
+    cp = control_plane
+    replicas = 2
+    sts = deployment(ns, "sts", gang="sts", pod_set="decode", replicas=replicas, gpus=4)
+    sts["kind"] = "StatefulSet"
+    spec = sts["spec"]
+    del spec["strategy"]
+    spec.update({"serviceName": "sts", "podManagementPolicy": "Parallel"})
+    path = f"{APPS}/namespaces/{ns}/statefulsets"
+    cp.request("POST", path, sts)
+    before = wait_bound(cp, ns, "sts", replicas, kubelet)
+    leaf = only_leaf(wait_slots(cp, ns, "sts", replicas, kubelet), cp, ns, kubelet)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    roll_patch = {"spec": {"template": {"metadata": {"annotations": {ROLL: stamp}}}}}
+    cp.request("PATCH", f"{path}/sts", roll_patch, content_type="application/merge-patch+json")
+    old = {p["metadata"]["labels"].get("controller-revision-hash") for p in before}
+
+    def rolled() -> bool:
+        st = cp.request("GET", f"{path}/sts").get("status") or {}
+        pods = items(cp, "Pod", ns, f"{APP}=sts")
+        revisions = {p["metadata"]["labels"].get("controller-revision-hash") for p in pods}
+        return (
+            st.get("updatedReplicas") == st.get("readyReplicas") == replicas
+            and len(pods) == replicas
+            and not revisions & old
+            and all(p["spec"].get("nodeName") for p in pods)
+        )
+
+    assert wait_for_or_false(rolled, ROLLOUT_S, 0.5), (
+        f"sts: rolling update not complete within {ROLLOUT_S}s\n{observed(cp, ns, kubelet)}"
+    )
+    after = wait_bound(cp, ns, "sts", replicas, kubelet)
+    final = wait_slots(cp, ns, "sts", replicas, kubelet)
+    assert_pods_hold_the_slots(cp, ns, after, final, kubelet)
+    assert leaves(placed(after)) == {leaf}, (
+        f"pods left leaf {leaf}: {placed(after)}\n{observed(cp, ns, kubelet)}"
+    )
+    cp.request(
+        "PATCH", f"{path}/sts/scale", {"spec": {"replicas": 3}}, content_type="application/merge-patch+json"
+    )
+    grown = wait_bound(cp, ns, "sts", 3, kubelet)
+    assert_pods_hold_the_slots(cp, ns, grown, wait_slots(cp, ns, "sts", 3, kubelet), kubelet)
+    assert leaves(placed(grown)) == {leaf}, f"the new pod left leaf {leaf}\n{observed(cp, ns, kubelet)}"
+    assert_nothing_double_booked(cp, ns, kubelet)

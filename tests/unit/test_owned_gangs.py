@@ -323,3 +323,34 @@ def test_a_gang_sized_by_annotation_heals_too_and_one_that_lost_every_slot_is_pl
     _lose(cache, r.slice.nodes[0], "cordoned")
     out, _ = filtered(cache, decider, first)
     assert out.outcome == "reserved" and out.passed and r.slice.nodes[0] not in out.passed
+
+
+@pytest.mark.parametrize("room_beside", [True, False])
+def test_a_pod_set_whose_owner_comes_after_the_placement_is_placed_whole_beside_the_gang(
+    room_beside: bool,
+) -> None:
+    """The prefill Deployment's pods were placed before the decode Deployment existed: the
+    decode pod set is a unit of its own, all its pods placed at its first pod (never one in
+    another pod set's slot): under the gang's leaf where there is room, else whole under
+    another leaf (its required level binds its own pods, not the gang)."""
+    leaf_of = {"a": "leaf-1", "b": "leaf-1", "x": "leaf-2", "y": "leaf-2"}
+    layout = {"leaf-1": ["a", "b"], "leaf-2": ["x", "y"] if room_beside else ["x"]}
+    cache = cluster(layout)
+    decider = Decider(cache)
+    leaf = {REQUIRED_LEVEL: "leaf"}
+    owner(cache, "prefill", 4, desired=2, most=3, **leaf)
+    prefill = {bind(cache, decider, member(f"p-{i}", "prefill", 4, **leaf)) for i in range(2)}
+    assert slots(cache) == Counter({"prefill": 2})
+    owner(cache, "decode", 4, desired=2, most=3, **leaf)
+    out, _ = filtered(cache, decider, member("d-0", "decode", 4, **leaf))
+    assert out.outcome == "reserved" and out.passed
+    assert slots(cache) == Counter({"prefill": 2, "decode": 2})
+    decode = {bind(cache, decider, member(f"d-{i}", "decode", 4, **leaf)) for i in range(2)}
+    assert len({leaf_of[n] for n in decode}) == 1
+    (gang_leaf,) = {leaf_of[n] for n in prefill}
+    # Prefill fills one node; its leaf has room for decode where it has a second node.
+    room = len(layout[gang_leaf]) > 1
+    assert ({leaf_of[n] for n in decode} == {gang_leaf}) == room, (layout, prefill, decode)
+    r = cache.book.reservation(GANG_KEY)
+    assert r is not None and r.complete
+    assert_no_gpu_twice(cache)

@@ -125,7 +125,8 @@ def test_run_serve_passes_the_configs_to_the_controller(monkeypatch: pytest.Monk
     assert seen["api"].api_client is api_client and seen["api_client"] is api_client
     housekeeping = seen["housekeeping"]
     assert housekeeping.topology_status is not None and housekeeping.claims is not None
-    assert housekeeping.mismatches.on_mismatch is OnMismatch.REPORT  # the default: report, evict nothing
+    # The default: report, and evict only a pod whose GPUs break its pod set's rule.
+    assert housekeeping.mismatches.on_mismatch is OnMismatch.EVICT_INCOHERENT
     assert housekeeping.mismatches.api is seen["api"]
     # The controllers hear pods from the cache's own watch, the one serve runs.
     assert seen["elect"] and seen["pods"] is not None and seen["serve"]["watcher"] is not None
@@ -145,9 +146,10 @@ def test_keep_cliques_reaches_the_cache(monkeypatch: pytest.MonkeyPatch) -> None
     assert seen["cache"].waiting.keep is KeepCliques.ALWAYS
 
 
-def test_on_mismatch_takes_report_or_evict_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_on_mismatch_takes_report_evict_incoherent_or_evict_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert parse("--on-mismatch", "evict").on_mismatch == "evict"
-    assert parse().on_mismatch == "report"
+    assert parse("--on-mismatch", "report").on_mismatch == "report"
+    assert parse().on_mismatch == "evict-incoherent"
     with pytest.raises(SystemExit):
         parse("--on-mismatch", "delete")
     assert "invalid choice: 'delete'" in capsys.readouterr().err
