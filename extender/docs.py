@@ -255,6 +255,14 @@ FOREIGN_KEYS = (
         "Which replica group of a LeaderWorkerSet a pod belongs to.",
     ),
     Key(
+        f"{NAMES}:LWS_SIZE",
+        "annotation",
+        "Pod (LeaderWorkerSet)",
+        "read by the extender",
+        "The group's pod count (the LeaderWorkerSet's `size`), written by the LWS controller: the "
+        "gang's size when the pod carries no `gangslice.io/gang-size`.",
+    ),
+    Key(
         f"{NAMES}:DESIRED_REPLICAS",
         "annotation",
         "ReplicaSet (of a Deployment)",

@@ -75,6 +75,9 @@ VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_TASK_SPEC = "volcano.sh/task-spec"
 #: LeaderWorkerSet: the replica group a pod belongs to (a plain gang per group).
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+#: LeaderWorkerSet: the group's pod count (its ``size``), which the LWS controller writes on each
+#: of the group's pods: a plain gang's size when the pod carries no ``gangslice.io/gang-size``.
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 #: What the deployment controller writes on each ReplicaSet of a Deployment: its ``replicas``,
 #: ``replicas + maxSurge``, and which revision the ReplicaSet is (:mod:`extender.kube.owners`).
 DESIRED_REPLICAS = "deployment.kubernetes.io/desired-replicas"

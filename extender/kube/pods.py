@@ -107,7 +107,12 @@ class PodInfo:
 
     @property
     def gang_size(self) -> int | None:
-        return self._count(names.GANG_SIZE)
+        """``gangslice.io/gang-size``; for a LeaderWorkerSet's pod without it, the group's size
+        as the LWS controller writes it (so a change of ``size`` needs no other edit)."""
+        own = self._count(names.GANG_SIZE)
+        if own is None and self.labels.get(names.LWS_GROUP_INDEX) is not None:
+            return self._count(names.LWS_SIZE)
+        return own
 
     @property
     def pod_set_size(self) -> int | None:

@@ -322,6 +322,8 @@ class ReservationBook:
         have = sum(1 for s in r.slice.slots if s.pod_set == ps.name)
         if size is None or have >= size.limit:
             return None
+        if not have and self.informer.owners.sizes(r.gang) is None:
+            return None  # sized by annotation: a pod set the slice lacks is a mistake to report
         grown = grow(self, r, ps, 1 if have else max(size.desired, 1))
         if not isinstance(grown, Unplaceable):
             self._ledger_changed(r.gang, _held_nodes(grown))

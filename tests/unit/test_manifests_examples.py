@@ -47,13 +47,19 @@ def _product(template: Mapping[str, Any]) -> str | None:
 
 
 def pod_object(obj: Mapping[str, Any], which: str, template: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod of ``template`` as its controller makes it (a LeaderWorkerSet's carries its group
+    index and size)."""
     meta = template.get("metadata", {})
+    labels, annotations = dict(meta.get("labels", {})), dict(meta.get("annotations", {}))
+    if obj["kind"] == "LeaderWorkerSet":
+        labels[names.LWS_GROUP_INDEX] = "0"
+        annotations[names.LWS_SIZE] = str(obj["spec"]["leaderWorkerTemplate"].get("size", 1))
     return {
         "metadata": {
             "namespace": obj["metadata"]["namespace"],
             "name": f"{obj['metadata']['name']}-{which}-0",
-            "labels": dict(meta.get("labels", {})),
-            "annotations": dict(meta.get("annotations", {})),
+            "labels": labels,
+            "annotations": annotations,
         },
         "spec": template["spec"],
     }
