@@ -218,7 +218,8 @@ class ControlPlane:
                     "no bin_dir given and $GANGSLICE_E2E_BIN unset: run hack/e2e/build.sh first"
                 )
         self.bin_dir = Path(bin_dir)
-        # hack/e2e/build.sh exports the pinned releases' CRDs next to bin/: crds/kueue, crds/volcano
+        # hack/e2e/build.sh exports the pinned releases' CRDs next to bin/: crds/kueue, crds/volcano,
+        # crds/lws, crds/jobset
         self.crd_dir = self.bin_dir.parent / "crds"
         self.with_scheduler = scheduler
         self._scheduler_config_src = scheduler_config

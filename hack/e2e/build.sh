@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Build the upstream binaries used by the end-to-end tier (etcd, kube-apiserver, kube-scheduler, kubectl,
-# kube-controller-manager, Kueue's manager, Volcano's scheduler, helm) from the pinned Go tools modules under hack/e2e/tools/.
+# kube-controller-manager, Kueue's manager, Volcano's scheduler, the LeaderWorkerSet and JobSet controllers,
+# helm) from the pinned Go tools modules under hack/e2e/tools/.
 #
 # Usage: hack/e2e/build.sh [COMPONENT...]      (default: all of them)
-#   COMPONENT is one of: etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler helm
+#   COMPONENT is one of: etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler
+#                        lws jobset helm
 #
 # Output goes to a cache folder outside the repository, keyed by the pinned versions:
 #   ${GANGSLICE_CACHE:-$HOME/.cache/gangslice}/e2e/<versions-key>/bin/<component>
+# lws and jobset are built under a key of their own, <controllers-key> (lws-<v>_jobset-<v>), so pinning or
+# bumping them leaves the binaries under <versions-key> valid; <versions-key>/bin/{lws,jobset} and
+# <versions-key>/{crds,webhooks}/{lws,jobset} are symbolic links into <controllers-key>, so one bin dir
+# (and the crds/ beside it) still holds everything.
 # A binary is rebuilt only when it is missing or its stamp (versions, go.mod/go.sum hash, Go version)
 # changed, so a second run builds nothing. The last line printed on stdout is
 #   GANGSLICE_E2E_BIN=<bin dir>
@@ -24,7 +30,7 @@ log() { printf '%s [e2e-build] %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 trap 'rc=$?; log "FAILED at step: ${STEP} (exit ${rc})"; exit ${rc}' ERR
 
-ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler helm)
+ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler lws jobset helm)
 COMPONENTS=("$@")
 [[ ${#COMPONENTS[@]} -gt 0 ]] || COMPONENTS=("${ALL_COMPONENTS[@]}")
 
@@ -46,6 +52,10 @@ KEY="k8s-${KUBERNETES_VERSION}_kueue-${KUEUE_VERSION}_volcano-${VOLCANO_VERSION}
 OUT_DIR="${CACHE_ROOT}/e2e/${KEY}"
 BIN_DIR="${OUT_DIR}/bin"
 mkdir -p "${BIN_DIR}"
+# The LeaderWorkerSet and JobSet controllers: a key of their own (they share no tools module with the rest),
+# so adding or bumping them never changes <versions-key> and never invalidates the kube-* binaries under it.
+CTRL_KEY="lws-${LWS_VERSION}_jobset-${JOBSET_VERSION}"
+CTRL_DIR="${CACHE_ROOT}/e2e/${CTRL_KEY}"
 
 export GOCACHE="${CACHE_ROOT}/go/build"
 export GOMODCACHE="${CACHE_ROOT}/go/mod"
@@ -56,14 +66,28 @@ export GOWORK=off
 JOBS="${GANGSLICE_E2E_JOBS:-2}"
 NICE="${GANGSLICE_E2E_NICE:-10}"
 
-# Serialize concurrent runs on the same cache (e.g. two pytest sessions).
-if command -v flock >/dev/null 2>&1; then
-    exec 9>"${OUT_DIR}/.lock"
-    if ! flock -n 9; then
-        log "another build holds ${OUT_DIR}/.lock; waiting"
-        flock 9
+# Serialize concurrent runs on the same cache (e.g. two pytest sessions): a run locks <versions-key> when it
+# builds anything there and <controllers-key> when it builds lws or jobset, always in that order, so a run
+# that builds only lws/jobset never makes a test session that checks the kube-* binaries wait for it (and a
+# checkout with another <versions-key> may share <controllers-key>).
+lock_dir() { # fd dir
+    command -v flock >/dev/null 2>&1 || return 0
+    eval "exec $1>\"$2/.lock\""
+    if ! flock -n "$1"; then
+        log "another build holds $2/.lock; waiting"
+        flock "$1"
     fi
-fi
+}
+needs_out=0
+needs_ctrl=0
+for comp in "${COMPONENTS[@]}"; do
+    case "${comp}" in
+        lws|jobset) needs_ctrl=1 ;;
+        *) needs_out=1 ;;
+    esac
+done
+if (( needs_out )); then lock_dir 9 "${OUT_DIR}"; fi
+if (( needs_ctrl )); then mkdir -p "${CTRL_DIR}/bin" && lock_dir 8 "${CTRL_DIR}"; fi
 
 # --- Components -------------------------------------------------------------------------------------------
 # component -> "<tools module dir>|<main package>|<version>|<extra -X ldflags>"
@@ -85,9 +109,25 @@ spec_of() {
         kubectl)        echo "kubernetes|k8s.io/kubernetes/cmd/kubectl|${KUBERNETES_VERSION}|${K8S_X}" ;;
         kueue)          echo "kueue|sigs.k8s.io/kueue/cmd/kueue|${KUEUE_VERSION}|-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" ;;
         vc-scheduler)   echo "volcano|volcano.sh/volcano/cmd/scheduler|${VOLCANO_VERSION}|-X volcano.sh/volcano/pkg/version.Version=${VOLCANO_VERSION}" ;;
+        lws)            echo "lws|sigs.k8s.io/lws/cmd|${LWS_VERSION}|-X sigs.k8s.io/lws/pkg/version.GitVersion=${LWS_VERSION}" ;;
+        jobset)         echo "jobset|sigs.k8s.io/jobset|${JOBSET_VERSION}|-X sigs.k8s.io/jobset/pkg/version.GitVersion=${JOBSET_VERSION}" ;;
         helm)           echo "helm|helm.sh/helm/v3/cmd/helm|${HELM_VERSION}|${HELM_X}" ;;
         *) return 1 ;;
     esac
+}
+
+# Where a component is built: lws and jobset under <controllers-key>, the rest under <versions-key>.
+out_dir_of() {
+    case "$1" in
+        lws|jobset) echo "${CTRL_DIR}" ;;
+        *) echo "${OUT_DIR}" ;;
+    esac
+}
+
+# link_into_out_dir PATH (e.g. bin/lws): <versions-key>/PATH -> <controllers-key>/PATH.
+link_into_out_dir() {
+    mkdir -p "$(dirname "${OUT_DIR}/$1")"
+    ln -sfn "${CTRL_DIR}/$1" "${OUT_DIR}/$1"
 }
 
 hash_files() { cat "$@" | sha256sum | cut -c1-16; }
@@ -114,9 +154,12 @@ for comp in "${COMPONENTS[@]}"; do
     IFS='|' read -r moddir pkg version xflags <<<"${spec}"
     mod="${TOOLS_DIR}/${moddir}"
     [[ -f "${mod}/go.mod" && -f "${mod}/go.sum" ]] || die "missing ${mod}/go.mod or go.sum (run hack/e2e/tools/pin.sh)"
-    stamp_file="${BIN_DIR}/.${comp}.stamp"
+    comp_dir="$(out_dir_of "${comp}")"
+    comp_bin="${comp_dir}/bin"
+    stamp_file="${comp_bin}/.${comp}.stamp"
     stamp="${comp} ${pkg}@${version} go=${GO_VERSION} mod=$(hash_files "${mod}/go.mod" "${mod}/go.sum") ldflags=$(sha256sum <<<"${xflags}" | cut -c1-8)"
-    if [[ -x "${BIN_DIR}/${comp}" && -f "${stamp_file}" && "$(cat "${stamp_file}")" == "${stamp}" ]]; then
+    if [[ -x "${comp_bin}/${comp}" && -f "${stamp_file}" && "$(cat "${stamp_file}")" == "${stamp}" ]]; then
+        [[ "${comp_dir}" == "${OUT_DIR}" ]] || link_into_out_dir "bin/${comp}"
         log "${comp}: up to date (${pkg}@${version})"
         continue
     fi
@@ -128,44 +171,70 @@ for comp in "${COMPONENTS[@]}"; do
     start=$(date +%s)
     rm -f "${stamp_file}"
     (cd "${mod}" && nice -n "${NICE}" go build -p "${JOBS}" -ldflags="-s -w ${xflags}" \
-        -o "${BIN_DIR}/.${comp}.tmp" "${pkg}")
-    mv -f "${BIN_DIR}/.${comp}.tmp" "${BIN_DIR}/${comp}"
+        -o "${comp_bin}/.${comp}.tmp" "${pkg}")
+    mv -f "${comp_bin}/.${comp}.tmp" "${comp_bin}/${comp}"
     printf '%s\n' "${stamp}" >"${stamp_file}"
+    [[ "${comp_dir}" == "${OUT_DIR}" ]] || link_into_out_dir "bin/${comp}"
     secs=$(( $(date +%s) - start ))
-    printf '%s %s %ss %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "${comp}" "${secs}" "${stamp}" >>"${OUT_DIR}/build-times.log"
-    log "${comp}: built in ${secs}s -> ${BIN_DIR}/${comp}"
+    printf '%s %s %ss %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "${comp}" "${secs}" "${stamp}" >>"${comp_dir}/build-times.log"
+    log "${comp}: built in ${secs}s -> ${comp_bin}/${comp}"
     built=$((built + 1))
 done
 
-# --- CRDs of the pinned Kueue/Volcano releases (complete sets; the managers need all of them) --------------
+# --- CRDs of the pinned releases (complete sets; the managers need all of them) ---------------------------
 # -> <versions-key>/crds/kueue/*.yaml   (config/components/crd/bases of sigs.k8s.io/kueue)
 # -> <versions-key>/crds/volcano/*.yaml (config/crd/volcano/bases of volcano.sh/volcano; vc-scheduler waits
 #    for every informer, including nodeinfo.volcano.sh Numatopology, before it opens a session)
-export_crds() { # name moddir module@version subdir
-    local name="$1" moddir="$2" modver="$3" sub="$4" dest="${OUT_DIR}/crds/$1" dir
-    local stamp="${modver} ${sub}"
+# -> <controllers-key>/crds/lws/*.yaml  (config/crd/bases of sigs.k8s.io/lws: LeaderWorkerSet, and
+#    DisaggregatedSet, whose controller the manager starts too)
+# -> <controllers-key>/crds/jobset/*.yaml (config/components/crd/bases of sigs.k8s.io/jobset)
+# and the webhook configurations that controller-gen wrote for those two releases (the paths their webhook
+# servers serve), which the e2e tier points at loopback:
+# -> <controllers-key>/webhooks/lws/manifests.yaml    (config/webhook/manifests.yaml)
+# -> <controllers-key>/webhooks/jobset/manifests.yaml (config/components/webhook/manifests.yaml)
+export_crds() { # name moddir module@version subdir [kind: crds|webhooks] [root: OUT_DIR]
+    local name="$1" moddir="$2" modver="$3" sub="$4" kind="${5:-crds}" root="${6:-${OUT_DIR}}" dir src
+    local dest="${root}/${kind}/${name}" stamp="${modver} ${sub}"
     if [[ -f "${dest}/.stamp" && "$(cat "${dest}/.stamp")" == "${stamp}" ]]; then
-        log "crds/${name}: up to date (${modver})"
+        log "${kind}/${name}: up to date (${modver})"
         return 0
     fi
-    STEP="export CRDs of ${modver}"
+    STEP="export ${kind} of ${modver}"
     local json
     if ! json="$(cd "${TOOLS_DIR}/${moddir}" && go mod download -json "${modver}")"; then
         printf '%s\n' "${json}" >&2   # go reports the error inside its JSON
         mod_download_failed "${moddir}"
     fi
     dir="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"${json}")"
-    [[ -d "${dir}/${sub}" ]] || die "no ${sub} in ${modver} (module dir '${dir}')"
+    src="${dir}/${sub}"
+    [[ -e "${src}" ]] || die "no ${sub} in ${modver} (module dir '${dir}')"
     rm -rf "${dest}"
     mkdir -p "${dest}"
-    install -m 0644 "${dir}/${sub}"/*.yaml "${dest}/"
+    if [[ -d "${src}" ]]; then
+        install -m 0644 "${src}"/*.yaml "${dest}/"
+    else
+        install -m 0644 "${src}" "${dest}/"
+    fi
     printf '%s\n' "${stamp}" >"${dest}/.stamp"
-    log "crds/${name}: $(find "${dest}" -name '*.yaml' | wc -l) files from ${modver}/${sub}"
+    log "${kind}/${name}: $(find "${dest}" -name '*.yaml' | wc -l) files from ${modver}/${sub}"
 }
 for comp in "${COMPONENTS[@]}"; do
     case "${comp}" in
         kueue) export_crds kueue kueue "sigs.k8s.io/kueue@${KUEUE_VERSION}" config/components/crd/bases ;;
         vc-scheduler) export_crds volcano volcano "volcano.sh/volcano@${VOLCANO_VERSION}" config/crd/volcano/bases ;;
+        lws)
+            export_crds lws lws "sigs.k8s.io/lws@${LWS_VERSION}" config/crd/bases crds "${CTRL_DIR}"
+            export_crds lws lws "sigs.k8s.io/lws@${LWS_VERSION}" config/webhook/manifests.yaml webhooks "${CTRL_DIR}"
+            link_into_out_dir crds/lws
+            link_into_out_dir webhooks/lws
+            ;;
+        jobset)
+            export_crds jobset jobset "sigs.k8s.io/jobset@${JOBSET_VERSION}" config/components/crd/bases crds "${CTRL_DIR}"
+            export_crds jobset jobset "sigs.k8s.io/jobset@${JOBSET_VERSION}" config/components/webhook/manifests.yaml \
+                webhooks "${CTRL_DIR}"
+            link_into_out_dir crds/jobset
+            link_into_out_dir webhooks/jobset
+            ;;
     esac
 done
 

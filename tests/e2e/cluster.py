@@ -9,13 +9,16 @@ the ServiceAccount and ClusterRole from ``manifests/controller/rbac.yaml``. The 
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import json
 import os
 import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -70,6 +73,15 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
         "mutatingwebhookconfigurations",
         False,
     ),
+    "ValidatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+        False,
+    ),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets", True),
+    "Job": ("/apis/batch/v1", "jobs", True),
+    "LeaderWorkerSet": ("/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets", True),
+    "JobSet": ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets", True),
 }
 
 
@@ -529,7 +541,9 @@ def remove_crds(cp: ControlPlane, names: Iterable[str], timeout: float = 180.0) 
     # server still (re)initializes a CRD's storage (a list answers 429 "storage is
     # (re)initializing"), it was seen to fail that list for minutes. Let the storage settle first.
     for name in names:
-        wait_for(f"CRD {name}'s storage serving lists", lambda n=name: _lists(cp, f"{base}/{n}"), 60, 0.5)
+        wait_for(
+            f"CRD {name}'s storage serving lists", functools.partial(_lists, cp, f"{base}/{name}"), 60, 0.5
+        )
     for name in names:
         try:
             cp.request("DELETE", f"{base}/{name}")
@@ -577,3 +591,108 @@ def wait_for_or_false(fn: Callable[[], bool], timeout: float, interval: float = 
             return False
         time.sleep(interval)
     return True
+
+
+# ---------------------------------------------------------------------------------------------- kubelet
+#: How often the kubelet stand-in looks at the pods.
+KUBELET_PERIOD_S = 0.2
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's Ready condition is True."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+class KubeletStandIn:
+    """Stands in for the kubelet of a test module's fake nodes, none of which runs one (for modules that
+    run kube-controller-manager, whose workload controllers wait for pods to be Ready).
+
+    A background thread: every pod bound to one of ``nodes`` (``spec.nodeName`` set) that is not Ready yet
+    is made Running and Ready through the pod's status subresource, as a kubelet reports a pod whose
+    containers started (phase Running, conditions Initialized, ContainersReady and Ready True, each
+    container ready, started and running). A pod deleted there (``deletionTimestamp`` set) is deleted
+    with ``gracePeriodSeconds: 0``, as a kubelet confirms that a pod's containers stopped: the e2e pods
+    have ``terminationGracePeriodSeconds: 0`` and go at once, but a pod deleted with a grace period
+    would otherwise stay Terminating and block a rollout.
+    """
+
+    def __init__(self, cp: ControlPlane, nodes: Iterable[str], period: float = KUBELET_PERIOD_S) -> None:
+        self.cp = cp
+        self.nodes = frozenset(nodes)
+        self.period = period
+        self.started = 0
+        self.finished = 0
+        #: Unexpected errors (not a pod gone or changed meanwhile), newest last.
+        self.errors: collections.deque[str] = collections.deque(maxlen=20)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kubelet-stand-in", daemon=True)
+
+    def start(self) -> KubeletStandIn:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as exc:  # the API server restarting, a timeout: try again next period
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(self.period)
+
+    def sync(self) -> None:
+        """One pass over the pods of the nodes."""
+        for pod in items(self.cp, "Pod"):
+            meta, spec = pod["metadata"], pod["spec"]
+            if spec.get("nodeName") not in self.nodes:
+                continue
+            try:
+                if meta.get("deletionTimestamp"):
+                    delete(self.cp, "Pod", meta["name"], meta["namespace"])
+                    self.finished += 1
+                elif not is_ready(pod):
+                    self._start(pod)
+                    self.started += 1
+            except urllib.error.HTTPError as e:
+                if e.code not in (404, 409):  # gone, or changed meanwhile: the next pass sees it again
+                    self.errors.append(
+                        f"pod {meta['namespace']}/{meta['name']}: HTTP {e.code} {e.read()[:300]!r}"
+                    )
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conditions = [
+            {"type": kind, "status": "True", "lastTransitionTime": now}
+            for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+        ]
+        containers = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        status = {
+            "phase": "Running",
+            "startTime": now,
+            "conditions": conditions,
+            "containerStatuses": containers,
+        }
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        # Strategic merge: the conditions merge by type, so the scheduler's PodScheduled stays.
+        self.cp.request(
+            "PATCH",
+            path,
+            {"metadata": {"uid": meta["uid"]}, "status": status},
+            content_type="application/strategic-merge-patch+json",
+        )

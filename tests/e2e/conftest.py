@@ -28,7 +28,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def e2e_bin_dir() -> Path:
-    """Folder with etcd, kube-apiserver, kube-scheduler, kubectl, kueue, vc-scheduler."""
+    """Folder with etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kueue,
+    vc-scheduler, lws, jobset and helm (``crds/`` and ``webhooks/`` beside it)."""
     prebuilt = os.environ.get("GANGSLICE_E2E_BIN")
     if prebuilt:
         return Path(prebuilt)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import os
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -40,15 +39,16 @@ import pytest
 from cluster import (
     GPU,
     Gangslice,
+    KubeletStandIn,
     clean_namespace,
     create,
-    delete,
     double_booked,
     extender_stack,
     get,
     gpu_pod,
     gpus_of,
     hgx_leaves,
+    is_ready,
     items,
     merge_patch,
     new_namespace,
@@ -91,8 +91,6 @@ ROLLOUT_S = 60.0
 SETTLE_S = 30.0
 #: Seconds for a namespace's pods to be gone after its Deployments were deleted.
 CLEANUP_S = 60.0
-#: How often the kubelet stand-in looks at the pods.
-KUBELET_PERIOD_S = 0.2
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
@@ -115,99 +113,6 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
 def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     with extender_stack(control_plane, POOL, NODES, name="gangslice-fleet") as server:
         yield server
-
-
-class KubeletStandIn:
-    """Stands in for the kubelet of this module's fake nodes, none of which runs one.
-
-    A background thread: every pod bound to one of ``nodes`` (``spec.nodeName`` set) that is not Ready yet
-    is made Running and Ready through the pod's status subresource, as a kubelet reports a pod whose
-    containers started (phase Running, conditions Initialized, ContainersReady and Ready True, each
-    container ready, started and running). A pod deleted there (``deletionTimestamp`` set) is deleted
-    with ``gracePeriodSeconds: 0``, as a kubelet confirms that a pod's containers stopped: the pods of
-    this module have ``terminationGracePeriodSeconds: 0`` and go at once, but a pod deleted with a grace
-    period would otherwise stay Terminating and block a rollout.
-    """
-
-    def __init__(self, cp: ControlPlane, nodes: Iterable[str], period: float = KUBELET_PERIOD_S) -> None:
-        self.cp = cp
-        self.nodes = frozenset(nodes)
-        self.period = period
-        self.started = 0
-        self.finished = 0
-        #: Unexpected errors (not a pod gone or changed meanwhile), newest last.
-        self.errors: collections.deque[str] = collections.deque(maxlen=20)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kubelet-stand-in", daemon=True)
-
-    def start(self) -> KubeletStandIn:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sync()
-            except Exception as exc:  # the API server restarting, a timeout: try again next period
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-            self._stop.wait(self.period)
-
-    def sync(self) -> None:
-        """One pass over the pods of the nodes."""
-        for pod in items(self.cp, "Pod"):
-            meta, spec = pod["metadata"], pod["spec"]
-            if spec.get("nodeName") not in self.nodes:
-                continue
-            try:
-                if meta.get("deletionTimestamp"):
-                    delete(self.cp, "Pod", meta["name"], meta["namespace"])
-                    self.finished += 1
-                elif not is_ready(pod):
-                    self._start(pod)
-                    self.started += 1
-            except urllib.error.HTTPError as e:
-                if e.code not in (404, 409):  # gone, or changed meanwhile: the next pass sees it again
-                    self.errors.append(
-                        f"pod {meta['namespace']}/{meta['name']}: HTTP {e.code} {e.read()[:300]!r}"
-                    )
-
-    def _start(self, pod: dict[str, Any]) -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        conditions = [
-            {"type": kind, "status": "True", "lastTransitionTime": now}
-            for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
-        ]
-        containers = [
-            {
-                "name": c["name"],
-                "image": c["image"],
-                "imageID": "",
-                "ready": True,
-                "started": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": now}},
-            }
-            for c in pod["spec"]["containers"]
-        ]
-        status = {
-            "phase": "Running",
-            "startTime": now,
-            "conditions": conditions,
-            "containerStatuses": containers,
-        }
-        meta = pod["metadata"]
-        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
-        # Strategic merge: the conditions merge by type, so the scheduler's PodScheduled stays.
-        self.cp.request(
-            "PATCH",
-            path,
-            {"metadata": {"uid": meta["uid"]}, "status": status},
-            content_type="application/strategic-merge-patch+json",
-        )
 
 
 @pytest.fixture(scope="module")
@@ -320,11 +225,6 @@ def scale(cp: ControlPlane, ns: str, name: str, replicas: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def is_ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
 def pods_of(cp: ControlPlane, ns: str, app: str) -> list[dict[str, Any]]:
     """The Deployment's pods that are not being deleted, by name."""
     pods = items(cp, "Pod", ns, f"{APP}={app}")

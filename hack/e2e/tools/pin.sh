@@ -80,6 +80,22 @@ pin_volcano() {
         -require="volcano.sh/volcano@${VOLCANO_VERSION}" -tool=volcano.sh/volcano/cmd/scheduler && go mod tidy)
 }
 
+# The LeaderWorkerSet and JobSet controllers build against the dependency versions of their own release
+# (their go.mod files pin k8s.io/* v0.36.x and controller-runtime v0.24.x; nothing is replaced).
+pin_lws() {
+    local d="${TOOLS_DIR}/lws"
+    log "lws ${LWS_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/lws
+    (cd "$d" && go mod edit -require="sigs.k8s.io/lws@${LWS_VERSION}" -tool=sigs.k8s.io/lws/cmd && go mod tidy)
+}
+
+pin_jobset() {
+    local d="${TOOLS_DIR}/jobset"
+    log "jobset ${JOBSET_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/jobset
+    (cd "$d" && go mod edit -require="sigs.k8s.io/jobset@${JOBSET_VERSION}" -tool=sigs.k8s.io/jobset && go mod tidy)
+}
+
 pin_etcd() {
     local d="${TOOLS_DIR}/etcd"
     log "etcd ${ETCD_VERSION}"
@@ -95,6 +111,6 @@ pin_helm() {
 }
 
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kube_controller_manager kueue volcano helm)
+[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kube_controller_manager kueue volcano lws jobset helm)
 for t in "${targets[@]}"; do "pin_$t"; done
 log "done"
