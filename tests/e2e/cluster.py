@@ -347,6 +347,27 @@ def gpus_of(pod: Mapping[str, Any]) -> list[int]:
     return [int(x) for x in raw.split(",") if x.strip()]
 
 
+def pod_name(pod: Mapping[str, Any]) -> str:
+    return str(pod["metadata"]["name"])
+
+
+def placed(pods: Iterable[dict[str, Any]]) -> list[tuple[str, tuple[int, ...]]]:
+    """(node, GPU indices) of each pod, sorted."""
+    return sorted((str(p["spec"].get("nodeName")), tuple(sorted(gpus_of(p)))) for p in pods)
+
+
+def reservations_of(cp: ControlPlane, ns: str, gang: str) -> list[dict[str, Any]]:
+    return [r for r in items(cp, "SliceReservation", ns) if r["spec"]["gang"] == f"{ns}/{gang}"]
+
+
+def slots(reservation: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return list(reservation["spec"]["slice"]["pods"]) if reservation else []
+
+
+def slot_places(reservation: dict[str, Any] | None) -> list[tuple[str, tuple[int, ...]]]:
+    return sorted((str(s["node"]), tuple(sorted(s["gpus"]))) for s in slots(reservation))
+
+
 def scheduled_condition(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c["type"] == "PodScheduled":

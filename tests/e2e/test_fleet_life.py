@@ -52,7 +52,12 @@ from cluster import (
     items,
     merge_patch,
     new_namespace,
+    placed,
+    pod_name,
+    reservations_of,
     scheduled_condition,
+    slot_places,
+    slots,
     wait_for,
     wait_for_or_false,
 )
@@ -231,21 +236,8 @@ def pods_of(cp: ControlPlane, ns: str, app: str) -> list[dict[str, Any]]:
     return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")), key=pod_name)
 
 
-def pod_name(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["name"])
-
-
-def placed(pods: Iterable[dict[str, Any]]) -> list[tuple[str, tuple[int, ...]]]:
-    """(node, GPU indices) of each pod, sorted."""
-    return sorted((str(p["spec"].get("nodeName")), tuple(sorted(gpus_of(p)))) for p in pods)
-
-
 def all_bound(pods: list[dict[str, Any]], count: int) -> bool:
     return len(pods) == count and all(p["spec"].get("nodeName") for p in pods)
-
-
-def reservations_of(cp: ControlPlane, ns: str, gang: str) -> list[dict[str, Any]]:
-    return [r for r in items(cp, "SliceReservation", ns) if r["spec"]["gang"] == f"{ns}/{gang}"]
 
 
 def reservation_of(cp: ControlPlane, ns: str, gang: str) -> dict[str, Any] | None:
@@ -253,16 +245,8 @@ def reservation_of(cp: ControlPlane, ns: str, gang: str) -> dict[str, Any] | Non
     return found[0] if len(found) == 1 else None
 
 
-def slots(reservation: dict[str, Any] | None) -> list[dict[str, Any]]:
-    return list(reservation["spec"]["slice"]["pods"]) if reservation else []
-
-
 def slot_key(slot: dict[str, Any]) -> str:
     return f"{slot['podSet']}/{slot['index']}"
-
-
-def slot_places(reservation: dict[str, Any] | None) -> list[tuple[str, tuple[int, ...]]]:
-    return sorted((str(s["node"]), tuple(sorted(s["gpus"]))) for s in slots(reservation))
 
 
 def per_pod_set(reservation: dict[str, Any] | None) -> dict[str, int]:

@@ -64,7 +64,12 @@ from cluster import (
     items,
     merge_patch,
     new_namespace,
+    placed,
+    pod_name,
+    reservations_of,
     scheduled_condition,
+    slot_places,
+    slots,
     wait_for,
     wait_for_or_false,
 )
@@ -363,10 +368,6 @@ def job_set(ns: str, name: str, *, gang: str, jobs: int, parallelism: int, gpus:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def pod_name(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["name"])
-
-
 def live(pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The pods not being deleted, by name."""
     return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")), key=pod_name)
@@ -383,25 +384,8 @@ def by_group(pods: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return dict(groups)
 
 
-def placed(pods: Iterable[dict[str, Any]]) -> list[tuple[str, tuple[int, ...]]]:
-    """(node, GPU indices) of each pod, sorted."""
-    return sorted((str(p["spec"].get("nodeName")), tuple(sorted(gpus_of(p)))) for p in pods)
-
-
 def leaves(places: Iterable[tuple[str, tuple[int, ...]]]) -> set[str]:
     return {LEAF_OF.get(node, f"<{node} is no node of this module>") for node, _ in places}
-
-
-def reservations_of(cp: ControlPlane, ns: str, gang: str) -> list[dict[str, Any]]:
-    return [r for r in items(cp, "SliceReservation", ns) if r["spec"]["gang"] == f"{ns}/{gang}"]
-
-
-def slots(reservation: dict[str, Any] | None) -> list[dict[str, Any]]:
-    return list(reservation["spec"]["slice"]["pods"]) if reservation else []
-
-
-def slot_places(reservation: dict[str, Any] | None) -> list[tuple[str, tuple[int, ...]]]:
-    return sorted((str(s["node"]), tuple(sorted(s["gpus"]))) for s in slots(reservation))
 
 
 def observed(cp: ControlPlane, ns: str, kubelet: KubeletStandIn | None = None) -> str:
