@@ -53,6 +53,7 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
     "Node": ("/api/v1", "nodes", False),
     "Pod": ("/api/v1", "pods", True),
     "Event": ("/api/v1", "events", True),
+    "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import functools
 import os
 import sys
 import urllib.error
@@ -39,16 +40,22 @@ import yaml
 from cluster import (
     MANIFESTS,
     Gangslice,
+    KubeletStandIn,
     create,
     delete,
     events_for,
     extender_stack,
     get,
+    is_ready,
     items,
     merge_patch,
+    pod_name,
     remove_crds,
+    reservations_of,
     scheduled_condition,
+    slots,
     wait_for,
+    wait_for_or_false,
 )
 from cluster import POOL as POOL_LABEL
 from test_kueue import CHECK, leading, our_check, start_kueue
@@ -78,7 +85,10 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
     cp.start()
     try:
-        cp.start_controller_manager()
+        # The Deployment and ReplicaSet controllers too: a Deployment's gang on DRA nodes rolls.
+        cp.start_controller_manager(
+            (*ControlPlane.CONTROLLERS, "deployment-controller", "replicaset-controller")
+        )
         yield cp
     finally:
         if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
@@ -412,6 +422,93 @@ def test_a_prefill_decode_pair_gets_disjoint_numa_aligned_halves_of_one_hgx_node
             delete(cp, "Pod", f"pd-{role}", ns)
     finally:
         merge_patch(cp, "Node", NODE, {"spec": {"unschedulable": False}})
+
+
+def test_a_deployment_gang_on_dra_nodes_rolls_with_a_surge_pod_pinned_to_a_slot_of_its_own(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """Two TP=2 replicas of a Deployment, sized by their ReplicaSet (no size annotation). A
+    rolling update's surge pod finds every slot handed out at its creation: the gang grows one
+    slot (and its claim) beside the slice, so the rollout completes instead of the webhook
+    refusing the new pod forever; every claim allocates exactly its slot's devices and the
+    surplus slot goes when the old pod does."""
+    cp = control_plane
+    post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp2-gpus", 2))
+    labels = {"app": "tp2", "gangslice.io/gang": "tp2", "gangslice.io/pod-set": "server"}
+    pod = dra_pod(ns, "template", claim={"resourceClaimTemplateName": "tp2-gpus"}, labels=labels)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "tp2", "namespace": ns},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "tp2"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": labels, "annotations": {}}, "spec": pod["spec"]},
+        },
+    }
+    path = f"/apis/apps/v1/namespaces/{ns}/deployments"
+    nodes = [n["metadata"]["name"] for n in items(cp, "Node", None, f"{POOL_LABEL}={POOL_NAME}")]
+    kubelet = KubeletStandIn(cp, nodes).start()
+    try:
+        post(cp, path, deployment)
+
+        def pods() -> list[dict[str, Any]]:
+            return [p for p in items(cp, "Pod", ns, "app=tp2") if not p["metadata"].get("deletionTimestamp")]
+
+        def running(want: int) -> list[dict[str, Any]] | None:
+            got = pods()
+            ok = len(got) == want and all(p["spec"].get("nodeName") and is_ready(p) for p in got)
+            return got if ok else None
+
+        before = wait_for("2 tp2 pods running", lambda: running(2), 90)
+        cp.request(
+            "PATCH",
+            f"{path}/tp2",
+            {"spec": {"template": {"metadata": {"annotations": {"e2e.gangslice.io/rolled": "1"}}}}},
+            content_type="application/merge-patch+json",
+        )
+
+        def rolled() -> list[dict[str, Any]] | None:
+            d = cp.request("GET", f"{path}/tp2")
+            st = d.get("status") or {}
+            got = running(2)
+            done = st.get("observedGeneration", 0) >= d["metadata"]["generation"] and (
+                st.get("updatedReplicas") == st.get("availableReplicas") == st.get("replicas") == 2
+            )
+            if not done or got is None or {pod_name(p) for p in got} & {pod_name(p) for p in before}:
+                return None
+            return got
+
+        after = wait_for("the tp2 rollout complete", rolled, 180)
+        # Each surge pod's slot had a claim of its own (claims are named by slot and stay with the
+        # reservation): more slots' claims than the two replicas.
+        claims = [c["metadata"]["name"] for c in items(cp, "ResourceClaim", ns)]
+        assert len(claims) > 2, f"claims {claims}: no surge pod got a slot of its own"
+        held: dict[str, str] = {}
+        for p in after:
+            (entry,) = [c for c in p["spec"]["resourceClaims"] if c["name"] == "gpus"]
+            claim = wait_for(
+                "its claim allocated", functools.partial(allocated, cp, ns, entry["resourceClaimName"]), 60
+            )
+            devices = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+            planned = [f"gpu-{g}" for g in p["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+            assert devices == sorted(planned), (pod_name(p), devices, planned)
+            for d in devices:
+                assert d not in held, f"{d} is held by the claims of {held[d]} and {pod_name(p)}"
+                held[d] = pod_name(p)
+
+        def two_slots() -> bool:
+            (r,) = reservations_of(cp, ns, "tp2")
+            return len(slots(r)) == 2
+
+        assert wait_for_or_false(two_slots, 30), reservations_of(cp, ns, "tp2")
+        assert not kubelet.errors, list(kubelet.errors)
+    finally:
+        kubelet.stop()
+        with contextlib.suppress(urllib.error.HTTPError):
+            cp.request("DELETE", f"{path}/tp2", {"propagationPolicy": "Background"})
+        wait_for("the tp2 pods gone", lambda: not items(cp, "Pod", ns, "app=tp2"), 60)
 
 
 def channel_allocated(cp: ControlPlane, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
