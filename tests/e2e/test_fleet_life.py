@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cluster import (
     GPU,
+    REPO,
     Gangslice,
     KubeletStandIn,
     clean_namespace,
@@ -668,3 +670,66 @@ def test_a_statefulset_gang_rolls_and_scales(
     assert_pods_hold_the_slots(cp, ns, grown, wait_slots(cp, ns, "sts", 3, kubelet), kubelet)
     assert leaves(placed(grown)) == {leaf}, f"the new pod left leaf {leaf}\n{observed(cp, ns, kubelet)}"
     assert_nothing_double_booked(cp, ns, kubelet)
+
+
+LLM_D_EXAMPLE = REPO / "examples" / "k8s" / "llm-d" / "llama-70b-pd.yaml"
+RDMA = "rdma/rdma_shared_device_a"
+
+
+def test_the_llm_d_example_deploys_rolls_and_scales_unchanged(
+    control_plane: ControlPlane, ns: str, kubelet: KubeletStandIn
+) -> None:
+    """docs/llm-d.md's recipe on examples/k8s/llm-d/llama-70b-pd.yaml, only its namespace changed:
+    the prefill (2) and decode (1) Deployments deploy as one gang under one leaf; the decode pool
+    rolls to a new template; ``kubectl scale`` takes prefill to 3 and back to 2. The slice follows
+    with no size written anywhere, and no GPU is promised twice."""
+    cp = control_plane
+    gang = "llama-70b-llmd"
+    # The example's pods ask for the RDMA shared device (as llm-d's do, for NIXL): the nodes offer
+    # it, as a cluster with NVIDIA's RDMA shared device plugin does.
+    for node in NODES:
+        rdma = {RDMA: "1k"}
+        patch = {"status": {"capacity": rdma, "allocatable": rdma}}
+        merge_patch(cp, "Node", node.name, patch, sub="status")
+    objects = [d for d in yaml.safe_load_all(LLM_D_EXAMPLE.read_text()) if d]
+    for d in objects:
+        d["metadata"]["namespace"] = ns
+        deploy(cp, d)
+    name = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d["metadata"]["name"] for d in objects}
+
+    def pool(role: str) -> list[dict[str, Any]]:
+        pods = items(cp, "Pod", ns, f"app.kubernetes.io/component={role}")
+        return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")), key=pod_name)
+
+    def settle(prefill: int, decode: int) -> dict[str, Any]:
+        def bound() -> bool:
+            return all(all_bound(pool(role), n) for role, n in (("prefill", prefill), ("decode", decode)))
+
+        assert wait_for_or_false(bound, BIND_S), (
+            f"pools not {prefill}+{decode} bound\n{observed(cp, ns, kubelet)}"
+        )
+        r = wait_slots(cp, ns, gang, prefill + decode, kubelet)
+        assert per_pod_set(r) == {"prefill": prefill, "decode": decode}, observed(cp, ns, kubelet)
+        assert_pods_hold_the_slots(cp, ns, pool("prefill") + pool("decode"), r, kubelet)
+        only_leaf(r, cp, ns, kubelet)
+        assert_nothing_double_booked(cp, ns, kubelet)
+        return r
+
+    settle(2, 1)
+    old = {pod_name(p) for p in pool("decode")}
+    roll(cp, ns, name["decode"])
+
+    def rolled() -> bool:
+        d = get_deployment(cp, ns, name["decode"])
+        st = d.get("status") or {}
+        done = st.get("observedGeneration", 0) >= d["metadata"]["generation"] and (
+            st.get("updatedReplicas") == st.get("availableReplicas") == st.get("replicas") == 1
+        )
+        return done and all_bound(pool("decode"), 1) and not {pod_name(p) for p in pool("decode")} & old
+
+    assert wait_for_or_false(rolled, ROLLOUT_S, 0.5), f"decode did not roll\n{observed(cp, ns, kubelet)}"
+    settle(2, 1)
+    scale(cp, ns, name["prefill"], 3)
+    settle(3, 1)
+    scale(cp, ns, name["prefill"], 2)
+    settle(2, 1)
