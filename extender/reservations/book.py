@@ -143,6 +143,9 @@ class ReservationBook:
         #: Bound pods whose GPUs, as the kubelet reports them, differ from their annotation
         #: (pod key -> mismatch).
         self._mismatches: dict[str, DeviceMismatch] = {}
+        #: Slots a gang with slot claims (DRA) no longer has, by (namespace, SliceReservation):
+        #: their claims are the claims sync's to delete (:meth:`take_dropped_slots`).
+        self._dropped_slots: dict[tuple[str, str], set[PodSlot]] = {}
         #: Mismatches found, per node, and evictions of mismatched pods, per result (counters).
         self.mismatches_found: dict[str, int] = {}
         self.mismatch_evictions: dict[str, int] = {}
@@ -376,7 +379,7 @@ class ReservationBook:
             self.drop(r.gang)
             return True
         for s in lost:
-            self._ledger.remove_slot(r.gang, s.key)
+            self._remove_slot(r.gang, s)
         log.info(
             "gang %s: freed %d slots on nodes its pods cannot use (%s)",
             r.gang,
@@ -386,6 +389,25 @@ class ReservationBook:
         )
         self._ledger_changed(r.gang, nodes)
         return False
+
+    def _remove_slot(self, gang: str, slot: PodSlot) -> Reservation:
+        """Take a slot no pod holds out of ``gang``'s slice; its claim (DRA) is left for the
+        claims sync to delete."""
+        r = self._ledger.remove_slot(gang, slot.key)
+        ref = self.ref_of(r)
+        if ref.slot_claims:
+            self._dropped_slots.setdefault(ref.key, set()).add(slot)
+        return r
+
+    def take_dropped_slots(self) -> dict[tuple[str, str], set[PodSlot]]:
+        """The slots taken out of gangs with slot claims since the last call, by (namespace,
+        SliceReservation): their claims are to be deleted (unless a slot of that key came back)."""
+        out, self._dropped_slots = self._dropped_slots, {}
+        return out
+
+    def return_dropped_slots(self, key: tuple[str, str], slots: Iterable[PodSlot]) -> None:
+        """Slots whose claims could not be deleted yet: to be taken again next time."""
+        self._dropped_slots.setdefault(key, set()).update(slots)
 
     def add_slot(self, gang: str, slot: PodSlot) -> Reservation:
         """Hold one more slot for ``gang`` (:meth:`Ledger.add_slot`; LedgerError passes through)."""
@@ -412,7 +434,7 @@ class ReservationBook:
             for s in spare[: max(len(slots) - want, 0)]:
                 if len(r.slice.slots) == 1:
                     break
-                r = self._ledger.remove_slot(gang, s.key)
+                r = self._remove_slot(gang, s)
                 freed.append(s.node)
         if freed:
             log.info(

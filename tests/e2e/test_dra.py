@@ -430,8 +430,8 @@ def test_a_deployment_gang_on_dra_nodes_rolls_with_a_surge_pod_pinned_to_a_slot_
     """Two TP=2 replicas of a Deployment, sized by their ReplicaSet (no size annotation). A
     rolling update's surge pod finds every slot handed out at its creation: the gang grows one
     slot (and its claim) beside the slice, so the rollout completes instead of the webhook
-    refusing the new pod forever; every claim allocates exactly its slot's devices and the
-    surplus slot goes when the old pod does."""
+    refusing the new pod forever; every claim allocates exactly its slot's devices, and the
+    surplus slot and its claim go when the old pod does."""
     cp = control_plane
     post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "tp2-gpus", 2))
     labels = {"app": "tp2", "gangslice.io/gang": "tp2", "gangslice.io/pod-set": "server"}
@@ -481,10 +481,20 @@ def test_a_deployment_gang_on_dra_nodes_rolls_with_a_surge_pod_pinned_to_a_slot_
             return got
 
         after = wait_for("the tp2 rollout complete", rolled, 180)
-        # Each surge pod's slot had a claim of its own (claims are named by slot and stay with the
-        # reservation): more slots' claims than the two replicas.
-        claims = [c["metadata"]["name"] for c in items(cp, "ResourceClaim", ns)]
-        assert len(claims) > 2, f"claims {claims}: no surge pod got a slot of its own"
+        # Each surge pod got a slot (and claim) of its own, never one an old pod still held; the
+        # claims of the slots the old pods left are deleted once the slots go.
+        claim_names = {pod_name(p): p["spec"]["resourceClaims"][0]["resourceClaimName"] for p in after}
+        old_claims = {p["spec"]["resourceClaims"][0]["resourceClaimName"] for p in before}
+        assert not set(claim_names.values()) & old_claims, (claim_names, old_claims)
+
+        def only_current_claims() -> bool:
+            return {c["metadata"]["name"] for c in items(cp, "ResourceClaim", ns)} == set(
+                claim_names.values()
+            )
+
+        assert wait_for_or_false(only_current_claims, 30), [
+            c["metadata"]["name"] for c in items(cp, "ResourceClaim", ns)
+        ]
         held: dict[str, str] = {}
         for p in after:
             (entry,) = [c for c in p["spec"]["resourceClaims"] if c["name"] == "gpus"]

@@ -842,13 +842,16 @@ def test_a_surge_pod_of_an_owned_gang_grows_a_slot_with_its_own_claim_up_to_its_
     """On DRA nodes the slot is handed out at pod creation: a rolling update's surge pod, whose
     pod set's every slot is handed out, gets one more slot (and claim) beside the gang, as many
     as the Deployment's max-replicas allow; one more is refused, naming why."""
+    from extender.controllers.claims.sync import SlotClaimSync
+
     api = FakeKube()
     cache = pcie_cache(api)
     api.put(RESOURCE_CLAIM_TEMPLATES, template(2))
     rs = make_replica_set("tp2-r1").template(make_pod("t").label(names.GANG, "tp2")).deployment("tp2", 2, 3)
     cache.apply(Kind.REPLICA_SETS, "ADDED", rs.obj())
     pods = [dra_pod(f"tp2-{i}", gang="tp2") for i in range(4)]
-    for pod, response in zip(pods[:2], admit(api, cache, *pods[:2]), strict=True):
+    first = admit(api, cache, *pods[:2])
+    for pod, response in zip(pods[:2], first, strict=True):
         assert response["allowed"], response
         cache.apply(Kind.PODS, "ADDED", created(pod, response))
     r = cache.reservation("llm/tp2")
@@ -864,3 +867,13 @@ def test_a_surge_pod_of_an_owned_gang_grows_a_slot_with_its_own_claim_up_to_its_
     (over,) = admit(api, cache, pods[3])
     assert not over["allowed"]
     assert "every slot is handed out (3 of 3)" in over["status"]["message"], over
+    # The first old pod leaves: its slot goes (the owners want 2), and so does its claim.
+    gone = created(pods[0], first[0])
+    cache.apply(Kind.PODS, "DELETED", gone)
+    r = cache.reservation("llm/tp2")
+    assert r is not None and len(r.slice.slots) == 2
+    assert gone["metadata"]["annotations"][names.SLOT] not in {s.key for s in r.slice.slots}
+    assert asyncio.run(SlotClaimSync(api, lambda: 0.0).delete_dropped(cache)) == 1
+    left = {c["metadata"]["name"] for c in api.objects(RESOURCE_CLAIMS)}
+    assert left == {claim_name(r.meta["name"], s) for s in r.slice.slots}
+    assert asyncio.run(SlotClaimSync(api, lambda: 0.0).delete_dropped(cache)) == 0

@@ -114,7 +114,9 @@ class SlotClaimSync:
         return out
 
     async def sync(self, cache: ClusterCache) -> int:
-        """Re-plan every gang with a slot whose device was taken; returns how many were re-planned."""
+        """Re-plan every gang with a slot whose device was taken; returns how many were re-planned.
+        Also deletes the claims of slots a gang no longer has (a rollout's or a scale-down's)."""
+        await self.delete_dropped(cache)
         replanned = 0
         for gang, found in self.conflicts(cache).items():
             r = cache.reservation(gang)
@@ -126,6 +128,34 @@ class SlotClaimSync:
             except Exception:
                 log.exception("re-planning gang %s failed; next housekeeping retries", gang)
         return replanned
+
+    async def delete_dropped(self, cache: ClusterCache) -> int:
+        """Delete the claims of slots taken out of their gangs (the book's
+        ``take_dropped_slots``) that no pod holds and no slot of the same key took back; a claim
+        still allocated, or one the API server could not delete, is tried again next time.
+        Returns how many were deleted."""
+        deleted = 0
+        claims = SlotClaims(self.api)
+        for (ns, res_name), dropped in cache.book.take_dropped_slots().items():
+            r = cache.book.reservation_named(ns, res_name)
+            again: set[PodSlot] = set()
+            for slot in dropped:
+                if r is not None and any(s.key == slot.key for s in r.slice.slots):
+                    continue  # the key came back: its claim is the new slot's
+                name = claim_name(res_name, slot)
+                if cache.claim_devices(ns, name):
+                    again.add(slot)  # still allocated: its pod is going
+                    continue
+                try:
+                    await claims.delete(ns, name)
+                except KubeError as exc:
+                    log.info("deleting ResourceClaim %s/%s of a dropped slot: %s; retried", ns, name, exc)
+                    again.add(slot)
+                    continue
+                deleted += 1
+            if again:
+                cache.book.return_dropped_slots((ns, res_name), again)
+        return deleted
 
     async def _replan(
         self, cache: ClusterCache, r: Reservation, found: list[tuple[PodSlot, list[str], list[str]]]
