@@ -35,7 +35,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,7 +59,6 @@ from extender.kube.slot_claims import (
     SlotError,
     build_claim,
     gpu_claim,
-    handed_out,
     pick_slot,
     pod_index,
 )
@@ -74,10 +72,6 @@ from extender.reservations.reserve import Claim, reserve
 log = logging.getLogger(__name__)
 
 PATH = "/admission/pods"
-#: A slot handed out at admission whose pod has not shown up on the watch is free again after
-#: this long (the API server may have refused the pod after this webhook).
-PENDING_S = 60.0
-PENDING = web.AppKey("admission_pending", dict)
 
 
 class Refusal(Exception):
@@ -148,7 +142,6 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace, "annotations": annotations}})
     if pod.problems:
         raise Refusal(pod.problems[0])
-    pending: dict[str, dict[str, tuple[str, float]]] = app[PENDING]
 
     def hand_out() -> tuple[Reservation, PodSlot, DeviceMap]:
         """The pod's gang reserved (a plain gang's first pod reserves it) and a slot handed out."""
@@ -156,12 +149,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         if r is None:
             r = _reserve(cache, pod)
         gang = r.gang
-        for other in [g for g in pending if g != gang and cache.book.reservation(g) is None]:
-            del pending[other]  # released gangs: nothing of theirs is handed out any more
-        now = time.monotonic()
-        mine = {k: v for k, v in pending.get(gang, {}).items() if now - v[1] < PENDING_S}
-        handed = {k: name for k, (name, _) in mine.items()}
-        handed.update(handed_out(cache.pods_of_gang(gang)))
+        handed = cache.book.handed(gang)
         if pod_index(pod) is None and cache.book.lacks_pod_set(pod):
             r = _grown(cache, pod, gang, "its pod set has no slot")  # an owner come after the placement
         try:
@@ -184,8 +172,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
                 f"gang {gang}: slot {slot.key} is on {slot.node}, whose GPUs gpu.nvidia.com does not "
                 "publish (a devicePlugin node): ask for nvidia.com/gpu there, not a DRA claim"
             )
-        mine[slot.key] = (pod.name or "<generated name>", now)
-        pending[gang] = mine
+        cache.book.hand(gang, slot.key, pod.name or "<generated name>")
         return r, slot, device_map
 
     r, slot, device_map = await cache.book.deciding(hand_out)
@@ -256,7 +243,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
             )
         return ops
     except Refusal:
-        pending.get(gang, {}).pop(slot.key, None)  # refused: the slot is not handed out
+        cache.book.unhand(gang, slot.key)  # refused: the slot is not handed out
         raise
 
 
@@ -364,5 +351,4 @@ def _reserve(cache: ClusterCache, pod: PodInfo) -> Reservation:
 
 
 def add_routes(app: web.Application) -> None:
-    app[PENDING] = {}
     app.router.add_post(PATH, mutate_pods)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -52,6 +53,10 @@ from extender.reservations.store import (
 from extender.topology.model import GpuGraph
 
 log = logging.getLogger(__name__)
+
+#: A slot handed out at admission whose pod has not shown up on the watch is free again after
+#: this long (the API server may have refused the pod after the webhook).
+HANDING_S = 60.0
 
 T = TypeVar("T")
 
@@ -143,6 +148,9 @@ class ReservationBook:
         #: Bound pods whose GPUs, as the kubelet reports them, differ from their annotation
         #: (pod key -> mismatch).
         self._mismatches: dict[str, DeviceMismatch] = {}
+        #: Slots handed out at admission (DRA) whose pods the watch has not shown yet: gang ->
+        #: slot key -> (pod name, monotonic time handed out) (:meth:`handed`).
+        self._handing: dict[str, dict[str, tuple[str, float]]] = {}
         #: Slots a gang with slot claims (DRA) no longer has, by (namespace, SliceReservation):
         #: their claims are the claims sync's to delete (:meth:`take_dropped_slots`).
         self._dropped_slots: dict[tuple[str, str], set[PodSlot]] = {}
@@ -409,6 +417,35 @@ class ReservationBook:
         """Slots whose claims could not be deleted yet: to be taken again next time."""
         self._dropped_slots.setdefault(key, set()).update(slots)
 
+    # -- slots handed out at admission (DRA) ---------------------------------------------
+    def handed(self, gang: str) -> dict[str, str]:
+        """Slot key -> the pod it went to at admission: the live pods' (their
+        ``gangslice.io/slot``), and those handed out in the last :data:`HANDING_S` to pods the
+        watch has not shown yet (the API server may still refuse one after the webhook)."""
+        now = time.monotonic()
+        for other in [g for g in self._handing if g not in self._ledger]:
+            del self._handing[other]  # released gangs: nothing of theirs is handed out any more
+        pods = [p for p in self.informer.pods_of_gang(gang) if not p.terminal and not p.deleting]
+        live = handed_out(pods)
+        # A slot a live pod on the watch carries is that pod's to say from now on (a pod that
+        # left may carry the key of a slot handed out again since: that does not count).
+        mine = {
+            k: v for k, v in self._handing.get(gang, {}).items() if now - v[1] < HANDING_S and k not in live
+        }
+        if mine:
+            self._handing[gang] = mine
+        else:
+            self._handing.pop(gang, None)
+        return {**{k: name for k, (name, _) in mine.items()}, **live}
+
+    def hand(self, gang: str, slot_key: str, pod: str) -> None:
+        """Slot ``slot_key`` of ``gang`` went to ``pod`` at its admission."""
+        self._handing.setdefault(gang, {})[slot_key] = (pod, time.monotonic())
+
+    def unhand(self, gang: str, slot_key: str) -> None:
+        """The admission that took ``slot_key`` was refused after all: the slot is free."""
+        self._handing.get(gang, {}).pop(slot_key, None)
+
     def add_slot(self, gang: str, slot: PodSlot) -> Reservation:
         """Hold one more slot for ``gang`` (:meth:`Ledger.add_slot`; LedgerError passes through)."""
         return self._ledger.add_slot(gang, slot)
@@ -424,7 +461,7 @@ class ReservationBook:
             return
         pods = [p for p in self.informer.pods_of_gang(gang) if not p.terminal and not p.deleting]
         alive = Counter(p.pod_set or DEFAULT_POD_SET for p in pods)
-        handed = handed_out(pods)
+        handed = self.handed(gang)
         freed: list[str] = []
         for role in sorted({s.pod_set for s in r.slice.slots}):
             slots = [s for s in r.slice.slots if s.pod_set == role]
