@@ -1,6 +1,8 @@
 """The periodic pass over the cluster cache, on the leader only.
 
-Every ``every_s`` seconds: drop holds whose TTL ran out, tell (or evict) the pods the kubelet
+Every ``every_s`` seconds: drop holds whose TTL ran out, free the slots of owned gangs their
+owners no longer want (missed by an event, or handed out at an admission that lapsed), tell
+(or evict) the pods the kubelet
 gave other GPUs than promised, write the reservations not saved yet, say on each refused
 NodeTopology why, re-plan DRA slots whose pinned devices someone else took, and keep the DRA
 webhook's caBundle set. A standby skips the pass: its copies of the reservations are
@@ -45,6 +47,7 @@ class Housekeeping:
             gone = await cache.book.deciding(cache.book.expire)
             for r in gone:
                 log.info("reservation of gang %s expired", r.gang, extra=fields(gang=r.gang))
+            await cache.book.deciding(cache.book.trim_all)
             if self.mismatches is not None:
                 await self.mismatches.sync(cache, cache.clock())
             await cache.flush()

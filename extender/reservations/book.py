@@ -479,6 +479,12 @@ class ReservationBook:
             )
             self._ledger_changed(gang, freed)
 
+    def trim_all(self) -> None:
+        """:meth:`trim` every gang (the periodic pass: a slot whose admission entry lapsed, or
+        an event missed, is freed all the same)."""
+        for r in self._ledger.reservations():
+            self.trim(r.gang)
+
     # -- kube-scheduler's Reserve and Unreserve --------------------------------------------
     async def reserve_pod(self, pod: PodInfo, node: str, plain: PlainPick) -> BindPlan:
         """Take the pod's slot on ``node`` (a gang's) or its GPUs there (``plain`` picks them

@@ -354,3 +354,20 @@ def test_a_pod_set_whose_owner_comes_after_the_placement_is_placed_whole_beside_
     r = cache.book.reservation(GANG_KEY)
     assert r is not None and r.complete
     assert_no_gpu_twice(cache)
+
+
+def test_the_periodic_pass_frees_a_surplus_slot_an_event_did_not() -> None:
+    cache = cluster({"leaf-1": ["a", "b"]})
+    decider = Decider(cache)
+    owner(cache, "decode", 2, desired=2, most=3)
+    for i in range(2):
+        bind(cache, decider, member(f"d-{i}", "decode", 2))
+    r = cache.book.reservation(GANG_KEY)
+    assert r is not None
+    free = sorted(set(range(8)) - {g for s in r.slice.slots if s.node == "b" for g in s.gpus})[:2]
+    cache.book.add_slot(GANG_KEY, PodSlot("decode", 9, "b", tuple(free)))  # no pod ever came for it
+    assert slots(cache) == Counter({"decode": 3})
+    cache.book.trim_all()
+    assert slots(cache) == Counter({"decode": 2})
+    r = cache.book.reservation(GANG_KEY)
+    assert r is not None and r.complete
