@@ -35,7 +35,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -134,7 +134,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     except SlotError as exc:
         raise Refusal(str(exc)) from None
     if found is None:
-        return None
+        return await _pin_device_plugin(app, namespace, obj, meta, spec)
     position, entry, template, gpu = found.position, found.entry, found.template, found.request
     if not leads(app) or not cache.ready:
         raise Refusal("this replica is not ready or not the leader; retry")
@@ -232,7 +232,9 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
             names.GPU_UUIDS: ",".join(d.uuid or "" for d in devices),
         }
         if slot.node in r.slice.mnnvl_nodes:
-            ops += await _join_domain(api, namespace, owner, slot.node, pod, spec, str(entry.get("name")))
+            ops += await _join_domain(
+                api, namespace, owner, slot.node, pod, spec, _claims_entry(str(entry.get("name")))
+            )
         for key, value in wanted.items():
             ops.append(
                 {
@@ -254,7 +256,7 @@ async def _join_domain(
     node: str,
     pod: PodInfo,
     spec: Mapping[str, Any],
-    gpu_entry: str,
+    uses_gpus: Callable[[Mapping[str, Any]], bool],
 ) -> list[dict[str, Any]]:
     """The gang's ComputeDomain (created, or the one the pod names) and this node's channel claim;
     the patch that adds the claim to the pod and to the containers that use its GPUs."""
@@ -287,18 +289,110 @@ async def _join_domain(
         }
     ]
     for i, container in enumerate(spec.get("containers") or ()):
-        resources = as_map(as_map(container).get("resources"))
-        claims = resources.get("claims")
-        if not any(as_map(c).get("name") == gpu_entry for c in claims or ()):
+        if not uses_gpus(as_map(container)):
             continue
-        ops.append(
-            {
-                "op": "add",
-                "path": f"/spec/containers/{i}/resources/claims/-",
-                "value": {"name": cds.POD_CLAIM},
-            }
-        )
+        claims = as_map(as_map(container).get("resources")).get("claims")
+        path = f"/spec/containers/{i}/resources/claims"
+        op: dict[str, Any] = {"op": "add", "path": f"{path}/-", "value": {"name": cds.POD_CLAIM}}
+        if not isinstance(claims, list):
+            op = {"op": "add", "path": path, "value": [{"name": cds.POD_CLAIM}]}
+        ops.append(op)
     return ops
+
+
+def _claims_entry(name: str) -> Callable[[Mapping[str, Any]], bool]:
+    """A container that uses the pod's claim entry ``name``."""
+
+    def uses(container: Mapping[str, Any]) -> bool:
+        claims = as_map(container.get("resources")).get("claims")
+        return any(as_map(c).get("name") == name for c in claims or ())
+
+    return uses
+
+
+def _asks_device_plugin_gpus(container: Mapping[str, Any]) -> bool:
+    """A container that asks the device plugin for GPUs (``nvidia.com/gpu``)."""
+    resources = as_map(container.get("resources"))
+    return any(names.GPU_RESOURCE in as_map(resources.get(k)) for k in ("limits", "requests"))
+
+
+async def _pin_device_plugin(
+    app: web.Application,
+    namespace: str,
+    obj: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    spec: Mapping[str, Any],
+) -> list[dict[str, Any]] | None:
+    """A plain gang pod that asks the device plugin for GPUs and requires a multi-node NVLink
+    clique (``gangslice.io/required-level`` a fabric level): its gang is reserved now, the pod is
+    handed a slot (``gangslice.io/slot``; the extender then offers only that slot's node) and,
+    on a node whose NVLink channel the slice uses, given that node's channel claim of the gang's
+    ComputeDomain: a pod's claims are fixed at creation, and a node has one channel, which the
+    gang's pods there share. Any other pod passes unchanged."""
+    api, cache = app[API], app[CACHE]
+    pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace}})
+    if api is None or pod.gang is None or pod.gpus <= 0 or pod.problems or not _on_fabric(cache, pod):
+        return None
+    if not leads(app) or not cache.ready:
+        raise Refusal("this replica is not ready or not the leader; retry")
+
+    def hand_out() -> tuple[Reservation, PodSlot]:
+        r = cache.book.reservation_of(pod) or _reserve(cache, pod)
+        try:
+            slot = pick_slot(r, pod, cache.book.handed(r.gang))
+        except SlotError as exc:
+            raise Refusal(f"gang {r.gang}: {exc}") from None
+        cache.book.hand(r.gang, slot.key, pod.name or "<generated name>")
+        return r, slot
+
+    r, slot = await cache.book.deciding(hand_out)
+    gang = r.gang
+    try:
+        if not await cache.book.persist(gang):
+            raise Refusal(
+                f"gang {gang}: the SliceReservation could not be saved: {cache.book.save_error(gang)}"
+            )
+        ops: list[dict[str, Any]] = []
+        if not isinstance(meta.get("annotations"), Mapping):
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        key = names.SLOT.replace("~", "~0").replace("/", "~1")
+        ops.append({"op": "add", "path": f"/metadata/annotations/{key}", "value": slot.key})
+        if slot.node in r.slice.mnnvl_nodes:
+            res_name = cache.book.ref_of(r).name
+            try:
+                saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
+            except KubeError as exc:
+                raise Refusal(
+                    f"gang {gang}: reading SliceReservation {namespace}/{res_name}: {exc}"
+                ) from None
+            owner = {
+                "name": res_name,
+                "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
+                "gang": pod.labels.get(names.GANG) or object_name(gang),
+            }
+            if not isinstance(spec.get("resourceClaims"), list):
+                ops.append({"op": "add", "path": "/spec/resourceClaims", "value": []})
+            ops += await _join_domain(api, namespace, owner, slot.node, pod, spec, _asks_device_plugin_gpus)
+        log.info(
+            "pod %s of gang %s: slot %s on %s (device plugin)%s",
+            pod.name or meta.get("generateName"),
+            gang,
+            slot.key,
+            slot.node,
+            ", with its node's NVLink channel" if slot.node in r.slice.mnnvl_nodes else "",
+            extra=fields(gang=gang),
+        )
+        return ops
+    except Refusal:
+        cache.book.unhand(gang, slot.key)
+        raise
+
+
+def _on_fabric(cache: ClusterCache, pod: PodInfo) -> bool:
+    """Whether the pod's required level is a multi-node NVLink (fabric) level."""
+    level = pod.required_level
+    index = cache.hierarchy.index_of(level) if level else None
+    return index is not None and cache.hierarchy.levels[index].fabric
 
 
 def _grown(cache: ClusterCache, pod: PodInfo, gang: str, why: str) -> Reservation:

@@ -30,6 +30,7 @@ from typing import TypeVar
 from extender.httpapi.memo import NamesKey, NamesMemo
 from extender.httpapi.wire import MAX_EXTENDER_PRIORITY
 from extender.kube.gangs import DEFAULT_POD_SET
+from extender.kube.names import SLOT
 from extender.kube.pods import PodError, PodInfo
 from extender.placement import choice, numa_fit
 from extender.placement.node_fit import fit_for
@@ -236,6 +237,10 @@ class Decider:
         if mine is not None:
             return {mine.node}, f"{label}: pod {pod.name} holds slot {mine.key} on {mine.node}"
         free = free_slots(r, pod)
+        given = next((s for s in free if s.key == pod.annotations.get(SLOT)), None)
+        if given is not None:
+            # Handed out at its admission (its claims name that node's devices or channel).
+            return {given.node}, f"{label}: pod {pod.name} was given slot {given.key} on {given.node}"
         which = f" for pod set {pod.pod_set}" if pod.pod_set else ""
         if not free:
             bound = f"{len(r.bound)}/{len(r.slice.slots)} bound"

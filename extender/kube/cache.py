@@ -465,8 +465,11 @@ class ClusterInformer:
             self._mark_domain({u for u, n, res in self._channels.values() if (n, res) == (namespace, name)})
 
     def _is_dra(self, node: str) -> bool:
-        """Whether a DRA driver publishes the node's devices (as :meth:`_build_state` reads it)."""
-        return node not in self._static and node in self._slices_by_node
+        """Whether ``gpu.nvidia.com`` publishes the node's GPUs (as :meth:`_build_state` reads it).
+        A node whose only slices are other drivers' (the ComputeDomain driver's channels on a
+        GB200 tray whose GPUs the device plugin hands out: NVIDIA's supported setup) is not."""
+        slices = self._slices_by_node.get(node, {})
+        return node not in self._static and any(s.driver == dra.GPU_DRIVER for s in slices.values())
 
     # -- watch events ----------------------------------------------------------------------
     def replace(self, kind: Kind, objs: Iterable[Mapping[str, Any]]) -> None:

@@ -511,7 +511,8 @@ class ReservationBook:
                 return BindPlan(pod, node, (), ())
             slot = r.slot_of(pod.name)
             if slot is None or slot.node != node:
-                free = [s for s in free_slots(r, pod) if s.node == node]
+                given = pod.annotations.get(names.SLOT)  # handed out at its admission
+                free = sorted((s for s in free_slots(r, pod) if s.node == node), key=lambda s: s.key != given)
                 if not free:
                     raise Refused(f"{ref.reservation_label} has no free slot for pod {pod.name} on {node}")
                 if slot is not None:

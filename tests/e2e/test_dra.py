@@ -46,11 +46,13 @@ from cluster import (
     events_for,
     extender_stack,
     get,
+    gpu_pod,
     is_ready,
     items,
     merge_patch,
     pod_name,
     remove_crds,
+    remove_node,
     reservations_of,
     scheduled_condition,
     slots,
@@ -595,6 +597,113 @@ def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang
     finally:
         for other in others:
             merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
+
+
+def _device_plugin_tray(cp: ControlPlane, name: str) -> None:
+    """A GB200 tray whose GPUs the device plugin hands out (``nvidia.com/gpu: 4``) while NVIDIA's
+    DRA driver publishes only its ComputeDomain devices: NVIDIA's supported GB200 setup."""
+    labels = {"kubernetes.io/hostname": name, POOL_LABEL: POOL_NAME, "nvidia.com/gpu.clique": "c0.2"}
+    node = create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "4"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node for e2e"}
+    merge_patch(
+        cp,
+        "Node",
+        name,
+        {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
+        sub="status",
+    )
+    spec = graph_to_dict(with_identities(name, preset_graph("gb200-tray")))
+    spec["source"] = "nvml"
+    create(
+        cp,
+        {
+            "apiVersion": "gangslice.io/v1alpha1",
+            "kind": "NodeTopology",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+    slice_ = compute_domain_slice(name)
+    slice_["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+    ]
+    post(cp, f"{RESOURCE}/resourceslices", slice_)
+
+
+def _admitted(cp: ControlPlane, pod: dict[str, Any]) -> dict[str, Any] | None:
+    """Create ``pod``; None while the webhook refuses it (gangslice's cache has not seen the
+    nodes just added yet), as a controller retries."""
+    try:
+        return create(cp, pod)
+    except AssertionError as exc:
+        if "denied the request" not in str(exc):
+            raise
+        return None
+
+
+def test_a_device_plugin_wide_ep_gang_on_gb200_trays_gets_a_compute_domain_and_a_channel_per_node(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """GPUs through the device plugin, ComputeDomains through the DRA driver: each pod of a gang
+    that requires the clique is given, at its creation, its slot and that node's channel claim of
+    the gang's ComputeDomain, and binds on that node with its channel allocated there."""
+    cp = control_plane
+    cp.install_crds(UPSTREAM / "resource.nvidia.com_computedomains.yaml")
+    others = [n["metadata"]["name"] for n in items(cp, "Node")]
+    for other in others:  # only these trays this time
+        merge_patch(cp, "Node", other, {"spec": {"unschedulable": True}})
+    # The setup NVIDIA supports runs the DRA driver with its GPU part off: no gpu.nvidia.com
+    # DeviceClass (whose extendedResourceName would hand nvidia.com/gpu to DRA).
+    (gpu_class,) = [c for c in device_classes(UPSTREAM) if c["metadata"]["name"] == dra.GPU_DEVICE_CLASS]
+    cp.request("DELETE", f"{RESOURCE}/deviceclasses/{dra.GPU_DEVICE_CLASS}")
+    trays = [f"dra-dp{i}" for i in range(3)]
+    try:
+        for tray in trays:
+            _device_plugin_tray(cp, tray)
+        ann = {
+            "gangslice.io/gang-size": "2",
+            "gangslice.io/required-level": "clique",
+            "gangslice.io/comm": "alltoall",
+        }
+        pods = []
+        for i in range(2):
+            pod = gpu_pod(f"dp-{i}", 4, POOL_NAME, labels={"gangslice.io/gang": "dp"}, annotations=ann)
+            pod["metadata"]["namespace"] = ns
+            pod["spec"]["tolerations"] = [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ]
+            pods.append(
+                wait_for(f"{pod['metadata']['name']} admitted", functools.partial(_admitted, cp, pod), 30)
+            )
+        (domain,) = cp.request("GET", f"/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains")[
+            "items"
+        ]
+        used = set()
+        for pod in pods:
+            slot_key = pod["metadata"]["annotations"]["gangslice.io/slot"]
+            channel = channel_allocated(cp, ns, pod)
+            params = channel["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+            assert params["domainID"] == domain["metadata"]["uid"], params
+            (result,) = channel["status"]["allocation"]["devices"]["results"]
+            node = wait_for(
+                f"{pod['metadata']['name']} bound",
+                lambda p=pod: (
+                    (get(cp, "Pod", p["metadata"]["name"], ns) or {}).get("spec", {}).get("nodeName")
+                ),
+                60,
+            )
+            assert result["pool"] == node and node in trays, (slot_key, result, node)
+            used.add(node)
+        assert len(used) == 2
+        for pod in pods:
+            delete(cp, "Pod", pod["metadata"]["name"], ns)
+    finally:
+        for other in others:
+            merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
+        for tray in trays:
+            remove_node(cp, tray)
+        post(cp, f"{RESOURCE}/deviceclasses", gpu_class)
 
 
 def test_a_gb200_tray_in_a_compute_domain_gangslice_did_not_create_is_not_given_to_a_gang(

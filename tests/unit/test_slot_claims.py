@@ -877,3 +877,59 @@ def test_a_surge_pod_of_an_owned_gang_grows_a_slot_with_its_own_claim_up_to_its_
     left = {c["metadata"]["name"] for c in api.objects(RESOURCE_CLAIMS)}
     assert left == {claim_name(r.meta["name"], s) for s in r.slice.slots}
     assert asyncio.run(SlotClaimSync(api, lambda: 0.0).delete_dropped(cache)) == 0
+
+
+def test_a_device_plugin_wide_ep_gang_gets_its_slots_at_admission_and_a_channel_per_node() -> None:
+    """NVIDIA's supported GB200 setup: GPUs through the device plugin, ComputeDomains through the
+    DRA driver. A gang pod that requires the clique is handed its slot at creation and gets its
+    node's channel claim of the gang's ComputeDomain; the extender then offers it that node only."""
+    from extender.httpapi.decide import Decider
+    from extender.kube import compute_domains as cds
+    from extender.kube.api import COMPUTE_DOMAINS
+
+    api = FakeKube()
+    cache = ClusterCache(store=KubeReservationStore(api))
+    for kind in Kind:
+        cache.replace(kind, [])
+    for i in range(4):
+        node = f"t{i}"
+        cache.apply(
+            Kind.NODES, "ADDED", node_obj(node, gpus=4, labels={CLIQUE: "c0.1"}, product="NVIDIA-GB200")
+        )
+        cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(node).gb200_tray().obj())
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    pods = []
+    for i in range(2):
+        pod = (
+            make_pod(f"ep-{i}")
+            .gpus(4)
+            .gang("ep", 2)
+            .annotations({names.REQUIRED_LEVEL: "clique", names.COMM: "alltoall"})
+            .obj()
+        )
+        pod["metadata"].pop("namespace")
+        pods.append(pod)
+    got = admit(api, cache, *pods)
+    assert all(r["allowed"] for r in got), got
+    (domain,) = api.objects(COMPUTE_DOMAINS)
+    r = cache.reservation("llm/ep")
+    assert r is not None and set(r.slice.mnnvl_nodes) == set(r.slice.nodes) and len(r.slice.nodes) == 2
+    admitted = [created(p, resp) for p, resp in zip(pods, got, strict=True)]
+    decider = Decider(cache)
+    nodes = set()
+    for p in admitted:
+        slot = r.slice.slot(p["metadata"]["annotations"][names.SLOT])
+        (channel,) = [e for e in p["spec"]["resourceClaims"] if e["name"] == cds.POD_CLAIM]
+        claim = api.peek(Kind.RESOURCE_CLAIMS, channel["resourceClaimName"], "llm")
+        assert claim is not None
+        assert (
+            claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["domainID"]
+            == domain["metadata"]["uid"]
+        )
+        assert channel["resourceClaimName"].endswith(slot.node)
+        assert {"name": cds.POD_CLAIM} in p["spec"]["containers"][0]["resources"]["claims"]
+        cache.apply(Kind.PODS, "ADDED", p)
+        out = decider.filter(PodInfo.from_obj(p), cache.node_names())
+        assert out.passed == [slot.node], out
+        nodes.add(slot.node)
+    assert nodes == set(r.slice.nodes)
