@@ -66,6 +66,7 @@ from test_kueue import is_true as kueue_is_true
 from extender.bench.controlplane import ControlPlane
 from extender.kube import dra
 from extender.testing.dra import compute_domain_slice, device_classes, gpu_slice, gpu_uuid, with_identities
+from extender.topology.model import GpuGraph
 from extender.topology.presets import preset_graph
 from extender.topology.serialize import graph_to_dict
 
@@ -108,12 +109,16 @@ def post(cp: ControlPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:
         raise AssertionError(f"creating {what}: HTTP {e.code} {e.read()[:800]!r}") from e
 
 
-def _dra_node(
-    cp: ControlPlane, name: str = NODE, preset: str = PRESET, labels: dict[str, str] | None = None
-) -> None:
+def _fake_node(
+    cp: ControlPlane, name: str, preset: str, labels: dict[str, str] | None, *, device_plugin_gpus: int = 0
+) -> tuple[dict[str, Any], GpuGraph]:
+    """A Ready Node of this module's pool and its NodeTopology (source NVML): GPUs through DRA, or,
+    with ``device_plugin_gpus``, through the device plugin (``nvidia.com/gpu``)."""
     labels = {"kubernetes.io/hostname": name, POOL_LABEL: POOL_NAME, **(labels or {})}
     node = create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
-    resources = {"cpu": "128", "memory": "1Ti", "pods": "110"}  # no nvidia.com/gpu: the GPUs are DRA's
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "110"}
+    if device_plugin_gpus:
+        resources["nvidia.com/gpu"] = str(device_plugin_gpus)
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node for e2e"}
     merge_patch(
         cp,
@@ -125,7 +130,8 @@ def _dra_node(
     graph = with_identities(name, preset_graph(preset))
     spec = graph_to_dict(graph)
     spec["source"] = "nvml"
-    spec["allocation"] = "dra"
+    if not device_plugin_gpus:
+        spec["allocation"] = "dra"
     create(
         cp,
         {
@@ -135,6 +141,14 @@ def _dra_node(
             "spec": spec,
         },
     )
+    return node, graph
+
+
+def _dra_node(
+    cp: ControlPlane, name: str = NODE, preset: str = PRESET, labels: dict[str, str] | None = None
+) -> None:
+    """A node whose GPUs NVIDIA's DRA driver publishes (no ``nvidia.com/gpu``)."""
+    node, graph = _fake_node(cp, name, preset, labels)
     post(cp, f"{RESOURCE}/resourceslices", gpu_slice(name, graph, uid=node["metadata"]["uid"]))
 
 
@@ -602,33 +616,17 @@ def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang
 def _device_plugin_tray(cp: ControlPlane, name: str) -> None:
     """A GB200 tray whose GPUs the device plugin hands out (``nvidia.com/gpu: 4``) while NVIDIA's
     DRA driver publishes only its ComputeDomain devices: NVIDIA's supported GB200 setup."""
-    labels = {"kubernetes.io/hostname": name, POOL_LABEL: POOL_NAME, "nvidia.com/gpu.clique": "c0.2"}
-    node = create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
-    resources = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "4"}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node for e2e"}
-    merge_patch(
-        cp,
-        "Node",
-        name,
-        {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
-        sub="status",
-    )
-    spec = graph_to_dict(with_identities(name, preset_graph("gb200-tray")))
-    spec["source"] = "nvml"
-    create(
-        cp,
-        {
-            "apiVersion": "gangslice.io/v1alpha1",
-            "kind": "NodeTopology",
-            "metadata": {"name": name},
-            "spec": spec,
-        },
-    )
+    node, _ = _fake_node(cp, name, "gb200-tray", {"nvidia.com/gpu.clique": "c0.2"}, device_plugin_gpus=4)
     slice_ = compute_domain_slice(name)
     slice_["metadata"]["ownerReferences"] = [
         {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
     ]
     post(cp, f"{RESOURCE}/resourceslices", slice_)
+
+
+def _node_of(cp: ControlPlane, ns: str, name: str) -> str | None:
+    node = ((get(cp, "Pod", name, ns) or {}).get("spec") or {}).get("nodeName")
+    return str(node) if node else None
 
 
 def _admitted(cp: ControlPlane, pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -688,9 +686,7 @@ def test_a_device_plugin_wide_ep_gang_on_gb200_trays_gets_a_compute_domain_and_a
             (result,) = channel["status"]["allocation"]["devices"]["results"]
             node = wait_for(
                 f"{pod['metadata']['name']} bound",
-                lambda p=pod: (
-                    (get(cp, "Pod", p["metadata"]["name"], ns) or {}).get("spec", {}).get("nodeName")
-                ),
+                functools.partial(_node_of, cp, ns, pod["metadata"]["name"]),
                 60,
             )
             assert result["pool"] == node and node in trays, (slot_key, result, node)
