@@ -369,7 +369,23 @@ FOREIGN_KEYS = (
         "label",
         "Pod (LeaderWorkerSet)",
         "read by the admission webhook",
-        "The pod's index in its group: on DRA nodes it gets the slot of that position.",
+        "The pod's index in its group: on DRA nodes it gets the slot of that position (less one "
+        "where the leader is a pod set of its own).",
+    ),
+    Key(
+        "literal:jobset.sigs.k8s.io/job-index",
+        "label",
+        "Pod (JobSet)",
+        "read by the admission webhook",
+        "Which Job of its replicatedJob the pod's Job is: on DRA nodes the pod's slot is that "
+        "Job's share of the pod set plus its completion index.",
+    ),
+    Key(
+        "literal:jobset.sigs.k8s.io/replicatedjob-replicas",
+        "label",
+        "Pod (JobSet)",
+        "read by the admission webhook",
+        "How many Jobs its replicatedJob makes: splits the pod set's slots among them.",
     ),
     Key(
         "literal:resource.kubernetes.io/pciBusID",

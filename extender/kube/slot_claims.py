@@ -52,6 +52,10 @@ INDEX_LABELS = (
     "apps.kubernetes.io/pod-index",
     "leaderworkerset.sigs.k8s.io/worker-index",
 )
+WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+#: JobSet: which Job of its replicatedJob a pod's Job is, and how many Jobs that makes.
+JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 
 
 class SlotError(Exception):
@@ -217,6 +221,31 @@ def pod_index(pod: PodInfo) -> int | None:
     return None
 
 
+def slot_index(pod: PodInfo, slots: int) -> int | None:
+    """The pod's position among the ``slots`` slots of its pod set (None: it has none, and
+    takes the first slot free):
+
+    - a JobSet's pod: its Job's index times the pods per Job (the pod set's slots over the
+      replicatedJob's replicas) plus its completion index; each Job numbers its pods from 0;
+    - a LeaderWorkerSet's worker where the leader is a pod set of its own (its pod set has
+      ``size - 1`` slots): its worker index less one, the leader being index 0;
+    - else the first index label it carries (:func:`pod_index`).
+    """
+    index = pod_index(pod)
+    if index is None:
+        return None
+    job = digits(pod.labels.get(JOBSET_JOB_INDEX, "") or "-")
+    if job is not None:
+        replicas = digits(pod.labels.get(JOBSET_REPLICAS, "") or "-")
+        if not replicas or slots % replicas:
+            return None
+        return job * (slots // replicas) + index
+    size = digits(pod.annotations.get(names.LWS_SIZE, "") or "-")
+    if WORKER_INDEX in pod.labels and size is not None and slots == size - 1 and index >= 1:
+        return index - 1
+    return index
+
+
 def pick_slot(r: Reservation, pod: PodInfo, handed: Mapping[str, str]) -> PodSlot:
     """The slot of ``r`` that ``pod`` (asking for ``pod.gpus`` GPUs) gets at creation.
     ``handed``: slot key -> the pod it went to. Raises :class:`SlotError`."""
@@ -228,7 +257,7 @@ def pick_slot(r: Reservation, pod: PodInfo, handed: Mapping[str, str]) -> PodSlo
     if not slots:
         sizes = "/".join(str(n) for n in sorted({len(s.gpus) for s in r.slice.slots}))
         raise SlotError(f"no slot{which} has {pod.gpus} GPUs (the slots have {sizes})")
-    index = pod_index(pod)
+    index = slot_index(pod, len(slots))
     if index is not None:
         if index >= len(slots):
             raise SlotError(f"pod index {index} is past the {len(slots)} slots{which}")

@@ -933,3 +933,39 @@ def test_a_device_plugin_wide_ep_gang_gets_its_slots_at_admission_and_a_channel_
         assert out.passed == [slot.node], out
         nodes.add(slot.node)
     assert nodes == set(r.slice.nodes)
+
+
+def test_each_job_of_a_jobset_numbers_its_pods_from_0_and_gets_its_own_share_of_the_slots() -> None:
+    """Two Jobs x parallelism 2 in one pod set of 4 slots: the second Job's pod of completion
+    index 0 gets slot 2, not the first Job's slot 0 (which would refuse it as held)."""
+    r = reservation(*(slot("pod", i, (2 * i, 2 * i + 1)) for i in range(4)))
+    keys = {}
+    for job in (0, 1):
+        for index in (0, 1):
+            labels = {
+                "jobset.sigs.k8s.io/job-index": str(job),
+                "jobset.sigs.k8s.io/replicatedjob-replicas": "2",
+                "batch.kubernetes.io/job-completion-index": str(index),
+            }
+            pod = PodInfo(
+                namespace="llm", name=f"j{job}-{index}", gpus=2, labels={names.GANG: "js", **labels}
+            )
+            keys[(job, index)] = pick_slot(r, pod, {}).key
+    assert keys == {(0, 0): "pod/0", (0, 1): "pod/1", (1, 0): "pod/2", (1, 1): "pod/3"}
+
+
+def test_a_leaderworkerset_worker_whose_leader_is_its_own_pod_set_is_not_off_by_one() -> None:
+    r = reservation(slot("leader", 0, (0, 1, 2, 3)), slot("worker", 0, (4, 5, 6, 7)))
+    labels = {names.GANG: "lws", names.POD_SET: "worker", "leaderworkerset.sigs.k8s.io/worker-index": "1"}
+    worker = PodInfo(namespace="llm", name="w-0-1", gpus=4, labels=labels, annotations={names.LWS_SIZE: "2"})
+    assert pick_slot(r, worker, {}).key == "worker/0"
+    # One pod set for leader and workers: the worker index is the position itself.
+    alike = reservation(slot("pods", 0, (0, 1, 2, 3)), slot("pods", 1, (4, 5, 6, 7)))
+    same = PodInfo(
+        namespace="llm",
+        name="w-0-1",
+        gpus=4,
+        labels={names.GANG: "lws", "leaderworkerset.sigs.k8s.io/worker-index": "1"},
+        annotations={names.LWS_SIZE: "2"},
+    )
+    assert pick_slot(alike, same, {}).key == "pods/1"
