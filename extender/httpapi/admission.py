@@ -323,15 +323,24 @@ async def _pin_device_plugin(
     meta: Mapping[str, Any],
     spec: Mapping[str, Any],
 ) -> list[dict[str, Any]] | None:
-    """A plain gang pod that asks the device plugin for GPUs and requires a multi-node NVLink
-    clique (``gangslice.io/required-level`` a fabric level): its gang is reserved now, the pod is
-    handed a slot (``gangslice.io/slot``; the extender then offers only that slot's node) and,
-    on a node whose NVLink channel the slice uses, given that node's channel claim of the gang's
-    ComputeDomain: a pod's claims are fixed at creation, and a node has one channel, which the
-    gang's pods there share. Any other pod passes unchanged."""
+    """A gang pod that asks the device plugin for GPUs and will use multi-node NVLink: a plain
+    gang's pod that requires a clique (``gangslice.io/required-level`` a fabric level; its gang
+    is reserved now), or a Kueue Workload's pod whose reservation (made at its admission) uses
+    NVLink channels. The pod is handed a slot (``gangslice.io/slot``; the extender then offers
+    only that slot's node) and, on a node whose NVLink channel the slice uses, given that node's
+    channel claim of the gang's ComputeDomain: a pod's claims are fixed at creation, and a node
+    has one channel, which the gang's pods there share. Any other pod passes unchanged (a Kueue
+    pod created before its Workload was admitted, as the pod-group integration does, included:
+    its claims can no longer be added when the slice is known)."""
     api, cache = app[API], app[CACHE]
     pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace}})
-    if api is None or pod.gang is None or pod.gpus <= 0 or pod.problems or not _on_fabric(cache, pod):
+    if api is None or pod.gpus <= 0 or pod.problems:
+        return None
+    if pod.reservation_name is not None:
+        held = cache.book.reservation_of(pod)
+        if held is None or not held.slice.mnnvl_nodes:
+            return None
+    elif pod.gang is None or not _on_fabric(cache, pod):
         return None
     if not leads(app) or not cache.ready:
         raise Refusal("this replica is not ready or not the leader; retry")

@@ -879,6 +879,22 @@ def test_a_surge_pod_of_an_owned_gang_grows_a_slot_with_its_own_claim_up_to_its_
     assert asyncio.run(SlotClaimSync(api, lambda: 0.0).delete_dropped(cache)) == 0
 
 
+def device_plugin_trays(trays: int = 4) -> tuple[FakeKube, ClusterCache]:
+    """GB200 trays whose GPUs the device plugin hands out (no ``gpu.nvidia.com`` slices)."""
+    api = FakeKube()
+    cache = ClusterCache(store=KubeReservationStore(api))
+    for kind in Kind:
+        cache.replace(kind, [])
+    for i in range(trays):
+        node = f"t{i}"
+        cache.apply(
+            Kind.NODES, "ADDED", node_obj(node, gpus=4, labels={CLIQUE: "c0.1"}, product="NVIDIA-GB200")
+        )
+        cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(node).gb200_tray().obj())
+    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    return api, cache
+
+
 def test_a_device_plugin_wide_ep_gang_gets_its_slots_at_admission_and_a_channel_per_node() -> None:
     """NVIDIA's supported GB200 setup: GPUs through the device plugin, ComputeDomains through the
     DRA driver. A gang pod that requires the clique is handed its slot at creation and gets its
@@ -887,17 +903,7 @@ def test_a_device_plugin_wide_ep_gang_gets_its_slots_at_admission_and_a_channel_
     from extender.kube import compute_domains as cds
     from extender.kube.api import COMPUTE_DOMAINS
 
-    api = FakeKube()
-    cache = ClusterCache(store=KubeReservationStore(api))
-    for kind in Kind:
-        cache.replace(kind, [])
-    for i in range(4):
-        node = f"t{i}"
-        cache.apply(
-            Kind.NODES, "ADDED", node_obj(node, gpus=4, labels={CLIQUE: "c0.1"}, product="NVIDIA-GB200")
-        )
-        cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(node).gb200_tray().obj())
-    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
+    api, cache = device_plugin_trays()
     pods = []
     for i in range(2):
         pod = (
@@ -969,3 +975,46 @@ def test_a_leaderworkerset_worker_whose_leader_is_its_own_pod_set_is_not_off_by_
         annotations={names.LWS_SIZE: "2"},
     )
     assert pick_slot(alike, same, {}).key == "pods/1"
+
+
+def test_a_kueue_admitted_device_plugin_pod_on_channel_nodes_gets_its_slot_and_channel() -> None:
+    """A Kueue Workload's pod (``gangslice.io/reservation``, written by the admission check)
+    created after its slice was reserved across trays gets its slot and its node's channel
+    claim too; one whose reservation uses no NVLink channel, or does not exist yet, passes
+    unchanged."""
+    from extender.cost import Comm
+    from extender.kube import compute_domains as cds
+    from extender.kube.api import COMPUTE_DOMAINS
+    from extender.placement.request import GangRequest, PodSet
+    from extender.placement.slice import Unplaceable
+    from extender.reservations.reserve import Claim, reserve
+
+    api, cache = device_plugin_trays()
+    request = GangRequest("llm/wl", (PodSet("main", 2, 4, Comm.ALLTOALL, required_level="clique"),))
+    held = reserve(cache.book, request, Claim("llm/wl"))
+    assert not isinstance(held, Unplaceable) and len(held.slice.mnnvl_nodes) == 2
+
+    def kueue_pod(name: str, reservation: str) -> dict[str, Any]:
+        pod = make_pod(name).gpus(4).label(names.KUEUE_PODSET, "main").obj()
+        pod["metadata"]["annotations"][names.RESERVATION] = reservation
+        pod["metadata"].pop("namespace")
+        return pod
+
+    pods = [kueue_pod(f"wl-{i}", "wl") for i in range(2)]
+    got = admit(api, cache, *pods, kueue_pod("early", "not-yet"))
+    assert all(r["allowed"] for r in got), got
+    assert "patch" not in got[2]  # its Workload is not admitted: nothing to add
+    (domain,) = api.objects(COMPUTE_DOMAINS)
+    nodes = set()
+    for pod, response in zip(pods, got[:2], strict=True):
+        made = created(pod, response)
+        slot = held.slice.slot(made["metadata"]["annotations"][names.SLOT])
+        (channel,) = [e for e in made["spec"]["resourceClaims"] if e["name"] == cds.POD_CLAIM]
+        claim = api.peek(Kind.RESOURCE_CLAIMS, channel["resourceClaimName"], "llm")
+        assert claim is not None and channel["resourceClaimName"].endswith(slot.node)
+        assert (
+            claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["domainID"]
+            == domain["metadata"]["uid"]
+        )
+        nodes.add(slot.node)
+    assert nodes == set(held.slice.nodes)
