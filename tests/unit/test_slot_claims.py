@@ -606,7 +606,9 @@ def test_explain_shows_per_slot_the_claim_its_pinned_devices_and_whether_it_is_p
 CLIQUE = "nvidia.com/gpu.clique"
 
 
-def gb200_world(trays: int = 4) -> tuple[FakeKube, ClusterCache]:
+def gb200_world(trays: int = 4, *, device_plugin: bool = False) -> tuple[FakeKube, ClusterCache]:
+    """GB200 trays of one clique whose GPUs ``gpu.nvidia.com`` publishes, or (``device_plugin``)
+    the device plugin hands out."""
     api = FakeKube()
     cache = ClusterCache(store=KubeReservationStore(api))
     for kind in Kind:
@@ -614,15 +616,13 @@ def gb200_world(trays: int = 4) -> tuple[FakeKube, ClusterCache]:
     for i in range(trays):
         node = f"t{i}"
         graph = with_identities(node, preset_graph("gb200-tray"))
+        gpus = 4 if device_plugin else 0
         cache.apply(
-            Kind.NODES, "ADDED", node_obj(node, gpus=0, labels={CLIQUE: "c0.1"}, product="NVIDIA-GB200")
+            Kind.NODES, "ADDED", node_obj(node, gpus=gpus, labels={CLIQUE: "c0.1"}, product="NVIDIA-GB200")
         )
-        cache.apply(
-            Kind.NODE_TOPOLOGIES,
-            "ADDED",
-            make_node_topology(node).graph(graph).obj(),
-        )
-        cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(node, graph))
+        cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(node).graph(graph).obj())
+        if not device_plugin:
+            cache.apply(Kind.RESOURCE_SLICES, "ADDED", gpu_slice(node, graph))
     cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
     api.put(RESOURCE_CLAIM_TEMPLATES, template(4))
     return api, cache
@@ -879,22 +879,6 @@ def test_a_surge_pod_of_an_owned_gang_grows_a_slot_with_its_own_claim_up_to_its_
     assert asyncio.run(SlotClaimSync(api, lambda: 0.0).delete_dropped(cache)) == 0
 
 
-def device_plugin_trays(trays: int = 4) -> tuple[FakeKube, ClusterCache]:
-    """GB200 trays whose GPUs the device plugin hands out (no ``gpu.nvidia.com`` slices)."""
-    api = FakeKube()
-    cache = ClusterCache(store=KubeReservationStore(api))
-    for kind in Kind:
-        cache.replace(kind, [])
-    for i in range(trays):
-        node = f"t{i}"
-        cache.apply(
-            Kind.NODES, "ADDED", node_obj(node, gpus=4, labels={CLIQUE: "c0.1"}, product="NVIDIA-GB200")
-        )
-        cache.apply(Kind.NODE_TOPOLOGIES, "ADDED", make_node_topology(node).gb200_tray().obj())
-    cache.replace(Kind.DEVICE_CLASSES, device_classes(FIXTURES))
-    return api, cache
-
-
 def test_a_device_plugin_wide_ep_gang_gets_its_slots_at_admission_and_a_channel_per_node() -> None:
     """NVIDIA's supported GB200 setup: GPUs through the device plugin, ComputeDomains through the
     DRA driver. A gang pod that requires the clique is handed its slot at creation and gets its
@@ -903,7 +887,7 @@ def test_a_device_plugin_wide_ep_gang_gets_its_slots_at_admission_and_a_channel_
     from extender.kube import compute_domains as cds
     from extender.kube.api import COMPUTE_DOMAINS
 
-    api, cache = device_plugin_trays()
+    api, cache = gb200_world(device_plugin=True)
     pods = []
     for i in range(2):
         pod = (
@@ -989,7 +973,7 @@ def test_a_kueue_admitted_device_plugin_pod_on_channel_nodes_gets_its_slot_and_c
     from extender.placement.slice import Unplaceable
     from extender.reservations.reserve import Claim, reserve
 
-    api, cache = device_plugin_trays()
+    api, cache = gb200_world(device_plugin=True)
     request = GangRequest("llm/wl", (PodSet("main", 2, 4, Comm.ALLTOALL, required_level="clique"),))
     held = reserve(cache.book, request, Claim("llm/wl"))
     assert not isinstance(held, Unplaceable) and len(held.slice.mnnvl_nodes) == 2
