@@ -46,6 +46,7 @@ from extender.kube import names
 from extender.kube.api import (
     COMPUTE_DOMAINS,
     SLICE_RESERVATIONS,
+    KubeClient,
     KubeError,
     NotFound,
     as_map,
@@ -178,20 +179,9 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     r, slot, device_map = await cache.book.deciding(hand_out)
     gang = r.gang
     try:
-        if not await cache.book.persist(gang):
-            why = cache.book.save_error(gang)
-            raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {why}")
-        res_name = cache.book.ref_of(r).name
-        try:
-            saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
-        except KubeError as exc:
-            raise Refusal(f"gang {gang}: reading SliceReservation {namespace}/{res_name}: {exc}") from None
-        owner = {
-            "name": res_name,
-            "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
-            "gang": pod.labels.get(names.GANG) or object_name(gang),
-        }
-        name = claim_name(res_name, slot)
+        await _persisted(cache, gang)
+        owner = await _owner(api, cache, r, pod)
+        name = claim_name(owner["name"], slot)
         devices = [device_map.device(g) for g in slot.gpus]
         try:
             claim = build_claim(
@@ -223,27 +213,17 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         ops: list[dict[str, Any]] = [
             {"op": "replace", "path": f"/spec/resourceClaims/{position}", "value": pinned}
         ]
-        if not isinstance(meta.get("annotations"), Mapping):
-            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        if slot.node in r.slice.mnnvl_nodes:
+            ops += await _join_domain(
+                api, namespace, owner, slot.node, pod, spec, _claims_entry(str(entry.get("name")))
+            )
         wanted = {
             names.CLAIM_GPUS: str(gpu.count),
             names.SLOT: slot.key,
             names.GPUS: ",".join(str(g) for g in slot.gpus),
             names.GPU_UUIDS: ",".join(d.uuid or "" for d in devices),
         }
-        if slot.node in r.slice.mnnvl_nodes:
-            ops += await _join_domain(
-                api, namespace, owner, slot.node, pod, spec, _claims_entry(str(entry.get("name")))
-            )
-        for key, value in wanted.items():
-            ops.append(
-                {
-                    "op": "add",
-                    "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"),
-                    "value": value,
-                }
-            )
-        return ops
+        return ops + _annotated(meta, wanted)
     except Refusal:
         cache.book.unhand(gang, slot.key)  # refused: the slot is not handed out
         raise
@@ -357,28 +337,10 @@ async def _pin_device_plugin(
     r, slot = await cache.book.deciding(hand_out)
     gang = r.gang
     try:
-        if not await cache.book.persist(gang):
-            raise Refusal(
-                f"gang {gang}: the SliceReservation could not be saved: {cache.book.save_error(gang)}"
-            )
-        ops: list[dict[str, Any]] = []
-        if not isinstance(meta.get("annotations"), Mapping):
-            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-        key = names.SLOT.replace("~", "~0").replace("/", "~1")
-        ops.append({"op": "add", "path": f"/metadata/annotations/{key}", "value": slot.key})
+        await _persisted(cache, gang)
+        ops = _annotated(meta, {names.SLOT: slot.key})
         if slot.node in r.slice.mnnvl_nodes:
-            res_name = cache.book.ref_of(r).name
-            try:
-                saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
-            except KubeError as exc:
-                raise Refusal(
-                    f"gang {gang}: reading SliceReservation {namespace}/{res_name}: {exc}"
-                ) from None
-            owner = {
-                "name": res_name,
-                "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
-                "gang": pod.labels.get(names.GANG) or object_name(gang),
-            }
+            owner = await _owner(api, cache, r, pod)
             if not isinstance(spec.get("resourceClaims"), list):
                 ops.append({"op": "add", "path": "/spec/resourceClaims", "value": []})
             ops += await _join_domain(api, namespace, owner, slot.node, pod, spec, _asks_device_plugin_gpus)
@@ -395,6 +357,39 @@ async def _pin_device_plugin(
     except Refusal:
         cache.book.unhand(gang, slot.key)
         raise
+
+
+async def _persisted(cache: ClusterCache, gang: str) -> None:
+    """Write the gang's reservation before the reply hands out its slot: a restart must know of
+    it. Refusal when it cannot be saved."""
+    if not await cache.book.persist(gang):
+        raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.book.save_error(gang)}")
+
+
+async def _owner(api: KubeClient, cache: ClusterCache, r: Reservation, pod: PodInfo) -> dict[str, str]:
+    """The saved SliceReservation of ``r`` as the owner of the claims and the ComputeDomain made
+    for its pods (name, UID, gang name). Refusal when it cannot be read."""
+    namespace, res_name = cache.book.ref_of(r).key
+    try:
+        saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
+    except KubeError as exc:
+        raise Refusal(f"gang {r.gang}: reading SliceReservation {namespace}/{res_name}: {exc}") from None
+    return {
+        "name": res_name,
+        "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
+        "gang": pod.labels.get(names.GANG) or object_name(r.gang),
+    }
+
+
+def _annotated(meta: Mapping[str, Any], wanted: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The JSONPatch ops that set ``wanted`` among the pod's annotations."""
+    ops: list[dict[str, Any]] = []
+    if not isinstance(meta.get("annotations"), Mapping):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    for key, value in wanted.items():
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        ops.append({"op": "add", "path": path, "value": value})
+    return ops
 
 
 def _on_fabric(cache: ClusterCache, pod: PodInfo) -> bool:

@@ -323,8 +323,7 @@ class ReservationBook:
         pods its owners want, or none. None when nothing is due (the pod waits for a slot to
         come free). Call it under :attr:`lock`. Raises PodError for a pod whose pod set
         cannot be read, LevelError for an unknown level."""
-        gang = pod.gang
-        r = self._ledger.get(gang) if gang is not None and pod.gang_key == gang else None
+        r = self._plain_reservation(pod)
         sizes = self._sizes(pod) if r is not None else None
         if r is None or sizes is None:
             return None
@@ -343,9 +342,15 @@ class ReservationBook:
     def lacks_pod_set(self, pod: PodInfo) -> bool:
         """Whether the slice of the pod's plain gang has no slot of the pod's pod set (its
         owner came after the gang was placed): then no other pod set's slot is the pod's."""
-        r = self._ledger.get(pod.gang) if pod.gang is not None and pod.gang_key == pod.gang else None
+        r = self._plain_reservation(pod)
         role = pod.pod_set or DEFAULT_POD_SET
         return r is not None and all(s.pod_set != role for s in r.slice.slots)
+
+    def _plain_reservation(self, pod: PodInfo) -> Reservation | None:
+        """The reservation of the plain gang ``pod`` belongs to (None for a Kueue or Volcano
+        gang's pod: their controllers size and place them)."""
+        gang = pod.gang
+        return self._ledger.get(gang) if gang is not None and pod.gang_key == gang else None
 
     def _sizes(self, pod: PodInfo) -> Mapping[str, PodSetSize] | None:
         """The sizes of the pod's plain gang's pod sets: its owners', else what its pods'
@@ -365,8 +370,7 @@ class ReservationBook:
         beside the slice (:meth:`grow`). When no slot would be left the reservation is
         released (True), and the gang is placed afresh. Call it under :attr:`lock`. Raises
         PodError for a pod whose pod set cannot be read."""
-        gang = pod.gang
-        r = self._ledger.get(gang) if gang is not None and pod.gang_key == gang else None
+        r = self._plain_reservation(pod)
         if r is None or r.slot_of(pod.name) is not None:
             return False
         free = free_slots(r, pod)
