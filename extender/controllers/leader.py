@@ -11,7 +11,9 @@ The protocol is client-go's: a holder renews ``renewTime`` every ``retry_period_
 may take the lease once ``renewTime + leaseDurationSeconds`` has passed; every write is a
 replace guarded by ``resourceVersion``, so two candidates never both win. A leader that has
 not renewed within ``renew_deadline_s`` steps down on its own, before the lease lapses for
-others.
+others; between rounds the :class:`~extender.kube.fence.Fence` enforces the same deadline at
+every decision and write, by this process's own clock, so a leader whose loop stalled past
+it refuses instead of acting once it wakes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from extender.controllers.objects import parse_rfc3339
 from extender.kube.api import LEASES, KubeClient, KubeError, NotFound, as_map
+from extender.kube.fence import Fence
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +127,11 @@ class LeaderElector:
         on_started: Callable[[], Awaitable[None]],
         on_stopped: Callable[[], Awaitable[None] | None],
         clock: Callable[[], float] = time.time,
+        fence: Fence | None = None,
     ) -> None:
         self.api = api
+        self.fence = fence or Fence()
+        self.fence.elect()
         self.cfg = cfg
         self.identity = identity
         self.on_started = on_started
@@ -161,8 +167,11 @@ class LeaderElector:
 
     async def step(self) -> None:
         """One election round plus the transitions it causes."""
+        began = self.fence.clock()
         held = await self.try_acquire_or_renew()
-        if held and not self.leading:
+        if held and self.leading:
+            self.fence.hold_until(began + self.cfg.renew_deadline_s)
+        elif held and not self.leading:
             log.info("became leader (%s)", self.identity)
             try:
                 await self.on_started()
@@ -170,6 +179,7 @@ class LeaderElector:
                 # Not leading until the rebuild succeeds; the next round tries again.
                 log.exception("preparing to lead failed")
                 return
+            self.fence.hold_until(began + self.cfg.renew_deadline_s)
             self.leading = True
         elif not held and self.leading:
             last = self._last_renew if self._last_renew is not None else float("-inf")
@@ -184,6 +194,7 @@ class LeaderElector:
             why,
         )
         self.leading = False
+        self.fence.close()
         got = self.on_stopped()
         if got is not None:
             await got

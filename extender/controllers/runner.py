@@ -117,7 +117,8 @@ async def run_controller(
         if on_leadership is not None:
             on_leadership(False)
 
-    elector = LeaderElector(api, lease or LeaseConfig(), ident, started, stopped)
+    fence = cache.book.fence
+    elector = LeaderElector(api, lease or LeaseConfig(), ident, started, stopped, fence=fence)
     tasks = [
         asyncio.create_task(elector.run(stop), name="gangslice-lease"),
         asyncio.create_task(controller.run_resync(stop), name="gangslice-resync"),
@@ -128,7 +129,9 @@ async def run_controller(
         tasks.append(asyncio.create_task(pods.run(stop, podgroups, plain), name="gangslice-pods"))
     if housekeeping is not None:
         tasks.append(
-            asyncio.create_task(housekeeping.run(stop, lambda: leading), name="gangslice-housekeeping")
+            asyncio.create_task(
+                housekeeping.run(stop, lambda: leading and fence.holds()), name="gangslice-housekeeping"
+            )
         )
     if watch:
         tasks.append(

@@ -22,7 +22,7 @@ from extender.httpapi import admission, kube_routes, volcano_routes
 from extender.httpapi.access import ACCESS, Access, checked
 from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
-from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, LEADING, METRICS
+from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS
 from extender.httpapi.limits import LIMITS, Limits, bounded
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
@@ -43,8 +43,8 @@ async def readyz(request: web.Request) -> web.Response:
     if cache.ready:
         # Both replicas are ready once listed (either can take over at once); only the
         # leader carries the label the Service selects, so only it gets the scheduler's calls.
-        leading = request.app.get(LEADING)
-        role = "" if leading is None else (" (leader)" if leading["now"] else " (standby)")
+        fence = cache.book.fence
+        role = "" if not fence.elected else (" (leader)" if fence.holds() else " (standby)")
         return web.Response(text=f"ready{role}\n")
     waiting = ", ".join(sorted(k.value for k in cache.awaiting))
     return web.Response(status=503, text=f"waiting for the first list of: {waiting}\n")
@@ -77,7 +77,7 @@ def build_app(
     app[CACHE] = cache
     app[DECIDER] = Decider(cache)
     app[API] = api
-    app[BINDER] = binder or (ApiBinder(api) if api is not None else LocalBinder())
+    app[BINDER] = binder or (ApiBinder(api, cache.book.fence) if api is not None else LocalBinder())
     app[METRICS] = Metrics(cache)
     kube_routes.add_routes(app, prefix)
     volcano_routes.add_routes(app, prefix)

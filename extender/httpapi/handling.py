@@ -33,17 +33,15 @@ BINDER = web.AppKey("binder", Binder)
 METRICS = web.AppKey("metrics", Metrics)
 #: The API server, when there is one (to fetch a pod the cache has not seen at bind).
 API: web.AppKey[KubeClient | None] = web.AppKey("api")
-#: Set when a controller runs beside the extender: True only while this replica leads.
-LEADING: web.AppKey[dict[str, bool]] = web.AppKey("leading")
 
 STANDBY = "this gangslice replica is a standby (another holds the leader lease); retry"
 
 
 def leads(app: web.Application) -> bool:
-    """Whether this replica may decide: it holds the lease, or no controller runs beside
-    it (file mode, a single extender). Only the leader reserves, binds or releases."""
-    leading = app.get(LEADING)
-    return leading is None or leading["now"]
+    """Whether this replica may decide: it holds the lease by its own clock
+    (:mod:`extender.kube.fence`), or it decides alone (file mode, a single extender). Only
+    the leader reserves, binds or releases."""
+    return app[CACHE].book.fence.holds()
 
 
 #: One pause of the cycle collector shared by every request of the process.

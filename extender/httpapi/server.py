@@ -16,7 +16,7 @@ from aiohttp import web
 from extender.httpapi.access import SCHEDULER, VOLCANO, Access
 from extender.httpapi.app import build_app
 from extender.httpapi.checks import Schedulers
-from extender.httpapi.handling import LEADING, METRICS
+from extender.httpapi.handling import METRICS
 from extender.httpapi.health_metrics import certificate_files
 from extender.httpapi.limits import GUARD, ConnectionGuard, GuardedSite, Limits, runner_options
 from extender.httpapi.secure_metrics import Reviewer, start_metrics_site
@@ -109,9 +109,9 @@ async def serve(
         schedulers=options.schedulers,
         access=access,
     )
-    leading = {"now": False}
     if controller is not None and elects:
-        app[LEADING] = leading
+        # Closed until the election's first renewal: nothing is decided before it.
+        cache.book.fence.elect()
     tls = volcano_tls = None
     if options.tls_cert and options.tls_key:
         tls = ReloadingTls(options.tls_cert, options.tls_key, options.tls_client_ca)
@@ -165,7 +165,6 @@ async def serve(
     if controller is not None:
 
         def on_leadership(yes: bool) -> None:
-            leading["now"] = yes
             if api is not None:
                 background.append(asyncio.create_task(label_own_pod(api, yes)))
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from extender.kube.api import PODS, Conflict, KubeClient
+from extender.kube.fence import Fence
 from extender.kube.pods import PodInfo
 
 
@@ -24,10 +25,13 @@ class Binder(Protocol):
 
 
 class ApiBinder:
-    def __init__(self, api: KubeClient) -> None:
+    def __init__(self, api: KubeClient, fence: Fence | None = None) -> None:
         self.api = api
+        #: A deposed leader binds nothing (:mod:`extender.kube.fence`).
+        self.fence = fence or Fence()
 
     async def bind(self, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None:
+        self.fence.check(f"binding pod {pod.key} to {node}")
         # The annotations travel on the Binding: set with nodeName in one update, before the
         # kubelet (and the device plugin) can see the pod on its node.
         meta: dict[str, object] = {"name": pod.name, "namespace": pod.namespace}

@@ -31,6 +31,7 @@ from extender.kube import names
 from extender.kube.api import Kind
 from extender.kube.cache import ClusterInformer
 from extender.kube.devices import DeviceMismatch, node_mismatches
+from extender.kube.fence import Fence
 from extender.kube.gangs import DEFAULT_POD_SET, Incomplete, member_pod_set, plain_gang_request
 from extender.kube.owners import PodSetSize
 from extender.kube.pods import PodError, PodInfo
@@ -121,6 +122,8 @@ class ReservationBook:
         self.informer = informer
         self.clock = clock or informer.clock
         self._ledger = Ledger(ttl_s)
+        #: Whether this replica may decide and write now (:mod:`extender.kube.fence`).
+        self.fence = Fence()
         self._queue = WriteQueue(
             store if store is not None else InMemoryReservationStore(self.clock),
             self._ledger.get,
@@ -128,6 +131,7 @@ class ReservationBook:
             # Without a pod watch (a cluster file) the reservation is the only record of a
             # bind: written at once.
             write_behind_s=lambda: write_behind_s if informer.pods_watched else 0.0,
+            fence=self.fence,
         )
         #: The gangs the reserve path refused and has not placed since
         #: (:mod:`extender.placement.waiting`).

@@ -40,6 +40,7 @@ from extender.kube.crd_models import (
     reservation_status,
 )
 from extender.kube.devices import DeviceMismatch
+from extender.kube.fence import Fence
 from extender.logs import fields
 from extender.placement.ledger import Reservation
 
@@ -308,8 +309,11 @@ class WriteQueue:
         mismatches: Callable[[str], Sequence[DeviceMismatch]],
         *,
         write_behind_s: Callable[[], float] = lambda: WRITE_BEHIND_S,
+        fence: Fence | None = None,
     ) -> None:
         self.store = store
+        #: Checked before every write: a deposed leader's queued change is not written.
+        self.fence = fence or Fence()
         #: Seconds a background write (:meth:`flush_soon`) waits to begin, to gather changes.
         self._write_behind_s = write_behind_s
         #: One lock per gang whose reservation is being written: its writes keep their order,
@@ -381,6 +385,7 @@ class WriteQueue:
         current = self._current(gang)
         self._writing.add(gang)
         try:
+            self.fence.check(f"writing the reservation of gang {gang}")
             if current is not None and not status:
                 await self.store.save_object(current)
                 self._pending.setdefault(gang, deleted)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
 from extender.httpapi.app import build_app
-from extender.httpapi.handling import LEADING
 from extender.httpapi.server import label_own_pod
 from extender.kube.api import Kind
 from extender.kube.names import LEADER_LABEL
@@ -17,11 +17,13 @@ from extender.testing.extender import SMALL_CLUSTER_NODES, client_for, gang_pod,
 from extender.testing.kube import FakeKube
 
 
-def _status(tmp_path: Path, leading: dict[str, bool] | None) -> tuple[int, str]:
+def _status(tmp_path: Path, leading: bool | None) -> tuple[int, str]:
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
     app = build_app(cache)
     if leading is not None:
-        app[LEADING] = leading
+        cache.book.fence.elect()
+        if leading:
+            cache.book.fence.hold_until(time.monotonic() + 60)
 
     async def go() -> tuple[int, str]:
         async with client_for(app) as client:
@@ -32,11 +34,11 @@ def _status(tmp_path: Path, leading: dict[str, bool] | None) -> tuple[int, str]:
 
 
 def test_standby_replica_is_ready_and_says_standby(tmp_path: Path) -> None:
-    assert _status(tmp_path, {"now": False}) == (200, "ready (standby)\n")
+    assert _status(tmp_path, False) == (200, "ready (standby)\n")
 
 
 def test_leader_replica_says_leader(tmp_path: Path) -> None:
-    assert _status(tmp_path, {"now": True}) == (200, "ready (leader)\n")
+    assert _status(tmp_path, True) == (200, "ready (leader)\n")
 
 
 def test_leader_labels_its_own_pod(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,8 +60,7 @@ def test_a_standby_decides_nothing_and_says_why(tmp_path: Path) -> None:
     """Only the leader reserves or binds: a standby answers every verb with its error reply."""
     cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
     app = build_app(cache)
-    leading = {"now": False}
-    app[LEADING] = leading
+    cache.book.fence.elect()
     member = gang_pod("g-0", "g", 2, 8)
 
     async def go() -> None:
@@ -71,7 +72,7 @@ def test_a_standby_decides_nothing_and_says_why(tmp_path: Path) -> None:
             bind = {"PodName": "g-0", "PodNamespace": "llm", "PodUID": "", "Node": "h-0"}
             assert "standby" in (await (await client.post("/gangslice/bind", json=bind)).json())["Error"]
             assert cache.reservation("llm/g") is None
-            leading["now"] = True
+            cache.book.fence.hold_until(time.monotonic() + 60)
             got = await (await client.post("/gangslice/filter", json=body)).json()
             assert got["Error"] == "" and got["NodeNames"]
             assert cache.reservation("llm/g") is not None
