@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extender.httpapi.limits import RECLAIM_AFTER_S
 from extender.kube import names as keys
 
 CLUSTER = """\
@@ -73,10 +74,24 @@ class Figures:
     crashed: bool = False
     requests: int = 0
     seconds: float = 0.0
+    #: Idle keep-alive connections held open by other addresses during the lockout phase.
+    lockout_clients: int = 0
+    #: Calls (filters, /healthz) made meanwhile from the scheduler's address, and how many
+    #: were answered 200.
+    lockout_calls: int = 0
+    lockout_ok: int = 0
+    #: Concurrent bodies of ``flood_body_mib`` sent to the verbs, 404 paths and the admission
+    #: webhook of a server with the default limits; its peak RSS and slowest /healthz then.
+    flood_bodies: int = 0
+    flood_body_mib: int = 0
+    flood_statuses: Counter[str] = field(default_factory=Counter)
+    flood_rss_peak_mib: float = 0.0
+    flood_healthz_slowest_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         out["statuses"] = dict(sorted(self.statuses.items()))
+        out["flood_statuses"] = dict(sorted(self.flood_statuses.items()))
         return out
 
     def render(self) -> str:
@@ -92,6 +107,12 @@ class Figures:
                 f"  replies neither 2xx nor a one-line 4xx: {len(self.bad_replies)}",
                 f"  slow or idle connections left open past their timeout: {self.slow_connections_left_open}",
                 f"  server crashed: {'yes' if self.crashed else 'no'}",
+                f"lockout: {self.lockout_clients} idle keep-alive clients from other addresses; "
+                f"{self.lockout_ok} of {self.lockout_calls} filters and probes answered 200 meanwhile",
+                f"body flood (default limits): {self.flood_bodies} concurrent bodies of "
+                f"{self.flood_body_mib} MiB; peak RSS {self.flood_rss_peak_mib:.0f} MiB, "
+                f"slowest /healthz {self.flood_healthz_slowest_ms:.0f} ms; replies "
+                + ", ".join(f"{k}: {v}" for k, v in sorted(self.flood_statuses.items())),
             ]
         )
 
@@ -111,13 +132,15 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def served(folder: Path, *extra: str) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
+async def served(
+    folder: Path, *extra: str, flags: tuple[str, ...] = SERVE_FLAGS
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
     """``gangslice serve --cluster`` on a free loopback port, until the block ends."""
     cluster = folder / "cluster.yaml"
     cluster.write_text(CLUSTER)
     port = _free_port()
     cmd = [sys.executable, "-m", "extender.cli", "serve", "--cluster", str(cluster)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", *SERVE_FLAGS, *extra]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", *flags, *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
@@ -143,10 +166,12 @@ async def served(folder: Path, *extra: str) -> AsyncIterator[tuple[subprocess.Po
             proc.wait()
 
 
-async def request(port: int, head_and_body: bytes, timeout_s: float = 10.0) -> tuple[str, bytes]:
+async def request(
+    port: int, head_and_body: bytes, timeout_s: float = 10.0, source: str = "127.0.0.1"
+) -> tuple[str, bytes]:
     """Send raw bytes as one request (``Connection: close`` is added) and read the reply:
     (status, body), status "closed" when the server closed without one."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
     try:
         head, _, body = head_and_body.partition(b"\r\n\r\n")
         writer.write(head + b"\r\nConnection: close\r\n\r\n" + body)
@@ -227,12 +252,17 @@ def cases() -> list[tuple[str, bytes]]:
 
 
 async def slow_connections(
-    port: int, n: int, kind: str
+    port: int, n: int, kind: str, source: str = "127.0.0.1"
 ) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
     conns = []
     for _ in range(n):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        if kind == "headers":
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+        if kind == "keep-alive":  # one whole request, its reply read, then nothing
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await reader.readuntil(b"ok\n")
+        elif kind == "headers":
             writer.write(b"POST /gangslice/filter HTTP/1.1\r\nHost: x\r\n")
         elif kind == "body":
             writer.write(b"POST /gangslice/filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
@@ -341,17 +371,7 @@ async def run_hostile(concurrency: int = 2) -> Figures:
             await asyncio.sleep(1.0)
             figures.slow_connections_left_open = await still_open(slow + idle)
             times = stop_poller(poller)
-            # More connections than the cap: the ones beyond it are answered 429 (a probe
-            # among them too: the cap counts connections, whatever they ask for).
-            flood = await slow_connections(port, 70, "idle")
-            for reader, _ in flood:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(0.2):
-                        line = await reader.readline()
-                        if line:
-                            figures.statuses[line.split()[1].decode()] += 1
-            for _, writer in flood:
-                writer.close()
+            await lockout(port, figures)
             figures.seconds = time.monotonic() - started
             figures.requests = len(work) + len(times)
             figures.healthz_checks = len(times)
@@ -362,4 +382,77 @@ async def run_hostile(concurrency: int = 2) -> Figures:
             if not figures.crashed:
                 figures.rss_after_mib = _rss_mib(proc.pid)
                 figures.rss_peak_mib = max(figures.rss_peak_mib, _rss_mib(proc.pid, "VmHWM"))
+        async with served(Path(folder), flags=()) as (proc, port):
+            await body_flood(proc, port, figures)
     return figures
+
+
+#: Addresses on loopback the lockout's idle clients come from (not the scheduler's).
+HOG_SOURCES = tuple(f"127.0.0.{i}" for i in range(2, 10))
+
+
+async def lockout(port: int, figures: Figures) -> None:
+    """Idle keep-alive clients from other addresses, more than the connection cap, while the
+    scheduler's address makes calls: the clients' idle connections give way. Then clients
+    in the middle of a request (trickling headers) from one address beyond its cap: 429."""
+    hogs = []
+    for source in HOG_SOURCES:
+        hogs += await slow_connections(port, 32, "keep-alive", source)
+    figures.lockout_clients = len(hogs)
+    # Each sends a request now and then (every 30 s in the attack this answers); between
+    # requests its connection is idle, as here.
+    await asyncio.sleep(RECLAIM_AFTER_S + 0.3)
+    filter_body = json.dumps({"Pod": pod(1), "NodeNames": NODES}).encode()
+    for i in range(40):
+        raw = post("/gangslice/filter", filter_body) if i % 2 else b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        status, _ = await request(port, raw)
+        figures.lockout_calls += 1
+        figures.lockout_ok += status == "200"
+    busy = await slow_connections(port, 64, "headers", HOG_SOURCES[0])
+    for reader, _ in busy:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(0.2):
+                line = await reader.readline()
+                if line:
+                    figures.statuses[line.split()[1].decode()] += 1
+    for _, writer in hogs + busy:
+        writer.close()
+
+
+#: The body flood's bodies: as many, as large, as the hardening's goal names.
+FLOOD_BODIES, FLOOD_MIB = 64, 30
+#: The flood's clients' address (the probes come from the scheduler's, as a kubelet's come
+#: from its node's and not from the attacking pod's).
+FLOOD_SOURCE = "127.0.0.20"
+
+
+async def body_flood(proc: subprocess.Popen[bytes], port: int, figures: Figures) -> None:
+    """64 bodies of 30 MiB at once, spread over a verb that takes node lists, a path that is
+    no route and the admission webhook, against the default limits; /healthz meanwhile."""
+    poller = start_poller(port)
+    body = b'{"Pod": {}, "NodeNames": ["' + b"x" * (FLOOD_MIB * 1024 * 1024 - 40) + b'"]}'
+    paths = ("/gangslice/filter", "/nothing/here", "/admission/pods")
+    peak = 0.0
+
+    async def one(i: int) -> str:
+        try:
+            raw = post(paths[i % len(paths)], body)
+            status, _ = await request(port, raw, timeout_s=60, source=FLOOD_SOURCE)
+        except (ConnectionError, TimeoutError):
+            status = "closed"
+        return status
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, _rss_mib(proc.pid))
+            await asyncio.sleep(0.02)
+
+    watching = asyncio.create_task(watch())
+    statuses = await asyncio.gather(*(one(i) for i in range(FLOOD_BODIES)))
+    watching.cancel()
+    times = stop_poller(poller)
+    figures.flood_bodies, figures.flood_body_mib = FLOOD_BODIES, FLOOD_MIB
+    figures.flood_statuses.update(statuses)
+    figures.flood_rss_peak_mib = max(peak, _rss_mib(proc.pid, "VmHWM"))
+    figures.flood_healthz_slowest_ms = max(times) if times else float("inf")

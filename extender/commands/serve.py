@@ -225,6 +225,16 @@ def add_limit_flags(p: argparse.ArgumentParser) -> None:
         ("--header-timeout", "header_timeout_s", "from a request's first byte to its whole head"),
         ("--body-timeout", "body_timeout_s", "from a request's head to the end of its body"),
         ("--idle-timeout", "idle_timeout_s", "before an idle connection is closed"),
+        (
+            "--handshake-timeout",
+            "handshake_timeout_s",
+            "from a connection's start to the end of its TLS handshake",
+        ),
+        (
+            "--unauthenticated-idle-timeout",
+            "unauthenticated_idle_timeout_s",
+            "before an idle connection without a verified client certificate is closed",
+        ),
     ):
         default = getattr(d, field)
         group.add_argument(
@@ -242,6 +252,29 @@ def add_limit_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"open connections at most; beyond, a new one gets 429 (default {d.max_connections})",
     )
+    group.add_argument(
+        "--reserved-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="of --max-connections, the ones only peers with a verified client certificate may use "
+        "(default a quarter)",
+    )
+    group.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        default=d.max_connections_per_peer,
+        metavar="N",
+        help="open connections at most from one address without a verified client certificate "
+        f"(default {d.max_connections_per_peer})",
+    )
+    group.add_argument(
+        "--small-body-bytes",
+        type=int,
+        default=d.small_body_bytes,
+        metavar="BYTES",
+        help=f"largest request body of a path that carries no node list (default {d.small_body_bytes})",
+    )
 
 
 def serve_limits(args: argparse.Namespace) -> Limits:
@@ -251,6 +284,11 @@ def serve_limits(args: argparse.Namespace) -> Limits:
         body_timeout_s=args.body_timeout_s,
         idle_timeout_s=args.idle_timeout_s,
         max_connections=args.max_connections,
+        handshake_timeout_s=args.handshake_timeout_s,
+        unauthenticated_idle_timeout_s=args.unauthenticated_idle_timeout_s,
+        reserved_connections=args.reserved_connections,
+        max_connections_per_peer=args.max_connections_per_peer,
+        small_body_bytes=args.small_body_bytes,
     )
     problems = limits.problems()
     if problems:

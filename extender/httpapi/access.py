@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi.limits import GUARD
+from extender.httpapi.limits import GUARD, LARGE_BODIES, body_refusal
 
 SCHEDULER = "scheduler"
 VOLCANO = "volcano"
@@ -48,9 +48,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def cert_names(peercert: dict[str, Any]) -> set[str]:
-    """Subject common names and DNS subject alternative names of a verified peer certificate."""
+    """Subject common names and DNS subject alternative names of a verified peer certificate
+    (URI, e-mail and IP SANs name no one here: a CA that issues them for workloads, a SPIFFE
+    one say, must not make its certificates pass for the scheduler's)."""
     names = {v for rdn in peercert.get("subject", ()) for k, v in rdn if k == "commonName"}
-    names |= {v for k, v in peercert.get("subjectAltName", ()) if k in ("DNS", "URI")}
+    names |= {v for k, v in peercert.get("subjectAltName", ()) if k == "DNS"}
     return names
 
 
@@ -58,24 +60,24 @@ def _under(path: str, base: str) -> bool:
     return path == base or path.startswith(base.rstrip("/") + "/")
 
 
-@web.middleware
-async def checked(request: web.Request, handler: Handler) -> web.StreamResponse:
+def refusal(request: web.Request) -> web.HTTPException | None:
+    """Why this caller may not reach this path on this listener; None: it may."""
     access = request.app.get(ACCESS)
     guard = request.app.get(GUARD)
     listener = guard.listener_of(request.protocol) if guard is not None else None
     if access is None or listener is None or request.path in OPEN_PATHS:
-        return await handler(request)
+        return None
     volcano_path = _under(request.path, access.volcano_base)
     if listener == VOLCANO:
         if not volcano_path:
-            raise web.HTTPNotFound(text="this port serves only the Volcano verbs and health\n")
-        return await handler(request)
+            return web.HTTPNotFound(text="this port serves only the Volcano verbs and health\n")
+        return None
     if volcano_path and access.volcano_port is not None:
-        raise web.HTTPNotFound(text=f"the Volcano verbs are served on port {access.volcano_port}\n")
+        return web.HTTPNotFound(text=f"the Volcano verbs are served on port {access.volcano_port}\n")
     if access.client_certs and (not access.prefix or _under(request.path, access.prefix)):
         peercert = request.transport.get_extra_info("peercert") if request.transport else None
         if not peercert:
-            raise web.HTTPForbidden(
+            return web.HTTPForbidden(
                 text="a client certificate signed by the extender's client CA is required (--tls-client-ca)\n"
             )
         if access.client_names:
@@ -83,5 +85,39 @@ async def checked(request: web.Request, handler: Handler) -> web.StreamResponse:
             if not names & access.client_names:
                 shown = ", ".join(sorted(names)) or "no name"
                 allowed = ", ".join(sorted(access.client_names))
-                raise web.HTTPForbidden(text=f"client certificate names {shown}, not one of {allowed}\n")
+                return web.HTTPForbidden(text=f"client certificate names {shown}, not one of {allowed}\n")
+    return None
+
+
+@web.middleware
+async def checked(request: web.Request, handler: Handler) -> web.StreamResponse:
+    refused = refusal(request)
+    if refused is not None:
+        # The body is not read: the connection cannot be reused for another request.
+        refused.force_close()
+        raise refused
     return await handler(request)
+
+
+async def expect_continue(request: web.Request) -> None:
+    """``Expect: 100-continue``: the caller and the declared body are checked before the
+    client is told to send it (aiohttp's default answers 100 first)."""
+    if request.version != (1, 1):
+        return
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"unknown Expect: {expect}\n")
+    refused = refusal(request) or body_refusal(request)
+    if refused is not None:
+        refused.force_close()
+        raise refused
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0
+
+
+def add_verb(app: web.Application, path: str, handler: Handler, *, large_body: bool = False) -> None:
+    """Serve ``POST path``; ``large_body``: its body may carry a node list (up to
+    ``--max-body-bytes``; others are held to the small limit)."""
+    app.router.add_post(path, handler, expect_handler=expect_continue)
+    if large_body:
+        app.setdefault(LARGE_BODIES, set()).add(path)

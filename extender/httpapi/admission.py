@@ -40,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.httpapi.access import add_verb
 from extender.httpapi.handling import API, CACHE, leads
 from extender.kube import compute_domains as cds
 from extender.kube import names
@@ -449,4 +450,4 @@ def _reserve(cache: ClusterCache, pod: PodInfo) -> Reservation:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post(PATH, mutate_pods)
+    add_verb(app, PATH, mutate_pods)

@@ -19,11 +19,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from extender.httpapi import admission, kube_routes, volcano_routes
-from extender.httpapi.access import ACCESS, Access, checked
+from extender.httpapi.access import ACCESS, Access, checked, expect_continue
 from extender.httpapi.checks import SCHEDULERS, Schedulers
 from extender.httpapi.decide import Decider
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS
-from extender.httpapi.limits import LIMITS, Limits, bounded
+from extender.httpapi.limits import LIMITS, Limits, bounded, no_route
 from extender.httpapi.metrics import Metrics
 from extender.kube.api import KubeClient
 from extender.kube.binder import ApiBinder, Binder, LocalBinder
@@ -85,4 +85,5 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_route("*", "/{path:.*}", no_route, expect_handler=expect_continue)
     return app

@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from extender.httpapi import nodelist
 from extender.httpapi.collector import CollectorPause
 from extender.httpapi.decide import Decider
 from extender.httpapi.metrics import Metrics
@@ -87,9 +88,13 @@ def json_endpoint(
 
     async def answer(request: web.Request, raw: bytes) -> web.Response:
         try:
-            args = model.model_validate(orjson.loads(raw))
+            body = orjson.loads(raw)
+            nodelist.check_body(request.app[CACHE], body)
+            args = model.model_validate(body)
         except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and validation errors
             return web.Response(status=400, text=one_line(exc) + "\n")
+        except web.HTTPBadRequest as exc:
+            return web.Response(status=exc.status, text=exc.text)
         try:
             reply = await handle(request, args)
         except web.HTTPException as exc:  # a refusal with its own status (a node list too long)

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from extender.httpapi import checks, nodelist
+from extender.httpapi.access import add_verb
 from extender.httpapi.decide import FilterOutcome, Scores, lookup, unsaved
 from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.httpapi.wire import (
@@ -246,11 +247,22 @@ def preempt_error(message: str) -> dict[str, Any]:
 
 
 def add_routes(app: web.Application, prefix: str) -> None:
-    app.router.add_post(f"{prefix}/filter", json_endpoint("filter", ExtenderArgs, filter_nodes, filter_error))
-    app.router.add_post(
-        f"{prefix}/prioritize", json_endpoint("prioritize", ExtenderArgs, prioritize, prioritize_error)
+    add_verb(
+        app,
+        f"{prefix}/filter",
+        json_endpoint("filter", ExtenderArgs, filter_nodes, filter_error),
+        large_body=True,
     )
-    app.router.add_post(f"{prefix}/bind", json_endpoint("bind", ExtenderBindingArgs, bind, bind_error))
-    app.router.add_post(
-        f"{prefix}/preempt", json_endpoint("preempt", ExtenderPreemptionArgs, preempt, preempt_error)
+    add_verb(
+        app,
+        f"{prefix}/prioritize",
+        json_endpoint("prioritize", ExtenderArgs, prioritize, prioritize_error),
+        large_body=True,
+    )
+    add_verb(app, f"{prefix}/bind", json_endpoint("bind", ExtenderBindingArgs, bind, bind_error))
+    add_verb(
+        app,
+        f"{prefix}/preempt",
+        json_endpoint("preempt", ExtenderPreemptionArgs, preempt, preempt_error),
+        large_body=True,
     )

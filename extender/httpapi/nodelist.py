@@ -31,13 +31,35 @@ def allowed(cache: ClusterCache) -> int:
 
 def check(cache: ClusterCache, names: Sequence[str]) -> None:
     """Raise HTTP 400 for a list no scheduler would send this cluster."""
-    limit = allowed(cache)
-    if len(names) > limit:
-        raise web.HTTPBadRequest(
-            text=f"{len(names)} node names: more than {limit} (twice the {cache.node_count()} nodes known)\n"
-        )
+    if len(names) > allowed(cache):
+        raise _too_many(cache, len(names), "node names")
     if names and max(map(len, names)) > MAX_NAME:
         raise web.HTTPBadRequest(text=f"a node name is longer than {MAX_NAME} characters\n")
+
+
+#: The fields of the verbs' bodies that list nodes (a NodeList's under ``items``).
+NODE_FIELDS = ("NodeNames", "Nodes", "NodeNameToVictims", "NodeNameToMetaVictims", "nodes")
+
+
+def check_body(cache: ClusterCache, body: object) -> None:
+    """Raise HTTP 400 for a decoded body whose node fields list more nodes than
+    :func:`check` takes, before any of its objects is validated or read."""
+    if not isinstance(body, dict):
+        return
+    limit = allowed(cache)
+    for name in NODE_FIELDS:
+        value = body.get(name)
+        if isinstance(value, dict) and name == "Nodes":
+            value = value.get("items")
+        if isinstance(value, list | dict) and len(value) > limit:
+            raise _too_many(cache, len(value), "node names" if name == "NodeNames" else f"nodes in {name}")
+
+
+def _too_many(cache: ClusterCache, count: int, what: str) -> web.HTTPBadRequest:
+    limit = allowed(cache)
+    return web.HTTPBadRequest(
+        text=f"{count} {what}: more than {limit} (twice the {cache.node_count()} nodes known)\n"
+    )
 
 
 def filter_known(

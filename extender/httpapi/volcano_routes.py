@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from extender.httpapi import checks, nodelist
+from extender.httpapi.access import add_verb
 from extender.httpapi.decide import FilterOutcome, Scores, unsaved
 from extender.httpapi.handling import CACHE, DECIDER, METRICS, dumps, json_endpoint
 from extender.httpapi.volcano_wire import (
@@ -243,23 +244,31 @@ VERBS = (
 
 def add_routes(app: web.Application, prefix: str) -> None:
     base = f"{prefix}/volcano"
-    app.router.add_post(
-        f"{base}/predicate", json_endpoint("volcano-predicate", PredicateRequest, predicate, predicate_error)
+    add_verb(
+        app,
+        f"{base}/predicate",
+        json_endpoint("volcano-predicate", PredicateRequest, predicate, predicate_error),
     )
-    app.router.add_post(
+    add_verb(
+        app,
         f"{base}/prioritize",
         json_endpoint("volcano-prioritize", PrioritizeRequest, prioritize, prioritize_error),
+        large_body=True,
     )
-    app.router.add_post(
+    add_verb(
+        app,
         f"{base}/jobEnqueueable",
         json_endpoint("volcano-jobEnqueueable", JobRequest, job_enqueueable, job_enqueueable_error),
+        large_body=True,
     )
-    app.router.add_post(
-        f"{base}/allocate", json_endpoint("volcano-allocate", EventHandlerRequest, allocate, event_error)
+    add_verb(
+        app, f"{base}/allocate", json_endpoint("volcano-allocate", EventHandlerRequest, allocate, event_error)
     )
-    app.router.add_post(
+    add_verb(
+        app,
         f"{base}/deallocate",
         json_endpoint("volcano-deallocate", EventHandlerRequest, deallocate, event_error),
     )
-    app.router.add_post(f"{base}/onSessionOpen", session_event)
-    app.router.add_post(f"{base}/onSessionClose", session_event)
+    # A session's events carry the whole session (its jobs and nodes).
+    add_verb(app, f"{base}/onSessionOpen", session_event, large_body=True)
+    add_verb(app, f"{base}/onSessionClose", session_event, large_body=True)

@@ -149,3 +149,38 @@ def test_a_rotated_client_ca_is_picked_up(tmp_path: Path, certs: dict[str, Path]
     ca.write_bytes((main / "ca.crt").read_bytes() + (rogue / "ca.crt").read_bytes())
     assert tls.reload_if_changed()
     assert len(tls.context.get_ca_certs()) == before + 1
+
+
+def test_clients_without_a_certificate_cannot_lock_the_scheduler_out(
+    tmp_path: Path, certs: dict[str, Path]
+) -> None:
+    """Clients that complete the handshake without a certificate and then sit idle fill
+    their share of the connections; the scheduler, with its certificate, still gets its
+    calls answered, and once they have been idle a moment a probe takes one of their places."""
+    import time
+
+    from extender.httpapi.limits import RECLAIM_AFTER_S, Limits
+
+    main = certs["main"]
+    limits = Limits(max_connections=40, reserved_connections=8, max_connections_per_peer=40)
+
+    def check(port: int, volcano: int) -> None:
+        ctx = ssl.create_default_context(cafile=str(main / "ca.crt"))
+        idle = [
+            ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname=HOST)
+            for _ in range(32)
+        ]
+        try:
+            for _ in range(5):
+                status, text = call(port, main / "ca.crt", main, "POST", "/gangslice/filter", FILTER)
+                assert status == 200 and json.loads(text)["NodeNames"] == ["h-0"]
+            with pytest.raises((http.client.HTTPException, ConnectionError, ssl.SSLError, AssertionError)):
+                # The share is full of connections opened a moment ago: refused (429 or reset).
+                assert call(port, main / "ca.crt", None, "GET", "/healthz")[0] == 200
+            time.sleep(RECLAIM_AFTER_S + 0.3)
+            assert call(port, main / "ca.crt", None, "GET", "/healthz") == (200, "ok\n")
+        finally:
+            for sock in idle:
+                sock.close()
+
+    run_against(tmp_path, certs, check, limits=limits)
