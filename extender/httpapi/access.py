@@ -4,10 +4,11 @@ The scheduler listener (``--port``) serves the kube-scheduler verbs; with a clie
 (``--tls-client-ca``) every path under the verb prefix needs a client certificate that
 chained to it (the TLS layer checked the chain) and, with ``--tls-client-names``, names one
 of the allowed names in its subject CN or DNS SANs; without one the reply is 403 saying so.
-``/healthz``, ``/readyz`` and ``/metrics`` answer without a certificate: one port keeps the
-Service, the probes (a kubelet presents no client certificate) and the serving certificate
-as they are, where a second listener for health would need its own port, probes and
-Service entries for no gain in what an attacker can do (health says "ok").
+``/healthz`` and ``/readyz`` answer without a certificate: one port keeps the Service, the
+probes (a kubelet presents no client certificate) and the serving certificate as they are;
+what keeps the probes answered when others flood the port is the connection guard
+(:mod:`extender.httpapi.limits`), not a listener of their own. ``/metrics`` answers there
+only without ``--metrics-port``; with it, only on that port, behind TokenReview.
 
 Volcano's extender client presents no certificate, so with ``--volcano-port`` its verbs
 move to a listener of their own (reached only by the Volcano scheduler, per the shipped
@@ -37,6 +38,8 @@ class Access:
     client_names: frozenset[str] = field(default_factory=frozenset)
     #: The Volcano listener's port when the Volcano verbs have one.
     volcano_port: int | None = None
+    #: The metrics port, when /metrics is served there (behind TokenReview) and not here.
+    metrics_port: int | None = None
 
     @property
     def volcano_base(self) -> str:
@@ -65,6 +68,8 @@ def refusal(request: web.Request) -> web.HTTPException | None:
     access = request.app.get(ACCESS)
     guard = request.app.get(GUARD)
     listener = guard.listener_of(request.protocol) if guard is not None else None
+    if access is not None and access.metrics_port and request.path == "/metrics":
+        return web.HTTPNotFound(text=f"/metrics is served on port {access.metrics_port}, to a bearer token\n")
     if access is None or listener is None or request.path in OPEN_PATHS:
         return None
     volcano_path = _under(request.path, access.volcano_base)

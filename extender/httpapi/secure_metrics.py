@@ -7,6 +7,11 @@ components make, and keeps each answer for a short while so a scrape every 15 s 
 server nothing most of the time. Grant it with a ClusterRole rule
 ``nonResourceURLs: [/metrics], verbs: [get]`` bound to Prometheus's ServiceAccount
 (manifests/monitoring). ``/healthz`` stays open for probes.
+
+The port is guarded like the verbs' (:mod:`extender.httpapi.limits`): a connection cap with
+idle connections giving way, timeouts, bodies of 1 KiB at most; and at most
+:data:`MAX_REVIEWS` reviews of tokens not yet known are in flight at once (a flood of
+invented tokens gets 503s, not a queue of API calls beside the scheduler's Bindings).
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from extender.httpapi.limits import (
+    GUARD,
+    LIMITS,
+    ConnectionGuard,
+    GuardedSite,
+    Limits,
+    bounded,
+    runner_options,
+)
 from extender.kube.api import SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS, KubeClient
 
 log = logging.getLogger(__name__)
@@ -34,6 +48,16 @@ ALLOWED_TTL_S = 60.0
 DENIED_TTL_S = 10.0
 #: Answers kept at most (one per distinct token); the oldest go first.
 MAX_ENTRIES = 1024
+#: Reviews of tokens not yet known in flight at once.
+MAX_REVIEWS = 2
+#: The metrics port's bounds: a scraper sends GETs without a body.
+METRICS_LIMITS = Limits(
+    max_body_bytes=1024, small_body_bytes=1024, bodies_in_flight_bytes=64 * 1024, max_connections=64
+)
+
+
+class ReviewsBusy(Exception):
+    """As many token reviews as allowed are in flight already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +114,7 @@ class CachedReviewer:
         self.inner = inner
         self.clock = clock
         self._answers: dict[str, tuple[float, Verdict]] = {}
+        self._in_flight = 0
 
     async def review(self, token: str) -> Verdict:
         key = hashlib.sha256(token.encode()).hexdigest()
@@ -97,7 +122,13 @@ class CachedReviewer:
         kept = self._answers.get(key)
         if kept is not None and kept[0] > now:
             return kept[1]
-        verdict = await self.inner.review(token)
+        if self._in_flight >= MAX_REVIEWS:
+            raise ReviewsBusy(f"{self._in_flight} token reviews in flight")
+        self._in_flight += 1
+        try:
+            verdict = await self.inner.review(token)
+        finally:
+            self._in_flight -= 1
         if len(self._answers) >= MAX_ENTRIES:
             self._answers = {k: v for k, v in self._answers.items() if v[0] > now}
             while len(self._answers) >= MAX_ENTRIES:
@@ -123,6 +154,8 @@ def build_metrics_app(render: Callable[[], bytes], reviewer: Reviewer) -> web.Ap
             )
         try:
             verdict = await reviewer.review(token)
+        except ReviewsBusy:
+            return web.Response(status=503, text="too many token reviews in flight: retry\n", headers=RETRY)
         except Exception as exc:
             log.warning("cannot review a metrics scraper's token: %s", exc)
             return web.Response(status=503, text="cannot review the token now\n")
@@ -135,10 +168,14 @@ def build_metrics_app(render: Callable[[], bytes], reviewer: Reviewer) -> web.Ap
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    app = web.Application()
+    app = web.Application(client_max_size=METRICS_LIMITS.max_body_bytes, middlewares=[bounded])
+    app[LIMITS] = METRICS_LIMITS
     app.router.add_get(METRICS_PATH, metrics)
     app.router.add_get("/healthz", healthz)
     return app
+
+
+RETRY = {"Retry-After": "1"}
 
 
 async def start_metrics_site(
@@ -148,10 +185,12 @@ async def start_metrics_site(
     port: int,
     ssl_context: ssl.SSLContext | None,
 ) -> web.AppRunner:
-    """Listen on ``host:port``; the caller cleans the runner up."""
-    runner = web.AppRunner(build_metrics_app(render, CachedReviewer(reviewer)), access_log=None)
+    """Listen on ``host:port``; the caller cleans the runner up and runs ``guard.watch()``."""
+    app = build_metrics_app(render, CachedReviewer(reviewer))
+    guard = app[GUARD] = ConnectionGuard(METRICS_LIMITS)
+    runner = web.AppRunner(app, **runner_options(METRICS_LIMITS))
     await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+    await GuardedSite(runner, guard, "metrics", host=host, port=port, ssl_context=ssl_context).start()
     scheme = "https" if ssl_context else "http"
     log.info("metrics on %s://%s:%d%s (TokenReview + SubjectAccessReview)", scheme, host, port, METRICS_PATH)
     return runner

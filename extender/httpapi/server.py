@@ -99,7 +99,11 @@ async def serve(
         # before it listens (with a controller, the replica that becomes leader rebuilds it).
         await rebuild_before_serving(cache)
     access = Access(
-        options.prefix, bool(options.tls_client_ca), options.tls_client_names, options.volcano_port
+        options.prefix,
+        bool(options.tls_client_ca),
+        options.tls_client_names,
+        options.volcano_port,
+        metrics_port=options.metrics_port if reviewer is not None else None,
     )
     app = build_app(
         cache,
@@ -155,6 +159,8 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     background = [asyncio.create_task(guard.watch())]
+    if metrics_runner is not None:
+        background.append(asyncio.create_task(metrics_runner.app[GUARD].watch()))
     if watcher is None and api is not None:
         watcher = Watcher(api, cache)
     if watcher is not None:

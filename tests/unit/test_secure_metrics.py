@@ -18,6 +18,7 @@ from extender.httpapi.metrics import Metrics
 from extender.httpapi.secure_metrics import (
     ALLOWED_TTL_S,
     DENIED_TTL_S,
+    MAX_REVIEWS,
     CachedReviewer,
     Verdict,
     build_metrics_app,
@@ -144,3 +145,51 @@ def test_waiting_gangs_are_counted_from_when_they_are_first_seen() -> None:
     pods[:] = [pod("a-0", "a", node="n2"), pod("b-0", "b")]  # a is placed: b's wait is the longest
     now[0] += 60
     assert gauges() == {"gangslice_gangs_waiting": 1, "gangslice_gang_longest_wait_seconds": 60}
+
+
+def test_a_flood_of_invented_tokens_gets_503s_not_a_queue_of_reviews() -> None:
+    """Reviews of unknown tokens share the API client with the scheduler's Bindings: beyond
+    MAX_REVIEWS in flight a scrape is answered 503 at once; a known token is still served."""
+
+    class Slow(Reviewer):
+        async def review(self, token: str) -> Verdict:
+            await asyncio.sleep(0.2)
+            return await super().review(token)
+
+    inner = Slow()
+    cached = CachedReviewer(inner)
+
+    async def go() -> list[int]:
+        client = TestClient(TestServer(build_metrics_app(lambda: BODY, cached)))
+        await client.start_server()
+        try:
+            first = await client.get("/metrics", headers={"Authorization": "Bearer prometheus"})
+            assert first.status == 200
+            flood = [
+                client.get("/metrics", headers={"Authorization": f"Bearer invented-{i}"}) for i in range(20)
+            ]
+            known = client.get("/metrics", headers={"Authorization": "Bearer prometheus"})
+            replies = await asyncio.gather(*flood, known)
+            return [r.status for r in replies]
+        finally:
+            await client.close()
+
+    statuses = asyncio.run(go())
+    assert statuses[-1] == 200
+    assert statuses[:-1].count(401) == MAX_REVIEWS and statuses[:-1].count(503) == 20 - MAX_REVIEWS
+    assert len(inner.calls) == 1 + MAX_REVIEWS
+
+
+def test_metrics_leave_the_verbs_port_when_they_have_their_own(tmp_path: Path) -> None:
+    from extender.httpapi.access import Access
+    from extender.httpapi.app import build_app
+    from extender.testing.extender import client_for, write_cluster
+
+    async def go() -> tuple[int, str]:
+        cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+        app = build_app(cache, access=Access(metrics_port=9443))
+        async with client_for(app) as client:
+            got = await client.get("/metrics")
+            return got.status, await got.text()
+
+    assert asyncio.run(go()) == (404, "/metrics is served on port 9443, to a bearer token\n")
