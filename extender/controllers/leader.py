@@ -173,14 +173,15 @@ class LeaderElector:
             self.fence.hold_until(began + self.cfg.renew_deadline_s)
         elif held and not self.leading:
             log.info("became leader (%s)", self.identity)
+            # The rebuild writes (stale reservations deleted); deciding waits for its end.
+            self.fence.hold_until(began + self.cfg.renew_deadline_s)
             try:
                 await self.on_started()
             except Exception:
                 # Not leading until the rebuild succeeds; the next round tries again.
                 log.exception("preparing to lead failed")
                 return
-            self.fence.hold_until(began + self.cfg.renew_deadline_s)
-            self.leading = True
+            self.fence.leading = self.leading = True
         elif not held and self.leading:
             last = self._last_renew if self._last_renew is not None else float("-inf")
             if self.clock() - last >= self.cfg.renew_deadline_s:

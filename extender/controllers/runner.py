@@ -129,9 +129,7 @@ async def run_controller(
         tasks.append(asyncio.create_task(pods.run(stop, podgroups, plain), name="gangslice-pods"))
     if housekeeping is not None:
         tasks.append(
-            asyncio.create_task(
-                housekeeping.run(stop, lambda: leading and fence.holds()), name="gangslice-housekeeping"
-            )
+            asyncio.create_task(housekeeping.run(stop, fence.decides), name="gangslice-housekeeping")
         )
     if watch:
         tasks.append(

@@ -44,7 +44,7 @@ async def readyz(request: web.Request) -> web.Response:
         # Both replicas are ready once listed (either can take over at once); only the
         # leader carries the label the Service selects, so only it gets the scheduler's calls.
         fence = cache.book.fence
-        role = "" if not fence.elected else (" (leader)" if fence.holds() else " (standby)")
+        role = "" if not fence.elected else (" (leader)" if fence.decides() else " (standby)")
         return web.Response(text=f"ready{role}\n")
     waiting = ", ".join(sorted(k.value for k in cache.awaiting))
     return web.Response(status=503, text=f"waiting for the first list of: {waiting}\n")

@@ -42,7 +42,7 @@ def leads(app: web.Application) -> bool:
     """Whether this replica may decide: it holds the lease by its own clock
     (:mod:`extender.kube.fence`), or it decides alone (file mode, a single extender). Only
     the leader reserves, binds or releases."""
-    return app[CACHE].book.fence.holds()
+    return app[CACHE].book.fence.decides()
 
 
 #: One pause of the cycle collector shared by every request of the process.

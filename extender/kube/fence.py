@@ -36,6 +36,8 @@ class Fence:
         #: False: no election, this replica decides alone and the fence is always open.
         self.elected = False
         self._until = -math.inf
+        #: The replica holding the lease has rebuilt its ledger and may decide.
+        self.leading = False
         #: Writes and decisions refused since the start (a metric).
         self.refused = 0
 
@@ -43,6 +45,7 @@ class Fence:
         """Leadership comes from a Lease from now on: closed until the first renewal."""
         self.elected = True
         self._until = -math.inf
+        self.leading = False
 
     def hold_until(self, deadline: float) -> None:
         """A renewal that began at ``deadline - renew deadline`` succeeded."""
@@ -50,9 +53,15 @@ class Fence:
 
     def close(self) -> None:
         self._until = -math.inf
+        self.leading = False
 
     def holds(self) -> bool:
+        """Whether this replica may write: its lease is valid by its own clock."""
         return not self.elected or self.clock() < self._until
+
+    def decides(self) -> bool:
+        """Whether this replica may decide: it may write, and leads (its ledger is rebuilt)."""
+        return not self.elected or (self.leading and self.holds())
 
     def check(self, what: str) -> None:
         """Raise :class:`Deposed` unless the fence holds."""

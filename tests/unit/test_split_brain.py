@@ -104,6 +104,7 @@ def test_a_stalled_leaders_queued_reservation_write_is_not_written(tmp_path: Pat
         fence.clock = mono
         fence.elect()
         fence.hold_until(CFG.renew_deadline_s)
+        fence.leading = True
         app = build_app(cache, api=api)
         async with client_for(app) as client:
             body = {"Pod": member, "Nodes": None, "NodeNames": list(SMALL_CLUSTER_NODES)}

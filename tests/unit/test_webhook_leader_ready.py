@@ -24,6 +24,7 @@ def _status(tmp_path: Path, leading: bool | None) -> tuple[int, str]:
         cache.book.fence.elect()
         if leading:
             cache.book.fence.hold_until(time.monotonic() + 60)
+            cache.book.fence.leading = True
 
     async def go() -> tuple[int, str]:
         async with client_for(app) as client:
@@ -73,6 +74,7 @@ def test_a_standby_decides_nothing_and_says_why(tmp_path: Path) -> None:
             assert "standby" in (await (await client.post("/gangslice/bind", json=bind)).json())["Error"]
             assert cache.reservation("llm/g") is None
             cache.book.fence.hold_until(time.monotonic() + 60)
+            cache.book.fence.leading = True
             got = await (await client.post("/gangslice/filter", json=body)).json()
             assert got["Error"] == "" and got["NodeNames"]
             assert cache.reservation("llm/g") is not None
