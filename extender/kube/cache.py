@@ -33,7 +33,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, Self
 
@@ -836,18 +836,24 @@ class ClusterInformer:
         dra_node = src.allocation is Allocation.DRA and name in self._device_maps
         holding = [] if dra_node else [self._pods[k] for k in keys if self._pods[k].holds_gpus]
         guessed = []
-        # Exact first (what the kubelet reports, then our annotation), guesses last.
+        # Exact first (what the kubelet reports, then our annotation), guesses last. A pod
+        # holds what the kubelet says it holds, or else what it requests from the device
+        # plugin: an annotation says which GPUs only when it names as many (anyone who can
+        # create a pod can write one; a CPU-only pod holds none whatever it says).
         for p in holding:
-            exact = in_use.get(p.key) or p.assigned_gpus
+            exact: Collection[int] | None = in_use.get(p.key)
+            if not exact and p.plugin_gpus and len(set(p.assigned_gpus or ())) == p.plugin_gpus:
+                exact = p.assigned_gpus
             if not exact:
-                guessed.append(p)
+                if p.plugin_gpus:
+                    guessed.append(p)
                 continue
             mine = frozenset(g for g in exact if g in known)
             self._pod_gpus[p.key] = mine
             taken |= mine
         order = sorted(known, key=lambda g: (g in sick, g))
         for p in guessed:
-            free = [g for g in order if g not in taken][: p.gpus]
+            free = [g for g in order if g not in taken][: p.plugin_gpus]
             self._pod_gpus[p.key] = frozenset(free)
             taken.update(free)
         holder, foreign = self._domain_holder(src.labels)

@@ -46,6 +46,15 @@ class PodInfo:
     #: Why :attr:`needs` could not be read (then it is empty); a gang built from this pod
     #: reports it. The pod's own resource count on a node is then taken as zero.
     needs_problem: str | None = None
+    #: Of :attr:`gpus`, those its pinned DRA claim holds (``gangslice.io/claim-gpus``); the
+    #: rest its containers request from the device plugin.
+    claimed_gpus: int = 0
+
+    @property
+    def plugin_gpus(self) -> int:
+        """The GPUs the pod's containers request from the device plugin: all a device-plugin
+        node can have given it, whatever its annotations say."""
+        return self.gpus - self.claimed_gpus
 
     @property
     def key(self) -> str:
@@ -159,14 +168,15 @@ class PodInfo:
         spec = as_map(obj.get("spec"))
         status = as_map(obj.get("status"))
         problems: list[str] = []
-        gpus = 0
+        gpus = claimed_gpus = 0
         annotations = _str_map(meta.get("annotations"))
         try:
             gpus = gpu_request(spec)
             claimed = annotations.get(names.CLAIM_GPUS)
             if claimed is not None:
                 # A DRA gang pod: the GPUs of its pinned claim (written at its creation).
-                gpus += quantity(claimed)
+                claimed_gpus = quantity(claimed)
+                gpus += claimed_gpus
         except PodError as exc:
             problems.append(str(exc))
         node = spec.get("nodeName")
@@ -189,6 +199,7 @@ class PodInfo:
             scheduler=_str(spec.get("schedulerName")) or "default-scheduler",
             needs=needs,
             needs_problem=needs_problem,
+            claimed_gpus=claimed_gpus,
         )
 
 

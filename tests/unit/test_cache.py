@@ -131,6 +131,24 @@ def test_bound_pods_take_annotated_gpus_then_first_free_for_the_rest() -> None:
     assert cache.snapshot().node("a").allocated == frozenset({0, 1, 2})
 
 
+def test_forged_gpu_annotations_take_no_gpu() -> None:
+    """Anyone who may create a pod may write gangslice's annotations on it: a pod holds what
+    the kubelet says, or what it requests from the device plugin, never more."""
+    cache = kube_cache()
+    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    every = ",".join(map(str, range(8)))
+    forged = [
+        pod_obj("cpu-only", node="a", annotations={keys.GPUS: every}, phase="Running"),
+        pod_obj("claims", node="a", annotations={keys.GPUS: every, keys.CLAIM_GPUS: "8"}, phase="Running"),
+        pod_obj("one", gpus=1, node="a", annotations={keys.GPUS: every}, phase="Running"),
+    ]
+    for p in forged:
+        cache.apply(Kind.PODS, "ADDED", p)
+    assert cache.snapshot().node("a").allocated == frozenset({0})
+    assert cache.gpus_of("llm/cpu-only") in (None, frozenset())
+    assert cache.gpus_of("llm/one") == frozenset({0})
+
+
 def test_the_echo_of_our_annotation_patch_does_not_unbind_a_noted_pod() -> None:
     """bind patches the GPU annotation, then posts the Binding; the watch delivers the patch
     (no nodeName yet) after ``note_bound``. The pod must stay on its node, or its GPUs look
