@@ -528,6 +528,12 @@ def reservation_from_object(obj: Mapping[str, Any]) -> Reservation:
     except (KeyError, TypeError, ValueError) as exc:
         raise CrdError(f"{where}: spec does not hold a reservation: {exc!r}") from None
     extra = {k: str(meta[k]) for k in ("namespace", "name") if isinstance(meta.get(k), str)}
+    if "namespace" in extra and gang_namespace(r.gang) != extra["namespace"]:
+        # Whoever may write SliceReservations in one namespace holds nothing for another's gangs.
+        raise CrdError(
+            f"{where}: spec.gang {r.gang!r} is a gang of namespace {gang_namespace(r.gang)!r}, "
+            "not of the object's own"
+        )
     if not extra:
         return r
     return Reservation(r.gang, r.slice, r.expires_at, r.bound, r.phase, {**r.meta, **extra})

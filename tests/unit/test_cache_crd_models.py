@@ -93,6 +93,20 @@ def test_a_slice_reservation_without_a_reservation_in_its_spec_is_refused() -> N
         reservation_from_object({"metadata": {"namespace": "llm", "name": "x"}, "spec": {"gang": "llm/x"}})
 
 
+def test_a_slice_reservation_for_another_namespaces_gang_is_refused() -> None:
+    from extender.kube.crd_models import reservation_object
+    from extender.placement.ledger import Reservation
+    from extender.placement.slice import Slice
+
+    held = reservation_object(Reservation("other/g", Slice("other/g", (), {}), 0.0))
+    assert reservation_from_object(held).gang == "other/g"
+    held["metadata"]["namespace"] = "mine"
+    with pytest.raises(
+        CrdError, match=r"spec\.gang 'other/g' is a gang of namespace 'other', not of the object's own"
+    ):
+        reservation_from_object(held)
+
+
 def test_pod_info_reads_what_gangslice_needs() -> None:
     obj = gang_pod("g-0", "g", 4, 8, extra={"gangslice.io/required-level": "leaf"})
     obj["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": 9}}}]
