@@ -76,6 +76,8 @@ class Figures:
     seconds: float = 0.0
     #: Idle keep-alive connections held open by other addresses during the lockout phase.
     lockout_clients: int = 0
+    #: Of those, the ones whose first request was answered (the rest were refused a place).
+    lockout_answered: int = 0
     #: Calls (filters, /healthz) made meanwhile from the scheduler's address, and how many
     #: were answered 200.
     lockout_calls: int = 0
@@ -107,7 +109,8 @@ class Figures:
                 f"  replies neither 2xx nor a one-line 4xx: {len(self.bad_replies)}",
                 f"  slow or idle connections left open past their timeout: {self.slow_connections_left_open}",
                 f"  server crashed: {'yes' if self.crashed else 'no'}",
-                f"lockout: {self.lockout_clients} idle keep-alive clients from other addresses; "
+                f"lockout: {self.lockout_clients} keep-alive clients from other addresses "
+                f"({self.lockout_answered} answered, then idle); "
                 f"{self.lockout_ok} of {self.lockout_calls} filters and probes answered 200 meanwhile",
                 f"body flood (default limits): {self.flood_bodies} concurrent bodies of "
                 f"{self.flood_body_mib} MiB; peak RSS {self.flood_rss_peak_mib:.0f} MiB, "
@@ -257,12 +260,7 @@ async def slow_connections(
     conns = []
     for _ in range(n):
         reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
-        if kind == "keep-alive":  # one whole request, its reply read, then nothing
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2):
-                    await reader.readuntil(b"ok\n")
-        elif kind == "headers":
+        if kind == "headers":
             writer.write(b"POST /gangslice/filter HTTP/1.1\r\nHost: x\r\n")
         elif kind == "body":
             writer.write(b"POST /gangslice/filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
@@ -387,8 +385,10 @@ async def run_hostile(concurrency: int = 2) -> Figures:
     return figures
 
 
-#: Addresses on loopback the lockout's idle clients come from (not the scheduler's).
+#: Addresses on loopback the lockout's idle clients come from (not the scheduler's), and
+#: the one its clients in the middle of a request come from.
 HOG_SOURCES = tuple(f"127.0.0.{i}" for i in range(2, 10))
+BUSY_SOURCE = "127.0.0.30"
 
 
 async def lockout(port: int, figures: Figures) -> None:
@@ -396,8 +396,19 @@ async def lockout(port: int, figures: Figures) -> None:
     scheduler's address makes calls: the clients' idle connections give way. Then clients
     in the middle of a request (trickling headers) from one address beyond its cap: 429."""
     hogs = []
+
+    async def keep_alive(source: str) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+        hogs.append((reader, writer))
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                if (await reader.readline()).startswith(b"HTTP/1.1 200"):
+                    figures.lockout_answered += 1
+
     for source in HOG_SOURCES:
-        hogs += await slow_connections(port, 32, "keep-alive", source)
+        for _ in range(32):
+            await keep_alive(source)
     figures.lockout_clients = len(hogs)
     # Each sends a request now and then (every 30 s in the attack this answers); between
     # requests its connection is idle, as here.
@@ -408,13 +419,22 @@ async def lockout(port: int, figures: Figures) -> None:
         status, _ = await request(port, raw)
         figures.lockout_calls += 1
         figures.lockout_ok += status == "200"
-    busy = await slow_connections(port, 64, "headers", HOG_SOURCES[0])
-    for reader, _ in busy:
+
+    # All at once (each lives only the header timeout, a second here); a connection refused
+    # is answered 429 at once, read before anything is sent (sent bytes unread by a closing
+    # server reset the connection, and the reply with it).
+    async def half_request() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(BUSY_SOURCE, 0))
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(0.2):
+            async with asyncio.timeout(0.3):
                 line = await reader.readline()
                 if line:
                     figures.statuses[line.split()[1].decode()] += 1
+                    return reader, writer
+        writer.write(b"POST /gangslice/filter HTTP/1.1\r\nHost: x\r\n")
+        return reader, writer
+
+    busy = list(await asyncio.gather(*(half_request() for _ in range(64))))
     for _, writer in hogs + busy:
         writer.close()
 

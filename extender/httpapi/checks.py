@@ -3,9 +3,10 @@
 A scheduler's request names a pod and a node; a forged one names pods nobody created,
 another tenant's pod, a pod already running, or a node outside the pod's slot. So:
 
-- filter, prioritize, predicate: the pod must be in the pod watch with the UID sent; if
-  not, the verb reserves nothing and says why (a scheduler retries; the watch catches up).
-  The watched pod, not the request's copy, is what the decision reads.
+- filter, prioritize, predicate: the pod must be in the pod watch with the UID sent (a
+  scheduler always sends it) and name one of our schedulers; if not, the verb reserves
+  nothing and says why (a scheduler retries; the watch catches up). The watched pod, not the
+  request's copy, is what the decision reads.
 - bind, allocate: the pod must be watched, with the UID sent, not bound elsewhere, and name one
   of our schedulers (``--scheduler-name``; ``volcano`` for the Volcano verbs); the node must
   be a Node of the cluster. The slot check is the decider's (``Refused``).
@@ -66,7 +67,7 @@ def refused(request: web.Request, verb: str, exc: Refusal) -> str:
     return str(exc)
 
 
-def asked(request: web.Request, sent: PodInfo) -> PodInfo:
+def asked(request: web.Request, sent: PodInfo, *, volcano: bool = False) -> PodInfo:
     """The pod a filter, prioritize or predicate asks about, as watched. Raises Refusal."""
     cache = request.app[CACHE]
     if not cache.pods_watched:
@@ -77,9 +78,20 @@ def asked(request: web.Request, sent: PodInfo) -> PodInfo:
             "unknown-pod",
             f"pod {sent.key} is not known to gangslice (not in its pod watch); nothing reserved",
         )
-    if sent.uid and known.uid and sent.uid != known.uid:
+    if not sent.uid:
+        raise Refusal("uid-mismatch", f"no uid given for pod {sent.key}; nothing reserved")
+    if known.uid and sent.uid != known.uid:
         raise Refusal("uid-mismatch", f"pod {sent.key} has uid {known.uid}, not {sent.uid}; nothing reserved")
+    _our_scheduler(request, known, volcano)
     return known
+
+
+def _our_scheduler(request: web.Request, pod: PodInfo, volcano: bool) -> None:
+    schedulers = request.app.get(SCHEDULERS) or Schedulers()
+    allowed = schedulers.volcano if volcano else schedulers.kube
+    if pod.scheduler not in allowed:
+        names = ", ".join(sorted(allowed))
+        raise Refusal("other-scheduler", f"pod {pod.key} names scheduler {pod.scheduler!r}, not {names}")
 
 
 def to_bind(
@@ -107,11 +119,7 @@ def to_bind(
         raise Refusal("already-bound", f"pod {key} is already bound to node {pod.node}")
     if pod.terminal or pod.deleting:
         raise Refusal("pod-finished", f"pod {key} is {'being deleted' if pod.deleting else pod.phase}")
-    schedulers = request.app.get(SCHEDULERS) or Schedulers()
-    allowed = schedulers.volcano if volcano else schedulers.kube
-    if pod.scheduler not in allowed:
-        names = ", ".join(sorted(allowed))
-        raise Refusal("other-scheduler", f"pod {key} names scheduler {pod.scheduler!r}, not {names}")
+    _our_scheduler(request, pod, volcano)
     if not cache.has_node_object(node):
         raise Refusal("unknown-node", f"node {node!r} is not a node of the cluster")
     if uid and not pod.uid:

@@ -69,7 +69,7 @@ def watched(
     request: web.Request, task: TaskInfo, sent: PodInfo, job: str | None
 ) -> tuple[PodInfo, str | None]:
     """The task's pod as watched (see extender.httpapi.checks), with its role and job."""
-    pod = checks.asked(request, sent)
+    pod = checks.asked(request, sent, volcano=True)
     if pod is not sent:
         if pod.pod_set is None and task.task_role:
             pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: task.task_role})
