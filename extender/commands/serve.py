@@ -59,6 +59,13 @@ def register(sub: Any) -> None:
         help="with --tls-client-ca: the client certificate must name one of these (subject CN or DNS SAN)",
     )
     p.add_argument(
+        "--admission-client-names",
+        metavar="NAME,...",
+        help="with --tls-client-ca: the admission webhook (/admission/pods) needs a client certificate "
+        "chained to that CA naming one of these: the one kube-apiserver presents when its "
+        "AdmissionConfiguration's kubeConfigFile gives it one (docs/install.md)",
+    )
+    p.add_argument(
         "--webhook-ca-bundle",
         metavar="FILE",
         help="with --kubeconfig: keep the caBundle of --webhook-configuration's entries that call "
@@ -360,6 +367,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--tls-client-ca needs --tls-cert and --tls-key")
     if args.tls_client_names and not args.tls_client_ca:
         raise UsageError("--tls-client-names needs --tls-client-ca")
+    if args.admission_client_names and not args.tls_client_ca:
+        raise UsageError("--admission-client-names needs --tls-client-ca")
     if args.webhook_ca_bundle:
         from extender.controllers.webhook_ca.sync import CaBundleError, read_ca
 
@@ -372,6 +381,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.tls_cert:
         _check_tls_files(args.tls_cert, args.tls_key, args.tls_client_ca)
     client_names = frozenset(n.strip() for n in (args.tls_client_names or "").split(",") if n.strip())
+    admission_names = frozenset(
+        n.strip() for n in (args.admission_client_names or "").split(",") if n.strip()
+    )
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
     if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
@@ -396,6 +408,7 @@ def run_serve(args: argparse.Namespace) -> int:
         ),
         tls_client_ca=args.tls_client_ca,
         tls_client_names=client_names,
+        admission_client_names=admission_names,
         volcano_port=args.volcano_port,
         metrics_port=args.metrics_port,
     )

@@ -29,6 +29,9 @@ from extender.httpapi.limits import GUARD, LARGE_BODIES, body_refusal
 SCHEDULER = "scheduler"
 VOLCANO = "volcano"
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+#: The admission webhook's path (extender.httpapi.admission): outside the verbs' prefix, as
+#: kube-apiserver presents a client certificate only where it is configured to.
+ADMISSION_PATH = "/admission/pods"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,8 @@ class Access:
     volcano_port: int | None = None
     #: The metrics port, when /metrics is served there (behind TokenReview) and not here.
     metrics_port: int | None = None
+    #: When set, the admission webhook's caller must present a client certificate naming one.
+    admission_names: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def volcano_base(self) -> str:
@@ -80,17 +85,26 @@ def refusal(request: web.Request) -> web.HTTPException | None:
     if volcano_path and access.volcano_port is not None:
         return web.HTTPNotFound(text=f"the Volcano verbs are served on port {access.volcano_port}\n")
     if access.client_certs and (not access.prefix or _under(request.path, access.prefix)):
-        peercert = request.transport.get_extra_info("peercert") if request.transport else None
-        if not peercert:
-            return web.HTTPForbidden(
-                text="a client certificate signed by the extender's client CA is required (--tls-client-ca)\n"
-            )
-        if access.client_names:
-            names = cert_names(peercert)
-            if not names & access.client_names:
-                shown = ", ".join(sorted(names)) or "no name"
-                allowed = ", ".join(sorted(access.client_names))
-                return web.HTTPForbidden(text=f"client certificate names {shown}, not one of {allowed}\n")
+        return _certified(request, access.client_names)
+    if access.admission_names and request.path == ADMISSION_PATH:
+        return _certified(request, access.admission_names)
+    return None
+
+
+def _certified(request: web.Request, allowed: frozenset[str]) -> web.HTTPException | None:
+    """403 unless the caller presented a verified client certificate naming one of ``allowed``
+    (any name when ``allowed`` is empty)."""
+    peercert = request.transport.get_extra_info("peercert") if request.transport else None
+    if not peercert:
+        return web.HTTPForbidden(
+            text="a client certificate signed by the extender's client CA is required (--tls-client-ca)\n"
+        )
+    names = cert_names(peercert)
+    if allowed and not names & allowed:
+        shown = ", ".join(sorted(names)) or "no name"
+        return web.HTTPForbidden(
+            text=f"client certificate names {shown}, not one of {', '.join(sorted(allowed))}\n"
+        )
     return None
 
 

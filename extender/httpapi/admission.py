@@ -27,7 +27,9 @@ MutatingWebhookConfiguration calls this path with ``failurePolicy: Fail`` for po
 unpinned) and ``Ignore`` for every other pod (so the cluster is never blocked by gangslice).
 
 The path lies outside the extender verbs' prefix, so it needs no client certificate: the API
-server presents none by default. It answers on the leader only (the Service selects it).
+server presents none by default. Where kube-apiserver is given one (its AdmissionConfiguration's
+``kubeConfigFile``), ``serve --admission-client-names`` requires it (docs/install.md). It answers
+on the leader only (the Service selects it).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi.access import add_verb
+from extender.httpapi.access import ADMISSION_PATH, add_verb
 from extender.httpapi.handling import API, CACHE, leads
 from extender.kube import compute_domains as cds
 from extender.kube import names
@@ -73,7 +75,7 @@ from extender.reservations.reserve import Claim, reserve
 
 log = logging.getLogger(__name__)
 
-PATH = "/admission/pods"
+PATH = ADMISSION_PATH
 
 
 class Refusal(Exception):

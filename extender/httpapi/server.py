@@ -41,6 +41,8 @@ class ServeOptions:
     #: Mutual TLS: the CA client certificates must chain to, and the names allowed in them.
     tls_client_ca: str | None = None
     tls_client_names: frozenset[str] = frozenset()
+    #: Names one of which the admission webhook's caller (kube-apiserver) must present.
+    admission_client_names: frozenset[str] = frozenset()
     #: The Volcano verbs' own listener (Volcano presents no client certificate).
     volcano_port: int | None = None
     #: A second port with /metrics behind TokenReview + SubjectAccessReview (0: none).
@@ -104,6 +106,7 @@ async def serve(
         options.tls_client_names,
         options.volcano_port,
         metrics_port=options.metrics_port if reviewer is not None else None,
+        admission_names=options.admission_client_names,
     )
     app = build_app(
         cache,

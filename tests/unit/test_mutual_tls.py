@@ -184,3 +184,28 @@ def test_clients_without_a_certificate_cannot_lock_the_scheduler_out(
                 sock.close()
 
     run_against(tmp_path, certs, check, limits=limits)
+
+
+def test_the_admission_webhook_takes_only_the_api_servers_certificate(
+    tmp_path: Path, certs: dict[str, Path]
+) -> None:
+    """With --admission-client-names, /admission/pods needs the client certificate that
+    kube-apiserver presents (its AdmissionConfiguration's kubeConfigFile): a forged
+    AdmissionReview without it reaches no handler."""
+    main = certs["main"]
+    apiserver = tmp_path / "apiserver"
+    apiserver.mkdir()
+    shutil.copy(main / "ca.crt", apiserver / "ca.crt")
+    shutil.copy(main / "ca.key", apiserver / "ca.key")
+    gen_certs(apiserver, "--client-name", "kube-apiserver")
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u-1"}}
+
+    def check(port: int, volcano: int) -> None:
+        status, text = call(port, main / "ca.crt", None, "POST", "/admission/pods", review)
+        assert status == 403 and "client certificate signed by the extender's client CA is required" in text
+        status, text = call(port, main / "ca.crt", main, "POST", "/admission/pods", review)
+        assert status == 403 and "names gangslice-scheduler, not one of kube-apiserver" in text
+        status, text = call(port, main / "ca.crt", apiserver, "POST", "/admission/pods", review)
+        assert status == 200 and json.loads(text)["response"] == {"uid": "u-1", "allowed": True}
+
+    run_against(tmp_path, certs, check, admission_client_names=frozenset({"kube-apiserver"}))
