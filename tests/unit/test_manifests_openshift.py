@@ -97,7 +97,8 @@ def test_the_secondary_scheduler_runs_our_configuration() -> None:
 
 
 def _json_patch(obj: Any, ops: list[dict[str, Any]]) -> Any:
-    """RFC 6902 test, replace and remove on a copy (what the component's patches use)."""
+    """RFC 6902 test, add (to an object), replace and remove on a copy (what the component's
+    patches use)."""
     import copy
 
     out = copy.deepcopy(obj)
@@ -109,7 +110,7 @@ def _json_patch(obj: Any, ops: list[dict[str, Any]]) -> Any:
         key: Any = int(last) if isinstance(target, list) else last
         if op["op"] == "test":
             assert target[key] == op["value"], f"{op['path']}: {target[key]!r} is not {op['value']!r}"
-        elif op["op"] == "replace":
+        elif op["op"] in ("replace", "add"):
             target[key] = op["value"]
         elif op["op"] == "remove":
             del target[key]
@@ -128,3 +129,20 @@ def test_on_openshift_the_controller_reads_only_files_the_service_ca_secret_has(
     secret_dir = "/etc/gangslice/tls/"
     assert {f for f in files if f.startswith(secret_dir)} <= {secret_dir + "tls.crt", secret_dir + "tls.key"}
     assert "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt" in files
+
+
+def test_on_openshift_only_the_secondary_scheduler_and_the_host_network_reach_the_verbs() -> None:
+    """No mutual TLS there: the NetworkPolicy narrows port 8888 to the Secondary Scheduler
+    Operator's namespace and the host network (kube-apiserver, the kubelet's probes); the
+    metrics port stays open to token-reviewed scrapes; no other port opens."""
+    base = build("").find("NetworkPolicy", "gangslice-controller", "gangslice-system")
+    assert base is not None
+    policy = _json_patch(base, _patches()["NetworkPolicy"])
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert set(rules) == {8888, 9443} and rules[9443] is None
+    assert [peer["namespaceSelector"]["matchLabels"] for peer in rules[8888]] == [
+        {"kubernetes.io/metadata.name": "openshift-secondary-scheduler-operator"},
+        {"policy-group.network.openshift.io/host-network": ""},
+    ]
+    (secondary,) = build("openshift-scheduler").of_kind("SecondaryScheduler")
+    assert secondary["metadata"]["namespace"] == "openshift-secondary-scheduler-operator"

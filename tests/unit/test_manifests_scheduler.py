@@ -67,10 +67,14 @@ def test_the_volcano_patch_keeps_the_base_arguments() -> None:
 
 def test_the_volcano_port_admits_only_the_volcano_scheduler() -> None:
     (policy,) = build("volcano").of_kind("NetworkPolicy")
+    base = build("").find("NetworkPolicy", "gangslice-controller", "gangslice-system")
+    assert base is not None
     _, volcano_port, _ = _service_url(volcano=True)
     _, scheduler_port, _ = _service_url()
+    opened = {r["ports"][0]["port"]: r.get("from") for r in base["spec"]["ingress"]}
+    assert opened[scheduler_port] is None and volcano_port not in opened  # mutual TLS on 8888
     rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
-    assert rules[scheduler_port] is None  # mutual TLS there
+    assert set(rules) == {volcano_port}
     (peer,) = rules[volcano_port]
     assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "volcano-system"}
     assert peer["podSelector"]["matchLabels"] == {"app": "volcano-scheduler"}
