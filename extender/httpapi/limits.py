@@ -357,7 +357,18 @@ def one_line(text: str) -> str:
 async def no_route(request: web.Request) -> web.StreamResponse:
     """The route of every path that is no other route's (so that its ``Expect`` is checked
     too): 404, its body never read (see :func:`body_refusal`)."""
-    raise web.HTTPNotFound(text=one_line(f"no such path: {request.method} {request.path}"))
+    raise _not_found(request)
+
+
+def _not_found(request: web.Request) -> web.HTTPNotFound:
+    error = web.HTTPNotFound(text=one_line(f"no route for {request.method} {request.path}"))
+    error.force_close()
+    return error
+
+
+def _body_limit(request: web.Request) -> int:
+    limits = request.app.get(LIMITS) or Limits()
+    return limits.body_limit(request.path in request.app.get(LARGE_BODIES, ()))
 
 
 def body_refusal(request: web.Request) -> web.HTTPException | None:
@@ -365,16 +376,14 @@ def body_refusal(request: web.Request) -> web.HTTPException | None:
     an encoding, a declared size over the path's limit, or no room among the bodies in
     flight. None: read it."""
     if request.match_info.http_exception is not None or request.match_info.handler is no_route:
-        error = web.HTTPNotFound(text=one_line(f"no such path: {request.method} {request.path}"))
-        error.force_close()
-        return error
+        return _not_found(request)
     limits = request.app.get(LIMITS) or Limits()
     encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
     if encoding not in ("", "identity"):
         return web.HTTPUnsupportedMediaType(
             text=one_line(f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed")
         )
-    limit = limits.body_limit(request.path in request.app.get(LARGE_BODIES, ()))
+    limit = _body_limit(request)
     declared = request.content_length
     if declared is not None and declared > limit:
         return _too_large(limit, declared)
@@ -404,7 +413,7 @@ async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise refusal
     limits = request.app.get(LIMITS) or Limits()
     guard = request.app.get(GUARD)
-    limit = limits.body_limit(request.path in request.app.get(LARGE_BODIES, ()))
+    limit = _body_limit(request)
     held = 0
     request = request.clone(client_max_size=limit)
     with guard.handling(request.protocol) if guard is not None else contextlib.nullcontext() as conn:

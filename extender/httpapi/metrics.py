@@ -22,6 +22,10 @@
 - ``gangslice_mismatch_evictions_total{result}``: evictions of such pods under
   ``--on-mismatch=evict`` (``evicted``; ``blocked``: a PodDisruptionBudget answered 429;
   ``failed``).
+- ``gangslice_connections_closed_total{port,why}``, ``gangslice_connections_open{port,peer}``:
+  what the connection guards (:mod:`extender.httpapi.limits`) closed and hold.
+- ``gangslice_leader_fence_refusals_total``: decisions and writes refused by the leader fence
+  (:mod:`extender.kube.fence`).
 - ``gangslice_cache_ready``: 1 once the first full list of every watched kind is in.
 - ``gangslice_cache_nodes``: GPU nodes in the snapshot.
 - ``gangslice_refused_gangs``: gangs refused for want of room and not placed since
@@ -46,6 +50,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.httpapi.health_metrics import HealthCollector
+from extender.httpapi.limits import ConnectionGuard
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.snapshot import ClusterSnapshot
@@ -220,6 +225,48 @@ class _CacheCollector(Collector):
         )
 
 
+class _ListenerCollector(Collector):
+    """The connection guards' counts (:mod:`extender.httpapi.limits`) and the leader fence's."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+        #: (port name, guard) of each listener group: "verbs" (kube-scheduler's and Volcano's
+        #: ports), "metrics".
+        self.guards: list[tuple[str, ConnectionGuard]] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        closed = CounterMetricFamily(
+            "gangslice_connections_closed",
+            "Connections the server closed without a reply asked for, by port and why (refused: "
+            "no room, answered 429; timed_out: idle or a request head or body too slow; "
+            "reclaimed: idle, closed to make room for a new one).",
+            labels=["port", "why"],
+        )
+        open_now = GaugeMetricFamily(
+            "gangslice_connections_open",
+            "Open connections, by port and whether the peer presented a verified client certificate.",
+            labels=["port", "peer"],
+        )
+        for port, guard in self.guards:
+            for why, n in (
+                ("refused", guard.refused),
+                ("timed_out", guard.timed_out),
+                ("reclaimed", guard.reclaimed),
+            ):
+                closed.add_metric([port, why], n)
+            certified = sum(c.authenticated for c in guard.connections.values())
+            open_now.add_metric([port, "certified"], certified)
+            open_now.add_metric([port, "other"], len(guard.connections) - certified)
+        yield closed
+        yield open_now
+        yield CounterMetricFamily(
+            "gangslice_leader_fence_refusals",
+            "Decisions and writes refused because this replica's lease had lapsed by its own clock "
+            "(a stalled leader, extender.kube.fence).",
+            value=self.cache.book.fence.refused,
+        )
+
+
 class Metrics:
     def __init__(self, cache: ClusterCache) -> None:
         self.registry = CollectorRegistry()
@@ -256,6 +303,8 @@ class Metrics:
         self.registry.register(_CacheCollector(cache))
         self.health = HealthCollector(cache)  # certificate expiry and gang waits, for alerts
         self.registry.register(self.health)
+        self.listeners = _ListenerCollector(cache)
+        self.registry.register(self.listeners)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

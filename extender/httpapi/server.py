@@ -125,6 +125,7 @@ async def serve(
         # Volcano's client has no certificate to present: its listener asks for none.
         volcano_tls = ReloadingTls(options.tls_cert, options.tls_key) if options.volcano_port else None
     guard = app[GUARD] = ConnectionGuard(options.limits)
+    app[METRICS].listeners.guards.append(("verbs", guard))
     runner = web.AppRunner(app, **runner_options(options.limits))
     await runner.setup()
     listeners = [(SCHEDULER, options.port, tls)]
@@ -163,6 +164,7 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     background = [asyncio.create_task(guard.watch())]
     if metrics_runner is not None:
+        metrics.listeners.guards.append(("metrics", metrics_runner.app[GUARD]))
         background.append(asyncio.create_task(metrics_runner.app[GUARD].watch()))
     if watcher is None and api is not None:
         watcher = Watcher(api, cache)

@@ -179,3 +179,20 @@ def test_bodies_in_flight_are_bounded(tmp_path: Path) -> None:
         assert got.startswith(b"HTTP/1.1 100 Continue") and b"HTTP/1.1 400" in got
 
     _serving(tmp_path, check)
+
+
+def test_what_the_guards_closed_is_counted(tmp_path: Path) -> None:
+    from extender.httpapi.metrics import Metrics
+
+    cache = ClusterCache.from_cluster_file(write_cluster(tmp_path))
+    metrics = Metrics(cache)
+    guard = ConnectionGuard(Limits(max_connections=64, max_connections_per_peer=1))
+    metrics.listeners.guards.append(("verbs", guard))
+    _connect(guard, "10.0.0.1")
+    _connect(guard, "10.0.0.1")
+    _connect(guard, "10.1.0.1", cert=True)
+    text = metrics.render().decode()
+    assert 'gangslice_connections_closed_total{port="verbs",why="refused"} 1.0' in text
+    assert 'gangslice_connections_open{peer="certified",port="verbs"} 1.0' in text
+    assert 'gangslice_connections_open{peer="other",port="verbs"} 1.0' in text
+    assert "gangslice_leader_fence_refusals_total 0.0" in text
