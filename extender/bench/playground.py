@@ -220,8 +220,12 @@ def _missing(folder: Path) -> list[str]:
 def serve_argv(chart_args: Sequence[str], files: Mapping[str, Path], log_level: str) -> list[str]:
     """``gangslice serve``'s arguments for a local process, from the chart's controller Deployment's
     ``args``: each file under :data:`TLS_MOUNT` becomes ``files[<its name>]`` (``tls.crt``,
-    ``tls.key``, ``ca.crt``), each port a free loopback port, the log level ``log_level``."""
+    ``tls.key``, ``ca.crt``), each port a free loopback port, the log level ``log_level``. The
+    metrics port is left out: with it ``/metrics`` answers only bearer tokens granted
+    ``get /metrics``, and the playground has no scraper; without it ``/metrics`` is served on
+    the verbs' port, where the printed ``curl`` reads it."""
     out: list[str] = []
+    chart_args = [a for a in chart_args if a.split("=", 1)[0] != "--metrics-port"]
     ports = iter(free_ports(sum(1 for a in chart_args if a.split("=", 1)[0].endswith("-port"))))
     for arg in chart_args:
         flag, eq, value = arg.partition("=")

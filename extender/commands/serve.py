@@ -90,7 +90,7 @@ def register(sub: Any) -> None:
         dest="scheduler_names",
         action="append",
         metavar="NAME",
-        help="bind only pods naming this scheduler (repeatable; default gangslice-scheduler)",
+        help="decide for and bind only pods naming this scheduler (repeatable; default gangslice-scheduler)",
     )
     p.add_argument(
         "--volcano-scheduler-name",

@@ -38,7 +38,10 @@ NODES = hgx_leaves(POOL, 1)
 
 @pytest.fixture(scope="module")
 def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
-    with extender_stack(control_plane, POOL, NODES, name="gangslice-ntp") as server:
+    # The probe pod's scheduler is gangslice's too (the verbs answer only for pods of its
+    # schedulers), but no kube-scheduler serves it: it is never bound.
+    schedulers = ["--scheduler-name=gangslice-scheduler", f"--scheduler-name={PROBE_SCHEDULER}"]
+    with extender_stack(control_plane, POOL, NODES, name="gangslice-ntp", extra_args=schedulers) as server:
         yield server
 
 
@@ -50,10 +53,14 @@ def accepted(cp: ControlPlane, node: str) -> dict[str, Any] | None:
     return None
 
 
+PROBE_SCHEDULER = "gangslice-e2e-nobody"
+
+
 def filter_reply(server: Gangslice, names: list[str]) -> dict[str, Any]:
     """The extender's filter for an 8-GPU pod. The pod exists (the verbs answer only for pods
-    in gangslice's pod watch) under a scheduler name nobody serves, so it is never bound."""
-    probe = gpu_pod("probe", 8, POOL, scheduler="gangslice-e2e-nobody")
+    in gangslice's pod watch) under a scheduler name no kube-scheduler serves, so it is never
+    bound."""
+    probe = gpu_pod("probe", 8, POOL, scheduler=PROBE_SCHEDULER)
     probe["metadata"]["namespace"] = "default"
     if get(server.cp, "Pod", "probe", "default") is None:
         create(server.cp, probe)

@@ -476,7 +476,7 @@ def test_without_kueue_the_leader_rebuilds_the_ledger_and_reads_nothing_of_kueue
     world = World()
     ctl = AdmissionController(world.api, world.cache, CFG, clock=world.clock, kueue=False)
     blocker = _blocker(["a-0"])
-    world.api.put("slicereservations", reservation_to_object(blocker, "default", "held", None))
+    world.api.put("slicereservations", reservation_to_object(blocker, "other", "held", None))
 
     async def body() -> None:
         await take_lead(ctl.cache, ctl)
