@@ -180,6 +180,7 @@ class LeaderElector:
             except Exception:
                 # Not leading until the rebuild succeeds; the next round tries again.
                 log.exception("preparing to lead failed")
+                self.fence.close()
                 return
             self.fence.leading = self.leading = True
         elif not held and self.leading:
