@@ -21,6 +21,7 @@ import contextlib
 import gzip
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extender.bench.forged import ForgedFigures, forged_calls, make_pki
 from extender.httpapi.limits import RECLAIM_AFTER_S
 from extender.kube import names as keys
 
@@ -89,11 +91,19 @@ class Figures:
     flood_statuses: Counter[str] = field(default_factory=Counter)
     flood_rss_peak_mib: float = 0.0
     flood_healthz_slowest_ms: float = 0.0
+    #: Forged identities' calls on the default install's listeners (:mod:`extender.bench.forged`).
+    forged: ForgedFigures = field(default_factory=ForgedFigures)
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         out["statuses"] = dict(sorted(self.statuses.items()))
         out["flood_statuses"] = dict(sorted(self.flood_statuses.items()))
+        out["forged"] = {
+            "sent": {f"{k[0]}: {k[1]}": v for k, v in sorted(self.forged.sent.items())},
+            "reached": {f"{k[0]}: {k[1]}": v for k, v in sorted(self.forged.reached.items())},
+            "control_sent": self.forged.control_sent,
+            "control_reached": self.forged.control_reached,
+        }
         return out
 
     def render(self) -> str:
@@ -116,6 +126,7 @@ class Figures:
                 f"{self.flood_body_mib} MiB; peak RSS {self.flood_rss_peak_mib:.0f} MiB, "
                 f"slowest /healthz {self.flood_healthz_slowest_ms:.0f} ms; replies "
                 + ", ".join(f"{k}: {v}" for k, v in sorted(self.flood_statuses.items())),
+                *self.forged.render(),
             ]
         )
 
@@ -136,7 +147,7 @@ def _free_port() -> int:
 
 @contextlib.asynccontextmanager
 async def served(
-    folder: Path, *extra: str, flags: tuple[str, ...] = SERVE_FLAGS
+    folder: Path, *extra: str, flags: tuple[str, ...] = SERVE_FLAGS, tls: ssl.SSLContext | None = None
 ) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
     """``gangslice serve --cluster`` on a free loopback port, until the block ends."""
     cluster = folder / "cluster.yaml"
@@ -153,7 +164,7 @@ async def served(
                     f"gangslice serve exited: {proc.stderr.read().decode() if proc.stderr else ''}"
                 )
             with contextlib.suppress(OSError):
-                status, _ = await request(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                status, _ = await request(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", tls=tls)
                 if status == "200":
                     break
             if time.monotonic() > deadline:
@@ -170,11 +181,15 @@ async def served(
 
 
 async def request(
-    port: int, head_and_body: bytes, timeout_s: float = 10.0, source: str = "127.0.0.1"
+    port: int,
+    head_and_body: bytes,
+    timeout_s: float = 10.0,
+    source: str = "127.0.0.1",
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[str, bytes]:
     """Send raw bytes as one request (``Connection: close`` is added) and read the reply:
     (status, body), status "closed" when the server closed without one."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0), ssl=tls)
     try:
         head, _, body = head_and_body.partition(b"\r\n\r\n")
         writer.write(head + b"\r\nConnection: close\r\n\r\n" + body)
@@ -382,6 +397,15 @@ async def run_hostile(concurrency: int = 2) -> Figures:
                 figures.rss_peak_mib = max(figures.rss_peak_mib, _rss_mib(proc.pid, "VmHWM"))
         async with served(Path(folder), flags=()) as (proc, port):
             await body_flood(proc, port, figures)
+        pki = make_pki(Path(folder))
+        volcano_port = _free_port()
+        extra = (*pki.serve_flags(), f"--volcano-port={volcano_port}")
+        body = json.dumps({"Pod": pod(1), "NodeNames": NODES}).encode()
+        async with served(Path(folder), *extra, flags=(), tls=pki.client("scheduler")) as (_, port):
+            await forged_calls(pki, port, volcano_port, body, figures.forged)
+        extra = (*pki.serve_flags(), "--admission-client-names=kube-apiserver")
+        async with served(Path(folder), *extra, flags=(), tls=pki.client("scheduler")) as (_, port):
+            await forged_calls(pki, port, None, body, figures.forged)
     return figures
 
 
@@ -441,9 +465,10 @@ async def lockout(port: int, figures: Figures) -> None:
 
 #: The body flood's bodies: as many, as large, as the hardening's goal names.
 FLOOD_BODIES, FLOOD_MIB = 64, 30
-#: The flood's clients' address (the probes come from the scheduler's, as a kubelet's come
-#: from its node's and not from the attacking pod's).
-FLOOD_SOURCE = "127.0.0.20"
+#: The flood's clients' addresses, 16 bodies from each (within the per-address cap: what bounds
+#: the flood is the bytes in flight); the probes come from the scheduler's address, as a
+#: kubelet's come from its node's and not from the attacking pods'.
+FLOOD_SOURCES = tuple(f"127.0.0.{i}" for i in range(20, 24))
 
 
 async def body_flood(proc: subprocess.Popen[bytes], port: int, figures: Figures) -> None:
@@ -457,7 +482,7 @@ async def body_flood(proc: subprocess.Popen[bytes], port: int, figures: Figures)
     async def one(i: int) -> str:
         try:
             raw = post(paths[i % len(paths)], body)
-            status, _ = await request(port, raw, timeout_s=60, source=FLOOD_SOURCE)
+            status, _ = await request(port, raw, timeout_s=60, source=FLOOD_SOURCES[i % len(FLOOD_SOURCES)])
         except (ConnectionError, TimeoutError):
             status = "closed"
         return status

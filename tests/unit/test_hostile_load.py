@@ -4,7 +4,8 @@ says what it sends). Targets: server RSS after the run below 300 MiB, no /health
 than 200 ms during it, no crash, every reply a 2xx or a 4xx with a one-line reason, every
 slow or idle connection closed by its timeout; under 256 idle keep-alive clients at least
 95 % of the scheduler's calls and probes answered; under 64 concurrent 30 MiB bodies a peak
-RSS below 300 MiB and every /healthz within 1 s. The figures are printed (pytest -s shows
+RSS below 300 MiB and every /healthz within 1 s; on the default install's TLS listener no
+forged identity reaches a handler (extender/bench/forged.py). The figures are printed (pytest -s shows
 them; so does ``gangslice bench extender --hostile``)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from extender.bench.forged import ADMISSION_CERT, VERBS
 from extender.bench.hostile import run_hostile
 from extender.httpapi import nodelist
 from extender.httpapi.app import build_app
@@ -40,6 +42,14 @@ def test_hostile_load_is_bounded() -> None:
     )
     assert figures.flood_bodies == 64 and figures.flood_rss_peak_mib < 300, figures.render()
     assert figures.flood_healthz_slowest_ms <= 1000, figures.render()
+    # The default install's listeners: no forged identity reaches a verb, nor the admission
+    # webhook where it asks for kube-apiserver's certificate; the scheduler's own certificate
+    # reaches every verb.
+    forged = figures.forged
+    for group in (VERBS, ADMISSION_CERT):
+        assert sum(n for (g, _), n in forged.sent.items() if g == group) >= 16, figures.render()
+        assert sum(n for (g, _), n in forged.reached.items() if g == group) == 0, figures.render()
+    assert forged.control_sent and forged.control_reached == forged.control_sent, figures.render()
 
 
 def test_memo_tables_hold_node_names_only(tmp_path: Path) -> None:
