@@ -8,7 +8,15 @@ send: node lists of invented names far longer than the cluster, invented names w
 bound, a GPU count per request never asked before, bodies declared or sent beyond the size
 limit, compressed and broken compressed bodies (session verbs too), bodies that are not
 JSON or nested too deeply, connections that trickle their headers or body or sit idle, and
-more connections than the cap. Meanwhile ``/healthz`` is asked every 50 ms.
+more connections than the cap. Meanwhile ``/healthz`` is asked every 50 ms. Then:
+
+- the lockout: 256 keep-alive clients from eight other loopback addresses hold connections
+  idle while the scheduler's address makes calls (they must be answered), and 64 clients of
+  one address stop mid-request (beyond its cap they get 429);
+- the body flood, on a second server with the default limits: 64 bodies of 30 MiB at once to
+  a node-list verb, a path that is no route and the admission webhook (peak RSS, /healthz);
+- forged calls on a third, with the default install's TLS and mutual TLS
+  (:mod:`extender.bench.forged`).
 
 ``gangslice bench extender --hostile`` prints the figures; tests/unit/test_hostile_load.py
 checks them.

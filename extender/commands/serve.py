@@ -177,7 +177,8 @@ def register(sub: Any) -> None:
     b.add_argument(
         "--hostile",
         action="store_true",
-        help="instead: a bounded hostile load on a `gangslice serve` process (RSS, /healthz, replies)",
+        help="instead: a bounded hostile load on `gangslice serve` processes (RSS, /healthz, "
+        "replies, idle clients locking the scheduler out, a body flood, forged calls per listener)",
     )
     b.set_defaults(func=run_bench)
 
