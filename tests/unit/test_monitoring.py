@@ -107,6 +107,9 @@ def test_the_alerts_fire_on_sample_series(tmp_path: Path) -> None:
         {"series": f'gangslice_agent_publishes_total{{{agent},result="applied"}}', "values": "5x200"},
         {"series": f'gangslice_extender_requests_total{{{ctl},verb="filter",code="500"}}',
          "values": "0+10x200"},
+        {"series": f'gangslice_connections_closed_total{{{ctl},port="verbs",why="refused"}}',
+         "values": "0+600x200"},
+        {"series": f"gangslice_leader_fence_refusals_total{{{ctl}}}", "values": "0 0 0 3 3 3 3 3 3 3"},
         {"series": 'kube_pod_init_container_status_restarts_total{namespace="inference",pod="vllm-0",'
          'container="gangslice-preflight"}', "values": "0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"},
     ]  # fmt: skip
@@ -127,6 +130,9 @@ def test_the_alerts_fire_on_sample_series(tmp_path: Path) -> None:
                            "pod": "agent-0"}),
                     _alert("GangsliceExtenderErrors", "20m", {"namespace": "gangslice-system", "pod": "ctl-0",
                            "verb": "filter"}),
+                    _alert("GangsliceConnectionsRefused", "20m", {"namespace": "gangslice-system",
+                           "pod": "ctl-0", "port": "verbs"}),
+                    _alert("GangsliceLeaderStalled", "5m", {"namespace": "gangslice-system", "pod": "ctl-0"}),
                     _alert("GangsliceDeviceMismatch", "5m", {"namespace": "inference", "pod": "vllm-0",
                            "container": "gangslice-preflight"}),
                 ],
