@@ -89,42 +89,45 @@ def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
+def _certificate(
+    cn: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    signer: ec.EllipticCurvePrivateKey,
+    extensions: list[tuple[x509.ExtensionType, bool]],
+) -> x509.Certificate:
+    """A certificate for ``cn`` and ``key``, valid for a day, signed by ``signer``."""
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+    )
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(signer, hashes.SHA256())
+
+
 class _Ca:
     def __init__(self, cn: str) -> None:
         self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn))
-            .issuer_name(_name(cn))
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(self.key, hashes.SHA256())
-        )
+        ca = x509.BasicConstraints(ca=True, path_length=None)
+        self.cert = _certificate(cn, self.key, _name(cn), self.key, [(ca, True)])
 
     def issue(self, folder: Path, stem: str, cn: str, sans: list[x509.GeneralName], *, server: bool) -> Path:
         """Write ``<stem>.crt`` and ``<stem>.key`` signed by this CA; returns the folder."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
         usage = (
             x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH
         )
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
+        extensions: list[tuple[x509.ExtensionType, bool]] = [(x509.ExtendedKeyUsage([usage]), False)]
         if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
+            extensions.append((x509.SubjectAlternativeName(sans), False))
+        cert = _certificate(cn, key, self.cert.subject, self.key, extensions)
         (folder / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         (folder / f"{stem}.key").write_bytes(
             key.private_bytes(

@@ -219,85 +219,59 @@ def add_wait_flags(p: argparse.ArgumentParser) -> None:
         )
 
 
+#: The flags of :class:`~extender.httpapi.limits.Limits`: (flag, field, unit, what it bounds).
+_LIMITS = (
+    ("--max-body-bytes", "max_body_bytes", "BYTES", "largest request body of a node-list verb"),
+    ("--small-body-bytes", "small_body_bytes", "BYTES", "largest request body of any other path"),
+    ("--header-timeout", "header_timeout_s", "SECONDS", "from a request's first byte to its whole head"),
+    ("--body-timeout", "body_timeout_s", "SECONDS", "from a request's head to the end of its body"),
+    ("--idle-timeout", "idle_timeout_s", "SECONDS", "before an idle connection is closed"),
+    (
+        "--handshake-timeout",
+        "handshake_timeout_s",
+        "SECONDS",
+        "from a connection's start to the end of its TLS handshake",
+    ),
+    (
+        "--unauthenticated-idle-timeout",
+        "unauthenticated_idle_timeout_s",
+        "SECONDS",
+        "before an idle connection without a client certificate is closed",
+    ),
+    ("--max-connections", "max_connections", "N", "open connections at most; beyond, a new one gets 429"),
+    (
+        "--reserved-connections",
+        "reserved_connections",
+        "N",
+        "of --max-connections, those kept for peers with a client certificate",
+    ),
+    (
+        "--max-connections-per-peer",
+        "max_connections_per_peer",
+        "N",
+        "open connections at most from one address without a client certificate",
+    ),
+)
+
+
 def add_limit_flags(p: argparse.ArgumentParser) -> None:
     d = Limits()
     group = p.add_argument_group("bounds on what one client can make the extender hold")
-    group.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=d.max_body_bytes,
-        metavar="BYTES",
-        help=f"largest request body of any verb (default {d.max_body_bytes}; full NodeLists are large)",
-    )
-    for flag, field, what in (
-        ("--header-timeout", "header_timeout_s", "from a request's first byte to its whole head"),
-        ("--body-timeout", "body_timeout_s", "from a request's head to the end of its body"),
-        ("--idle-timeout", "idle_timeout_s", "before an idle connection is closed"),
-        (
-            "--handshake-timeout",
-            "handshake_timeout_s",
-            "from a connection's start to the end of its TLS handshake",
-        ),
-        (
-            "--unauthenticated-idle-timeout",
-            "unauthenticated_idle_timeout_s",
-            "before an idle connection without a verified client certificate is closed",
-        ),
-    ):
+    for flag, field, unit, what in _LIMITS:
         default = getattr(d, field)
+        shown = "a quarter" if default is None else f"{default:g}" if unit == "SECONDS" else str(default)
         group.add_argument(
             flag,
             dest=field,
-            type=float,
+            type=float if unit == "SECONDS" else int,
             default=default,
-            metavar="SECONDS",
-            help=f"{what} (default {default:g})",
+            metavar=unit,
+            help=f"{what} (default {shown})",
         )
-    group.add_argument(
-        "--max-connections",
-        type=int,
-        default=d.max_connections,
-        metavar="N",
-        help=f"open connections at most; beyond, a new one gets 429 (default {d.max_connections})",
-    )
-    group.add_argument(
-        "--reserved-connections",
-        type=int,
-        default=None,
-        metavar="N",
-        help="of --max-connections, the ones only peers with a verified client certificate may use "
-        "(default a quarter)",
-    )
-    group.add_argument(
-        "--max-connections-per-peer",
-        type=int,
-        default=d.max_connections_per_peer,
-        metavar="N",
-        help="open connections at most from one address without a verified client certificate "
-        f"(default {d.max_connections_per_peer})",
-    )
-    group.add_argument(
-        "--small-body-bytes",
-        type=int,
-        default=d.small_body_bytes,
-        metavar="BYTES",
-        help=f"largest request body of a path that carries no node list (default {d.small_body_bytes})",
-    )
 
 
 def serve_limits(args: argparse.Namespace) -> Limits:
-    limits = Limits(
-        max_body_bytes=args.max_body_bytes,
-        header_timeout_s=args.header_timeout_s,
-        body_timeout_s=args.body_timeout_s,
-        idle_timeout_s=args.idle_timeout_s,
-        max_connections=args.max_connections,
-        handshake_timeout_s=args.handshake_timeout_s,
-        unauthenticated_idle_timeout_s=args.unauthenticated_idle_timeout_s,
-        reserved_connections=args.reserved_connections,
-        max_connections_per_peer=args.max_connections_per_peer,
-        small_body_bytes=args.small_body_bytes,
-    )
+    limits = Limits(**{field: getattr(args, field) for _, field, _, _ in _LIMITS})
     problems = limits.problems()
     if problems:
         raise UsageError("; ".join(problems))

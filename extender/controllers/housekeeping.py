@@ -2,11 +2,10 @@
 
 Every ``every_s`` seconds: drop holds whose TTL ran out, free the slots of owned gangs their
 owners no longer want (missed by an event, or handed out at an admission that lapsed), tell
-(or evict) the pods the kubelet
-gave other GPUs than promised, write the reservations not saved yet, say on each refused
-NodeTopology why, re-plan DRA slots whose pinned devices someone else took, and keep the DRA
-webhook's caBundle set. A standby skips the pass: its copies of the reservations are
-read-only (the leader may have refreshed them a moment ago).
+(or evict) the pods the kubelet gave other GPUs than promised, write the reservations not
+saved yet, say on each refused NodeTopology why, re-plan DRA slots whose pinned devices
+someone else took, and keep the DRA webhook's caBundle set. A standby skips the pass: its
+copies of the reservations are read-only (the leader may have refreshed them a moment ago).
 """
 
 from __future__ import annotations

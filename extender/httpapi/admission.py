@@ -342,7 +342,8 @@ async def _pin_device_plugin(
     try:
         await _persisted(cache, gang)
         ops = _annotated(meta, {names.SLOT: slot.key})
-        if slot.node in r.slice.mnnvl_nodes:
+        on_channel = slot.node in r.slice.mnnvl_nodes
+        if on_channel:
             owner = await _owner(api, cache, r, pod)
             if not isinstance(spec.get("resourceClaims"), list):
                 ops.append({"op": "add", "path": "/spec/resourceClaims", "value": []})
@@ -353,7 +354,7 @@ async def _pin_device_plugin(
             gang,
             slot.key,
             slot.node,
-            ", with its node's NVLink channel" if slot.node in r.slice.mnnvl_nodes else "",
+            ", with its node's NVLink channel" if on_channel else "",
             extra=fields(gang=gang),
         )
         return ops

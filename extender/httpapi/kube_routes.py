@@ -51,7 +51,7 @@ def _names(args: ExtenderArgs) -> tuple[list[str], dict[str, dict[str, Any]]]:
 async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, Any] | Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     names, items = _names(args)
-    nodelist.check(cache, names)
+    nodelist.check(names)
     try:
         pod = checks.asked(request, PodInfo.from_obj(args.pod))
     except checks.Refusal as exc:
@@ -140,7 +140,7 @@ def encode_priorities(names: Sequence[str], scores: Sequence[int], remember: boo
 async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     cache, decider = request.app[CACHE], request.app[DECIDER]
     names, _ = _names(args)
-    nodelist.check(cache, names)
+    nodelist.check(names)
     try:
         pod = checks.asked(request, PodInfo.from_obj(args.pod))
     except checks.Refusal as exc:

@@ -413,13 +413,15 @@ async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise refusal
     limits = request.app.get(LIMITS) or Limits()
     guard = request.app.get(GUARD)
-    limit = _body_limit(request)
-    held = 0
-    request = request.clone(client_max_size=limit)
+    # A declared length was checked above (the parser reads no more than it declares); a
+    # chunked body is held to its path's limit while it is read.
+    held = request.content_length or 0
+    if request.body_exists and request.content_length is None:
+        held = _body_limit(request)
+        request = request.clone(client_max_size=held)
     with guard.handling(request.protocol) if guard is not None else contextlib.nullcontext() as conn:
         try:
             if request.body_exists:
-                held = request.content_length if request.content_length is not None else limit
                 if guard is not None:
                     guard.in_flight_bytes += held
                 try:
@@ -433,7 +435,7 @@ async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
                     response.force_close()
                     return response
                 except web.HTTPRequestEntityTooLarge:
-                    raise _too_large(limit, None) from None
+                    raise _too_large(held, None) from None
             reply = await handler(request)
             if guard is not None and guard.last_request(conn):
                 reply.force_close()

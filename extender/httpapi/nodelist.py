@@ -29,10 +29,9 @@ def allowed(cache: ClusterCache) -> int:
     return max(MIN_ALLOWED, 2 * cache.node_count())
 
 
-def check(cache: ClusterCache, names: Sequence[str]) -> None:
-    """Raise HTTP 400 for a list no scheduler would send this cluster."""
-    if len(names) > allowed(cache):
-        raise _too_many(cache, len(names), "node names")
+def check(names: Sequence[str]) -> None:
+    """Raise HTTP 400 for a name no node can have (the list's length was checked before the
+    body was validated: :func:`check_body`)."""
     if names and max(map(len, names)) > MAX_NAME:
         raise web.HTTPBadRequest(text=f"a node name is longer than {MAX_NAME} characters\n")
 
@@ -43,7 +42,8 @@ NODE_FIELDS = ("NodeNames", "Nodes", "NodeNameToVictims", "NodeNameToMetaVictims
 
 def check_body(cache: ClusterCache, body: object) -> None:
     """Raise HTTP 400 for a decoded body whose node fields list more nodes than
-    :func:`check` takes, before any of its objects is validated or read."""
+    :func:`allowed`, before any of its objects is validated or read (every JSON verb calls it:
+    :func:`extender.httpapi.handling.json_endpoint`)."""
     if not isinstance(body, dict):
         return
     limit = allowed(cache)
@@ -52,14 +52,10 @@ def check_body(cache: ClusterCache, body: object) -> None:
         if isinstance(value, dict) and name == "Nodes":
             value = value.get("items")
         if isinstance(value, list | dict) and len(value) > limit:
-            raise _too_many(cache, len(value), "node names" if name == "NodeNames" else f"nodes in {name}")
-
-
-def _too_many(cache: ClusterCache, count: int, what: str) -> web.HTTPBadRequest:
-    limit = allowed(cache)
-    return web.HTTPBadRequest(
-        text=f"{count} {what}: more than {limit} (twice the {cache.node_count()} nodes known)\n"
-    )
+            what = "node names" if name == "NodeNames" else f"nodes in {name}"
+            raise web.HTTPBadRequest(
+                text=f"{len(value)} {what}: more than {limit} (twice the {cache.node_count()} nodes known)\n"
+            )
 
 
 def filter_known(

@@ -111,7 +111,7 @@ async def prioritize(request: web.Request, args: PrioritizeRequest) -> dict[str,
     cache, decider = request.app[CACHE], request.app[DECIDER]
     pod, job = task_pod(args.task)
     names = [name for n in args.nodes or [] if (name := n.node_name())]
-    nodelist.check(cache, names)
+    nodelist.check(names)
     try:
         pod, job = watched(request, args.task, pod, job)
     except checks.Refusal as exc:

@@ -46,13 +46,10 @@ from extender.placement.slice import PodSlot
 log = logging.getLogger(__name__)
 
 API_VERSION = "resource.k8s.io/v1"
-#: Pod labels that give a pod's position in its pod set, in the order they are read.
-INDEX_LABELS = (
-    "batch.kubernetes.io/job-completion-index",
-    "apps.kubernetes.io/pod-index",
-    "leaderworkerset.sigs.k8s.io/worker-index",
-)
+#: A LeaderWorkerSet pod's position in its group (the leader is 0).
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+#: Pod labels that give a pod's position in its pod set, in the order they are read.
+INDEX_LABELS = ("batch.kubernetes.io/job-completion-index", "apps.kubernetes.io/pod-index", WORKER_INDEX)
 #: JobSet: which Job of its replicatedJob a pod's Job is, and how many Jobs that makes.
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
