@@ -187,6 +187,8 @@ class ControlPlane:
       keep_workdir: do not delete the temporary folder on stop (for debugging).
       extra_apiserver_args: extra ``--flag=value`` arguments for kube-apiserver (they win over defaults
         with the same flag name).
+      feature_gates: Kubernetes feature gates (name -> on) for kube-apiserver, kube-scheduler and
+        kube-controller-manager alike (``--feature-gates``).
       startup_timeout: seconds to wait for each component to become ready.
 
     Attributes: ``bin_dir``, ``crd_dir`` (``<bin_dir>/../crds``); valid after :meth:`start`: ``workdir``,
@@ -209,6 +211,7 @@ class ControlPlane:
         workdir: StrPath | None = None,
         keep_workdir: bool = False,
         extra_apiserver_args: Iterable[str] = (),
+        feature_gates: Mapping[str, bool] | None = None,
         startup_timeout: float = 90.0,
     ) -> None:
         if bin_dir is None:
@@ -227,6 +230,7 @@ class ControlPlane:
         self._fixed_workdir = Path(workdir) if workdir is not None else None
         self.keep_workdir = keep_workdir or workdir is not None
         self.extra_apiserver_args = list(extra_apiserver_args)
+        self.feature_gates = dict(feature_gates or {})
         self.startup_timeout = startup_timeout
 
         self.workdir: Path | None = None
@@ -511,6 +515,7 @@ class ControlPlane:
             "--proxy-client-key-file": str(pki / "front-proxy-client.key"),
             "--profiling": "false",
         }
+        args.update(dict(a.split("=", 1) for a in self._gate_args()))
         for extra in self.extra_apiserver_args:
             k, _, v = extra.partition("=")
             args[k] = v
@@ -523,6 +528,10 @@ class ControlPlane:
             ssl_context=ssl.create_default_context(cafile=str(pki / "ca.crt")),
             token=self.admin_token,
         )
+
+    def _gate_args(self) -> list[str]:
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={gates}"] if gates else []
 
     def restart_apiserver(self, down_s: float = 0.0) -> None:
         """Stop kube-apiserver (SIGTERM), stay down ``down_s`` seconds, start it again with the same
@@ -572,6 +581,7 @@ class ControlPlane:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={self.workdir / 'kube-controller-manager'}",
+                *self._gate_args(),
             ],
         )
         insecure = ssl.create_default_context()
@@ -623,6 +633,7 @@ class ControlPlane:
                 f"--cert-dir={self.workdir / name}",
                 f"--authentication-kubeconfig={credentials}",
                 f"--authorization-kubeconfig={credentials}",
+                *self._gate_args(),
             ],
         )
         insecure = ssl.create_default_context()
