@@ -205,8 +205,10 @@ def explain_pods(
             facts.problems.append(str(exc))
     else:
         try:
-            # The first pod that carries the gang's size speaks for it, as in the extender.
-            got = next((g for p in pods if (g := plain_gang_request(p, pods)) is not None), None)
+            # The first pod whose gang is sized (by its owners, its PodGroup or its annotations)
+            # speaks for it, as in the extender.
+            owners = cache.owners
+            got = next((g for p in pods if (g := plain_gang_request(p, pods, owners)) is not None), None)
         except PodError as exc:
             facts.problems.append(str(exc))
         else:
@@ -233,7 +235,12 @@ async def live_cache(api: KubeClient | None, cluster: str | None) -> Any:
         return ClusterCache.from_cluster_file(cluster)
     cache = ClusterCache()
     for kind in ALL_KINDS:
-        items = (await api.list(kind.resource)).items
+        try:
+            items = (await api.list(kind.resource)).items
+        except NotFound:
+            if not kind.optional:
+                raise
+            items = []  # an API this cluster does not serve
         cache.replace(kind, items)
         if kind is Kind.SLICE_RESERVATIONS:
             rs = []

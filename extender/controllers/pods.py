@@ -32,6 +32,12 @@ def _has(obj: Mapping[str, Any], field: str, key: str) -> bool:
     return isinstance(got, Mapping) and key in got
 
 
+def _joins_pod_group(obj: Mapping[str, Any]) -> bool:
+    """Whether the pod names an upstream PodGroup (``spec.schedulingGroup``): its gang."""
+    spec = obj.get("spec")
+    return isinstance(spec, Mapping) and isinstance(spec.get("schedulingGroup"), Mapping)
+
+
 class PodFeed:
     def __init__(self) -> None:
         # Filled from the first event on, before the controllers exist: a pod listed before
@@ -43,7 +49,7 @@ class PodFeed:
         """A :data:`~extender.kube.watch.Listener` of the pod watch."""
         if _has(obj, "annotations", names.VOLCANO_GROUP):
             self._podgroup_pods.put_nowait((event_type, obj))
-        if _has(obj, "labels", names.GANG):
+        if _has(obj, "labels", names.GANG) or _joins_pod_group(obj):
             self._plain_pods.put_nowait((event_type, obj))
 
     @property

@@ -57,6 +57,9 @@ PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
 #: The owners whose replica counts size a plain gang's pod sets (:mod:`extender.kube.owners`).
 REPLICA_SETS = Resource("apps", "v1", "replicasets", "ReplicaSet", namespaced=True)
 STATEFUL_SETS = Resource("apps", "v1", "statefulsets", "StatefulSet", namespaced=True)
+#: The upstream Workload API's gangs (KEP-4671, beta in Kubernetes 1.37): a pod joins one through
+#: ``spec.schedulingGroup.podGroupName`` (:mod:`extender.kube.pod_groups`). Not Volcano's PodGroup.
+WORKLOAD_POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", namespaced=True)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 NODE_TOPOLOGIES = Resource(names.GROUP, names.VERSION, names.NODE_TOPOLOGIES, "NodeTopology", False)
@@ -106,10 +109,18 @@ class Kind(enum.Enum):
     #: The owners of plain gangs' pods: how many pods each pod set should have.
     REPLICA_SETS = "replicasets"
     STATEFUL_SETS = "statefulsets"
+    #: The upstream Workload API's PodGroups: a gang and its size where the pods name one.
+    WORKLOAD_POD_GROUPS = "podgroups.scheduling.k8s.io"
 
     @property
     def resource(self) -> Resource:
         return _WATCHED[self]
+
+    @property
+    def optional(self) -> bool:
+        """A kind the API server may not serve (a beta API off by default): while it answers
+        404 the cache holds none of it, and the watch asks again now and then."""
+        return self in _OPTIONAL
 
 
 _WATCHED = {
@@ -122,7 +133,9 @@ _WATCHED = {
     Kind.RESOURCE_CLAIMS: RESOURCE_CLAIMS,
     Kind.REPLICA_SETS: REPLICA_SETS,
     Kind.STATEFUL_SETS: STATEFUL_SETS,
+    Kind.WORKLOAD_POD_GROUPS: WORKLOAD_POD_GROUPS,
 }
+_OPTIONAL = frozenset({Kind.WORKLOAD_POD_GROUPS})
 
 ALL_KINDS = tuple(Kind)
 

@@ -62,8 +62,9 @@ log = logging.getLogger(__name__)
 RECENT_PODS = 10_000
 #: How many node changes are remembered for decision memos to catch up on (beyond: start over).
 CHANGE_LOG = 50_000
-#: The kinds whose objects own plain gangs' pods (:mod:`extender.kube.owners`).
-OWNER_KINDS = frozenset({Kind.REPLICA_SETS, Kind.STATEFUL_SETS})
+#: The kinds whose objects size plain gangs (:mod:`extender.kube.owners`): the owners of their
+#: pods, and the upstream PodGroups they join.
+OWNER_KINDS = frozenset({Kind.REPLICA_SETS, Kind.STATEFUL_SETS, Kind.WORKLOAD_POD_GROUPS})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,7 +154,7 @@ class ClusterInformer:
         self._device_maps: dict[str, dra.DeviceMap] = {}
         self._device_problems: dict[str, str] = {}
         #: The ReplicaSets and StatefulSets whose templates name a plain gang: its pod sets' sizes.
-        self.owners = OwnerTable()
+        self.owners = OwnerTable(self.pods_of_gang, self.hierarchy)
         self._pods: dict[str, PodInfo] = {}
         self._by_uid: dict[str, str] = {}
         self._by_node: dict[str, set[str]] = {}

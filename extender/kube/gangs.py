@@ -3,7 +3,8 @@ place the whole gang on first sight.
 
 Pods a ReplicaSet (a Deployment's) or a StatefulSet owns are sized by their owners: each pod
 set holds as many pods as its owners want (:mod:`extender.kube.owners`), and the size
-annotations below are not read. Pods without such an owner carry the gang's size in
+annotations below are not read. So are the pods of an upstream PodGroup that is their gang
+(:mod:`extender.kube.pod_groups`). Pods without such an owner carry the gang's size in
 ``gangslice.io/gang-size``.
 
 Every pod of a pod set is taken to look like the first one seen, down to what it asks of a
@@ -54,9 +55,14 @@ def plain_gang_request(
     for p in sorted(peers, key=lambda p: p.name):
         if p.gang == gang and not p.terminal and not p.deleting:
             first.setdefault(p.pod_set or DEFAULT_POD_SET, p)
+    waiting = owners.waiting(gang) if owners is not None else None
+    if waiting is not None:
+        return Incomplete(waiting)
     sizes = owners.sizes(gang) if owners is not None else None
     if sizes is not None:
         return _owned_request(gang, first, sizes, owners)
+    if pod.joins_pod_group:
+        return Incomplete(f"waiting for PodGroup {gang} (scheduling.k8s.io) to be seen")
     size = pod.gang_size
     if size is None:
         return None
@@ -103,7 +109,8 @@ def _owned_request(
         model = first.get(role) or (owners.template(gang, role) if owners is not None else None)
         if model is None:
             return Incomplete(f"waiting for a pod of pod set {role}")
-        pod_sets.append(_pod_set(model, role, size.desired))
+        level = owners.required_level(gang, model.required_level) if owners is not None else None
+        pod_sets.append(_pod_set(model, role, size.desired, required=level))
     try:
         return GangRequest(name=gang, pod_sets=tuple(pod_sets))
     except ValueError as exc:
@@ -114,12 +121,15 @@ def _sizes(counts: dict[str, int]) -> str:
     return ", ".join(f"{role} {n}" for role, n in sorted(counts.items()))
 
 
-def member_pod_set(pod: PodInfo) -> PodSet:
-    """The pod set of one more pod like ``pod`` (its role, one pod). Raises PodError."""
-    return _pod_set(pod, pod.pod_set or DEFAULT_POD_SET, 1)
+def member_pod_set(pod: PodInfo, owners: OwnerTable | None = None) -> PodSet:
+    """The pod set of one more pod like ``pod`` (its role, one pod), bound as its gang's
+    upstream PodGroup bounds it where ``owners`` are given. Raises PodError."""
+    gang = pod.gang
+    level = owners.required_level(gang, pod.required_level) if owners is not None and gang else None
+    return _pod_set(pod, pod.pod_set or DEFAULT_POD_SET, 1, required=level)
 
 
-def _pod_set(pod: PodInfo, name: str, count: int) -> PodSet:
+def _pod_set(pod: PodInfo, name: str, count: int, *, required: str | None = None) -> PodSet:
     if pod.needs_problem:
         raise PodError(pod.needs_problem)
     comm = Comm.NONE
@@ -142,7 +152,7 @@ def _pod_set(pod: PodInfo, name: str, count: int) -> PodSet:
             count=count,
             gpus_per_pod=pod.gpus,
             comm=comm,
-            required_level=pod.required_level,
+            required_level=required or pod.required_level,
             preferred_level=pod.preferred_level,
             colocate_with=colocate,
         )

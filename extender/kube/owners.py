@@ -15,20 +15,28 @@ gang's pod sets are sized from their owners, never from a count kept by hand:
 The template is read as a pod (:meth:`PodInfo.from_obj`), so its gang key, pod set and what it
 asks of a node follow the very rules a pod's do. LeaderWorkerSet templates are left out: each
 replica group is a gang of its own, sized by the LeaderWorkerSet's ``size``.
+
+An upstream **PodGroup** (``scheduling.k8s.io``) sizes the gang its pods form when no label names
+another (:mod:`extender.kube.pod_groups`): from its ``minCount`` and the pods that live.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from extender.kube import names
+from extender.kube.api import WORKLOAD_POD_GROUPS
 from extender.kube.gangs import DEFAULT_POD_SET
 from extender.kube.names import DESIRED_REPLICAS, MAX_REPLICAS, REVISION
+from extender.kube.pod_groups import PodGroup, group_sizes, read_pod_group
 from extender.kube.pods import PodError, PodInfo, digits
+from extender.topology.hierarchy import Hierarchy
 
 LWS_PREFIX = "leaderworkerset.sigs.k8s.io/"
+#: The kind :meth:`OwnerTable.put` takes an upstream PodGroup under.
+GROUP_KIND = WORKLOAD_POD_GROUPS.kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,16 +106,31 @@ def read_owner(kind: str, obj: Mapping[str, Any]) -> Owner | None:
     return Owner(kind, namespace, name, workload, revision, size, pod)
 
 
-class OwnerTable:
-    """The owners seen, by gang: what :func:`pod_set_sizes` reads."""
+def _no_pods(gang: str) -> Iterable[PodInfo]:
+    return ()
 
-    def __init__(self) -> None:
+
+class OwnerTable:
+    """The owners seen, by gang: what :func:`pod_set_sizes` reads; and the upstream PodGroups,
+    which size a gang from ``pods_of_gang`` (its pods seen)."""
+
+    def __init__(
+        self,
+        pods_of_gang: Callable[[str], Iterable[PodInfo]] = _no_pods,
+        hierarchy: Hierarchy | None = None,
+    ) -> None:
         self._owners: dict[tuple[str, str, str], Owner] = {}
         self._by_gang: dict[str, dict[tuple[str, str, str], Owner]] = {}
+        self._groups: dict[str, PodGroup] = {}
+        self._pods_of_gang = pods_of_gang
+        self.hierarchy = hierarchy or Hierarchy()
 
     def put(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
-        """An owner added or changed; the gangs whose sizes may have changed."""
+        """An owner (or a PodGroup) added or changed; the gangs whose sizes may have changed."""
         meta = _map(obj.get("metadata"))
+        if kind == GROUP_KIND:
+            group = read_pod_group(obj)
+            return self._set_group(group.key, group)
         key = (kind, str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
         try:
             owner = read_owner(kind, obj)
@@ -117,6 +140,8 @@ class OwnerTable:
 
     def drop(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
         meta = _map(obj.get("metadata"))
+        if kind == GROUP_KIND:
+            return self._set_group(read_pod_group(obj).key, None)
         return self._set((kind, str(meta.get("namespace") or "default"), str(meta.get("name") or "")), None)
 
     def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -124,6 +149,9 @@ class OwnerTable:
         changed: set[str] = set()
         for key in [k for k in self._owners if k[0] == kind]:
             changed |= self._set(key, None)
+        if kind == GROUP_KIND:
+            for gang in list(self._groups):
+                changed |= self._set_group(gang, None)
         for obj in objs:
             changed |= self.put(kind, obj)
         return changed
@@ -145,13 +173,50 @@ class OwnerTable:
             changed.add(owner.gang)
         return changed
 
+    def _set_group(self, gang: str, group: PodGroup | None) -> set[str]:
+        if self._groups.get(gang) == group:
+            return set()
+        if group is None:
+            self._groups.pop(gang, None)
+        else:
+            self._groups[gang] = group
+        return {gang}
+
     def of_gang(self, gang: str) -> list[Owner]:
         return list(self._by_gang.get(gang, {}).values())
 
+    def group(self, gang: str) -> PodGroup | None:
+        """The upstream PodGroup that is gang ``gang``, if seen."""
+        return self._groups.get(gang)
+
     def sizes(self, gang: str) -> dict[str, PodSetSize] | None:
-        """Each pod set's size, summed over the workloads that own its pods (None: no owner
-        names the gang, so its pods size it by annotation)."""
-        return pod_set_sizes(self.of_gang(gang))
+        """Each pod set's size, summed over the workloads that own its pods, else as the
+        upstream PodGroup and its live pods make it (None: neither sizes the gang, so its pods
+        size it by annotation)."""
+        owned = pod_set_sizes(self.of_gang(gang))
+        group = self._groups.get(gang)
+        if owned is not None or group is None:
+            return owned
+        got = group_sizes(group, self._pods_of_gang(gang))
+        return {role: PodSetSize(n, n) for role, n in got.sizes.items()}
+
+    def waiting(self, gang: str) -> str | None:
+        """Why the upstream PodGroup that is ``gang`` cannot be placed yet (None: it can, or it
+        is no such gang). Raises PodError for a PodGroup that cannot be used."""
+        group = self._groups.get(gang)
+        if group is None or self.of_gang(gang):
+            return None
+        if group.problem:
+            raise PodError(group.problem)
+        return group_sizes(group, self._pods_of_gang(gang)).waiting
+
+    def required_level(self, gang: str, own: str | None) -> str | None:
+        """The finer of a pod's own required level and the one its gang's upstream PodGroup
+        constrains it to. Raises PodError for a topology key that is no level."""
+        group = self._groups.get(gang)
+        if group is None:
+            return own
+        return self.hierarchy.finer(own, group.required_level(self.hierarchy))
 
     def template(self, gang: str, pod_set: str) -> PodInfo | None:
         """The pod template of the newest owner of a pod set of ``gang``."""

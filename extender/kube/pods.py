@@ -49,6 +49,8 @@ class PodInfo:
     #: Of :attr:`gpus`, those its pinned DRA claim holds (``gangslice.io/claim-gpus``); the
     #: rest its containers request from the device plugin.
     claimed_gpus: int = 0
+    #: The upstream PodGroup ``spec.schedulingGroup.podGroupName`` names (:mod:`extender.kube.pod_groups`).
+    pod_group: str | None = None
 
     @property
     def plugin_gpus(self) -> int:
@@ -79,12 +81,18 @@ class PodInfo:
     def gang(self) -> str | None:
         """The plain gang key ``<namespace>/<gang>`` from the ``gangslice.io/gang`` label; a
         LeaderWorkerSet's pods (the label in its templates) get ``<gang>-<group index>``, one
-        gang per replica group."""
+        gang per replica group. Without the label, the upstream PodGroup the pod joins
+        (``<namespace>/<podgroup>``) is its gang."""
         value = self.labels.get(names.GANG)
         if not value:
-            return None
+            return f"{self.namespace}/{self.pod_group}" if self.pod_group else None
         group = self.labels.get(names.LWS_GROUP_INDEX)
         return f"{self.namespace}/{value}-{group}" if group else f"{self.namespace}/{value}"
+
+    @property
+    def joins_pod_group(self) -> bool:
+        """Whether the pod's gang is the upstream PodGroup it joins (no label names another)."""
+        return self.pod_group is not None and not self.labels.get(names.GANG)
 
     @property
     def reservation_name(self) -> str | None:
@@ -185,6 +193,7 @@ class PodInfo:
             needs = pod_needs(spec)
         except NeedsError as exc:
             needs_problem = f"pod {_str(meta.get('namespace')) or 'default'}/{_str(meta.get('name'))}: {exc}"
+        group = as_map(spec.get("schedulingGroup")).get("podGroupName")
         return cls(
             namespace=_str(meta.get("namespace")) or "default",
             name=_str(meta.get("name")),
@@ -200,6 +209,7 @@ class PodInfo:
             needs=needs,
             needs_problem=needs_problem,
             claimed_gpus=claimed_gpus,
+            pod_group=group if isinstance(group, str) and group else None,
         )
 
 

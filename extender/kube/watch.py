@@ -3,7 +3,9 @@
 Events are applied on the loop, one at a time, so the cache is only ever touched by the loop.
 A watch that ends (server timeout) resumes from the last resourceVersion; ``410 Gone``
 lists again, and the cache keeps its state until the new list replaces it; any other error
-waits a moment and retries (listing again after repeated failures).
+waits a moment and retries (listing again after repeated failures). An optional kind the API
+server does not serve (``404``: a beta API left off) counts as listed and empty, and is asked for
+again every ``absent_retry_s``.
 
 Whoever reacts to a kind's objects listens here rather than watching it a second time
 (:meth:`Watcher.listen`): each listener is told every object after the cache took it in.
@@ -18,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.kube.api import ALL_KINDS, Gone, Kind, KubeClient
+from extender.kube.api import ALL_KINDS, Gone, Kind, KubeClient, NotFound
 from extender.kube.cache import ClusterInformer
 
 log = logging.getLogger(__name__)
@@ -59,12 +61,14 @@ class Watcher:
         *,
         watch_timeout_s: float = 300.0,
         retry_s: float = 1.0,
+        absent_retry_s: float = 60.0,
     ) -> None:
         self.api = api
         self.cache = cache
         self.kinds = tuple(kinds)
         self.watch_timeout_s = watch_timeout_s
         self.retry_s = retry_s
+        self.absent_retry_s = absent_retry_s
         self.stats = WatchStats()
         self._stop = asyncio.Event()
         self._listeners: dict[Kind, list[Listener]] = {}
@@ -108,6 +112,7 @@ class Watcher:
     async def _loop(self, kind: Kind) -> None:
         rv: str | None = None
         failures = 0
+        absent = False
         res = kind.resource
         while not self._stop.is_set():
             try:
@@ -115,6 +120,7 @@ class Watcher:
                     listing = await self.api.list(res)
                     self._apply(_Listed(kind, listing.items))
                     rv = listing.resource_version
+                    absent = False
                 async for ev in self.api.watch(res, rv, self.watch_timeout_s):
                     if self._stop.is_set():
                         return
@@ -126,6 +132,20 @@ class Watcher:
                 log.info("watch of %s expired (410 Gone); listing again", kind.value)
                 rv = None
             except Exception as exc:
+                if isinstance(exc, NotFound) and kind.optional:
+                    if not absent:
+                        log.info(
+                            "the API server does not serve %s/%s; none are read (asking again every %.0f s)",
+                            res.api_version,
+                            res.plural,
+                            self.absent_retry_s,
+                        )
+                        self._apply(_Listed(kind, []))
+                        absent = True
+                    rv = None
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), self.absent_retry_s)
+                    continue
                 self.stats.errors += 1
                 failures += 1
                 log.warning("watch of %s failed (%s); retrying", kind.value, exc)

@@ -331,7 +331,7 @@ class ReservationBook:
         sizes = self._sizes(pod) if r is not None else None
         if r is None or sizes is None:
             return None
-        ps = member_pod_set(pod)
+        ps = member_pod_set(pod, self.informer.owners)
         size = sizes.get(ps.name)
         have = sum(1 for s in r.slice.slots if s.pod_set == ps.name)
         if size is None or have >= size.limit:

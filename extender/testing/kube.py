@@ -47,8 +47,16 @@ from extender.kube.api import (
     namespace_of,
 )
 
+
+def _plural(res: Resource) -> str:
+    """What the fake files ``res`` under: its plural, qualified by its group where two groups
+    share it (Volcano's and the Workload API's ``podgroups``)."""
+    return f"{res.plural}.{res.group}" if res in _QUALIFIED else res.plural
+
+
+_QUALIFIED = frozenset({kube_api.WORKLOAD_POD_GROUPS})
 _BY_PLURAL = {
-    r.plural: r
+    _plural(r): r
     for r in (
         kube_api.NODES,
         kube_api.PODS,
@@ -60,6 +68,7 @@ _BY_PLURAL = {
         kube_api.ADMISSION_CHECKS,
         kube_api.RESOURCE_FLAVORS,
         kube_api.PODGROUPS,
+        kube_api.WORKLOAD_POD_GROUPS,
         kube_api.RESOURCE_SLICES,
         kube_api.DEVICE_CLASSES,
         kube_api.RESOURCE_CLAIMS,
@@ -172,7 +181,7 @@ class FakeKube:
             return copy.deepcopy(got) if got is not None else None
 
     def objects(self, ref: Ref) -> list[dict[str, Any]]:
-        plural = resource(ref).plural
+        plural = _plural(resource(ref))
         with self._lock:
             return [copy.deepcopy(o) for (p, _, _), o in sorted(self._objects.items()) if p == plural]
 
@@ -200,14 +209,14 @@ class FakeKube:
         self.closed = True
 
     def writes(self, ref: Ref | None = None) -> list[Call]:
-        plural = resource(ref).plural if ref is not None else None
+        plural = _plural(resource(ref)) if ref is not None else None
         return [c for c in self.calls if c.write and (plural is None or c.plural == plural)]
 
     def labels(self) -> list[str]:
         return [c.label for c in self.calls]
 
     def applies_to(self, ref: Ref) -> list[dict[str, Any]]:
-        plural = resource(ref).plural
+        plural = _plural(resource(ref))
         return [body for p, _, _, body in self.applies if p == plural]
 
     # -- KubeClient ----------------------------------------------------------------------
@@ -219,10 +228,11 @@ class FakeKube:
     async def list(self, res: Resource, namespace: str = "") -> Listing:
         with self._lock:
             self._enter("list", res, namespace)
+            self._served(res)
             items = [
                 copy.deepcopy(o)
                 for (p, ns, _), o in sorted(self._objects.items())
-                if p == res.plural and (not namespace or not res.namespaced or ns == namespace)
+                if p == _plural(res) and (not namespace or not res.namespaced or ns == namespace)
             ]
             return Listing(items, str(self._rv))
 
@@ -231,13 +241,14 @@ class FakeKube:
     ) -> AsyncIterator[WatchEvent]:
         with self._lock:
             self._enter("watch", res)
+            self._served(res)
         since = int(resource_version or 0)
         waited = 0.0
         while True:
             with self._lock:
                 if since < self._compacted:
                     raise Gone(410, f"too old resource version: {since} ({self._compacted})")
-                ready = [ev for rv, p, ev in self._history if p == res.plural and rv > since]
+                ready = [ev for rv, p, ev in self._history if p == _plural(res) and rv > since]
             if not ready:
                 if self.closed or waited >= timeout_s:
                     return
@@ -264,10 +275,10 @@ class FakeKube:
                 self.events.append({**copy.deepcopy(body), "namespace": ns})
             key = self._key(res, ns, str(meta["name"]))
             if key in self._objects:
-                raise Conflict(409, f"{res.plural} {ns}/{meta['name']} already exists")
+                raise Conflict(409, f"{_plural(res)} {ns}/{meta['name']} already exists")
             if res.plural in _HAS_STATUS:
                 body.pop("status", None)
-            meta.setdefault("uid", f"uid-{res.plural}-{ns}-{meta['name']}")
+            meta.setdefault("uid", f"uid-{_plural(res)}-{ns}-{meta['name']}")
             self._store(key, body, "ADDED")
             return copy.deepcopy(body)
 
@@ -318,11 +329,11 @@ class FakeKube:
             key = self._key(res, ns, name)
             existing = self._objects.get(key)
             if existing is None and subresource:
-                raise NotFound(404, f"{res.plural} {ns}/{name} not found")
+                raise NotFound(404, f"{_plural(res)} {ns}/{name} not found")
             current = copy.deepcopy(existing) if existing is not None else {}
             if existing is not None:
                 self._check_version(existing, obj)
-            self.applies.append((res.plural, ns, name, copy.deepcopy(dict(obj))))
+            self.applies.append((_plural(res), ns, name, copy.deepcopy(dict(obj))))
             if subresource == "status":
                 parts = ["status"]
             else:
@@ -338,7 +349,7 @@ class FakeKube:
                         meta[field] = self._owner_refs(key, meta.get(field) or [], value)
                     elif field != "resourceVersion":
                         meta[field] = copy.deepcopy(value)
-                meta.setdefault("uid", f"uid-{res.plural}-{ns}-{name}")
+                meta.setdefault("uid", f"uid-{_plural(res)}-{ns}-{name}")
                 meta.setdefault("generation", 1)
             for part in parts:
                 self._apply_part(key, current, part, obj.get(part))
@@ -368,12 +379,16 @@ class FakeKube:
             return res.group not in self.unserved
 
     # -- internals -----------------------------------------------------------------------
+    def _served(self, res: Resource) -> None:
+        if res.group in self.unserved:
+            raise NotFound(404, f"the server could not find the requested resource ({_plural(res)})")
+
     @staticmethod
     def _key(res: Resource, namespace: str, name: str) -> _Key:
-        return res.plural, namespace if res.namespaced else "", name
+        return _plural(res), namespace if res.namespaced else "", name
 
     def _enter(self, verb: str, res: Resource, namespace: str = "", name: str = "", sub: str = "") -> None:
-        call = Call(verb, res.plural, namespace, name, sub, _caller())
+        call = Call(verb, _plural(res), namespace, name, sub, _caller())
         self.calls.append(call)
         for label in (call.label, verb):
             pending = self._failures.get(label)

@@ -116,6 +116,7 @@ class PodBuilder(_Namespaced):
     _node: str | None = None
     _phase: str = "Pending"
     _scheduler: str = "gangslice-scheduler"
+    _pod_group: str | None = None
 
     def gpus(self, count: int) -> PodBuilder:
         """``nvidia.com/gpu`` requested and limited (0: a CPU pod requesting one core)."""
@@ -138,6 +139,10 @@ class PodBuilder(_Namespaced):
     def scheduler(self, name: str) -> PodBuilder:
         return replace(self, _scheduler=name)
 
+    def joins(self, pod_group: str) -> PodBuilder:
+        """A member of the upstream PodGroup ``pod_group`` (``spec.schedulingGroup``)."""
+        return replace(self, _pod_group=pod_group)
+
     def obj(self) -> dict[str, Any]:
         resources: dict[str, Any] = {"requests": {"cpu": "1"}}
         if self._gpus:
@@ -149,6 +154,8 @@ class PodBuilder(_Namespaced):
         }
         if self._node:
             spec["nodeName"] = self._node
+        if self._pod_group:
+            spec["schedulingGroup"] = {"podGroupName": self._pod_group}
         # A pod read back from the API server always has both maps, empty or not.
         meta = {"labels": {}, "annotations": {}, **self._metadata()}
         return {
@@ -162,6 +169,23 @@ def make_pod(name: str, namespace: str = "llm") -> PodBuilder:
     """A pending CPU pod of one container for ``gangslice-scheduler``; ``.gpus(n)``,
     ``.gang(name, size)``, ``.on_node(node)``, ``.running()`` change it."""
     return PodBuilder(name, namespace)
+
+
+def make_workload_pod_group(
+    name: str, namespace: str = "llm", *, min_count: int | None = None, topology: str | None = None
+) -> dict[str, Any]:
+    """A ``scheduling.k8s.io/v1beta1`` PodGroup: a gang of ``min_count`` (None: the basic
+    policy), its pods sharing a value of node label ``topology`` where given."""
+    policy: dict[str, Any] = {"gang": {"minCount": min_count}} if min_count is not None else {"basic": {}}
+    spec: dict[str, Any] = {"schedulingPolicy": policy}
+    if topology is not None:
+        spec["schedulingConstraints"] = {"topology": [{"key": topology}]}
+    return {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
 
 
 # -- apps/v1 ReplicaSet and StatefulSet ----------------------------------------------------------

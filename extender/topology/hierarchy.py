@@ -125,6 +125,17 @@ class Hierarchy:
                 return i
         return None
 
+    def finer(self, a: str | None, b: str | None) -> str | None:
+        """The finer of two level names (either may be None: no bound). In-node levels and
+        ``node`` are finer than any level of the hierarchy."""
+        if a is None or b is None:
+            return a or b
+        return a if self._rank(a) >= self._rank(b) else b
+
+    def _rank(self, level: str) -> int:
+        idx = self.index_of(level)
+        return idx if idx is not None else len(self.levels)
+
     def path(self, labels: Mapping[str, str]) -> tuple[str | None, ...]:
         return tuple(labels.get(lv.label) for lv in self.levels)
 

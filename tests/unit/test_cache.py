@@ -50,7 +50,7 @@ def test_cluster_file_gives_the_file_nodes_and_allocations(tmp_path: Path) -> No
 
 
 DRA_KINDS = (Kind.RESOURCE_SLICES, Kind.DEVICE_CLASSES, Kind.RESOURCE_CLAIMS)
-OWNER_KINDS = (Kind.REPLICA_SETS, Kind.STATEFUL_SETS)
+OWNER_KINDS = (Kind.REPLICA_SETS, Kind.STATEFUL_SETS, Kind.WORKLOAD_POD_GROUPS)
 
 
 def test_not_ready_until_every_kind_is_listed() -> None:

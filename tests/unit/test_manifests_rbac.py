@@ -197,7 +197,8 @@ def test_the_explain_role_covers_what_explain_reads() -> None:
     from extender.kube.api import ALL_KINDS
 
     for kind in ALL_KINDS:  # live_cache lists every kind the cache watches
-        assert any(r == kind.value and v == "list" for _, r, v in have), kind
+        res = kind.resource
+        assert (res.group, res.plural, "list") in have, kind
     assert ("scheduling.volcano.sh", "podgroups", "get") in have
     assert ("kueue.x-k8s.io", "workloads", "get") in have
     assert not any(b2["roleRef"]["name"] == "gangslice-explain" for b2 in b.of_kind("ClusterRoleBinding"))

@@ -159,19 +159,6 @@ def topology_level(topo: Topology, h: Hierarchy, snap: ClusterSnapshot) -> str |
     return h.levels[idx].name if idx is not None else None
 
 
-def _finer(a: str | None, b: str | None, h: Hierarchy) -> str | None:
-    if a is None or b is None:
-        return a or b
-    ia, ib = _rank(a, h), _rank(b, h)
-    return a if ia >= ib else b
-
-
-def _rank(level: str, h: Hierarchy) -> int:
-    idx = h.index_of(level)
-    # In-node levels and "node" are finer than any hierarchy level.
-    return idx if idx is not None else len(h.levels)
-
-
 # -- the request ---------------------------------------------------------------------------------
 
 
@@ -221,9 +208,9 @@ def gang_request(pg: PodGroup, pods: Sequence[PodInfo], snap: ClusterSnapshot) -
         preferred = first.preferred_level or pg.annotations.get(names.PREFERRED_LEVEL)
         if bound is not None and pg.topology is not None:
             if pg.topology.hard:
-                required = _finer(required, bound, h)
+                required = h.finer(required, bound)
             else:
-                preferred = _finer(preferred, bound, h)
+                preferred = h.finer(preferred, bound)
         for p in members[1:]:
             if p.gpus != first.gpus:
                 raise PodGroupError(
