@@ -255,6 +255,15 @@ FOREIGN_KEYS = (
         "Which replica group of a LeaderWorkerSet a pod belongs to.",
     ),
     Key(
+        f"{NAMES}:LWS_NAME",
+        "label",
+        "Pod (LeaderWorkerSet)",
+        "read by the admission webhook",
+        "The LeaderWorkerSet a pod belongs to. A pod with it but no group index yet (a leader before "
+        "LWS's own pod webhook ran) is passed unchanged, and pinned when the API server calls the "
+        "webhook again.",
+    ),
+    Key(
         f"{NAMES}:LWS_SIZE",
         "annotation",
         "Pod (LeaderWorkerSet)",

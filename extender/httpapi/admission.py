@@ -75,6 +75,9 @@ from extender.reservations.reserve import Claim, reserve
 
 log = logging.getLogger(__name__)
 
+#: Whom a slot is handed to for a pod created with ``generateName`` (it has no name yet).
+GENERATED_NAME = "<generated name>"
+
 PATH = ADMISSION_PATH
 
 
@@ -127,10 +130,15 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     obj = as_map(req.get("object"))
     meta = as_map(obj.get("metadata"))
     namespace = str(req.get("namespace") or meta.get("namespace") or "default")
-    if PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace}}).gang_key is None:
+    seen = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace}})
+    if seen.gang_key is None:
         return None  # in no gang: a plain gang, a Kueue Workload's reservation, a Volcano PodGroup
+    if seen.labels.get(names.LWS_NAME) and not seen.labels.get(names.LWS_GROUP_INDEX):
+        # A LeaderWorkerSet's leader before the LWS pod webhook gave it its group: the API server
+        # calls this webhook again once that one changed the pod (reinvocationPolicy IfNeeded).
+        return None
     api, cache = app[API], app[CACHE]
-    if api is None:
+    if api is None or _pinned_before(cache, seen):
         return None
     spec = as_map(obj.get("spec"))
     try:
@@ -176,7 +184,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
                 f"gang {gang}: slot {slot.key} is on {slot.node}, whose GPUs gpu.nvidia.com does not "
                 "publish (a devicePlugin node): ask for nvidia.com/gpu there, not a DRA claim"
             )
-        cache.book.hand(gang, slot.key, pod.name or "<generated name>")
+        cache.book.hand(gang, slot.key, pod.name or GENERATED_NAME)
         return r, slot, device_map
 
     r, slot, device_map = await cache.book.deciding(hand_out)
@@ -334,7 +342,7 @@ async def _pin_device_plugin(
             slot = pick_slot(r, pod, cache.book.handed(r.gang))
         except SlotError as exc:
             raise Refusal(f"gang {r.gang}: {exc}") from None
-        cache.book.hand(r.gang, slot.key, pod.name or "<generated name>")
+        cache.book.hand(r.gang, slot.key, pod.name or GENERATED_NAME)
         return r, slot
 
     r, slot = await cache.book.deciding(hand_out)
@@ -394,6 +402,15 @@ def _annotated(meta: Mapping[str, Any], wanted: Mapping[str, str]) -> list[dict[
         path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
         ops.append({"op": "add", "path": path, "value": value})
     return ops
+
+
+def _pinned_before(cache: ClusterCache, pod: PodInfo) -> bool:
+    """Whether this is the webhook called again for a pod it pinned moments ago (a later webhook
+    changed the pod: reinvocationPolicy IfNeeded): its slot annotation names a slot the book
+    handed to this very pod. A slot annotation written by anyone else changes nothing."""
+    slot = pod.annotations.get(names.SLOT)
+    r = cache.book.reservation_of(pod) if slot else None
+    return r is not None and cache.book.handed(r.gang).get(str(slot)) == (pod.name or GENERATED_NAME)
 
 
 def _on_fabric(cache: ClusterCache, pod: PodInfo) -> bool:

@@ -75,6 +75,9 @@ VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_TASK_SPEC = "volcano.sh/task-spec"
 #: LeaderWorkerSet: the replica group a pod belongs to (a plain gang per group).
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+#: LeaderWorkerSet: on every pod of one, from its templates (the group index comes later, from
+#: the LWS pod webhook, for a leader).
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 #: LeaderWorkerSet: the group's pod count (its ``size``), which the LWS controller writes on each
 #: of the group's pods: a plain gang's size when the pod carries no ``gangslice.io/gang-size``.
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"

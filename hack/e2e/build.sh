@@ -188,8 +188,9 @@ done
 # -> <controllers-key>/crds/lws/*.yaml  (config/crd/bases of sigs.k8s.io/lws: LeaderWorkerSet, and
 #    DisaggregatedSet, whose controller the manager starts too)
 # -> <controllers-key>/crds/jobset/*.yaml (config/components/crd/bases of sigs.k8s.io/jobset)
-# and the webhook configurations that controller-gen wrote for those two releases (the paths their webhook
+# and the webhook configurations that controller-gen wrote for Kueue and those two releases (the paths their webhook
 # servers serve), which the e2e tier points at loopback:
+# -> <versions-key>/webhooks/kueue/manifests.yaml     (config/components/webhook/manifests.yaml)
 # -> <controllers-key>/webhooks/lws/manifests.yaml    (config/webhook/manifests.yaml)
 # -> <controllers-key>/webhooks/jobset/manifests.yaml (config/components/webhook/manifests.yaml)
 export_crds() { # name moddir module@version subdir [kind: crds|webhooks] [root: OUT_DIR]
@@ -220,7 +221,11 @@ export_crds() { # name moddir module@version subdir [kind: crds|webhooks] [root:
 }
 for comp in "${COMPONENTS[@]}"; do
     case "${comp}" in
-        kueue) export_crds kueue kueue "sigs.k8s.io/kueue@${KUEUE_VERSION}" config/components/crd/bases ;;
+        kueue)
+            export_crds kueue kueue "sigs.k8s.io/kueue@${KUEUE_VERSION}" config/components/crd/bases
+            export_crds kueue kueue "sigs.k8s.io/kueue@${KUEUE_VERSION}" config/components/webhook/manifests.yaml \
+                webhooks
+            ;;
         vc-scheduler) export_crds volcano volcano "volcano.sh/volcano@${VOLCANO_VERSION}" config/crd/volcano/bases ;;
         lws)
             export_crds lws lws "sigs.k8s.io/lws@${LWS_VERSION}" config/crd/bases crds "${CTRL_DIR}"

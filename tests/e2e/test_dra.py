@@ -60,11 +60,13 @@ from cluster import (
     wait_for_or_false,
 )
 from cluster import POOL as POOL_LABEL
-from test_kueue import CHECK, leading, our_check, start_kueue
+from managers import LWS, start_kueue, start_manager, stop_kueue, stop_manager
+from test_kueue import CHECK, leading, our_check
 from test_kueue import is_true as kueue_is_true
 
 from extender.bench.controlplane import ControlPlane
 from extender.kube import dra
+from extender.kube.names import LWS_GROUP_INDEX
 from extender.testing.dra import compute_domain_slice, device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.topology.model import GpuGraph
 from extender.topology.presets import preset_graph
@@ -88,9 +90,15 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
     cp.start()
     try:
-        # The Deployment and ReplicaSet controllers too: a Deployment's gang on DRA nodes rolls.
+        # The Deployment and ReplicaSet controllers too: a Deployment's gang on DRA nodes rolls;
+        # and the StatefulSet controller, for the LeaderWorkerSet example.
         cp.start_controller_manager(
-            (*ControlPlane.CONTROLLERS, "deployment-controller", "replicaset-controller")
+            (
+                *ControlPlane.CONTROLLERS,
+                "deployment-controller",
+                "replicaset-controller",
+                "statefulset-controller",
+            )
         )
         yield cp
     finally:
@@ -118,7 +126,8 @@ def _fake_node(
     node = create(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
     resources = {"cpu": "128", "memory": "1Ti", "pods": "110"}
     if device_plugin_gpus:
-        resources["nvidia.com/gpu"] = str(device_plugin_gpus)
+        # The examples' pods also ask for the RDMA shared device plugin's resource.
+        resources.update({"nvidia.com/gpu": str(device_plugin_gpus), "rdma/rdma_shared_device_a": "1k"})
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node for e2e"}
     merge_patch(
         cp,
@@ -613,10 +622,12 @@ def test_a_wide_ep_gang_on_gb200_trays_gets_one_compute_domain_and_a_second_gang
             merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
 
 
-def _device_plugin_tray(cp: ControlPlane, name: str) -> None:
+def _device_plugin_tray(cp: ControlPlane, name: str, labels: dict[str, str] | None = None) -> None:
     """A GB200 tray whose GPUs the device plugin hands out (``nvidia.com/gpu: 4``) while NVIDIA's
     DRA driver publishes only its ComputeDomain devices: NVIDIA's supported GB200 setup."""
-    node, _ = _fake_node(cp, name, "gb200-tray", {"nvidia.com/gpu.clique": "c0.2"}, device_plugin_gpus=4)
+    node, _ = _fake_node(
+        cp, name, "gb200-tray", {"nvidia.com/gpu.clique": "c0.2", **(labels or {})}, device_plugin_gpus=4
+    )
     slice_ = compute_domain_slice(name)
     slice_["metadata"]["ownerReferences"] = [
         {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
@@ -695,6 +706,74 @@ def test_a_device_plugin_wide_ep_gang_on_gb200_trays_gets_a_compute_domain_and_a
         for pod in pods:
             delete(cp, "Pod", pod["metadata"]["name"], ns)
     finally:
+        for other in others:
+            merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
+        for tray in trays:
+            remove_node(cp, tray)
+        post(cp, f"{RESOURCE}/deviceclasses", gpu_class)
+
+
+@pytest.fixture
+def lws(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[None]:
+    """The LeaderWorkerSet controller (``sigs.k8s.io/lws``), its webhooks on loopback."""
+    hooks = start_manager(control_plane, LWS)
+    try:
+        yield
+    finally:
+        stop_manager(control_plane, LWS, hooks)
+
+
+def test_the_wide_ep_lws_example_on_device_plugin_gb200_trays_gets_one_compute_domain_and_a_channel_per_tray(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str, lws: None
+) -> None:
+    """``examples/k8s/plain/deepseek-wideep.yaml`` unchanged but for its namespace, run by the real
+    LeaderWorkerSet controller: its group of 4 pods (a leader and 3 workers, 4 device-plugin GPUs
+    each) is one gang in one clique, and every pod is given at its creation its slot and its tray's
+    channel claim of the group's one ComputeDomain. The leader gets its group index from LWS's
+    own pod webhook, which runs after gangslice's: gangslice pins it when called again."""
+    cp = control_plane
+    cp.install_crds(UPSTREAM / "resource.nvidia.com_computedomains.yaml")
+    others = [n["metadata"]["name"] for n in items(cp, "Node")]
+    for other in others:
+        merge_patch(cp, "Node", other, {"spec": {"unschedulable": True}})
+    (gpu_class,) = [c for c in device_classes(UPSTREAM) if c["metadata"]["name"] == dra.GPU_DEVICE_CLASS]
+    cp.request("DELETE", f"{RESOURCE}/deviceclasses/{dra.GPU_DEVICE_CLASS}")
+    trays = [f"dra-lws{i}" for i in range(5)]
+    lws_path = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets"
+    try:
+        for tray in trays:
+            _device_plugin_tray(cp, tray, {"nvidia.com/gpu.product": "NVIDIA-GB200"})
+        example = yaml.safe_load((REPO / "examples" / "k8s" / "plain" / "deepseek-wideep.yaml").read_text())
+        example["metadata"]["namespace"] = ns
+        post(cp, lws_path, example)
+
+        def group() -> list[dict[str, Any]] | None:
+            pods = [p for p in items(cp, "Pod", ns) if not p["metadata"].get("deletionTimestamp")]
+            return pods if len(pods) == 4 and all(p["spec"].get("nodeName") for p in pods) else None
+
+        pods = wait_for("the 4 pods of the LeaderWorkerSet's group bound", group, 120)
+        (domain,) = cp.request("GET", f"/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains")[
+            "items"
+        ]
+        nodes = set()
+        for pod in pods:
+            meta = pod["metadata"]
+            assert meta["labels"][LWS_GROUP_INDEX] == "0" and meta["annotations"].get("gangslice.io/slot"), (
+                meta
+            )
+            channel = channel_allocated(cp, ns, pod)
+            params = channel["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+            assert params["domainID"] == domain["metadata"]["uid"], params
+            (result,) = channel["status"]["allocation"]["devices"]["results"]
+            assert result["pool"] == pod["spec"]["nodeName"], (result, pod["spec"]["nodeName"])
+            nodes.add(pod["spec"]["nodeName"])
+        assert len(nodes) == 4 and nodes <= set(trays), nodes
+        (r,) = reservations_of(cp, ns, "deepseek-wideep-0")
+        assert sorted(s["node"] for s in slots(r)) == sorted(nodes)
+    finally:
+        with contextlib.suppress(urllib.error.HTTPError):
+            cp.request("DELETE", f"{lws_path}/deepseek-wideep", {"propagationPolicy": "Background"})
+        wait_for_or_false(lambda: not items(cp, "StatefulSet", ns), 60)
         for other in others:
             merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
         for tray in trays:
@@ -834,7 +913,7 @@ def kueue(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Gangsli
                 cp.request("DELETE", path)
             # Kueue lifts its finalizer once nothing uses the object; then its CRD can go.
             wait_for(f"{path} deleted", lambda p=path: _gone(cp, p), 60)
-        cp.stop_process("kueue")
+        stop_kueue(cp)
         remove_crds(cp, crds)
         gangslice.start()
 

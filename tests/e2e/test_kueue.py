@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shlex
-import shutil
 import ssl
-import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -55,8 +51,9 @@ from cluster import (
     wait_for,
 )
 from cluster import POOL as POOL_LABEL
+from managers import start_kueue, stop_kueue
 
-from extender.bench.controlplane import ControlPlane, ControlPlaneError, free_ports
+from extender.bench.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 
@@ -67,61 +64,6 @@ CHECK = "gangslice-e2e"
 FLAVOR = "kq-gpu"
 CLUSTER_QUEUE = "kq-gpu"
 LOCAL_QUEUE = "gpu"
-
-
-def start_kueue(cp: ControlPlane, **config_extra: Any) -> list[str]:
-    """Install Kueue's CRDs, start its manager (``config_extra``: more Configuration fields), wait
-    for /readyz; returns the CRD names."""
-    if shutil.which("unshare") is None:
-        raise ControlPlaneError("unshare (util-linux) is needed to give Kueue its metrics certificate")
-    assert cp.workdir is not None and cp.kubeconfig is not None
-    crds = cp.install_crds(cp.crd_dir / "kueue")
-    create(cp, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}, exist_ok=True)
-    home = cp.workdir / "kueue"
-    certs = home / "webhook-certs"
-    certs.mkdir(parents=True, exist_ok=True)
-    crt, key = cp.issue_cert("kueue-serving", ["127.0.0.1", "localhost"])
-    shutil.copy(crt, certs / "tls.crt")
-    shutil.copy(key, certs / "tls.key")
-    webhook_port, health_port, metrics_port = free_ports(3)
-    config = {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-        "kind": "Configuration",
-        "namespace": "kueue-system",
-        "leaderElection": {"leaderElect": False},
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
-        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
-        "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(certs)},
-        "internalCertManagement": {"enable": False},
-        "manageJobsWithoutQueueName": False,
-        "integrations": {"frameworks": ["batch/job"]},
-        "featureGates": {"VisibilityOnDemand": False},
-        **config_extra,
-    }
-    config_file = home / "config.yaml"
-    config_file.write_text(json.dumps(config, indent=2))
-    script = " && ".join(
-        [
-            "mount -t tmpfs tmpfs /etc",
-            "mkdir -p /etc/kueue/metrics/certs",
-            f"cp {shlex.quote(str(crt))} /etc/kueue/metrics/certs/tls.crt",
-            f"cp {shlex.quote(str(key))} /etc/kueue/metrics/certs/tls.key",
-            f"exec {shlex.quote(str(cp.bin_dir / 'kueue'))} --config={shlex.quote(str(config_file))}"
-            f" --kubeconfig={shlex.quote(str(cp.kubeconfig))} --zap-log-level=2",
-        ]
-    )
-    # Not root: a user namespace (-r) owns the new mount namespace, so the tmpfs mount is allowed too.
-    unshare = ["unshare", "-m", "--propagation", "private"] + (["-r"] if os.geteuid() != 0 else [])
-    probe = subprocess.run([*unshare, "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise ControlPlaneError(
-            f"`{' '.join(unshare)} true` failed ({probe.stderr.strip()}): Kueue v0.19 reads its metrics "
-            "certificate from /etc/kueue/metrics/certs, which the e2e tier provides in a private mount "
-            "namespace; run as root or enable unprivileged user namespaces"
-        )
-    cp.start_process("kueue", [*unshare, "sh", "-c", script])
-    cp.wait_ready("kueue", f"http://127.0.0.1:{health_port}/readyz", lambda body: True)
-    return crds
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +141,7 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
                 ):
                     cp.request("DELETE", f"/apis/kueue.x-k8s.io/v1beta2/{kind.lower()}s/{name}")
     finally:
-        cp.stop_process("kueue")
+        stop_kueue(cp)
         # Leave the cluster as this module found it: later modules run without Kueue installed.
         remove_crds(cp, crds)
 

@@ -8,17 +8,7 @@ by ``hack/e2e/build.sh`` (``sigs.k8s.io/lws`` and ``sigs.k8s.io/jobset``, versio
 module's nodes Running and Ready, so the StatefulSets, Jobs and the LeaderWorkerSet's rolling
 update progress as on a cluster.
 
-How the two managers run (out of cluster, admin kubeconfig, one process each): leader election off,
-their internal certificate management off, metrics off (``bindAddress: "0"``), health probes and
-webhook server on loopback ports, the webhook server serving a certificate for 127.0.0.1 issued by
-the cluster CA (``ControlPlane.issue_cert``). Their webhooks are needed: LeaderWorkerSet's pod
-webhook gives each leader pod its ``leaderworkerset.sigs.k8s.io/group-index`` label (the label that
-makes each replica group a gang of its own) and the LWS_* variables, and JobSet's defaulting webhook
-fills in what its controller expects (completion mode, success and startup policies). The webhook
-configurations are the release's own (``config/webhook/manifests.yaml`` of lws,
-``config/components/webhook/manifests.yaml`` of jobset, exported by build.sh), pointed at the
-loopback URL with the CA bundle, with the pod webhooks narrowed by the ``objectSelector`` that each
-release's kustomize patch adds (pods with the LeaderWorkerSet or JobSet name label).
+How the two managers run, webhooks included: tests/e2e/managers.py.
 
 Tests: an LWS of two TP=8 x PP=2 groups (leader + one worker, 8 GPUs each) binds each group as a
 gang under one leaf; its rolling update (group by group) completes with the same placement rules and
@@ -30,31 +20,25 @@ Nodes (pool ``lwsjs``): spine s1 with leaves a and b of four HGX H100 nodes (8 G
 
 from __future__ import annotations
 
-import base64
 import collections
 import json
 import os
-import shutil
-import ssl
 import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cluster import (
     GPU,
     Gangslice,
     KubeletStandIn,
     clean_namespace,
     create,
-    delete,
     double_booked,
     events_for,
     extender_stack,
@@ -74,8 +58,9 @@ from cluster import (
     wait_for_or_false,
 )
 from cluster import POOL as POOL_LABEL
+from managers import JOBSET, JOBSET_NAME, LWS, start_manager, stop_manager
 
-from extender.bench.controlplane import ControlPlane, ControlPlaneError, free_ports
+from extender.bench.controlplane import ControlPlane
 from extender.kube import names
 
 pytestmark = pytest.mark.e2e
@@ -91,12 +76,11 @@ CONTROLLERS = ("statefulset-controller", "job-controller", "garbage-collector-co
 SCHEDULER = "gangslice-scheduler"
 
 # LeaderWorkerSet (sigs.k8s.io/lws api/leaderworkerset/v1).
-LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_NAME = names.LWS_NAME
 LWS_GROUP = names.LWS_GROUP_INDEX
 LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_REVISION = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 # JobSet (sigs.k8s.io/jobset api/jobset/v1alpha2).
-JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 #: Set on the pod templates to roll a LeaderWorkerSet (any change of its template rolls it).
 ROLL = "e2e.gangslice.io/rolled-at"
@@ -109,126 +93,6 @@ ROLLOUT_S = 180.0
 SETTLE_S = 30.0
 #: Seconds for a namespace's pods to be gone after its LeaderWorkerSets and JobSets were deleted.
 CLEANUP_S = 90.0
-
-
-# ---------------------------------------------------------------------------------------------- managers
-@dataclass(frozen=True)
-class Manager:
-    """One of the upstream managers: its binary in the bin dir, its folders of CRDs and webhook
-    configurations next to it (``hack/e2e/build.sh`` exports them), its Configuration API, and the pod
-    label the release's pod webhooks select on."""
-
-    name: str
-    config_api: str
-    pod_label: str
-
-    def binary(self, cp: ControlPlane) -> Path:
-        return cp.bin_dir / self.name
-
-    def crds(self, cp: ControlPlane) -> Path:
-        return cp.crd_dir / self.name
-
-    def webhooks(self, cp: ControlPlane) -> Path:
-        return cp.crd_dir.parent / "webhooks" / self.name / "manifests.yaml"
-
-
-LWS = Manager("lws", "config.lws.x-k8s.io/v1alpha1", LWS_NAME)
-JOBSET = Manager("jobset", "config.jobset.x-k8s.io/v1alpha1", JOBSET_NAME)
-
-
-def start_manager(cp: ControlPlane, mgr: Manager) -> list[tuple[str, str]]:
-    """Install the manager's CRDs, start it, wait until its webhook server answers, register its
-    webhooks on loopback; returns the webhook configurations created, as (kind, name)."""
-    assert cp.workdir is not None and cp.kubeconfig is not None and cp.ca_file is not None
-    missing = [p for p in (mgr.binary(cp), mgr.crds(cp), mgr.webhooks(cp)) if not p.exists()]
-    if missing:
-        raise ControlPlaneError(
-            f"{', '.join(map(str, missing))} missing: run hack/e2e/build.sh {mgr.name} (or unset "
-            "$GANGSLICE_E2E_BIN, so that the e2e tier builds it)"
-        )
-    cp.install_crds(mgr.crds(cp))
-    home = cp.workdir / mgr.name
-    certs = home / "webhook-certs"
-    certs.mkdir(parents=True, exist_ok=True)
-    crt, key = cp.issue_cert(f"{mgr.name}-webhook", ["127.0.0.1", "localhost"])
-    shutil.copy(crt, certs / "tls.crt")  # controller-runtime's webhook server reads these two names
-    shutil.copy(key, certs / "tls.key")
-    webhook_port, health_port = free_ports(2)
-    config = {
-        "apiVersion": mgr.config_api,
-        "kind": "Configuration",
-        "leaderElection": {"leaderElect": False},
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
-        # "0": controller-runtime starts no metrics server (the default binds :8443 on every address, a
-        # fixed port that two runs on one machine would fight over; nothing here reads the metrics).
-        "metrics": {"bindAddress": "0"},
-        "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(certs)},
-        # Off: the managers would otherwise write their own CA into a Secret and the webhook
-        # configurations of their in-cluster Service; ours are registered below, by URL.
-        "internalCertManagement": {"enable": False},
-    }
-    config_file = home / "config.yaml"
-    config_file.write_text(json.dumps(config, indent=2))
-    cp.start_process(
-        mgr.name,
-        [
-            str(mgr.binary(cp)),
-            f"--config={config_file}",
-            f"--kubeconfig={cp.kubeconfig}",
-            "--zap-log-level=2",
-        ],
-    )
-    cp.wait_ready(mgr.name, f"http://127.0.0.1:{health_port}/readyz", lambda body: True)
-    # LWS's /readyz is a plain ping that may answer before its webhook server listens: wait for any HTTP
-    # answer on the webhook port, over TLS with the certificate the cluster CA issued.
-    ca = ssl.create_default_context(cafile=str(cp.ca_file))
-    process = cp.processes[mgr.name]
-
-    def serving() -> bool:
-        if not process.alive():
-            raise ControlPlaneError(f"{mgr.name} exited:\n{process.log_tail()}")
-        try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{webhook_port}/", timeout=3, context=ca):
-                return True
-        except urllib.error.HTTPError:
-            return True  # 404: the server answers, only not on "/"
-        except (urllib.error.URLError, OSError):
-            return False
-
-    wait_for(f"{mgr.name}'s webhook server on 127.0.0.1:{webhook_port}", serving, cp.startup_timeout, 0.2)
-    return register_webhooks(cp, mgr, webhook_port)
-
-
-def register_webhooks(cp: ControlPlane, mgr: Manager, port: int) -> list[tuple[str, str]]:
-    """The release's webhook configurations, each webhook called at ``https://127.0.0.1:<port><path>``
-    with the cluster CA as its bundle; pod webhooks only for the manager's pods (the objectSelector the
-    release's kustomize patch sets)."""
-    assert cp.ca_file is not None
-    bundle = base64.b64encode(cp.ca_file.read_bytes()).decode()
-    created = []
-    for doc in yaml.safe_load_all(mgr.webhooks(cp).read_text()):
-        if not doc:
-            continue
-        name = f"{mgr.name}-{doc['metadata']['name']}"
-        doc["metadata"] = {"name": name}
-        for hook in doc["webhooks"]:
-            path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": bundle}
-            if any("pods" in rule.get("resources", []) for rule in hook["rules"]):
-                hook["objectSelector"] = {"matchExpressions": [{"key": mgr.pod_label, "operator": "Exists"}]}
-        create(cp, doc)
-        created.append((str(doc["kind"]), name))
-    kinds = sorted(kind for kind, _ in created)
-    assert kinds == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"], (
-        f"{mgr.webhooks(cp)} holds {kinds}"
-    )
-    return created
-
-
-def stop_manager(cp: ControlPlane, mgr: Manager, webhooks: Iterable[tuple[str, str]]) -> None:
-    for kind, name in webhooks:
-        delete(cp, kind, name)
-    cp.stop_process(mgr.name)
 
 
 # ---------------------------------------------------------------------------------------------- fixtures

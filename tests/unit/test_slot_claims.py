@@ -925,6 +925,39 @@ def test_a_device_plugin_wide_ep_gang_gets_its_slots_at_admission_and_a_channel_
     assert nodes == set(r.slice.nodes)
 
 
+def test_an_lws_leader_is_pinned_once_lws_gave_it_its_group_and_a_repeat_call_changes_nothing() -> None:
+    """Mutating webhooks run in the order of their configurations' names, so the API server calls
+    gangslice's before LWS's pod webhook labels a leader with its group; gangslice passes it
+    unchanged and pins it on the repeat call (reinvocationPolicy IfNeeded). A pod it pinned is
+    passed unchanged when called again; a slot annotation it did not hand out is pinned over."""
+    from extender.kube import compute_domains as cds
+
+    api, cache = gb200_world(device_plugin=True)
+    ann = {names.REQUIRED_LEVEL: "clique", names.COMM: "alltoall", names.LWS_SIZE: "2"}
+    leader = (
+        make_pod("ep-0").gpus(4).label(names.GANG, "ep").label(names.LWS_NAME, "ep").annotations(ann).obj()
+    )
+    leader["metadata"].pop("namespace")
+    (first,) = admit(api, cache, leader)
+    assert first["allowed"] and "patch" not in first, first
+    assert cache.reservation("llm/ep") is None and cache.reservation("llm/ep-0") is None
+    leader["metadata"]["labels"][names.LWS_GROUP_INDEX] = "0"  # LWS's pod webhook
+    (again,) = admit(api, cache, leader)
+    assert again["allowed"] and "patch" in again, again
+    pinned = patched(leader, again)
+    slot = pinned["metadata"]["annotations"][names.SLOT]
+    assert [e["name"] for e in pinned["spec"]["resourceClaims"]] == [cds.POD_CLAIM]
+    (repeat,) = admit(api, cache, pinned)  # another webhook changed it: called once more
+    assert repeat["allowed"] and "patch" not in repeat, repeat
+    assert list(cache.book.handed("llm/ep-0").values()) == ["ep-0"]
+    forged = make_pod("ep-1").gpus(4).label(names.GANG, "ep").label(names.LWS_NAME, "ep")
+    forged_obj = forged.label(names.LWS_GROUP_INDEX, "0").annotations({**ann, names.SLOT: slot}).obj()
+    forged_obj["metadata"].pop("namespace")
+    (other,) = admit(api, cache, forged_obj)
+    assert other["allowed"] and "patch" in other, other
+    assert patched(forged_obj, other)["metadata"]["annotations"][names.SLOT] != slot
+
+
 def test_each_job_of_a_jobset_numbers_its_pods_from_0_and_gets_its_own_share_of_the_slots() -> None:
     """Two Jobs x parallelism 2 in one pod set of 4 slots: the second Job's pod of completion
     index 0 gets slot 2, not the first Job's slot 0 (which would refuse it as held)."""
