@@ -1,9 +1,10 @@
-"""A LeaderWorkerSet under Kueue, placed by gangslice's admission check, on the real control plane.
+"""Kueue's LeaderWorkerSet and pod-group integrations, placed by gangslice's admission check, on the real
+control plane.
 
 A control plane of its own: kube-controller-manager with the statefulset and garbage-collector
 controllers, the LeaderWorkerSet manager and Kueue's manager (``tests/e2e/managers.py``), both with
 their webhooks registered on loopback, Kueue's ``leaderworkerset.x-k8s.io/leaderworkerset``
-integration on (and with it the ``pod`` integration), and ``gangslice serve`` with its controller under
+and ``pod`` integrations on, and ``gangslice serve`` with its controller under
 the shipped RBAC. :class:`KubeletStandIn` marks bound pods Running and Ready.
 
 What the parts do: Kueue's LeaderWorkerSet webhook labels both pod templates with the queue; its pod
@@ -14,7 +15,9 @@ gangslice profile binds each pod to its slot.
 
 Tests: an LWS of TP=8 x PP=2 (a leader and a worker of 8 GPUs, ``required-level: leaf``) in a
 LocalQueue binds as one reserved slice under one leaf, no GPU twice; scaled to 2 groups, the second
-group is a Workload and a slice of its own, and the first stays where it was.
+group is a Workload and a slice of its own, and the first stays where it was. A plain pod group
+(``kueue.x-k8s.io/pod-group-name``, its total count) is one Workload, held until its slice is
+reserved, then bound on it.
 
 Nodes (pool ``kqlws``): spine s1 with leaves a and b of two HGX H100 nodes (8 GPUs) each.
 """
@@ -76,7 +79,7 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     try:
         cp.start_controller_manager(CONTROLLERS)
         hooks = start_manager(cp, LWS)
-        start_kueue(cp, frameworks=("leaderworkerset.x-k8s.io/leaderworkerset",), webhooks=True)
+        start_kueue(cp, frameworks=("pod", "leaderworkerset.x-k8s.io/leaderworkerset"), webhooks=True)
         try:
             yield cp
         finally:
@@ -213,6 +216,33 @@ def leader_worker_set(ns: str, name: str, replicas: int) -> dict[str, Any]:
     }
 
 
+def grouped_pod(ns: str, name: str, group: str, total: int, gpus: int) -> dict[str, Any]:
+    """A bare pod of Kueue's pod-group integration."""
+    gpu = {GPU: str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE, "kueue.x-k8s.io/pod-group-name": group},
+            "annotations": {"kueue.x-k8s.io/pod-group-total-count": str(total), names.REQUIRED_LEVEL: "leaf"},
+        },
+        "spec": {
+            "schedulerName": "gangslice-scheduler",
+            "nodeSelector": {POOL_LABEL: POOL},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "10m", **gpu}, "limits": gpu},
+                }
+            ],
+        },
+    }
+
+
 def groups_bound(cp: ControlPlane, ns: str, count: int) -> dict[str, list[dict[str, Any]]] | None:
     """The live pods by group index, once ``count`` groups of 2 are all bound."""
     pods = [p for p in items(cp, "Pod", ns) if not p["metadata"].get("deletionTimestamp")]
@@ -264,3 +294,25 @@ def test_a_leaderworkerset_under_kueue_is_admitted_on_a_reserved_slice_and_scale
     assert slot_places(second) == placed(groups["1"])
     assert len({LEAF_OF[p["spec"]["nodeName"]] for p in groups["1"]}) == 1
     assert len(items(cp, "Workload", ns)) == 2 and double_booked(cp, LEAF_OF) == {}
+
+
+def test_a_kueue_pod_group_is_one_workload_held_until_its_slice_is_reserved_then_bound_on_it(
+    control_plane: ControlPlane, ns: str
+) -> None:
+    cp = control_plane
+    pods = [grouped_pod(ns, f"pg-{i}", "pg", 3, 4) for i in range(3)]
+    for pod in pods:
+        create(cp, pod)
+    gated = get(cp, "Pod", "pg-0", ns) or {}
+    assert {"name": "kueue.x-k8s.io/admission"} in (gated["spec"].get("schedulingGates") or []), gated["spec"]
+
+    def bound() -> list[dict[str, Any]] | None:
+        got = [get(cp, "Pod", f"pg-{i}", ns) or {} for i in range(3)]
+        return got if all(p.get("spec", {}).get("nodeName") for p in got) else None
+
+    got = wait_for("the pod group admitted and bound", bound, BIND_S)
+    (workload,) = items(cp, "Workload", ns)
+    assert sum(ps["count"] for ps in workload["spec"]["podSets"]) == 3, workload["spec"]["podSets"]
+    r = reservation_of_group(cp, ns, got)
+    assert slot_places(r) == placed(got), (slot_places(r), placed(got))
+    assert len({LEAF_OF[p["spec"]["nodeName"]] for p in got}) == 1 and double_booked(cp, LEAF_OF) == {}
