@@ -60,7 +60,7 @@ from cluster import (
     wait_for_or_false,
 )
 from cluster import POOL as POOL_LABEL
-from managers import LWS, start_kueue, start_manager, stop_kueue, stop_manager
+from managers import JOBSET, LWS, start_kueue, start_manager, stop_kueue, stop_manager
 from test_kueue import CHECK, leading, our_check
 from test_kueue import is_true as kueue_is_true
 
@@ -91,13 +91,14 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     cp.start()
     try:
         # The Deployment and ReplicaSet controllers too: a Deployment's gang on DRA nodes rolls;
-        # and the StatefulSet controller, for the LeaderWorkerSet example.
+        # and the StatefulSet and Job controllers, for a LeaderWorkerSet and a JobSet.
         cp.start_controller_manager(
             (
                 *ControlPlane.CONTROLLERS,
                 "deployment-controller",
                 "replicaset-controller",
                 "statefulset-controller",
+                "job-controller",
             )
         )
         yield cp
@@ -779,6 +780,67 @@ def test_the_wide_ep_lws_example_on_device_plugin_gb200_trays_gets_one_compute_d
         for tray in trays:
             remove_node(cp, tray)
         post(cp, f"{RESOURCE}/deviceclasses", gpu_class)
+
+
+def test_a_jobset_of_two_jobs_on_a_dra_node_pins_each_pod_to_a_slot_of_its_own(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """A JobSet of one replicatedJob, 2 Jobs x parallelism 2, each pod claiming 2 GPUs through a
+    ResourceClaimTemplate: one gang of 4 on the 8-GPU node. Each Job numbers its pods from 0, so
+    the slot is the Job's share plus the completion index: the 4 pods get 4 distinct slots, each
+    pinned by a claim that allocates exactly its slot's devices (before that fix the second Job's
+    pods were refused as holding the first Job's slots)."""
+    cp = control_plane
+    hooks = start_manager(cp, JOBSET)
+    path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets"
+    try:
+        post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "js-gpus", 2))
+        pod = dra_pod(ns, "template", claim={"resourceClaimTemplateName": "js-gpus"})
+        pod["spec"]["restartPolicy"] = "Never"
+        labels, annotations = {"gangslice.io/gang": "js"}, {"gangslice.io/gang-size": "4"}
+        job = {
+            "parallelism": 2,
+            "completions": 2,
+            "backoffLimit": 0,
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod["spec"]},
+        }
+        post(
+            cp,
+            path,
+            {
+                "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                "kind": "JobSet",
+                "metadata": {"name": "js", "namespace": ns},
+                "spec": {"replicatedJobs": [{"name": "w", "replicas": 2, "template": {"spec": job}}]},
+            },
+        )
+
+        def pinned() -> list[dict[str, Any]] | None:
+            pods = [p for p in items(cp, "Pod", ns, "jobset.sigs.k8s.io/jobset-name=js")]
+            return pods if len(pods) == 4 and all(p["spec"].get("nodeName") for p in pods) else None
+
+        pods = wait_for("the JobSet's 4 pods bound", pinned, 90)
+        keys = {p["metadata"]["annotations"]["gangslice.io/slot"] for p in pods}
+        assert len(keys) == 4, keys
+        held: dict[str, str] = {}
+        for p in pods:
+            (entry,) = [c for c in p["spec"]["resourceClaims"] if c["name"] == "gpus"]
+            claim = wait_for(
+                "its claim allocated", functools.partial(allocated, cp, ns, entry["resourceClaimName"]), 60
+            )
+            devices = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+            planned = [f"gpu-{g}" for g in p["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+            assert devices == sorted(planned), (pod_name(p), devices, planned)
+            for d in devices:
+                assert d not in held, f"{d} is held by the claims of {held[d]} and {pod_name(p)}"
+                held[d] = pod_name(p)
+        (r,) = reservations_of(cp, ns, "js")
+        assert {s["podSet"] + "/" + str(s["index"]) for s in slots(r)} == keys
+    finally:
+        with contextlib.suppress(urllib.error.HTTPError):
+            cp.request("DELETE", f"{path}/js", {"propagationPolicy": "Background"})
+        wait_for_or_false(lambda: not items(cp, "Job", ns), 60)
+        stop_manager(cp, JOBSET, hooks)
 
 
 def test_a_gb200_tray_in_a_compute_domain_gangslice_did_not_create_is_not_given_to_a_gang(

@@ -52,10 +52,12 @@ from cluster import (
     hgx_leaves,
     is_ready,
     items,
+    make_node,
     merge_patch,
     new_namespace,
     placed,
     pod_name,
+    remove_node,
     reservations_of,
     scheduled_condition,
     slot_places,
@@ -619,6 +621,59 @@ def test_a_pod_lost_with_its_cordoned_node_is_replaced_beside_its_gang(
         assert_nothing_double_booked(cp, ns, kubelet)
     finally:
         merge_patch(cp, "Node", lost, {"spec": {"unschedulable": False}})
+
+
+@pytest.mark.parametrize("loss", ["deleted", "NotReady"])
+def test_a_pod_lost_with_its_node_is_replaced_beside_its_gang(
+    control_plane: ControlPlane, ns: str, kubelet: KubeletStandIn, loss: str
+) -> None:
+    """A node is lost (its Node object deleted, or its kubelet stops reporting Ready) and its pod
+    with it (the pod garbage collector or the node lifecycle controller deletes it; the test does
+    it at once). The replacement is placed beside the gang under its leaf, and the reservation
+    holds nothing on the lost node."""
+    cp = control_plane
+    replicas = 2
+    deploy(cp, deployment(ns, "lost", gang="lost", pod_set="decode", replicas=replicas, gpus=GPUS_PER_NODE))
+    before = wait_bound(cp, ns, "lost", replicas, kubelet)
+    leaf = only_leaf(wait_slots(cp, ns, "lost", replicas, kubelet), cp, ns, kubelet)
+    victim = before[0]
+    lost = str(victim["spec"]["nodeName"])
+    node = next(n for n in NODES if n.name == lost)
+    if loss == "deleted":
+        remove_node(cp, lost)
+    else:
+        ready = {"type": "Ready", "status": "False", "reason": "NodeStatusUnknown", "message": "e2e: lost"}
+        merge_patch(cp, "Node", lost, {"status": {"conditions": [ready]}}, sub="status")
+    try:
+        cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{pod_name(victim)}", {"gracePeriodSeconds": 0})
+        after = wait_bound(cp, ns, "lost", replicas, kubelet)
+        new = [p for p in after if pod_name(p) not in {pod_name(b) for b in before}]
+        assert len(new) == 1, f"{len(new)} new pods, not one replacement\n{observed(cp, ns, kubelet)}"
+        placed_on = new[0]["spec"]["nodeName"]
+        assert placed_on != lost and LEAF_OF[placed_on] == leaf, (
+            f"the replacement went to {placed_on}, not beside the gang under {leaf}\n"
+            f"{observed(cp, ns, kubelet)}"
+        )
+
+        def moved() -> bool:
+            r = reservation_of(cp, ns, "lost")
+            return len(slots(r)) == replicas and lost not in {n for n, _ in slot_places(r)}
+
+        assert wait_for_or_false(moved, SETTLE_S), (
+            f"the reservation still holds {lost} or is not {replicas} slots\n{observed(cp, ns, kubelet)}"
+        )
+        assert_nothing_double_booked(cp, ns, kubelet)
+    finally:
+        if loss == "deleted":
+            make_node(cp, node, POOL)
+        else:
+            ready = {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "fake node for e2e",
+            }
+            merge_patch(cp, "Node", lost, {"status": {"conditions": [ready]}}, sub="status")
 
 
 def test_a_statefulset_gang_rolls_and_scales(
