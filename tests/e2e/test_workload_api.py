@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cluster import (
     LEAF,
+    REPO,
     Gangslice,
     KubeletStandIn,
     clean_namespace,
@@ -114,6 +116,14 @@ def ns(control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandI
 
 
 # ---------------------------------------------------------------------------------------------- objects
+def install_guide_recipe() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The PodGroup and the pod fields of docs/install.md's "Upstream gangs" recipe."""
+    text = (REPO / "docs" / "install.md").read_text()
+    block = next(b for b in text.split("```yaml")[1:] if "kind: PodGroup" in b).split("```")[0]
+    group, pod = yaml.safe_load_all(block)
+    return group, pod
+
+
 def pod_group(cp: ControlPlane, ns: str, name: str, min_count: int, topology: str | None = LEAF) -> None:
     spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
     if topology is not None:
@@ -176,12 +186,18 @@ def filter_calls(server: Gangslice) -> float:
 def test_a_pod_group_binds_whole_under_its_topology_level_in_kube_schedulers_gang_cycle(
     control_plane: ControlPlane, ns: str, gangslice: Gangslice
 ) -> None:
+    """The install guide's recipe, as written but for its namespace."""
     cp = control_plane
-    pod_group(cp, ns, "ep", min_count=4)
+    group, fields = install_guide_recipe()
+    group["metadata"]["namespace"] = ns
+    cp.request("POST", f"{GROUPS}/namespaces/{ns}/podgroups", group)
+    assert group["spec"]["schedulingConstraints"]["topology"] == [{"key": LEAF}]
     before = filter_calls(gangslice)
     start = time.monotonic()
-    for i in range(4):
-        create(cp, member(ns, "ep", i))
+    for i in range(group["spec"]["schedulingPolicy"]["gang"]["minCount"]):
+        pod = member(ns, "ep", i)
+        pod["spec"].update(fields["spec"])
+        create(cp, pod)
     pods = wait_for("the 4 pods of PodGroup ep bound", lambda: bound(cp, ns, "ep", 4), BIND_S)
     took = time.monotonic() - start
     # No double work: kube-scheduler's gang cycle (one candidate placement per leaf) asks the extender
