@@ -3,9 +3,9 @@
 A scheduler's request names a pod and a node; a forged one names pods nobody created,
 another tenant's pod, a pod already running, or a node outside the pod's slot. So:
 
-- filter, prioritize, predicate: the pod must be in the pod watch with the UID sent (a
-  scheduler always sends it) and name one of our schedulers; if not, the verb reserves
-  nothing and says why (a scheduler retries; the watch catches up). The watched pod, not the
+- filter, prioritize, predicate: the pod must be in the pod watch (or, where the watch has not
+  shown it yet, on the API server) with the UID sent (a scheduler always sends it) and name one
+  of our schedulers; if not, the verb reserves nothing and says why. The watched pod, not the
   request's copy, is what the decision reads.
 - bind, allocate: the pod must be watched, with the UID sent, not bound elsewhere, and name one
   of our schedulers (``--scheduler-name``; ``volcano`` for the Volcano verbs); the node must
@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from aiohttp import web
 
 from extender.httpapi.handling import API, CACHE, METRICS
-from extender.kube.api import PODS, KubeError, NotFound
+from extender.kube.api import PODS, Kind, KubeError, NotFound
 from extender.kube.pods import PodInfo
 
 log = logging.getLogger(__name__)
@@ -67,16 +67,17 @@ def refused(request: web.Request, verb: str, exc: Refusal) -> str:
     return str(exc)
 
 
-def asked(request: web.Request, sent: PodInfo, *, volcano: bool = False) -> PodInfo:
+async def asked(request: web.Request, sent: PodInfo, *, volcano: bool = False) -> PodInfo:
     """The pod a filter, prioritize or predicate asks about, as watched. Raises Refusal."""
     cache = request.app[CACHE]
     if not cache.pods_watched:
         return sent
-    known = cache.watched_pod(sent.namespace, sent.name)
+    known = cache.watched_pod(sent.namespace, sent.name) or await _fetched(request, sent)
     if known is None:
         raise Refusal(
             "unknown-pod",
-            f"pod {sent.key} is not known to gangslice (not in its pod watch); nothing reserved",
+            f"pod {sent.key} is not known to gangslice (not in its pod watch, nor on the API server); "
+            "nothing reserved",
         )
     if not sent.uid:
         raise Refusal("uid-mismatch", f"no uid given for pod {sent.key}; nothing reserved")
@@ -84,6 +85,26 @@ def asked(request: web.Request, sent: PodInfo, *, volcano: bool = False) -> PodI
         raise Refusal("uid-mismatch", f"pod {sent.key} has uid {known.uid}, not {sent.uid}; nothing reserved")
     _our_scheduler(request, known, volcano)
     return known
+
+
+async def _fetched(request: web.Request, sent: PodInfo) -> PodInfo | None:
+    """A pod the watch has not shown yet (it lags behind under load, and kube-scheduler may ask
+    about a pod just created): read from the API server and taken into the cache as the watch
+    would, so the scheduler is not sent away to wait for an event that may never come."""
+    api = request.app[API]
+    if api is None:
+        return None
+    try:
+        obj = await api.get(PODS, sent.name, sent.namespace)
+    except NotFound:
+        return None
+    except KubeError as exc:
+        log.warning("pod %s is not in the pod watch and cannot be read: %s", sent.key, exc)
+        return None
+    cache = request.app[CACHE]
+    if cache.watched_pod(sent.namespace, sent.name) is None:  # the watch may have come meanwhile
+        cache.apply(Kind.PODS, "ADDED", obj)
+    return cache.watched_pod(sent.namespace, sent.name)
 
 
 def _our_scheduler(request: web.Request, pod: PodInfo, volcano: bool) -> None:

@@ -53,7 +53,7 @@ async def filter_nodes(request: web.Request, args: ExtenderArgs) -> dict[str, An
     names, items = _names(args)
     nodelist.check(names)
     try:
-        pod = checks.asked(request, PodInfo.from_obj(args.pod))
+        pod = await checks.asked(request, PodInfo.from_obj(args.pod))
     except checks.Refusal as exc:
         reason = checks.refused(request, "filter", exc)
         failed = dict.fromkeys(names, reason)
@@ -142,7 +142,7 @@ async def prioritize(request: web.Request, args: ExtenderArgs) -> Encoded:
     names, _ = _names(args)
     nodelist.check(names)
     try:
-        pod = checks.asked(request, PodInfo.from_obj(args.pod))
+        pod = await checks.asked(request, PodInfo.from_obj(args.pod))
     except checks.Refusal as exc:
         checks.refused(request, "prioritize", exc)
         return encode_priorities(names, [0] * len(names), remember=False)

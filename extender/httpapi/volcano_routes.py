@@ -65,11 +65,11 @@ def task_pod(task: TaskInfo) -> tuple[PodInfo, str | None]:
     return pod, job or None
 
 
-def watched(
+async def watched(
     request: web.Request, task: TaskInfo, sent: PodInfo, job: str | None
 ) -> tuple[PodInfo, str | None]:
     """The task's pod as watched (see extender.httpapi.checks), with its role and job."""
-    pod = checks.asked(request, sent, volcano=True)
+    pod = await checks.asked(request, sent, volcano=True)
     if pod is not sent:
         if pod.pod_set is None and task.task_role:
             pod = dataclasses.replace(pod, labels={**pod.labels, keys.POD_SET: task.task_role})
@@ -82,7 +82,7 @@ async def predicate(request: web.Request, args: PredicateRequest) -> dict[str, A
     pod, job = task_pod(args.task)
     node = args.node.node_name()
     try:
-        pod, job = watched(request, args.task, pod, job)
+        pod, job = await watched(request, args.task, pod, job)
     except checks.Refusal as exc:
         return {"status": checks.refused(request, "volcano-predicate", exc), "code": UNSCHEDULABLE}
 
@@ -113,7 +113,7 @@ async def prioritize(request: web.Request, args: PrioritizeRequest) -> dict[str,
     names = [name for n in args.nodes or [] if (name := n.node_name())]
     nodelist.check(names)
     try:
-        pod, job = watched(request, args.task, pod, job)
+        pod, job = await watched(request, args.task, pod, job)
     except checks.Refusal as exc:
         return {"nodeScore": {}, "errorMessage": checks.refused(request, "volcano-prioritize", exc)}
 

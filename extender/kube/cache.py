@@ -5,9 +5,10 @@ It observes and decides nothing. Watch events (or a cluster file) change it; dec
 applied). What it sees that matters to a reservation it tells its listeners
 (:class:`Listener`): a pod gone, a pod bound, a SliceReservation deleted, the nodes whose
 kubelet report changed, a kind listed for the first time, the owners (ReplicaSets,
-StatefulSets, :mod:`extender.kube.owners`) of a plain gang's pods changed. The book of reservations
-(:mod:`extender.reservations.book`) is the listener that decides what follows. Everything
-runs on one asyncio loop; mutations are synchronous, so no decision sees a half-applied event.
+StatefulSets, :mod:`extender.kube.owners`) of a plain gang's pods or its upstream PodGroup
+changed. The book of reservations (:mod:`extender.reservations.book`) is the listener that
+decides what follows. Everything runs on one asyncio loop; mutations are synchronous, so no
+decision sees a half-applied event.
 
 GPUs taken on a node: the cluster file's ``allocatedGpus``, plus, for every bound, unfinished
 pod, the GPUs the node agent reports the kubelet gave it (NodeTopology ``devicesInUse``: the
@@ -153,7 +154,8 @@ class ClusterInformer:
         #: DRA nodes whose devices pair with their NodeTopology's GPUs, and why the others do not.
         self._device_maps: dict[str, dra.DeviceMap] = {}
         self._device_problems: dict[str, str] = {}
-        #: The ReplicaSets and StatefulSets whose templates name a plain gang: its pod sets' sizes.
+        #: The ReplicaSets and StatefulSets whose templates name a plain gang, and the upstream
+        #: PodGroups: its pod sets' sizes.
         self.owners = OwnerTable(self.pods_of_gang, self.hierarchy)
         self._pods: dict[str, PodInfo] = {}
         self._by_uid: dict[str, str] = {}

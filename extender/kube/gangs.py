@@ -55,10 +55,10 @@ def plain_gang_request(
     for p in sorted(peers, key=lambda p: p.name):
         if p.gang == gang and not p.terminal and not p.deleting:
             first.setdefault(p.pod_set or DEFAULT_POD_SET, p)
-    waiting = owners.waiting(gang) if owners is not None else None
+    waiting = owners.waiting(gang, pod) if owners is not None else None
     if waiting is not None:
         return Incomplete(waiting)
-    sizes = owners.sizes(gang) if owners is not None else None
+    sizes = owners.sizes(gang, pod) if owners is not None else None
     if sizes is not None:
         return _owned_request(gang, first, sizes, owners)
     if pod.joins_pod_group:
@@ -109,7 +109,7 @@ def _owned_request(
         model = first.get(role) or (owners.template(gang, role) if owners is not None else None)
         if model is None:
             return Incomplete(f"waiting for a pod of pod set {role}")
-        level = owners.required_level(gang, model.required_level) if owners is not None else None
+        level = owners.required_level(gang, model) if owners is not None else None
         pod_sets.append(_pod_set(model, role, size.desired, required=level))
     try:
         return GangRequest(name=gang, pod_sets=tuple(pod_sets))
@@ -125,7 +125,7 @@ def member_pod_set(pod: PodInfo, owners: OwnerTable | None = None) -> PodSet:
     """The pod set of one more pod like ``pod`` (its role, one pod), bound as its gang's
     upstream PodGroup bounds it where ``owners`` are given. Raises PodError."""
     gang = pod.gang
-    level = owners.required_level(gang, pod.required_level) if owners is not None and gang else None
+    level = owners.required_level(gang, pod) if owners is not None and gang else None
     return _pod_set(pod, pod.pod_set or DEFAULT_POD_SET, 1, required=level)
 
 

@@ -185,35 +185,43 @@ class OwnerTable:
     def of_gang(self, gang: str) -> list[Owner]:
         return list(self._by_gang.get(gang, {}).values())
 
-    def group(self, gang: str) -> PodGroup | None:
-        """The upstream PodGroup that is gang ``gang``, if seen."""
-        return self._groups.get(gang)
+    def group(self, gang: str, member: PodInfo | None = None) -> PodGroup | None:
+        """The upstream PodGroup that is gang ``gang``, if seen: not where a pod of the gang
+        (``member``, or one seen) carries the ``gangslice.io/gang`` label (a plain gang of the
+        same name keeps its own sizes, and a PodGroup its pods also join only gates
+        kube-scheduler)."""
+        group = self._groups.get(gang)
+        pods = [*self._pods_of_gang(gang), *([member] if member is not None else [])]
+        if group is None or any(not p.joins_pod_group for p in pods):
+            return None
+        return group
 
-    def sizes(self, gang: str) -> dict[str, PodSetSize] | None:
+    def sizes(self, gang: str, member: PodInfo | None = None) -> dict[str, PodSetSize] | None:
         """Each pod set's size, summed over the workloads that own its pods, else as the
         upstream PodGroup and its live pods make it (None: neither sizes the gang, so its pods
         size it by annotation)."""
         owned = pod_set_sizes(self.of_gang(gang))
-        group = self._groups.get(gang)
+        group = self.group(gang, member) if owned is None else None
         if owned is not None or group is None:
             return owned
         got = group_sizes(group, self._pods_of_gang(gang))
         return {role: PodSetSize(n, n) for role, n in got.sizes.items()}
 
-    def waiting(self, gang: str) -> str | None:
+    def waiting(self, gang: str, member: PodInfo | None = None) -> str | None:
         """Why the upstream PodGroup that is ``gang`` cannot be placed yet (None: it can, or it
         is no such gang). Raises PodError for a PodGroup that cannot be used."""
-        group = self._groups.get(gang)
+        group = self.group(gang, member)
         if group is None or self.of_gang(gang):
             return None
         if group.problem:
             raise PodError(group.problem)
         return group_sizes(group, self._pods_of_gang(gang)).waiting
 
-    def required_level(self, gang: str, own: str | None) -> str | None:
-        """The finer of a pod's own required level and the one its gang's upstream PodGroup
+    def required_level(self, gang: str, member: PodInfo) -> str | None:
+        """The finer of ``member``'s own required level and the one its gang's upstream PodGroup
         constrains it to. Raises PodError for a topology key that is no level."""
-        group = self._groups.get(gang)
+        own = member.required_level
+        group = self.group(gang, member)
         if group is None:
             return own
         return self.hierarchy.finer(own, group.required_level(self.hierarchy))

@@ -65,7 +65,8 @@ def test_a_filter_for_a_pod_nobody_created_reserves_nothing() -> None:
         reply = await post(client, "/gangslice/filter", {"Pod": invented, "NodeNames": NODES})
         assert reply["NodeNames"] == [] and set(reply["FailedNodes"]) == set(NODES)
         assert (
-            "not known to gangslice (not in its pod watch); nothing reserved" in reply["FailedNodes"]["n-0"]
+            "not known to gangslice (not in its pod watch, nor on the API server); nothing reserved"
+            in reply["FailedNodes"]["n-0"]
         )
         assert cache.reservation("llm/invented") is None
         scores = await post(client, "/gangslice/prioritize", {"Pod": invented, "NodeNames": NODES})
@@ -75,6 +76,31 @@ def test_a_filter_for_a_pod_nobody_created_reserves_nothing() -> None:
         assert 'gangslice_extender_refusals_total{reason="unknown-pod",verb="prioritize"} 1.0' in text
 
     run([], body)
+
+
+def test_a_pod_the_watch_has_not_shown_yet_is_read_from_the_api_server() -> None:
+    """kube-scheduler may ask about a pod just created before the pod watch shows it (the watch
+    lags under load): the verb reads it from the API server rather than sending the scheduler
+    away to wait for an event that may never come; a pod the API server lacks is refused."""
+    from extender.kube.api import PODS
+    from extender.testing.kube import FakeKube
+
+    async def go() -> None:
+        api = FakeKube()
+        cache = watched_cache([])
+        fresh = gang_pod("m-0", "fresh", 1, 8)
+        fresh["metadata"]["uid"] = "uid-fresh"
+        api.put(PODS, fresh)
+        async with client_for(build_app(cache, api=api)) as client:
+            reply = await post(client, "/gangslice/filter", {"Pod": fresh, "NodeNames": NODES})
+            assert reply["NodeNames"], reply
+            assert cache.watched_pod("llm", "m-0") is not None
+            assert cache.reservation("llm/fresh") is not None
+            ghost = gang_pod("g-0", "ghost", 1, 8)
+            reply = await post(client, "/gangslice/filter", {"Pod": ghost, "NodeNames": NODES})
+            assert reply["NodeNames"] == [] and "nor on the API server" in reply["FailedNodes"]["n-0"]
+
+    asyncio.run(go())
 
 
 def test_a_filter_with_another_uid_reserves_nothing_and_a_watched_one_does() -> None:

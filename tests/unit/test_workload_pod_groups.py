@@ -172,6 +172,15 @@ def test_pod_sets_that_differ_wait_for_min_count_pods_then_are_placed_together()
     assert slots(cache) == Counter({"leader": 1, "worker": 2})
 
 
+def test_a_labelled_plain_gang_keeps_its_own_size_beside_a_pod_group_of_its_name() -> None:
+    cache = cluster({"leaf-1": ["a", "b"]})
+    group(cache, min_count=4, topology=CLIQUE)  # each node its own clique: 4 x 4 GPUs cannot fit
+    pod = make_pod("ep-0").gpus(4).gang("ep", 2)
+    out = filtered(cache, Decider(cache), pod)
+    assert out.outcome == "reserved", out
+    assert slots(cache) == Counter({"pods": 2})  # gangslice.io/gang-size, not minCount 4
+
+
 def test_a_pod_whose_pod_group_is_not_seen_waits_saying_so() -> None:
     cache = cluster({"leaf-1": ["a"]})
     got = plain_gang_request(PodInfo.from_obj(member("ep-0").obj()), (), cache.owners)
