@@ -124,6 +124,7 @@ class Agent:
         seen = self.observer.observe()
         for source in seen.failed:
             self.metrics.discovery_errors.labels(source).inc()
+        self.metrics.gpus.observe(seen.graph, seen.counters)
         known: Condition | None = None
         try:
             uses = self.pod_resources.devices_in_use()

@@ -75,6 +75,8 @@ class Observation:
     condition: Condition  # Discovered
     #: Sources that failed during this observation (``nvml``, ``nvidia-smi``), for metrics.
     failed: tuple[str, ...] = ()
+    #: Each GPU's cumulative error counters (NVML only), for metrics.
+    counters: Mapping[int, HealthCounters] = dataclasses.field(default_factory=dict)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -164,7 +166,7 @@ class Discovery:
         message = f"{len(graph.gpus)} GPUs discovered through NVML"
         if unhealthy:
             message += f"; unhealthy: {', '.join(f'GPU{i}' for i in unhealthy)}"
-        return Observation(graph, "nvml", Condition(DISCOVERED, True, "Nvml", message))
+        return Observation(graph, "nvml", Condition(DISCOVERED, True, "Nvml", message), counters=counters)
 
     def _from_nvidia_smi(self, nvml_error: str) -> Observation:
         assert self._run is not None

@@ -462,11 +462,17 @@ class HealthCounters:
     ``error`` is set instead when the counters could not be read (e.g. the GPU is lost).
     """
 
-    nvlink_crc_errors: int = 0
+    nvlink_crc_flit_errors: int = 0
+    nvlink_crc_data_errors: int = 0
     nvlink_replay_errors: int = 0
     nvlink_recovery_errors: int = 0
     pcie_replays: int = 0
     error: str | None = None
+
+    @property
+    def nvlink_crc_errors(self) -> int:
+        """Flow-control and data CRC errors together: one link fault, two counters."""
+        return self.nvlink_crc_flit_errors + self.nvlink_crc_data_errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,7 +504,8 @@ def _sample(backend: NvmlBackend, index: int) -> HealthCounters:
     except TopologyError as exc:
         return HealthCounters(error=str(exc))
     return HealthCounters(
-        nvlink_crc_errors=totals[NvlinkErrorCounter.DL_CRC_FLIT] + totals[NvlinkErrorCounter.DL_CRC_DATA],
+        nvlink_crc_flit_errors=totals[NvlinkErrorCounter.DL_CRC_FLIT],
+        nvlink_crc_data_errors=totals[NvlinkErrorCounter.DL_CRC_DATA],
         nvlink_replay_errors=totals[NvlinkErrorCounter.DL_REPLAY],
         nvlink_recovery_errors=totals[NvlinkErrorCounter.DL_RECOVERY],
         pcie_replays=replays,

@@ -727,3 +727,29 @@ def test_devices_nvml_does_not_see_are_a_condition_naming_the_field_and_ids(node
     node.kubelet.remove("ml", "llama-0")
     assert node.step() is Outcome.PUBLISHED
     assert _conditions(node.last)["DevicesKnown"]["status"] == "True"
+
+
+def test_the_agent_exports_each_gpus_interconnect_counters_under_dcgm_exporters_names(node: Node) -> None:
+    """Per-GPU NVLink and PCIe error counters (dcgm-exporter's names), their rates, health and a
+    lost GPU, from the fake NVML with injected errors."""
+    from extender.topology.nvml import NvmlError
+
+    node.agent.cycle()
+    node.clock.now += INTERVAL
+    node.fake.add_errors(5, crc=300, replay=6, pcie_replays=60)  # CRC 10/s: over 1/s
+    node.fake.fail[("pcie_replay_counter", 2)] = NvmlError("GPU is lost")
+    node.agent.cycle()
+    text = node.agent.metrics.render().decode()
+    uuid5 = node.uuid(5)
+    assert f'DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{UUID="{uuid5}",gpu="5"}} 300.0' in text
+    assert f'DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{{UUID="{uuid5}",gpu="5"}} 6.0' in text
+    assert f'DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{UUID="{uuid5}",gpu="5"}} 60.0' in text
+    assert f'gangslice_agent_gpu_nvlink_errors_per_second{{UUID="{uuid5}",gpu="5"}} 10.2' in text
+    assert f'gangslice_agent_gpu_pcie_replays_per_second{{UUID="{uuid5}",gpu="5"}} 2.0' in text
+    assert f'gangslice_agent_gpu_healthy{{UUID="{uuid5}",gpu="5"}} 0.0' in text
+    assert f'gangslice_agent_gpu_healthy{{UUID="{node.uuid(0)}",gpu="0"}} 1.0' in text
+    uuid2 = node.uuid(2)
+    assert f'gangslice_agent_gpu_lost{{UUID="{uuid2}",gpu="2"}} 1.0' in text
+    assert f'gangslice_agent_gpu_healthy{{UUID="{uuid2}",gpu="2"}} 0.0' in text
+    assert f'DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{UUID="{uuid2}"' not in text  # no value, no sample
+    assert "# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER untyped" in text  # the name exactly dcgm-exporter's

@@ -34,6 +34,9 @@ ALERTS = {
     "GangsliceGangsWaitingLong",
     "GangsliceDeviceMismatch",
     "GangsliceAgentNotPublishing",
+    "GangsliceGpuLinkErrors",
+    "GangsliceGpuPcieReplays",
+    "GangsliceGpuLost",
 }
 
 
@@ -112,7 +115,15 @@ def test_the_alerts_fire_on_sample_series(tmp_path: Path) -> None:
         {"series": f"gangslice_leader_fence_refusals_total{{{ctl}}}", "values": "0 0 0 3 3 3 3 3 3 3"},
         {"series": 'kube_pod_init_container_status_restarts_total{namespace="inference",pod="vllm-0",'
          'container="gangslice-preflight"}', "values": "0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"},
+        {"series": f'gangslice_agent_gpu_nvlink_errors_per_second{{{agent},gpu="5",UUID="GPU-5"}}',
+         "values": "0 0 10x20"},
+        {"series": f'gangslice_agent_gpu_nvlink_errors_per_second{{{agent},gpu="4",UUID="GPU-4"}}',
+         "values": "0.5x22"},
+        {"series": f'gangslice_agent_gpu_pcie_replays_per_second{{{agent},gpu="5",UUID="GPU-5"}}',
+         "values": "0 0 20x20"},
+        {"series": f'gangslice_agent_gpu_lost{{{agent},gpu="2",UUID="GPU-2"}}', "values": "0 0 1x20"},
     ]  # fmt: skip
+    gpu = {"namespace": "gangslice-system", "pod": "agent-0"}
     tests = {
         "rule_files": [str(rules_file)],
         "evaluation_interval": "1m",
@@ -135,6 +146,10 @@ def test_the_alerts_fire_on_sample_series(tmp_path: Path) -> None:
                     _alert("GangsliceLeaderStalled", "5m", {"namespace": "gangslice-system", "pod": "ctl-0"}),
                     _alert("GangsliceDeviceMismatch", "5m", {"namespace": "inference", "pod": "vllm-0",
                            "container": "gangslice-preflight"}),
+                    _alert("GangsliceGpuLinkErrors", "5m", {}),  # rising for 3 minutes only
+                    _alert("GangsliceGpuLinkErrors", "10m", {**gpu, "gpu": "5", "UUID": "GPU-5"}),
+                    _alert("GangsliceGpuPcieReplays", "10m", {**gpu, "gpu": "5", "UUID": "GPU-5"}),
+                    _alert("GangsliceGpuLost", "6m", {**gpu, "gpu": "2", "UUID": "GPU-2"}),
                 ],
             }
         ],
@@ -177,6 +192,11 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] == "gangslice"
     shown = set().union(*(queried(t["expr"]) for p in dashboard["panels"] for t in p["targets"]))
+    assert {
+        "gangslice_agent_gpu_nvlink_errors_per_second",
+        "gangslice_agent_gpu_pcie_replays_per_second",
+        "gangslice_agent_gpu_healthy",
+    } <= shown
     assert {
         "gangslice_decisions_total",
         "gangslice_extender_request_duration_seconds_bucket",

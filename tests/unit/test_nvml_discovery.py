@@ -401,7 +401,7 @@ def test_health_counters_sum_links_and_split_by_kind() -> None:
     fake.add_errors(1, crc=3, link=17)
     sample = health_counters(fake)
     assert sample[1] == HealthCounters(
-        nvlink_crc_errors=8, nvlink_replay_errors=2, nvlink_recovery_errors=1, pcie_replays=9
+        nvlink_crc_flit_errors=8, nvlink_replay_errors=2, nvlink_recovery_errors=1, pcie_replays=9
     )
     assert sample[0] == HealthCounters()
 
