@@ -328,7 +328,7 @@ async def add_slot_claims(api: KubeClient, cache: Any, facts: Facts) -> None:
 
 def refused_nodes(cache: Any) -> list[str]:
     """One line per node kept out of placement because its NodeTopology is refused, or its
-    DRA devices do not pair with it."""
+    DRA devices do not pair with it; and per node whose agent reports GPUs unhealthy."""
     refused = cache.refused_topologies()
     lines = [
         f"node {node} kept out of placement: its NodeTopology is refused: {refused[node]}"
@@ -338,6 +338,11 @@ def refused_nodes(cache: Any) -> list[str]:
     lines += [
         f"node {node} kept out of in-node choices: its DRA devices do not match its NodeTopology: {why}"
         for node, why in sorted(mismatched.items())
+    ]
+    degraded = cache.interconnect_problems() if hasattr(cache, "interconnect_problems") else {}
+    lines += [
+        f"node {node} has GPUs given to no gang (interconnect degraded): {why}"
+        for node, why in sorted(degraded.items())
     ]
     return lines
 

@@ -46,7 +46,7 @@ from extender.kube.names import GPUS as GPUS_ANNOTATION
 from extender.kube.node_graphs import NodeRecord, fallback_graph
 from extender.kube.owners import OwnerTable
 from extender.kube.pods import PodInfo
-from extender.kube.topology_status import DEVICES_MATCHED, accepted_condition, condition_of
+from extender.kube.topology_status import SCHEDULER_CONDITIONS, condition_of
 from extender.placement.feasibility import IMEX_DAEMON, NO_FACTS, NodeFacts, Resources, usage
 from extender.placement.files import load_cluster
 from extender.placement.ledger import Reservation
@@ -104,6 +104,10 @@ class Listener(Protocol):
         """The owners of these plain gangs' pods changed (a scale, a new revision)."""
 
 
+def _uuid(graph: GpuGraph, index: int) -> str | None:
+    return next((g.uuid for g in graph.gpus if g.index == index), None)
+
+
 def _no_gang(namespace: str, name: str) -> str | None:
     return None
 
@@ -137,10 +141,10 @@ class ClusterInformer:
         #: Nodes whose NodeTopology fails validation -> "<field>: <problem>"; kept out of
         #: placement (see :mod:`extender.kube.topology_status`).
         self._refused: dict[str, str] = {}
-        #: Nodes whose NodeTopology carries the ``Accepted`` condition -> (status, message).
-        self._accepted: dict[str, tuple[str, str]] = {}
-        #: Nodes whose NodeTopology carries the ``DevicesMatched`` condition -> (status, message).
-        self._devices_matched: dict[str, tuple[str, str]] = {}
+        #: Condition type -> nodes whose NodeTopology carries it -> (status, message), for the
+        #: conditions the scheduler side writes (``Accepted``, ``DevicesMatched``,
+        #: ``InterconnectHealthy``).
+        self._shown: dict[str, dict[str, tuple[str, str]]] = {t: {} for t in SCHEDULER_CONDITIONS}
         #: DRA: ResourceSlices by name, the node-local ones by node, DeviceClasses -> the
         #: drivers they select, claims (``ns/name``) -> the devices their allocation holds.
         self._slices: dict[str, dra.SliceInfo] = {}
@@ -301,9 +305,28 @@ class ClusterInformer:
         the field and the problem (``spec.nvlinkGbps: Input should be greater than 0``)."""
         return dict(self._refused)
 
-    def accepted_conditions(self) -> dict[str, tuple[str, str]]:
-        """The ``Accepted`` condition each NodeTopology carries: node -> (status, message)."""
-        return dict(self._accepted)
+    def conditions_shown(self, type_: str) -> dict[str, tuple[str, str]]:
+        """The condition ``type_`` (one of the scheduler side's) each NodeTopology carries:
+        node -> (status, message)."""
+        return dict(self._shown[type_])
+
+    def interconnect_problems(self) -> dict[str, str]:
+        """Nodes whose agent reports a GPU unhealthy (an NVLink or PCIe error rate over its
+        threshold, or counters it cannot read), naming each GPU and why. Those GPUs are kept
+        out of placement (:class:`~extender.placement.snapshot.NodeState`)."""
+        out = {}
+        for name, topo in self._topologies.items():
+            graph = topo.graph
+            if graph is None:
+                continue
+            sick = [
+                f"GPU{i}{f' ({uuid})' if (uuid := _uuid(graph, i)) else ''}: {h.reason or 'unhealthy'}"
+                for i, h in sorted(graph.health.items())
+                if not h.healthy
+            ]
+            if sick:
+                out[name] = "; ".join(sick)
+        return out
 
     def node_problem(self, node: str) -> str | None:
         """Why a node is kept out of placement, when gangslice refused its NodeTopology or
@@ -321,10 +344,6 @@ class ClusterInformer:
         do not pair one to one (the problem names the device or GPU)."""
         self.snapshot()
         return dict(self._device_problems)
-
-    def devices_matched_conditions(self) -> dict[str, tuple[str, str]]:
-        """The ``DevicesMatched`` condition each NodeTopology carries: node -> (status, message)."""
-        return dict(self._devices_matched)
 
     def device_map(self, node: str) -> dra.DeviceMap | None:
         """A DRA node's GPU index -> published device; None for a device-plugin node."""
@@ -491,7 +510,8 @@ class ClusterInformer:
             self._records = fresh
         elif kind is Kind.NODE_TOPOLOGIES:
             before = (self._topologies, self._refused)
-            self._topologies, self._refused, self._accepted, self._devices_matched = {}, {}, {}, {}
+            self._topologies, self._refused = {}, {}
+            self._shown = {t: {} for t in SCHEDULER_CONDITIONS}
             for obj in items:
                 self._read_topology(obj)
             for name in set(before[0]) | set(before[1]) | set(self._topologies) | set(self._refused):
@@ -563,8 +583,8 @@ class ClusterInformer:
             if deleted:
                 self._topologies.pop(name, None)
                 self._refused.pop(name, None)
-                self._accepted.pop(name, None)
-                self._devices_matched.pop(name, None)
+                for shown in self._shown.values():
+                    shown.pop(name, None)
             else:
                 self._read_topology(obj)
             if before != (self._topologies.get(name), self._refused.get(name)):
@@ -694,16 +714,12 @@ class ClusterInformer:
         name = meta.get("name") if isinstance(meta, Mapping) else None
         if not isinstance(name, str) or not name:
             return
-        shown = accepted_condition(obj)
-        if shown is None:
-            self._accepted.pop(name, None)
-        else:
-            self._accepted[name] = shown
-        matched = condition_of(obj, DEVICES_MATCHED)
-        if matched is None:
-            self._devices_matched.pop(name, None)
-        else:
-            self._devices_matched[name] = matched
+        for type_, shown in self._shown.items():
+            carried = condition_of(obj, type_)
+            if carried is None:
+                shown.pop(name, None)
+            else:
+                shown[name] = carried
         try:
             self._topologies[name] = parse_node_topology(obj)
         except CrdError as exc:

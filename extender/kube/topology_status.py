@@ -2,9 +2,10 @@
 them off an object.
 
 ``Accepted`` says whether the spec reads (:func:`extender.kube.crd_models.parse_node_topology`);
-``DevicesMatched`` whether a DRA node's published devices pair with its GPUs. The cluster cache
-reads both back from the watch; the leader's reconciler
-(:mod:`extender.controllers.topology_status.reporter`) writes them.
+``DevicesMatched`` whether a DRA node's published devices pair with its GPUs;
+``InterconnectHealthy`` whether every GPU's NVLink and PCIe error rates are within the node
+agent's thresholds (its ``spec.health``). The cluster cache reads them back from the watch; the
+leader's reconciler (:mod:`extender.controllers.topology_status.reporter`) writes them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ DEVICE_MISMATCH = "DeviceMismatch"
 DEVICES_PAIRED = "DevicesPaired"
 DRA_DEVICE_MISMATCH = "DraDeviceMismatch"
 
+#: The condition on a NodeTopology whose GPUs' links are all within the agent's thresholds.
+INTERCONNECT_HEALTHY = "InterconnectHealthy"
+INTERCONNECT_DEGRADED = "InterconnectDegraded"
+LINKS_WITHIN_THRESHOLDS = "LinksWithinThresholds"
+#: The Event reason on the Node.
+GPU_INTERCONNECT_DEGRADED = "GpuInterconnectDegraded"
+
+#: The conditions gangslice's scheduler side owns (the cache reads them back from the watch).
+SCHEDULER_CONDITIONS = (ACCEPTED, DEVICES_MATCHED, INTERCONNECT_HEALTHY)
+
 
 def condition_of(obj: Mapping[str, Any], type_: str) -> tuple[str, str] | None:
     """The condition ``type_`` a NodeTopology object carries: (status, message), or None."""
@@ -34,8 +45,3 @@ def condition_of(obj: Mapping[str, Any], type_: str) -> tuple[str, str] | None:
         if isinstance(c, Mapping) and c.get("type") == type_:
             return str(c.get("status") or ""), str(c.get("message") or "")
     return None
-
-
-def accepted_condition(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The ``Accepted`` condition a NodeTopology object carries: (status, message), or None."""
-    return condition_of(obj, ACCEPTED)

@@ -170,3 +170,43 @@ def test_one_sync_writes_a_bounded_number(clock: FakeClock, monkeypatch: Any) ->
     assert asyncio.run(reporter.sync(cache, clock())) == 1
     assert asyncio.run(reporter.sync(cache, clock())) == 1
     assert sorted(node for node, _ in api.conditions) == ["a", "b"]
+
+
+def test_a_degraded_gpu_link_sets_interconnect_healthy_false_and_an_event_naming_the_gpu(
+    clock: FakeClock,
+) -> None:
+    from extender.kube.topology_status import (
+        GPU_INTERCONNECT_DEGRADED,
+        INTERCONNECT_DEGRADED,
+        INTERCONNECT_HEALTHY,
+        LINKS_WITHIN_THRESHOLDS,
+    )
+
+    cache = two_node_cache()
+    api = RecordingStatusApi()
+    reporter = TopologyStatusReporter(api)
+    why = "nvlink_crc_errors at 10.0/s (threshold 1/s)"
+    sick = [{"index": 5, "healthy": False, "reason": why, "nvlinkErrorsPerSecond": 10.0}]
+    obj = topology("b", health=sick)
+    for gpu in obj["spec"]["gpus"]:
+        gpu["uuid"] = f"GPU-b-{gpu['index']}"
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", obj)
+    named = "GPU5 (GPU-b-5)"
+    assert cache.interconnect_problems() == {"b": f"{named}: {why}"}
+    assert 5 not in cache.snapshot().free_gpus("b")  # given to no gang
+    line = f"node b has GPUs given to no gang (interconnect degraded): {named}: {why}"
+    assert line in refused_nodes(cache)
+    asyncio.run(reporter.sync(cache, clock()))
+    ((node, cond),) = [(n, c) for n, c in api.conditions if c["type"] == INTERCONNECT_HEALTHY]
+    assert (node, cond["status"], cond["reason"]) == ("b", "False", INTERCONNECT_DEGRADED)
+    assert f"{named}: {why}" in cond["message"]
+    (event,) = [e for e in api.events if e["reason"] == GPU_INTERCONNECT_DEGRADED]
+    assert event["involvedObject"]["name"] == "b" and "GPU5" in event["message"]
+    echo(cache, obj, cond)
+    assert asyncio.run(reporter.sync(cache, clock())) == 0  # shown: nothing more to write
+    healed = topology("b")
+    healed["status"] = obj["status"]
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", healed)
+    asyncio.run(reporter.sync(cache, clock()))
+    last = [c for n, c in api.conditions if c["type"] == INTERCONNECT_HEALTHY][-1]
+    assert (last["status"], last["reason"]) == ("True", LINKS_WITHIN_THRESHOLDS)

@@ -20,6 +20,13 @@ A DRA node (its GPUs published by NVIDIA's ``gpu.nvidia.com`` driver, see
 treatment under a second condition, ``DevicesMatched=False`` reason ``DeviceMismatch`` (Event
 reason ``DraDeviceMismatch``), naming the device or GPU; ``DevicesMatched=True`` once they pair.
 
+A node whose agent reports a GPU unhealthy (``spec.health``: an NVLink or PCIe error rate over
+the agent's threshold, or counters NVML cannot read) gets a third, ``InterconnectHealthy=False``
+reason ``InterconnectDegraded``, naming each GPU, its UUID and the rate over its threshold, and
+the Event ``GpuInterconnectDegraded`` on its Node; ``InterconnectHealthy=True`` once every GPU
+is back within the thresholds. (The Node object's own conditions are left to the kubelet and
+node-problem-detector: writing them would take ``nodes/status: patch`` on every node.)
+
 What is written follows what the watch shows: the condition is (re)written while the object
 does not carry it with the current message, so a restart, a lost write or a fresh replica
 converges on the same state without remembering anything.
@@ -42,8 +49,12 @@ from extender.kube.topology_status import (
     DEVICES_MATCHED,
     DEVICES_PAIRED,
     DRA_DEVICE_MISMATCH,
+    GPU_INTERCONNECT_DEGRADED,
+    INTERCONNECT_DEGRADED,
+    INTERCONNECT_HEALTHY,
     INVALID_NODE_TOPOLOGY,
     INVALID_SPEC,
+    LINKS_WITHIN_THRESHOLDS,
     SPEC_VALID,
 )
 
@@ -86,6 +97,14 @@ _RULES = (
         DRA_DEVICE_MISMATCH,
         "DRA devices of node {node} do not match its NodeTopology, "
         "node kept out of in-node choices: {problem}",
+    ),
+    _Rule(
+        INTERCONNECT_HEALTHY,
+        INTERCONNECT_DEGRADED,
+        LINKS_WITHIN_THRESHOLDS,
+        "every GPU's NVLink and PCIe error rates are within the node agent's thresholds",
+        GPU_INTERCONNECT_DEGRADED,
+        "GPU interconnect of node {node} degraded; these GPUs are given to no new gang: {problem}",
     ),
 )
 
@@ -139,11 +158,11 @@ class Refusals(Protocol):
 
     def refused_topologies(self) -> Mapping[str, str]: ...
 
-    def accepted_conditions(self) -> Mapping[str, tuple[str, str]]: ...
-
     def device_problems(self) -> Mapping[str, str]: ...
 
-    def devices_matched_conditions(self) -> Mapping[str, tuple[str, str]]: ...
+    def interconnect_problems(self) -> Mapping[str, str]: ...
+
+    def conditions_shown(self, type_: str) -> Mapping[str, tuple[str, str]]: ...
 
 
 class TopologyStatusReporter:
@@ -159,14 +178,12 @@ class TopologyStatusReporter:
 
     async def sync(self, cache: Refusals, now: float) -> int:
         """Write what is out of date; returns how many conditions were written."""
-        wanted = (
-            (_RULES[0], cache.refused_topologies(), cache.accepted_conditions()),
-            (_RULES[1], cache.device_problems(), cache.devices_matched_conditions()),
-        )
+        problems = (cache.refused_topologies(), cache.device_problems(), cache.interconnect_problems())
         written = 0
-        for rule, problems, shown in wanted:
+        for rule, problem in zip(_RULES, problems, strict=True):
             budget = MAX_WRITES_PER_SYNC - written
-            written += await self._sync_rule(rule, dict(problems), dict(shown), now, budget)
+            shown = cache.conditions_shown(rule.type)
+            written += await self._sync_rule(rule, dict(problem), dict(shown), now, budget)
         return written
 
     async def _sync_rule(
