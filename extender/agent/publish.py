@@ -68,6 +68,7 @@ import asyncio
 import copy
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -77,7 +78,7 @@ from extender.agent.podresources import DeviceUse
 from extender.kube.api import APPLY_PATCH, NODE_TOPOLOGIES, NODES, KubeClient
 from extender.kube.names import API_VERSION
 from extender.topology.allocation import Allocation
-from extender.topology.model import GpuGraph
+from extender.topology.model import GpuGraph, GpuHealth
 from extender.topology.serialize import graph_to_dict
 
 log = logging.getLogger(__name__)
@@ -218,15 +219,30 @@ def change_key(obj: Mapping[str, Any]) -> str:
 
     The spec, the owner reference and each condition's type, status and reason. Left out,
     because they move a little every interval and would turn every sample into a write:
-    the health rates and reasons (whether each GPU is healthy does count), condition
-    messages (an error text may name a different detail each time) and timestamps. They
-    are refreshed by the next write.
+    the exact health rates and reasons (whether each GPU is healthy does count, and so does
+    each step of √2 in the share of link bandwidth placement counts on for it,
+    :attr:`GpuHealth.nvlink_share`), condition messages (an error text may name a different
+    detail each time) and timestamps. They are refreshed by the next write.
     """
     spec = dict(obj["spec"])
-    spec["health"] = [{"index": h["index"], "healthy": h["healthy"]} for h in spec.get("health", ())]
+    spec["health"] = [
+        {"index": h["index"], "healthy": h["healthy"], "grade": _grade(h)} for h in spec.get("health", ())
+    ]
     conditions = [(c["type"], c["status"], c.get("reason")) for c in obj["status"]["conditions"]]
     owner = obj["metadata"].get("ownerReferences")
     return json.dumps({"spec": spec, "conditions": conditions, "owner": owner}, sort_keys=True)
+
+
+def _grade(entry: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Steps of √2 in the NVLink and PCIe bandwidth shares of one published health entry (None
+    for an unhealthy GPU: nothing is placed on it whatever its rates)."""
+    if not entry.get("healthy", True):
+        return None
+    h = GpuHealth(
+        nvlink_errors_per_s=float(entry.get("nvlinkErrorsPerSecond", 0.0)),
+        pcie_replays_per_s=float(entry.get("pcieReplaysPerSecond", 0.0)),
+    )
+    return math.floor(-2 * math.log2(h.nvlink_share)), math.floor(-2 * math.log2(h.pcie_share))
 
 
 # --- writers ---------------------------------------------------------------------------

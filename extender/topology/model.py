@@ -147,12 +147,31 @@ class FabricClique:
         return f"{self.cluster_uuid}.{self.clique_id}"
 
 
+#: The error rates at which a GPU's links are priced at half their bandwidth: the node agent's
+#: default thresholds (``--nvlink-errors-per-s``, ``--pcie-replays-per-s``), above which it marks
+#: the GPU unhealthy and nothing is placed on it at all.
+NVLINK_ERRORS_AT_HALF = 1.0
+PCIE_REPLAYS_AT_HALF = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class GpuHealth:
     nvlink_errors_per_s: float = 0.0
     pcie_replays_per_s: float = 0.0
     healthy: bool = True
     reason: str | None = None
+
+    @property
+    def nvlink_share(self) -> float:
+        """The share of its NVLink bandwidth the placement counts on while its links retry:
+        a link that keeps replaying loses bandwidth and is on its way to failing, so a gang
+        takes such a GPU only where a clean one would not do better."""
+        return 1.0 / (1.0 + self.nvlink_errors_per_s / NVLINK_ERRORS_AT_HALF)
+
+    @property
+    def pcie_share(self) -> float:
+        """As :attr:`nvlink_share`, for PCIe replays."""
+        return 1.0 / (1.0 + self.pcie_replays_per_s / PCIE_REPLAYS_AT_HALF)
 
 
 class TopologyError(ValueError):
@@ -216,8 +235,16 @@ class GpuGraph:
         return tier
 
     def pair_gbps(self, a: int, b: int) -> float:
-        """Bidirectional bandwidth of the direct path between two GPUs."""
-        return link_gbps(self.link(a, b), self.nvlink_gbps, self.pcie_gbps, self.pair_tier(a, b))
+        """Bidirectional bandwidth of the direct path between two GPUs, less what a link that
+        keeps retrying loses (:attr:`GpuHealth.nvlink_share`: the worse end counts)."""
+        link = self.link(a, b)
+        gbps = link_gbps(link, self.nvlink_gbps, self.pcie_gbps, self.pair_tier(a, b))
+        ha, hb = self.health.get(a), self.health.get(b)
+        if ha is None and hb is None:
+            return gbps
+        healths = [h for h in (ha, hb) if h is not None]
+        share = min(h.nvlink_share if link.nvlinks else h.pcie_share for h in healths)
+        return gbps * share
 
     def uuids(self, indices: Iterable[int]) -> tuple[str, ...] | None:
         """The UUIDs of these GPUs, in the order given; None when the graph lacks one of them

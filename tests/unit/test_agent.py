@@ -256,7 +256,10 @@ def test_a_pcie_replay_rate_uses_its_own_configurable_threshold(workdir: Path) -
         agent.cycle()
         clock.now += INTERVAL
         fake.add_errors(1, pcie_replays=30 * 50)  # 50/s: unhealthy by default, not with 100/s allowed
-        assert agent.cycle() is Outcome.UNCHANGED
+        # Healthy, but its PCIe bandwidth is priced down by steps: the rate is published.
+        assert agent.cycle() is Outcome.PUBLISHED
+        (entry,) = [h for h in writer.published[-1]["spec"]["health"] if h["index"] == 1]
+        assert entry["healthy"] is True and entry["pcieReplaysPerSecond"] == pytest.approx(50.0)
         clock.now += INTERVAL
         fake.add_errors(1, pcie_replays=30 * 150)
         assert agent.cycle() is Outcome.PUBLISHED
@@ -475,7 +478,7 @@ def test_run_cycles_until_stopped(node: Node) -> None:
     assert len(node.writer.published) == 1
 
 
-def test_change_key_ignores_rates_and_messages_but_not_health_or_reasons() -> None:
+def test_change_key_ignores_small_rate_moves_and_messages_but_not_health_steps_or_reasons() -> None:
     base = {
         "metadata": {"name": NODE},
         "spec": {"gpus": [], "health": [{"index": 0, "healthy": True, "nvlinkErrorsPerSecond": 0.1}]},
@@ -492,7 +495,7 @@ def test_change_key_ignores_rates_and_messages_but_not_health_or_reasons() -> No
         },
     }
     noisy = yaml.safe_load(yaml.safe_dump(base))
-    noisy["spec"]["health"][0]["nvlinkErrorsPerSecond"] = 0.7
+    noisy["spec"]["health"][0]["nvlinkErrorsPerSecond"] = 0.3  # within one step of the share
     noisy["status"]["conditions"][0]["lastTransitionTime"] = "t2"
     noisy["status"]["conditions"][0]["message"] = "rpc error at 12:00:31"
     noisy["status"]["lastPublished"] = "later"
@@ -500,6 +503,10 @@ def test_change_key_ignores_rates_and_messages_but_not_health_or_reasons() -> No
     flipped = yaml.safe_load(yaml.safe_dump(base))
     flipped["spec"]["health"][0]["healthy"] = False
     assert change_key(flipped) != change_key(base)
+    # A rate that moves the share of bandwidth placement counts on by a step is a change.
+    rising = yaml.safe_load(yaml.safe_dump(base))
+    rising["spec"]["health"][0]["nvlinkErrorsPerSecond"] = 0.7
+    assert change_key(rising) != change_key(base)
     reason = yaml.safe_load(yaml.safe_dump(base))
     reason["status"]["conditions"][0]["reason"] = "NvidiaSmiFallback"
     assert change_key(reason) != change_key(base)
