@@ -280,6 +280,23 @@ def allocated(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
     return None
 
 
+def assert_claims_pin_their_slots(cp: ControlPlane, ns: str, pods: list[dict[str, Any]]) -> None:
+    """Each pod's ``gpus`` claim is allocated exactly the devices of its slot
+    (``gangslice.io/gpus``), and no device is held by two pods' claims."""
+    held: dict[str, str] = {}
+    for p in pods:
+        (entry,) = [c for c in p["spec"]["resourceClaims"] if c["name"] == "gpus"]
+        claim = wait_for(
+            "its claim allocated", functools.partial(allocated, cp, ns, entry["resourceClaimName"]), 60
+        )
+        devices = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+        planned = [f"gpu-{g}" for g in p["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
+        assert devices == sorted(planned), (pod_name(p), devices, planned)
+        for d in devices:
+            assert d not in held, f"{d} is held by the claims of {held[d]} and {pod_name(p)}"
+            held[d] = pod_name(p)
+
+
 def foreign_pod_on_gpu(cp: ControlPlane, ns: str, gpu: int) -> dict[str, Any]:
     """Someone else's pod holding one GPU through its own claim (no gang; the extender is not asked:
     the pod requests no nvidia.com/gpu)."""
@@ -521,18 +538,7 @@ def test_a_deployment_gang_on_dra_nodes_rolls_with_a_surge_pod_pinned_to_a_slot_
         assert wait_for_or_false(only_current_claims, 30), [
             c["metadata"]["name"] for c in items(cp, "ResourceClaim", ns)
         ]
-        held: dict[str, str] = {}
-        for p in after:
-            (entry,) = [c for c in p["spec"]["resourceClaims"] if c["name"] == "gpus"]
-            claim = wait_for(
-                "its claim allocated", functools.partial(allocated, cp, ns, entry["resourceClaimName"]), 60
-            )
-            devices = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
-            planned = [f"gpu-{g}" for g in p["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
-            assert devices == sorted(planned), (pod_name(p), devices, planned)
-            for d in devices:
-                assert d not in held, f"{d} is held by the claims of {held[d]} and {pod_name(p)}"
-                held[d] = pod_name(p)
+        assert_claims_pin_their_slots(cp, ns, after)
 
         def two_slots() -> bool:
             (r,) = reservations_of(cp, ns, "tp2")
@@ -822,18 +828,7 @@ def test_a_jobset_of_two_jobs_on_a_dra_node_pins_each_pod_to_a_slot_of_its_own(
         pods = wait_for("the JobSet's 4 pods bound", pinned, 90)
         keys = {p["metadata"]["annotations"]["gangslice.io/slot"] for p in pods}
         assert len(keys) == 4, keys
-        held: dict[str, str] = {}
-        for p in pods:
-            (entry,) = [c for c in p["spec"]["resourceClaims"] if c["name"] == "gpus"]
-            claim = wait_for(
-                "its claim allocated", functools.partial(allocated, cp, ns, entry["resourceClaimName"]), 60
-            )
-            devices = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
-            planned = [f"gpu-{g}" for g in p["metadata"]["annotations"]["gangslice.io/gpus"].split(",")]
-            assert devices == sorted(planned), (pod_name(p), devices, planned)
-            for d in devices:
-                assert d not in held, f"{d} is held by the claims of {held[d]} and {pod_name(p)}"
-                held[d] = pod_name(p)
+        assert_claims_pin_their_slots(cp, ns, pods)
         (r,) = reservations_of(cp, ns, "js")
         assert {s["podSet"] + "/" + str(s["index"]) for s in slots(r)} == keys
     finally:

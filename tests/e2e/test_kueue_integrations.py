@@ -42,6 +42,7 @@ from cluster import (
     double_booked,
     extender_stack,
     get,
+    gpu_pod,
     hgx_leaves,
     items,
     new_namespace,
@@ -184,21 +185,9 @@ def ns(control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandI
 def leader_worker_set(ns: str, name: str, replicas: int) -> dict[str, Any]:
     """TP=8 x PP=2 under Kueue: a leader and a worker of 8 GPUs per group, required under one leaf,
     no gangslice gang label (the Kueue Workload is the gang)."""
-    gpu = {GPU: "8"}
     template = {
         "metadata": {"annotations": {names.REQUIRED_LEVEL: "leaf", names.COMM: "pipeline"}},
-        "spec": {
-            "schedulerName": "gangslice-scheduler",
-            "nodeSelector": {POOL_LABEL: POOL},
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"requests": {"cpu": "10m", **gpu}, "limits": gpu},
-                }
-            ],
-        },
+        "spec": gpu_pod("template", 8, POOL)["spec"],
     }
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
@@ -218,29 +207,11 @@ def leader_worker_set(ns: str, name: str, replicas: int) -> dict[str, Any]:
 
 def grouped_pod(ns: str, name: str, group: str, total: int, gpus: int) -> dict[str, Any]:
     """A bare pod of Kueue's pod-group integration."""
-    gpu = {GPU: str(gpus)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "labels": {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE, "kueue.x-k8s.io/pod-group-name": group},
-            "annotations": {"kueue.x-k8s.io/pod-group-total-count": str(total), names.REQUIRED_LEVEL: "leaf"},
-        },
-        "spec": {
-            "schedulerName": "gangslice-scheduler",
-            "nodeSelector": {POOL_LABEL: POOL},
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"requests": {"cpu": "10m", **gpu}, "limits": gpu},
-                }
-            ],
-        },
-    }
+    labels = {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE, "kueue.x-k8s.io/pod-group-name": group}
+    annotations = {"kueue.x-k8s.io/pod-group-total-count": str(total), names.REQUIRED_LEVEL: "leaf"}
+    pod = gpu_pod(name, gpus, POOL, labels=labels, annotations=annotations)
+    pod["metadata"]["namespace"] = ns
+    return pod
 
 
 def groups_bound(cp: ControlPlane, ns: str, count: int) -> dict[str, list[dict[str, Any]]] | None:
