@@ -328,7 +328,8 @@ async def add_slot_claims(api: KubeClient, cache: Any, facts: Facts) -> None:
 
 def refused_nodes(cache: Any) -> list[str]:
     """One line per node kept out of placement because its NodeTopology is refused, or its
-    DRA devices do not pair with it; and per node whose agent reports GPUs unhealthy."""
+    DRA devices do not pair with it; and per node whose agent reports GPUs unhealthy, or
+    healthy GPUs whose links retry (priced at a share of their bandwidth)."""
     refused = cache.refused_topologies()
     lines = [
         f"node {node} kept out of placement: its NodeTopology is refused: {refused[node]}"
@@ -343,6 +344,11 @@ def refused_nodes(cache: Any) -> list[str]:
     lines += [
         f"node {node} has GPUs given to no gang (interconnect degraded): {why}"
         for node, why in sorted(degraded.items())
+    ]
+    retrying = cache.retrying_links() if hasattr(cache, "retrying_links") else {}
+    lines += [
+        f"node {node} has GPUs whose links retry, priced at a share of their bandwidth: {why}"
+        for node, why in sorted(retrying.items())
     ]
     return lines
 

@@ -310,6 +310,25 @@ class ClusterInformer:
         node -> (status, message)."""
         return dict(self._shown[type_])
 
+    def retrying_links(self) -> dict[str, str]:
+        """Nodes with healthy GPUs whose links retry (error rates under the agent's thresholds),
+        naming each GPU and the share of its bandwidth placement counts on
+        (:attr:`~extender.topology.model.GpuHealth.nvlink_share`)."""
+        out = {}
+        for name, topo in self._topologies.items():
+            graph = topo.graph
+            if graph is None:
+                continue
+            priced = [
+                f"GPU{i}: NVLink at {h.nvlink_share:.0%} ({h.nvlink_errors_per_s:g} errors/s), "
+                f"PCIe at {h.pcie_share:.0%} ({h.pcie_replays_per_s:g} replays/s)"
+                for i, h in sorted(graph.health.items())
+                if h.healthy and (h.nvlink_errors_per_s > 0 or h.pcie_replays_per_s > 0)
+            ]
+            if priced:
+                out[name] = "; ".join(priced)
+        return out
+
     def interconnect_problems(self) -> dict[str, str]:
         """Nodes whose agent reports a GPU unhealthy (an NVLink or PCIe error rate over its
         threshold, or counters it cannot read), naming each GPU and why. Those GPUs are kept

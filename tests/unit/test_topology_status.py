@@ -210,3 +210,13 @@ def test_a_degraded_gpu_link_sets_interconnect_healthy_false_and_an_event_naming
     asyncio.run(reporter.sync(cache, clock()))
     last = [c for n, c in api.conditions if c["type"] == INTERCONNECT_HEALTHY][-1]
     assert (last["status"], last["reason"]) == ("True", LINKS_WITHIN_THRESHOLDS)
+
+
+def test_explain_names_a_gpu_whose_links_retry_and_the_share_it_is_priced_at() -> None:
+    cache = two_node_cache()
+    retrying = [{"index": 3, "healthy": True, "nvlinkErrorsPerSecond": 0.5, "pcieReplaysPerSecond": 0.0}]
+    cache.apply(Kind.NODE_TOPOLOGIES, "MODIFIED", topology("a", health=retrying))
+    assert cache.retrying_links() == {"a": "GPU3: NVLink at 67% (0.5 errors/s), PCIe at 100% (0 replays/s)"}
+    assert cache.interconnect_problems() == {}  # healthy: no condition, no Event
+    (line,) = [x for x in refused_nodes(cache) if "retry" in x]
+    assert line.startswith("node a has GPUs whose links retry") and "GPU3: NVLink at 67%" in line
