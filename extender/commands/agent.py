@@ -162,6 +162,19 @@ def register(sub: Any) -> None:
     )  # tests; or $GANGSLICE_NVML_FAKE
     p.set_defaults(func=run_preflight)
 
+    n = sub.add_parser(
+        "pin",
+        help="inside a pod: run a command on its GPUs' NUMA CPUs (the numactl line, automatic)",
+        description="Set this process's CPU affinity to the CPUs of the visible GPUs' NUMA node(s) "
+        "that the container may use, prefer their memory, then exec COMMAND. Where that cannot be "
+        "done (no NUMA information, or none of those CPUs in the container's cpuset) COMMAND runs "
+        "unpinned, with the reason on stderr.",
+    )
+    n.add_argument("--sysfs-root", type=Path, default=SYSFS, help=argparse.SUPPRESS)
+    n.add_argument("--nvml-fake", choices=sorted(FAKES), help=argparse.SUPPRESS)  # tests
+    n.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
+    n.set_defaults(func=run_pin)
+
 
 # --- agent -----------------------------------------------------------------------------
 
@@ -271,6 +284,36 @@ def _promise(path: Path) -> tuple[Promise, str | None]:
     except FileError as exc:
         raise PreflightError(str(exc)) from None
     return Promise.from_annotations(parse_annotations(text)), None
+
+
+def run_pin(args: argparse.Namespace) -> int:
+    from extender.agent.pin import plan, prefer_memory
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("gangslice pin: no command given (gangslice pin -- COMMAND [ARG ...])", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        graph = _graph(args)
+        visible = visible_gpus(graph, os.environ)
+    except (PreflightError, ValueError) as exc:
+        print(f"gangslice pin: {exc}; running unpinned", file=sys.stderr)
+    else:
+        pinned = plan(graph, visible, os.sched_getaffinity(0))
+        print(f"gangslice pin: {pinned.note}", file=sys.stderr)
+        if pinned.cpus:
+            os.sched_setaffinity(0, pinned.cpus)
+            why = prefer_memory(pinned.numa_nodes)
+            if why:
+                print(f"gangslice pin: {why}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"gangslice pin: cannot run {command[0]}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK  # not reached: exec replaced the process
 
 
 def run_preflight(args: argparse.Namespace) -> int:
