@@ -16,8 +16,9 @@ labels them), from the last NVML sample:
 - the cumulative error counters under dcgm-exporter's names, so dashboards built on it read
   them: ``DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL``,
   ``DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL``, ``DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL``,
-  ``DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL`` (summed over the GPU's active links) and
-  ``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``. They are exposed untyped: the Python client would give a
+  ``DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL`` (summed over the GPU's active links), the same
+  per link as dcgm-exporter names them (``..._COUNT_L<n>``, only for links that counted an error)
+  and ``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``. They are exposed untyped: the Python client would give a
   counter a ``_total`` name of its own, and the names must stay dcgm-exporter's;
 - ``gangslice_agent_gpu_nvlink_errors_per_second`` and
   ``gangslice_agent_gpu_pcie_replays_per_second``: the rates between the last two samples,
@@ -83,6 +84,16 @@ class GpuHealthCollector:
 
     def collect(self) -> Iterator[Metric]:
         gpus = self._gpus
+        per_link: dict[str, tuple[str, list[tuple[Mapping[str, str], float]]]] = {}
+        for g in gpus:
+            for link, *counts in g.counters.links:
+                for (name, _, doc), value in zip(DCGM_COUNTERS, counts, strict=False):
+                    link_name = name.replace("_TOTAL", f"_L{link}")
+                    per_link.setdefault(link_name, (f"{doc.split(' (')[0]} on NVLink {link}.", []))[1].append(
+                        (g.labels, value)
+                    )
+        for name, (doc, samples) in sorted(per_link.items()):
+            yield _family(name, doc, "unknown", iter(samples))
         for name, field, doc in DCGM_COUNTERS:
             yield _family(
                 name,

@@ -468,6 +468,8 @@ class HealthCounters:
     nvlink_recovery_errors: int = 0
     pcie_replays: int = 0
     error: str | None = None
+    #: The links that counted any error: (link, CRC flit, CRC data, replay, recovery).
+    links: tuple[tuple[int, int, int, int, int], ...] = ()
 
     @property
     def nvlink_crc_errors(self) -> int:
@@ -490,16 +492,31 @@ class HealthThresholds:
     pcie_replays_per_s: float = 10.0
 
 
+_LINK_ORDER = (
+    NvlinkErrorCounter.DL_CRC_FLIT,
+    NvlinkErrorCounter.DL_CRC_DATA,
+    NvlinkErrorCounter.DL_REPLAY,
+    NvlinkErrorCounter.DL_RECOVERY,
+)
+
+
 def _sample(backend: NvmlBackend, index: int) -> HealthCounters:
     totals: Counter[int] = Counter()
+    links: list[tuple[int, int, int, int, int]] = []
     try:
         for link in _enabled_links(backend, index):
-            for counter in NvlinkErrorCounter:
-                totals[counter] += _may(
+            counts = {
+                counter: _may(
                     f"nvlink_error_counter(GPU{index}, link {link}, {counter.name})",
                     partial(backend.nvlink_error_counter, index, link, int(counter)),
                     0,
                 )
+                for counter in NvlinkErrorCounter
+            }
+            totals.update(counts)
+            if any(counts.values()):
+                flit, data, replay, recovery = (counts[c] for c in _LINK_ORDER)
+                links.append((link, flit, data, replay, recovery))
         replays = _may(f"pcie_replay_counter(GPU{index})", partial(backend.pcie_replay_counter, index), 0)
     except TopologyError as exc:
         return HealthCounters(error=str(exc))
@@ -509,6 +526,7 @@ def _sample(backend: NvmlBackend, index: int) -> HealthCounters:
         nvlink_replay_errors=totals[NvlinkErrorCounter.DL_REPLAY],
         nvlink_recovery_errors=totals[NvlinkErrorCounter.DL_RECOVERY],
         pcie_replays=replays,
+        links=tuple(links),
     )
 
 
@@ -541,12 +559,23 @@ def _health(
     if pcie > limits.pcie_replays_per_s:
         over.append(("pcie_replays", pcie, limits.pcie_replays_per_s))
     reason = "; ".join(f"{n} at {r:.1f}/s (threshold {lim:g}/s)" for n, r, lim in over) or None
+    worst = _worst_link(prev, curr)
+    if reason is not None and worst is not None and any(n in _NVLINK_COUNTERS for n, _, _ in over):
+        reason += f"; most on NVLink {worst}"
     return GpuHealth(
         nvlink_errors_per_s=sum(rates.values()),
         pcie_replays_per_s=pcie,
         healthy=not over,
         reason=reason,
     )
+
+
+def _worst_link(prev: HealthCounters, curr: HealthCounters) -> int | None:
+    """The NVLink whose error counters grew most between two samples (None: none grew)."""
+    before = {link: sum(counts) for link, *counts in prev.links}
+    grown = {link: sum(counts) - before.get(link, 0) for link, *counts in curr.links}
+    best = max(grown, key=lambda link: (grown[link], -link), default=None)
+    return best if best is not None and grown[best] > 0 else None
 
 
 def health_from_rates(

@@ -751,6 +751,8 @@ def test_the_agent_exports_each_gpus_interconnect_counters_under_dcgm_exporters_
     assert f'DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{UUID="{uuid5}",gpu="5"}} 300.0' in text
     assert f'DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{{UUID="{uuid5}",gpu="5"}} 6.0' in text
     assert f'DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{UUID="{uuid5}",gpu="5"}} 60.0' in text
+    assert f'DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0{{UUID="{uuid5}",gpu="5"}} 300.0' in text
+    assert "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L1{" not in text  # a clean link has no series
     assert f'gangslice_agent_gpu_nvlink_errors_per_second{{UUID="{uuid5}",gpu="5"}} 10.2' in text
     assert f'gangslice_agent_gpu_pcie_replays_per_second{{UUID="{uuid5}",gpu="5"}} 2.0' in text
     assert f'gangslice_agent_gpu_healthy{{UUID="{uuid5}",gpu="5"}} 0.0' in text

@@ -401,7 +401,11 @@ def test_health_counters_sum_links_and_split_by_kind() -> None:
     fake.add_errors(1, crc=3, link=17)
     sample = health_counters(fake)
     assert sample[1] == HealthCounters(
-        nvlink_crc_flit_errors=8, nvlink_replay_errors=2, nvlink_recovery_errors=1, pcie_replays=9
+        nvlink_crc_flit_errors=8,
+        nvlink_replay_errors=2,
+        nvlink_recovery_errors=1,
+        pcie_replays=9,
+        links=((0, 5, 0, 2, 1), (17, 3, 0, 0, 0)),  # (link, CRC flit, CRC data, replay, recovery)
     )
     assert sample[0] == HealthCounters()
 
@@ -415,7 +419,7 @@ def test_health_rates_mark_a_gpu_over_threshold_unhealthy() -> None:
     fake.add_errors(5, pcie_replays=200)  # 20/s
     health = health_from_rates(before, health_counters(fake), 10.0)
     assert not health[3].healthy
-    assert health[3].reason == "nvlink_crc_errors at 5.0/s (threshold 1/s)"
+    assert health[3].reason == "nvlink_crc_errors at 5.0/s (threshold 1/s); most on NVLink 0"
     assert health[3].nvlink_errors_per_s == pytest.approx(5.0)
     assert health[4].healthy and health[4].reason is None
     assert health[4].pcie_replays_per_s == pytest.approx(9.0)
@@ -538,3 +542,12 @@ def test_a_backend_that_never_ends_its_links_is_an_error() -> None:
     links = [FakeLink(RemoteDevice.SWITCH, "00000000:05:00.0")] * 2000
     with pytest.raises(TopologyError, match="never reported the last"):
         discover(FakeNvml([_gpu(0, 0x10, links)], {}))
+
+
+def test_the_reason_names_the_link_whose_errors_grew_most() -> None:
+    fake = FakeNvml.hgx_h100()
+    before = health_counters(fake)
+    fake.add_errors(2, crc=20, link=3)
+    fake.add_errors(2, crc=40, link=11)
+    health = health_from_rates(before, health_counters(fake), 10.0)
+    assert health[2].reason == "nvlink_crc_errors at 6.0/s (threshold 1/s); most on NVLink 11"
