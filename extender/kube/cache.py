@@ -55,7 +55,7 @@ from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import Hierarchy
 from extender.topology.kubelet import KubeletAlignment
-from extender.topology.model import GpuGraph
+from extender.topology.model import GpuGraph, GpuHealth
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +102,6 @@ class Listener(Protocol):
 
     def owners_changed(self, gangs: Iterable[str]) -> None:
         """The owners of these plain gangs' pods changed (a scale, a new revision)."""
-
-
-def _uuid(graph: GpuGraph, index: int) -> str | None:
-    return next((g.uuid for g in graph.gpus if g.index == index), None)
 
 
 def _no_gang(namespace: str, name: str) -> str | None:
@@ -314,37 +310,40 @@ class ClusterInformer:
         """Nodes with healthy GPUs whose links retry (error rates under the agent's thresholds),
         naming each GPU and the share of its bandwidth placement counts on
         (:attr:`~extender.topology.model.GpuHealth.nvlink_share`)."""
-        out = {}
-        for name, topo in self._topologies.items():
-            graph = topo.graph
-            if graph is None:
-                continue
-            priced = [
+
+        def priced(graph: GpuGraph, i: int, h: GpuHealth) -> str | None:
+            if not h.healthy or (h.nvlink_errors_per_s <= 0 and h.pcie_replays_per_s <= 0):
+                return None
+            return (
                 f"GPU{i}: NVLink at {h.nvlink_share:.0%} ({h.nvlink_errors_per_s:g} errors/s), "
                 f"PCIe at {h.pcie_share:.0%} ({h.pcie_replays_per_s:g} replays/s)"
-                for i, h in sorted(graph.health.items())
-                if h.healthy and (h.nvlink_errors_per_s > 0 or h.pcie_replays_per_s > 0)
-            ]
-            if priced:
-                out[name] = "; ".join(priced)
-        return out
+            )
+
+        return self._gpu_lines(priced)
 
     def interconnect_problems(self) -> dict[str, str]:
         """Nodes whose agent reports a GPU unhealthy (an NVLink or PCIe error rate over its
         threshold, or counters it cannot read), naming each GPU and why. Those GPUs are kept
         out of placement (:class:`~extender.placement.snapshot.NodeState`)."""
+
+        def sick(graph: GpuGraph, i: int, h: GpuHealth) -> str | None:
+            if h.healthy:
+                return None
+            uuid = next((g.uuid for g in graph.gpus if g.index == i and g.uuid), None)
+            return f"GPU{i}{f' ({uuid})' if uuid else ''}: {h.reason or 'unhealthy'}"
+
+        return self._gpu_lines(sick)
+
+    def _gpu_lines(self, line: Callable[[GpuGraph, int, GpuHealth], str | None]) -> dict[str, str]:
+        """Node -> ``line`` of each of its GPUs' health that has one, joined; nodes with none left out."""
         out = {}
         for name, topo in self._topologies.items():
-            graph = topo.graph
-            if graph is None:
+            if topo.graph is None:
                 continue
-            sick = [
-                f"GPU{i}{f' ({uuid})' if (uuid := _uuid(graph, i)) else ''}: {h.reason or 'unhealthy'}"
-                for i, h in sorted(graph.health.items())
-                if not h.healthy
-            ]
-            if sick:
-                out[name] = "; ".join(sick)
+            graph = topo.graph
+            lines = [got for i, h in sorted(graph.health.items()) if (got := line(graph, i, h)) is not None]
+            if lines:
+                out[name] = "; ".join(lines)
         return out
 
     def node_problem(self, node: str) -> str | None:
