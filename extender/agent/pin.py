@@ -21,7 +21,7 @@ import platform
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from extender.agent.preflight import Visible
+from extender.agent.preflight import Visible, gpu_locality
 from extender.topology.model import GpuGraph
 from extender.topology.serialize import index_ranges
 
@@ -49,8 +49,7 @@ def plan(graph: GpuGraph, visible: Visible, allowed: Iterable[int]) -> PinPlan:
     names = ",".join(visible.name(g) for g in gpus) or "none"
     if not gpus:
         return PinPlan(None, (), f"no GPU visible ({names}): CPU affinity left as it is")
-    nodes = tuple(sorted({n for g in gpus if (n := graph.gpu(g).numa_node) is not None}))
-    local = frozenset().union(*(graph.gpu(g).cpu_affinity for g in gpus))
+    nodes, local = gpu_locality(graph, gpus)
     if not local:
         return PinPlan(None, nodes, f"GPUs {names}: NUMA CPUs unknown: CPU affinity left as it is")
     cpus = local & allowed

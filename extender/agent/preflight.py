@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -308,13 +308,19 @@ def _check_tp_links(graph: GpuGraph, visible: Visible, allowed: Tier) -> Check:
     return Check("tp-links", True, f"all {len(pairs)} pairs {'/'.join(cells)}, needs {needs}")
 
 
+def gpu_locality(graph: GpuGraph, gpus: Iterable[int]) -> tuple[tuple[int, ...], frozenset[int]]:
+    """The NUMA nodes of these GPUs, and the CPUs close to them (NVML's CPU affinity)."""
+    gpus = tuple(gpus)
+    nodes = tuple(sorted({n for g in gpus if (n := graph.gpu(g).numa_node) is not None}))
+    return nodes, frozenset().union(*(graph.gpu(g).cpu_affinity for g in gpus))
+
+
 def _check_numa(graph: GpuGraph, visible: Visible, promise: Promise, cpus: frozenset[int]) -> Check:
-    nodes = tuple(sorted({n for g in visible.gpus if (n := graph.gpu(g).numa_node) is not None}))
+    nodes, local = gpu_locality(graph, visible.gpus)
     where = "NUMA node " + ",".join(map(str, nodes)) if nodes else "unknown NUMA nodes"
     if promise.numa_nodes is not None and nodes and nodes != promise.numa_nodes:
         promised = ",".join(map(str, promise.numa_nodes))
         return Check("numa", False, f"GPUs are on {where}, promised NUMA node {promised} ({NUMA_NODE})")
-    local = frozenset().union(*(graph.gpu(g).cpu_affinity for g in visible.gpus))
     if not local or not cpus:
         return Check("numa", True, f"GPUs on {where}; CPU affinity unknown, not compared")
     if not cpus & local:
@@ -382,8 +388,7 @@ def run_checks(
     checks.append(_check_tp_links(graph, visible, promise.allowed_tier(allow_pcie)))
     checks.append(_check_numa(graph, visible, promise, cpus))
     checks.append(_check_nics(graph, visible))
-    nodes = tuple(sorted({n for g in visible.gpus if (n := graph.gpu(g).numa_node) is not None}))
-    return Report(visible, tuple(checks), nodes)
+    return Report(visible, tuple(checks), gpu_locality(graph, visible.gpus)[0])
 
 
 def render(report: Report) -> str:

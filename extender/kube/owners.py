@@ -191,10 +191,9 @@ class OwnerTable:
         same name keeps its own sizes, and a PodGroup its pods also join only gates
         kube-scheduler)."""
         group = self._groups.get(gang)
-        pods = [*self._pods_of_gang(gang), *([member] if member is not None else [])]
-        if group is None or any(not p.joins_pod_group for p in pods):
-            return None
-        return group
+        if group is None or (member is not None and not member.joins_pod_group):
+            return None  # the common case, asked on every trim and grow: no scan of the pods
+        return None if any(not p.joins_pod_group for p in self._pods_of_gang(gang)) else group
 
     def sizes(self, gang: str, member: PodInfo | None = None) -> dict[str, PodSetSize] | None:
         """Each pod set's size, summed over the workloads that own its pods, else as the

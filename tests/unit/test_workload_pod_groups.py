@@ -217,9 +217,8 @@ def test_volcano_and_workload_pod_groups_do_not_meet_in_the_fake_api() -> None:
     kube.put("podgroups", make_pod_group("ep").obj())
     assert [o["kind"] for o in kube.objects(WORKLOAD_POD_GROUPS)] == ["PodGroup"]
     assert kube.objects(WORKLOAD_POD_GROUPS)[0]["apiVersion"] == "scheduling.k8s.io/v1beta1"
-    assert "apiVersion" not in kube.objects("podgroups")[0] or kube.objects("podgroups")[0][
-        "apiVersion"
-    ].startswith("scheduling.volcano.sh")
+    (volcano,) = kube.objects("podgroups")
+    assert volcano["apiVersion"].startswith("scheduling.volcano.sh"), volcano
 
 
 def test_a_cluster_that_does_not_serve_pod_groups_is_listed_empty_and_asked_again() -> None:
