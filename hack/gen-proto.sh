@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Generate the Python code of the kubelet PodResources v1 API from proto/.
+# Generate the Python code of the kubelet APIs gangslice speaks from proto/: PodResources v1 (the
+# agent) and Device Plugin v1beta1 (the e2e tier's fake-GPU device plugin).
 #
-#   hack/gen-proto.sh            # regenerate the committed files in extender/agent/
-#   hack/gen-proto.sh OUT_DIR    # write them under OUT_DIR/extender/agent/ instead
+#   hack/gen-proto.sh            # regenerate the committed files in extender/
+#   hack/gen-proto.sh OUT_DIR    # write them under OUT_DIR/extender/ instead
 #
-# Output: extender/agent/podresources_pb2.py, podresources_pb2_grpc.py, podresources_pb2.pyi.
-# The proto is compiled under the virtual name extender/agent/podresources.proto, so the
+# Output: extender/agent/podresources_pb2.py, podresources_pb2_grpc.py, podresources_pb2.pyi and
+# extender/testing/deviceplugin_pb2.py, deviceplugin_pb2_grpc.py, deviceplugin_pb2.pyi.
+# Each proto is compiled under a virtual name (extender/agent/podresources.proto, ...), so the
 # generated modules import each other as `extender.agent.podresources_pb2` without any
 # editing after protoc. The output depends only on the proto and the grpcio-tools version,
 # which is pinned here: regenerate with exactly this version (tests/unit/test_podresources_proto.py
@@ -27,11 +29,15 @@ if [[ "$have" != "$GRPCIO_TOOLS_VERSION" ]]; then
   exit 1
 fi
 
-mkdir -p "$out/extender/agent"
 cd "$root"
-"$PYTHON" -m grpc_tools.protoc \
-  "-Iextender/agent/podresources.proto=proto/podresources/v1/api.proto" \
-  "--python_out=$out" \
-  "--grpc_python_out=$out" \
-  "--pyi_out=$out" \
-  extender/agent/podresources.proto
+generate() { # virtual-name proto-file
+  mkdir -p "$out/$(dirname "$1")"
+  "$PYTHON" -m grpc_tools.protoc \
+    "-I$1=$2" \
+    "--python_out=$out" \
+    "--grpc_python_out=$out" \
+    "--pyi_out=$out" \
+    "$1"
+}
+generate extender/agent/podresources.proto proto/podresources/v1/api.proto
+generate extender/testing/deviceplugin.proto proto/deviceplugin/v1beta1/api.proto

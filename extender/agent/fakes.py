@@ -11,9 +11,11 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from uuid import UUID
 
+from extender.agent.kubelet_config import read_numa_cpus
 from extender.topology.fake_nvml import FakeNvml
 
 #: Environment variable that selects a fake for ``gangslice preflight`` (tests, demos).
@@ -40,8 +42,19 @@ def fake_name(flag: str | None) -> str | None:
 
 
 @contextmanager
-def fake_node(name: str) -> Iterator[tuple[FakeNvml, Path]]:
-    """(backend, sysfs root) of a named fake node; the sysfs tree is removed on exit."""
+def fake_node(name: str, machine: Path | None = None) -> Iterator[tuple[FakeNvml, Path]]:
+    """(backend, sysfs root) of a named fake node; the sysfs tree is removed on exit.
+
+    With ``machine`` (a sysfs root), the fake's GPUs keep their NUMA nodes but take that
+    machine's CPUs of each node (``devices/system/node/node<N>/cpulist``): a fake board on a
+    real machine, whose kubelet and processes see that machine's CPUs. A GPU on a NUMA node the
+    machine lacks keeps none."""
     backend = FAKES[name]()
+    if machine is not None:
+        numa = read_numa_cpus(machine / "devices" / "system" / "node")
+        backend.gpus[:] = [
+            replace(g, cpus=numa.get(g.numa_node, frozenset()) if g.numa_node is not None else frozenset())
+            for g in backend.gpus
+        ]
     with tempfile.TemporaryDirectory(prefix="gangslice-sysfs-") as root:
         yield backend, backend.write_sysfs(Path(root))

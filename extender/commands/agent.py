@@ -89,7 +89,12 @@ def register(sub: Any) -> None:
     a.add_argument(
         "--resource", default=GPU_RESOURCE, help=f"extended resource of GPUs (default {GPU_RESOURCE})"
     )
-    a.add_argument("--sysfs-root", type=Path, default=SYSFS, help=f"where sysfs is mounted (default {SYSFS})")
+    a.add_argument(
+        "--sysfs-root",
+        type=Path,
+        help=f"where sysfs is mounted (default {SYSFS}); with --nvml-fake, given explicitly, the fake's GPUs "
+        "take this machine's CPUs of their NUMA node",
+    )
     a.add_argument(
         "--kubelet-config",
         default=str(DEFAULT_KUBELET_CONFIG),
@@ -151,7 +156,7 @@ def register(sub: Any) -> None:
         help="fail when the GPUs are not the promised ones, even as many that meet the in-node rule "
         "(default: pass, saying so; gangslice moves the reservation onto them)",
     )
-    p.add_argument("--sysfs-root", type=Path, default=SYSFS, help=argparse.SUPPRESS)
+    p.add_argument("--sysfs-root", type=Path, help=argparse.SUPPRESS)
     p.add_argument(
         "--quiet",
         action="store_true",
@@ -170,7 +175,7 @@ def register(sub: Any) -> None:
         "done (no NUMA information, or none of those CPUs in the container's cpuset) COMMAND runs "
         "unpinned, with the reason on stderr.",
     )
-    n.add_argument("--sysfs-root", type=Path, default=SYSFS, help=argparse.SUPPRESS)
+    n.add_argument("--sysfs-root", type=Path, help=argparse.SUPPRESS)
     n.add_argument("--nvml-fake", choices=sorted(FAKES), help=argparse.SUPPRESS)  # tests
     n.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     n.set_defaults(func=run_pin)
@@ -183,10 +188,12 @@ def register(sub: Any) -> None:
 def _discovery(args: argparse.Namespace) -> Iterator[Discovery]:
     thresholds = HealthThresholds(args.nvlink_errors_per_s, args.pcie_replays_per_s)
     if args.nvml_fake:
-        with fake_node(args.nvml_fake) as (backend, sysfs):
+        with fake_node(args.nvml_fake, machine=args.sysfs_root) as (backend, sysfs):
             yield Discovery(lambda: backend, sysfs_root=sysfs, run=None, thresholds=thresholds)
         return
-    discovery = Discovery(PynvmlBackend, sysfs_root=args.sysfs_root, run=run_command, thresholds=thresholds)
+    discovery = Discovery(
+        PynvmlBackend, sysfs_root=args.sysfs_root or SYSFS, run=run_command, thresholds=thresholds
+    )
     try:
         yield discovery
     finally:
@@ -237,7 +244,7 @@ def run_agent(args: argparse.Namespace) -> int:
         kubelet = (
             KubeletReader(
                 Path(args.kubelet_config),
-                (discovery.sysfs_root or args.sysfs_root) / "devices" / "system" / "node",
+                (discovery.sysfs_root or args.sysfs_root or SYSFS) / "devices" / "system" / "node",
                 pod_resources,
             )
             if args.kubelet_config
@@ -264,12 +271,12 @@ def run_agent(args: argparse.Namespace) -> int:
 def _graph(args: argparse.Namespace) -> GpuGraph:
     name = fake_name(args.nvml_fake)
     if name is not None:
-        with fake_node(name) as (fake, sysfs):
+        with fake_node(name, machine=args.sysfs_root) as (fake, sysfs):
             return discover(fake, sysfs_root=sysfs)
     backend: NvmlBackend
     try:
         with PynvmlBackend() as backend:
-            return discover(backend, sysfs_root=args.sysfs_root)
+            return discover(backend, sysfs_root=args.sysfs_root or SYSFS)
     except Exception as exc:  # NvmlUnavailable, TopologyError
         raise PreflightError(f"cannot read the GPUs through NVML: {exc}") from exc
 

@@ -5,14 +5,18 @@
 #
 # Usage: hack/e2e/build.sh [COMPONENT...]      (default: all of them)
 #   COMPONENT is one of: etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler
-#                        lws jobset helm
+#                        lws jobset helm, and the real node's kubelet containerd ctr containerd-shim-runc-v2 runc
+#                        bridge host-local loopback (CNI plugins) pause (the pods' sandbox process, tools/pause)
 #
 # Output goes to a cache folder outside the repository, keyed by the pinned versions:
 #   ${GANGSLICE_CACHE:-$HOME/.cache/gangslice}/e2e/<versions-key>/bin/<component>
 # lws and jobset are built under a key of their own, <controllers-key> (lws-<v>_jobset-<v>), so pinning or
 # bumping them leaves the binaries under <versions-key> valid; <versions-key>/bin/{lws,jobset} and
 # <versions-key>/{crds,webhooks}/{lws,jobset} are symbolic links into <controllers-key>, so one bin dir
-# (and the crds/ beside it) still holds everything.
+# (and the crds/ beside it) still holds everything. The real node's binaries (kubelet, containerd, ctr,
+# containerd-shim-runc-v2, runc, and the CNI plugins bridge, host-local and loopback) are built under <node-key>
+# (node-<k8s>_containerd-<v>_runc-<v>_cni-<v>) and linked into <versions-key>/bin the same way. runc is the one cgo build: it links libseccomp (libseccomp-dev, installed
+# with apt-get when missing) and needs a C compiler.
 # A binary is rebuilt only when it is missing or its stamp (versions, go.mod/go.sum hash, Go version)
 # changed, so a second run builds nothing. The last line printed on stdout is
 #   GANGSLICE_E2E_BIN=<bin dir>
@@ -30,7 +34,9 @@ log() { printf '%s [e2e-build] %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 trap 'rc=$?; log "FAILED at step: ${STEP} (exit ${rc})"; exit ${rc}' ERR
 
-ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler lws jobset helm)
+NODE_COMPONENTS=(kubelet containerd ctr containerd-shim-runc-v2 runc bridge host-local loopback pause)
+ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler lws jobset helm
+                "${NODE_COMPONENTS[@]}")
 COMPONENTS=("$@")
 [[ ${#COMPONENTS[@]} -gt 0 ]] || COMPONENTS=("${ALL_COMPONENTS[@]}")
 
@@ -56,6 +62,8 @@ mkdir -p "${BIN_DIR}"
 # so adding or bumping them never changes <versions-key> and never invalidates the kube-* binaries under it.
 CTRL_KEY="lws-${LWS_VERSION}_jobset-${JOBSET_VERSION}"
 CTRL_DIR="${CACHE_ROOT}/e2e/${CTRL_KEY}"
+NODE_KEY="node-${KUBERNETES_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}_cni-${CNI_PLUGINS_VERSION}"
+NODE_DIR="${CACHE_ROOT}/e2e/${NODE_KEY}"
 
 export GOCACHE="${CACHE_ROOT}/go/build"
 export GOMODCACHE="${CACHE_ROOT}/go/mod"
@@ -80,14 +88,17 @@ lock_dir() { # fd dir
 }
 needs_out=0
 needs_ctrl=0
+needs_node=0
 for comp in "${COMPONENTS[@]}"; do
     case "${comp}" in
         lws|jobset) needs_ctrl=1 ;;
+        kubelet|containerd|ctr|containerd-shim-runc-v2|runc|bridge|host-local|loopback|pause) needs_node=1 ;;
         *) needs_out=1 ;;
     esac
 done
 if (( needs_out )); then lock_dir 9 "${OUT_DIR}"; fi
 if (( needs_ctrl )); then mkdir -p "${CTRL_DIR}/bin" && lock_dir 8 "${CTRL_DIR}"; fi
+if (( needs_node )); then mkdir -p "${NODE_DIR}/bin" && lock_dir 7 "${NODE_DIR}"; fi
 
 # --- Components -------------------------------------------------------------------------------------------
 # component -> "<tools module dir>|<main package>|<version>|<extra -X ldflags>"
@@ -97,6 +108,7 @@ K8S_X="-X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION} -X k8s.
 # the minor version of the k8s.io/client-go it is built with).
 helm_k8s_minor="$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "${TOOLS_DIR}/helm/go.mod")"
 HELM_X="-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+CONTAINERD_X="-X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}"
 for pkg in pkg/lint/rules pkg/chartutil; do
     HELM_X+=" -X helm.sh/helm/v3/${pkg}.k8sVersionMajor=1 -X helm.sh/helm/v3/${pkg}.k8sVersionMinor=${helm_k8s_minor}"
 done
@@ -112,6 +124,13 @@ spec_of() {
         lws)            echo "lws|sigs.k8s.io/lws/cmd|${LWS_VERSION}|-X sigs.k8s.io/lws/pkg/version.GitVersion=${LWS_VERSION}" ;;
         jobset)         echo "jobset|sigs.k8s.io/jobset|${JOBSET_VERSION}|-X sigs.k8s.io/jobset/pkg/version.GitVersion=${JOBSET_VERSION}" ;;
         helm)           echo "helm|helm.sh/helm/v3/cmd/helm|${HELM_VERSION}|${HELM_X}" ;;
+        kubelet)        echo "kubelet|k8s.io/kubernetes/cmd/kubelet|${KUBERNETES_VERSION}|${K8S_X}" ;;
+        containerd|ctr|containerd-shim-runc-v2)
+                        echo "containerd|github.com/containerd/containerd/v2/cmd/$1|${CONTAINERD_VERSION}|${CONTAINERD_X}" ;;
+        bridge|loopback) echo "cni|github.com/containernetworking/plugins/plugins/main/$1|${CNI_PLUGINS_VERSION}|" ;;
+        host-local)     echo "cni|github.com/containernetworking/plugins/plugins/ipam/$1|${CNI_PLUGINS_VERSION}|" ;;
+        pause)          echo "pause|gangslice/hack/e2e/tools/pause|${KUBERNETES_VERSION}|" ;;
+        runc)           echo "runc|github.com/opencontainers/runc|${RUNC_VERSION}|-X main.version=${RUNC_VERSION#v}" ;;
         *) return 1 ;;
     esac
 }
@@ -120,14 +139,26 @@ spec_of() {
 out_dir_of() {
     case "$1" in
         lws|jobset) echo "${CTRL_DIR}" ;;
+        kubelet|containerd|ctr|containerd-shim-runc-v2|runc|bridge|host-local|loopback|pause) echo "${NODE_DIR}" ;;
         *) echo "${OUT_DIR}" ;;
     esac
 }
 
-# link_into_out_dir PATH (e.g. bin/lws): <versions-key>/PATH -> <controllers-key>/PATH.
+# link_into_out_dir PATH [FROM] (e.g. bin/lws): <versions-key>/PATH -> FROM/PATH (default <controllers-key>).
 link_into_out_dir() {
     mkdir -p "$(dirname "${OUT_DIR}/$1")"
-    ln -sfn "${CTRL_DIR}/$1" "${OUT_DIR}/$1"
+    ln -sfn "${2:-${CTRL_DIR}}/$1" "${OUT_DIR}/$1"
+}
+
+# runc's cgo build links libseccomp: its headers come from Debian's libseccomp-dev.
+need_libseccomp() {
+    [[ -f /usr/include/seccomp.h ]] && return 0
+    command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]] ||
+        die "runc needs libseccomp's headers (/usr/include/seccomp.h): install libseccomp-dev (Debian/Ubuntu) or libseccomp-devel"
+    log "installing libseccomp-dev (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libseccomp-dev >&2 ||
+        { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libseccomp-dev >&2; } ||
+        die "apt-get install libseccomp-dev failed (is a Debian mirror reachable?)"
 }
 
 hash_files() { cat "$@" | sha256sum | cut -c1-16; }
@@ -157,9 +188,11 @@ for comp in "${COMPONENTS[@]}"; do
     comp_dir="$(out_dir_of "${comp}")"
     comp_bin="${comp_dir}/bin"
     stamp_file="${comp_bin}/.${comp}.stamp"
-    stamp="${comp} ${pkg}@${version} go=${GO_VERSION} mod=$(hash_files "${mod}/go.mod" "${mod}/go.sum") ldflags=$(sha256sum <<<"${xflags}" | cut -c1-8)"
+    # A tools module's own Go files (only tools/pause has any) are part of what its stamp hashes.
+    mapfile -t own_go < <(find "${mod}" -maxdepth 1 -name '*.go' | sort)
+    stamp="${comp} ${pkg}@${version} go=${GO_VERSION} mod=$(hash_files "${mod}/go.mod" "${mod}/go.sum" ${own_go[@]+"${own_go[@]}"}) ldflags=$(sha256sum <<<"${xflags}" | cut -c1-8)"
     if [[ -x "${comp_bin}/${comp}" && -f "${stamp_file}" && "$(cat "${stamp_file}")" == "${stamp}" ]]; then
-        [[ "${comp_dir}" == "${OUT_DIR}" ]] || link_into_out_dir "bin/${comp}"
+        [[ "${comp_dir}" == "${OUT_DIR}" ]] || link_into_out_dir "bin/${comp}" "${comp_dir}"
         log "${comp}: up to date (${pkg}@${version})"
         continue
     fi
@@ -170,11 +203,17 @@ for comp in "${COMPONENTS[@]}"; do
     log "${comp}: building ${pkg}@${version} (nice ${NICE}, -p ${JOBS})"
     start=$(date +%s)
     rm -f "${stamp_file}"
-    (cd "${mod}" && nice -n "${NICE}" go build -p "${JOBS}" -ldflags="-s -w ${xflags}" \
-        -o "${comp_bin}/.${comp}.tmp" "${pkg}")
+    cgo=0 tags=""
+    if [[ "${comp}" == runc ]]; then
+        need_libseccomp
+        command -v gcc >/dev/null || die "runc is a cgo build: install a C compiler (gcc)"
+        cgo=1 tags="seccomp"
+    fi
+    (cd "${mod}" && CGO_ENABLED="${cgo}" nice -n "${NICE}" go build -p "${JOBS}" -tags="${tags}" \
+        -ldflags="-s -w ${xflags}" -o "${comp_bin}/.${comp}.tmp" "${pkg}")
     mv -f "${comp_bin}/.${comp}.tmp" "${comp_bin}/${comp}"
     printf '%s\n' "${stamp}" >"${stamp_file}"
-    [[ "${comp_dir}" == "${OUT_DIR}" ]] || link_into_out_dir "bin/${comp}"
+    [[ "${comp_dir}" == "${OUT_DIR}" ]] || link_into_out_dir "bin/${comp}" "${comp_dir}"
     secs=$(( $(date +%s) - start ))
     printf '%s %s %ss %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "${comp}" "${secs}" "${stamp}" >>"${comp_dir}/build-times.log"
     log "${comp}: built in ${secs}s -> ${comp_bin}/${comp}"

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import json
 import random
 import shutil
 import subprocess
@@ -34,10 +32,11 @@ from typing import Any
 import pytest
 
 from extender.agent.fakes import FAKES, fake_node
+from extender.testing import gpuallocator
 from extender.topology.device_plugin import Allocation, PluginView, plugin_view, preferred_allocation
 from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel
 from extender.topology.nvidia_smi import parse_topo
-from extender.topology.nvml import NvmlInvalidArgument, NvmlNotSupported, discover
+from extender.topology.nvml import discover
 from extender.topology.presets import PRESETS, preset_graph
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,16 +56,12 @@ class Request:
 
 @pytest.fixture(scope="module")
 def oracle() -> Path:
-    proc = subprocess.run(["bash", str(BUILD)], cwd=REPO, capture_output=True, text=True)
-    sys.stderr.write(proc.stderr)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"hack/gpuallocator-oracle/build.sh failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-        )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("GANGSLICE_GPUALLOCATOR_ORACLE="):
-            return Path(line.split("=", 1)[1])
-    pytest.fail(f"build.sh printed no GANGSLICE_GPUALLOCATOR_ORACLE= line:\n{proc.stdout[-2000:]}")
+    try:
+        path, progress = gpuallocator.build()
+    except gpuallocator.OracleError as exc:
+        pytest.fail(str(exc))
+    sys.stderr.write(progress)
+    return path
 
 
 def _views() -> dict[str, PluginView]:
@@ -139,11 +134,10 @@ def _document(views: dict[str, PluginView], requests: list[Request]) -> dict[str
 
 
 def _ask(oracle: Path, document: dict[str, Any]) -> list[dict[str, Any]]:
-    proc = subprocess.run(
-        [str(oracle)], input=json.dumps(document), capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, f"the oracle failed: {proc.stderr[-4000:]}"
-    return [json.loads(line) for line in proc.stdout.splitlines()]
+    try:
+        return gpuallocator.ask(oracle, document)
+    except gpuallocator.OracleError as exc:
+        pytest.fail(str(exc))
 
 
 def _predictor(views: dict[str, PluginView]) -> Callable[[Request], Allocation]:
@@ -221,22 +215,9 @@ def _nvml_facts(name: str) -> tuple[dict[str, Any], PluginView]:
     """What a fake node's NVML answers to go-gpuallocator's calls, and gangslice's view of it."""
     with fake_node(name) as (fake, sysfs):
         graph = discover(fake, sysfs_root=sysfs)
-        gpus = []
-        for i in range(fake.device_count()):
-            links = []
-            for link in itertools.count():
-                try:
-                    enabled = fake.nvlink_state(i, link)
-                except (NvmlInvalidArgument, NvmlNotSupported):
-                    break
-                links.append({"enabled": enabled, "remoteBusId": fake.nvlink_remote_pci_bus_id(i, link)})
-            gpus.append({"uuid": fake.uuid(i), "busId": fake.pci_bus_id(i), "nvlinks": links})
-        ancestors = [
-            {"a": a, "b": b, "level": fake.topology_common_ancestor(a, b)}
-            for a, b in itertools.combinations(range(len(gpus)), 2)
-        ]
-    assert graph.indices == tuple(range(len(gpus)))
-    return {"gpus": gpus, "ancestors": ancestors}, plugin_view(graph)
+        facts = gpuallocator.nvml_facts(fake)
+    assert graph.indices == tuple(range(len(facts["gpus"])))
+    return facts, plugin_view(graph)
 
 
 def test_nvml_nodes_agree_link_for_link_and_answer_for_answer(

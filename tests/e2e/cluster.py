@@ -204,11 +204,13 @@ def service_account_kubeconfig(cp: ControlPlane, path: Path, account: str = SERV
     return cp.write_kubeconfig(path, token=token, namespace=SYSTEM_NS)
 
 
-def pod_token_kubeconfig(cp: ControlPlane, path: Path, account: str, node: str) -> Path:
+def pod_token_kubeconfig(
+    cp: ControlPlane, path: Path, account: str, node: str, image: str = "registry.k8s.io/pause:3.10"
+) -> Path:
     """A kubeconfig with a token of gangslice-system/``account`` bound to a pod on ``node``, as
     the kubelet mounts it: the API server adds the pod's node to the user's extra
-    (``authentication.kubernetes.io/node-name``). The pod (no kubelet runs it) is named
-    ``<account>-<node>`` and must stay while the token is used."""
+    (``authentication.kubernetes.io/node-name``). The pod (of ``image``: on a fake node no kubelet
+    runs it) is named ``<account>-<node>`` and must stay while the token is used."""
     name = f"{account}-{node}"
     pod = {
         "apiVersion": "v1",
@@ -217,7 +219,7 @@ def pod_token_kubeconfig(cp: ControlPlane, path: Path, account: str, node: str) 
         "spec": {
             "serviceAccountName": account,
             "nodeName": node,
-            "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+            "containers": [{"name": "agent", "image": image, "imagePullPolicy": "IfNotPresent"}],
         },
     }
     uid = create(cp, pod, exist_ok=True)["metadata"]["uid"]

@@ -96,6 +96,47 @@ pin_jobset() {
     (cd "$d" && go mod edit -require="sigs.k8s.io/jobset@${JOBSET_VERSION}" -tool=sigs.k8s.io/jobset && go mod tidy)
 }
 
+# The real node (tests/e2e/test_real_node.py): the kubelet of the control plane's release, in a tools module of its
+# own like kube-controller-manager's; containerd v2 (daemon, ctr, the runc shim), runc and the CNI plugins a pod
+# network needs (bridge, host-local, loopback), each at its release's own dependency versions.
+pin_kubelet() {
+    local d="${TOOLS_DIR}/kubelet"
+    log "kubelet ${KUBERNETES_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/kubelet
+    mapfile -t reps < <(staging_replaces "k8s.io/kubernetes@${KUBERNETES_VERSION}" "$(k8s_staging)")
+    (cd "$d" && go mod edit "${reps[@]}" -require="k8s.io/kubernetes@${KUBERNETES_VERSION}" \
+        -tool=k8s.io/kubernetes/cmd/kubelet && go mod tidy)
+}
+
+pin_containerd() {
+    local d="${TOOLS_DIR}/containerd"
+    log "containerd ${CONTAINERD_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/containerd
+    mapfile -t reps < <(copy_replaces "github.com/containerd/containerd/v2@${CONTAINERD_VERSION}")
+    (cd "$d" && go mod edit ${reps[@]+"${reps[@]}"} -require="github.com/containerd/containerd/v2@${CONTAINERD_VERSION}" \
+        -tool=github.com/containerd/containerd/v2/cmd/containerd -tool=github.com/containerd/containerd/v2/cmd/ctr \
+        -tool=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 && go mod tidy)
+}
+
+pin_runc() {
+    local d="${TOOLS_DIR}/runc"
+    log "runc ${RUNC_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/runc
+    mapfile -t reps < <(copy_replaces "github.com/opencontainers/runc@${RUNC_VERSION}")
+    (cd "$d" && go mod edit ${reps[@]+"${reps[@]}"} -require="github.com/opencontainers/runc@${RUNC_VERSION}" \
+        -tool=github.com/opencontainers/runc && go mod tidy)
+}
+
+pin_cni() {
+    local d="${TOOLS_DIR}/cni"
+    log "cni plugins ${CNI_PLUGINS_VERSION}"
+    new_module "$d" gangslice/hack/e2e/tools/cni
+    (cd "$d" && go mod edit -require="github.com/containernetworking/plugins@${CNI_PLUGINS_VERSION}" \
+        -tool=github.com/containernetworking/plugins/plugins/main/bridge \
+        -tool=github.com/containernetworking/plugins/plugins/main/loopback \
+        -tool=github.com/containernetworking/plugins/plugins/ipam/host-local && go mod tidy)
+}
+
 pin_etcd() {
     local d="${TOOLS_DIR}/etcd"
     log "etcd ${ETCD_VERSION}"
@@ -111,6 +152,6 @@ pin_helm() {
 }
 
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kube_controller_manager kueue volcano lws jobset helm)
+[[ ${#targets[@]} -gt 0 ]] || targets=(etcd kubernetes kube_controller_manager kueue volcano lws jobset helm kubelet containerd runc cni)
 for t in "${targets[@]}"; do "pin_$t"; done
 log "done"
