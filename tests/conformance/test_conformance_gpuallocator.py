@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 
 from extender.agent.fakes import FAKES, fake_node
-from extender.testing import gpuallocator
+from extender.testing import device_plugin, gpuallocator
+from extender.testing import deviceplugin_pb2 as dp
 from extender.topology.device_plugin import Allocation, PluginView, plugin_view, preferred_allocation
 from extender.topology.model import Gpu, GpuGraph, Link, PcieLevel
 from extender.topology.nvidia_smi import parse_topo
@@ -292,3 +293,33 @@ def test_a_missing_go_fails_loudly(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert "'go' is not on PATH" in proc.stderr and "https://go.dev/dl/" in proc.stderr
+
+
+def test_the_fake_device_plugin_answers_the_kubelet_as_go_gpuallocator_does(oracle: Path) -> None:
+    """The e2e tier's fake-GPU device plugin answers GetPreferredAllocation with the oracle on its
+    board's NVML answers, in the order the kubelet lists the devices; ``force`` overrides it."""
+    plugin = device_plugin.FakeGpuPlugin(FAKES["hgx-h100"](), oracle)
+    _, view = _nvml_facts("hgx-h100")
+
+    def ask(available: list[int], size: int, must: tuple[int, ...] = ()) -> tuple[int, ...]:
+        request = dp.PreferredAllocationRequest(
+            container_requests=[
+                dp.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=[plugin.uuids[i] for i in available],
+                    must_include_deviceIDs=[plugin.uuids[i] for i in must],
+                    allocation_size=size,
+                )
+            ]
+        )
+        (response,) = plugin.GetPreferredAllocation(request, None).container_responses
+        return plugin.indices(response.deviceIDs)
+
+    for available, size, must in (([6, 4, 7, 5], 2, ()), ([3, 1, 0, 2, 7], 3, (7,)), ([5, 6, 7], 1, ())):
+        assert (
+            ask(available, size, must)
+            == preferred_allocation(view, available, size, must, order=available).gpus
+        )
+    plugin.force = (6, 7)
+    assert ask([4, 5, 6, 7], 2) == (6, 7)
+    assert ask([0, 1, 2, 3], 2) == preferred_allocation(view, [0, 1, 2, 3], 2).gpus  # not offered: ignored
+    assert [entry[3] for entry in plugin.preferred][-2:] == [(6, 7), ask([0, 1, 2, 3], 2)]

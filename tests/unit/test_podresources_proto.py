@@ -132,7 +132,10 @@ def test_regenerating_changes_nothing(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    for name in GENERATED:
-        fresh = (tmp_path / "extender" / "agent" / name).read_bytes()
-        committed = (ROOT / "extender" / "agent" / name).read_bytes()
-        assert fresh == committed, f"{name} is stale: run hack/gen-proto.sh"
+    device_plugin = [
+        f"extender/testing/deviceplugin{suffix}" for suffix in ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
+    ]
+    for path in [f"extender/agent/{name}" for name in GENERATED] + device_plugin:
+        fresh = (tmp_path / path).read_bytes()
+        committed = (ROOT / path).read_bytes()
+        assert fresh == committed, f"{path} is stale: run hack/gen-proto.sh"
