@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Generate the Python code of the kubelet APIs gangslice speaks from proto/: PodResources v1 (the
-# agent) and Device Plugin v1beta1 (the e2e tier's fake-GPU device plugin).
+# agent), and for the e2e tier's real node Device Plugin v1beta1 (the fake-GPU device plugin),
+# DRA v1 and plugin registration v1 (the fake GPU DRA driver).
 #
 #   hack/gen-proto.sh            # regenerate the committed files in extender/
 #   hack/gen-proto.sh OUT_DIR    # write them under OUT_DIR/extender/ instead
 #
 # Output: extender/agent/podresources_pb2.py, podresources_pb2_grpc.py, podresources_pb2.pyi and
-# extender/testing/deviceplugin_pb2.py, deviceplugin_pb2_grpc.py, deviceplugin_pb2.pyi.
+# extender/testing/{deviceplugin,dra,pluginregistration}_pb2.py, _pb2_grpc.py, _pb2.pyi.
 # Each proto is compiled under a virtual name (extender/agent/podresources.proto, ...), so the
 # generated modules import each other as `extender.agent.podresources_pb2` without any
 # editing after protoc. The output depends only on the proto and the grpcio-tools version,
@@ -41,3 +42,5 @@ generate() { # virtual-name proto-file
 }
 generate extender/agent/podresources.proto proto/podresources/v1/api.proto
 generate extender/testing/deviceplugin.proto proto/deviceplugin/v1beta1/api.proto
+generate extender/testing/dra.proto proto/dra/v1/api.proto
+generate extender/testing/pluginregistration.proto proto/pluginregistration/v1/api.proto

@@ -9,6 +9,7 @@ the ServiceAccount and ClusterRole from ``manifests/controller/rbac.yaml``. The 
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import functools
@@ -720,3 +721,23 @@ class KubeletStandIn:
             {"metadata": {"uid": meta["uid"]}, "status": status},
             content_type="application/strategic-merge-patch+json",
         )
+
+
+# ---------------------------------------------------------------------------------------------- DRA
+def dra_webhook(cp: ControlPlane, server: Gangslice) -> None:
+    """The shipped MutatingWebhookConfiguration, its service reference replaced by the loopback
+    URL and no caBundle: gangslice (``--webhook-ca-bundle``, under the shipped RBAC) sets it."""
+    assert cp.ca_file is not None
+
+    cfg = yaml.safe_load((MANIFESTS / "dra" / "webhook.yaml").read_text())
+    bundle = base64.b64encode(cp.ca_file.read_bytes()).decode()
+    for hook in cfg["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"{server.url}{path}"}
+    cp.request("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", cfg)
+
+    def set_by_gangslice() -> bool:
+        got = get(cp, "MutatingWebhookConfiguration", cfg["metadata"]["name"]) or {}
+        return all(h["clientConfig"].get("caBundle") == bundle for h in got.get("webhooks") or [{}])
+
+    wait_for("gangslice to set the webhook's caBundle", set_by_gangslice, timeout=30)

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -35,15 +36,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import delete, get, items, wait_for, wait_for_or_false
+from cluster import (
+    SYSTEM_NS,
+    create,
+    delete,
+    get,
+    gpu_pod,
+    items,
+    pod_token_kubeconfig,
+    wait_for,
+    wait_for_or_false,
+)
 from oci import pack
 
-from extender.agent.fakes import FAKES
+from extender.agent.fakes import FAKES, fake_node
 from extender.bench.controlplane import ControlPlane, free_ports
-from extender.testing import device_plugin, gpuallocator
+from extender.testing import device_plugin, dra_plugin, gpuallocator
+from extender.testing.dra import gpu_slice
+from extender.topology.nvml import discover
 
 REPO = Path(__file__).resolve().parents[2]
 PAUSE_IMAGE = "gangslice.test/pause:1"
+IMAGE = "ghcr.io/gangslice/gangslice:0.1.0"  # the project's image, as hack/image/build.sh names it
+HOST_SYS = "/host/sys"  # where a workload pod sees the node's NUMA tree
 DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 NODE_SYSFS = Path("/sys/devices/system/node")
 
@@ -109,17 +124,21 @@ def build_workload_image() -> Path:
 
 @dataclass
 class RealNode:
-    """One node: containerd, a kubelet registered as ``name`` and the fake-GPU device plugin of
-    ``preset``. Start with :meth:`running`."""
+    """One node: containerd, a kubelet registered as ``name`` and the GPUs of the fake board
+    ``preset``, handed out by the fake-GPU device plugin (``allocation="devicePlugin"``) or by
+    the fake GPU DRA driver (``"dra"``, its ResourceSlice posted as NVIDIA's driver publishes it).
+    Start with :meth:`running`."""
 
     cp: ControlPlane
     name: str
     labels: Mapping[str, str]
     images: tuple[Path, ...] = ()
     preset: str = "hgx-h100"
+    allocation: str = "devicePlugin"
     kubelet_config: dict[str, Any] = field(default_factory=dict)
     workdir: Path = field(init=False)
     plugin: device_plugin.FakeGpuPlugin = field(init=False)
+    driver: dra_plugin.FakeGpuDriver = field(init=False)
 
     @property
     def bin_dir(self) -> Path:
@@ -146,7 +165,7 @@ class RealNode:
         return self.workdir / "sys"
 
     @contextmanager
-    def running(self, oracle: Path) -> Iterator[RealNode]:
+    def running(self, oracle: Path | None = None) -> Iterator[RealNode]:
         # Unix socket paths are limited to 107 bytes: a short folder of its own.
         self.workdir = Path(tempfile.mkdtemp(prefix="gsn-"))
         with ExitStack() as stack:
@@ -158,11 +177,37 @@ class RealNode:
             self._start_kubelet()
             stack.callback(self._stop_pods)
             wait_for(f"node {self.name} Ready", self._ready, 90)
-            fake = FAKES[self.preset]()
-            self.plugin = device_plugin.FakeGpuPlugin(fake, oracle)
-            stack.enter_context(device_plugin.serve(self.plugin, DEVICE_PLUGINS))
-            wait_for(f"{self.name} advertising its GPUs", self._gpus_advertised, 60)
+            if self.allocation == "dra":
+                stack.enter_context(self._dra_driver())
+            else:
+                assert oracle is not None, "the device plugin answers with go-gpuallocator: build the oracle"
+                self.plugin = device_plugin.FakeGpuPlugin(FAKES[self.preset](), oracle)
+                stack.enter_context(device_plugin.serve(self.plugin, DEVICE_PLUGINS))
+                wait_for(f"{self.name} advertising its GPUs", self._gpus_advertised, 60)
             yield self
+
+    @contextmanager
+    def _dra_driver(self) -> Iterator[None]:
+        """The DRA driver's kubelet plugin registered, and its ResourceSlice for this node's board."""
+        with fake_node(self.preset, machine=self.sysfs) as (fake, sysfs):
+            graph = discover(fake, sysfs_root=sysfs)
+        node = get(self.cp, "Node", self.name)
+        assert node is not None
+        published = gpu_slice(self.name, graph, uid=node["metadata"]["uid"])
+        self.cp.request("POST", "/apis/resource.k8s.io/v1/resourceslices", published)
+
+        def claim(namespace: str, name: str) -> dict[str, Any] | None:
+            return get(self.cp, "ResourceClaim", name, namespace)
+
+        uuids = {f"gpu-{g.index}": str(g.uuid) for g in graph.gpus}
+        self.driver = dra_plugin.FakeGpuDriver(self.name, uuids, claim, self.workdir / "cdi")
+        try:
+            with dra_plugin.serve(self.driver, self.workdir / "kubelet"):
+                yield
+        finally:
+            self.cp.request(
+                "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{published['metadata']['name']}"
+            )
 
     # --- containerd --------------------------------------------------------------------------
 
@@ -204,6 +249,8 @@ state = "{w}/containerd/state"
       sandbox = "{PAUSE_IMAGE}"
   [plugins.'io.containerd.cri.v1.runtime']
     restrict_oom_score_adj = true
+    enable_cdi = true
+    cdi_spec_dirs = ["{w}/cdi"]
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ["{bin_dir}"]
       conf_dir = "{w}/cni"
@@ -324,6 +371,89 @@ state = "{w}/containerd/state"
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         return allocatable.get("nvidia.com/gpu") == str(len(self.plugin.uuids)) or None
 
+    # --- gangslice's node agent ----------------------------------------------------------------
+
+    @contextmanager
+    def agent(self, fake: str) -> Iterator[dict[str, Any]]:
+        """``gangslice agent`` for this node (every second): the fake board's NVML on this
+        machine's NUMA nodes, the kubelet's configuration file and PodResources socket. Yields
+        the NodeTopology spec once it holds the GPUs and the kubelet's policies."""
+        cp = self.cp
+        assert cp.workdir is not None
+        kubeconfig = pod_token_kubeconfig(
+            cp, cp.workdir / f"{self.name}-agent.kubeconfig", "gangslice-agent", self.name, image=PAUSE_IMAGE
+        )
+        argv = [
+            Path(sys.executable).parent / "gangslice", "agent", f"--node={self.name}", f"--nvml-fake={fake}",
+            f"--sysfs-root={self.sysfs}", f"--kubelet-config={self.kubelet_config_file}",
+            f"--pod-resources-socket={self.pod_resources_socket}", f"--allocation={self.allocation}",
+            f"--kubeconfig={kubeconfig}", "--interval=1", "--jitter=0",
+        ]  # fmt: skip
+        cp.start_process(f"gangslice-agent-{self.name}", argv)
+        try:
+            yield wait_for("the agent's NodeTopology with the kubelet's policies", self.published, 60)
+        finally:
+            cp.stop_process(f"gangslice-agent-{self.name}")
+            delete(cp, "Pod", f"gangslice-agent-{self.name}", SYSTEM_NS)
+
+    def published(self) -> dict[str, Any] | None:
+        """The agent's NodeTopology spec, once it names GPUs and the kubelet's policies."""
+        spec = (get(self.cp, "NodeTopology", self.name) or {}).get("spec") or {}
+        return spec if spec.get("gpus") and spec.get("kubelet") else None
+
+    def in_use(self) -> dict[str, list[int]]:
+        """``<namespace>/<pod>`` -> GPU indices, as the agent published the kubelet's allocation."""
+        out: dict[str, list[int]] = {}
+        for d in (self.published() or {}).get("devicesInUse") or ():
+            out.setdefault(f"{d['namespace']}/{d['pod']}", []).append(d["index"])
+        return {k: sorted(v) for k, v in out.items()}
+
+    # --- pods ------------------------------------------------------------------------------------
+
+    def submit(self, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
+        """Create a :func:`workload_pod` in ``ns``, its hostPath pointed at this node's NUMA tree."""
+        pod["metadata"]["namespace"] = ns
+        for volume in pod["spec"]["volumes"]:
+            if volume["name"] == "sys":
+                volume["hostPath"]["path"] = str(self.sysfs)
+        return create(self.cp, pod)
+
+    def wait_running(self, ns: str, name: str, timeout: float = 120) -> dict[str, Any]:
+        """The pod once Running; its containers' logs in the failure when it is not."""
+
+        def up() -> dict[str, Any] | None:
+            pod = get(self.cp, "Pod", name, ns) or {}
+            status = pod.get("status") or {}
+            if status.get("phase") in ("Failed", "Succeeded"):
+                raise AssertionError(f"pod {ns}/{name} ended {status.get('phase')}: {status}")
+            return pod if status.get("phase") == "Running" else None
+
+        try:
+            return wait_for(f"pod {ns}/{name} Running", up, timeout)
+        except AssertionError as exc:
+            logs = {c: self.log(ns, name, c)[-3000:] for c in ("preflight", "main")}
+            raise AssertionError(f"{exc}\ncontainer logs: {logs}") from None
+
+    def log(self, ns: str, name: str, container: str) -> str:
+        """A container's log as the kubelet wrote it (CRI format), every restart in turn."""
+        text = ""
+        for d in self.pod_logs.glob(f"{ns}_{name}_*"):
+            for f in sorted((d / container).glob("*.log")):
+                text += f.read_text()
+        return text
+
+    def printed(self, ns: str, name: str, key: str) -> str:
+        """What the pod's ``main`` container printed as ``key=...`` (see :func:`workload_pod`)."""
+
+        def line() -> str | None:
+            for raw in self.log(ns, name, "main").splitlines():
+                _, _, message = raw.partition(" stdout F ")
+                if message.startswith(key + "="):
+                    return message.split("=", 1)[1]
+            return None
+
+        return wait_for(f"{ns}/{name} printing {key}", line, 60)
+
     # --- teardown ----------------------------------------------------------------------------
 
     def _stop_pods(self) -> None:
@@ -366,3 +496,76 @@ def pack_pause(binary: Path, out: Path) -> Path:
 def oracle() -> Path:
     path, _ = gpuallocator.build()
     return path
+
+
+def workload_pod(
+    name: str,
+    gpus: int,
+    pool: str,
+    fake: str,
+    *,
+    cpu: str = "100m",
+    guaranteed: bool = False,
+    strict: bool = False,
+    scheduler: str = "gangslice-scheduler",
+    node_name: str | None = None,
+    claim_template: str | None = None,
+) -> dict[str, Any]:
+    """A pod of the project's image for a real node of ``pool`` with the fake board ``fake``:
+    ``gangslice preflight`` first (``--strict-gpus`` with ``strict``), then ``gangslice pin``
+    running a command that prints what the container was given (``visible=``, ``cpus=``). Its
+    GPUs come from the device plugin, or with ``claim_template`` from a claim of that template."""
+    pod = gpu_pod(name, 0 if claim_template else gpus, pool, scheduler=scheduler)
+    limits: dict[str, str] = {} if claim_template else {"nvidia.com/gpu": str(gpus)}
+    requests = {"cpu": cpu, **limits}
+    if guaranteed:
+        limits |= {"cpu": cpu, "memory": "256Mi"}
+        requests |= {"memory": "256Mi"}
+    env = [{"name": "GANGSLICE_NVML_FAKE", "value": fake}]
+    mounts = [
+        {"name": "podinfo", "mountPath": "/etc/podinfo", "readOnly": True},
+        {"name": "sys", "mountPath": HOST_SYS, "readOnly": True},
+    ]
+    show = (
+        "import os, time; print('visible=' + os.environ.get('NVIDIA_VISIBLE_DEVICES', ''), flush=True); "
+        "print('cpus=' + ','.join(map(str, sorted(os.sched_getaffinity(0)))), flush=True); time.sleep(3600)"
+    )
+    common = {"image": IMAGE, "imagePullPolicy": "Never", "env": env, "volumeMounts": mounts}
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "preflight",
+            **common,
+            "args": [
+                "preflight",
+                f"--expect-tp={gpus}",
+                f"--sysfs-root={HOST_SYS}",
+                *(["--strict-gpus"] if strict else []),
+            ],
+            "resources": {"limits": limits, "requests": requests},
+        }
+    ]
+    pod["spec"]["containers"] = [
+        {
+            "name": "main",
+            **common,
+            "args": ["pin", f"--sysfs-root={HOST_SYS}", "--", "python3", "-c", show],
+            "resources": {"limits": limits, "requests": requests},
+        }
+    ]
+    pod["spec"]["volumes"] = [
+        {
+            "name": "podinfo",
+            "downwardAPI": {
+                "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+            },
+        },
+        {"name": "sys", "hostPath": {"path": "/__NODE_SYSFS__", "type": "Directory"}},
+    ]
+    if claim_template:
+        for c in (*pod["spec"]["initContainers"], *pod["spec"]["containers"]):
+            c["resources"]["claims"] = [{"name": "gpus"}]
+        pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": claim_template}]
+    if node_name:
+        pod["spec"]["nodeName"] = node_name
+        del pod["spec"]["schedulerName"]
+    return pod

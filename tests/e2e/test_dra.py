@@ -24,7 +24,6 @@ No kubelet runs: a bound pod stays Pending (nothing prepares its claim or starts
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import copy
 import functools
@@ -37,12 +36,13 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster import POOL as POOL_LABEL
 from cluster import (
-    MANIFESTS,
     Gangslice,
     KubeletStandIn,
     create,
     delete,
+    dra_webhook,
     events_for,
     extender_stack,
     get,
@@ -59,7 +59,6 @@ from cluster import (
     wait_for,
     wait_for_or_false,
 )
-from cluster import POOL as POOL_LABEL
 from managers import JOBSET, LWS, start_kueue, start_manager, stop_kueue, stop_manager
 from test_kueue import CHECK, leading, our_check
 from test_kueue import is_true as kueue_is_true
@@ -162,25 +161,6 @@ def _dra_node(
     post(cp, f"{RESOURCE}/resourceslices", gpu_slice(name, graph, uid=node["metadata"]["uid"]))
 
 
-def _webhook(cp: ControlPlane, server: Gangslice) -> None:
-    """The shipped MutatingWebhookConfiguration, its service reference replaced by the loopback
-    URL and no caBundle: gangslice (``--webhook-ca-bundle``, under the shipped RBAC) sets it."""
-    assert cp.ca_file is not None
-
-    cfg = yaml.safe_load((MANIFESTS / "dra" / "webhook.yaml").read_text())
-    bundle = base64.b64encode(cp.ca_file.read_bytes()).decode()
-    for hook in cfg["webhooks"]:
-        path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": f"{server.url}{path}"}
-    post(cp, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", cfg)
-
-    def set_by_gangslice() -> bool:
-        got = get(cp, "MutatingWebhookConfiguration", cfg["metadata"]["name"]) or {}
-        return all(h["clientConfig"].get("caBundle") == bundle for h in got.get("webhooks") or [{}])
-
-    wait_for("gangslice to set the webhook's caBundle", set_by_gangslice, timeout=30)
-
-
 @pytest.fixture(scope="module")
 def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     cp = control_plane
@@ -189,7 +169,7 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     args = [f"--webhook-ca-bundle={cp.ca_file}"]
     with extender_stack(cp, POOL_NAME, [], name="gangslice-dra", tls=True, extra_args=args) as server:
         _dra_node(cp)  # after the stack installed the CRDs; the cache takes it from its watches
-        _webhook(cp, server)
+        dra_webhook(cp, server)
         yield server
 
 

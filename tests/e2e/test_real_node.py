@@ -16,9 +16,7 @@ the device plugin is made to prefer others, fails naming both sets.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,20 +24,16 @@ import pytest
 from cluster import (
     LEAF,
     SPINE,
-    SYSTEM_NS,
     Gangslice,
-    create,
     delete,
     events_for,
     extender_stack,
     get,
-    gpu_pod,
     gpus_of,
-    pod_token_kubeconfig,
     wait_for,
 )
 from cluster import POOL as POOL_LABEL
-from node import PAUSE_IMAGE, RealNode, build_workload_image, oracle
+from node import RealNode, build_workload_image, oracle, workload_pod
 
 from extender.agent import podresources_pb2 as pr
 from extender.agent import podresources_pb2_grpc as pr_grpc
@@ -52,9 +46,7 @@ pytestmark = pytest.mark.e2e
 
 POOL = "rn"
 NODE = f"{POOL}-a0"
-IMAGE = "ghcr.io/gangslice/gangslice:0.1.0"
 FAKE = "hgx-h100"
-HOST_SYS = "/host/sys"
 
 
 @pytest.fixture(scope="module")
@@ -73,142 +65,8 @@ def node(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[RealNode
 
 @pytest.fixture(scope="module")
 def agent(control_plane: ControlPlane, node: RealNode) -> Iterator[None]:
-    cp = control_plane
-    assert cp.workdir is not None
-    kubeconfig = pod_token_kubeconfig(
-        cp, cp.workdir / "rn-agent.kubeconfig", "gangslice-agent", NODE, image=PAUSE_IMAGE
-    )
-    argv = [
-        str(Path(sys.executable).parent / "gangslice"), "agent", f"--node={NODE}", f"--nvml-fake={FAKE}",
-        f"--sysfs-root={node.sysfs}", f"--kubelet-config={node.kubelet_config_file}",
-        f"--pod-resources-socket={node.pod_resources_socket}", f"--kubeconfig={kubeconfig}",
-        "--interval=1", "--jitter=0",
-    ]  # fmt: skip
-    cp.start_process("gangslice-rn-agent", argv)
-    try:
-        wait_for("the agent's NodeTopology with the kubelet's policies", lambda: _published(cp), 60)
+    with node.agent(FAKE):
         yield
-    finally:
-        cp.stop_process("gangslice-rn-agent")
-        delete(cp, "Pod", f"gangslice-agent-{NODE}", SYSTEM_NS)
-
-
-def _published(cp: ControlPlane) -> dict[str, Any] | None:
-    topo = get(cp, "NodeTopology", NODE) or {}
-    spec = topo.get("spec") or {}
-    return spec if len(spec.get("gpus") or ()) == 8 and spec.get("kubelet") else None
-
-
-def workload_pod(
-    name: str,
-    gpus: int,
-    *,
-    cpu: str = "100m",
-    guaranteed: bool = False,
-    strict: bool = False,
-    scheduler: str = "gangslice-scheduler",
-    node_name: str | None = None,
-) -> dict[str, Any]:
-    """A pod of the project's image: ``gangslice preflight`` first (``--strict-gpus`` with
-    ``strict``), then ``gangslice pin`` running a command that prints what the container was given."""
-    pod = gpu_pod(name, gpus, POOL, scheduler=scheduler)
-    limits: dict[str, str] = {"nvidia.com/gpu": str(gpus)}
-    requests = {"cpu": cpu, **limits}
-    if guaranteed:
-        limits |= {"cpu": cpu, "memory": "256Mi"}
-        requests |= {"memory": "256Mi"}
-    env = [{"name": "GANGSLICE_NVML_FAKE", "value": FAKE}]
-    mounts = [
-        {"name": "podinfo", "mountPath": "/etc/podinfo", "readOnly": True},
-        {"name": "sys", "mountPath": HOST_SYS, "readOnly": True},
-    ]
-    show = (
-        "import os, time; print('visible=' + os.environ.get('NVIDIA_VISIBLE_DEVICES', ''), flush=True); "
-        "print('cpus=' + ','.join(map(str, sorted(os.sched_getaffinity(0)))), flush=True); time.sleep(3600)"
-    )
-    common = {"image": IMAGE, "imagePullPolicy": "Never", "env": env, "volumeMounts": mounts}
-    pod["spec"]["initContainers"] = [
-        {
-            "name": "preflight",
-            **common,
-            "args": [
-                "preflight",
-                f"--expect-tp={gpus}",
-                f"--sysfs-root={HOST_SYS}",
-                *(["--strict-gpus"] if strict else []),
-            ],
-            "resources": {"limits": limits, "requests": requests},
-        }
-    ]
-    pod["spec"]["containers"] = [
-        {
-            "name": "main",
-            **common,
-            "args": ["pin", f"--sysfs-root={HOST_SYS}", "--", "python3", "-c", show],
-            "resources": {"limits": limits, "requests": requests},
-        }
-    ]
-    pod["spec"]["volumes"] = [
-        {
-            "name": "podinfo",
-            "downwardAPI": {
-                "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
-            },
-        },
-        {"name": "sys", "hostPath": {"path": "/__NODE_SYSFS__", "type": "Directory"}},
-    ]
-    if node_name:
-        pod["spec"]["nodeName"] = node_name
-        del pod["spec"]["schedulerName"]
-    return pod
-
-
-def submit(cp: ControlPlane, node: RealNode, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
-    pod["metadata"]["namespace"] = ns
-    for volume in pod["spec"]["volumes"]:
-        if volume["name"] == "sys":
-            volume["hostPath"]["path"] = str(node.sysfs)
-    return create(cp, pod)
-
-
-def phase(cp: ControlPlane, ns: str, name: str) -> str | None:
-    pod = get(cp, "Pod", name, ns)
-    return ((pod or {}).get("status") or {}).get("phase")
-
-
-def running(cp: ControlPlane, node: RealNode, ns: str, name: str, timeout: float = 120) -> dict[str, Any]:
-    def up() -> dict[str, Any] | None:
-        pod = get(cp, "Pod", name, ns) or {}
-        status = pod.get("status") or {}
-        if status.get("phase") in ("Failed", "Succeeded"):
-            raise AssertionError(f"pod {ns}/{name} ended {status.get('phase')}: {status}")
-        return pod if status.get("phase") == "Running" else None
-
-    try:
-        return wait_for(f"pod {ns}/{name} Running", up, timeout)
-    except AssertionError as exc:
-        logs = {c: container_log(node, ns, name, c)[-3000:] for c in ("preflight", "main")}
-        raise AssertionError(f"{exc}\ncontainer logs: {logs}") from None
-
-
-def container_log(node: RealNode, ns: str, name: str, container: str) -> str:
-    pod_dirs = list(node.pod_logs.glob(f"{ns}_{name}_*"))
-    text = ""
-    for d in pod_dirs:
-        for f in sorted((d / container).glob("*.log")):
-            text += f.read_text()
-    return text
-
-
-def printed(node: RealNode, ns: str, name: str, key: str) -> str:
-    def line() -> str | None:
-        for raw in container_log(node, ns, name, "main").splitlines():
-            _, _, message = raw.partition(" stdout F ")
-            if message.startswith(key + "="):
-                return message.split("=", 1)[1]
-        return None
-
-    return wait_for(f"{ns}/{name} printing {key}", line, 60)
 
 
 def kubelet_devices(node: RealNode, ns: str, name: str) -> list[str]:
@@ -225,36 +83,27 @@ def kubelet_devices(node: RealNode, ns: str, name: str) -> list[str]:
 def test_a_tp4_pod_gets_the_gpus_gangslice_predicted(
     control_plane: ControlPlane, node: RealNode, agent: None, ns: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cp = control_plane
-    submit(cp, node, ns, workload_pod("tp4", 4))
-    pod = running(cp, node, ns, "tp4")
+    node.submit(ns, workload_pod("tp4", 4, POOL, FAKE))
+    pod = node.wait_running(ns, "tp4")
     promised = gpus_of(pod)
     uuids = node.plugin.uuids
     promised_uuids = sorted(uuids[i] for i in promised)
     assert pod["metadata"]["annotations"]["gangslice.io/gpu-uuids"].split(",") == [uuids[i] for i in promised]
     assert kubelet_devices(node, ns, "tp4") == promised_uuids
-    assert sorted(printed(node, ns, "tp4", "visible").split(",")) == promised_uuids
+    assert sorted(node.printed(ns, "tp4", "visible").split(",")) == promised_uuids
     assert node.plugin.allocated[-1] and sorted(node.plugin.allocated[-1]) == sorted(promised)
     # The agent publishes the kubelet's allocation, read from the real PodResources socket.
     wait_for(
         "the agent's devicesInUse for the pod",
-        lambda: _in_use(cp).get(f"{ns}/tp4") == sorted(promised),
+        lambda: node.in_use().get(f"{ns}/tp4") == sorted(promised),
         30,
     )
-    spec = _published(cp)
+    spec = node.published()
     assert spec is not None
     kubelet = spec["kubelet"]
     assert (kubelet["topologyManagerPolicy"], kubelet["cpuManagerPolicy"]) == ("single-numa-node", "static")
     with capsys.disabled():
         print(f"\nreal node: TP=4 promised GPUs {promised}; the kubelet gave {node.plugin.allocated[-1]}")
-
-
-def _in_use(cp: ControlPlane) -> dict[str, list[int]]:
-    topo = get(cp, "NodeTopology", NODE) or {}
-    out: dict[str, list[int]] = {}
-    for d in (topo.get("spec") or {}).get("devicesInUse") or ():
-        out.setdefault(f"{d['namespace']}/{d['pod']}", []).append(d["index"])
-    return {k: sorted(v) for k, v in out.items()}
 
 
 def test_a_pod_the_topology_manager_refuses_is_never_bound_and_the_kubelet_agrees(
@@ -263,7 +112,7 @@ def test_a_pod_the_topology_manager_refuses_is_never_bound_and_the_kubelet_agree
     """Five GPUs cannot sit on one NUMA node of this board: gangslice binds the pod nowhere and
     says why; bound by hand, the kubelet refuses it at admission for the same reason."""
     cp = control_plane
-    submit(cp, node, ns, workload_pod("wide", 5))
+    node.submit(ns, workload_pod("wide", 5, POOL, FAKE))
     refused = wait_for(
         "kube-scheduler's FailedScheduling naming the extender's reason",
         lambda: [e for e in events_for(cp, ns, "wide") if e["reason"] == "FailedScheduling"],
@@ -272,7 +121,7 @@ def test_a_pod_the_topology_manager_refuses_is_never_bound_and_the_kubelet_agree
     assert "NUMA" in refused[-1]["message"], refused[-1]["message"]
     assert not (get(cp, "Pod", "wide", ns) or {}).get("spec", {}).get("nodeName")
 
-    submit(cp, node, ns, workload_pod("wide-by-hand", 5, node_name=NODE))
+    node.submit(ns, workload_pod("wide-by-hand", 5, POOL, FAKE, node_name=NODE))
     status = wait_for(
         "the kubelet's verdict on the pod bound by hand",
         lambda: (
@@ -295,10 +144,9 @@ def test_a_guaranteed_pod_shaped_to_pass_runs_on_its_cpus_numa_node(
     every pair ties, so the order decides and a promise made before it is one of the possible
     answers: preflight passes, saying the kubelet's choice stands, and the agent reports it).
     ``gangslice pin`` runs the command on the pod's CPU."""
-    cp = control_plane
     exclusive = node.numa[1]
-    submit(cp, node, ns, workload_pod("pinned", 2, cpu=str(len(exclusive)), guaranteed=True))
-    pod = running(cp, node, ns, "pinned")
+    node.submit(ns, workload_pod("pinned", 2, POOL, FAKE, cpu=str(len(exclusive)), guaranteed=True))
+    pod = node.wait_running(ns, "pinned")
     assert pod["status"]["qosClass"] == "Guaranteed"
     promised = gpus_of(pod)
     assert set(promised) <= {4, 5, 6, 7}, promised
@@ -309,12 +157,12 @@ def test_a_guaranteed_pod_shaped_to_pass_runs_on_its_cpus_numa_node(
     assert ours.gpus == chosen and set(chosen) == set(given), (ours, chosen, given)
     assert frozenset(promised) in ours.possible, (promised, ours.possible)
     uuids = node.plugin.uuids
-    assert sorted(printed(node, ns, "pinned", "visible").split(",")) == sorted(uuids[i] for i in given)
-    assert printed(node, ns, "pinned", "cpus") == ",".join(map(str, exclusive))
-    assert "ok    numa" in container_log(node, ns, "pinned", "preflight")
+    assert sorted(node.printed(ns, "pinned", "visible").split(",")) == sorted(uuids[i] for i in given)
+    assert node.printed(ns, "pinned", "cpus") == ",".join(map(str, exclusive))
+    assert "ok    numa" in node.log(ns, "pinned", "preflight")
     wait_for(
         "the agent reporting the GPUs the kubelet gave",
-        lambda: _in_use(cp).get(f"{ns}/pinned") == sorted(given),
+        lambda: node.in_use().get(f"{ns}/pinned") == sorted(given),
         30,
     )
     with capsys.disabled():
@@ -331,18 +179,18 @@ def test_preflight_passes_on_the_promised_gpus_and_names_both_sets_on_a_swap(
     """``--strict-gpus`` passes on a promise only one answer can meet (four GPUs of a NUMA node)
     and fails, naming both sets, when the device plugin is made to prefer two other GPUs."""
     cp = control_plane
-    submit(cp, node, ns, workload_pod("kept", 4, strict=True))
-    running(cp, node, ns, "kept")
-    assert "ok    gpus" in container_log(node, ns, "kept", "preflight")
+    node.submit(ns, workload_pod("kept", 4, POOL, FAKE, strict=True))
+    node.wait_running(ns, "kept")
+    assert "ok    gpus" in node.log(ns, "kept", "preflight")
     delete(cp, "Pod", "kept", ns)
     wait_for("the pod gone", lambda: get(cp, "Pod", "kept", ns) is None or None, 60)
     swap = (2, 3)
     node.plugin.force = swap
     try:
-        submit(cp, node, ns, workload_pod("swapped", 2, strict=True))
+        node.submit(ns, workload_pod("swapped", 2, POOL, FAKE, strict=True))
         log = wait_for(
             "preflight failing on the swapped GPUs",
-            lambda: (text := container_log(node, ns, "swapped", "preflight")) and "FAIL" in text and text,
+            lambda: (text := node.log(ns, "swapped", "preflight")) and "FAIL" in text and text,
             90,
         )
     finally:

@@ -132,10 +132,12 @@ def test_regenerating_changes_nothing(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    device_plugin = [
-        f"extender/testing/deviceplugin{suffix}" for suffix in ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
+    real_node = [
+        f"extender/testing/{api}{suffix}"
+        for api in ("deviceplugin", "dra", "pluginregistration")
+        for suffix in ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
     ]
-    for path in [f"extender/agent/{name}" for name in GENERATED] + device_plugin:
+    for path in [f"extender/agent/{name}" for name in GENERATED] + real_node:
         fresh = (tmp_path / path).read_bytes()
         committed = (ROOT / path).read_bytes()
         assert fresh == committed, f"{path} is stale: run hack/gen-proto.sh"

@@ -1,0 +1,155 @@
+"""A fake GPU DRA driver's kubelet plugin, for a real kubelet: the e2e tier's DRA node.
+
+It speaks the kubelet's plugin registration API v1 and DRA API v1 (``proto/``) over unix sockets
+as NVIDIA's DRA driver does, under NVIDIA's driver name (``gpu.nvidia.com``): the kubelet finds
+it in its ``plugins_registry`` folder, and before it starts a pod calls ``NodePrepareResources``
+with the pod's ResourceClaims. The plugin reads each claim's allocation (which kube-scheduler
+wrote), keeps the devices of its own driver and pool, and hands them to the container through a
+CDI spec it writes (``NVIDIA_VISIBLE_DEVICES``: the allocated GPUs' UUIDs, as NVIDIA's driver's
+container edits make them visible), which containerd applies. The ResourceSlice it would publish
+is :func:`extender.testing.dra.gpu_slice` of the same board, which the test posts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from extender.kube.dra import GPU_DRIVER
+from extender.testing import dra_pb2 as pb
+from extender.testing import dra_pb2_grpc as pb_grpc
+from extender.testing import pluginregistration_pb2 as reg
+from extender.testing import pluginregistration_pb2_grpc as reg_grpc
+
+#: What the plugin tells the kubelet it serves (the kubelet's ``DRAPluginService``).
+SERVICE = "v1.DRAPlugin"
+CDI_KIND = "gangslice.test/gpu"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+
+@dataclass
+class FakeGpuDriver(pb_grpc.DRAPluginServicer):
+    """Prepares the claims of one node: ``uuids`` maps its device names (``gpu-<i>``) to UUIDs,
+    ``claim`` reads a ResourceClaim (namespace, name) from the API server."""
+
+    node: str
+    uuids: Mapping[str, str]
+    claim: Callable[[str, str], Mapping[str, Any] | None]
+    cdi_dir: Path
+    prepared: dict[str, list[str]] = field(default_factory=dict)  # claim uid -> device names
+
+    def _prepare(self, ref: pb.Claim) -> pb.NodePrepareResourceResponse:
+        obj = self.claim(ref.namespace, ref.name)
+        if obj is None or obj["metadata"]["uid"] != ref.uid:
+            missing = f"claim {ref.namespace}/{ref.name} ({ref.uid}) not found"
+            return pb.NodePrepareResourceResponse(error=missing)
+        allocation = (obj.get("status") or {}).get("allocation") or {}
+        results = [
+            r
+            for r in (allocation.get("devices") or {}).get("results") or ()
+            if r.get("driver") == GPU_DRIVER and r.get("pool") == self.node
+        ]
+        unknown = [r["device"] for r in results if r["device"] not in self.uuids]
+        if not results or unknown:
+            why = f"devices {unknown} are not this node's" if unknown else "no device of this driver and node"
+            return pb.NodePrepareResourceResponse(error=f"claim {ref.namespace}/{ref.name}: {why}")
+        visible = ",".join(self.uuids[r["device"]] for r in results)
+        spec = {
+            "cdiVersion": "0.6.0",
+            "kind": CDI_KIND,
+            "devices": [{"name": ref.uid, "containerEdits": {"env": [f"{VISIBLE_DEVICES}={visible}"]}}],
+        }
+        (self.cdi_dir / f"gangslice-test-{ref.uid}.json").write_text(json.dumps(spec))
+        self.prepared[ref.uid] = [r["device"] for r in results]
+        # The claim's one CDI device carries every GPU: named on the first device only.
+        return pb.NodePrepareResourceResponse(
+            devices=[
+                pb.Device(
+                    request_names=[r["request"]],
+                    pool_name=r["pool"],
+                    device_name=r["device"],
+                    cdi_device_ids=[f"{CDI_KIND}={ref.uid}"] if i == 0 else [],
+                )
+                for i, r in enumerate(results)
+            ]
+        )
+
+    def NodePrepareResources(
+        self, request: pb.NodePrepareResourcesRequest, context: Any
+    ) -> pb.NodePrepareResourcesResponse:
+        return pb.NodePrepareResourcesResponse(claims={c.uid: self._prepare(c) for c in request.claims})
+
+    def NodeUnprepareResources(
+        self, request: pb.NodeUnprepareResourcesRequest, context: Any
+    ) -> pb.NodeUnprepareResourcesResponse:
+        for c in request.claims:
+            (self.cdi_dir / f"gangslice-test-{c.uid}.json").unlink(missing_ok=True)
+            self.prepared.pop(c.uid, None)
+        return pb.NodeUnprepareResourcesResponse(
+            claims={c.uid: pb.NodeUnprepareResourceResponse() for c in request.claims}
+        )
+
+
+@dataclass
+class Registration(reg_grpc.RegistrationServicer):
+    endpoint: Path
+    registered: threading.Event = field(default_factory=threading.Event)
+    error: str = ""
+
+    def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type="DRAPlugin", name=GPU_DRIVER, endpoint=str(self.endpoint), supported_versions=[SERVICE]
+        )
+
+    def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: Any
+    ) -> reg.RegistrationStatusResponse:
+        self.error = request.error
+        if request.plugin_registered:
+            self.registered.set()
+        return reg.RegistrationStatusResponse()
+
+
+def _server(add: Any, servicer: Any, socket: Path) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    add(servicer, server)
+    socket.unlink(missing_ok=True)
+    if not server.add_insecure_port(f"unix://{socket}"):
+        raise OSError(f"cannot listen on {socket}")
+    server.start()
+    return server
+
+
+@contextmanager
+def serve(driver: FakeGpuDriver, kubelet_root: Path, timeout: float = 60.0) -> Iterator[FakeGpuDriver]:
+    """Serve ``driver`` under the kubelet whose root folder is ``kubelet_root`` and wait until
+    the kubelet says it registered it."""
+    plugin_dir = kubelet_root / "plugins" / GPU_DRIVER
+    registry = kubelet_root / "plugins_registry"
+    for d in (plugin_dir, registry, driver.cdi_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    endpoint = plugin_dir / "dra.sock"
+    registration = Registration(endpoint)
+    reg_socket = registry / f"{GPU_DRIVER}-reg.sock"
+    servers = [
+        _server(pb_grpc.add_DRAPluginServicer_to_server, driver, endpoint),
+        _server(reg_grpc.add_RegistrationServicer_to_server, registration, reg_socket),
+    ]
+    try:
+        if not registration.registered.wait(timeout):
+            raise RuntimeError(
+                f"the kubelet at {kubelet_root} did not register the {GPU_DRIVER} DRA plugin "
+                f"within {timeout:.0f} s" + (f": {registration.error}" if registration.error else "")
+            )
+        yield driver
+    finally:
+        for server in servers:
+            server.stop(grace=1).wait()

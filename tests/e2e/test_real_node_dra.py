@@ -1,0 +1,124 @@
+"""A real DRA node: a gang pod's per-slot claim, pinned by gangslice's admission webhook to the
+slot's GPUs, is allocated by kube-scheduler, prepared by the kubelet through a DRA driver's
+kubelet plugin and applied by containerd: the container sees exactly the planned GPUs.
+
+The node (tests/e2e/node.py) is the one of test_real_node.py with the device plugin replaced by
+the fake GPU DRA driver (``gpu.nvidia.com``: its ResourceSlice as NVIDIA's driver publishes it,
+claims prepared into a CDI spec). A control plane of its own, as test_dra.py has: the
+resourceclaim controller makes the pod's claim from its template and the garbage collector
+takes it with the pod; NVIDIA's DeviceClasses; ``gangslice serve`` over HTTPS with the shipped
+MutatingWebhookConfiguration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster import (
+    LEAF,
+    SPINE,
+    Gangslice,
+    delete,
+    dra_webhook,
+    extender_stack,
+    get,
+    gpus_of,
+    wait_for,
+)
+from cluster import POOL as POOL_LABEL
+from node import RealNode, build_workload_image, workload_pod
+
+from extender.bench.controlplane import ControlPlane
+from extender.kube import dra
+from extender.testing.dra import device_classes
+
+pytestmark = pytest.mark.e2e
+
+POOL = "rnd"
+NODE = f"{POOL}-a0"
+FAKE = "hgx-h100"
+REPO = Path(__file__).resolve().parents[2]
+RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+@pytest.fixture(scope="module")
+def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
+    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
+    cp.start()
+    try:
+        cp.start_controller_manager()
+        yield cp
+    finally:
+        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
+            cp.dump_logs(stream=sys.stderr)
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
+    cp = control_plane
+    for cls in device_classes(REPO / "tests" / "fixtures" / "upstream" / "nvidia-dra"):
+        cp.request("POST", f"{RESOURCE}/deviceclasses", cls)
+    args = [f"--webhook-ca-bundle={cp.ca_file}"]
+    with extender_stack(cp, POOL, [], name="gangslice-rnd", tls=True, extra_args=args) as server:
+        dra_webhook(cp, server)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[RealNode]:
+    labels = {SPINE: "s1", LEAF: f"{POOL}-leaf-a", POOL_LABEL: POOL}
+    real = RealNode(control_plane, NODE, labels, images=(build_workload_image(),), allocation="dra")
+    with real.running() as running, running.agent(FAKE):
+        yield running
+
+
+def claim_template(ns: str, name: str, count: int) -> dict[str, Any]:
+    request = {"name": "gpu", "exactly": {"deviceClassName": dra.GPU_DEVICE_CLASS, "count": count}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def test_a_gang_pods_pinned_claim_runs_with_exactly_the_planned_gpus(
+    control_plane: ControlPlane, node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cp = control_plane
+    cp.request(
+        "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", claim_template(ns, "tp2-gpus", 2)
+    )
+    pod = workload_pod("tp2-0", 2, POOL, FAKE, strict=True, claim_template="tp2-gpus")
+    pod["metadata"]["labels"]["gangslice.io/gang"] = "tp2"
+    pod["metadata"]["annotations"]["gangslice.io/gang-size"] = "1"
+    created = node.submit(ns, pod)
+    # The webhook pointed the pod at its slot's claim.
+    (entry,) = created["spec"]["resourceClaims"]
+    assert "resourceClaimName" in entry, created["spec"]
+    running = node.wait_running(ns, "tp2-0")
+    planned = gpus_of(running)
+    claim = get(cp, "ResourceClaim", entry["resourceClaimName"], ns)
+    assert claim is not None
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["device"] for r in results) == sorted(f"gpu-{g}" for g in planned)
+    # The kubelet asked the driver to prepare exactly that claim, and the container sees its GPUs.
+    assert sorted(node.driver.prepared[claim["metadata"]["uid"]]) == sorted(f"gpu-{g}" for g in planned)
+    uuids = [node.driver.uuids[f"gpu-{g}"] for g in planned]
+    assert sorted(node.printed(ns, "tp2-0", "visible").split(",")) == sorted(uuids)
+    assert "ok    gpus" in node.log(ns, "tp2-0", "preflight")
+    assert running["metadata"]["annotations"]["gangslice.io/gpu-uuids"].split(",") == uuids
+    with capsys.disabled():
+        print(
+            f"\nreal DRA node: planned GPUs {planned}; "
+            f"claim {entry['resourceClaimName']} prepared with {uuids}"
+        )
+    delete(cp, "Pod", "tp2-0", ns)
+    uid = claim["metadata"]["uid"]
+    wait_for("the claim unprepared once the pod is gone", lambda: uid not in node.driver.prepared or None, 90)

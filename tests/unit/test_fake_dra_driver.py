@@ -1,0 +1,80 @@
+"""The e2e tier's fake GPU DRA driver without a kubelet: what it prepares from a claim's
+allocation (its own driver and pool only), the CDI spec it writes, its refusals, and what it
+tells the kubelet at registration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from extender.testing import dra_pb2 as pb
+from extender.testing import pluginregistration_pb2 as reg
+from extender.testing.dra_plugin import CDI_KIND, SERVICE, FakeGpuDriver, Registration
+
+UUIDS = {"gpu-0": "GPU-a", "gpu-1": "GPU-b", "gpu-2": "GPU-c"}
+
+
+def _claim(results: list[dict[str, str]], uid: str = "u1") -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "name": "c", "namespace": "ns"},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+def _result(device: str, driver: str = "gpu.nvidia.com", pool: str = "n0") -> dict[str, str]:
+    return {"request": "gpu", "driver": driver, "pool": pool, "device": device}
+
+
+def _prepare(driver: FakeGpuDriver, uid: str = "u1") -> pb.NodePrepareResourceResponse:
+    request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace="ns", name="c", uid=uid)])
+    return driver.NodePrepareResources(request, None).claims[uid]
+
+
+def test_a_claim_is_prepared_into_one_cdi_device_with_its_gpus(tmp_path: Path) -> None:
+    claim = _claim([_result("gpu-2"), _result("gpu-0"), _result("gpu-1", pool="other-node")])
+    driver = FakeGpuDriver("n0", UUIDS, lambda ns, name: claim, tmp_path)
+    got = _prepare(driver)
+    assert not got.error
+    assert [(d.device_name, list(d.request_names), list(d.cdi_device_ids)) for d in got.devices] == [
+        ("gpu-2", ["gpu"], [f"{CDI_KIND}=u1"]),
+        ("gpu-0", ["gpu"], []),
+    ]
+    spec = json.loads((tmp_path / "gangslice-test-u1.json").read_text())
+    assert spec["kind"] == CDI_KIND
+    assert spec["devices"] == [
+        {"name": "u1", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-c,GPU-a"]}}
+    ]
+    assert driver.prepared == {"u1": ["gpu-2", "gpu-0"]}
+    done = driver.NodeUnprepareResources(
+        pb.NodeUnprepareResourcesRequest(claims=[pb.Claim(namespace="ns", name="c", uid="u1")]), None
+    )
+    assert not done.claims["u1"].error
+    assert not (tmp_path / "gangslice-test-u1.json").exists() and driver.prepared == {}
+
+
+def test_claims_it_cannot_prepare_are_refused_naming_why(tmp_path: Path) -> None:
+    gone = FakeGpuDriver("n0", UUIDS, lambda ns, name: None, tmp_path)
+    assert "not found" in _prepare(gone).error
+    replaced = FakeGpuDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-0")], uid="other"), tmp_path)
+    assert "not found" in _prepare(replaced).error
+    foreign = FakeGpuDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-0", driver="x")]), tmp_path)
+    assert "no device of this driver and node" in _prepare(foreign).error
+    unknown = FakeGpuDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-9")]), tmp_path)
+    assert "gpu-9" in _prepare(unknown).error
+    assert not list(tmp_path.iterdir())
+
+
+def test_registration_names_the_driver_its_socket_and_the_dra_service(tmp_path: Path) -> None:
+    registration = Registration(tmp_path / "dra.sock")
+    info = registration.GetInfo(reg.InfoRequest(), None)
+    assert (info.type, info.name, info.endpoint) == (
+        "DRAPlugin",
+        "gpu.nvidia.com",
+        str(tmp_path / "dra.sock"),
+    )
+    assert list(info.supported_versions) == [SERVICE] == ["v1.DRAPlugin"]
+    registration.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=False, error="no"), None)
+    assert not registration.registered.is_set() and registration.error == "no"
+    registration.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), None)
+    assert registration.registered.is_set()
