@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ import grpc
 from extender.kube.names import GPU_RESOURCE
 from extender.testing import deviceplugin_pb2 as pb
 from extender.testing import deviceplugin_pb2_grpc as pb_grpc
-from extender.testing import gpuallocator
+from extender.testing import gpuallocator, unix_grpc
 from extender.topology.fake_nvml import FakeNvml
 
 API_VERSION = "v1beta1"
@@ -152,13 +151,7 @@ def serve(
 ) -> Iterator[Path]:
     """Serve ``plugin`` on ``plugin_dir/endpoint`` and register it with the kubelet there."""
     socket = plugin_dir / endpoint
-    socket.unlink(missing_ok=True)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    add: Any = pb_grpc.add_DevicePluginServicer_to_server  # generated code is untyped
-    add(plugin, server)
-    if not server.add_insecure_port(f"unix://{socket}"):
-        raise OSError(f"cannot listen on {socket}")
-    server.start()
+    server = unix_grpc.start(pb_grpc.add_DevicePluginServicer_to_server, plugin, socket)
     try:
         register(plugin_dir, endpoint)
         yield socket

@@ -15,19 +15,17 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import grpc
 
 from extender.kube.dra import GPU_DRIVER
 from extender.testing import dra_pb2 as pb
 from extender.testing import dra_pb2_grpc as pb_grpc
 from extender.testing import pluginregistration_pb2 as reg
 from extender.testing import pluginregistration_pb2_grpc as reg_grpc
+from extender.testing import unix_grpc
 
 #: What the plugin tells the kubelet it serves (the kubelet's ``DRAPluginService``).
 SERVICE = "v1.DRAPlugin"
@@ -118,16 +116,6 @@ class Registration(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
-def _server(add: Any, servicer: Any, socket: Path) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    add(servicer, server)
-    socket.unlink(missing_ok=True)
-    if not server.add_insecure_port(f"unix://{socket}"):
-        raise OSError(f"cannot listen on {socket}")
-    server.start()
-    return server
-
-
 @contextmanager
 def serve(driver: FakeGpuDriver, kubelet_root: Path, timeout: float = 60.0) -> Iterator[FakeGpuDriver]:
     """Serve ``driver`` under the kubelet whose root folder is ``kubelet_root`` and wait until
@@ -140,8 +128,8 @@ def serve(driver: FakeGpuDriver, kubelet_root: Path, timeout: float = 60.0) -> I
     registration = Registration(endpoint)
     reg_socket = registry / f"{GPU_DRIVER}-reg.sock"
     servers = [
-        _server(pb_grpc.add_DRAPluginServicer_to_server, driver, endpoint),
-        _server(reg_grpc.add_RegistrationServicer_to_server, registration, reg_socket),
+        unix_grpc.start(pb_grpc.add_DRAPluginServicer_to_server, driver, endpoint),
+        unix_grpc.start(reg_grpc.add_RegistrationServicer_to_server, registration, reg_socket),
     ]
     try:
         if not registration.registered.wait(timeout):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ import grpc
 from extender.agent import podresources_pb2 as pb
 from extender.agent import podresources_pb2_grpc as pb_grpc
 from extender.kube.names import GPU_RESOURCE
+from extender.testing import unix_grpc
 
 
 @dataclass
@@ -131,12 +131,7 @@ def _memory(size: int, nodes: Sequence[int]) -> pb.ContainerMemory:
 @contextmanager
 def serve(kubelet: FakeKubelet, socket: Path) -> Iterator[Path]:
     """Serve ``kubelet`` on the unix socket ``socket`` until the block ends."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    add: Any = pb_grpc.add_PodResourcesListerServicer_to_server  # generated code is untyped
-    add(kubelet, server)
-    if not server.add_insecure_port(f"unix://{socket.absolute()}"):
-        raise OSError(f"cannot listen on {socket}")
-    server.start()
+    server = unix_grpc.start(pb_grpc.add_PodResourcesListerServicer_to_server, kubelet, socket, workers=2)
     try:
         yield socket
     finally:

@@ -41,26 +41,24 @@ new_module() { # dir module-path
 
 k8s_staging() { echo "v0.${KUBERNETES_VERSION#v1.}"; }
 
-pin_kubernetes() {
-    local d="${TOOLS_DIR}/kubernetes"
-    log "kubernetes ${KUBERNETES_VERSION}"
-    new_module "$d" gangslice/hack/e2e/tools/kubernetes
+# k8s_tools_module DIR CMD...: a tools module on k8s.io/kubernetes (its staging modules replaced by their
+# tagged releases) whose tools are k8s.io/kubernetes/cmd/CMD.
+k8s_tools_module() {
+    local d="${TOOLS_DIR}/$1"; shift
+    log "$(basename "$d") ${KUBERNETES_VERSION}"
+    new_module "$d" "gangslice/hack/e2e/tools/$(basename "$d")"
     mapfile -t reps < <(staging_replaces "k8s.io/kubernetes@${KUBERNETES_VERSION}" "$(k8s_staging)")
-    (cd "$d" && go mod edit "${reps[@]}" -require="k8s.io/kubernetes@${KUBERNETES_VERSION}" \
-        -tool=k8s.io/kubernetes/cmd/kube-apiserver -tool=k8s.io/kubernetes/cmd/kube-scheduler \
-        -tool=k8s.io/kubernetes/cmd/kubectl && go mod tidy)
+    local tools=()
+    for cmd in "$@"; do tools+=("-tool=k8s.io/kubernetes/cmd/${cmd}"); done
+    (cd "$d" && go mod edit "${reps[@]}" -require="k8s.io/kubernetes@${KUBERNETES_VERSION}" "${tools[@]}" && go mod tidy)
 }
 
-# kube-controller-manager has a tools module of its own (same k8s.io/kubernetes pin): its extra dependencies
-# stay out of the kubernetes module's go.sum, whose hash keys the apiserver/scheduler/kubectl builds.
-pin_kube_controller_manager() {
-    local d="${TOOLS_DIR}/kube-controller-manager"
-    log "kube-controller-manager ${KUBERNETES_VERSION}"
-    new_module "$d" gangslice/hack/e2e/tools/kube-controller-manager
-    mapfile -t reps < <(staging_replaces "k8s.io/kubernetes@${KUBERNETES_VERSION}" "$(k8s_staging)")
-    (cd "$d" && go mod edit "${reps[@]}" -require="k8s.io/kubernetes@${KUBERNETES_VERSION}" \
-        -tool=k8s.io/kubernetes/cmd/kube-controller-manager && go mod tidy)
-}
+pin_kubernetes() { k8s_tools_module kubernetes kube-apiserver kube-scheduler kubectl; }
+
+# kube-controller-manager and the kubelet have tools modules of their own (same k8s.io/kubernetes pin): their
+# extra dependencies stay out of the kubernetes module's go.sum, whose hash keys the apiserver/scheduler/kubectl
+# builds.
+pin_kube_controller_manager() { k8s_tools_module kube-controller-manager kube-controller-manager; }
 
 pin_kueue() {
     local d="${TOOLS_DIR}/kueue"
@@ -96,17 +94,9 @@ pin_jobset() {
     (cd "$d" && go mod edit -require="sigs.k8s.io/jobset@${JOBSET_VERSION}" -tool=sigs.k8s.io/jobset && go mod tidy)
 }
 
-# The real node (tests/e2e/test_real_node.py): the kubelet of the control plane's release, in a tools module of its
-# own like kube-controller-manager's; containerd v2 (daemon, ctr, the runc shim), runc and the CNI plugins a pod
+# The real node (tests/e2e/test_real_node.py): the kubelet of the control plane's release; containerd v2 (daemon, ctr, the runc shim), runc and the CNI plugins a pod
 # network needs (bridge, host-local, loopback), each at its release's own dependency versions.
-pin_kubelet() {
-    local d="${TOOLS_DIR}/kubelet"
-    log "kubelet ${KUBERNETES_VERSION}"
-    new_module "$d" gangslice/hack/e2e/tools/kubelet
-    mapfile -t reps < <(staging_replaces "k8s.io/kubernetes@${KUBERNETES_VERSION}" "$(k8s_staging)")
-    (cd "$d" && go mod edit "${reps[@]}" -require="k8s.io/kubernetes@${KUBERNETES_VERSION}" \
-        -tool=k8s.io/kubernetes/cmd/kubelet && go mod tidy)
-}
+pin_kubelet() { k8s_tools_module kubelet kubelet; }
 
 pin_containerd() {
     local d="${TOOLS_DIR}/containerd"
