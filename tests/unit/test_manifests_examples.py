@@ -231,3 +231,33 @@ def test_the_plain_and_kueue_flavours_ask_for_the_same_gpus() -> None:
 
     for plain, kueue in zip(PLAIN, KUEUE, strict=True):
         assert gpus(plain) == gpus(kueue), plain.name
+
+
+SERVING = [p for p in yaml_files(K8S_EXAMPLES) if "vllm" in p.read_text()]
+
+
+@pytest.mark.parametrize("path", SERVING, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_vllm_example_is_guaranteed_qos_with_whole_cpus_for_vllm(path: Path) -> None:
+    """Every container of a pod that serves (init containers included) has CPU and memory limits
+    equal to its requests, so the pod is Guaranteed; the vLLM containers ask for whole CPUs, so
+    the kubelet's static CPU manager gives them CPUs of their own on their GPUs' NUMA node."""
+    templates = [(w, t) for obj in load_all(path) for w, t in pod_templates(obj)]
+    served = 0
+    for which, template in templates:
+        spec = template["spec"]
+        containers = [*spec.get("initContainers", ()), *spec["containers"]]
+        if not any("vllm" in str(c.get("image", "")) for c in containers):
+            continue
+        served += 1
+        for c in containers:
+            res = c.get("resources") or {}
+            requests, limits = res.get("requests") or {}, res.get("limits") or {}
+            where = f"{path.name} {which} {c['name']}"
+            for kind in ("cpu", "memory"):
+                asked, most = requests.get(kind), limits.get(kind)
+                assert asked is not None and str(asked) == str(most), (
+                    f"{where}: {kind} {asked} != limit {most}"
+                )
+            if "vllm" in str(c.get("image", "")):
+                assert str(requests["cpu"]).isdigit(), f"{where}: cpu {requests['cpu']}"
+    assert served, f"{path.name}: no vLLM pod template"
