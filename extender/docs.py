@@ -180,6 +180,28 @@ WRITTEN_KEYS = (
         "The UUIDs of those GPUs, comma-separated, e.g. `GPU-5c8e...,GPU-9a1f...`.",
     ),
     Key(
+        f"{NAMES}:NICS",
+        "annotation",
+        "Pod",
+        "written at bind (when the node's graph lists NICs)",
+        "The RDMA NICs next to those GPUs: each GPU's nearest NIC on its NUMA node, once, e.g. "
+        "`mlx5_0,mlx5_3` (docs/node-setup.md).",
+    ),
+    Key(
+        f"{NAMES}:NCCL_IB_HCA",
+        "annotation",
+        "Pod",
+        "written at bind with `gangslice.io/nics`; for `NCCL_IB_HCA` through the downward API",
+        "Those NICs as NCCL takes exact names, e.g. `=mlx5_0,mlx5_3`.",
+    ),
+    Key(
+        f"{NAMES}:UCX_NET_DEVICES",
+        "annotation",
+        "Pod",
+        "written at bind with `gangslice.io/nics`; for `UCX_NET_DEVICES` through the downward API",
+        "Those NICs as UCX takes them (port 1), e.g. `mlx5_0:1,mlx5_3:1`.",
+    ),
+    Key(
         f"{NAMES}:LEADER_LABEL",
         "label",
         "controller Pod",

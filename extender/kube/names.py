@@ -39,6 +39,13 @@ NUMA_NODE = "gangslice.io/numa-node"
 #: Pod annotation written at bind: the UUIDs of those GPUs (comma-separated, as NVML names
 #: them), so ``gangslice preflight`` catches a swap that indices and NUMA nodes cannot show.
 GPU_UUIDS = "gangslice.io/gpu-uuids"
+#: Pod annotations written at bind: the RDMA NICs next to those GPUs (each GPU's nearest NIC on
+#: its NUMA node, comma-separated), and the same NICs spelled as NCCL's ``NCCL_IB_HCA`` (``=``:
+#: exact names, so ``mlx5_1`` never matches ``mlx5_10``) and UCX's ``UCX_NET_DEVICES`` (port 1)
+#: take them, for a container's environment through the downward API (examples/k8s/llm-d).
+NICS = "gangslice.io/nics"
+NCCL_IB_HCA = "gangslice.io/nccl-ib-hca"
+UCX_NET_DEVICES = "gangslice.io/ucx-net-devices"
 #: DRA (written at pod creation by the admission webhook): pod annotation, the slot the pod
 #: got (``<pod set>/<index>``; on its ResourceClaim, a label ``<pod set>-<index>``); pod
 #: annotation, how many GPUs its claim asks for (the pod requests no ``nvidia.com/gpu``);

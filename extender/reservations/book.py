@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -86,6 +86,8 @@ class BindPlan:
     #: The GPUs' UUIDs from the node's graph, in the order of ``gpus`` (empty when the graph
     #: has none, e.g. one parsed from ``nvidia-smi topo -m``).
     uuids: tuple[str, ...] = ()
+    #: The RDMA NICs next to ``gpus`` (:meth:`GpuGraph.near_nics`); empty when the graph has none.
+    nics: tuple[str, ...] = ()
 
     def annotations(self) -> dict[str, str]:
         if not self.gpus:
@@ -95,6 +97,10 @@ class BindPlan:
             out[names.NUMA_NODE] = ",".join(map(str, self.numa_nodes))
         if self.uuids:
             out[names.GPU_UUIDS] = ",".join(self.uuids)
+        if self.nics:
+            out[names.NICS] = ",".join(self.nics)
+            out[names.NCCL_IB_HCA] = "=" + ",".join(self.nics)
+            out[names.UCX_NET_DEVICES] = ",".join(f"{nic}:1" for nic in self.nics)
         return out
 
 
@@ -535,21 +541,21 @@ class ReservationBook:
         else:
             plan = BindPlan(pod, node, (), ())
         if plan.gpus:
-            plan = replace(plan, uuids=self._uuids(node, plan.gpus))
+            plan = self._identified(plan)
             bound = replace(pod, node=node, annotations={**pod.annotations, **plan.annotations()})
             plan = replace(plan, previous=self.informer.note_bound(bound), noted=True)
         return plan
 
-    def _uuids(self, node: str, gpus: Sequence[int]) -> tuple[str, ...]:
-        """The UUIDs of ``gpus`` on ``node`` (``gangslice.io/gpu-uuids``); empty when the
-        node's graph lacks one of them."""
+    def _identified(self, plan: BindPlan) -> BindPlan:
+        """``plan`` with its GPUs' UUIDs (``gangslice.io/gpu-uuids``) and the NICs next to them,
+        from the node's graph; neither when the graph lacks one of the GPUs."""
         snap = self.informer.snapshot()
-        if not snap.has_node(node):
-            return ()
-        graph = snap.node(node).graph
-        if any(g not in graph.indices for g in gpus):
-            return ()
-        return graph.uuids(gpus) or ()
+        if not snap.has_node(plan.node):
+            return plan
+        graph = snap.node(plan.node).graph
+        if any(g not in graph.indices for g in plan.gpus):
+            return plan
+        return replace(plan, uuids=graph.uuids(plan.gpus) or (), nics=graph.near_nics(plan.gpus))
 
     def undo_bind(self, plan: BindPlan) -> None:
         """:meth:`unreserve` without the lock or the write."""

@@ -257,6 +257,25 @@ class GpuGraph:
             out.append(uuid)
         return tuple(out)
 
+    def near_nics(self, indices: Iterable[int]) -> tuple[str, ...]:
+        """The NICs these GPUs should talk through, in the order of the GPUs, each once: every
+        GPU's nearest NIC (the closest PCIe level: its own switch or root before its NUMA node)
+        when that NIC is on the GPU's NUMA node; a GPU whose nearest NIC is across the socket
+        link adds none."""
+        nics = {n.name: n for n in self.nics}
+        out: list[str] = []
+        for index in indices:
+            name = self.shape.best_nic.get(index)
+            if name is None or name in out:
+                continue
+            nic, gpu = nics[name], self.gpu(index)
+            if nic.gpu_links.get(index, PcieLevel.SYS) >= PcieLevel.SYS:
+                continue
+            if nic.numa_node is not None and gpu.numa_node is not None and nic.numa_node != gpu.numa_node:
+                continue
+            out.append(name)
+        return tuple(out)
+
     def healthy(self, index: int) -> bool:
         h = self.health.get(index)
         return h is None or h.healthy

@@ -513,7 +513,8 @@ def workload_pod(
 ) -> dict[str, Any]:
     """A pod of the project's image for a real node of ``pool`` with the fake board ``fake``:
     ``gangslice preflight`` first (``--strict-gpus`` with ``strict``), then ``gangslice pin``
-    running a command that prints what the container was given (``visible=``, ``cpus=``). Its
+    running a command that prints what the container was given (``visible=``, ``cpus=``, and
+    ``nccl=``: ``NCCL_IB_HCA`` from the pod's NIC annotation through the downward API). Its
     GPUs come from the device plugin, or with ``claim_template`` from a claim of that template."""
     pod = gpu_pod(name, 0 if claim_template else gpus, pool, scheduler=scheduler)
     limits: dict[str, str] = {} if claim_template else {"nvidia.com/gpu": str(gpus)}
@@ -522,13 +523,19 @@ def workload_pod(
         limits |= {"cpu": cpu, "memory": "256Mi"}
         requests |= {"memory": "256Mi"}
     env = [{"name": "GANGSLICE_NVML_FAKE", "value": fake}]
+    for var, key in (
+        ("NCCL_IB_HCA", "gangslice.io/nccl-ib-hca"),
+        ("UCX_NET_DEVICES", "gangslice.io/ucx-net-devices"),
+    ):
+        env.append({"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}})
     mounts = [
         {"name": "podinfo", "mountPath": "/etc/podinfo", "readOnly": True},
         {"name": "sys", "mountPath": HOST_SYS, "readOnly": True},
     ]
     show = (
         "import os, time; print('visible=' + os.environ.get('NVIDIA_VISIBLE_DEVICES', ''), flush=True); "
-        "print('cpus=' + ','.join(map(str, sorted(os.sched_getaffinity(0)))), flush=True); time.sleep(3600)"
+        "print('cpus=' + ','.join(map(str, sorted(os.sched_getaffinity(0)))), flush=True); "
+        "print('nccl=' + os.environ.get('NCCL_IB_HCA', ''), flush=True); time.sleep(3600)"
     )
     common = {"image": IMAGE, "imagePullPolicy": "Never", "env": env, "volumeMounts": mounts}
     pod["spec"]["initContainers"] = [

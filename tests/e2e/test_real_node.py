@@ -92,6 +92,11 @@ def test_a_tp4_pod_gets_the_gpus_gangslice_predicted(
     assert kubelet_devices(node, ns, "tp4") == promised_uuids
     assert sorted(node.printed(ns, "tp4", "visible").split(",")) == promised_uuids
     assert node.plugin.allocated[-1] and sorted(node.plugin.allocated[-1]) == sorted(promised)
+    # The NICs on the GPUs' PCIe switches (mlx5_<GPU> on this board), from the annotation the bind
+    # wrote, reached the container's environment through the downward API.
+    nics = pod["metadata"]["annotations"]["gangslice.io/nics"]
+    assert nics == ",".join(f"mlx5_{i}" for i in promised), nics
+    assert node.printed(ns, "tp4", "nccl") == "=" + nics
     # The agent publishes the kubelet's allocation, read from the real PodResources socket.
     wait_for(
         "the agent's devicesInUse for the pod",

@@ -381,6 +381,11 @@ def test_bind_writes_the_slots_gpu_uuids_when_the_graph_has_them(uuids: bool) ->
             assert annotations[keys.GPU_UUIDS] == ",".join(uuid(graph, i) for i in plan.gpus)
         else:
             assert keys.GPU_UUIDS not in annotations
+        # The NICs next to the GPUs (one per GPU on an HGX board), in the three spellings.
+        nics = graph.near_nics(plan.gpus)
+        assert len(nics) == len(plan.gpus) and annotations[keys.NICS] == ",".join(nics)
+        assert annotations[keys.NCCL_IB_HCA] == "=" + ",".join(nics)
+        assert annotations[keys.UCX_NET_DEVICES] == ",".join(f"{nic}:1" for nic in nics)
     assert gang.gpus == placed.slots[0].gpus
 
 

@@ -310,7 +310,10 @@ def test_bind_picks_the_gpu_set_and_records_it(tmp_path: Path) -> None:
             await body(client, cache)
 
     asyncio.run(go())
-    assert binder.bound == [("llm/tp4", "h-3", {keys.GPUS: "4,5,6,7", keys.NUMA_NODE: "1"})]
+    nics = "mlx5_5,mlx5_6,mlx5_7,mlx5_8"  # the NIC on each GPU's switch
+    ucx = ",".join(f"{n}:1" for n in nics.split(","))
+    written = {keys.NICS: nics, keys.NCCL_IB_HCA: f"={nics}", keys.UCX_NET_DEVICES: ucx}
+    assert binder.bound == [("llm/tp4", "h-3", {keys.GPUS: "4,5,6,7", keys.NUMA_NODE: "1", **written})]
 
 
 def test_bind_through_the_api_writes_annotations_and_the_binding(tmp_path: Path) -> None:
@@ -536,4 +539,5 @@ def test_filter_and_bind_follow_the_device_plugin_on_its_nodes(tmp_path: Path) -
             assert await bind(client, pod, "dra-0") == ""
 
     asyncio.run(go())
-    assert binder.bound == [("llm/tp3", "dra-0", {keys.GPUS: "0,1,2", keys.NUMA_NODE: "0"})]
+    nic = {keys.NICS: "NIC0", keys.NCCL_IB_HCA: "=NIC0", keys.UCX_NET_DEVICES: "NIC0:1"}  # the socket's NIC
+    assert binder.bound == [("llm/tp3", "dra-0", {keys.GPUS: "0,1,2", keys.NUMA_NODE: "0", **nic})]
