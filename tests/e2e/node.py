@@ -166,6 +166,14 @@ class RealNode:
 
     @contextmanager
     def running(self, oracle: Path | None = None) -> Iterator[RealNode]:
+        if os.geteuid() != 0:
+            raise RuntimeError(
+                "the real node needs root: the kubelet and containerd mount, make cgroups and run "
+                "containers, and the kubelet runs in a mount namespace of its own (unshare)"
+            )
+        for tool in ("unshare", "mount", "umount", "ip", "pkill"):
+            if shutil.which(tool) is None:
+                raise RuntimeError(f"the real node needs {tool!r} on PATH (util-linux, iproute2, procps)")
         # Unix socket paths are limited to 107 bytes: a short folder of its own.
         self.workdir = Path(tempfile.mkdtemp(prefix="gsn-"))
         with ExitStack() as stack:
