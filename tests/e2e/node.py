@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket as sockets
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,7 @@ from extender.bench.controlplane import ControlPlane, free_ports
 from extender.testing import device_plugin, dra_plugin, gpuallocator
 from extender.testing.dra import gpu_slice
 from extender.topology.nvml import discover
+from extender.topology.serialize import parse_cpu_ranges
 
 REPO = Path(__file__).resolve().parents[2]
 PAUSE_IMAGE = "gangslice.test/pause:1"
@@ -63,19 +65,10 @@ DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 NODE_SYSFS = Path("/sys/devices/system/node")
 
 
-def machine_cpus() -> list[int]:
-    text = Path("/sys/devices/system/cpu/online").read_text().strip()
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def write_numa_sysfs(root: Path, nodes: int = 2) -> dict[int, list[int]]:
     """``<root>/devices/system/node``: the machine's online CPUs and memory split into ``nodes``
     NUMA nodes, as cadvisor and gangslice's agent read them. Returns node -> CPUs."""
-    cpus = machine_cpus()
+    cpus = sorted(parse_cpu_ranges(Path("/sys/devices/system/cpu/online").read_text().strip()))
     if len(cpus) < nodes:
         raise RuntimeError(
             f"the real node needs at least {nodes} CPUs (one per NUMA node); this machine has {cpus}"
@@ -114,7 +107,7 @@ def build_workload_image() -> Path:
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHON": str(Path(os.sys.executable))},
+        env={**os.environ, "PYTHON": sys.executable},
         check=False,
     )
     if proc.returncode != 0:
@@ -135,7 +128,6 @@ class RealNode:
     images: tuple[Path, ...] = ()
     preset: str = "hgx-h100"
     allocation: str = "devicePlugin"
-    kubelet_config: dict[str, Any] = field(default_factory=dict)
     workdir: Path = field(init=False)
     plugin: device_plugin.FakeGpuPlugin = field(init=False)
     driver: dra_plugin.FakeGpuDriver = field(init=False)
@@ -333,7 +325,6 @@ state = "{w}/containerd/state"
             "syncFrequency": "5s",
             "nodeStatusUpdateFrequency": "5s",
         }
-        config.update(self.kubelet_config)
         self.kubelet_config_file.write_text(json.dumps(config, indent=1))
         # The kubelet's folder is a shared mount, so what the kubelet mounts there from its own
         # namespace (downward-API and projected volumes are tmpfs) reaches containerd and runc.
@@ -341,10 +332,16 @@ state = "{w}/containerd/state"
         root.mkdir()
         for args in (["--bind", root, root], ["--make-shared", root]):
             subprocess.run(["mount", *args], check=True)
-        # Fixed in the kubelet, so shared by every kubelet of the machine: one real node at a time.
+        # Fixed in the kubelet, so shared by every kubelet of the machine: one real node at a time,
+        # and never on a machine whose own kubelet serves there.
         DEVICE_PLUGINS.mkdir(parents=True, exist_ok=True)
+        if _answers(DEVICE_PLUGINS / device_plugin.KUBELET_SOCKET):
+            raise RuntimeError(
+                f"a kubelet already serves {DEVICE_PLUGINS}: the real node needs a machine without one"
+            )
         for stale in DEVICE_PLUGINS.iterdir():
-            stale.unlink()
+            if not stale.is_dir():
+                stale.unlink()
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
         kubelet = [
             self.bin_dir / "kubelet",
@@ -495,6 +492,16 @@ state = "{w}/containerd/state"
             subprocess.run(["umount", "-l", mount], capture_output=True)
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _answers(socket: Path) -> bool:
+    """Whether something listens on the unix socket ``socket``."""
+    with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(socket))
+        except OSError:
+            return False
+    return True
 
 
 def pack_pause(binary: Path, out: Path) -> Path:

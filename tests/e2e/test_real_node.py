@@ -107,6 +107,11 @@ def test_a_tp4_pod_gets_the_gpus_gangslice_predicted(
     assert spec is not None
     kubelet = spec["kubelet"]
     assert (kubelet["topologyManagerPolicy"], kubelet["cpuManagerPolicy"]) == ("single-numa-node", "static")
+    # The NUMA nodes the kubelet sees (the node's two-node tree), and the CPUs it may still hand
+    # out exclusively: all but the reserved CPU 0 (the TP=4 pod is Burstable and holds none).
+    numa = {n["id"]: n for n in kubelet["numaNodes"]}
+    assert {i: n["cpus"] for i, n in numa.items()} == {i: ",".join(map(str, c)) for i, c in node.numa.items()}
+    assert [n["allocatableCpus"] for _, n in sorted(numa.items())] == ["", "1"], numa
     with capsys.disabled():
         print(f"\nreal node: TP=4 promised GPUs {promised}; the kubelet gave {node.plugin.allocated[-1]}")
 

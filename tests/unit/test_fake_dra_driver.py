@@ -78,3 +78,56 @@ def test_registration_names_the_driver_its_socket_and_the_dra_service(tmp_path: 
     assert not registration.registered.is_set() and registration.error == "no"
     registration.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), None)
     assert registration.registered.is_set()
+
+
+# The field tables of k8s.io/kubelet pkg/apis/dra/v1 and pluginregistration/v1 api.proto:
+# message -> [(field, number, repeated)]; and their packages, whose names are in the method paths.
+DRA_FIELDS = {
+    "NodePrepareResourcesRequest": [("claims", 1, True)],
+    "NodePrepareResourcesResponse": [("claims", 1, True)],
+    "NodePrepareResourceResponse": [("devices", 1, True), ("error", 2, False)],
+    "Device": [
+        ("request_names", 1, True),
+        ("pool_name", 2, False),
+        ("device_name", 3, False),
+        ("cdi_device_ids", 4, True),
+        ("share_id", 5, False),
+    ],
+    "NodeUnprepareResourcesRequest": [("claims", 1, True)],
+    "NodeUnprepareResourcesResponse": [("claims", 1, True)],
+    "NodeUnprepareResourceResponse": [("error", 1, False)],
+    "Claim": [("namespace", 1, False), ("uid", 2, False), ("name", 3, False)],
+}
+REGISTRATION_FIELDS = {
+    "PluginInfo": [
+        ("type", 1, False),
+        ("name", 2, False),
+        ("endpoint", 3, False),
+        ("supported_versions", 4, True),
+    ],
+    "RegistrationStatus": [("plugin_registered", 1, False), ("error", 2, False)],
+    "RegistrationStatusResponse": [],
+    "InfoRequest": [],
+}
+
+
+def test_the_dra_and_registration_wires_are_the_kubelets() -> None:
+    for module, table in ((pb, DRA_FIELDS), (reg, REGISTRATION_FIELDS)):
+        for message, fields in table.items():
+            got = [
+                (f.name, f.number, f.is_repeated)
+                for f in module.DESCRIPTOR.message_types_by_name[message].fields
+            ]
+            assert got == fields, message
+    assert pb.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
+    assert reg.DESCRIPTOR.package == "pluginregistration"
+    assert pb.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"].has_presence
+    services = {
+        name: [m.name for m in s.methods]
+        for module in (pb, reg)
+        for name, s in module.DESCRIPTOR.services_by_name.items()
+    }
+    assert services == {
+        "DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"],
+        "Registration": ["GetInfo", "NotifyRegistrationStatus"],
+    }
