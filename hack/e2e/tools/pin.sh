@@ -94,37 +94,35 @@ pin_jobset() {
     (cd "$d" && go mod edit -require="sigs.k8s.io/jobset@${JOBSET_VERSION}" -tool=sigs.k8s.io/jobset && go mod tidy)
 }
 
-# The real node (tests/e2e/test_real_node.py): the kubelet of the control plane's release; containerd v2 (daemon, ctr, the runc shim), runc and the CNI plugins a pod
-# network needs (bridge, host-local, loopback), each at its release's own dependency versions.
+# The real node (tests/e2e/test_real_node.py): the kubelet of the control plane's release; containerd v2 (daemon,
+# ctr, the runc shim), runc and the CNI plugins a pod network needs (bridge, host-local, loopback), each at its
+# release's own dependency versions (its own versioned replace lines copied).
 pin_kubelet() { k8s_tools_module kubelet kubelet; }
 
-pin_containerd() {
-    local d="${TOOLS_DIR}/containerd"
-    log "containerd ${CONTAINERD_VERSION}"
-    new_module "$d" gangslice/hack/e2e/tools/containerd
-    mapfile -t reps < <(copy_replaces "github.com/containerd/containerd/v2@${CONTAINERD_VERSION}")
-    (cd "$d" && go mod edit ${reps[@]+"${reps[@]}"} -require="github.com/containerd/containerd/v2@${CONTAINERD_VERSION}" \
-        -tool=github.com/containerd/containerd/v2/cmd/containerd -tool=github.com/containerd/containerd/v2/cmd/ctr \
-        -tool=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 && go mod tidy)
+# release_module DIR MODULE VERSION TOOL...: a tools module requiring MODULE@VERSION, its replace lines
+# copied, whose tools are the packages TOOL... (paths below MODULE; "." for MODULE itself).
+release_module() {
+    local d="${TOOLS_DIR}/$1" module="$2" version="$3"; shift 3
+    log "$(basename "$d") ${version}"
+    new_module "$d" "gangslice/hack/e2e/tools/$(basename "$d")"
+    mapfile -t reps < <(copy_replaces "${module}@${version}")
+    local tools=()
+    for pkg in "$@"; do
+        if [[ "${pkg}" == . ]]; then tools+=("-tool=${module}"); else tools+=("-tool=${module}/${pkg}"); fi
+    done
+    (cd "$d" && go mod edit ${reps[@]+"${reps[@]}"} -require="${module}@${version}" "${tools[@]}" && go mod tidy)
 }
 
-pin_runc() {
-    local d="${TOOLS_DIR}/runc"
-    log "runc ${RUNC_VERSION}"
-    new_module "$d" gangslice/hack/e2e/tools/runc
-    mapfile -t reps < <(copy_replaces "github.com/opencontainers/runc@${RUNC_VERSION}")
-    (cd "$d" && go mod edit ${reps[@]+"${reps[@]}"} -require="github.com/opencontainers/runc@${RUNC_VERSION}" \
-        -tool=github.com/opencontainers/runc && go mod tidy)
+pin_containerd() {
+    release_module containerd github.com/containerd/containerd/v2 "${CONTAINERD_VERSION}" \
+        cmd/containerd cmd/ctr cmd/containerd-shim-runc-v2
 }
+
+pin_runc() { release_module runc github.com/opencontainers/runc "${RUNC_VERSION}" .; }
 
 pin_cni() {
-    local d="${TOOLS_DIR}/cni"
-    log "cni plugins ${CNI_PLUGINS_VERSION}"
-    new_module "$d" gangslice/hack/e2e/tools/cni
-    (cd "$d" && go mod edit -require="github.com/containernetworking/plugins@${CNI_PLUGINS_VERSION}" \
-        -tool=github.com/containernetworking/plugins/plugins/main/bridge \
-        -tool=github.com/containernetworking/plugins/plugins/main/loopback \
-        -tool=github.com/containernetworking/plugins/plugins/ipam/host-local && go mod tidy)
+    release_module cni github.com/containernetworking/plugins "${CNI_PLUGINS_VERSION}" \
+        plugins/main/bridge plugins/main/loopback plugins/ipam/host-local
 }
 
 pin_etcd() {
