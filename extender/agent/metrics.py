@@ -87,6 +87,7 @@ class GpuHealthCollector:
         per_link: dict[str, tuple[str, list[tuple[Mapping[str, str], float]]]] = {}
         for g in gpus:
             for link, *counts in g.counters.links:
+                # Four counts per link (flit, data, replay, recovery): the PCIe counter has none.
                 for (name, _, doc), value in zip(DCGM_COUNTERS, counts, strict=False):
                     link_name = name.replace("_TOTAL", f"_L{link}")
                     per_link.setdefault(link_name, (f"{doc.split(' (')[0]} on NVLink {link}.", []))[1].append(

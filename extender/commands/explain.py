@@ -335,17 +335,17 @@ def refused_nodes(cache: Any) -> list[str]:
         f"node {node} kept out of placement: its NodeTopology is refused: {refused[node]}"
         for node in sorted(refused)
     ]
-    mismatched = cache.device_problems() if hasattr(cache, "device_problems") else {}
+    mismatched = cache.device_problems()
     lines += [
         f"node {node} kept out of in-node choices: its DRA devices do not match its NodeTopology: {why}"
         for node, why in sorted(mismatched.items())
     ]
-    degraded = cache.interconnect_problems() if hasattr(cache, "interconnect_problems") else {}
+    degraded = cache.interconnect_problems()
     lines += [
         f"node {node} has GPUs given to no gang (interconnect degraded): {why}"
         for node, why in sorted(degraded.items())
     ]
-    retrying = cache.retrying_links() if hasattr(cache, "retrying_links") else {}
+    retrying = cache.retrying_links()
     lines += [
         f"node {node} has GPUs whose links retry, priced at a share of their bandwidth: {why}"
         for node, why in sorted(retrying.items())

@@ -329,7 +329,7 @@ class ClusterInformer:
         def sick(graph: GpuGraph, i: int, h: GpuHealth) -> str | None:
             if h.healthy:
                 return None
-            uuid = next((g.uuid for g in graph.gpus if g.index == i and g.uuid), None)
+            uuid = graph.gpu(i).uuid if i in graph.indices else None
             return f"GPU{i}{f' ({uuid})' if uuid else ''}: {h.reason or 'unhealthy'}"
 
         return self._gpu_lines(sick)

@@ -28,6 +28,8 @@ SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TOOLS_DIR="${SCRIPT_DIR}/tools"
 # shellcheck source=tools/versions.env
 source "${TOOLS_DIR}/versions.env"
+# shellcheck source=../lib/debian.sh
+source "${SCRIPT_DIR}/../lib/debian.sh"
 
 STEP="startup"
 log() { printf '%s [e2e-build] %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "$*" >&2; }
@@ -156,9 +158,7 @@ need_libseccomp() {
     command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]] ||
         die "runc needs libseccomp's headers (/usr/include/seccomp.h): install libseccomp-dev (Debian/Ubuntu) or libseccomp-devel"
     log "installing libseccomp-dev (apt-get)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libseccomp-dev >&2 ||
-        { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libseccomp-dev >&2; } ||
-        die "apt-get install libseccomp-dev failed (is a Debian mirror reachable?)"
+    debian_install libseccomp-dev || die "apt-get install libseccomp-dev failed (is a Debian mirror reachable?)"
 }
 
 hash_files() { cat "$@" | sha256sum | cut -c1-16; }

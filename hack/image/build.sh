@@ -22,6 +22,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "${HERE}/../.." && pwd)"
 # shellcheck source=recipe.env
 source "${HERE}/recipe.env"
+# shellcheck source=../lib/debian.sh
+source "${HERE}/../lib/debian.sh"
 ARCH="${1:-amd64}"
 PYTHON="${PYTHON:-${REPO}/.venv/bin/python}"
 export PIP="${PYTHON} -m pip"
@@ -34,10 +36,7 @@ die() { log "FAILED: $*"; exit 1; }
 if ! command -v mmdebstrap >/dev/null || ! command -v buildah >/dev/null; then
     command -v apt-get >/dev/null || die "mmdebstrap and buildah are needed (Debian/Ubuntu packages); no apt-get here"
     log "installing mmdebstrap and buildah (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends mmdebstrap buildah >&2 ||
-        { apt-get update -q >&2 && apt-get install -y -q --no-install-recommends mmdebstrap buildah >&2; } ||
-        die "apt-get install mmdebstrap buildah failed (is a Debian mirror reachable?)"
+    debian_install mmdebstrap buildah || die "apt-get install mmdebstrap buildah failed (is a Debian mirror reachable?)"
 fi
 for tool in mmdebstrap buildah dpkg-deb; do
     command -v "${tool}" >/dev/null || die "${tool} is missing: apt-get install mmdebstrap buildah"
