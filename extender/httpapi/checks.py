@@ -6,10 +6,12 @@ another tenant's pod, a pod already running, or a node outside the pod's slot. S
 - filter, prioritize, predicate: the pod must be in the pod watch (or, where the watch has not
   shown it yet, on the API server) with the UID sent (a scheduler always sends it) and name one
   of our schedulers; if not, the verb reserves nothing and says why. The watched pod, not the
-  request's copy, is what the decision reads.
-- bind, allocate: the pod must be watched, with the UID sent, not bound elsewhere, and name one
-  of our schedulers (``--scheduler-name``; ``volcano`` for the Volcano verbs); the node must
-  be a Node of the cluster. The slot check is the decider's (``Refused``).
+  request's copy, is what the decision reads; where the watch still shows it gated, it is read
+  again from the API server (:func:`current`), and a pod gated there is refused.
+- bind, allocate: the pod must be watched, with the UID sent, not bound elsewhere, not gated
+  (kube-scheduler's verbs), and name one of our schedulers (``--scheduler-name``; ``volcano``
+  for the Volcano verbs); the node must be a Node of the cluster. The slot check is the
+  decider's (``Refused``).
 - deallocate: frees a slot only while the pod is not running on a node: gone (per the
   watch, then the API server), finished, or not bound yet (Volcano undoing an allocation
   within its session). A running member's slot is freed when the pod ends.
@@ -72,7 +74,7 @@ async def asked(request: web.Request, sent: PodInfo, *, volcano: bool = False) -
     cache = request.app[CACHE]
     if not cache.pods_watched:
         return sent
-    known = cache.watched_pod(sent.namespace, sent.name) or await _fetched(request, sent)
+    known = await current(request, sent.namespace, sent.name, volcano=volcano)
     if known is None:
         raise Refusal(
             "unknown-pod",
@@ -84,27 +86,49 @@ async def asked(request: web.Request, sent: PodInfo, *, volcano: bool = False) -
     if known.uid and sent.uid != known.uid:
         raise Refusal("uid-mismatch", f"pod {sent.key} has uid {known.uid}, not {sent.uid}; nothing reserved")
     _our_scheduler(request, known, volcano)
+    _not_gated(known, volcano)
     return known
 
 
-async def _fetched(request: web.Request, sent: PodInfo) -> PodInfo | None:
-    """A pod the watch has not shown yet (it lags behind under load, and kube-scheduler may ask
-    about a pod just created): read from the API server and taken into the cache as the watch
-    would, so the scheduler is not sent away to wait for an event that may never come."""
-    api = request.app[API]
-    if api is None:
-        return None
-    try:
-        obj = await api.get(PODS, sent.name, sent.namespace)
-    except NotFound:
-        return None
-    except KubeError as exc:
-        log.warning("pod %s is not in the pod watch and cannot be read: %s", sent.key, exc)
-        return None
+async def current(request: web.Request, namespace: str, name: str, *, volcano: bool) -> PodInfo | None:
+    """The pod as watched, read from the API server (and taken into the cache as the watch
+    would) where a scheduler asking about it has seen a newer one than the watch has shown:
+    a pod the watch does not show yet (it lags behind under load, and kube-scheduler may ask
+    about a pod just created), or one it still shows gated (kube-scheduler places no gated pod:
+    the update that lifted the gate, which carries Kueue's podSetUpdates, is still on its way).
+    Without that read, the scheduler would be sent away to wait for an event that may never
+    come, or the pod decided as the plain pod it was before its admission. Without a pod watch:
+    the pod as last seen in a request, read from the API server when never seen."""
     cache = request.app[CACHE]
-    if cache.watched_pod(sent.namespace, sent.name) is None:  # the watch may have come meanwhile
-        cache.apply(Kind.PODS, "ADDED", obj)
-    return cache.watched_pod(sent.namespace, sent.name)
+    watched = cache.pods_watched
+    known = cache.watched_pod(namespace, name) if watched else cache.pod(namespace, name)
+    stale = known is None or (watched and known.gated and not volcano)
+    api = request.app[API]
+    if not stale or api is None:
+        return known
+    try:
+        obj = await api.get(PODS, name, namespace)
+    except NotFound:
+        return None if watched else known
+    except KubeError as exc:
+        log.warning("pod %s: cannot read it from the API server: %s", f"{namespace}/{name}", exc)
+        return known
+    if not watched:
+        cache.remember(PodInfo.from_obj(obj))
+        return cache.pod(namespace, name)
+    now = cache.watched_pod(namespace, name)
+    if now is known:  # else the watch came meanwhile, and it is as new
+        cache.apply(Kind.PODS, "ADDED" if known is None else "MODIFIED", obj)
+    return cache.watched_pod(namespace, name)
+
+
+def _not_gated(pod: PodInfo, volcano: bool) -> None:
+    """kube-scheduler places no pod with scheduling gates (Volcano's own gates are its
+    business): a request about one is not kube-scheduler's."""
+    if pod.gated and not volcano:
+        raise Refusal(
+            "gated", f"pod {pod.key} has scheduling gates: kube-scheduler places it once they are lifted"
+        )
 
 
 def _our_scheduler(request: web.Request, pod: PodInfo, volcano: bool) -> None:
@@ -115,7 +139,7 @@ def _our_scheduler(request: web.Request, pod: PodInfo, volcano: bool) -> None:
         raise Refusal("other-scheduler", f"pod {pod.key} names scheduler {pod.scheduler!r}, not {names}")
 
 
-def to_bind(
+async def to_bind(
     request: web.Request,
     namespace: str,
     name: str,
@@ -129,7 +153,7 @@ def to_bind(
     seen, else as ``sent``). Raises Refusal."""
     cache = request.app[CACHE]
     key = f"{namespace}/{name}"
-    pod = cache.watched_pod(namespace, name) if cache.pods_watched else cache.pod(namespace, name) or sent
+    pod = await current(request, namespace, name, volcano=volcano) or (None if cache.pods_watched else sent)
     if pod is None:
         raise Refusal("unknown-pod", f"pod {key} is not known to gangslice")
     if uid and pod.uid and uid != pod.uid:
@@ -141,6 +165,7 @@ def to_bind(
     if pod.terminal or pod.deleting:
         raise Refusal("pod-finished", f"pod {key} is {'being deleted' if pod.deleting else pod.phase}")
     _our_scheduler(request, pod, volcano)
+    _not_gated(pod, volcano)
     if not cache.has_node_object(node):
         raise Refusal("unknown-node", f"node {node!r} is not a node of the cluster")
     if uid and not pod.uid:

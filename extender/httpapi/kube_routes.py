@@ -16,14 +16,14 @@ from aiohttp import web
 from extender.httpapi import checks, nodelist
 from extender.httpapi.access import add_verb
 from extender.httpapi.decide import FilterOutcome, Scores, lookup, unsaved
-from extender.httpapi.handling import API, BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
+from extender.httpapi.handling import BINDER, CACHE, DECIDER, METRICS, Encoded, dumps, json_endpoint
 from extender.httpapi.wire import (
     MAX_EXTENDER_PRIORITY,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderPreemptionArgs,
 )
-from extender.kube.api import PODS, KubeError
+from extender.kube.api import KubeError
 from extender.kube.pods import PodInfo
 from extender.reservations.book import Refused
 
@@ -167,23 +167,11 @@ def prioritize_error(message: str) -> list[dict[str, Any]]:
     return []
 
 
-async def _find_pod(request: web.Request, namespace: str, name: str) -> None:
-    """Without a pod watch, a pod the cache has not seen is read from the API server."""
-    cache, api = request.app[CACHE], request.app[API]
-    if cache.pods_watched or api is None or cache.pod(namespace, name) is not None:
-        return
-    try:
-        cache.remember(PodInfo.from_obj(await api.get(PODS, name, namespace)))
-    except KubeError as exc:
-        log.info("bind: cannot read pod %s/%s: %s", namespace, name, exc)
-
-
 async def bind(request: web.Request, args: ExtenderBindingArgs) -> dict[str, Any]:
     cache, decider, metrics = request.app[CACHE], request.app[DECIDER], request.app[METRICS]
     namespace = args.pod_namespace or "default"
-    await _find_pod(request, namespace, args.pod_name)
     try:
-        pod = checks.to_bind(request, namespace, args.pod_name, args.pod_uid, args.node, volcano=False)
+        pod = await checks.to_bind(request, namespace, args.pod_name, args.pod_uid, args.node, volcano=False)
     except checks.Refusal as exc:
         metrics.decisions.labels("bind-failed").inc()
         return {"Error": f"cannot bind to {args.node}: {checks.refused(request, 'bind', exc)}"}

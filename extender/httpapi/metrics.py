@@ -296,7 +296,8 @@ class Metrics:
         self.refusals = Counter(
             "gangslice_extender_refusals",
             "Requests refused for what they claim (a pod not watched, another UID, already bound, "
-            "another scheduler, an unknown node, no slot there, a running pod's slot), by verb and reason.",
+            "another scheduler, still gated, an unknown node, no slot there, a running pod's slot), "
+            "by verb and reason.",
             ["verb", "reason"],
             registry=self.registry,
         )

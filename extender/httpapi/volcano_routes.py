@@ -178,7 +178,9 @@ async def allocate(request: web.Request, args: EventHandlerRequest) -> dict[str,
     sent, job = task_pod(args.task)
     node = args.task.node_name
     try:
-        pod = checks.to_bind(request, sent.namespace, sent.name, args.task.uid, node, volcano=True, sent=sent)
+        pod = await checks.to_bind(
+            request, sent.namespace, sent.name, args.task.uid, node, volcano=True, sent=sent
+        )
     except checks.Refusal as exc:
         return {
             "errorMessage": f"cannot allocate on {node}: {checks.refused(request, 'volcano-allocate', exc)}"

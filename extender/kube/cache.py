@@ -629,8 +629,10 @@ class ClusterInformer:
             if pod.node is None and known is not None and known.node is not None and known.uid == pod.uid:
                 # A pod's nodeName is never unset. An event without it for a pod we know is
                 # bound is older than that bind (we record the bind before the API confirms
-                # it): keep the node, or its GPUs look free.
-                pod = dataclasses.replace(pod, node=known.node)
+                # it): keep the node and what the bind wrote, or its GPUs look free.
+                pod = dataclasses.replace(
+                    pod, node=known.node, annotations={**pod.annotations, **known.annotations}
+                )
             self._put_pod(pod)
         elif kind in OWNER_KINDS:
             table = self.owners

@@ -51,6 +51,9 @@ class PodInfo:
     claimed_gpus: int = 0
     #: The upstream PodGroup ``spec.schedulingGroup.podGroupName`` names (:mod:`extender.kube.pod_groups`).
     pod_group: str | None = None
+    #: ``spec.schedulingGates`` is not empty: no scheduler places the pod until they are lifted
+    #: (Kueue lifts its gate in the update that writes the pod's podSetUpdates).
+    gated: bool = False
 
     @property
     def plugin_gpus(self) -> int:
@@ -210,6 +213,7 @@ class PodInfo:
             needs_problem=needs_problem,
             claimed_gpus=claimed_gpus,
             pod_group=group if isinstance(group, str) and group else None,
+            gated=bool(spec.get("schedulingGates")),
         )
 
 

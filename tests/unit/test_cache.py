@@ -169,6 +169,29 @@ def test_the_echo_of_our_annotation_patch_does_not_unbind_a_noted_pod() -> None:
     assert cache.snapshot().node("a").allocated == frozenset()
 
 
+def test_an_event_older_than_a_noted_bind_keeps_what_the_bind_wrote() -> None:
+    """The watch may lag a bind by more than its own echo: an update from before the bind (a
+    Kueue admission lifting the pod's gate, read again from the API server by the verb that
+    bound it) still comes after ``note_bound``. It lacks the node and the GPU annotation the
+    Binding carries; the pod keeps both, or its GPUs look free (here: the first free ones)."""
+    cache = kube_cache()
+    cache.apply(Kind.NODES, "ADDED", node_obj("a"))
+    gated = pod_obj("x", gpus=2, uid="u-x")
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    cache.apply(Kind.PODS, "ADDED", gated)
+    admitted = pod_obj("x", gpus=2, uid="u-x", annotations={keys.RESERVATION: "wl"})
+    cache.note_bound(
+        PodInfo.from_obj(
+            pod_obj("x", gpus=2, uid="u-x", node="a", annotations={keys.RESERVATION: "wl", keys.GPUS: "6,7"})
+        )
+    )
+    cache.apply(Kind.PODS, "MODIFIED", admitted)  # the admission's update, after the bind was noted
+    assert cache.snapshot().node("a").allocated == frozenset({6, 7})
+    assert cache.gpus_of("llm/x") == frozenset({6, 7})
+    bound = cache.watched_pod("llm", "x")
+    assert bound is not None and bound.reservation_name == "wl" and not bound.gated
+
+
 def test_devices_the_kubelet_reports_in_use_beat_the_first_free_guess() -> None:
     cache = kube_cache()
     cache.apply(Kind.NODES, "ADDED", node_obj("a"))

@@ -206,3 +206,60 @@ def test_volcano_allocate_and_deallocate_check_the_pod() -> None:
             assert f'gangslice_extender_refusals_total{{reason="{reason}",verb="{verb}"}} 1.0' in text, reason
 
     run(pods, body)
+
+
+def test_a_pod_the_watch_still_shows_gated_is_read_again_and_decided_as_admitted() -> None:
+    """Kueue lifts a pod group's gate in the update that writes its podSetUpdates (the
+    reservation's name among them); kube-scheduler may ask about the pod before the watch shows
+    that update. The pod then is read again from the API server and decided as a member of its
+    reservation, never as the plain pod it was before its admission; a pod still gated there is
+    refused (kube-scheduler places no gated pod)."""
+    from extender.kube.api import PODS
+    from extender.placement.request import GangRequest, PodSet
+    from extender.testing.kube import FakeKube
+
+    gate = [{"name": "kueue.x-k8s.io/admission"}]
+    admitted = [pod_obj(f"pg-{i}", gpus=4, annotations={keys.RESERVATION: "wl-pg"}) for i in range(2)]
+    gated = [pod_obj(f"pg-{i}", gpus=4) for i in range(2)]
+    for pod in gated:
+        pod["spec"]["schedulingGates"] = gate
+
+    async def go() -> None:
+        api = FakeKube()
+        api.put(PODS, admitted[0])
+        api.put(PODS, gated[1])
+        cache = watched_cache(gated)
+        placed = hold(
+            cache, "llm/wl-pg", GangRequest("llm/wl-pg", (PodSet("main", 2, 4),)), {"name": "wl-pg"}
+        )
+        assert not isinstance(placed, str)
+        slots = {(s.node, s.gpus) for s in placed.slots}
+        nodes = sorted({node for node, _ in slots})
+        async with client_for(build_app(cache, api=api)) as client:
+            reply = await post(client, "/gangslice/filter", {"Pod": admitted[0], "NodeNames": NODES})
+            assert reply["NodeNames"] == nodes, reply
+            watched = cache.watched_pod("llm", "pg-0")
+            assert watched is not None and watched.reservation_name == "wl-pg" and not watched.gated
+            elsewhere = next(n for n in NODES if n not in nodes)
+            cache.apply(Kind.PODS, "MODIFIED", gated[0])  # the watch's late event, as it comes
+            got = await post(client, "/gangslice/bind", bind_args(admitted[0], elsewhere))
+            assert "reservation llm/wl-pg has no free slot for pod pg-0" in got["Error"], got
+            assert await post(client, "/gangslice/bind", bind_args(admitted[0], nodes[0])) == {"Error": ""}
+            bound = cache.watched_pod("llm", "pg-0")
+            assert bound is not None and (bound.node, bound.assigned_gpus) in slots
+            r = cache.reservation("llm/wl-pg")
+            assert r is not None and r.slot_of("pg-0") is not None
+
+            # pg-1 is gated on the API server too: no scheduler of ours asks about it.
+            for path, body in (
+                ("/gangslice/filter", {"Pod": admitted[1], "NodeNames": NODES}),
+                ("/gangslice/bind", bind_args(admitted[1], nodes[0])),
+            ):
+                reply = await post(client, path, body)
+                text = reply.get("Error") or reply["FailedNodes"]["n-0"]
+                assert "pod llm/pg-1 has scheduling gates" in text, reply
+            assert r.slot_of("pg-1") is None
+            text = await refusals(client)
+            assert 'gangslice_extender_refusals_total{reason="gated",verb="bind"} 1.0' in text
+
+    asyncio.run(go())
