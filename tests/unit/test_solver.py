@@ -523,6 +523,40 @@ def test_colocation_with_a_pod_set_spread_over_two_leaves_is_a_note() -> None:
     ), sl.notes
 
 
+@pytest.mark.parametrize(
+    ("taken", "gpus", "switch_local"),
+    [
+        ((1,), 1, True),  # the broken pair's GPU 0 alone would put decode across switches
+        ((1, 3), 1, True),
+        ((0, 3, 5), 1, True),
+        ((1,), 2, False),  # 2+2 fit no one switch: one socket at least, not across it
+    ],
+)
+def test_a_prefill_decode_pair_on_one_node_shares_a_pcie_switch_when_one_fits(
+    taken: tuple[int, ...], gpus: int, switch_local: bool
+) -> None:
+    """Picked alone, a 1-GPU prefill fills the broken pair first and its decode lands across
+    PCIe switches; the pair's GPUs are chosen together where gangslice chooses them (DRA)."""
+    box = NODE.named("p").pcie_8gpu_2socket().dra().allocated(taken)
+    snap = CLUSTER.nodes(box).obj()
+    prefill = tp(1, gpus, Comm.NONE, name="prefill")
+    decode = tp(1, gpus, Comm.KV_TRANSFER, name="decode", colocate_with=Colocation("prefill", "node"))
+    g = gang(prefill, decode)
+    sl = placed(snap, g)
+    both = sl.slot("prefill/0").gpus + sl.slot("decode/0").gpus
+    assert not set(both) & set(taken)
+    shape = snap.node("p").shape
+    pair_tier = shape.tier_of(shape.mask_of(both))
+    assert pair_tier == (Tier.PIX if switch_local else Tier.NUMA), (both, pair_tier)
+    # Cheaper than the pick of each side alone, which the device plugin's node keeps.
+    plugin = CLUSTER.nodes(NODE.named("p").pcie_8gpu_2socket().device_plugin().allocated(taken)).obj()
+    alone = placed(plugin, g)
+    if switch_local:
+        assert sl.score < alone.score
+        kept = alone.slot("prefill/0").gpus + alone.slot("decode/0").gpus
+        assert shape.tier_of(shape.mask_of(kept)) != Tier.PIX, kept
+
+
 # --- multi-node NVLink cliques ------------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """Finish: one placement per pod set becomes the gang's slice, with its rank.
 
-The pod sets' costs are recomputed together (as :func:`~extender.placement.scoring.gang_micros`:
-each pod set on its slots, with its colocateWith set's), every colocation the slice misses
+The GPUs of a KV hand-off's two sides on one node are first chosen together
+(:mod:`~extender.placement.search.pairing`); then the pod sets' costs are recomputed together
+(as :func:`~extender.placement.scoring.gang_micros`: each pod set on its slots, with its
+colocateWith set's), every colocation the slice misses
 gets a note (one placed before its colocateWith set was not judged against it, and one judged
 against a set spread over several domains may sit next to some of its pods only), and the
 slice is ranked by :class:`~extender.placement.search.rank.SliceRank` so the search keeps the
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from extender.placement.scoring import colocation_misses, fabric_waste, mnnvl_nodes
 from extender.placement.search.context import Decision
 from extender.placement.search.option import Option
+from extender.placement.search.pairing import pair_in_nodes
 from extender.placement.search.rank import COLOCATE, SliceRank, micros, slice_rank
 from extender.placement.slice import Slice
 
@@ -31,6 +34,7 @@ class Finished:
 def finish(ctx: Decision, placed: Mapping[str, Option]) -> Finished:
     """The slice of ``placed`` (an option for every pod set of the gang)."""
     snap, gang = ctx.snap, ctx.gang
+    placed = pair_in_nodes(ctx, placed)
     slots = [s for ps in gang.pod_sets for s in placed[ps.name].slots]
     cost = {
         ps.name: micros(
