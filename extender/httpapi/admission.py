@@ -35,6 +35,7 @@ on the leader only (the Service selects it).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -203,6 +204,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
                 slot=slot,
                 devices=devices,
                 reservation=owner,
+                on_root=functools.partial(cache.on_root, slot.node),
             )
             await SlotClaims(api).ensure(claim)
         except SlotError as exc:

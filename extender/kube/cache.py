@@ -368,6 +368,12 @@ class ClusterInformer:
         self.snapshot()
         return self._device_maps.get(node)
 
+    def on_root(self, node: str, device_class: str, root: str) -> bool:
+        """Whether DeviceClass ``device_class`` selects a driver that publishes a device on PCIe
+        root ``root`` of ``node`` (a NIC beside the GPUs there)."""
+        drivers = self._device_classes.get(device_class) or frozenset()
+        return bool(drivers & dra.drivers_at_root(self._slices_by_node.get(node, {}).values(), root))
+
     def device_class_drivers(self, name: str) -> frozenset[str] | None:
         """The drivers DeviceClass ``name`` selects; None when there is no such class."""
         return self._device_classes.get(name)

@@ -126,6 +126,22 @@ def gpu_devices(slices: Iterable[SliceInfo]) -> list[Device]:
     return sorted(devices, key=lambda d: _natural(d.name))
 
 
+def drivers_at_root(slices: Iterable[SliceInfo], root: str) -> frozenset[str]:
+    """The drivers other than ``gpu.nvidia.com`` that publish a device on PCIe root ``root``
+    in a node's slices (a network driver's NIC beside the GPUs), newest pool generations only."""
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s.driver, s.pool)
+        newest[key] = max(newest.get(key, s.generation), s.generation)
+    return frozenset(
+        s.driver
+        for s in slices
+        if s.driver != GPU_DRIVER
+        and s.generation == newest[(s.driver, s.pool)]
+        and any(d.pcie_root == root for d in s.devices)
+    )
+
+
 def _natural(name: str) -> tuple[str, int]:
     m = re.fullmatch(r"(.*?)(\d+)", name)
     return (m.group(1), int(m.group(2))) if m else (name, -1)

@@ -26,7 +26,7 @@ import copy
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,9 +151,13 @@ def build_claim(
     slot: PodSlot,
     devices: Sequence[dra.Device],
     reservation: Mapping[str, str],
+    on_root: Callable[[str, str], bool] | None = None,
 ) -> dict[str, Any]:
     """The ResourceClaim that pins ``slot`` to ``devices``: the template's claim spec with its
-    GPU request narrowed to the devices' UUIDs. ``reservation``: name and uid of the owner."""
+    GPU request narrowed to the devices' UUIDs. ``reservation``: name and uid of the owner.
+    When the devices share one PCIe root, the template's other requests of a DeviceClass with a
+    device on that root of the slot's node (``on_root(class, root)``: a NIC published by a
+    network driver) join the GPUs' ``matchAttribute`` on it: the NIC is the one beside them."""
     uuids = [d.uuid for d in devices if d.uuid]
     if len(uuids) != len(devices) or len(devices) != request.count:
         raise SlotError(
@@ -173,9 +177,19 @@ def build_claim(
             ]
     roots = {d.pcie_root for d in devices}
     if len(roots) == 1 and None not in roots:
+        (root,) = roots
+        assert root is not None
+        beside = [
+            str(req["name"])
+            for req in devs.get("requests") or ()
+            if req.get("name") != request.name
+            and on_root is not None
+            and isinstance(cls := as_map(req.get("exactly")).get("deviceClassName"), str)
+            and on_root(cls, root)
+        ]
         devs["constraints"] = [
             *(devs.get("constraints") or ()),
-            {"requests": [request.name], "matchAttribute": dra.PCIE_ROOT},
+            {"requests": [request.name, *beside], "matchAttribute": dra.PCIE_ROOT},
         ]
     gang_name = reservation.get("gang", "")
     labels = {names.SLOT: slot_label(slot), names.OWNER_KIND_LABEL: "SliceReservation"}

@@ -80,8 +80,7 @@ def gpu_slice(
             "driverVersion": {"version": DRIVER_VERSION},
             "cudaDriverVersion": {"version": CUDA_DRIVER_VERSION},
             dra.PCI_BUS_ID: {"string": pci},
-            # One root complex per socket (the GPUs' NUMA node), as on a dual-socket box.
-            dra.PCIE_ROOT: {"string": f"pci0000:{0x80 * (g.numa_node or 0):02x}"},
+            dra.PCIE_ROOT: {"string": pcie_root(g.numa_node)},
         }
         for name in (drop or {}).get(g.index, ()):
             attrs.pop(name, None)
@@ -101,6 +100,54 @@ def gpu_slice(
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
             "devices": devices,
         },
+    }
+
+
+def pcie_root(numa_node: int | None) -> str:
+    """One root complex per socket (the device's NUMA node), as on a dual-socket box."""
+    return f"pci0000:{0x80 * (numa_node or 0):02x}"
+
+
+#: The driver name of the DRA network driver ``dranet`` (its attributes are qualified by it).
+NIC_DRIVER = "dra.net"
+
+
+def nic_slice(node: str, graph: GpuGraph, *, generation: int = 1) -> dict[str, Any]:
+    """The ResourceSlice a DRA network driver (dranet) publishes for ``node``'s RDMA NICs: each
+    NIC under the root complex of its NUMA node, beside that socket's GPUs."""
+    devices = [
+        {
+            "name": nic.name.lower().replace("_", "-"),
+            "attributes": {
+                f"{NIC_DRIVER}/ifName": {"string": nic.name},
+                f"{NIC_DRIVER}/rdma": {"bool": True},
+                f"{NIC_DRIVER}/numaNode": {"int": nic.numa_node or 0},
+                dra.PCIE_ROOT: {"string": pcie_root(nic.numa_node)},
+            },
+        }
+        for nic in graph.nics
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{NIC_DRIVER}-{generation:05d}"},
+        "spec": {
+            "driver": NIC_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def nic_class(name: str = "rdma-nic") -> dict[str, Any]:
+    """A DeviceClass of the network driver's RDMA NICs."""
+    rdma = f'device.driver == "{NIC_DRIVER}" && device.attributes["{NIC_DRIVER}"].rdma'
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": rdma}}]},
     }
 
 

@@ -31,7 +31,15 @@ from extender.placement.ledger import Phase, Reservation
 from extender.placement.slice import PodSlot, Slice
 from extender.reservations import ClusterCache
 from extender.reservations.store import KubeReservationStore
-from extender.testing.dra import device_classes, gpu_slice, gpu_uuid, with_identities
+from extender.testing.dra import (
+    device_classes,
+    gpu_slice,
+    gpu_uuid,
+    nic_class,
+    nic_slice,
+    pcie_root,
+    with_identities,
+)
 from extender.testing.extender import node_obj
 from extender.testing.kube import FakeKube
 from extender.testing.objects import make_node_topology, make_pod, make_replica_set
@@ -123,6 +131,81 @@ def claim_of_slot(s: PodSlot) -> dict[str, Any]:
 def test_no_pcie_root_constraint_where_the_slot_spans_two_roots() -> None:
     claim = claim_of_slot(slot("tp", 0, (2, 3, 4, 5)))
     assert "constraints" not in claim["spec"]["devices"]
+
+
+def test_a_nic_request_joins_the_gpus_pcie_root_where_the_node_has_a_nic_there() -> None:
+    """A template that asks for GPUs and an RDMA NIC gets the NIC beside the slot's GPUs: the
+    NIC's request joins the GPUs' matchAttribute on the PCIe root, where the node publishes a
+    device of that class on that root; elsewhere the NIC request is left as written."""
+    t = template()
+    nic_request = {"name": "nic", "exactly": {"deviceClassName": "rdma-nic", "count": 1}}
+    t["spec"]["spec"]["devices"]["requests"].append(nic_request)
+    s = slot("worker", 0, (4, 5, 6, 7))
+    devs = devices("p0", s.gpus)
+    asked: list[tuple[str, str]] = []
+
+    def claim(root_has_nic: bool) -> dict[str, Any]:
+        def on_root(cls: str, root: str) -> bool:
+            asked.append((cls, root))
+            return root_has_nic
+
+        return build_claim(
+            namespace="llm",
+            name="x",
+            template=t,
+            request=GpuRequest("gpu", dra.GPU_DEVICE_CLASS, 4),
+            slot=s,
+            devices=devs,
+            reservation={"name": "tp4", "uid": "u"},
+            on_root=on_root,
+        )
+
+    beside = claim(True)["spec"]["devices"]
+    assert beside["constraints"] == [{"requests": ["gpu", "nic"], "matchAttribute": dra.PCIE_ROOT}]
+    assert asked == [("rdma-nic", devs[0].pcie_root)]
+    assert beside["requests"][1] == nic_request  # the NIC itself is the allocator's pick on that root
+    alone = claim(False)["spec"]["devices"]
+    assert alone["constraints"] == [{"requests": ["gpu"], "matchAttribute": dra.PCIE_ROOT}]
+
+
+def test_the_cache_tells_which_device_classes_have_a_device_on_a_pcie_root() -> None:
+    api = FakeKube()
+    cache = pcie_cache(api)
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    assert not cache.on_root(NODE, "rdma-nic", pcie_root(1))  # no NIC published yet
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", nic_slice(NODE, graph))
+    cache.apply(Kind.DEVICE_CLASSES, "ADDED", nic_class("rdma-nic"))
+    assert cache.on_root(NODE, "rdma-nic", pcie_root(0)) and cache.on_root(NODE, "rdma-nic", pcie_root(1))
+    assert not cache.on_root(NODE, "rdma-nic", "pci0000:40")
+    assert not cache.on_root("p1", "rdma-nic", pcie_root(1))
+    assert not cache.on_root(NODE, dra.GPU_DEVICE_CLASS, pcie_root(1))  # the GPUs themselves do not count
+    assert not cache.on_root(NODE, "no-such-class", pcie_root(1))
+    # A newer generation of the pool without the socket-1 NIC: only the newest counts.
+    one = nic_slice(NODE, graph, generation=2)
+    one["spec"]["devices"] = one["spec"]["devices"][:1]
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", one)
+    assert cache.on_root(NODE, "rdma-nic", pcie_root(0)) and not cache.on_root(NODE, "rdma-nic", pcie_root(1))
+
+
+def test_the_webhook_pins_a_dra_gang_pods_nic_beside_its_gpus(world: tuple[FakeKube, ClusterCache]) -> None:
+    api, cache = world
+    graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
+    cache.apply(Kind.RESOURCE_SLICES, "ADDED", nic_slice(NODE, graph))
+    cache.apply(Kind.DEVICE_CLASSES, "ADDED", nic_class("rdma-nic"))
+    t = template(4)
+    t["spec"]["spec"]["devices"]["requests"].append(
+        {"name": "nic", "exactly": {"deviceClassName": "rdma-nic", "count": 1}}
+    )
+    api.put(RESOURCE_CLAIM_TEMPLATES, t)
+    first, second = dra_pod("tp4-0"), dra_pod("tp4-1")
+    a, b = admit(api, cache, first, second)
+    assert a["allowed"] and b["allowed"], (a, b)
+    claims = api.objects(RESOURCE_CLAIMS)
+    assert len(claims) == 2
+    for c in claims:
+        assert c["spec"]["devices"]["constraints"] == [
+            {"requests": ["gpu", "nic"], "matchAttribute": dra.PCIE_ROOT}
+        ], c["spec"]["devices"]
 
 
 def test_a_device_count_that_differs_from_the_request_is_refused() -> None:

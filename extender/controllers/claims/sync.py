@@ -20,6 +20,7 @@ its node has no such set the Event says so and the pod waits for the device.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -281,6 +282,7 @@ class SlotClaimSync:
                 slot=slot,
                 devices=[device_map.device(g) for g in slot.gpus],
                 reservation=owner,
+                on_root=functools.partial(cache.on_root, slot.node),
             )
             try:
                 await writer.ensure(claim)
