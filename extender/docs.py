@@ -429,8 +429,9 @@ FOREIGN_KEYS = (
         "literal:resource.kubernetes.io/pcieRoot",
         "device attribute",
         "ResourceSlice device (DRA)",
-        "read by the claim builder",
-        "A GPU's PCIe root: a slot whose GPUs share one gets `matchAttribute` on it as a safety net.",
+        "read by the claim builder and the cluster cache",
+        "A GPU's or a NIC's PCIe root: a slot whose GPUs share one gets `matchAttribute` on it as a "
+        "safety net, joined by the claim's NIC request where a NIC of that class sits on that root.",
     ),
     Key(
         f"{NAMES}:COMPUTE_DOMAIN_NODE_LABEL",

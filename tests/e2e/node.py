@@ -52,8 +52,9 @@ from oci import pack
 
 from extender.agent.fakes import FAKES, fake_node
 from extender.bench.controlplane import ControlPlane, free_ports
+from extender.kube import dra
 from extender.testing import device_plugin, dra_plugin, gpuallocator
-from extender.testing.dra import gpu_slice
+from extender.testing.dra import gpu_slice, nic_slice
 from extender.topology.nvml import discover
 from extender.topology.serialize import parse_cpu_ranges
 
@@ -119,8 +120,8 @@ def build_workload_image() -> Path:
 class RealNode:
     """One node: containerd, a kubelet registered as ``name`` and the GPUs of the fake board
     ``preset``, handed out by the fake-GPU device plugin (``allocation="devicePlugin"``) or by
-    the fake GPU DRA driver (``"dra"``, its ResourceSlice posted as NVIDIA's driver publishes it).
-    Start with :meth:`running`."""
+    the fake GPU DRA driver (``"dra"``, its ResourceSlice posted as NVIDIA's driver publishes it,
+    beside a fake network driver's for the board's RDMA NICs). Start with :meth:`running`."""
 
     cp: ControlPlane
     name: str
@@ -130,7 +131,9 @@ class RealNode:
     allocation: str = "devicePlugin"
     workdir: Path = field(init=False)
     plugin: device_plugin.FakeGpuPlugin = field(init=False)
-    driver: dra_plugin.FakeGpuDriver = field(init=False)
+    driver: dra_plugin.FakeDraDriver = field(init=False)
+    nics: dra_plugin.FakeDraDriver = field(init=False)
+    slices: list[dict[str, Any]] = field(init=False)  # the DRA drivers' ResourceSlices
 
     @property
     def bin_dir(self) -> Path:
@@ -188,26 +191,47 @@ class RealNode:
 
     @contextmanager
     def _dra_driver(self) -> Iterator[None]:
-        """The DRA driver's kubelet plugin registered, and its ResourceSlice for this node's board."""
+        """The DRA drivers' kubelet plugins registered (the GPUs' and the RDMA NICs'), and their
+        ResourceSlices for this node's board."""
         with fake_node(self.preset, machine=self.sysfs) as (fake, sysfs):
             graph = discover(fake, sysfs_root=sysfs)
         node = get(self.cp, "Node", self.name)
         assert node is not None
-        published = gpu_slice(self.name, graph, uid=node["metadata"]["uid"])
-        self.cp.request("POST", "/apis/resource.k8s.io/v1/resourceslices", published)
+        nics = nic_slice(self.name, graph)
+        # Socket 1's NICs listed first: only a constraint puts socket 0's GPUs beside socket 0's NIC.
+        nics["spec"]["devices"].sort(key=lambda d: -d["attributes"]["dra.net/numaNode"]["int"])
+        published = [gpu_slice(self.name, graph, uid=node["metadata"]["uid"]), nics]
+        self.slices = published
+        for obj in published:
+            self.cp.request("POST", "/apis/resource.k8s.io/v1/resourceslices", obj)
 
         def claim(namespace: str, name: str) -> dict[str, Any] | None:
             return get(self.cp, "ResourceClaim", name, namespace)
 
         uuids = {f"gpu-{g.index}": str(g.uuid) for g in graph.gpus}
-        self.driver = dra_plugin.FakeGpuDriver(self.name, uuids, claim, self.workdir / "cdi")
+        names = {d["name"]: d["attributes"]["dra.net/ifName"]["string"] for d in nics["spec"]["devices"]}
+        cdi = self.workdir / "cdi"
+        self.driver = dra_plugin.FakeDraDriver(self.name, uuids, claim, cdi)
+        self.nics = dra_plugin.FakeDraDriver.for_nics(self.name, names, claim, cdi)
         try:
-            with dra_plugin.serve(self.driver, self.workdir / "kubelet"):
+            with (
+                dra_plugin.serve(self.driver, self.workdir / "kubelet"),
+                dra_plugin.serve(self.nics, self.workdir / "kubelet"),
+            ):
                 yield
         finally:
-            self.cp.request(
-                "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{published['metadata']['name']}"
-            )
+            for obj in published:
+                self.cp.request(
+                    "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{obj['metadata']['name']}"
+                )
+
+    def pcie_root(self, device: str) -> str | None:
+        """The PCIe root a DRA device of this node is published under."""
+        for obj in self.slices:
+            for d in obj["spec"]["devices"]:
+                if d["name"] == device:
+                    return str(d["attributes"][dra.PCIE_ROOT]["string"])
+        return None
 
     # --- containerd --------------------------------------------------------------------------
 
@@ -528,8 +552,9 @@ def workload_pod(
 ) -> dict[str, Any]:
     """A pod of the project's image for a real node of ``pool`` with the fake board ``fake``:
     ``gangslice preflight`` first (``--strict-gpus`` with ``strict``), then ``gangslice pin``
-    running a command that prints what the container was given (``visible=``, ``cpus=``, and
-    ``nccl=``: ``NCCL_IB_HCA`` from the pod's NIC annotation through the downward API). Its
+    running a command that prints what the container was given (``visible=``, ``cpus=``,
+    ``nccl=``: ``NCCL_IB_HCA`` from the pod's NIC annotation through the downward API, and
+    ``nics=``: the NICs a DRA claim gave it). Its
     GPUs come from the device plugin, or with ``claim_template`` from a claim of that template."""
     pod = gpu_pod(name, 0 if claim_template else gpus, pool, scheduler=scheduler)
     limits: dict[str, str] = {} if claim_template else {"nvidia.com/gpu": str(gpus)}
@@ -550,7 +575,8 @@ def workload_pod(
     show = (
         "import os, time; print('visible=' + os.environ.get('NVIDIA_VISIBLE_DEVICES', ''), flush=True); "
         "print('cpus=' + ','.join(map(str, sorted(os.sched_getaffinity(0)))), flush=True); "
-        "print('nccl=' + os.environ.get('NCCL_IB_HCA', ''), flush=True); time.sleep(3600)"
+        "print('nccl=' + os.environ.get('NCCL_IB_HCA', ''), flush=True); "
+        "print('nics=' + os.environ.get('GANGSLICE_TEST_NICS', ''), flush=True); time.sleep(3600)"
     )
     common = {"image": IMAGE, "imagePullPolicy": "Never", "env": env, "volumeMounts": mounts}
     pod["spec"]["initContainers"] = [

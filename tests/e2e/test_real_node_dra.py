@@ -1,10 +1,12 @@
 """A real DRA node: a gang pod's per-slot claim, pinned by gangslice's admission webhook to the
 slot's GPUs, is allocated by kube-scheduler, prepared by the kubelet through a DRA driver's
-kubelet plugin and applied by containerd: the container sees exactly the planned GPUs.
+kubelet plugin and applied by containerd: the container sees exactly the planned GPUs, and the
+RDMA NIC the claim also asks for is the one on their PCIe root.
 
 The node (tests/e2e/node.py) is the one of test_real_node.py with the device plugin replaced by
 the fake GPU DRA driver (``gpu.nvidia.com``: its ResourceSlice as NVIDIA's driver publishes it,
-claims prepared into a CDI spec). A control plane of its own, as test_dra.py has: the
+claims prepared into a CDI spec) and a fake network driver (``dra.net``, the board's NICs as
+dranet publishes them, each under its socket's PCIe root). A control plane of its own, as test_dra.py has: the
 resourceclaim controller makes the pod's claim from its template and the garbage collector
 takes it with the pod; NVIDIA's DeviceClasses; ``gangslice serve`` over HTTPS with the shipped
 MutatingWebhookConfiguration.
@@ -35,7 +37,7 @@ from node import RealNode, build_workload_image, workload_pod
 
 from extender.bench.controlplane import ControlPlane
 from extender.kube import dra
-from extender.testing.dra import device_classes
+from extender.testing.dra import NIC_DRIVER, device_classes, nic_class
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +46,7 @@ NODE = f"{POOL}-a0"
 FAKE = "hgx-h100"
 REPO = Path(__file__).resolve().parents[2]
 RESOURCE = "/apis/resource.k8s.io/v1"
+NIC_CLASS = "rdma-nic"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,10 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
 @pytest.fixture(scope="module")
 def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
     cp = control_plane
-    for cls in device_classes(REPO / "tests" / "fixtures" / "upstream" / "nvidia-dra"):
+    for cls in [
+        *device_classes(REPO / "tests" / "fixtures" / "upstream" / "nvidia-dra"),
+        nic_class(NIC_CLASS),
+    ]:
         cp.request("POST", f"{RESOURCE}/deviceclasses", cls)
     args = [f"--webhook-ca-bundle={cp.ca_file}"]
     with extender_stack(cp, POOL, [], name="gangslice-rnd", tls=True, extra_args=args) as server:
@@ -79,12 +85,16 @@ def node(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[RealNode
 
 
 def claim_template(ns: str, name: str, count: int) -> dict[str, Any]:
-    request = {"name": "gpu", "exactly": {"deviceClassName": dra.GPU_DEVICE_CLASS, "count": count}}
+    """GPUs of NVIDIA's class and one RDMA NIC, as a vLLM pod with GPUDirect RDMA asks."""
+    requests = [
+        {"name": "gpu", "exactly": {"deviceClassName": dra.GPU_DEVICE_CLASS, "count": count}},
+        {"name": "nic", "exactly": {"deviceClassName": NIC_CLASS, "count": 1}},
+    ]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {"spec": {"devices": {"requests": [request]}}},
+        "spec": {"spec": {"devices": {"requests": requests}}},
     }
 
 
@@ -107,17 +117,27 @@ def test_a_gang_pods_pinned_claim_runs_with_exactly_the_planned_gpus(
     claim = get(cp, "ResourceClaim", entry["resourceClaimName"], ns)
     assert claim is not None
     results = claim["status"]["allocation"]["devices"]["results"]
-    assert sorted(r["device"] for r in results) == sorted(f"gpu-{g}" for g in planned)
+    gpus = [r["device"] for r in results if r["driver"] == dra.GPU_DRIVER]
+    assert sorted(gpus) == sorted(f"gpu-{g}" for g in planned)
+    # The NIC is the one on the GPUs' PCIe root: gangslice's claim joined the two requests'
+    # matchAttribute (the network driver lists the other socket's NICs first).
+    assert {"requests": ["gpu", "nic"], "matchAttribute": dra.PCIE_ROOT} in claim["spec"]["devices"][
+        "constraints"
+    ]
+    (nic,) = [r["device"] for r in results if r["driver"] == NIC_DRIVER]
+    assert node.pcie_root(nic) == node.pcie_root(gpus[0]), (nic, gpus)
+    assert node.printed(ns, "tp2-0", "nics") == node.nics.values[nic]
     # The kubelet asked the driver to prepare exactly that claim, and the container sees its GPUs.
     assert sorted(node.driver.prepared[claim["metadata"]["uid"]]) == sorted(f"gpu-{g}" for g in planned)
-    uuids = [node.driver.uuids[f"gpu-{g}"] for g in planned]
+    assert node.nics.prepared[claim["metadata"]["uid"]] == [nic]
+    uuids = [node.driver.values[f"gpu-{g}"] for g in planned]
     assert sorted(node.printed(ns, "tp2-0", "visible").split(",")) == sorted(uuids)
     assert "ok    gpus" in node.log(ns, "tp2-0", "preflight")
     assert running["metadata"]["annotations"]["gangslice.io/gpu-uuids"].split(",") == uuids
     with capsys.disabled():
         print(
             f"\nreal DRA node: planned GPUs {planned}; "
-            f"claim {entry['resourceClaimName']} prepared with {uuids}"
+            f"claim {entry['resourceClaimName']} prepared with {uuids} and NIC {node.nics.values[nic]}"
         )
     delete(cp, "Pod", "tp2-0", ns)
     uid = claim["metadata"]["uid"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from extender.testing import dra_pb2 as pb
 from extender.testing import pluginregistration_pb2 as reg
-from extender.testing.dra_plugin import CDI_KIND, SERVICE, FakeGpuDriver, Registration
+from extender.testing.dra_plugin import CDI_KIND, NIC_CDI_KIND, NICS, SERVICE, FakeDraDriver, Registration
 
 UUIDS = {"gpu-0": "GPU-a", "gpu-1": "GPU-b", "gpu-2": "GPU-c"}
 
@@ -26,21 +26,21 @@ def _result(device: str, driver: str = "gpu.nvidia.com", pool: str = "n0") -> di
     return {"request": "gpu", "driver": driver, "pool": pool, "device": device}
 
 
-def _prepare(driver: FakeGpuDriver, uid: str = "u1") -> pb.NodePrepareResourceResponse:
+def _prepare(driver: FakeDraDriver, uid: str = "u1") -> pb.NodePrepareResourceResponse:
     request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace="ns", name="c", uid=uid)])
     return driver.NodePrepareResources(request, None).claims[uid]
 
 
 def test_a_claim_is_prepared_into_one_cdi_device_with_its_gpus(tmp_path: Path) -> None:
     claim = _claim([_result("gpu-2"), _result("gpu-0"), _result("gpu-1", pool="other-node")])
-    driver = FakeGpuDriver("n0", UUIDS, lambda ns, name: claim, tmp_path)
+    driver = FakeDraDriver("n0", UUIDS, lambda ns, name: claim, tmp_path)
     got = _prepare(driver)
     assert not got.error
     assert [(d.device_name, list(d.request_names), list(d.cdi_device_ids)) for d in got.devices] == [
         ("gpu-2", ["gpu"], [f"{CDI_KIND}=u1"]),
         ("gpu-0", ["gpu"], []),
     ]
-    spec = json.loads((tmp_path / "gangslice-test-u1.json").read_text())
+    spec = json.loads((tmp_path / "gangslice-test-gpu-u1.json").read_text())
     assert spec["kind"] == CDI_KIND
     assert spec["devices"] == [
         {"name": "u1", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-c,GPU-a"]}}
@@ -50,17 +50,17 @@ def test_a_claim_is_prepared_into_one_cdi_device_with_its_gpus(tmp_path: Path) -
         pb.NodeUnprepareResourcesRequest(claims=[pb.Claim(namespace="ns", name="c", uid="u1")]), None
     )
     assert not done.claims["u1"].error
-    assert not (tmp_path / "gangslice-test-u1.json").exists() and driver.prepared == {}
+    assert not (tmp_path / "gangslice-test-gpu-u1.json").exists() and driver.prepared == {}
 
 
 def test_claims_it_cannot_prepare_are_refused_naming_why(tmp_path: Path) -> None:
-    gone = FakeGpuDriver("n0", UUIDS, lambda ns, name: None, tmp_path)
+    gone = FakeDraDriver("n0", UUIDS, lambda ns, name: None, tmp_path)
     assert "not found" in _prepare(gone).error
-    replaced = FakeGpuDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-0")], uid="other"), tmp_path)
+    replaced = FakeDraDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-0")], uid="other"), tmp_path)
     assert "not found" in _prepare(replaced).error
-    foreign = FakeGpuDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-0", driver="x")]), tmp_path)
+    foreign = FakeDraDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-0", driver="x")]), tmp_path)
     assert "no device of this driver and node" in _prepare(foreign).error
-    unknown = FakeGpuDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-9")]), tmp_path)
+    unknown = FakeDraDriver("n0", UUIDS, lambda ns, name: _claim([_result("gpu-9")]), tmp_path)
     assert "gpu-9" in _prepare(unknown).error
     assert not list(tmp_path.iterdir())
 
@@ -131,3 +131,18 @@ def test_the_dra_and_registration_wires_are_the_kubelets() -> None:
         "DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"],
         "Registration": ["GetInfo", "NotifyRegistrationStatus"],
     }
+
+
+def test_the_network_driver_prepares_its_nics_only_and_registers_under_its_name(tmp_path: Path) -> None:
+    claim = _claim([_result("gpu-1"), _result("nic1", driver="dra.net")])
+    nics = FakeDraDriver.for_nics(
+        "n0", {"nic0": "mlx5_0", "nic1": "mlx5_1"}, lambda ns, name: claim, tmp_path
+    )
+    got = _prepare(nics)
+    assert [(d.device_name, list(d.cdi_device_ids)) for d in got.devices] == [
+        ("nic1", [f"{NIC_CDI_KIND}=u1"])
+    ]
+    spec = json.loads((tmp_path / "gangslice-test-nic-u1.json").read_text())
+    assert spec["devices"] == [{"name": "u1", "containerEdits": {"env": [f"{NICS}=mlx5_1"]}}]
+    info = Registration(tmp_path / "dra.sock", nics.driver).GetInfo(reg.InfoRequest(), None)
+    assert info.name == "dra.net"
