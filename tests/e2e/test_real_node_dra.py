@@ -142,3 +142,46 @@ def test_a_gang_pods_pinned_claim_runs_with_exactly_the_planned_gpus(
     delete(cp, "Pod", "tp2-0", ns)
     uid = claim["metadata"]["uid"]
     wait_for("the claim unprepared once the pod is gone", lambda: uid not in node.driver.prepared or None, 90)
+
+
+def test_a_prefill_decode_pairs_claims_get_gpus_and_nics_on_one_pcie_root(
+    control_plane: ControlPlane, node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35's proof on the real node: a P/D pair, each pod with one GPU and one RDMA NIC in
+    its claim, kept on one node with its KV hand-off: every device of both claims under one
+    PCIe root, and each container told its NIC."""
+    cp = control_plane
+    cp.request("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", claim_template(ns, "pd-gpu", 1))
+    pods = {}
+    for role in ("prefill", "decode"):
+        pod = workload_pod(f"pd-{role}", 1, POOL, FAKE, claim_template="pd-gpu")
+        pod["metadata"]["labels"] |= {"gangslice.io/gang": "pd", "gangslice.io/pod-set": role}
+        pod["metadata"]["annotations"] |= {"gangslice.io/gang-size": "2", "gangslice.io/pod-set-size": "1"}
+        if role == "decode":
+            pod["metadata"]["annotations"] |= {
+                "gangslice.io/colocate-with": "prefill@node",
+                "gangslice.io/comm": "kv-transfer",
+            }
+        pods[role] = pod
+    # The first pod is refused until a pod of the other pod set was seen (a Job would retry).
+    with pytest.raises(AssertionError, match="retry once a pod of every pod set was created"):
+        node.submit(ns, pods["prefill"])
+    made = {role: node.submit(ns, pods[role]) for role in ("decode", "prefill")}
+    roots, told = set(), {}
+    for role, created in made.items():
+        node.wait_running(ns, f"pd-{role}")
+        (entry,) = created["spec"]["resourceClaims"]
+        claim = get(cp, "ResourceClaim", entry["resourceClaimName"], ns)
+        assert claim is not None
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert {r["driver"] for r in results} == {dra.GPU_DRIVER, NIC_DRIVER}, results
+        roots |= {node.pcie_root(r["device"]) for r in results}
+        (nic,) = [r["device"] for r in results if r["driver"] == NIC_DRIVER]
+        told[role] = node.printed(ns, f"pd-{role}", "nics")
+        assert told[role] == node.nics.values[nic]
+    assert len(roots) == 1 and None not in roots, roots
+    assert told["prefill"] != told["decode"]  # a NIC each
+    with capsys.disabled():
+        print(f"\nreal DRA node: P/D pair on PCIe root {roots.pop()}, NICs {told}")
+    for role in made:
+        delete(cp, "Pod", f"pd-{role}", ns)
