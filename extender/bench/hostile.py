@@ -16,7 +16,8 @@ more connections than the cap. Meanwhile ``/healthz`` is asked every 50 ms. Then
 - the body flood, on a second server with the default limits: 64 bodies of 30 MiB at once to
   a node-list verb, a path that is no route and the admission webhook (peak RSS, /healthz);
 - forged calls on a third, with the default install's TLS and mutual TLS
-  (:mod:`extender.bench.forged`).
+  (:mod:`extender.bench.forged`), then connections from eight other addresses that never start
+  TLS, twice what each may hold, while the scheduler makes calls on new TLS connections.
 
 ``gangslice bench extender --hostile`` prints the figures; tests/unit/test_hostile_load.py
 checks them.
@@ -40,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extender.bench.forged import ForgedFigures, forged_calls, make_pki
-from extender.httpapi.limits import RECLAIM_AFTER_S
+from extender.bench.forged import ForgedFigures, _status, forged_calls, make_pki
+from extender.httpapi.limits import RECLAIM_AFTER_S, STALLED_AFTER_S
 from extender.kube import names as keys
 
 CLUSTER = """\
@@ -101,6 +102,13 @@ class Figures:
     flood_healthz_slowest_ms: float = 0.0
     #: Forged identities' calls on the default install's listeners (:mod:`extender.bench.forged`).
     forged: ForgedFigures = field(default_factory=ForgedFigures)
+    #: Connections from other addresses that never start TLS on the default install's port,
+    #: how many of them it still held after the scheduler's calls, and those calls (each on a
+    #: new TLS connection) and how many were answered 200.
+    stall_clients: int = 0
+    stalls_held: int = 0
+    stall_calls: int = 0
+    stall_ok: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -135,6 +143,10 @@ class Figures:
                 f"slowest /healthz {self.flood_healthz_slowest_ms:.0f} ms; replies "
                 + ", ".join(f"{k}: {v}" for k, v in sorted(self.flood_statuses.items())),
                 *self.forged.render(),
+                f"handshake stalls (default install): {self.stall_clients} connections from "
+                f"{len(HOG_SOURCES)} other addresses that never start TLS, {self.stalls_held} still held "
+                f"after; {self.stall_ok} of {self.stall_calls} scheduler calls on new TLS connections "
+                "answered 200 meanwhile",
             ]
         )
 
@@ -411,6 +423,7 @@ async def run_hostile(concurrency: int = 2) -> Figures:
         body = json.dumps({"Pod": pod(1), "NodeNames": NODES}).encode()
         async with served(Path(folder), *extra, flags=(), tls=pki.client("scheduler")) as (_, port):
             await forged_calls(pki, port, volcano_port, body, figures.forged)
+            await handshake_stalls(port, pki.client("scheduler"), body, figures)
         extra = (*pki.serve_flags(), "--admission-client-names=kube-apiserver")
         async with served(Path(folder), *extra, flags=(), tls=pki.client("scheduler")) as (_, port):
             await forged_calls(pki, port, None, body, figures.forged)
@@ -468,6 +481,40 @@ async def lockout(port: int, figures: Figures) -> None:
 
     busy = list(await asyncio.gather(*(half_request() for _ in range(64))))
     for _, writer in hogs + busy:
+        writer.close()
+
+
+#: Connections that never start TLS, from each of :data:`HOG_SOURCES`: twice what one
+#: address may hold by default.
+STALLS_PER_SOURCE = 64
+
+
+async def handshake_stalls(port: int, ctx: ssl.SSLContext, body: bytes, figures: Figures) -> None:
+    """Connections from other addresses that open TCP and never send a ClientHello; once they
+    have stalled, the scheduler makes calls, each on a new TLS connection."""
+    stalls = []
+    for source in HOG_SOURCES:
+        for _ in range(STALLS_PER_SOURCE):
+            with contextlib.suppress(OSError):
+                stalls.append(await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)))
+    figures.stall_clients = len(stalls)
+    await asyncio.sleep(STALLED_AFTER_S + 0.2)
+    for _ in range(20):
+        figures.stall_calls += 1
+        figures.stall_ok += await _status(port, ctx, "/gangslice/filter", body) == "200"
+
+    async def held(reader: asyncio.StreamReader) -> bool:
+        try:
+            async with asyncio.timeout(0.5):
+                await reader.read()
+        except TimeoutError:
+            return True
+        except ConnectionError:
+            pass
+        return False
+
+    figures.stalls_held = sum(await asyncio.gather(*(held(r) for r, _ in stalls)))
+    for _, writer in stalls:
         writer.close()
 
 

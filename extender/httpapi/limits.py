@@ -9,7 +9,11 @@ request may take to arrive, idle connections, and how many connections are open 
   ``bodies_in_flight_bytes`` (503: retry).
 - Any ``Content-Encoding`` but ``identity`` is refused with 415: the schedulers send plain
   JSON, and an inflated body would escape the size limit (aiohttp's own inflation is off).
-- A TLS handshake must end within ``handshake_timeout_s``; a connection that has not sent a
+- A TLS handshake must end within ``handshake_timeout_s``. Handshakes in progress are counted
+  apart from connections (the peer's identity is not known yet): at most
+  ``max_connections_per_peer`` from one address and ``max_connections`` in all, and a full
+  count makes room by closing its oldest handshake once that one has stalled. A connection
+  that has not sent a
   whole request head within ``header_timeout_s`` of its first byte, or sits idle longer
   than ``idle_timeout_s``, is closed.
 - Connections are of two kinds: those whose peer presented a client certificate that
@@ -31,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -180,6 +185,61 @@ class _GuardedProtocol(asyncio.Protocol):
             self.inner.resume_writing()
 
 
+class _Handshake(asyncio.Protocol):
+    """A TLS connection until its handshake ends: counted by the guard
+    (:meth:`ConnectionGuard.start_handshake`), its bytes read only by TLS; then aiohttp's
+    handler, behind a :class:`_GuardedProtocol`, takes the TLS transport and is admitted as a
+    connection with or without a certificate."""
+
+    def __init__(
+        self,
+        guard: ConnectionGuard,
+        server: Callable[[], asyncio.Protocol],
+        listener: str,
+        tls: ssl.SSLContext,
+    ) -> None:
+        self.guard, self.server, self.listener, self.tls = guard, server, listener, tls
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        peer = _host(transport.get_extra_info("peername"))
+        if not self.guard.start_handshake(self, peer, transport):
+            transport.abort()  # no TLS yet to say why in: the refusal is counted
+            return
+        # Nothing may reach this protocol: TLS reads the ClientHello once it takes over.
+        transport.pause_reading()
+        self.task = asyncio.get_running_loop().create_task(self._upgrade(transport, peer))
+
+    async def _upgrade(self, transport: asyncio.Transport, peer: str) -> None:
+        guarded = _GuardedProtocol(self.guard, self.server(), self.listener)
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await loop.start_tls(
+                transport,
+                guarded,
+                self.tls,
+                server_side=True,
+                ssl_handshake_timeout=self.guard.limits.handshake_timeout_s,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as exc:
+            log.debug("TLS handshake from %s failed: %s", peer, exc)
+            transport.abort()
+            return
+        finally:
+            self.guard.end_handshake(self)
+        if tls is None:  # the peer went away as the handshake ended
+            transport.abort()
+            return
+        guarded.connection_made(tls)
+
+    def data_received(self, data: bytes) -> None:  # reading is paused until TLS takes over
+        pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
+
+
 TOO_MANY = (
     b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\n"
     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
@@ -188,6 +248,17 @@ TOO_MANY = (
 
 #: Seconds a connection must have been idle before it may be closed to make room.
 RECLAIM_AFTER_S = 1.0
+#: Seconds a TLS handshake must have taken before it may be closed to make room.
+STALLED_AFTER_S = 0.5
+
+
+@dataclass
+class _Pending:
+    """A TLS handshake in progress."""
+
+    peer: str
+    started: float
+    transport: asyncio.Transport
 
 
 def _host(peername: object) -> str:
@@ -209,11 +280,43 @@ class ConnectionGuard:
         self.reclaimed = 0
         #: Bytes of the bodies being read or handled now (see :func:`bounded`).
         self.in_flight_bytes = 0
+        #: TLS handshakes in progress (see :meth:`start_handshake`).
+        self.handshakes: dict[object, _Pending] = {}
+        #: Handshakes closed, still unfinished, to make room for a new one.
+        self.stalled = 0
 
     def protocol_factory(
-        self, server: Callable[[], asyncio.Protocol], listener: str
+        self, server: Callable[[], asyncio.Protocol], listener: str, tls: ssl.SSLContext | None = None
     ) -> Callable[[], asyncio.Protocol]:
+        if tls is not None:
+            return lambda: _Handshake(self, server, listener, tls)
         return lambda: _GuardedProtocol(self, server(), listener)
+
+    def start_handshake(self, key: object, peer: str, transport: asyncio.Transport) -> bool:
+        """Count a TLS handshake from ``peer``: at most ``max_connections_per_peer`` from one
+        address and ``max_connections`` in all. A full pool makes room by closing its oldest
+        handshake, once that has taken :data:`STALLED_AFTER_S` (a real client's takes
+        milliseconds), so a stalled one never keeps the scheduler from a new connection; else
+        the new one is refused and counted."""
+        limits, now = self.limits, time.monotonic()
+        for among, cap in (
+            ([h for h in self.handshakes.values() if h.peer == peer], limits.max_connections_per_peer),
+            (list(self.handshakes.values()), limits.max_connections),
+        ):
+            if len(among) < cap:
+                continue
+            oldest = min(among, key=lambda h: h.started)
+            if now - oldest.started < STALLED_AFTER_S:
+                self.refused += 1
+                return False
+            oldest.transport.abort()
+            self.handshakes = {k: h for k, h in self.handshakes.items() if h is not oldest}
+            self.stalled += 1
+        self.handshakes[key] = _Pending(peer, now, transport)
+        return True
+
+    def end_handshake(self, key: object) -> None:
+        self.handshakes.pop(key, None)
 
     def admit(self, proto: _GuardedProtocol, transport: asyncio.BaseTransport) -> bool:
         authenticated = bool(transport.get_extra_info("peercert"))
@@ -329,12 +432,12 @@ class GuardedSite(web.TCPSite):
         loop = asyncio.get_running_loop()
         server = self._runner.server
         assert server is not None
+        # TLS is started by the guard's handshake protocol (:class:`_Handshake`), so handshakes
+        # in progress are counted, not only the connections that finished theirs.
         self._server = await loop.create_server(
-            self._guard.protocol_factory(server, self._listener),
+            self._guard.protocol_factory(server, self._listener, self._ssl_context),
             self._host,
             self._port,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=self._guard.limits.handshake_timeout_s if self._ssl_context else None,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,

@@ -239,12 +239,14 @@ class _ListenerCollector(Collector):
             "gangslice_connections_closed",
             "Connections the server closed without a reply asked for, by port and why (refused: "
             "no room, answered 429; timed_out: idle or a request head or body too slow; "
-            "reclaimed: idle, closed to make room for a new one).",
+            "reclaimed: idle, closed to make room for a new one; stalled: a TLS handshake unfinished, "
+            "closed to make room for a new one).",
             labels=["port", "why"],
         )
         open_now = GaugeMetricFamily(
             "gangslice_connections_open",
-            "Open connections, by port and whether the peer presented a verified client certificate.",
+            "Open connections, by port and whether the peer presented a verified client certificate "
+            "(handshaking: a TLS handshake in progress).",
             labels=["port", "peer"],
         )
         for port, guard in self.guards:
@@ -252,11 +254,13 @@ class _ListenerCollector(Collector):
                 ("refused", guard.refused),
                 ("timed_out", guard.timed_out),
                 ("reclaimed", guard.reclaimed),
+                ("stalled", guard.stalled),
             ):
                 closed.add_metric([port, why], n)
             certified = sum(c.authenticated for c in guard.connections.values())
             open_now.add_metric([port, "certified"], certified)
             open_now.add_metric([port, "other"], len(guard.connections) - certified)
+            open_now.add_metric([port, "handshaking"], len(guard.handshakes))
         yield closed
         yield open_now
         yield CounterMetricFamily(

@@ -16,7 +16,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 
 from extender.bench.forged import ADMISSION_CERT, VERBS
-from extender.bench.hostile import run_hostile
+from extender.bench.hostile import HOG_SOURCES, STALLS_PER_SOURCE, run_hostile
 from extender.httpapi import nodelist
 from extender.httpapi.app import build_app
 from extender.httpapi.handling import DECIDER
@@ -50,6 +50,11 @@ def test_hostile_load_is_bounded() -> None:
         assert sum(n for (g, _), n in forged.sent.items() if g == group) >= 16, figures.render()
         assert sum(n for (g, _), n in forged.reached.items() if g == group) == 0, figures.render()
     assert forged.control_sent and forged.control_reached == forged.control_sent, figures.render()
+    # Handshakes that never start: an address holds no more than its cap of them, and the
+    # scheduler's new connections are answered all the same.
+    assert figures.stall_clients == STALLS_PER_SOURCE * len(HOG_SOURCES), figures.render()
+    assert figures.stalls_held <= Limits().max_connections_per_peer * len(HOG_SOURCES), figures.render()
+    assert figures.stall_calls and figures.stall_ok >= 0.95 * figures.stall_calls, figures.render()
 
 
 def test_memo_tables_hold_node_names_only(tmp_path: Path) -> None:

@@ -10,13 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from extender.httpapi.access import cert_names
-from extender.httpapi.limits import RECLAIM_AFTER_S, ConnectionGuard, Limits, _GuardedProtocol
+from extender.httpapi.limits import (
+    RECLAIM_AFTER_S,
+    STALLED_AFTER_S,
+    ConnectionGuard,
+    Limits,
+    _GuardedProtocol,
+)
 from extender.httpapi.server import ServeOptions, serve
 from extender.reservations import ClusterCache
 from extender.testing.extender import write_cluster
 
 
-class Transport(asyncio.WriteTransport):
+class Transport(asyncio.Transport):
     def __init__(self, peer: str, cert: bool = False) -> None:
         super().__init__()
         self.peer, self.cert = peer, cert
@@ -34,6 +40,9 @@ class Transport(asyncio.WriteTransport):
         self.written += bytes(data)
 
     def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
         self.closed = True
 
     def is_closing(self) -> bool:
@@ -85,6 +94,23 @@ def test_one_address_gets_its_own_cap() -> None:
     transport, admitted = _connect(guard, "10.0.0.1")
     assert not admitted and b"from 10.0.0.1 (at most 4)" in transport.written
     assert _connect(guard, "10.0.0.2")[1]
+
+
+def test_handshakes_in_progress_are_capped_in_all_and_the_oldest_stalled_one_gives_way() -> None:
+    guard = ConnectionGuard(Limits(max_connections=3, max_connections_per_peer=3))
+    stalls = [Transport(f"10.0.0.{i}") for i in range(3)]
+    for i, t in enumerate(stalls):
+        assert guard.start_handshake(i, t.peer, t)
+    # Young handshakes are never closed for a newcomer: it is refused.
+    late = Transport("10.0.1.1")
+    assert not guard.start_handshake("late", late.peer, late) and guard.refused == 1
+    for h in guard.handshakes.values():
+        h.started -= STALLED_AFTER_S
+    assert guard.start_handshake("late", late.peer, late)
+    assert [t.closed for t in stalls] == [True, False, False] and guard.stalled == 1
+    assert set(guard.handshakes) == {1, 2, "late"}
+    guard.end_handshake("late")
+    assert len(guard.handshakes) == 2
 
 
 def test_idle_connections_without_a_certificate_close_sooner() -> None:
@@ -195,4 +221,6 @@ def test_what_the_guards_closed_is_counted(tmp_path: Path) -> None:
     assert 'gangslice_connections_closed_total{port="verbs",why="refused"} 1.0' in text
     assert 'gangslice_connections_open{peer="certified",port="verbs"} 1.0' in text
     assert 'gangslice_connections_open{peer="other",port="verbs"} 1.0' in text
+    assert 'gangslice_connections_open{peer="handshaking",port="verbs"} 0.0' in text
+    assert 'gangslice_connections_closed_total{port="verbs",why="stalled"} 0.0' in text
     assert "gangslice_leader_fence_refusals_total 0.0" in text

@@ -209,3 +209,53 @@ def test_the_admission_webhook_takes_only_the_api_servers_certificate(
         assert status == 200 and json.loads(text)["response"] == {"uid": "u-1", "allowed": True}
 
     run_against(tmp_path, certs, check, admission_client_names=frozenset({"kube-apiserver"}))
+
+
+def _healthz_from(port: int, ca: Path, source: str, client: Path | None = None) -> int:
+    """GET /healthz over TLS from the loopback address ``source``."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        ctx.load_cert_chain(str(client / "client.crt"), str(client / "client.key"))
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    conn.sock = ctx.wrap_socket(sock, server_hostname=HOST)
+    conn.request("GET", "/healthz")
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_stalled_tls_handshakes_are_bounded_per_address_and_give_way_to_new_ones(
+    tmp_path: Path, certs: dict[str, Path]
+) -> None:
+    """Connections that never send a ClientHello were held outside every cap until the
+    handshake timeout. Now an address holds at most its cap of handshakes: a new one from it is
+    refused while those are young, and once they have stalled a moment the oldest is closed to
+    make room (so a stall never keeps the scheduler from a new connection); other addresses are
+    served throughout, and every stall is closed at the timeout."""
+    import time
+
+    from extender.httpapi.limits import STALLED_AFTER_S, Limits
+
+    main = certs["main"]
+    limits = Limits(max_connections=40, max_connections_per_peer=3, handshake_timeout_s=2.5)
+
+    def check(port: int, volcano: int) -> None:
+        stalls = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+        try:
+            with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
+                _healthz_from(port, main / "ca.crt", "127.0.0.1")
+            assert _healthz_from(port, main / "ca.crt", "127.0.0.2") == 200
+            time.sleep(STALLED_AFTER_S + 0.2)
+            assert _healthz_from(port, main / "ca.crt", "127.0.0.1", main) == 200  # the oldest gave way
+            stalls[0].settimeout(2)
+            assert stalls[0].recv(1) == b""
+            time.sleep(2.5)  # past the handshake timeout: the other stalls are closed
+            for sock in stalls[1:]:
+                sock.settimeout(2)
+                assert sock.recv(1) == b""
+        finally:
+            for sock in stalls:
+                sock.close()
+
+    run_against(tmp_path, certs, check, limits=limits)
