@@ -204,7 +204,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
                 slot=slot,
                 devices=devices,
                 reservation=owner,
-                on_root=functools.partial(cache.on_root, slot.node),
+                at_root=functools.partial(cache.at_root, slot.node),
             )
             await SlotClaims(api).ensure(claim)
         except SlotError as exc:

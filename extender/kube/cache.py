@@ -368,11 +368,11 @@ class ClusterInformer:
         self.snapshot()
         return self._device_maps.get(node)
 
-    def on_root(self, node: str, device_class: str, root: str) -> bool:
-        """Whether DeviceClass ``device_class`` selects a driver that publishes a device on PCIe
-        root ``root`` of ``node`` (a NIC beside the GPUs there)."""
+    def at_root(self, node: str, device_class: str, root: str) -> int:
+        """How many devices of the drivers DeviceClass ``device_class`` selects sit on PCIe root
+        ``root`` of ``node`` (NICs beside the GPUs there; the class's other selectors unread)."""
         drivers = self._device_classes.get(device_class) or frozenset()
-        return bool(drivers & dra.drivers_at_root(self._slices_by_node.get(node, {}).values(), root))
+        return dra.devices_at_root(self._slices_by_node.get(node, {}).values(), drivers, root)
 
     def device_class_drivers(self, name: str) -> frozenset[str] | None:
         """The drivers DeviceClass ``name`` selects; None when there is no such class."""

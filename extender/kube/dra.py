@@ -126,19 +126,19 @@ def gpu_devices(slices: Iterable[SliceInfo]) -> list[Device]:
     return sorted(devices, key=lambda d: _natural(d.name))
 
 
-def drivers_at_root(slices: Iterable[SliceInfo], root: str) -> frozenset[str]:
-    """The drivers other than ``gpu.nvidia.com`` that publish a device on PCIe root ``root``
-    in a node's slices (a network driver's NIC beside the GPUs), newest pool generations only."""
+def devices_at_root(slices: Iterable[SliceInfo], drivers: frozenset[str], root: str) -> int:
+    """How many devices of ``drivers`` (not ``gpu.nvidia.com``: a network driver's NICs beside
+    the GPUs) a node's slices publish on PCIe root ``root``, newest pool generations only."""
     newest: dict[tuple[str, str], int] = {}
     for s in slices:
         key = (s.driver, s.pool)
         newest[key] = max(newest.get(key, s.generation), s.generation)
-    return frozenset(
-        s.driver
+    return sum(
+        1
         for s in slices
-        if s.driver != GPU_DRIVER
-        and s.generation == newest[(s.driver, s.pool)]
-        and any(d.pcie_root == root for d in s.devices)
+        if s.driver in drivers and s.driver != GPU_DRIVER and s.generation == newest[(s.driver, s.pool)]
+        for d in s.devices
+        if d.pcie_root == root
     )
 
 

@@ -4,8 +4,9 @@ matched to its slot, and the one writer of claims.
 On a ``dra`` node the slice's in-node choice is made binding: each slot of a reservation
 gets one ResourceClaim whose GPU request selects exactly the slot's devices by UUID (a CEL
 selector; ``count`` = the slot's GPUs), plus ``matchAttribute: resource.kubernetes.io/pcieRoot``
-when the slot's devices share one PCIe root (a safety net: it can only hold where it holds
-already). The claim copies the rest of the pod's ResourceClaimTemplate (other requests,
+when the slot's devices share one PCIe root (a safety net for the GPUs: it can only hold where
+it holds already), joined by the template's NIC request where the node has enough NICs on that
+root (the NIC beside the GPUs). The claim copies the rest of the pod's ResourceClaimTemplate (other requests,
 config, constraints) so the pod's containers see what they asked for. kube-scheduler's
 DynamicResources plugin allocates it (finalizer, in-flight tracking, ``reservedFor``);
 gangslice never writes ``status.allocation``. The claim is owned by the gang's
@@ -151,13 +152,14 @@ def build_claim(
     slot: PodSlot,
     devices: Sequence[dra.Device],
     reservation: Mapping[str, str],
-    on_root: Callable[[str, str], bool] | None = None,
+    at_root: Callable[[str, str], int] | None = None,
 ) -> dict[str, Any]:
     """The ResourceClaim that pins ``slot`` to ``devices``: the template's claim spec with its
     GPU request narrowed to the devices' UUIDs. ``reservation``: name and uid of the owner.
-    When the devices share one PCIe root, the template's other requests of a DeviceClass with a
-    device on that root of the slot's node (``on_root(class, root)``: a NIC published by a
-    network driver) join the GPUs' ``matchAttribute`` on it: the NIC is the one beside them."""
+    When the devices share one PCIe root, each other ``ExactCount`` request of the template whose
+    DeviceClass has as many devices on that root of the slot's node (``at_root(class, root)``:
+    NICs a network driver publishes) joins the GPUs' ``matchAttribute`` on it: the NICs are the
+    ones beside them."""
     uuids = [d.uuid for d in devices if d.uuid]
     if len(uuids) != len(devices) or len(devices) != request.count:
         raise SlotError(
@@ -180,12 +182,7 @@ def build_claim(
         (root,) = roots
         assert root is not None
         beside = [
-            str(req["name"])
-            for req in devs.get("requests") or ()
-            if req.get("name") != request.name
-            and on_root is not None
-            and isinstance(cls := as_map(req.get("exactly")).get("deviceClassName"), str)
-            and on_root(cls, root)
+            str(req["name"]) for req in devs.get("requests") or () if _fits_root(req, request, root, at_root)
         ]
         devs["constraints"] = [
             *(devs.get("constraints") or ()),
@@ -219,6 +216,19 @@ def build_claim(
         },
         "spec": spec,
     }
+
+
+def _fits_root(
+    req: Mapping[str, Any], gpu: GpuRequest, root: str, at_root: Callable[[str, str], int] | None
+) -> bool:
+    """Whether request ``req`` (not the GPU request) can be met on PCIe root ``root``."""
+    exactly = as_map(req.get("exactly"))
+    cls, count = exactly.get("deviceClassName"), exactly.get("count", 1)
+    if req.get("name") == gpu.name or at_root is None or not isinstance(cls, str):
+        return False
+    if (exactly.get("allocationMode") or "ExactCount") != "ExactCount" or not isinstance(count, int):
+        return False
+    return at_root(cls, root) >= count
 
 
 def pod_index(pod: PodInfo) -> int | None:

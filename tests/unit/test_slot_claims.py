@@ -133,23 +133,24 @@ def test_no_pcie_root_constraint_where_the_slot_spans_two_roots() -> None:
     assert "constraints" not in claim["spec"]["devices"]
 
 
-def test_a_nic_request_joins_the_gpus_pcie_root_where_the_node_has_a_nic_there() -> None:
-    """A template that asks for GPUs and an RDMA NIC gets the NIC beside the slot's GPUs: the
-    NIC's request joins the GPUs' matchAttribute on the PCIe root, where the node publishes a
-    device of that class on that root; elsewhere the NIC request is left as written."""
-    t = template()
-    nic_request = {"name": "nic", "exactly": {"deviceClassName": "rdma-nic", "count": 1}}
-    t["spec"]["spec"]["devices"]["requests"].append(nic_request)
+def test_a_nic_request_joins_the_gpus_pcie_root_where_the_node_has_enough_nics_there() -> None:
+    """A template that asks for GPUs and RDMA NICs gets the NICs beside the slot's GPUs: the
+    NIC request joins the GPUs' matchAttribute on the PCIe root where the node publishes as many
+    devices of its class on that root; elsewhere the NIC request is left as written."""
     s = slot("worker", 0, (4, 5, 6, 7))
     devs = devices("p0", s.gpus)
     asked: list[tuple[str, str]] = []
 
-    def claim(root_has_nic: bool) -> dict[str, Any]:
-        def on_root(cls: str, root: str) -> bool:
-            asked.append((cls, root))
-            return root_has_nic
+    def claim(nics_on_root: int, wanted: int = 1, mode: str = "ExactCount") -> dict[str, Any]:
+        t = template()
+        nic = {"deviceClassName": "rdma-nic", "allocationMode": mode, "count": wanted}
+        t["spec"]["spec"]["devices"]["requests"].append({"name": "nic", "exactly": nic})
 
-        return build_claim(
+        def at_root(cls: str, root: str) -> int:
+            asked.append((cls, root))
+            return nics_on_root
+
+        got = build_claim(
             namespace="llm",
             name="x",
             template=t,
@@ -157,34 +158,41 @@ def test_a_nic_request_joins_the_gpus_pcie_root_where_the_node_has_a_nic_there()
             slot=s,
             devices=devs,
             reservation={"name": "tp4", "uid": "u"},
-            on_root=on_root,
+            at_root=at_root,
         )
+        assert got["spec"]["devices"]["requests"][1]["exactly"] == nic  # the allocator picks the NIC
+        return dict(got["spec"]["devices"])
 
-    beside = claim(True)["spec"]["devices"]
-    assert beside["constraints"] == [{"requests": ["gpu", "nic"], "matchAttribute": dra.PCIE_ROOT}]
+    joined = [{"requests": ["gpu", "nic"], "matchAttribute": dra.PCIE_ROOT}]
+    alone = [{"requests": ["gpu"], "matchAttribute": dra.PCIE_ROOT}]
+    assert claim(1)["constraints"] == joined
     assert asked == [("rdma-nic", devs[0].pcie_root)]
-    assert beside["requests"][1] == nic_request  # the NIC itself is the allocator's pick on that root
-    alone = claim(False)["spec"]["devices"]
-    assert alone["constraints"] == [{"requests": ["gpu"], "matchAttribute": dra.PCIE_ROOT}]
+    assert claim(2, wanted=2)["constraints"] == joined
+    assert claim(0)["constraints"] == alone
+    assert claim(1, wanted=2)["constraints"] == alone  # one NIC there, two asked: left as written
+    assert claim(4, mode="All")["constraints"] == alone
 
 
-def test_the_cache_tells_which_device_classes_have_a_device_on_a_pcie_root() -> None:
+def test_the_cache_counts_a_device_classs_devices_on_a_pcie_root() -> None:
     api = FakeKube()
     cache = pcie_cache(api)
     graph = with_identities(NODE, preset_graph("pcie-8gpu-2socket"))
-    assert not cache.on_root(NODE, "rdma-nic", pcie_root(1))  # no NIC published yet
+    assert cache.at_root(NODE, "rdma-nic", pcie_root(1)) == 0  # no NIC published yet
     cache.apply(Kind.RESOURCE_SLICES, "ADDED", nic_slice(NODE, graph))
     cache.apply(Kind.DEVICE_CLASSES, "ADDED", nic_class("rdma-nic"))
-    assert cache.on_root(NODE, "rdma-nic", pcie_root(0)) and cache.on_root(NODE, "rdma-nic", pcie_root(1))
-    assert not cache.on_root(NODE, "rdma-nic", "pci0000:40")
-    assert not cache.on_root("p1", "rdma-nic", pcie_root(1))
-    assert not cache.on_root(NODE, dra.GPU_DEVICE_CLASS, pcie_root(1))  # the GPUs themselves do not count
-    assert not cache.on_root(NODE, "no-such-class", pcie_root(1))
+    assert cache.at_root(NODE, "rdma-nic", pcie_root(0)) == cache.at_root(NODE, "rdma-nic", pcie_root(1)) == 1
+    assert cache.at_root(NODE, "rdma-nic", "pci0000:40") == 0
+    assert cache.at_root("p1", "rdma-nic", pcie_root(1)) == 0
+    assert cache.at_root(NODE, dra.GPU_DEVICE_CLASS, pcie_root(1)) == 0  # the GPUs themselves do not count
+    assert cache.at_root(NODE, "no-such-class", pcie_root(1)) == 0
     # A newer generation of the pool without the socket-1 NIC: only the newest counts.
     one = nic_slice(NODE, graph, generation=2)
     one["spec"]["devices"] = one["spec"]["devices"][:1]
     cache.apply(Kind.RESOURCE_SLICES, "ADDED", one)
-    assert cache.on_root(NODE, "rdma-nic", pcie_root(0)) and not cache.on_root(NODE, "rdma-nic", pcie_root(1))
+    assert (
+        cache.at_root(NODE, "rdma-nic", pcie_root(0)) == 1
+        and cache.at_root(NODE, "rdma-nic", pcie_root(1)) == 0
+    )
 
 
 def test_the_webhook_pins_a_dra_gang_pods_nic_beside_its_gpus(world: tuple[FakeKube, ClusterCache]) -> None:

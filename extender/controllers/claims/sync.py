@@ -282,7 +282,7 @@ class SlotClaimSync:
                 slot=slot,
                 devices=[device_map.device(g) for g in slot.gpus],
                 reservation=owner,
-                on_root=functools.partial(cache.on_root, slot.node),
+                at_root=functools.partial(cache.at_root, slot.node),
             )
             try:
                 await writer.ensure(claim)
