@@ -12,10 +12,9 @@ request may take to arrive, idle connections, and how many connections are open 
 - A TLS handshake must end within ``handshake_timeout_s``. Handshakes in progress are counted
   apart from connections (the peer's identity is not known yet): at most
   ``max_connections_per_peer`` from one address and ``max_connections`` in all, and a full
-  count makes room by closing its oldest handshake once that one has stalled. A connection
-  that has not sent a
-  whole request head within ``header_timeout_s`` of its first byte, or sits idle longer
-  than ``idle_timeout_s``, is closed.
+  count makes room by closing its oldest handshake once that one has stalled.
+- A connection that has not sent a whole request head within ``header_timeout_s`` of its first
+  byte, or sits idle longer than ``idle_timeout_s``, is closed.
 - Connections are of two kinds: those whose peer presented a client certificate that
   verified (the scheduler, on a listener that asks for one) and the rest (probes, anyone
   else who can reach the port). The rest may hold at most ``max_connections`` less
