@@ -431,7 +431,8 @@ FOREIGN_KEYS = (
         "ResourceSlice device (DRA)",
         "read by the claim builder and the cluster cache",
         "A GPU's or a NIC's PCIe root: a slot whose GPUs share one gets `matchAttribute` on it as a "
-        "safety net, joined by the claim's NIC request where enough NICs of its class sit on that root.",
+        "safety net, joined by the claim's NIC request (its first alternative) where enough NICs of its "
+        "class sit on that root.",
     ),
     Key(
         f"{NAMES}:COMPUTE_DOMAIN_NODE_LABEL",

@@ -6,8 +6,9 @@ gets one ResourceClaim whose GPU request selects exactly the slot's devices by U
 selector; ``count`` = the slot's GPUs), plus ``matchAttribute: resource.kubernetes.io/pcieRoot``
 when the slot's devices share one PCIe root (a safety net for the GPUs: it can only hold where
 it holds already), joined by the template's NIC request where the node has enough NICs on that
-root (the NIC beside the GPUs). The claim copies the rest of the pod's ResourceClaimTemplate (other requests,
-config, constraints) so the pod's containers see what they asked for. kube-scheduler's
+root: the NIC beside the GPUs where one is free there, else any (``firstAvailable``). The
+claim copies the rest of the pod's ResourceClaimTemplate (other requests, config,
+constraints) so the pod's containers see what they asked for. kube-scheduler's
 DynamicResources plugin allocates it (finalizer, in-flight tracking, ``reservedFor``);
 gangslice never writes ``status.allocation``. The claim is owned by the gang's
 SliceReservation, so the garbage collector deletes it when the gang's reservation goes.
@@ -158,8 +159,8 @@ def build_claim(
     GPU request narrowed to the devices' UUIDs. ``reservation``: name and uid of the owner.
     When the devices share one PCIe root, each other ``ExactCount`` request of the template whose
     DeviceClass has as many devices on that root of the slot's node (``at_root(class, root)``:
-    NICs a network driver publishes) joins the GPUs' ``matchAttribute`` on it: the NICs are the
-    ones beside them."""
+    NICs a network driver publishes) becomes two alternatives, the first of which joins the
+    GPUs' ``matchAttribute`` on it: the NICs beside them where they are free, else any."""
     uuids = [d.uuid for d in devices if d.uuid]
     if len(uuids) != len(devices) or len(devices) != request.count:
         raise SlotError(
@@ -181,9 +182,11 @@ def build_claim(
     if len(roots) == 1 and None not in roots:
         (root,) = roots
         assert root is not None
-        beside = [
-            str(req["name"]) for req in devs.get("requests") or () if _fits_root(req, request, root, at_root)
-        ]
+        beside = []
+        for req in devs.get("requests") or ():
+            if _fits_root(req, request, root, at_root):
+                req["firstAvailable"] = _beside_else_anywhere(req.pop("exactly"))
+                beside.append(f"{req['name']}/{BESIDE}")
         devs["constraints"] = [
             *(devs.get("constraints") or ()),
             {"requests": [request.name, *beside], "matchAttribute": dra.PCIE_ROOT},
@@ -218,6 +221,17 @@ def build_claim(
     }
 
 
+#: The subrequests a NIC request becomes: a NIC on the GPUs' PCIe root, else any.
+BESIDE, ANYWHERE = "beside", "anywhere"
+
+
+def _beside_else_anywhere(exactly: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An ``exactly`` request as two alternatives (``firstAvailable``, GA since Kubernetes
+    1.36, on by default since 1.34): the first joins the GPUs' root constraint, the second is
+    the request as written, so a root whose NICs are taken leaves the pod a NIC elsewhere."""
+    return [{"name": name, **copy.deepcopy(dict(exactly))} for name in (BESIDE, ANYWHERE)]
+
+
 def _fits_root(
     req: Mapping[str, Any], gpu: GpuRequest, root: str, at_root: Callable[[str, str], int] | None
 ) -> bool:
@@ -225,6 +239,8 @@ def _fits_root(
     exactly = as_map(req.get("exactly"))
     cls, count = exactly.get("deviceClassName"), exactly.get("count", 1)
     if req.get("name") == gpu.name or at_root is None or not isinstance(cls, str):
+        return False
+    if exactly.get("adminAccess"):  # a subrequest has no admin access: left as written
         return False
     if (exactly.get("allocationMode") or "ExactCount") != "ExactCount" or not isinstance(count, int):
         return False

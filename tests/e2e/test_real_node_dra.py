@@ -33,7 +33,7 @@ from cluster import (
     wait_for,
 )
 from cluster import POOL as POOL_LABEL
-from node import RealNode, build_workload_image, workload_pod
+from node import PAUSE_IMAGE, RealNode, build_workload_image, workload_pod
 
 from extender.bench.controlplane import ControlPlane
 from extender.kube import dra
@@ -119,12 +119,13 @@ def test_a_gang_pods_pinned_claim_runs_with_exactly_the_planned_gpus(
     results = claim["status"]["allocation"]["devices"]["results"]
     gpus = [r["device"] for r in results if r["driver"] == dra.GPU_DRIVER]
     assert sorted(gpus) == sorted(f"gpu-{g}" for g in planned)
-    # The NIC is the one on the GPUs' PCIe root: gangslice's claim joined the two requests'
-    # matchAttribute (the network driver lists the other socket's NICs first).
-    assert {"requests": ["gpu", "nic"], "matchAttribute": dra.PCIE_ROOT} in claim["spec"]["devices"][
-        "constraints"
-    ]
+    # The NIC is the one on the GPUs' PCIe root: gangslice's claim joined the NIC's first
+    # alternative to the GPUs' matchAttribute (the network driver lists the other socket's
+    # NICs first).
+    joined = {"requests": ["gpu", "nic/beside"], "matchAttribute": dra.PCIE_ROOT}
+    assert joined in claim["spec"]["devices"]["constraints"], claim["spec"]["devices"]
     (nic,) = [r["device"] for r in results if r["driver"] == NIC_DRIVER]
+    assert [r["request"] for r in results if r["driver"] == NIC_DRIVER] == ["nic/beside"]
     assert node.pcie_root(nic) == node.pcie_root(gpus[0]), (nic, gpus)
     assert node.printed(ns, "tp2-0", "nics") == node.nics.values[nic]
     # The kubelet asked the driver to prepare exactly that claim, and the container sees its GPUs.
@@ -185,3 +186,77 @@ def test_a_prefill_decode_pairs_claims_get_gpus_and_nics_on_one_pcie_root(
         print(f"\nreal DRA node: P/D pair on PCIe root {roots.pop()}, NICs {told}")
     for role in made:
         delete(cp, "Pod", f"pd-{role}", ns)
+
+
+def test_a_pod_whose_gpus_root_has_no_free_nic_gets_one_elsewhere_and_runs(
+    control_plane: ControlPlane, node: RealNode, ns: str
+) -> None:
+    """Every NIC on socket 0's root is taken by another pod's claim: the TP=2 pod on socket 0's
+    GPUs gets its NIC through the claim's second alternative, from the other root, rather than
+    waiting for one beside its GPUs."""
+    cp = control_plane
+    root = node.pcie_root("gpu-0")
+    on_root = [d for obj in node.slices for d in obj["spec"]["devices"] if node.pcie_root(d["name"]) == root]
+    nics = [d["name"] for d in on_root if not d["name"].startswith("gpu-")]
+    selector = f'device.attributes["resource.kubernetes.io"].pcieRoot == "{root}"'
+    hog_claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "nic-hog", "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "nics",
+                        "exactly": {
+                            "deviceClassName": NIC_CLASS,
+                            "count": len(nics),
+                            "selectors": [{"cel": {"expression": selector}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    cp.request("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", hog_claim)
+    hog = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "nic-hog", "namespace": ns},
+        "spec": {
+            "schedulerName": "gangslice-scheduler",
+            "nodeSelector": {POOL_LABEL: POOL},
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "nics", "resourceClaimName": "nic-hog"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": PAUSE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "resources": {"claims": [{"name": "nics"}], "requests": {"cpu": "10m"}},
+                }
+            ],
+        },
+    }
+    cp.request("POST", f"/api/v1/namespaces/{ns}/pods", hog)
+    node.wait_running(ns, "nic-hog")
+    cp.request(
+        "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", claim_template(ns, "tp2-gpus", 2)
+    )
+    pod = workload_pod("tp2-1", 2, POOL, FAKE, claim_template="tp2-gpus")
+    pod["metadata"]["labels"]["gangslice.io/gang"] = "tp2b"
+    pod["metadata"]["annotations"]["gangslice.io/gang-size"] = "1"
+    created = node.submit(ns, pod)
+    running = node.wait_running(ns, "tp2-1")
+    (entry,) = created["spec"]["resourceClaims"]
+    claim = get(cp, "ResourceClaim", entry["resourceClaimName"], ns)
+    assert claim is not None
+    results = claim["status"]["allocation"]["devices"]["results"]
+    gpus = [r["device"] for r in results if r["driver"] == dra.GPU_DRIVER]
+    assert {node.pcie_root(g) for g in gpus} == {root}, (gpus, root)  # the case this test is about
+    (got,) = [r for r in results if r["driver"] == NIC_DRIVER]
+    assert got["request"] == "nic/anywhere" and node.pcie_root(got["device"]) != root, results
+    assert node.printed(ns, "tp2-1", "nics") == node.nics.values[got["device"]]
+    assert sorted(f"gpu-{g}" for g in gpus_of(running)) == sorted(gpus)
+    for name in ("tp2-1", "nic-hog"):
+        delete(cp, "Pod", name, ns)

@@ -133,17 +133,18 @@ def test_no_pcie_root_constraint_where_the_slot_spans_two_roots() -> None:
     assert "constraints" not in claim["spec"]["devices"]
 
 
-def test_a_nic_request_joins_the_gpus_pcie_root_where_the_node_has_enough_nics_there() -> None:
-    """A template that asks for GPUs and RDMA NICs gets the NICs beside the slot's GPUs: the
-    NIC request joins the GPUs' matchAttribute on the PCIe root where the node publishes as many
-    devices of its class on that root; elsewhere the NIC request is left as written."""
+def test_a_nic_request_prefers_the_gpus_pcie_root_where_the_node_has_enough_nics_there() -> None:
+    """A template that asks for GPUs and RDMA NICs gets the NICs beside the slot's GPUs where
+    they are free: the NIC request becomes two alternatives (``firstAvailable``), the first
+    joining the GPUs' matchAttribute on the PCIe root, the second the request as written, so
+    a root whose NICs are taken still leaves a NIC elsewhere. Where the node has too few NICs
+    of the class on that root, the request is left as written."""
     s = slot("worker", 0, (4, 5, 6, 7))
     devs = devices("p0", s.gpus)
     asked: list[tuple[str, str]] = []
 
-    def claim(nics_on_root: int, wanted: int = 1, mode: str = "ExactCount") -> dict[str, Any]:
+    def claim(nics_on_root: int, **nic: Any) -> dict[str, Any]:
         t = template()
-        nic = {"deviceClassName": "rdma-nic", "allocationMode": mode, "count": wanted}
         t["spec"]["spec"]["devices"]["requests"].append({"name": "nic", "exactly": nic})
 
         def at_root(cls: str, root: str) -> int:
@@ -160,17 +161,27 @@ def test_a_nic_request_joins_the_gpus_pcie_root_where_the_node_has_enough_nics_t
             reservation={"name": "tp4", "uid": "u"},
             at_root=at_root,
         )
-        assert got["spec"]["devices"]["requests"][1]["exactly"] == nic  # the allocator picks the NIC
         return dict(got["spec"]["devices"])
 
-    joined = [{"requests": ["gpu", "nic"], "matchAttribute": dra.PCIE_ROOT}]
+    nic = {"deviceClassName": "rdma-nic", "count": 1, "selectors": [{"cel": {"expression": "true"}}]}
+    joined = [{"requests": ["gpu", "nic/beside"], "matchAttribute": dra.PCIE_ROOT}]
     alone = [{"requests": ["gpu"], "matchAttribute": dra.PCIE_ROOT}]
-    assert claim(1)["constraints"] == joined
+    got = claim(1, **nic)
+    assert got["constraints"] == joined
+    assert got["requests"][1] == {
+        "name": "nic",
+        "firstAvailable": [{"name": "beside", **nic}, {"name": "anywhere", **nic}],
+    }
     assert asked == [("rdma-nic", devs[0].pcie_root)]
-    assert claim(2, wanted=2)["constraints"] == joined
-    assert claim(0)["constraints"] == alone
-    assert claim(1, wanted=2)["constraints"] == alone  # one NIC there, two asked: left as written
-    assert claim(4, mode="All")["constraints"] == alone
+    assert claim(2, **{**nic, "count": 2})["constraints"] == joined
+    for written, nics_on_root in (
+        (nic, 0),
+        ({**nic, "count": 2}, 1),  # one NIC there, two asked
+        ({**nic, "allocationMode": "All"}, 4),
+        ({**nic, "adminAccess": True}, 4),  # a subrequest cannot carry admin access
+    ):
+        got = claim(nics_on_root, **written)
+        assert got["constraints"] == alone and got["requests"][1] == {"name": "nic", "exactly": written}
 
 
 def test_the_cache_counts_a_device_classs_devices_on_a_pcie_root() -> None:
@@ -212,7 +223,7 @@ def test_the_webhook_pins_a_dra_gang_pods_nic_beside_its_gpus(world: tuple[FakeK
     assert len(claims) == 2
     for c in claims:
         assert c["spec"]["devices"]["constraints"] == [
-            {"requests": ["gpu", "nic"], "matchAttribute": dra.PCIE_ROOT}
+            {"requests": ["gpu", "nic/beside"], "matchAttribute": dra.PCIE_ROOT}
         ], c["spec"]["devices"]
 
 
