@@ -14,9 +14,10 @@
 # bumping them leaves the binaries under <versions-key> valid; <versions-key>/bin/{lws,jobset} and
 # <versions-key>/{crds,webhooks}/{lws,jobset} are symbolic links into <controllers-key>, so one bin dir
 # (and the crds/ beside it) still holds everything. The real node's binaries (kubelet, containerd, ctr,
-# containerd-shim-runc-v2, runc, and the CNI plugins bridge, host-local and loopback) are built under <node-key>
-# (node-<k8s>_containerd-<v>_runc-<v>_cni-<v>) and linked into <versions-key>/bin the same way. runc is the one cgo build: it links libseccomp (libseccomp-dev, installed
-# with apt-get when missing) and needs a C compiler.
+# containerd-shim-runc-v2, runc, and the CNI plugins bridge, host-local and loopback) are built under
+# <node-key> (node-<k8s>_containerd-<v>_runc-<v>_cni-<v>) and linked into <versions-key>/bin the same way.
+# runc is the one cgo build: it links libseccomp (libseccomp-dev, installed with apt-get when missing) and
+# needs a C compiler.
 # A binary is rebuilt only when it is missing or its stamp (versions, go.mod/go.sum hash, Go version)
 # changed, so a second run builds nothing. The last line printed on stdout is
 #   GANGSLICE_E2E_BIN=<bin dir>
@@ -37,6 +38,8 @@ die() { log "FAILED: $*"; exit 1; }
 trap 'rc=$?; log "FAILED at step: ${STEP} (exit ${rc})"; exit ${rc}' ERR
 
 NODE_COMPONENTS=(kubelet containerd ctr containerd-shim-runc-v2 runc bridge host-local loopback pause)
+# is_node_component COMP: whether COMP is one of the real node's binaries (built under <node-key>).
+is_node_component() { [[ " ${NODE_COMPONENTS[*]} " == *" $1 "* ]]; }
 ALL_COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kueue vc-scheduler lws jobset helm
                 "${NODE_COMPONENTS[@]}")
 COMPONENTS=("$@")
@@ -92,11 +95,10 @@ needs_out=0
 needs_ctrl=0
 needs_node=0
 for comp in "${COMPONENTS[@]}"; do
-    case "${comp}" in
-        lws|jobset) needs_ctrl=1 ;;
-        kubelet|containerd|ctr|containerd-shim-runc-v2|runc|bridge|host-local|loopback|pause) needs_node=1 ;;
-        *) needs_out=1 ;;
-    esac
+    if [[ "${comp}" == lws || "${comp}" == jobset ]]; then needs_ctrl=1
+    elif is_node_component "${comp}"; then needs_node=1
+    else needs_out=1
+    fi
 done
 if (( needs_out )); then lock_dir 9 "${OUT_DIR}"; fi
 if (( needs_ctrl )); then mkdir -p "${CTRL_DIR}/bin" && lock_dir 8 "${CTRL_DIR}"; fi
@@ -139,11 +141,10 @@ spec_of() {
 
 # Where a component is built: lws and jobset under <controllers-key>, the rest under <versions-key>.
 out_dir_of() {
-    case "$1" in
-        lws|jobset) echo "${CTRL_DIR}" ;;
-        kubelet|containerd|ctr|containerd-shim-runc-v2|runc|bridge|host-local|loopback|pause) echo "${NODE_DIR}" ;;
-        *) echo "${OUT_DIR}" ;;
-    esac
+    if [[ "$1" == lws || "$1" == jobset ]]; then echo "${CTRL_DIR}"
+    elif is_node_component "$1"; then echo "${NODE_DIR}"
+    else echo "${OUT_DIR}"
+    fi
 }
 
 # link_into_out_dir PATH [FROM] (e.g. bin/lws): <versions-key>/PATH -> FROM/PATH (default <controllers-key>).

@@ -40,8 +40,7 @@ from extender.topology.nvidia_smi import parse_topo
 from extender.topology.nvml import discover
 from extender.topology.presets import PRESETS, preset_graph
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "hack" / "gpuallocator-oracle" / "build.sh"
+REPO, BUILD = gpuallocator.REPO, gpuallocator.BUILD
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi-topo"
 REQUESTS_PER_TOPOLOGY = 500
 SEED = 20261201

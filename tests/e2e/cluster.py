@@ -355,6 +355,25 @@ def pod_name(pod: Mapping[str, Any]) -> str:
     return str(pod["metadata"]["name"])
 
 
+@contextlib.contextmanager
+def running_control_plane(
+    bin_dir: Path, controllers: Sequence[str] | None = None, **kw: Any
+) -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver and kube-scheduler (``kw``: more of :class:`ControlPlane`'s
+    options), and with ``controllers`` kube-controller-manager running those. Stopped at the
+    end; ``GANGSLICE_E2E_KEEP=1`` keeps its folder, ``GANGSLICE_E2E_DUMP_LOGS=1`` prints its logs."""
+    cp = ControlPlane(bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")), **kw)
+    cp.start()
+    try:
+        if controllers is not None:
+            cp.start_controller_manager(controllers)
+        yield cp
+    finally:
+        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
+            cp.dump_logs(stream=sys.stderr)
+        cp.stop()
+
+
 def placed(pods: Iterable[dict[str, Any]]) -> list[tuple[str, tuple[int, ...]]]:
     """(node, GPU indices) of each pod, sorted."""
     return sorted((str(p["spec"].get("nodeName")), tuple(sorted(gpus_of(p)))) for p in pods)

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster import Gangslice, clean_namespace, new_namespace
+from cluster import Gangslice, clean_namespace, new_namespace, running_control_plane
 
 from extender.bench.controlplane import ControlPlane, build_binaries
 
@@ -41,14 +41,8 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     """etcd + kube-apiserver + kube-scheduler (default config), shared by the whole session.
 
     ``GANGSLICE_E2E_KEEP=1`` keeps the temp folder (logs, configs, certificates) after the run."""
-    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
-    cp.start()
-    try:
+    with running_control_plane(e2e_bin_dir) as cp:
         yield cp
-    finally:
-        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
-            cp.dump_logs(stream=sys.stderr)
-        cp.stop()
 
 
 @pytest.fixture

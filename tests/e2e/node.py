@@ -54,7 +54,7 @@ from extender.agent.fakes import FAKES, fake_node
 from extender.bench.controlplane import ControlPlane, free_ports
 from extender.kube import dra
 from extender.testing import device_plugin, dra_plugin, gpuallocator
-from extender.testing.dra import gpu_slice, nic_slice
+from extender.testing.dra import NIC_DRIVER, gpu_slice, nic_slice
 from extender.topology.nvml import discover
 from extender.topology.serialize import parse_cpu_ranges
 
@@ -199,17 +199,18 @@ class RealNode:
         assert node is not None
         nics = nic_slice(self.name, graph)
         # Socket 1's NICs listed first: only a constraint puts socket 0's GPUs beside socket 0's NIC.
-        nics["spec"]["devices"].sort(key=lambda d: -d["attributes"]["dra.net/numaNode"]["int"])
-        published = [gpu_slice(self.name, graph, uid=node["metadata"]["uid"]), nics]
-        self.slices = published
-        for obj in published:
+        nics["spec"]["devices"].sort(key=lambda d: -d["attributes"][f"{NIC_DRIVER}/numaNode"]["int"])
+        self.slices = [gpu_slice(self.name, graph, uid=node["metadata"]["uid"]), nics]
+        for obj in self.slices:
             self.cp.request("POST", "/apis/resource.k8s.io/v1/resourceslices", obj)
 
         def claim(namespace: str, name: str) -> dict[str, Any] | None:
             return get(self.cp, "ResourceClaim", name, namespace)
 
         uuids = {f"gpu-{g.index}": str(g.uuid) for g in graph.gpus}
-        names = {d["name"]: d["attributes"]["dra.net/ifName"]["string"] for d in nics["spec"]["devices"]}
+        names = {
+            d["name"]: d["attributes"][f"{NIC_DRIVER}/ifName"]["string"] for d in nics["spec"]["devices"]
+        }
         cdi = self.workdir / "cdi"
         self.driver = dra_plugin.FakeDraDriver(self.name, uuids, claim, cdi)
         self.nics = dra_plugin.FakeDraDriver.for_nics(self.name, names, claim, cdi)
@@ -220,7 +221,7 @@ class RealNode:
             ):
                 yield
         finally:
-            for obj in published:
+            for obj in self.slices:
                 self.cp.request(
                     "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{obj['metadata']['name']}"
                 )
@@ -290,9 +291,15 @@ state = "{w}/containerd/state"
         self.cp.start_process(
             f"containerd-{self.name}",
             [bin_dir / "containerd", "--config", w / "containerd.toml"],
-            env={"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+            env=self.path_env,
         )
         wait_for("containerd's socket", lambda: self.containerd_socket.exists() or None, 30)
+
+    @property
+    def path_env(self) -> dict[str, str]:
+        """``PATH`` with the built binaries first, for the processes of this node (containerd
+        starts its runc shim from it)."""
+        return {"PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
     @property
     def bridge(self) -> str:
@@ -387,7 +394,7 @@ state = "{w}/containerd/state"
         self.cp.start_process(
             f"kubelet-{self.name}",
             argv,
-            env={"PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+            env=self.path_env,
         )
 
     def _ready(self) -> bool | None:

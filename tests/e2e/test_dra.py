@@ -27,8 +27,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import os
-import sys
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +52,7 @@ from cluster import (
     remove_crds,
     remove_node,
     reservations_of,
+    running_control_plane,
     scheduled_condition,
     slots,
     wait_for,
@@ -86,25 +85,17 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     """This module's own control plane: the garbage collector and the resourceclaim controller must
     run, and NVIDIA's DeviceClasses must not leak into the other modules' cluster."""
-    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
-    cp.start()
-    try:
-        # The Deployment and ReplicaSet controllers too: a Deployment's gang on DRA nodes rolls;
-        # and the StatefulSet and Job controllers, for a LeaderWorkerSet and a JobSet.
-        cp.start_controller_manager(
-            (
-                *ControlPlane.CONTROLLERS,
-                "deployment-controller",
-                "replicaset-controller",
-                "statefulset-controller",
-                "job-controller",
-            )
-        )
+    # The Deployment and ReplicaSet controllers too: a Deployment's gang on DRA nodes rolls;
+    # and the StatefulSet and Job controllers, for a LeaderWorkerSet and a JobSet.
+    controllers = (
+        *ControlPlane.CONTROLLERS,
+        "deployment-controller",
+        "replicaset-controller",
+        "statefulset-controller",
+        "job-controller",
+    )
+    with running_control_plane(e2e_bin_dir, controllers) as cp:
         yield cp
-    finally:
-        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
-            cp.dump_logs(stream=sys.stderr)
-        cp.stop()
 
 
 def post(cp: ControlPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -25,8 +25,6 @@ Nodes (pool ``fleet``): spine s1 with leaves a and b of four HGX H100 nodes (8 G
 from __future__ import annotations
 
 import collections
-import os
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -59,6 +57,7 @@ from cluster import (
     pod_name,
     remove_node,
     reservations_of,
+    running_control_plane,
     scheduled_condition,
     slot_places,
     slots,
@@ -107,15 +106,8 @@ CLEANUP_S = 60.0
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     """This module's own control plane: the Deployment, ReplicaSet and garbage-collector controllers run
     here only, so the other modules' pods are never owned and recreated by anything."""
-    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
-    cp.start()
-    try:
-        cp.start_controller_manager(CONTROLLERS)
+    with running_control_plane(e2e_bin_dir, CONTROLLERS) as cp:
         yield cp
-    finally:
-        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
-            cp.dump_logs(stream=sys.stderr)
-        cp.stop()
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,6 @@ Nodes (pool ``kqlws``): spine s1 with leaves a and b of two HGX H100 nodes (8 GP
 from __future__ import annotations
 
 import json
-import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +45,7 @@ from cluster import (
     items,
     new_namespace,
     placed,
+    running_control_plane,
     slot_places,
     wait_for,
     wait_for_or_false,
@@ -75,10 +74,7 @@ BIND_S = 90.0
 
 @pytest.fixture(scope="module")
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
-    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
-    cp.start()
-    try:
-        cp.start_controller_manager(CONTROLLERS)
+    with running_control_plane(e2e_bin_dir, CONTROLLERS) as cp:
         hooks = start_manager(cp, LWS)
         start_kueue(cp, frameworks=("pod", "leaderworkerset.x-k8s.io/leaderworkerset"), webhooks=True)
         try:
@@ -86,10 +82,6 @@ def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
         finally:
             stop_kueue(cp)
             stop_manager(cp, LWS, hooks)
-    finally:
-        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
-            cp.dump_logs(stream=sys.stderr)
-        cp.stop()
 
 
 def _active(cp: ControlPlane, kind: str, name: str) -> bool:

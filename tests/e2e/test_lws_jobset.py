@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -51,6 +49,7 @@ from cluster import (
     placed,
     pod_name,
     reservations_of,
+    running_control_plane,
     scheduled_condition,
     slot_places,
     slots,
@@ -100,20 +99,13 @@ CLEANUP_S = 90.0
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     """This module's own control plane, with the StatefulSet, Job and garbage-collector controllers and
     the LeaderWorkerSet and JobSet managers, whose pod webhooks then see only this module's pods."""
-    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
-    cp.start()
-    try:
-        cp.start_controller_manager(CONTROLLERS)
+    with running_control_plane(e2e_bin_dir, CONTROLLERS) as cp:
         hooks = {mgr: start_manager(cp, mgr) for mgr in (LWS, JOBSET)}
         try:
             yield cp
         finally:
             for mgr, created in hooks.items():
                 stop_manager(cp, mgr, created)
-    finally:
-        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
-            cp.dump_logs(stream=sys.stderr)
-        cp.stop()
 
 
 @pytest.fixture(scope="module")

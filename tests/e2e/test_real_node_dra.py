@@ -14,8 +14,6 @@ MutatingWebhookConfiguration.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from cluster import (
     extender_stack,
     get,
     gpus_of,
+    running_control_plane,
     wait_for,
 )
 from cluster import POOL as POOL_LABEL
@@ -51,15 +50,8 @@ NIC_CLASS = "rdma-nic"
 
 @pytest.fixture(scope="module")
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
-    cp = ControlPlane(e2e_bin_dir, scheduler=True, keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")))
-    cp.start()
-    try:
-        cp.start_controller_manager()
+    with running_control_plane(e2e_bin_dir, ControlPlane.CONTROLLERS) as cp:
         yield cp
-    finally:
-        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
-            cp.dump_logs(stream=sys.stderr)
-        cp.stop()
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +188,7 @@ def test_a_pod_whose_gpus_root_has_no_free_nic_gets_one_elsewhere_and_runs(
     waiting for one beside its GPUs."""
     cp = control_plane
     root = node.pcie_root("gpu-0")
-    on_root = [d for obj in node.slices for d in obj["spec"]["devices"] if node.pcie_root(d["name"]) == root]
-    nics = [d["name"] for d in on_root if not d["name"].startswith("gpu-")]
+    nics = [name for name in node.nics.values if node.pcie_root(name) == root]
     selector = f'device.attributes["resource.kubernetes.io"].pcieRoot == "{root}"'
     hog_claim = {
         "apiVersion": "resource.k8s.io/v1",

@@ -23,8 +23,6 @@ Nodes (pool ``wl``): spine s1 with leaves a and b of two HGX H100 nodes (8 GPUs)
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,6 +47,7 @@ from cluster import (
     new_namespace,
     placed,
     reservations_of,
+    running_control_plane,
     scheduled_condition,
     slot_places,
     wait_for,
@@ -72,20 +71,12 @@ HELD_S = 6.0
 
 @pytest.fixture(scope="module")
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
-    cp = ControlPlane(
+    with running_control_plane(
         e2e_bin_dir,
-        scheduler=True,
         feature_gates={"GenericWorkload": True, "TopologyAwareWorkloadScheduling": True},
         extra_apiserver_args=["--runtime-config=scheduling.k8s.io/v1beta1=true"],
-        keep_workdir=bool(os.environ.get("GANGSLICE_E2E_KEEP")),
-    )
-    cp.start()
-    try:
+    ) as cp:
         yield cp
-    finally:
-        if os.environ.get("GANGSLICE_E2E_DUMP_LOGS"):
-            cp.dump_logs(stream=sys.stderr)
-        cp.stop()
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,7 @@ class DecisionTables:
     pod set's capacity entries per class (taken from the memory, so shared with earlier
     decisions); GPU picks per (pod set, node type, free mask, tier, rule); scored slots per
     (pod set, slots, partner slots) with the tuples kept alive; every node's room for one
-    more pod per (requests, gang); each node type's worth."""
+    more pod per (requests, gang); each node type's worth; in-node pairings of KV pairs."""
 
     #: (:class:`~extender.placement.search.capacity.CapacityTable`, a mapping of node index
     #: to entry, typed here as the mapping: this module imports no phase.)
@@ -104,6 +104,11 @@ class DecisionTables:
     micros: dict[tuple[str, int, int], tuple[float, object, object]] = field(default_factory=dict)
     rooms: dict[tuple[PodRequests, str], list[int]] = field(default_factory=dict)
     worths: dict[str, float] = field(default_factory=dict)
+    #: In-node pairings (:mod:`~extender.placement.search.pairing`): the best GPU sets of a KV
+    #: pair's slots alone on a node, and their score, per what decides them.
+    pairings: dict[tuple[object, ...], tuple[tuple[float, int], tuple[int, ...]]] = field(
+        default_factory=dict
+    )
 
 
 @dataclass(eq=False)

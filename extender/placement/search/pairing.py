@@ -4,11 +4,14 @@ The search places pod sets one after another, and a pod set's GPUs on a node are
 the pod set alone (best fit: a broken PCIe pair first). When a kv-transfer set then lands on
 the node of its colocateWith set, the hand-off runs over whatever link joins the two picks:
 on a PCIe box with GPU 1 taken, a 1-GPU prefill gets GPU 0 and its decode GPU 2, across
-PCIe switches, while GPUs 2 and 3 share one. So once a branch is complete, each node that
-holds pods of both sides has those pods' GPUs chosen again, together, from the GPUs they hold
-and those the slice leaves free there: the cheapest gang (the judge's communication model,
-:func:`~extender.placement.scoring.gang_micros`) wins, then the most coherent remainder; the
-first pick stays unless one is strictly better.
+PCIe switches, while GPUs 2 and 3 share one. So once a branch is complete, a pair whose two
+sides (and the KV partners of every pod set a move touches) sit wholly on one node has its pods'
+GPUs chosen again, together, from the GPUs they hold and those the slice leaves free there (a
+pair spread over nodes keeps its picks): the cheapest (the judge's communication model,
+:func:`~extender.placement.scoring.pod_set_micros`, of the pod sets whose slots or KV partners
+move) wins, then the most coherent remainder; the first pick stays unless one is strictly
+better. The search's branches often finish on nodes of one type in the same state: the best
+answer is kept per decision (``DecisionTables.pairings``).
 
 Only where gangslice chooses the GPUs: not on device-plugin nodes, nor where the kubelet's
 Topology Manager aligns them. A pod keeps its tier or gets a tighter one, so its own rules
@@ -19,17 +22,18 @@ The work is bounded: at most :data:`MAX_PODS` pods per node and :data:`MAX_TRIES
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
 from extender.cost import Comm
 from extender.placement.node_fit import NodeFit, fit_for
-from extender.placement.scoring import gang_micros, violations
+from extender.placement.scoring import pod_set_micros, violations
 from extender.placement.search.context import Decision
 from extender.placement.search.option import Option
 from extender.placement.search.rank import quantize
 from extender.placement.slice import PodSlot
 
-#: Pods of a pair's two sides on one node beyond which their GPUs are not chosen again.
+#: Pods of a pair's two sides beyond which their GPUs are not chosen again.
 MAX_PODS = 4
 #: Complete assignments looked at per node, at most.
 MAX_TRIES = 4096
@@ -64,44 +68,67 @@ def _repick(
     state = snap.nodes[i]
     if state.plugin or any(ctx.rule(i, gang.pod_set(name)) is not None for name in sides):
         return None
-    mine = [s for name in sides for s in placed[name].slots if s.node == node]
+    # The pod sets whose cost a move can change: the two sides and those taking a KV cache
+    # from one of them; with their KV partners, every slot must be on this node.
+    touched = [
+        ps
+        for ps in gang.pod_sets
+        if ps.name in sides or (ps.colocate_with is not None and ps.colocate_with.pod_set in sides)
+    ]
+    needed = {ps.name for ps in touched} | {ps.colocate_with.pod_set for ps in touched if ps.colocate_with}
+    if any(s.node != node for name in needed for s in placed[name].slots):
+        return None
+    mine = [s for name in sides for s in placed[name].slots]
     if len(mine) > MAX_PODS:
         return None
     fit = fit_for(state.shape)
-    shape = state.shape
     held = 0
     for ps in gang.pod_sets:
         for s in placed[ps.name].slots:
             if s.node == node:
                 held |= fit.mask_of(s.gpus)
-    ours = 0
-    for s in mine:
-        ours |= fit.mask_of(s.gpus)
-    pool = ours | (snap.free_mask(i) & ~held)
-    choices = [
-        [m for m in fit.subsets(len(s.gpus), shape.tier_of(fit.mask_of(s.gpus))) if m & pool == m]
-        for s in mine
-    ]
+    first = tuple(fit.mask_of(s.gpus) for s in mine)
+    pool = snap.free_mask(i) & ~held
+    for m in first:
+        pool |= m
 
     def score(masks: Sequence[int]) -> tuple[float, int]:
-        slots = _with(placed, i, mine, masks, fit)
+        moved = _moved(mine, masks, fit)
+        slots = {
+            name: tuple(moved.get((s.pod_set, s.index), s) for s in placed[name].slots) for name in needed
+        }
+        cost = sum(
+            pod_set_micros(
+                snap, ps, slots[ps.name], slots[ps.colocate_with.pod_set] if ps.colocate_with else ()
+            )
+            for ps in touched
+        )
         used = 0
         for m in masks:
             used |= m
-        total = sum(gang_micros(snap, gang, [s for o in slots.values() for s in o.slots]).values())
-        return quantize(total), -fit.coherent_block(pool & ~used)
+        return quantize(cost), -fit.coherent_block(pool & ~used)
 
-    first = [fit.mask_of(s.gpus) for s in mine]
-    best, best_score = first, score(first)
-    for tries, masks in enumerate(_assignments(mine, choices)):
-        if tries >= MAX_TRIES:
-            break
-        got = score(masks)
-        if got < best_score:
-            best, best_score = masks, got
-    if best is first:
+    # The best answer depends on the node's type, the GPUs it may use and the slots' shapes, not
+    # on the node or the first pick: the search's branches share it.
+    key = (
+        snap.kinds()[i],
+        pool,
+        tuple((s.pod_set, len(s.gpus), fit.shape.tier_of(m)) for s, m in zip(mine, first, strict=True)),
+    )
+    best = ctx.tables.pairings.get(key)
+    if best is None:
+        choices = [[m for m in fit.subsets(n, tier) if m & pool == m] for _, n, tier in key[2]]
+        found = min(
+            itertools.islice(
+                ((score(masks), tuple(masks)) for masks in _assignments(mine, choices)), MAX_TRIES
+            ),
+            default=None,
+        )
+        best = ctx.tables.pairings[key] = found if found is not None else (score(first), first)
+    (best_score, masks) = best
+    if not best_score < score(first):
         return None
-    out = _with(placed, i, mine, best, fit)
+    out = _with(placed, i, mine, masks, fit)
     if violations(snap, gang, [s for ps in gang.pod_sets for s in out[ps.name].slots]):
         return None
     return out
@@ -126,14 +153,20 @@ def _assignments(mine: Sequence[PodSlot], choices: Sequence[Sequence[int]]) -> I
     yield from walk(0, 0, [])
 
 
+def _moved(mine: Sequence[PodSlot], masks: Sequence[int], fit: NodeFit) -> dict[tuple[str, int], PodSlot]:
+    """The slots of ``mine`` on GPU sets ``masks``, by (pod set, index)."""
+    out = {}
+    for s, m in zip(mine, masks, strict=True):
+        gpus, numa, nic = fit.slot_of(m)
+        out[(s.pod_set, s.index)] = dataclasses.replace(s, gpus=gpus, numa_nodes=numa, nic=nic)
+    return out
+
+
 def _with(
     placed: Mapping[str, Option], i: int, mine: Sequence[PodSlot], masks: Sequence[int], fit: NodeFit
 ) -> dict[str, Option]:
     """``placed`` with the slots of ``mine`` (on node ``i``) on GPU sets ``masks``."""
-    moved: dict[tuple[str, int], PodSlot] = {}
-    for s, m in zip(mine, masks, strict=True):
-        gpus, numa, nic = fit.slot_of(m)
-        moved[(s.pod_set, s.index)] = dataclasses.replace(s, gpus=gpus, numa_nodes=numa, nic=nic)
+    moved = _moved(mine, masks, fit)
     out = dict(placed)
     for name in {s.pod_set for s in mine}:
         o = placed[name]
