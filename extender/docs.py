@@ -259,6 +259,14 @@ WRITTEN_KEYS = (
         "How many GPUs the pod's pinned ResourceClaim asks for (it requests no `nvidia.com/gpu`).",
     ),
     Key(
+        f"{NAMES}:CLAIM_TEMPLATE",
+        "annotation",
+        "Pod (DRA)",
+        "written by the admission webhook with the slot; read by the claims controller",
+        "The ResourceClaimTemplate the pod asked for, which its slot's claim is made from once the pod "
+        "exists (the webhook writes nothing to the API).",
+    ),
+    Key(
         f"{NAMES}:SLOT_NODE",
         "annotation",
         "ResourceClaim (DRA)",

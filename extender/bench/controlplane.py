@@ -190,6 +190,10 @@ class ControlPlane:
       feature_gates: Kubernetes feature gates (name -> on) for kube-apiserver, kube-scheduler and
         kube-controller-manager alike (``--feature-gates``).
       startup_timeout: seconds to wait for each component to become ready.
+      webhook_client: kube-apiserver presents a client certificate with this CN (signed by the
+        control plane's CA) to every admission webhook it calls (an AdmissionConfiguration whose
+        ``kubeConfigFile`` names it for any webhook, ``*``), as a self-managed control plane can
+        be told to.
 
     Attributes: ``bin_dir``, ``crd_dir`` (``<bin_dir>/../crds``); valid after :meth:`start`: ``workdir``,
     ``server`` (``https://127.0.0.1:<port>``), ``apiserver_port``, ``etcd_url``, ``admin_token``,
@@ -213,6 +217,7 @@ class ControlPlane:
         extra_apiserver_args: Iterable[str] = (),
         feature_gates: Mapping[str, bool] | None = None,
         startup_timeout: float = 90.0,
+        webhook_client: str | None = None,
     ) -> None:
         if bin_dir is None:
             bin_dir = os.environ.get("GANGSLICE_E2E_BIN")
@@ -232,6 +237,7 @@ class ControlPlane:
         self.extra_apiserver_args = list(extra_apiserver_args)
         self.feature_gates = dict(feature_gates or {})
         self.startup_timeout = startup_timeout
+        self.webhook_client = webhook_client
 
         self.workdir: Path | None = None
         self.processes: dict[str, ManagedProcess] = {}
@@ -516,6 +522,8 @@ class ControlPlane:
             "--profiling": "false",
         }
         args.update(dict(a.split("=", 1) for a in self._gate_args()))
+        if self.webhook_client:
+            args["--admission-control-config-file"] = str(self._webhook_admission_config(self.webhook_client))
         for extra in self.extra_apiserver_args:
             k, _, v = extra.partition("=")
             args[k] = v
@@ -528,6 +536,36 @@ class ControlPlane:
             ssl_context=ssl.create_default_context(cafile=str(pki / "ca.crt")),
             token=self.admin_token,
         )
+
+    def _webhook_admission_config(self, cn: str) -> Path:
+        """An AdmissionConfiguration that makes kube-apiserver present a client certificate
+        ``cn`` to every mutating and validating webhook (kubeconfig user ``*``)."""
+        assert self.workdir is not None
+        crt, key = self.issue_cert(cn, [], client=True)
+        kubeconfig = self.workdir / "webhook-client.kubeconfig"
+        user = {"client-certificate": str(crt), "client-key": str(key)}
+        kubeconfig.write_text(
+            json.dumps({"apiVersion": "v1", "kind": "Config", "users": [{"name": "*", "user": user}]})
+        )
+        plugin = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig),
+        }
+        config = self.workdir / "admission-config.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "AdmissionConfiguration",
+                    "plugins": [
+                        {"name": name, "configuration": plugin}
+                        for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")
+                    ],
+                }
+            )
+        )
+        return config
 
     def _gate_args(self) -> list[str]:
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))

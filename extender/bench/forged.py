@@ -55,7 +55,10 @@ VERBS, ADMISSION, ADMISSION_CERT, VOLCANO = (
 )
 WHERE = {
     VERBS: "",
-    ADMISSION: " (no certificate asked by default: the API server presents none unless configured)",
+    ADMISSION: (
+        " (no certificate asked by default: the API server presents none unless configured;"
+        " the webhook writes nothing, and reserves a gang only for a pod whose owner exists)"
+    ),
     ADMISSION_CERT: "",
     VOLCANO: " (by design: no certificate asked there; the NetworkPolicy is the guard)",
 }

@@ -404,6 +404,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         asyncio.run(serve(cache, options, controller=housekeeping_only, elects=False))
         return EXIT_OK
+    from extender.controllers.claims.make import PodClaims
     from extender.controllers.claims.sync import SlotClaimSync
     from extender.controllers.mismatch.reporter import MismatchReporter
     from extender.controllers.pods import PodFeed
@@ -432,6 +433,7 @@ def run_serve(args: argparse.Namespace) -> int:
         topology_status=TopologyStatusReporter(KubeTopologyStatusApi(api)),
         mismatches=MismatchReporter(api, OnMismatch(args.on_mismatch)),
         claims=SlotClaimSync(api, cache.clock),
+        pod_claims=PodClaims(api, cache, cache.book.fence.decides),
         webhook_ca=webhook_ca,
     )
     reviewer = None
@@ -441,12 +443,10 @@ def run_serve(args: argparse.Namespace) -> int:
         reviewer = ApiReviewer(api)
     elects = not args.no_controller
     watcher = Watcher(api, cache)
-    pods = None
-    if elects:
-        # The controllers react to pods through the cache's own watch; registered before
-        # the watch starts, so the first list reaches them too.
-        pods = PodFeed()
-        watcher.listen(Kind.PODS, pods.tell)
+    # The controllers react to pods through the cache's own watch; registered before the
+    # watch starts, so the first list reaches them too.
+    pods = PodFeed()
+    watcher.listen(Kind.PODS, pods.tell)
 
     async def controller(stop: asyncio.Event, on_leadership: Callable[[bool], None]) -> None:
         await run_controller(

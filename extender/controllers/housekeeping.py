@@ -3,9 +3,10 @@
 Every ``every_s`` seconds: drop holds whose TTL ran out, free the slots of owned gangs their
 owners no longer want (missed by an event, or handed out at an admission that lapsed), tell
 (or evict) the pods the kubelet gave other GPUs than promised, write the reservations not
-saved yet, say on each refused NodeTopology why, re-plan DRA slots whose pinned devices
-someone else took, and keep the DRA webhook's caBundle set. A standby skips the pass: its
-copies of the reservations are read-only (the leader may have refreshed them a moment ago).
+saved yet, say on each refused NodeTopology why, make the DRA claims pods were given at
+admission (missed by an event, or a write that failed), re-plan DRA slots whose pinned
+devices someone else took, and keep the DRA webhook's caBundle set. A standby skips the pass:
+its copies of the reservations are read-only (the leader may have refreshed them a moment ago).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from extender.controllers.claims.make import PodClaims
 from extender.controllers.claims.sync import SlotClaimSync
 from extender.controllers.mismatch.reporter import MismatchReporter
 from extender.controllers.topology_status.reporter import TopologyStatusReporter
@@ -37,6 +39,7 @@ class Housekeeping:
     topology_status: TopologyStatusReporter | None = None
     mismatches: MismatchReporter | None = None
     claims: SlotClaimSync | None = None
+    pod_claims: PodClaims | None = None
     webhook_ca: WebhookCa | None = None
     every_s: float = HOUSEKEEPING_S
 
@@ -52,6 +55,8 @@ class Housekeeping:
             await cache.flush()
             if self.topology_status is not None:
                 await self.topology_status.sync(cache, cache.clock())
+            if self.pod_claims is not None:
+                await self.pod_claims.sync(cache)
             if self.claims is not None:
                 await self.claims.sync(cache)
         except Exception:

@@ -2,9 +2,10 @@
 
 The watch tells :meth:`PodFeed.tell` every pod it applied to the cache
 (:meth:`extender.kube.watch.Watcher.listen`); the feed keeps those the controllers react to
-(pods naming a Volcano PodGroup; pods of a plain gang) and :meth:`PodFeed.run` hands them on,
-in the order seen, to the PodGroup controller and the plain-gang reporter, each with a queue
-of its own so a slow reaction of one holds up only its own.
+(pods naming a Volcano PodGroup; pods of a plain gang; pods the DRA webhook gave a slot) and
+:meth:`PodFeed.run` hands them on, in the order seen, to the PodGroup controller, the
+plain-gang reporter and the claims controller, each with a queue of its own so a slow
+reaction of one holds up only its own.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class PodFeed:
         # they start is still handed on.
         self._podgroup_pods: asyncio.Queue[Event] = asyncio.Queue()
         self._plain_pods: asyncio.Queue[Event] = asyncio.Queue()
+        self._slotted_pods: asyncio.Queue[Event] = asyncio.Queue()
 
     def tell(self, event_type: str | None, obj: dict[str, Any]) -> None:
         """A :data:`~extender.kube.watch.Listener` of the pod watch."""
@@ -51,18 +53,25 @@ class PodFeed:
             self._podgroup_pods.put_nowait((event_type, obj))
         if _has(obj, "labels", names.GANG) or _joins_pod_group(obj):
             self._plain_pods.put_nowait((event_type, obj))
+        if _has(obj, "annotations", names.SLOT):
+            self._slotted_pods.put_nowait((event_type, obj))
 
     @property
     def pending(self) -> int:
-        return self._podgroup_pods.qsize() + self._plain_pods.qsize()
+        return self._podgroup_pods.qsize() + self._plain_pods.qsize() + self._slotted_pods.qsize()
 
     async def run(
-        self, stop: asyncio.Event, podgroups: ReactsToPods | None, plain: ReactsToPods | None
+        self,
+        stop: asyncio.Event,
+        podgroups: ReactsToPods | None,
+        plain: ReactsToPods | None,
+        claims: ReactsToPods | None = None,
     ) -> None:
         """Hand the events on until ``stop`` is set; those of a controller not running are dropped."""
         tasks = [
             asyncio.create_task(self._drain(self._podgroup_pods, podgroups, "PodGroup")),
             asyncio.create_task(self._drain(self._plain_pods, plain, "plain gang")),
+            asyncio.create_task(self._drain(self._slotted_pods, claims, "claims")),
         ]
         try:
             await stop.wait()

@@ -79,12 +79,18 @@ async def run_controller(
     ``volcano``: also run the PodGroup controller (None: when the API serves PodGroups).
     ``housekeeping``: its pass runs on the leader. ``pods``: the pod events of the cluster
     cache's watch, handed to the PodGroup controller and the plain-gang reporter.
-    ``elect=False``: this replica decides alone; only ``housekeeping`` runs (no API needed).
+    ``elect=False``: this replica decides alone; only ``housekeeping`` runs (no API needed), and
+    its claims controller on ``pods``.
     """
     stop = stop if stop is not None else asyncio.Event()
     if not elect:
+        alone = []
         if housekeeping is not None:
-            await _until_done([asyncio.create_task(housekeeping.run(stop, lambda: True))], stop)
+            alone.append(asyncio.create_task(housekeeping.run(stop, lambda: True)))
+            if pods is not None and housekeeping.pod_claims is not None:
+                alone.append(asyncio.create_task(pods.run(stop, None, None, housekeeping.pod_claims)))
+        if alone:
+            await _until_done(alone, stop)
         else:
             await stop.wait()
         return
@@ -126,7 +132,8 @@ async def run_controller(
     if podgroups is not None:
         tasks.append(asyncio.create_task(podgroups.run_resync(stop), name="gangslice-podgroup-resync"))
     if pods is not None:
-        tasks.append(asyncio.create_task(pods.run(stop, podgroups, plain), name="gangslice-pods"))
+        claims = housekeeping.pod_claims if housekeeping is not None else None
+        tasks.append(asyncio.create_task(pods.run(stop, podgroups, plain, claims), name="gangslice-pods"))
     if housekeeping is not None:
         tasks.append(
             asyncio.create_task(housekeeping.run(stop, fence.decides), name="gangslice-housekeeping")

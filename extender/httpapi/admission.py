@@ -7,21 +7,24 @@ a Kueue Workload's reservation (``gangslice.io/reservation``, from gangslice's a
 check), a plain gang (``gangslice.io/gang``) or a Volcano PodGroup
 (``scheduling.k8s.io/group-name``).
 
-1. a plain gang is reserved if it is not yet (the one reserve path; the SliceReservation is
-   saved before the reply); a Kueue or Volcano gang is its controller's to reserve, so a pod
-   of one without a reservation is refused (retry), a Volcano member remembered so the
-   PodGroup controller counts it;
+1. a plain gang is reserved if it is not yet (the one reserve path, in the book only), and
+   only a gang that is real: kube-apiserver authenticated the call (``serve
+   --admission-client-names``), or the pod's controller (its ReplicaSet, StatefulSet or Job,
+   by UID) or the upstream PodGroup it joins exists. A Kueue or Volcano gang is its
+   controller's to reserve, so a pod of one without a reservation is refused (retry), a
+   member of a PodGroup that exists remembered so the PodGroup controller counts it;
 2. the pod is matched to a slot (:func:`extender.kube.slot_claims.pick_slot`: its index,
-   else first come);
-3. the slot's ResourceClaim is created (owned by the SliceReservation, its GPU request
-   pinned to the slot's device UUIDs);
-4. the reply patches the pod: that ``resourceClaims`` entry names the slot's claim
+   else first come), handed out in memory until the pod shows up on the watch;
+3. the reply patches the pod: that ``resourceClaims`` entry names the slot's claim
    (``resourceClaimName``) instead of the template, and the pod is annotated with the slot,
-   its GPU indices and UUIDs and its claim's GPU count.
+   its GPU indices and UUIDs, its claim's GPU count and the template it asked for.
 
-kube-scheduler's DynamicResources plugin then allocates the claim on the one node whose
-devices it admits. Any other pod is allowed unchanged. A gang pod gangslice cannot place is
-refused with a message that starts with ``gangslice:``; the shipped
+The webhook writes nothing to the API (``sideEffects: None``): the claims it names are made by
+the leader's claims controller (:mod:`extender.controllers.claims.make`) once the pod exists,
+so a forged review creates nothing, and a review for a gang that is not real reserves nothing.
+kube-scheduler's DynamicResources plugin waits for the claim and then allocates it on the one
+node whose devices it admits. Any other pod is allowed unchanged. A gang pod gangslice cannot
+place is refused with a message that starts with ``gangslice:``; the shipped
 MutatingWebhookConfiguration calls this path with ``failurePolicy: Fail`` for pods labelled
 ``gangslice.io/gang`` or ``gangslice.io/managed: "true"`` (so a pod that opted in never runs
 unpinned) and ``Ignore`` for every other pod (so the cluster is never blocked by gangslice).
@@ -35,7 +38,6 @@ on the leader only (the Service selects it).
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -43,36 +45,33 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.httpapi.access import ADMISSION_PATH, add_verb
+from extender.httpapi.access import ACCESS, ADMISSION_PATH, add_verb
 from extender.httpapi.handling import API, CACHE, leads
 from extender.kube import compute_domains as cds
 from extender.kube import names
 from extender.kube.api import (
     COMPUTE_DOMAINS,
-    SLICE_RESERVATIONS,
+    JOBS,
+    PODGROUPS,
+    REPLICA_SETS,
+    STATEFUL_SETS,
     KubeClient,
     KubeError,
     NotFound,
+    Resource,
     as_map,
 )
-from extender.kube.crd_models import claim_name, object_name
+from extender.kube.crd_models import claim_name
 from extender.kube.dra import DeviceMap
-from extender.kube.gangs import Incomplete, plain_gang_request
+from extender.kube.gangs import Incomplete
 from extender.kube.pods import PodError, PodInfo
-from extender.kube.slot_claims import (
-    SlotClaims,
-    SlotError,
-    build_claim,
-    gpu_claim,
-    pick_slot,
-    pod_index,
-)
+from extender.kube.slot_claims import SlotError, gpu_claim, pick_slot, pod_index
 from extender.logs import fields
 from extender.placement.ledger import Reservation
 from extender.placement.scoring import LevelError
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.reservations import ClusterCache
-from extender.reservations.reserve import Claim, reserve
+from extender.reservations.reserve import reserve_pinned_gang
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +104,11 @@ async def mutate_pods(request: web.Request) -> web.Response:
         uid = str(req["uid"])
     except (ValueError, KeyError, TypeError):
         return web.Response(status=400, text="body is not an admission.k8s.io/v1 AdmissionReview\n")
+    access = request.app.get(ACCESS)
+    authenticated = access is not None and bool(access.admission_names)
     reply: dict[str, Any]
     try:
-        patch = await _pin(request.app, req)
+        patch = await _pin(request.app, req, authenticated)
         reply = review_reply(uid, patch=patch)
     except Refusal as exc:
         log.warning("refused pod %s/%s: %s", req.get("namespace"), _pod_name(req), exc)
@@ -123,11 +124,13 @@ def _pod_name(req: Mapping[str, Any]) -> str:
     return str(meta.get("name") or meta.get("generateName") or req.get("name") or "")
 
 
-async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+async def _pin(
+    app: web.Application, req: Mapping[str, Any], authenticated: bool
+) -> list[dict[str, Any]] | None:
     if req.get("operation") != "CREATE" or as_map(req.get("kind")).get("kind") != "Pod":
         return None
     if req.get("subResource") or req.get("dryRun"):
-        return None  # a dry run must not reserve or create claims (sideEffects: NoneOnDryRun)
+        return None  # a dry run is not handed a slot
     obj = as_map(req.get("object"))
     meta = as_map(obj.get("metadata"))
     namespace = str(req.get("namespace") or meta.get("namespace") or "default")
@@ -147,7 +150,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     except SlotError as exc:
         raise Refusal(str(exc)) from None
     if found is None:
-        return await _pin_device_plugin(app, namespace, obj, meta, spec)
+        return await _pin_device_plugin(app, namespace, obj, meta, spec, authenticated)
     position, entry, template, gpu = found.position, found.entry, found.template, found.request
     if not leads(app) or not cache.ready:
         raise Refusal("this replica is not ready or not the leader; retry")
@@ -155,6 +158,7 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace, "annotations": annotations}})
     if pod.problems:
         raise Refusal(pod.problems[0])
+    await _real(api, cache, pod, authenticated)
 
     def hand_out() -> tuple[Reservation, PodSlot, DeviceMap]:
         """The pod's gang reserved (a plain gang's first pod reserves it) and a slot handed out."""
@@ -191,28 +195,11 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
     r, slot, device_map = await cache.book.deciding(hand_out)
     gang = r.gang
     try:
-        await _persisted(cache, gang)
-        owner = await _owner(api, cache, r, pod)
-        name = claim_name(owner["name"], slot)
+        res_name = cache.book.ref_of(r).key[1]
+        name = claim_name(res_name, slot)
         devices = [device_map.device(g) for g in slot.gpus]
-        try:
-            claim = build_claim(
-                namespace=namespace,
-                name=name,
-                template=template,
-                request=gpu,
-                slot=slot,
-                devices=devices,
-                reservation=owner,
-                at_root=functools.partial(cache.at_root, slot.node),
-            )
-            await SlotClaims(api).ensure(claim)
-        except SlotError as exc:
-            raise Refusal(f"gang {gang}: {exc}") from None
-        except KubeError as exc:
-            raise Refusal(f"gang {gang}: creating ResourceClaim {namespace}/{name}: {exc}") from None
         log.info(
-            "pod %s of gang %s: slot %s on %s, claim %s pins %s",
+            "pod %s of gang %s: slot %s on %s, claim %s to pin %s",
             pod.name or meta.get("generateName"),
             gang,
             slot.key,
@@ -228,13 +215,14 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
         ]
         if slot.node in r.slice.mnnvl_nodes:
             ops += await _join_domain(
-                api, namespace, owner, slot.node, pod, spec, _claims_entry(str(entry.get("name")))
+                api, namespace, res_name, slot.node, pod, spec, _claims_entry(str(entry.get("name")))
             )
         wanted = {
             names.CLAIM_GPUS: str(gpu.count),
             names.SLOT: slot.key,
             names.GPUS: ",".join(str(g) for g in slot.gpus),
             names.GPU_UUIDS: ",".join(d.uuid or "" for d in devices),
+            names.CLAIM_TEMPLATE: str(as_map(template.get("metadata")).get("name") or ""),
         }
         return ops + _annotated(meta, wanted)
     except Refusal:
@@ -245,35 +233,28 @@ async def _pin(app: web.Application, req: Mapping[str, Any]) -> list[dict[str, A
 async def _join_domain(
     api: Any,
     namespace: str,
-    owner: Mapping[str, str],
+    reservation_name: str,
     node: str,
     pod: PodInfo,
     spec: Mapping[str, Any],
     uses_gpus: Callable[[Mapping[str, Any]], bool],
 ) -> list[dict[str, Any]]:
-    """The gang's ComputeDomain (created, or the one the pod names) and this node's channel claim;
-    the patch that adds the claim to the pod and to the containers that use its GPUs."""
+    """The patch that adds the node's channel claim of the gang's ComputeDomain to the pod and to
+    the containers that use its GPUs (the claims controller makes the claim and the domain once
+    the pod exists). A domain the pod adopts must exist."""
     if any(as_map(c).get("name") == cds.POD_CLAIM for c in spec.get("resourceClaims") or ()):
         raise Refusal(f"the pod already has a resourceClaims entry {cds.POD_CLAIM}; gangslice adds it")
     adopted = pod.annotations.get(names.COMPUTE_DOMAIN)
-    try:
-        if adopted:
-            try:
-                domain = await api.get(COMPUTE_DOMAINS, adopted, namespace)
-            except NotFound:
-                raise Refusal(
-                    f"ComputeDomain {namespace}/{adopted} ({names.COMPUTE_DOMAIN}) does not exist"
-                ) from None
-        else:
-            domain = await cds.ComputeDomains(api).ensure(cds.build_domain(namespace, owner))
-        uid = str(as_map(domain.get("metadata")).get("uid") or "")
-        channel = cds.build_channel_claim(namespace, node, uid, owner)
-        await SlotClaims(api).ensure(channel)
-    except SlotError as exc:
-        raise Refusal(str(exc)) from None
-    except KubeError as exc:
-        raise Refusal(f"ComputeDomain for the gang on {node}: {exc}") from None
-    name = channel["metadata"]["name"]
+    if adopted:
+        try:
+            await api.get(COMPUTE_DOMAINS, adopted, namespace)
+        except NotFound:
+            raise Refusal(
+                f"ComputeDomain {namespace}/{adopted} ({names.COMPUTE_DOMAIN}) does not exist"
+            ) from None
+        except KubeError as exc:
+            raise Refusal(f"ComputeDomain {namespace}/{adopted}: {exc}") from None
+    name = cds.channel_claim_name(reservation_name, node)
     ops: list[dict[str, Any]] = [
         {
             "op": "add",
@@ -315,16 +296,17 @@ async def _pin_device_plugin(
     obj: Mapping[str, Any],
     meta: Mapping[str, Any],
     spec: Mapping[str, Any],
+    authenticated: bool,
 ) -> list[dict[str, Any]] | None:
     """A gang pod that asks the device plugin for GPUs and will use multi-node NVLink: a plain
     gang's pod that requires a clique (``gangslice.io/required-level`` a fabric level; its gang
-    is reserved now), or a Kueue Workload's pod whose reservation (made at its admission) uses
-    NVLink channels. The pod is handed a slot (``gangslice.io/slot``; the extender then offers
-    only that slot's node) and, on a node whose NVLink channel the slice uses, given that node's
-    channel claim of the gang's ComputeDomain: a pod's claims are fixed at creation, and a node
-    has one channel, which the gang's pods there share. Any other pod passes unchanged (a Kueue
-    pod created before its Workload was admitted, as the pod-group integration does, included:
-    its claims can no longer be added when the slice is known)."""
+    is reserved now if it is real), or a Kueue Workload's pod whose reservation (made at its
+    admission) uses NVLink channels. The pod is handed a slot (``gangslice.io/slot``; the
+    extender then offers only that slot's node) and, on a node whose NVLink channel the slice
+    uses, pointed at that node's channel claim of the gang's ComputeDomain: a pod's claims are
+    fixed at creation, and a node has one channel, which the gang's pods there share. Any other
+    pod passes unchanged (a Kueue pod created before its Workload was admitted, as the pod-group
+    integration does, included: its claims can no longer be added when the slice is known)."""
     api, cache = app[API], app[CACHE]
     pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace}})
     if api is None or pod.gpus <= 0 or pod.problems:
@@ -337,6 +319,7 @@ async def _pin_device_plugin(
         return None
     if not leads(app) or not cache.ready:
         raise Refusal("this replica is not ready or not the leader; retry")
+    await _real(api, cache, pod, authenticated)
 
     def hand_out() -> tuple[Reservation, PodSlot]:
         r = cache.book.reservation_of(pod) or _reserve(cache, pod)
@@ -350,14 +333,15 @@ async def _pin_device_plugin(
     r, slot = await cache.book.deciding(hand_out)
     gang = r.gang
     try:
-        await _persisted(cache, gang)
         ops = _annotated(meta, {names.SLOT: slot.key})
         on_channel = slot.node in r.slice.mnnvl_nodes
         if on_channel:
-            owner = await _owner(api, cache, r, pod)
+            res_name = cache.book.ref_of(r).key[1]
             if not isinstance(spec.get("resourceClaims"), list):
                 ops.append({"op": "add", "path": "/spec/resourceClaims", "value": []})
-            ops += await _join_domain(api, namespace, owner, slot.node, pod, spec, _asks_device_plugin_gpus)
+            ops += await _join_domain(
+                api, namespace, res_name, slot.node, pod, spec, _asks_device_plugin_gpus
+            )
         log.info(
             "pod %s of gang %s: slot %s on %s (device plugin)%s",
             pod.name or meta.get("generateName"),
@@ -373,26 +357,62 @@ async def _pin_device_plugin(
         raise
 
 
-async def _persisted(cache: ClusterCache, gang: str) -> None:
-    """Write the gang's reservation before the reply hands out its slot: a restart must know of
-    it. Refusal when it cannot be saved."""
-    if not await cache.book.persist(gang):
-        raise Refusal(f"gang {gang}: the SliceReservation could not be saved: {cache.book.save_error(gang)}")
+#: The controllers whose pods may start a plain gang's reservation at admission, by
+#: ``ownerReferences`` (apiVersion, kind): read back by name and UID, so a review cannot
+#: make one up.
+OWNER_KINDS: Mapping[tuple[str, str], Resource] = {
+    ("apps/v1", "ReplicaSet"): REPLICA_SETS,
+    ("apps/v1", "StatefulSet"): STATEFUL_SETS,
+    ("batch/v1", "Job"): JOBS,
+}
 
 
-async def _owner(api: KubeClient, cache: ClusterCache, r: Reservation, pod: PodInfo) -> dict[str, str]:
-    """The saved SliceReservation of ``r`` as the owner of the claims and the ComputeDomain made
-    for its pods (name, UID, gang name). Refusal when it cannot be read."""
-    namespace, res_name = cache.book.ref_of(r).key
+async def _real(api: KubeClient, cache: ClusterCache, pod: PodInfo, authenticated: bool) -> None:
+    """Refusal unless the gang the pod would start a reservation for is real. A gang held
+    already, or reviewed by an authenticated kube-apiserver, is. A Volcano member's PodGroup
+    must exist (it is remembered for the PodGroup controller to count). A plain gang's pod
+    must be owned by a controller that exists (:data:`OWNER_KINDS`, its UID matching) or join
+    an upstream PodGroup that exists: nothing is reserved for a pod nobody will create."""
+    if authenticated or pod.reservation_name or cache.book.reservation_of(pod) is not None:
+        return
+    if pod.gang is None:
+        group = pod.volcano_group
+        if group is None:
+            return
+        namespace, name = group.split("/", 1)
+        try:
+            await api.get(PODGROUPS, name, namespace)
+        except NotFound:
+            raise Refusal(f"PodGroup {group} does not exist") from None
+        except KubeError as exc:
+            raise Refusal(f"reading PodGroup {group}: {exc}; retry") from None
+        return
+    if pod.joins_pod_group and cache.owners.group(pod.gang, pod) is not None:
+        return
+    ref = pod.controller
+    if ref is None:
+        raise Refusal(
+            f"gang {pod.gang}: the pod has no controller, and gangslice reserves a gang at a pod's "
+            "admission only for a pod a ReplicaSet, StatefulSet or Job owns (or one joining a PodGroup), "
+            "unless kube-apiserver authenticates to the webhook (serve --admission-client-names, "
+            "docs/install.md)"
+        )
+    api_version, kind, name, uid = ref
+    if (api_version, kind) not in OWNER_KINDS:
+        known = ", ".join(k for _, k in OWNER_KINDS)
+        raise Refusal(
+            f"gang {pod.gang}: the pod's controller is a {kind}; gangslice knows owners of kind {known}"
+        )
     try:
-        saved = await api.get(SLICE_RESERVATIONS, res_name, namespace)
+        owner = await api.get(OWNER_KINDS[api_version, kind], name, pod.namespace)
+    except NotFound:
+        raise Refusal(f"gang {pod.gang}: the pod's {kind} {pod.namespace}/{name} does not exist") from None
     except KubeError as exc:
-        raise Refusal(f"gang {r.gang}: reading SliceReservation {namespace}/{res_name}: {exc}") from None
-    return {
-        "name": res_name,
-        "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
-        "gang": pod.labels.get(names.GANG) or object_name(r.gang),
-    }
+        raise Refusal(
+            f"gang {pod.gang}: reading the pod's {kind} {pod.namespace}/{name}: {exc}; retry"
+        ) from None
+    if str(as_map(owner.get("metadata")).get("uid") or "") != uid:
+        raise Refusal(f"gang {pod.gang}: the pod's {kind} {pod.namespace}/{name} has another UID")
 
 
 def _annotated(meta: Mapping[str, Any], wanted: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -454,18 +474,14 @@ def _reserve(cache: ClusterCache, pod: PodInfo) -> Reservation:
             "pods were seen, this one included); retry"
         )
     try:
-        request = plain_gang_request(pod, cache.pods_of_gang(gang), cache.owners)
-    except PodError as exc:
-        raise Refusal(str(exc)) from None
-    if request is None:
-        raise Refusal(f"gang {gang}: the pod carries no {names.GANG_SIZE} annotation")
-    if isinstance(request, Incomplete):
-        cache.remember(pod)  # its pod set counts for the gang's next pod; its controller retries
-        raise Refusal(f"gang {gang}: {request.reason}; retry once a pod of every pod set was created")
-    try:
-        placed = reserve(cache.book, request, Claim(gang, {names.META_SLOT_CLAIMS: "true"}))
-    except LevelError as exc:
+        placed = reserve_pinned_gang(cache.book, pod, cache.pods_of_gang(gang), cache.owners)
+    except (PodError, LevelError) as exc:
         raise Refusal(f"gang {gang}: {exc}") from None
+    if placed is None:
+        raise Refusal(f"gang {gang}: the pod carries no {names.GANG_SIZE} annotation")
+    if isinstance(placed, Incomplete):
+        cache.remember(pod)  # its pod set counts for the gang's next pod; its controller retries
+        raise Refusal(f"gang {gang}: {placed.reason}; retry once a pod of every pod set was created")
     if isinstance(placed, Unplaceable):
         raise Refusal(f"gang {gang}: {placed.reason}")
     return placed

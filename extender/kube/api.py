@@ -57,6 +57,7 @@ PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
 #: The owners whose replica counts size a plain gang's pod sets (:mod:`extender.kube.owners`).
 REPLICA_SETS = Resource("apps", "v1", "replicasets", "ReplicaSet", namespaced=True)
 STATEFUL_SETS = Resource("apps", "v1", "statefulsets", "StatefulSet", namespaced=True)
+JOBS = Resource("batch", "v1", "jobs", "Job", namespaced=True)
 #: The upstream Workload API's gangs (KEP-4671, beta in Kubernetes 1.37): a pod joins one through
 #: ``spec.schedulingGroup.podGroupName`` (:mod:`extender.kube.pod_groups`). Not Volcano's PodGroup.
 WORKLOAD_POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", namespaced=True)

@@ -2,15 +2,16 @@
 
 Multi-node NVLink needs an IMEX channel in each pod, which NVIDIA's DRA driver provides only
 through a ComputeDomain (``resource.nvidia.com/v1beta1``, namespaced). For a gang whose slice
-uses multi-node NVLink (the slice's ``mnnvlNodes``) gangslice, at the admission of each of its
-pods on such a node:
+uses multi-node NVLink (the slice's ``mnnvlNodes``), the admission webhook points each of its
+pods on such a node at the node's channel claim, and once the pod exists the claims
+controller (:mod:`extender.controllers.claims.make`):
 
 - creates the gang's ComputeDomain ``<reservation>-imex`` (owned by the SliceReservation, so it
   goes with the gang; ``numNodes: 0`` as the driver recommends with IMEX daemons named by DNS;
   its channel ResourceClaimTemplate is the driver's to create), or adopts the one the pod names
   in ``gangslice.io/compute-domain``;
-- points the pod at the node's channel claim ``<reservation>-imex-<node>``, created here with
-  the ComputeDomain's UID as ``domainID``. One claim per node, not the ComputeDomain's template:
+- creates the node's channel claim ``<reservation>-imex-<node>`` with the ComputeDomain's UID
+  as ``domainID``. One claim per node, not the ComputeDomain's template:
   a node advertises only ``channel-0``, so several pods of the gang on one node must share one
   claim (a template would give each pod a claim of its own, and the second could never be
   allocated).

@@ -53,6 +53,9 @@ UCX_NET_DEVICES = "gangslice.io/ucx-net-devices"
 SLOT = "gangslice.io/slot"
 CLAIM_GPUS = "gangslice.io/claim-gpus"
 SLOT_NODE = "gangslice.io/node"
+#: Pod annotation (DRA, written at creation with the slot): the ResourceClaimTemplate the
+#: pod's GPU claim is made from, once the pod exists (:mod:`extender.controllers.claims.make`).
+CLAIM_TEMPLATE = "gangslice.io/claim-template"
 #: Pod annotation (DRA, GB200): the ComputeDomain (same namespace) the gang joins instead of
 #: the one gangslice creates for it.
 COMPUTE_DOMAIN = "gangslice.io/compute-domain"

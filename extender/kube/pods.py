@@ -54,6 +54,10 @@ class PodInfo:
     #: ``spec.schedulingGates`` is not empty: no scheduler places the pod until they are lifted
     #: (Kueue lifts its gate in the update that writes the pod's podSetUpdates).
     gated: bool = False
+    #: The ResourceClaims its ``spec.resourceClaims`` names by ``resourceClaimName``.
+    claim_names: frozenset[str] = frozenset()
+    #: The ``ownerReferences`` entry marked ``controller``: (apiVersion, kind, name, uid).
+    controller: tuple[str, str, str, str] | None = None
 
     @property
     def plugin_gpus(self) -> int:
@@ -214,7 +218,25 @@ class PodInfo:
             claimed_gpus=claimed_gpus,
             pod_group=group if isinstance(group, str) and group else None,
             gated=bool(spec.get("schedulingGates")),
+            claim_names=frozenset(
+                str(name)
+                for entry in spec.get("resourceClaims") or ()
+                if isinstance(entry, Mapping) and (name := entry.get("resourceClaimName"))
+            ),
+            controller=_controller(meta),
         )
+
+
+def _controller(meta: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return (
+                _str(ref.get("apiVersion")),
+                _str(ref.get("kind")),
+                _str(ref.get("name")),
+                _str(ref.get("uid")),
+            )
+    return None
 
 
 def digits(text: str) -> int | None:

@@ -29,7 +29,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from extender.kube import names
 from extender.kube.crd_models import gang_namespace, object_name
+from extender.kube.gangs import Incomplete, plain_gang_request
+from extender.kube.owners import OwnerTable
+from extender.kube.pods import PodInfo
 from extender.logs import fields
 from extender.placement.growth import near_slice
 from extender.placement.ledger import Ledger, Phase, Reservation
@@ -101,6 +105,20 @@ def reserve(
         return request_or_why
     got = reserve_all(cache, request_or_why, [claim], solve=solve)
     return got if isinstance(got, Unplaceable) else got[0]
+
+
+def reserve_pinned_gang(
+    cache: Reserving, pod: PodInfo, peers: Iterable[PodInfo], owners: OwnerTable
+) -> Reservation | Unplaceable | Incomplete | None:
+    """Reserve the plain gang of ``pod`` (DRA: its slots' ResourceClaims pin them) from the pod
+    and the others of its gang seen (``peers``); a held one is returned as is. None when the
+    pod says no size, Incomplete until a pod of every pod set was seen. Raises PodError for a
+    pod whose pod set cannot be read, LevelError for an unknown level."""
+    assert pod.gang is not None
+    request = plain_gang_request(pod, peers, owners)
+    if request is None or isinstance(request, Incomplete):
+        return request
+    return reserve(cache, request, Claim(pod.gang, {names.META_SLOT_CLAIMS: "true"}))
 
 
 def reserve_all(

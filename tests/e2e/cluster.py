@@ -743,6 +743,13 @@ class KubeletStandIn:
 
 
 # ---------------------------------------------------------------------------------------------- DRA
+#: The name kube-apiserver's client certificate gives it toward webhooks where a module's control
+#: plane is started with ``webhook_client=WEBHOOK_CLIENT``; gangslice then requires it
+#: (:data:`AUTHENTICATED_ADMISSION`), as docs/install.md tells a self-managed cluster to.
+WEBHOOK_CLIENT = "kube-apiserver"
+AUTHENTICATED_ADMISSION = f"--admission-client-names={WEBHOOK_CLIENT}"
+
+
 def dra_webhook(cp: ControlPlane, server: Gangslice) -> None:
     """The shipped MutatingWebhookConfiguration, its service reference replaced by the loopback
     URL and no caBundle: gangslice (``--webhook-ca-bundle``, under the shipped RBAC) sets it."""

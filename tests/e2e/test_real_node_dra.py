@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 from cluster import (
+    AUTHENTICATED_ADMISSION,
     LEAF,
     SPINE,
+    WEBHOOK_CLIENT,
     Gangslice,
     delete,
     dra_webhook,
@@ -50,7 +52,7 @@ NIC_CLASS = "rdma-nic"
 
 @pytest.fixture(scope="module")
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
-    with running_control_plane(e2e_bin_dir, ControlPlane.CONTROLLERS) as cp:
+    with running_control_plane(e2e_bin_dir, ControlPlane.CONTROLLERS, webhook_client=WEBHOOK_CLIENT) as cp:
         yield cp
 
 
@@ -62,7 +64,7 @@ def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
         nic_class(NIC_CLASS),
     ]:
         cp.request("POST", f"{RESOURCE}/deviceclasses", cls)
-    args = [f"--webhook-ca-bundle={cp.ca_file}"]
+    args = [f"--webhook-ca-bundle={cp.ca_file}", AUTHENTICATED_ADMISSION]
     with extender_stack(cp, POOL, [], name="gangslice-rnd", tls=True, extra_args=args) as server:
         dra_webhook(cp, server)
         yield server

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -43,7 +43,13 @@ Grant = tuple[str, str, str]  # (API group, resource, verb)
 
 def _resources(expr: ast.expr, module: ModuleType) -> set[Resource]:
     """The resources a call's first argument can be: a constant of extender.kube.api (by name
-    or as ``kube.X``), or a watched kind's (``kind.resource`` and a local bound to it)."""
+    or as ``kube.X``), a watched kind's (``kind.resource`` and a local bound to it), or any
+    value of a module-level mapping of them (``OWNERS[key]``)."""
+    if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name):
+        table = getattr(module, expr.value.id, None)
+        values = set(table.values()) if isinstance(table, Mapping) else set()
+        if values and all(isinstance(v, Resource) for v in values):
+            return values
     if isinstance(expr, ast.Name):
         got = getattr(module, expr.id, None)
         if isinstance(got, Resource):

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from extender.controllers.claims.make import PodClaims
+from extender.httpapi.access import Access
 from extender.httpapi.app import build_app
 from extender.kube import dra, names
 from extender.kube.api import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, SLICE_RESERVATIONS, Kind
@@ -338,15 +340,35 @@ def dra_pod(name: str, gang: str | None = "tp4", size: int = 2) -> dict[str, Any
     }
 
 
-def admit(api: FakeKube, cache: ClusterCache, *pods: dict[str, Any]) -> list[dict[str, Any]]:
+def admit(
+    api: FakeKube,
+    cache: ClusterCache,
+    *pods: dict[str, Any],
+    create: bool = True,
+    authenticated: bool = True,
+) -> list[dict[str, Any]]:
+    """The webhook's responses to the pods' reviews, one after the other. ``create``: each pod
+    allowed is then created as the API server would (patched, seen on the watch) and the claims
+    controller reacts to it. ``authenticated``: kube-apiserver presents its certificate
+    (``serve --admission-client-names``), as in the e2e tier."""
+    access = Access(admission_names=frozenset({"kube-apiserver"})) if authenticated else None
+
     async def run() -> list[dict[str, Any]]:
-        app = build_app(cache, api=api)
+        app = build_app(cache, api=api, access=access)
+        claims = PodClaims(api, cache)
         async with TestClient(TestServer(app)) as client:
             out = []
             for i, pod in enumerate(pods):
                 resp = await client.post("/admission/pods", json=review(pod, f"r-{i}"))
                 assert resp.status == 200
-                out.append((await resp.json())["response"])
+                response = (await resp.json())["response"]
+                out.append(response)
+                if create and response["allowed"]:
+                    obj = patched(pod, response) if "patch" in response else json.loads(json.dumps(pod))
+                    obj["metadata"].setdefault("namespace", "llm")
+                    obj["metadata"].setdefault("uid", f"uid-{obj['metadata']['name']}")
+                    cache.apply(Kind.PODS, "ADDED", obj)
+                    await claims.on_pod("ADDED", obj)
             return out
 
     return asyncio.run(run())
@@ -355,7 +377,7 @@ def admit(api: FakeKube, cache: ClusterCache, *pods: dict[str, Any]) -> list[dic
 def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     """Apply the JSONPatch of a response (the ops the webhook uses: add, append, replace)."""
     out = json.loads(json.dumps(pod))
-    for op in json.loads(base64.b64decode(response["patch"])):
+    for op in json.loads(base64.b64decode(response.get("patch") or "W10=")):
         *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
         target = out
         for p in parents:
@@ -828,21 +850,22 @@ def test_a_hold_pinned_by_claims_outlives_its_ttl_while_a_pod_of_the_gang_lives(
     assert [x.gang for x in cache.expire()] == ["llm/tp4"]
 
 
-def test_a_pod_refused_after_its_slot_was_picked_leaves_the_slot_free_for_its_retry(
+def test_a_claim_the_api_server_fails_to_create_is_made_by_the_next_pass(
     world: tuple[FakeKube, ClusterCache],
 ) -> None:
     from extender.kube.api import Unavailable
 
     api, cache = world
-    pod = dra_pod("ignored", size=2)
-    del pod["metadata"]["name"]
-    pod["metadata"]["generateName"] = "tp4-0-"
-    pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = "0"
     api.fail_next("create resourceclaims", Unavailable(503, "etcd is slow"))
-    refused, retried = admit(api, cache, pod, pod)
-    assert not refused["allowed"] and "creating ResourceClaim" in refused["status"]["message"], refused
-    assert retried["allowed"], retried
-    assert patched(pod, retried)["metadata"]["annotations"][names.SLOT] == "pods/0"
+    (allowed,) = admit(api, cache, dra_pod("tp4-0", size=1))
+    assert allowed["allowed"], allowed  # the webhook writes nothing: nothing of it failed
+    assert api.objects(RESOURCE_CLAIMS) == []
+    claims = PodClaims(api, cache)
+    assert asyncio.run(claims.sync(cache)) == 1
+    (claim,) = api.objects(RESOURCE_CLAIMS)
+    named = patched(dra_pod("tp4-0", size=1), allowed)["spec"]["resourceClaims"][0]["resourceClaimName"]
+    assert claim["metadata"]["name"] == named
+    assert asyncio.run(claims.sync(cache)) == 0  # made once: not made again
 
 
 def test_a_re_planned_pod_the_kubelet_reports_on_its_new_devices_is_no_device_mismatch(
@@ -1137,3 +1160,145 @@ def test_a_kueue_admitted_device_plugin_pod_on_channel_nodes_gets_its_slot_and_c
         )
         nodes.add(slot.node)
     assert nodes == set(held.slice.nodes)
+
+
+# -- the webhook has no side effects ------------------------------------------------------------
+def owned_pod(name: str, owner: dict[str, Any] | None, *, uid: str | None = None) -> dict[str, Any]:
+    """A gang pod whose controller is ``owner`` (a ReplicaSet), or one naming a made-up one."""
+    pod = dra_pod(name, size=1)
+    ref = owner["metadata"] if owner is not None else {"name": "made-up", "uid": "uid-made-up"}
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": ref["name"],
+            "uid": uid or ref["uid"],
+            "controller": True,
+        }
+    ]
+    return pod
+
+
+def test_the_webhook_writes_nothing_and_the_claim_comes_once_the_pod_exists(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    """sideEffects: None. The review only names the slot's claim; the claims controller makes it
+    (and saves the reservation that owns it) when the pod shows up on the watch."""
+    api, cache = world
+    pod = dra_pod("tp4-0", size=1)
+    before = len(api.writes())
+    (response,) = admit(api, cache, pod, create=False)
+    assert response["allowed"], response
+    assert api.writes()[before:] == []
+    named = patched(pod, response)
+    assert named["metadata"]["annotations"][names.CLAIM_TEMPLATE] == "gpus"
+    assert api.objects(RESOURCE_CLAIMS) == [] and api.objects(SLICE_RESERVATIONS) == []
+    # The pod exists: its claim is made, owned by the reservation saved first.
+    named["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    cache.apply(Kind.PODS, "ADDED", named)
+    assert asyncio.run(PodClaims(api, cache).sync(cache)) == 1
+    (saved,) = api.objects(SLICE_RESERVATIONS)
+    (claim,) = api.objects(RESOURCE_CLAIMS)
+    assert claim["metadata"]["name"] == named["spec"]["resourceClaims"][0]["resourceClaimName"]
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == saved["metadata"]["uid"]
+
+
+def test_forged_reviews_reserve_nothing_and_create_nothing_without_a_real_owner(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    """Without kube-apiserver's certificate anyone can post a review. A bare pod's, or one naming
+    an owner that does not exist (or exists with another UID), reserves nothing; a pod of a
+    ReplicaSet that exists is pinned, and still nothing is written until the pod exists."""
+    from extender.kube.api import COMPUTE_DOMAINS, REPLICA_SETS
+
+    api, cache = world
+    before = len(api.writes())
+    forged = [dra_pod(f"bare-{i}", gang=f"g{i}") for i in range(4)]
+    forged += [owned_pod("ghost-0", None)]
+    rs = api.put(REPLICA_SETS, {"metadata": {"name": "tp4-rs", "namespace": "llm", "uid": "uid-rs"}})
+    forged += [owned_pod("stale-0", rs, uid="uid-of-an-earlier-one")]
+    got = admit(api, cache, *forged, create=False, authenticated=False)
+    assert not any(r["allowed"] for r in got), got
+    assert "has no controller" in got[0]["status"]["message"]
+    assert "ReplicaSet llm/made-up does not exist" in got[4]["status"]["message"]
+    assert "has another UID" in got[5]["status"]["message"]
+    assert cache.ledger.reservations() == [] and cache.pods() == []
+    assert api.writes()[before:] == []
+    assert (
+        api.objects(RESOURCE_CLAIMS) == api.objects(COMPUTE_DOMAINS) == api.objects(SLICE_RESERVATIONS) == []
+    )
+    # The ReplicaSet's own pod: pinned, the claim made once the API server created it.
+    (real,) = admit(api, cache, owned_pod("tp4-0", rs), authenticated=False)
+    assert real["allowed"], real
+    assert len(api.objects(RESOURCE_CLAIMS)) == 1 and len(api.objects(SLICE_RESERVATIONS)) == 1
+
+
+def test_a_forged_volcano_member_of_a_podgroup_that_does_not_exist_is_not_counted(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    from extender.kube.api import PODGROUPS
+
+    api, cache = world
+    pod = dra_pod("w-0", gang=None)
+    pod["metadata"]["annotations"] = {names.VOLCANO_GROUP: "pg"}
+    (r,) = admit(api, cache, pod, create=False, authenticated=False)
+    assert not r["allowed"] and "PodGroup llm/pg does not exist" in r["status"]["message"], r
+    assert cache.pods_of_gang("llm/pg") == []
+    api.put(PODGROUPS, {"metadata": {"name": "pg", "namespace": "llm"}, "spec": {"minMember": 2}})
+    (r,) = admit(api, cache, pod, create=False, authenticated=False)
+    assert not r["allowed"] and "no slice reserved yet" in r["status"]["message"], r
+    assert [p.name for p in cache.pods_of_gang("llm/pg")] == ["w-0"]  # a member of a real PodGroup
+
+
+def test_a_pinned_pod_whose_reservation_was_never_saved_gets_its_gang_reserved_again_and_its_claim(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    """The leader answered the review and went before the pod showed up: its successor knows no
+    reservation (none was saved). The pod exists, so its gang is real: reserved again, and the
+    claim the pod names is made for its slot."""
+    api, cache = world
+    pod = dra_pod("tp4-0", size=1)
+    (response,) = admit(api, cache, pod, create=False)
+    named = patched(pod, response)
+    named["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    assert api.objects(SLICE_RESERVATIONS) == []
+    successor = pcie_cache(api)
+    successor.apply(Kind.PODS, "ADDED", named)
+    assert successor.reservation("llm/tp4") is None
+    assert asyncio.run(PodClaims(api, successor).sync(successor)) == 1
+    r = successor.reservation("llm/tp4")
+    assert r is not None and [s.key for s in r.slice.slots] == [named["metadata"]["annotations"][names.SLOT]]
+    (claim,) = api.objects(RESOURCE_CLAIMS)
+    assert claim["metadata"]["name"] == named["spec"]["resourceClaims"][0]["resourceClaimName"]
+    assert len(api.objects(SLICE_RESERVATIONS)) == 1
+
+
+def test_the_claims_controller_of_a_standby_makes_nothing_and_the_pod_feed_hands_it_slotted_pods(
+    world: tuple[FakeKube, ClusterCache],
+) -> None:
+    from extender.controllers.pods import PodFeed
+
+    api, cache = world
+    pod = dra_pod("tp4-0", size=1)
+    (response,) = admit(api, cache, pod, create=False)
+    named = patched(pod, response)
+    named["metadata"].update(namespace="llm", uid="uid-tp4-0")
+    cache.apply(Kind.PODS, "ADDED", named)
+    asyncio.run(PodClaims(api, cache, leads=lambda: False).on_pod("ADDED", named))
+    assert api.objects(RESOURCE_CLAIMS) == []
+
+    async def fed() -> None:
+        feed, stop = PodFeed(), asyncio.Event()
+        feed.tell("ADDED", named)
+        feed.tell("ADDED", dra_pod("unpinned"))  # a plain gang's pod, but given no slot
+        task = asyncio.create_task(feed.run(stop, None, None, PodClaims(api, cache)))
+        for _ in range(100):
+            if api.objects(RESOURCE_CLAIMS):
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+
+    asyncio.run(fed())
+    (claim,) = api.objects(RESOURCE_CLAIMS)
+    assert claim["metadata"]["name"] == named["spec"]["resourceClaims"][0]["resourceClaimName"]
