@@ -158,7 +158,7 @@ async def _pin(
     pod = PodInfo.from_obj({**obj, "metadata": {**meta, "namespace": namespace, "annotations": annotations}})
     if pod.problems:
         raise Refusal(pod.problems[0])
-    await _real(api, cache, pod, authenticated)
+    await _real(api, cache, pod, obj, authenticated)
 
     def hand_out() -> tuple[Reservation, PodSlot, DeviceMap]:
         """The pod's gang reserved (a plain gang's first pod reserves it) and a slot handed out."""
@@ -319,7 +319,7 @@ async def _pin_device_plugin(
         return None
     if not leads(app) or not cache.ready:
         raise Refusal("this replica is not ready or not the leader; retry")
-    await _real(api, cache, pod, authenticated)
+    await _real(api, cache, pod, obj, authenticated)
 
     def hand_out() -> tuple[Reservation, PodSlot]:
         r = cache.book.reservation_of(pod) or _reserve(cache, pod)
@@ -367,12 +367,15 @@ OWNER_KINDS: Mapping[tuple[str, str], Resource] = {
 }
 
 
-async def _real(api: KubeClient, cache: ClusterCache, pod: PodInfo, authenticated: bool) -> None:
+async def _real(
+    api: KubeClient, cache: ClusterCache, pod: PodInfo, obj: Mapping[str, Any], authenticated: bool
+) -> None:
     """Refusal unless the gang the pod would start a reservation for is real. A gang held
     already, or reviewed by an authenticated kube-apiserver, is. A Volcano member's PodGroup
     must exist (it is remembered for the PodGroup controller to count). A plain gang's pod
-    must be owned by a controller that exists (:data:`OWNER_KINDS`, its UID matching) or join
-    an upstream PodGroup that exists: nothing is reserved for a pod nobody will create."""
+    must be owned by a controller that exists (:data:`OWNER_KINDS`, its UID matching) and be
+    what that controller's pod template makes of it (:func:`_unlike`), or join an upstream
+    PodGroup that exists: nothing is reserved for a pod nobody will create, nor sized by one."""
     if authenticated or pod.reservation_name or cache.book.reservation_of(pod) is not None:
         return
     if pod.gang is None:
@@ -413,6 +416,34 @@ async def _real(api: KubeClient, cache: ClusterCache, pod: PodInfo, authenticate
         ) from None
     if str(as_map(owner.get("metadata")).get("uid") or "") != uid:
         raise Refusal(f"gang {pod.gang}: the pod's {kind} {pod.namespace}/{name} has another UID")
+    unlike = _unlike(obj, as_map(as_map(owner.get("spec")).get("template")))
+    if unlike:
+        raise Refusal(
+            f"gang {pod.gang}: the pod's {unlike} differ from the pod template of its {kind} "
+            f"{pod.namespace}/{name}: gangslice reserves a gang only for a pod its owner makes"
+        )
+
+
+def _unlike(pod: Mapping[str, Any], template: Mapping[str, Any]) -> str | None:
+    """What gangslice reads to size and place a gang, where ``pod`` differs from the pod
+    ``template`` of its owner (None: nowhere): its ``gangslice.io/`` labels and annotations,
+    its ``resourceClaims`` and its containers' resources. Workload controllers copy those
+    from the template and add only keys of their own."""
+
+    def read(obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta, spec = as_map(obj.get("metadata")), as_map(obj.get("spec"))
+        ours = {
+            part: {k: v for k, v in as_map(meta.get(part)).items() if str(k).startswith(f"{names.GROUP}/")}
+            for part in ("labels", "annotations")
+        }
+        containers = [
+            (as_map(c).get("name"), as_map(c).get("resources") or {}) for c in spec.get("containers") or ()
+        ]
+        return {**ours, "resourceClaims": spec.get("resourceClaims") or [], "container resources": containers}
+
+    have, want = read(pod), read(template)
+    differing = [part for part in have if have[part] != want[part]]
+    return " and ".join(differing) or None
 
 
 def _annotated(meta: Mapping[str, Any], wanted: Mapping[str, str]) -> list[dict[str, Any]]:

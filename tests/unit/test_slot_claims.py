@@ -1215,13 +1215,29 @@ def test_forged_reviews_reserve_nothing_and_create_nothing_without_a_real_owner(
     before = len(api.writes())
     forged = [dra_pod(f"bare-{i}", gang=f"g{i}") for i in range(4)]
     forged += [owned_pod("ghost-0", None)]
-    rs = api.put(REPLICA_SETS, {"metadata": {"name": "tp4-rs", "namespace": "llm", "uid": "uid-rs"}})
+    made = dra_pod("template", size=1)
+    template_of_rs = {
+        "metadata": {k: made["metadata"][k] for k in ("labels", "annotations")},
+        "spec": made["spec"],
+    }
+    rs = api.put(
+        REPLICA_SETS,
+        {
+            "metadata": {"name": "tp4-rs", "namespace": "llm", "uid": "uid-rs"},
+            "spec": {"template": template_of_rs},
+        },
+    )
     forged += [owned_pod("stale-0", rs, uid="uid-of-an-earlier-one")]
+    # The real ReplicaSet named, but the pod is not what it makes: a gang of 8 sized by the forger.
+    bigger = owned_pod("big-0", rs)
+    bigger["metadata"]["annotations"][names.GANG_SIZE] = "8"
+    forged += [bigger]
     got = admit(api, cache, *forged, create=False, authenticated=False)
     assert not any(r["allowed"] for r in got), got
     assert "has no controller" in got[0]["status"]["message"]
     assert "ReplicaSet llm/made-up does not exist" in got[4]["status"]["message"]
     assert "has another UID" in got[5]["status"]["message"]
+    assert "annotations differ from the pod template of its ReplicaSet" in got[6]["status"]["message"], got[6]
     assert cache.ledger.reservations() == [] and cache.pods() == []
     assert api.writes()[before:] == []
     assert (
