@@ -3,13 +3,19 @@ Workloads, from the controller or the extender (``reportingComponent``)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from extender.kube import names
+from extender.kube.api import EVENTS, KubeClient, KubeError
 from extender.kube.crd_models import rfc3339
+from extender.kube.pods import PodInfo
 
-__all__ = ["ObjectRef", "event"]
+__all__ = ["ObjectRef", "PodTeller", "event"]
+
+log = logging.getLogger(__name__)
 
 #: Event messages past this are cut (the API server refuses messages over 1 KiB in events.k8s.io).
 MAX_MESSAGE = 1024
@@ -58,3 +64,29 @@ def event(
         "lastTimestamp": stamp,
         "count": 1,
     }
+
+
+class PodTeller:
+    """Warning Events of one reason on pods, saying why a pod waits: each message once per pod
+    (a controller that retries every pass does not repeat itself), logged as well."""
+
+    def __init__(self, api: KubeClient, clock: Callable[[], float], reason: str) -> None:
+        self.api = api
+        self.clock = clock
+        self.reason = reason
+        #: (pod key, message) already told.
+        self._told: set[tuple[str, str]] = set()
+
+    async def tell(self, pod: PodInfo | None, message: str) -> None:
+        if pod is None:
+            return
+        text = f"gangslice: {message}"[:MAX_MESSAGE]
+        if (pod.key, text) in self._told:
+            return
+        self._told.add((pod.key, text))
+        log.warning("pod %s: %s", pod.key, text)
+        about = ObjectRef("v1", "Pod", pod.name, pod.namespace, pod.uid)
+        try:
+            await self.api.create(EVENTS, event(about, self.reason, text, self.clock()))
+        except KubeError as exc:
+            log.debug("event for pod %s: %s", pod.key, exc)

@@ -860,6 +860,11 @@ def test_a_claim_the_api_server_fails_to_create_is_made_by_the_next_pass(
     (allowed,) = admit(api, cache, dra_pod("tp4-0", size=1))
     assert allowed["allowed"], allowed  # the webhook writes nothing: nothing of it failed
     assert api.objects(RESOURCE_CLAIMS) == []
+    from extender.controllers.claims.make import CLAIM_NOT_MADE
+    from extender.kube.api import EVENTS
+
+    (told,) = [e for e in api.objects(EVENTS) if e["reason"] == CLAIM_NOT_MADE]
+    assert told["involvedObject"]["name"] == "tp4-0" and "etcd is slow" in told["message"], told
     claims = PodClaims(api, cache)
     assert asyncio.run(claims.sync(cache)) == 1
     (claim,) = api.objects(RESOURCE_CLAIMS)

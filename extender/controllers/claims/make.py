@@ -43,6 +43,7 @@ from extender.kube import compute_domains as cds
 from extender.kube import names
 from extender.kube.api import COMPUTE_DOMAINS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
 from extender.kube.crd_models import claim_name
+from extender.kube.events import PodTeller
 from extender.kube.gangs import Incomplete
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.slot_claims import SlotClaims, SlotError, build_claim, gpu_claim
@@ -54,6 +55,9 @@ from extender.reservations.cluster import ClusterCache
 from extender.reservations.reserve import reserve_pinned_gang
 
 log = logging.getLogger(__name__)
+
+#: The reason of the Warning Event that tells a pod why its claim is not made yet.
+CLAIM_NOT_MADE = "ClaimNotMade"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,7 @@ class PodClaims:
         self.leads = leads
         #: (namespace, claim name) -> what it pins, for the claims made: not made again.
         self._made: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._teller = PodTeller(api, cache.clock, CLAIM_NOT_MADE)
 
     async def on_pod(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
         """A :class:`~extender.controllers.pods.ReactsToPods`: make the claims of a pod just seen."""
@@ -174,9 +179,7 @@ class PodClaims:
         else:
             why = getattr(placed, "reason", "its pods carry no size")
         if not isinstance(placed, Reservation):
-            log.warning(
-                "gang %s of pinned pod %s holds no reservation and cannot get one: %s", gang, pod.key, why
-            )
+            await self._teller.tell(pod, f"gang {gang} holds no reservation and cannot get one now: {why}")
             return False
         log.info(
             "gang %s of pinned pod %s held no reservation: reserved again",
@@ -197,12 +200,9 @@ class PodClaims:
         if not todo_slot and not todo_channel:
             return False
         if not await cache.book.persist(gang):
-            log.warning(
-                "gang %s: the claims of pod %s wait for its SliceReservation to be saved: %s",
-                gang,
-                d.pod.key,
-                cache.book.save_error(gang),
-                extra=fields(gang=gang),
+            why = cache.book.save_error(gang)
+            await self._teller.tell(
+                d.pod, f"its claims wait for gang {gang}'s SliceReservation to be saved: {why}"
             )
             return False
         try:
@@ -219,13 +219,7 @@ class PodClaims:
                 await self._channel_claim(d, owner)
                 self._made[(d.namespace, d.channel_claim)] = ()
         except (KubeError, SlotError) as exc:
-            log.warning(
-                "gang %s: making the claims of pod %s: %s; retried",
-                gang,
-                d.pod.key,
-                exc,
-                extra=fields(gang=gang),
-            )
+            await self._teller.tell(d.pod, f"making its claims: {exc}; retried")
             return False
         return True
 

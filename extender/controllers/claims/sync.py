@@ -25,10 +25,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from extender.kube import dra, events, names
-from extender.kube.api import EVENTS, RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
+from extender.kube import dra, names
+from extender.kube.api import RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
 from extender.kube.crd_models import claim_name
-from extender.kube.events import ObjectRef
+from extender.kube.events import PodTeller
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim
@@ -92,8 +92,7 @@ class SlotClaimSync:
     def __init__(self, api: KubeClient, clock: Callable[[], float]) -> None:
         self.api = api
         self.clock = clock
-        #: (pod key, message) already told: each pod hears one message once.
-        self._told: set[tuple[str, str]] = set()
+        self._teller = PodTeller(api, clock, DEVICE_TAKEN)
 
     def conflicts(self, cache: ClusterCache) -> dict[str, list[tuple[PodSlot, list[str], list[str]]]]:
         """Gang -> (slot, its devices held by someone else, the claims that hold them)."""
@@ -184,13 +183,13 @@ class SlotClaimSync:
             problem = "its pods are not all seen"
         if not isinstance(request, GangRequest):
             for key, text in why.items():
-                await self._tell(pods.get(key), f"{text}; cannot re-plan: {problem}")
+                await self._teller.tell(pods.get(key), f"{text}; cannot re-plan: {problem}")
             return False
         old_claims = await self._claims(ns, res_name, r)
         placed = await cache.book.replan(r, request)
         if isinstance(placed, Unplaceable):
             for key, text in why.items():
-                await self._tell(pods.get(key), f"{text}; no other plan fits now: {placed.reason}")
+                await self._teller.tell(pods.get(key), f"{text}; no other plan fits now: {placed.reason}")
             return False
         if not await cache.persist(gang):
             log.warning(
@@ -226,7 +225,7 @@ class SlotClaimSync:
 
         r = await cache.book.deciding(lambda: move(r))
         for slot in stuck:
-            await self._tell(
+            await self._teller.tell(
                 pods.get(slot.key),
                 f"{why[slot.key]}; the gang has bound pods and node {slot.node} has no other free set "
                 f"of {len(slot.gpus)} GPUs as coherent: the slot waits for the device",
@@ -297,7 +296,7 @@ class SlotClaimSync:
                 continue
             if slot.key in why:
                 pinned = ",".join(device_map.device(g).name for g in slot.gpus)
-                await self._tell(
+                await self._teller.tell(
                     pods.get(slot.key),
                     f"{why[slot.key]}; re-planned: the claim now pins {pinned} on {slot.node}",
                 )
@@ -310,22 +309,6 @@ class SlotClaimSync:
             except KubeError:
                 continue
         return out
-
-    async def _tell(self, pod: PodInfo | None, message: str) -> None:
-        if pod is None:
-            return
-        text = f"gangslice: {message}"[:1024]
-        if (pod.key, text) in self._told:
-            return
-        self._told.add((pod.key, text))
-        log.warning("pod %s: %s", pod.key, text)
-        event = events.event(
-            ObjectRef("v1", "Pod", pod.name, pod.namespace, pod.uid), DEVICE_TAKEN, text, self.clock()
-        )
-        try:
-            await self.api.create(EVENTS, event)
-        except KubeError as exc:
-            log.debug("event for pod %s: %s", pod.key, exc)
 
 
 def _other_set(
