@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cluster import (
     AUTHENTICATED_ADMISSION,
     WEBHOOK_CLIENT,
@@ -53,21 +52,17 @@ from cluster import (
     pod_name,
     remove_crds,
     remove_node,
-    reservations_of,
     running_control_plane,
     scheduled_condition,
-    slots,
     wait_for,
-    wait_for_or_false,
 )
 from cluster import POOL as POOL_LABEL
-from managers import JOBSET, LWS, start_kueue, start_manager, stop_kueue, stop_manager
+from managers import start_kueue, stop_kueue
 from test_kueue import CHECK, leading, our_check
 from test_kueue import is_true as kueue_is_true
 
 from extender.bench.controlplane import ControlPlane
 from extender.kube import dra
-from extender.kube.names import LWS_GROUP_INDEX
 from extender.testing.dra import compute_domain_slice, device_classes, gpu_slice, gpu_uuid, with_identities
 from extender.topology.model import GpuGraph
 from extender.topology.presets import preset_graph
@@ -88,14 +83,9 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 def control_plane(e2e_bin_dir: Path) -> Iterator[ControlPlane]:
     """This module's own control plane: the garbage collector and the resourceclaim controller must
     run, and NVIDIA's DeviceClasses must not leak into the other modules' cluster."""
-    # The StatefulSet and Job controllers too, for a LeaderWorkerSet and a JobSet (a Deployment's
-    # gang rolls in test_dra_default_install.py).
-    controllers = (
-        *ControlPlane.CONTROLLERS,
-        "statefulset-controller",
-        "job-controller",
-    )
-    with running_control_plane(e2e_bin_dir, controllers, webhook_client=WEBHOOK_CLIENT) as cp:
+    # The workload controllers' gangs (Deployment, JobSet, LeaderWorkerSet) run in
+    # test_dra_default_install.py.
+    with running_control_plane(e2e_bin_dir, ControlPlane.CONTROLLERS, webhook_client=WEBHOOK_CLIENT) as cp:
         yield cp
 
 
@@ -613,122 +603,6 @@ def test_a_device_plugin_wide_ep_gang_on_gb200_trays_gets_a_compute_domain_and_a
         for tray in trays:
             remove_node(cp, tray)
         post(cp, f"{RESOURCE}/deviceclasses", gpu_class)
-
-
-@pytest.fixture
-def lws(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[None]:
-    """The LeaderWorkerSet controller (``sigs.k8s.io/lws``), its webhooks on loopback."""
-    hooks = start_manager(control_plane, LWS)
-    try:
-        yield
-    finally:
-        stop_manager(control_plane, LWS, hooks)
-
-
-def test_the_wide_ep_lws_example_on_device_plugin_gb200_trays_gets_one_compute_domain_and_a_channel_per_tray(
-    control_plane: ControlPlane, gangslice: Gangslice, ns: str, lws: None
-) -> None:
-    """``examples/k8s/plain/deepseek-wideep.yaml`` unchanged but for its namespace, run by the real
-    LeaderWorkerSet controller: its group of 4 pods (a leader and 3 workers, 4 device-plugin GPUs
-    each) is one gang in one clique, and every pod is given at its creation its slot and its tray's
-    channel claim of the group's one ComputeDomain. The leader gets its group index from LWS's
-    own pod webhook, which runs after gangslice's: gangslice pins it when called again."""
-    cp = control_plane
-    cp.install_crds(UPSTREAM / "resource.nvidia.com_computedomains.yaml")
-    others = [n["metadata"]["name"] for n in items(cp, "Node")]
-    for other in others:
-        merge_patch(cp, "Node", other, {"spec": {"unschedulable": True}})
-    (gpu_class,) = [c for c in device_classes(UPSTREAM) if c["metadata"]["name"] == dra.GPU_DEVICE_CLASS]
-    cp.request("DELETE", f"{RESOURCE}/deviceclasses/{dra.GPU_DEVICE_CLASS}")
-    trays = [f"dra-lws{i}" for i in range(5)]
-    lws_path = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets"
-    try:
-        for tray in trays:
-            _device_plugin_tray(cp, tray, {"nvidia.com/gpu.product": "NVIDIA-GB200"})
-        example = yaml.safe_load((REPO / "examples" / "k8s" / "plain" / "deepseek-wideep.yaml").read_text())
-        example["metadata"]["namespace"] = ns
-        post(cp, lws_path, example)
-
-        def group() -> list[dict[str, Any]] | None:
-            pods = [p for p in items(cp, "Pod", ns) if not p["metadata"].get("deletionTimestamp")]
-            return pods if len(pods) == 4 and all(p["spec"].get("nodeName") for p in pods) else None
-
-        pods = wait_for("the 4 pods of the LeaderWorkerSet's group bound", group, 120)
-        (domain,) = compute_domains(cp, ns, 1)
-        nodes = set()
-        for pod in pods:
-            meta = pod["metadata"]
-            assert meta["labels"][LWS_GROUP_INDEX] == "0" and meta["annotations"].get("gangslice.io/slot"), (
-                meta
-            )
-            channel = channel_allocated(cp, ns, pod)
-            params = channel["spec"]["devices"]["config"][0]["opaque"]["parameters"]
-            assert params["domainID"] == domain["metadata"]["uid"], params
-            (result,) = channel["status"]["allocation"]["devices"]["results"]
-            assert result["pool"] == pod["spec"]["nodeName"], (result, pod["spec"]["nodeName"])
-            nodes.add(pod["spec"]["nodeName"])
-        assert len(nodes) == 4 and nodes <= set(trays), nodes
-        (r,) = reservations_of(cp, ns, "deepseek-wideep-0")
-        assert sorted(s["node"] for s in slots(r)) == sorted(nodes)
-    finally:
-        with contextlib.suppress(urllib.error.HTTPError):
-            cp.request("DELETE", f"{lws_path}/deepseek-wideep", {"propagationPolicy": "Background"})
-        wait_for_or_false(lambda: not items(cp, "StatefulSet", ns), 60)
-        for other in others:
-            merge_patch(cp, "Node", other, {"spec": {"unschedulable": False}})
-        for tray in trays:
-            remove_node(cp, tray)
-        post(cp, f"{RESOURCE}/deviceclasses", gpu_class)
-
-
-def test_a_jobset_of_two_jobs_on_a_dra_node_pins_each_pod_to_a_slot_of_its_own(
-    control_plane: ControlPlane, gangslice: Gangslice, ns: str
-) -> None:
-    """A JobSet of one replicatedJob, 2 Jobs x parallelism 2, each pod claiming 2 GPUs through a
-    ResourceClaimTemplate: one gang of 4 on the 8-GPU node. Each Job numbers its pods from 0, so
-    the slot is the Job's share plus the completion index: the 4 pods get 4 distinct slots, each
-    pinned by a claim that allocates exactly its slot's devices (before that fix the second Job's
-    pods were refused as holding the first Job's slots)."""
-    cp = control_plane
-    hooks = start_manager(cp, JOBSET)
-    path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets"
-    try:
-        post(cp, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template(ns, "js-gpus", 2))
-        pod = dra_pod(ns, "template", claim={"resourceClaimTemplateName": "js-gpus"})
-        pod["spec"]["restartPolicy"] = "Never"
-        labels, annotations = {"gangslice.io/gang": "js"}, {"gangslice.io/gang-size": "4"}
-        job = {
-            "parallelism": 2,
-            "completions": 2,
-            "backoffLimit": 0,
-            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod["spec"]},
-        }
-        post(
-            cp,
-            path,
-            {
-                "apiVersion": "jobset.x-k8s.io/v1alpha2",
-                "kind": "JobSet",
-                "metadata": {"name": "js", "namespace": ns},
-                "spec": {"replicatedJobs": [{"name": "w", "replicas": 2, "template": {"spec": job}}]},
-            },
-        )
-
-        def pinned() -> list[dict[str, Any]] | None:
-            pods = [p for p in items(cp, "Pod", ns, "jobset.sigs.k8s.io/jobset-name=js")]
-            return pods if len(pods) == 4 and all(p["spec"].get("nodeName") for p in pods) else None
-
-        pods = wait_for("the JobSet's 4 pods bound", pinned, 90)
-        keys = {p["metadata"]["annotations"]["gangslice.io/slot"] for p in pods}
-        assert len(keys) == 4, keys
-        assert_claims_pin_their_slots(cp, ns, pods)
-        (r,) = reservations_of(cp, ns, "js")
-        assert {s["podSet"] + "/" + str(s["index"]) for s in slots(r)} == keys
-    finally:
-        with contextlib.suppress(urllib.error.HTTPError):
-            cp.request("DELETE", f"{path}/js", {"propagationPolicy": "Background"})
-        wait_for_or_false(lambda: not items(cp, "Job", ns), 60)
-        stop_manager(cp, JOBSET, hooks)
 
 
 def test_a_gb200_tray_in_a_compute_domain_gangslice_did_not_create_is_not_given_to_a_gang(
