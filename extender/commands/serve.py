@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from extender.bench.extender import TARGET_RPS
@@ -179,6 +180,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="instead: a bounded hostile load on `gangslice serve` processes (RSS, /healthz, "
         "replies, idle clients locking the scheduler out, a body flood, forged calls per listener)",
+    )
+    b.add_argument(
+        "--bin-dir",
+        metavar="DIR",
+        help="with --hostile: also load the metrics port, which reviews tokens with a real "
+        "kube-apiserver: etcd and kube-apiserver from DIR (hack/e2e/build.sh builds them)",
     )
     b.set_defaults(func=run_bench)
 
@@ -473,12 +480,23 @@ def run_bench(args: argparse.Namespace) -> int:
         from extender.bench.hostile import run_hostile
 
         figures = asyncio.run(run_hostile())
+        metrics = None
+        if args.bin_dir:
+            from extender.bench.hostile_metrics import run_metrics_hostile
+
+            metrics = run_metrics_hostile(Path(args.bin_dir))
         if args.json:
             import json
 
-            print(json.dumps(figures.to_json(), indent=2))
+            out = figures.to_json() | {"metrics_port": metrics.to_json() if metrics else None}
+            print(json.dumps(out, indent=2))
         else:
             print(figures.render())
+            print(
+                metrics.render()
+                if metrics
+                else "metrics port: not loaded (it needs a kube-apiserver: --bin-dir DIR)"
+            )
         return EXIT_OK if not figures.crashed else 1
 
     if min(args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.rate) <= 0:
