@@ -20,8 +20,8 @@ more connections than the cap. Meanwhile ``/healthz`` is asked every 50 ms. Then
   TLS, twice what each may hold, while the scheduler makes calls on new TLS connections.
 
 ``gangslice bench extender --hostile`` prints the figures; tests/unit/test_hostile_load.py
-checks them. The metrics port reviews tokens with the API server, so its load runs on a real
-kube-apiserver (:mod:`extender.bench.hostile_metrics`, with ``--bin-dir``).
+checks them. The metrics port and the OpenShift install's verbs ask the API server, so their
+loads run on a real kube-apiserver (:mod:`extender.bench.hostile_api`, with ``--bin-dir``).
 """
 
 from __future__ import annotations

@@ -184,8 +184,8 @@ def register(sub: Any) -> None:
     b.add_argument(
         "--bin-dir",
         metavar="DIR",
-        help="with --hostile: also load the metrics port, which reviews tokens with a real "
-        "kube-apiserver: etcd and kube-apiserver from DIR (hack/e2e/build.sh builds them)",
+        help="with --hostile: also load the metrics port and the OpenShift install's verbs, which "
+        "ask a real kube-apiserver: etcd and kube-apiserver from DIR (hack/e2e/build.sh builds them)",
     )
     b.set_defaults(func=run_bench)
 
@@ -480,23 +480,28 @@ def run_bench(args: argparse.Namespace) -> int:
         from extender.bench.hostile import run_hostile
 
         figures = asyncio.run(run_hostile())
-        metrics = None
+        on_api = None
         if args.bin_dir:
-            from extender.bench.hostile_metrics import run_metrics_hostile
+            from extender.bench.hostile_api import run_hostile_api
 
-            metrics = run_metrics_hostile(Path(args.bin_dir))
+            on_api = run_hostile_api(Path(args.bin_dir))
         if args.json:
             import json
 
-            out = figures.to_json() | {"metrics_port": metrics.to_json() if metrics else None}
+            out = figures.to_json() | {
+                "metrics_port": on_api[0].to_json() if on_api else None,
+                "openshift": on_api[1].to_json() if on_api else None,
+            }
             print(json.dumps(out, indent=2))
         else:
             print(figures.render())
-            print(
-                metrics.render()
-                if metrics
-                else "metrics port: not loaded (it needs a kube-apiserver: --bin-dir DIR)"
-            )
+            for part in on_api or ():
+                print(part.render())
+            if on_api is None:
+                print(
+                    "metrics port and OpenShift install: not loaded (they need a kube-apiserver: "
+                    "--bin-dir DIR)"
+                )
         return EXIT_OK if not figures.crashed else 1
 
     if min(args.nodes, args.full_nodes, args.concurrency, args.requests, args.gpus, args.rate) <= 0:
