@@ -19,7 +19,10 @@ mutual TLS on the verbs, ``--metrics-port``), and a scraper's ServiceAccount is 
    server did: 401, the API server was asked and said no; 503, the reviews in flight were at
    their bound and the API server was not asked.
 
-**The OpenShift install.** The operator-run secondary scheduler presents no client
+**The Volcano port and the OpenShift install.** Volcano's extender client presents no
+certificate, so the Volcano install's port asks for none; the serve above runs it too
+(``--volcano-port``), and forged allocate, deallocate and predicate calls are made to it. The
+operator-run secondary scheduler presents no client
 certificate, so serve runs with the OpenShift chart's listener (TLS, no ``--tls-client-ca``),
 and what guards the verbs is the shipped NetworkPolicy (no CNI enforces it here) and the
 per-request checks: the pod must exist, by name and UID, be unbound and name one of
@@ -62,27 +65,35 @@ SCRAPES = 20
 
 
 @dataclass
-class OpenShiftFigures:
+class ForgedFigures:
+    """Forged calls on one listener that needs the API server's word, and what they changed."""
+
+    listener: str
     #: (forged call, the reply's gist) for each call made without the scheduler's knowledge.
     calls: list[tuple[str, str]] = field(default_factory=list)
     #: What those calls changed, read back from the API server (should stay empty).
     changed: list[str] = field(default_factory=list)
-    #: A forged bind of a pending gangslice pod under its real UID: whether it bound it.
-    known_uid_bound: bool = False
+    #: A forged bind of a pending gangslice pod under its real UID: whether it bound it (None:
+    #: not tried on this listener).
+    known_uid_bound: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     def render(self) -> str:
         lines = [
-            f"OpenShift install (no client certificate on the verbs): {len(self.changed)} changes made "
-            f"by {len(self.calls)} forged calls that need none of the scheduler's knowledge"
+            f"{self.listener}: {len(self.changed)} changes made by {len(self.calls)} forged calls that "
+            "need none of the scheduler's knowledge"
             + (f" ({'; '.join(self.changed)})" if self.changed else ""),
             *(f"  {label}: {gist}" for label, gist in self.calls),
-            "  a forged bind of a pending gangslice pod under its real UID: "
-            + ("bound it" if self.known_uid_bound else "refused")
-            + " (the per-request checks cannot tell it from the scheduler's; the NetworkPolicy is the guard)",
         ]
+        if self.known_uid_bound is not None:
+            lines.append(
+                "  a forged bind of a pending gangslice pod under its real UID: "
+                + ("bound it" if self.known_uid_bound else "refused")
+                + " (the per-request checks cannot tell it from the scheduler's; "
+                "the NetworkPolicy is the guard)"
+            )
         return "\n".join(lines)
 
 
@@ -224,10 +235,11 @@ def _ready(cp: ControlPlane, proc: ManagedProcess, port: int) -> None:
         time.sleep(0.3)
 
 
-def _start_serve(cp: ControlPlane) -> tuple[int, int, int]:
-    """``gangslice serve`` with the default install's listeners; (verbs' port, metrics port, pid)."""
+def _start_serve(cp: ControlPlane) -> tuple[int, int, int, int]:
+    """``gangslice serve`` with the default install's listeners and the Volcano install's port;
+    (verbs' port, metrics port, Volcano port, pid)."""
     assert cp.kubeconfig is not None and cp.ca_file is not None
-    port, metrics_port = free_ports(2)
+    port, metrics_port, volcano_port = free_ports(3)
     crt, key = cp.issue_cert("gangslice-bench", ["127.0.0.1"])
     argv = [
         *SERVE,
@@ -235,6 +247,7 @@ def _start_serve(cp: ControlPlane) -> tuple[int, int, int]:
         "--host=127.0.0.1",
         f"--port={port}",
         f"--metrics-port={metrics_port}",
+        f"--volcano-port={volcano_port}",
         f"--tls-cert={crt}",
         f"--tls-key={key}",
         f"--tls-client-ca={cp.ca_file}",
@@ -244,7 +257,7 @@ def _start_serve(cp: ControlPlane) -> tuple[int, int, int]:
     ]
     proc = cp.start_process("gangslice", argv)
     _ready(cp, proc, port)
-    return port, metrics_port, proc.pid
+    return port, metrics_port, volcano_port, proc.pid
 
 
 async def _phases(port: int, metrics_port: int, pid: int, ca_file: Path, token: str) -> MetricsFigures:
@@ -357,32 +370,88 @@ async def _post(port: int, ctx: ssl.SSLContext, path: str, body: Mapping[str, An
     with contextlib.suppress(ValueError, AttributeError):
         got = json.loads(text)
         failed = got.get("FailedNodes") or got.get("failedNodes") or {}
-        gist = (
-            got.get("Error")
-            or got.get("error")
-            or next(iter(failed.values()), "")
-            or f"nodes {got.get('NodeNames')}"
-        )
+        why = [got.get(k) for k in ("Error", "error", "errorMessage")] + list(failed.values())
+        gist = next((str(w) for w in why if w), json.dumps(got, separators=(",", ":")))
     return f"{parts[1].decode() if len(parts) > 1 else '?'} {str(gist)[:140]}"
 
 
-async def _openshift(cp: ControlPlane, port: int) -> OpenShiftFigures:
-    assert cp.ca_file is not None
-    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+@dataclass(frozen=True)
+class Targets:
+    """The pods forged calls name: a pending gangslice pod, a pod of another scheduler (both
+    real), and one invented."""
+
+    victim: dict[str, Any]
+    other: dict[str, Any]
+    ghost: dict[str, Any]
+
+
+def _targets(cp: ControlPlane) -> Targets:
     pods = f"/api/v1/namespaces/{SCRAPER_NS}/pods"
     victim = cp.request("POST", pods, _pod("victim", GANGSLICE_SCHEDULER))
     other = cp.request("POST", pods, _pod("other", "default-scheduler"))
     ghost = _pod("ghost", GANGSLICE_SCHEDULER, gang="forged")
     ghost["metadata"]["uid"] = "00000000-0000-0000-0000-00000000ghost"
+    return Targets(victim, other, ghost)
 
-    def bind(pod: Mapping[str, Any], uid: str) -> dict[str, Any]:
+
+def _changed(cp: ControlPlane, t: Targets) -> list[str]:
+    """What forged calls changed on the API server: the real pods bound, SliceReservations made."""
+    out = []
+    for pod in (t.victim, t.other):
         name = pod["metadata"]["name"]
-        return {"PodName": name, "PodNamespace": SCRAPER_NS, "PodUID": uid, "Node": OS_NODE}
+        if cp.request("GET", f"/api/v1/namespaces/{SCRAPER_NS}/pods/{name}")["spec"].get("nodeName"):
+            out.append(f"pod {name} bound")
+    reservations = cp.request("GET", f"/apis/{keys.GROUP}/{keys.VERSION}/slicereservations")["items"]
+    return out + [f"SliceReservation {r['metadata']['name']} made" for r in reservations]
 
+
+def _bind(pod: Mapping[str, Any], uid: str) -> dict[str, Any]:
+    name = pod["metadata"]["name"]
+    return {"PodName": name, "PodNamespace": SCRAPER_NS, "PodUID": uid, "Node": OS_NODE}
+
+
+def _task(pod: Mapping[str, Any], uid: str) -> dict[str, Any]:
+    meta = pod["metadata"]
+    gpus = {"ScalarResources": {keys.GPU_RESOURCE: 1000}}
+    task = {"UID": uid, "Name": meta["name"], "Namespace": SCRAPER_NS, "NodeName": OS_NODE, "Resreq": gpus}
+    return {**task, "Job": f"{SCRAPER_NS}/forged", "Pod": dict(pod)}
+
+
+async def _volcano(cp: ControlPlane, port: int, t: Targets) -> ForgedFigures:
+    """Forged Volcano calls on the Volcano port (which asks for no certificate)."""
+    assert cp.ca_file is not None
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    ghost_uid, other_uid = t.ghost["metadata"]["uid"], t.other["metadata"]["uid"]
     calls = [
-        ("bind an invented pod", "/gangslice/bind", bind(ghost, ghost["metadata"]["uid"])),
-        ("bind a real pod of another scheduler", "/gangslice/bind", bind(other, other["metadata"]["uid"])),
-        ("bind a pending gangslice pod under a wrong UID", "/gangslice/bind", bind(victim, "0000-wrong")),
+        ("allocate an invented pod", "allocate", {"task": _task(t.ghost, ghost_uid)}),
+        ("allocate a real pod of another scheduler", "allocate", {"task": _task(t.other, other_uid)}),
+        (
+            "allocate a pending gangslice pod under a wrong UID",
+            "allocate",
+            {"task": _task(t.victim, "0000-wrong")},
+        ),
+        ("deallocate an invented pod", "deallocate", {"task": _task(t.ghost, ghost_uid)}),
+        (
+            "predicate an invented pod",
+            "predicate",
+            {"task": _task(t.ghost, ghost_uid), "node": {"Name": OS_NODE}},
+        ),
+    ]
+    figures = ForgedFigures("Volcano port (no client certificate)")
+    for label, verb, body in calls:
+        figures.calls.append((label, await _post(port, ctx, f"/gangslice/volcano/{verb}", body)))
+    figures.changed = _changed(cp, t)
+    return figures
+
+
+async def _openshift(cp: ControlPlane, port: int, t: Targets) -> ForgedFigures:
+    assert cp.ca_file is not None
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    victim, other, ghost = t.victim, t.other, t.ghost
+    calls = [
+        ("bind an invented pod", "/gangslice/bind", _bind(ghost, ghost["metadata"]["uid"])),
+        ("bind a real pod of another scheduler", "/gangslice/bind", _bind(other, other["metadata"]["uid"])),
+        ("bind a pending gangslice pod under a wrong UID", "/gangslice/bind", _bind(victim, "0000-wrong")),
         ("filter an invented gang pod", "/gangslice/filter", {"Pod": ghost, "NodeNames": [OS_NODE]}),
         (
             "filter a real pod of another scheduler",
@@ -391,22 +460,20 @@ async def _openshift(cp: ControlPlane, port: int) -> OpenShiftFigures:
         ),
         ("prioritize an invented gang pod", "/gangslice/prioritize", {"Pod": ghost, "NodeNames": [OS_NODE]}),
     ]
-    figures = OpenShiftFigures()
+    figures = ForgedFigures("OpenShift install (no client certificate on the verbs)")
     for label, path, body in calls:
         figures.calls.append((label, await _post(port, ctx, path, body)))
-    for pod in (victim, other):
-        name = pod["metadata"]["name"]
-        if cp.request("GET", f"{pods}/{name}")["spec"].get("nodeName"):
-            figures.changed.append(f"pod {name} bound")
-    reservations = cp.request("GET", f"/apis/{keys.GROUP}/{keys.VERSION}/slicereservations")["items"]
-    figures.changed += [f"SliceReservation {r['metadata']['name']} made" for r in reservations]
-    await _post(port, ctx, "/gangslice/bind", bind(victim, victim["metadata"]["uid"]))
-    figures.known_uid_bound = bool(cp.request("GET", f"{pods}/victim")["spec"].get("nodeName"))
+    figures.changed = _changed(cp, t)
+    await _post(port, ctx, "/gangslice/bind", _bind(victim, victim["metadata"]["uid"]))
+    name = victim["metadata"]["name"]
+    got = cp.request("GET", f"/api/v1/namespaces/{SCRAPER_NS}/pods/{name}")
+    figures.known_uid_bound = bool(got["spec"].get("nodeName"))
     return figures
 
 
-def run_hostile_api(bin_dir: Path) -> tuple[MetricsFigures, OpenShiftFigures]:
-    """Both loads on a control plane of their own, stopped at the end."""
+def run_hostile_api(bin_dir: Path) -> tuple[MetricsFigures, ForgedFigures, ForgedFigures]:
+    """The loads on a control plane of their own, stopped at the end: the metrics port's
+    figures, then the forged calls' on the Volcano port and on the OpenShift listener."""
     started = time.monotonic()
     cp = ControlPlane(bin_dir, scheduler=False)
     cp.start()
@@ -415,12 +482,14 @@ def run_hostile_api(bin_dir: Path) -> tuple[MetricsFigures, OpenShiftFigures]:
         cp.install_crds(CRDS)
         create_nodes(cp, [FakeGpuNode(OS_NODE, "hgx-h100")])
         token = _grant_scraper(cp)
-        port, metrics_port, pid = _start_serve(cp)
+        port, metrics_port, volcano_port, pid = _start_serve(cp)
         metrics = asyncio.run(_phases(port, metrics_port, pid, cp.ca_file, token))
         metrics.seconds = time.monotonic() - started
+        targets = _targets(cp)
+        volcano = asyncio.run(_volcano(cp, volcano_port, targets))
         cp.stop_process("gangslice")
-        openshift = asyncio.run(_openshift(cp, _start_openshift_serve(cp)))
+        openshift = asyncio.run(_openshift(cp, _start_openshift_serve(cp), targets))
     finally:
         with contextlib.suppress(Exception):
             cp.stop()
-    return metrics, openshift
+    return metrics, volcano, openshift

@@ -490,7 +490,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
             out = figures.to_json() | {
                 "metrics_port": on_api[0].to_json() if on_api else None,
-                "openshift": on_api[1].to_json() if on_api else None,
+                "volcano_port": on_api[1].to_json() if on_api else None,
+                "openshift": on_api[2].to_json() if on_api else None,
             }
             print(json.dumps(out, indent=2))
         else:

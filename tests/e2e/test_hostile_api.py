@@ -1,6 +1,6 @@
 """The hostile bench's loads on a real kube-apiserver (:mod:`extender.bench.hostile_api`, what
 ``gangslice bench extender --hostile --bin-dir`` prints): the goals of the hardening on its
-figures, for the metrics port and the OpenShift install."""
+figures, for the metrics port, the Volcano port and the OpenShift install."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ pytestmark = pytest.mark.e2e
 
 
 def test_the_metrics_port_and_the_openshift_verbs_hold_against_the_hostile_load(e2e_bin_dir: Path) -> None:
-    f, openshift = run_hostile_api(e2e_bin_dir)
-    shown = f.render() + "\n" + openshift.render()
+    f, volcano, openshift = run_hostile_api(e2e_bin_dir)
+    shown = "\n".join(x.render() for x in (f, volcano, openshift))
     assert f.control_calls and f.control_ok == f.control_calls, shown
     # 256 idle keep-alive clients without a token: their connections give way to the scraper's.
     assert f.idle_clients == 256 and f.idle_scrapes_ok >= 0.95 * f.idle_scrapes, shown
@@ -28,5 +28,7 @@ def test_the_metrics_port_and_the_openshift_verbs_hold_against_the_hostile_load(
     assert f.verbs_healthz_checks and f.verbs_healthz_ok == f.verbs_healthz_checks, shown
     assert f.verbs_healthz_slowest_ms <= 1000, shown
     assert f.rss_peak_mib < 300, shown
-    # OpenShift: forged calls that need none of the scheduler's knowledge change nothing.
+    # The Volcano port and OpenShift: forged calls that need none of the scheduler's knowledge
+    # change nothing on the API server.
+    assert len(volcano.calls) == 5 and volcano.changed == [], shown
     assert len(openshift.calls) == 6 and openshift.changed == [], shown
