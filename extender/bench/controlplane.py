@@ -686,6 +686,22 @@ class ControlPlane:
         return proc
 
     # ------------------------------------------------------------------ clients
+    def token(
+        self, namespace: str, account: str, *, seconds: int = 3600, bound_to: Mapping[str, str] | None = None
+    ) -> str:
+        """A token of ServiceAccount ``namespace/account`` (the TokenRequest API), valid for
+        ``seconds``; ``bound_to``: the object it is bound to (``boundObjectRef``), as a
+        kubelet's projected token is to its pod."""
+        spec: dict[str, Any] = {"expirationSeconds": seconds}
+        if bound_to is not None:
+            spec["boundObjectRef"] = dict(bound_to)
+        review = self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        )
+        return str(review["status"]["token"])
+
     def write_kubeconfig(
         self,
         path: StrPath,

@@ -203,16 +203,7 @@ def _grant_scraper(cp: ControlPlane) -> str:
             "subjects": [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": SCRAPER_NS}],
         },
     )
-    review = cp.request(
-        "POST",
-        f"/api/v1/namespaces/{SCRAPER_NS}/serviceaccounts/{SCRAPER}/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
-    )
-    return str(review["status"]["token"])
+    return cp.token(SCRAPER_NS, SCRAPER)
 
 
 SERVE = (sys.executable, "-m", "extender.cli", "serve")
@@ -235,28 +226,39 @@ def _ready(cp: ControlPlane, proc: ManagedProcess, port: int) -> None:
         time.sleep(0.3)
 
 
-def _start_serve(cp: ControlPlane) -> tuple[int, int, int, int]:
-    """``gangslice serve`` with the default install's listeners and the Volcano install's port;
-    (verbs' port, metrics port, Volcano port, pid)."""
-    assert cp.kubeconfig is not None and cp.ca_file is not None
-    port, metrics_port, volcano_port = free_ports(3)
-    crt, key = cp.issue_cert("gangslice-bench", ["127.0.0.1"])
+def _serve(cp: ControlPlane, name: str, port: int, *flags: str) -> ManagedProcess:
+    """``gangslice serve`` on ``port`` over TLS (a certificate from the cluster CA) with ``flags``,
+    the extender alone (``--no-controller``), once it is ready."""
+    assert cp.kubeconfig is not None
+    crt, key = cp.issue_cert(name, ["127.0.0.1"])
     argv = [
         *SERVE,
         f"--kubeconfig={cp.kubeconfig}",
         "--host=127.0.0.1",
         f"--port={port}",
-        f"--metrics-port={metrics_port}",
-        f"--volcano-port={volcano_port}",
         f"--tls-cert={crt}",
         f"--tls-key={key}",
-        f"--tls-client-ca={cp.ca_file}",
-        "--tls-client-names=gangslice-scheduler",
+        *flags,
         "--no-controller",
         "--log-level=warning",
     ]
-    proc = cp.start_process("gangslice", argv)
+    proc = cp.start_process(name, argv)
     _ready(cp, proc, port)
+    return proc
+
+
+def _start_serve(cp: ControlPlane) -> tuple[int, int, int, int]:
+    """``gangslice serve`` with the default install's listeners and the Volcano install's port;
+    (verbs' port, metrics port, Volcano port, pid)."""
+    assert cp.ca_file is not None
+    port, metrics_port, volcano_port = free_ports(3)
+    flags = (
+        f"--metrics-port={metrics_port}",
+        f"--volcano-port={volcano_port}",
+        f"--tls-client-ca={cp.ca_file}",
+        "--tls-client-names=gangslice-scheduler",
+    )
+    proc = _serve(cp, "gangslice", port, *flags)
     return port, metrics_port, volcano_port, proc.pid
 
 
@@ -332,20 +334,8 @@ def _pod(name: str, scheduler: str, gang: str | None = None) -> dict[str, Any]:
 
 def _start_openshift_serve(cp: ControlPlane) -> int:
     """``gangslice serve`` with the OpenShift chart's listener: TLS, no client certificate asked."""
-    assert cp.kubeconfig is not None and cp.ca_file is not None
     (port,) = free_ports(1)
-    crt, key = cp.issue_cert("gangslice-bench-openshift", ["127.0.0.1"])
-    argv = [
-        *SERVE,
-        f"--kubeconfig={cp.kubeconfig}",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        f"--tls-cert={crt}",
-        f"--tls-key={key}",
-        "--no-controller",
-        "--log-level=warning",
-    ]
-    _ready(cp, cp.start_process("gangslice-openshift", argv), port)
+    _serve(cp, "gangslice-openshift", port)
     return port
 
 

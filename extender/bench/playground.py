@@ -572,18 +572,9 @@ class Playground:
     def _token_kubeconfig(self, account: str) -> Path:
         cp = self._cp()
         assert cp.workdir is not None
-        review = cp.request(
-            "POST",
-            f"/api/v1/namespaces/{SYSTEM_NS}/serviceaccounts/{account}/token",
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": TOKEN_TTL_S},
-            },
-        )
         return cp.write_kubeconfig(
             cp.workdir / f"{account}.kubeconfig",
-            token=review["status"]["token"],
+            token=cp.token(SYSTEM_NS, account, seconds=TOKEN_TTL_S),
             user=account,
             namespace=SYSTEM_NS,
         )

@@ -192,16 +192,7 @@ def install_gangslice(cp: ControlPlane) -> None:
 
 def service_account_kubeconfig(cp: ControlPlane, path: Path, account: str = SERVICE_ACCOUNT) -> Path:
     """A kubeconfig with a token minted for gangslice-system/``account`` (TokenRequest API)."""
-    review = cp.request(
-        "POST",
-        path_of("ServiceAccount", account, SYSTEM_NS, "token"),
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 7200},
-        },
-    )
-    token = review["status"]["token"]
+    token = cp.token(SYSTEM_NS, account, seconds=7200)
     return cp.write_kubeconfig(path, token=token, namespace=SYSTEM_NS)
 
 
@@ -224,19 +215,9 @@ def pod_token_kubeconfig(
         },
     }
     uid = create(cp, pod, exist_ok=True)["metadata"]["uid"]
-    review = cp.request(
-        "POST",
-        path_of("ServiceAccount", account, SYSTEM_NS, "token"),
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": 7200,
-                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid},
-            },
-        },
-    )
-    return cp.write_kubeconfig(path, token=review["status"]["token"], namespace=SYSTEM_NS)
+    bound = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+    token = cp.token(SYSTEM_NS, account, seconds=7200, bound_to=bound)
+    return cp.write_kubeconfig(path, token=token, namespace=SYSTEM_NS)
 
 
 # ---------------------------------------------------------------------------------------------- nodes

@@ -300,16 +300,7 @@ def test_explain_runs_under_the_explain_role(installed: ControlPlane, explain_ku
 
 
 def _token(cp: ControlPlane, account: str) -> str:
-    review = cp.request(
-        "POST",
-        f"/api/v1/namespaces/{SYSTEM_NS}/serviceaccounts/{account}/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
-    )
-    return str(review["status"]["token"])
+    return cp.token(SYSTEM_NS, account)
 
 
 def _scrape(url: str, context: ssl.SSLContext, token: str | None) -> tuple[int, str]:
