@@ -6,8 +6,9 @@ CRDs and one fake GPU node, and ``gangslice serve`` runs against them twice.
 **The metrics port.** ``/metrics`` on its own port answers a bearer token that the API server
 says may ``get /metrics`` (TokenReview, then SubjectAccessReview:
 :mod:`extender.httpapi.secure_metrics`). serve runs with the default install's listeners (TLS,
-mutual TLS on the verbs, ``--metrics-port``), and a scraper's ServiceAccount is granted ``get
-/metrics`` as manifests/monitoring grants Prometheus's. Then:
+mutual TLS on the verbs, ``--metrics-port``), and a scraper's ServiceAccount is bound to the
+shipped ClusterRole ``gangslice-metrics-reader`` (manifests/monitoring), as a Prometheus's is.
+Then:
 
 1. the control: the scraper's token scrapes;
 2. idle keep-alive clients: 256 TLS connections from eight other loopback addresses each send
@@ -22,15 +23,15 @@ mutual TLS on the verbs, ``--metrics-port``), and a scraper's ServiceAccount is 
 **The Volcano port and the OpenShift install.** Volcano's extender client presents no
 certificate, so the Volcano install's port asks for none; the serve above runs it too
 (``--volcano-port``), and forged allocate, deallocate and predicate calls are made to it. The
-operator-run secondary scheduler presents no client
-certificate, so serve runs with the OpenShift chart's listener (TLS, no ``--tls-client-ca``),
-and what guards the verbs is the shipped NetworkPolicy (no CNI enforces it here) and the
-per-request checks: the pod must exist, by name and UID, be unbound and name one of
-gangslice's schedulers. Forged calls that need none of the scheduler's knowledge (an invented
-pod, a real pod of another scheduler, a real pod under a wrong UID) are made to bind and
-filter, and what they changed is read back from the API server: pods bound, SliceReservations
-made. Last, a forged bind of a pending gangslice pod under its real UID: the per-request checks
-cannot tell it from the scheduler's, and the figure says so.
+operator-run secondary scheduler presents no client certificate, so serve runs with the
+OpenShift chart's listener (TLS, no ``--tls-client-ca``), and what guards the verbs is the
+shipped NetworkPolicy (no CNI enforces it here) and the per-request checks: the pod must exist,
+by name and UID, be unbound and name one of gangslice's schedulers. Forged calls that need none
+of the scheduler's knowledge (an invented pod, a real pod of another scheduler, a real pod
+under a wrong UID) are made to bind and filter, and what they changed is read back from the API
+server: pods bound, SliceReservations made. Last, a forged bind of a pending gangslice pod
+under its real UID: the per-request checks cannot tell it from the scheduler's, and the figure
+says so.
 
 ``gangslice bench extender --hostile --bin-dir DIR`` prints the figures after the other
 phases; tests/e2e/test_hostile_api.py checks them.
@@ -51,14 +52,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extender.bench.controlplane import ControlPlane, ManagedProcess, free_ports
+import yaml
+
+from extender.bench.controlplane import REPO_ROOT, ControlPlane, ManagedProcess, free_ports
 from extender.bench.fake_nodes import FakeGpuNode, create_nodes
 from extender.bench.hostile import HOG_SOURCES, _rss_mib
 from extender.bench.scheduler import CRDS
 from extender.kube import names as keys
 
-#: The scraper's ServiceAccount and the role that lets it read the metrics.
+#: The scraper's ServiceAccount, and the shipped ClusterRole it is bound to.
 SCRAPER, SCRAPER_NS = "bench-scraper", "default"
+METRICS_READER = REPO_ROOT / "manifests" / "monitoring" / "metrics-reader.yaml"
 IDLE_PER_SOURCE = 32
 INVENTED_TOKENS, AT_ONCE = 512, 32
 SCRAPES = 20
@@ -131,8 +135,7 @@ class MetricsFigures:
                 "answered 200",
                 f"  idle keep-alive: {self.idle_clients} TLS connections from {len(HOG_SOURCES)} other "
                 f"addresses without a token; {self.idle_scrapes_ok} of {self.idle_scrapes} scrapes on new "
-                "connections "
-                "answered 200 after",
+                "connections answered 200 after",
                 f"  invented tokens: {self.tokens_sent} scrapes, {AT_ONCE} at a time, replies {statuses} "
                 "(401: reviewed and refused; 503: reviews at their bound, the API server not asked); "
                 f"meanwhile {self.token_scrapes_ok} of {self.token_scrapes} scrapes answered 200, and "
@@ -175,23 +178,17 @@ async def _scrape(port: int, ctx: ssl.SSLContext, token: str) -> bool:
 
 
 def _grant_scraper(cp: ControlPlane) -> str:
-    """A ServiceAccount allowed ``get /metrics`` (manifests/monitoring's rule), and a token of it."""
+    """A ServiceAccount bound to the shipped ClusterRole that may ``get /metrics``
+    (manifests/monitoring), as a Prometheus is; a token of it."""
+    reader = yaml.safe_load(METRICS_READER.read_text())
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    cp.request("POST", f"{rbac}/clusterroles", reader)
     cp.request(
         "POST",
         f"/api/v1/namespaces/{SCRAPER_NS}/serviceaccounts",
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SCRAPER}},
     )
-    rbac = "/apis/rbac.authorization.k8s.io/v1"
-    cp.request(
-        "POST",
-        f"{rbac}/clusterroles",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": SCRAPER},
-            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
-        },
-    )
+    role = reader["metadata"]["name"]
     cp.request(
         "POST",
         f"{rbac}/clusterrolebindings",
@@ -199,7 +196,7 @@ def _grant_scraper(cp: ControlPlane) -> str:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": {"name": SCRAPER},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": SCRAPER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
             "subjects": [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": SCRAPER_NS}],
         },
     )

@@ -4,6 +4,7 @@ Workloads, from the controller or the extender (``reportingComponent``)."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,11 @@ def event(
     }
 
 
+#: (pod, message) pairs a :class:`PodTeller` remembers having told, at most; the oldest go first
+#: (a pod forgotten and still waiting hears its message again, once).
+TOLD_KEPT = 4096
+
+
 class PodTeller:
     """Warning Events of one reason on pods, saying why a pod waits: each message once per pod
     (a controller that retries every pass does not repeat itself), logged as well."""
@@ -74,8 +80,8 @@ class PodTeller:
         self.api = api
         self.clock = clock
         self.reason = reason
-        #: (pod key, message) already told.
-        self._told: set[tuple[str, str]] = set()
+        #: (pod key, message) already told, oldest first.
+        self._told: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     async def tell(self, pod: PodInfo | None, message: str) -> None:
         if pod is None:
@@ -83,7 +89,9 @@ class PodTeller:
         text = f"gangslice: {message}"[:MAX_MESSAGE]
         if (pod.key, text) in self._told:
             return
-        self._told.add((pod.key, text))
+        self._told[(pod.key, text)] = None
+        if len(self._told) > TOLD_KEPT:
+            self._told.popitem(last=False)
         log.warning("pod %s: %s", pod.key, text)
         about = ObjectRef("v1", "Pod", pod.name, pod.namespace, pod.uid)
         try:

@@ -31,7 +31,7 @@ from extender.kube.api import WORKLOAD_POD_GROUPS
 from extender.kube.gangs import DEFAULT_POD_SET
 from extender.kube.names import DESIRED_REPLICAS, MAX_REPLICAS, REVISION
 from extender.kube.pod_groups import PodGroup, group_sizes, read_pod_group
-from extender.kube.pods import PodError, PodInfo, digits
+from extender.kube.pods import PodError, PodInfo, controller_ref, digits
 from extender.topology.hierarchy import Hierarchy
 
 LWS_PREFIX = "leaderworkerset.sigs.k8s.io/"
@@ -94,7 +94,8 @@ def read_owner(kind: str, obj: Mapping[str, Any]) -> Owner | None:
     replicas = spec.get("replicas", 1)
     want = replicas if isinstance(replicas, int) and replicas >= 0 else 0
     annotations = _map(meta.get("annotations"))
-    deployment = _controller(meta, "Deployment") if kind == "ReplicaSet" else None
+    ref = controller_ref(meta) if kind == "ReplicaSet" else None
+    deployment = ref[2] if ref is not None and ref[1] == "Deployment" and ref[2] else None
     if deployment is not None:
         desired = _count(annotations.get(DESIRED_REPLICAS), want)
         size = PodSetSize(desired, max(desired, _count(annotations.get(MAX_REPLICAS), desired)))
@@ -248,15 +249,6 @@ def pod_set_sizes(owners: Iterable[Owner]) -> dict[str, PodSetSize] | None:
         got = out.get(o.pod_set, PodSetSize(0, 0))
         out[o.pod_set] = PodSetSize(got.desired + o.size.desired, got.limit + o.size.limit)
     return out
-
-
-def _controller(meta: Mapping[str, Any], kind: str) -> str | None:
-    refs = meta.get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else ():
-        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("kind") == kind:
-            name = ref.get("name")
-            return str(name) if name else None
-    return None
 
 
 def _count(raw: object, default: int) -> int:

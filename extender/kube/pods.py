@@ -223,11 +223,13 @@ class PodInfo:
                 for entry in spec.get("resourceClaims") or ()
                 if isinstance(entry, Mapping) and (name := entry.get("resourceClaimName"))
             ),
-            controller=_controller(meta),
+            controller=controller_ref(meta),
         )
 
 
-def _controller(meta: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
+def controller_ref(meta: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
+    """The ``ownerReferences`` entry of an object's ``metadata`` marked ``controller`` (there is at
+    most one): (apiVersion, kind, name, uid)."""
     for ref in meta.get("ownerReferences") or ():
         if isinstance(ref, Mapping) and ref.get("controller") is True:
             return (

@@ -36,6 +36,7 @@ from extender.kube import dra, names
 from extender.kube.api import (
     RESOURCE_CLAIM_TEMPLATES,
     RESOURCE_CLAIMS,
+    SLICE_RESERVATIONS,
     Conflict,
     KubeClient,
     NotFound,
@@ -373,6 +374,17 @@ class SlotClaims:
 
     def __init__(self, api: KubeClient) -> None:
         self._api = api
+
+    async def owner(self, namespace: str, name: str, gang: str | None = None) -> dict[str, str]:
+        """SliceReservation ``namespace/name`` as saved, as the owner of the claims (and the
+        ComputeDomain) made for its gang: its name, UID and the gang's name (default: its own).
+        KubeError passes through (not saved yet, or unreadable)."""
+        saved = await self._api.get(SLICE_RESERVATIONS, name, namespace)
+        return {
+            "name": name,
+            "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
+            "gang": gang or name,
+        }
 
     async def ensure(self, claim: Mapping[str, Any]) -> dict[str, Any]:
         """Create ``claim``; one of that name with the same spec is kept; one with another spec

@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from extender.kube import compute_domains as cds
 from extender.kube import names
-from extender.kube.api import COMPUTE_DOMAINS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
+from extender.kube.api import COMPUTE_DOMAINS, KubeClient, KubeError, as_map
 from extender.kube.crd_models import claim_name
+from extender.kube.dra import Device
 from extender.kube.events import PodTeller
 from extender.kube.gangs import Incomplete
 from extender.kube.pods import PodError, PodInfo
@@ -110,10 +111,10 @@ def unreserved(cache: ClusterCache, pod: PodInfo) -> bool:
 def due(cache: ClusterCache, pod: PodInfo) -> Due | None:
     """The claims ``pod`` is owed, or None: it is not live and unbound, its gang holds no
     reservation, the slot it carries is not one of it, or it names none of the slot's claims."""
-    key = pod.annotations.get(names.SLOT)
     if not _pinned(pod):
         return None
     r = cache.book.reservation_of(pod)
+    key = pod.annotations.get(names.SLOT)
     slot = next((s for s in r.slice.slots if s.key == key), None) if r is not None else None
     if r is None or slot is None:
         return None
@@ -193,8 +194,9 @@ class PodClaims:
         """Make the claims of ``d``; False when nothing was to be made or a write failed (the
         next pass tries again)."""
         slot, gang = d.slot, d.reservation.gang
-        devices = cache.device_map(slot.node)
-        pins = tuple(devices.device(g).name for g in slot.gpus) if devices is not None else ()
+        device_map = cache.device_map(slot.node)
+        devices = [device_map.device(g) for g in slot.gpus] if device_map is not None else []
+        pins = tuple(dev.name for dev in devices)
         todo_slot = d.slot_claim is not None and self._made.get((d.namespace, d.slot_claim)) != pins
         todo_channel = d.channel_claim is not None and (d.namespace, d.channel_claim) not in self._made
         if not todo_slot and not todo_channel:
@@ -205,61 +207,59 @@ class PodClaims:
                 d.pod, f"its claims wait for gang {gang}'s SliceReservation to be saved: {why}"
             )
             return False
+        writer = SlotClaims(self.api)
         try:
-            saved = await self.api.get(SLICE_RESERVATIONS, d.name, d.namespace)
-            owner = {
-                "name": d.name,
-                "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
-                "gang": d.pod.labels.get(names.GANG) or d.name,
-            }
+            owner = await writer.owner(d.namespace, d.name, d.pod.labels.get(names.GANG))
             if todo_slot and d.slot_claim is not None:
-                await self._slot_claim(cache, d, d.slot_claim, owner)
+                if device_map is None:
+                    raise SlotError(
+                        f"node {slot.node} of slot {slot.key} publishes no GPUs of gpu.nvidia.com"
+                    )
+                await writer.ensure(await self._slot_claim(cache, d, d.slot_claim, devices, owner))
+                log.info(
+                    "pod %s of gang %s: claim %s pins %s on %s",
+                    d.pod.key,
+                    gang,
+                    d.slot_claim,
+                    ",".join(pins),
+                    slot.node,
+                    extra=fields(gang=gang),
+                )
                 self._made[(d.namespace, d.slot_claim)] = pins
             if todo_channel and d.channel_claim is not None:
-                await self._channel_claim(d, owner)
+                await writer.ensure(await self._channel_claim(d, owner))
                 self._made[(d.namespace, d.channel_claim)] = ()
         except (KubeError, SlotError) as exc:
             await self._teller.tell(d.pod, f"making its claims: {exc}; retried")
             return False
         return True
 
-    async def _slot_claim(self, cache: ClusterCache, d: Due, name: str, owner: Mapping[str, str]) -> None:
-        slot = d.slot
-        device_map = cache.device_map(slot.node)
-        if device_map is None:
-            raise SlotError(f"node {slot.node} of slot {slot.key} publishes no GPUs of gpu.nvidia.com")
+    async def _slot_claim(
+        self, cache: ClusterCache, d: Due, name: str, devices: Sequence[Device], owner: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """The slot's claim: the pod's ResourceClaimTemplate pinned to ``devices``."""
         template_name = d.pod.annotations[names.CLAIM_TEMPLATE]
         spec = {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template_name}]}
         found = await gpu_claim(self.api, d.namespace, spec, cache.device_class_drivers)
         if found is None:
             raise SlotError(f"ResourceClaimTemplate {d.namespace}/{template_name} asks for no whole GPUs")
-        devices = [device_map.device(g) for g in slot.gpus]
-        claim = build_claim(
+        return build_claim(
             namespace=d.namespace,
             name=name,
             template=found.template,
             request=found.request,
-            slot=slot,
+            slot=d.slot,
             devices=devices,
             reservation=owner,
-            at_root=functools.partial(cache.at_root, slot.node),
-        )
-        await SlotClaims(self.api).ensure(claim)
-        log.info(
-            "pod %s of gang %s: claim %s pins %s on %s",
-            d.pod.key,
-            d.reservation.gang,
-            name,
-            ",".join(dev.name for dev in devices),
-            slot.node,
-            extra=fields(gang=d.reservation.gang),
+            at_root=functools.partial(cache.at_root, d.slot.node),
         )
 
-    async def _channel_claim(self, d: Due, owner: Mapping[str, str]) -> None:
+    async def _channel_claim(self, d: Due, owner: Mapping[str, str]) -> dict[str, Any]:
+        """The node's channel claim of the gang's ComputeDomain (made here unless the pod adopts one)."""
         adopted = d.pod.annotations.get(names.COMPUTE_DOMAIN)
         if adopted:
             domain = await self.api.get(COMPUTE_DOMAINS, adopted, d.namespace)
         else:
             domain = await cds.ComputeDomains(self.api).ensure(cds.build_domain(d.namespace, owner))
         uid = str(as_map(domain.get("metadata")).get("uid") or "")
-        await SlotClaims(self.api).ensure(cds.build_channel_claim(d.namespace, d.slot.node, uid, owner))
+        return cds.build_channel_claim(d.namespace, d.slot.node, uid, owner)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extender.kube import dra, names
-from extender.kube.api import RESOURCE_CLAIMS, SLICE_RESERVATIONS, KubeClient, KubeError, as_map
+from extender.kube.api import RESOURCE_CLAIMS, KubeClient, KubeError, as_map
 from extender.kube.crd_models import claim_name
 from extender.kube.events import PodTeller
 from extender.kube.gangs import plain_gang_request
@@ -257,13 +257,8 @@ class SlotClaimSync:
         """Pin each of ``slots``' claims (same name, the template of the old one) to its devices now."""
         gang = r.gang
         ns, res_name = cache.book.ref_of(r).key
-        saved = await self.api.get(SLICE_RESERVATIONS, res_name, ns)
-        owner = {
-            "name": res_name,
-            "uid": str(as_map(saved.get("metadata")).get("uid") or ""),
-            "gang": res_name,
-        }
         writer = SlotClaims(self.api)
+        owner = await writer.owner(ns, res_name)
         for slot in slots:
             old = old_claims.get(slot.key)
             device_map = cache.device_map(slot.node)
