@@ -57,7 +57,7 @@ def exact_slice(snap: ClusterSnapshot, gang: GangRequest, needs: dict[str, Need]
     options = {ps.name: _options(snap, ps, needs[ps.name]) for ps in order}
     pods = [(ps, k) for ps in order for k in range(ps.count)]
     budget = [EXACT_BUDGET]
-    best: list[tuple[tuple[int, float], list[PodSlot]]] = []
+    best: list[tuple[tuple[int, float, float], list[PodSlot]]] = []
     chosen: list[PodSlot] = []
     taken: dict[int, int] = {}
     used: dict[int, Resources] = {}

@@ -15,7 +15,13 @@ The objective (:func:`objective`) is lexicographic, lower is better:
    no such gang waiting, a whole rack is free capacity like any other, and while one waits
    only the whole rack with the most free GPUs is kept for it
    (:meth:`ClusterSnapshot.kept_cliques`): one rack drains at a time.
-2. **predicted per-layer communication time** (:func:`gang_micros`), microseconds.
+2. **hardware loss** (:func:`~extender.placement.hardware.gang_loss`): over the slice's GPUs,
+   what a GPU of that model is worth to the gangs that wait
+   (:attr:`ClusterSnapshot.worth`) less the pod set's own speed on it (its compute time on
+   the fastest model it may use over its compute time there), GPUs at full speed. With
+   nothing waiting a replica takes the fastest hardware it may use; while a gang that runs
+   only on H100 waits, a small replica leaves the H100 to it and takes an L40S.
+3. **predicted per-layer communication time** (:func:`gang_micros`), microseconds.
 
 Shared by the solver, the baselines, the simulator and the tests, so every policy is judged
 by one yardstick.
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 
 from extender import cost
 from extender.cost import Comm
-from extender.placement import feasibility, numa_fit
+from extender.placement import feasibility, hardware, numa_fit
 from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
@@ -289,10 +295,15 @@ def fabric_waste(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSl
     )
 
 
-def objective(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> tuple[int, float]:
-    """THE objective, lexicographic, lower is better: (:func:`fabric_waste`, the predicted
-    per-layer communication time of the gang in microseconds)."""
-    return fabric_waste(snap, gang, slots), sum(gang_micros(snap, gang, slots).values())
+def objective(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> tuple[int, float, float]:
+    """THE objective, lexicographic, lower is better: (:func:`fabric_waste`, the hardware loss
+    (:func:`~extender.placement.hardware.gang_loss`), the predicted per-layer communication
+    time of the gang in microseconds)."""
+    return (
+        fabric_waste(snap, gang, slots),
+        hardware.gang_loss(snap, gang, slots),
+        sum(gang_micros(snap, gang, slots).values()),
+    )
 
 
 def room_taken(

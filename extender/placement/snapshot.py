@@ -10,6 +10,7 @@ from typing import Any
 
 from extender.placement import feasibility
 from extender.placement.feasibility import NO_FACTS, UNLIMITED, NodeFacts, Resources
+from extender.placement.hardware import NOTHING_WAITS, Worth
 from extender.placement.plugin_fit import plugin_kind
 from extender.placement.request import NodeNeeds, NodeRequirement, PodRequests
 from extender.placement.search.memory import SolverMemory
@@ -24,6 +25,8 @@ Clique = tuple[str | None, ...]
 ROOM_TABLES = 8
 #: How many per-node tables (:meth:`ClusterSnapshot.per_node`, one per pod shape) a snapshot keeps.
 PER_NODE_TABLES = 16
+#: Views of one free table with what waits set (:meth:`ClusterSnapshot.with_waiting`) kept.
+WAITING_VIEWS = 16
 #: A pod set's node requirements, all of which a node meets.
 Selector = tuple[NodeRequirement, ...]
 #: Nodes alike for placement as far as allocation goes: (node kind, free mask).
@@ -98,6 +101,10 @@ class ClusterSnapshot:
     #: Whether a gang that needs a multi-node NVLink clique is known to wait (None: not known,
     #: so cliques are kept whole as if one did; :func:`~extender.placement.scoring.on_whole_clique`).
     clique_demand: bool | None = None
+    #: What a GPU of each model is worth to the gangs known to wait
+    #: (:mod:`~extender.placement.hardware`; nothing waits by default: every replica takes the
+    #: fastest hardware it may use).
+    worth: Worth = NOTHING_WAITS
     #: What the solver keeps across decisions on this cluster (per-class tables, fits on the
     #: emptied cluster): shared by every snapshot derived from this one, so the caller that
     #: builds the snapshot owns it; pass the same one to a rebuilt snapshot to keep it.
@@ -134,9 +141,9 @@ class ClusterSnapshot:
         self._room_classes: RoomTables | None = None
         self._spilled: tuple[list[int], frozenset[Clique]] | None = None
         self._kept: tuple[list[int], bool | None, frozenset[Clique]] | None = None
-        self._demand_copies: tuple[list[int], list[NodeState], dict[bool | None, ClusterSnapshot]] | None = (
-            None
-        )
+        self._demand_copies: (
+            tuple[list[int], list[NodeState], dict[tuple[bool | None, Worth], ClusterSnapshot]] | None
+        ) = None
 
     def _compute_free(self, node: NodeState) -> int:
         shape = node.shape
@@ -524,21 +531,31 @@ class ClusterSnapshot:
             {n: g for n, g in self.reserved.items() if n in keep},
             {n: g for n, g in self.reserved_mnnvl.items() if n in keep},
             self.clique_demand,
+            self.worth,
         )
 
     def with_clique_demand(self, demand: bool | None) -> ClusterSnapshot:
-        """The same snapshot (every derived table shared) with :attr:`clique_demand` set. The
-        copy is kept with this snapshot's free table and nodes, so decisions on one view reuse
-        one copy and the tables it derives lazily (the cache's view lives until it changes)."""
-        if demand is self.clique_demand:
+        """The same snapshot with :attr:`clique_demand` set (:meth:`with_waiting`)."""
+        return self.with_waiting(demand, self.worth)
+
+    def with_waiting(self, demand: bool | None, worth: Worth) -> ClusterSnapshot:
+        """The same snapshot (every derived table shared) with what is known to wait set:
+        :attr:`clique_demand` and :attr:`worth`. The copy is kept with this snapshot's free
+        table and nodes, so decisions on one view reuse one copy and the tables it derives
+        lazily (the cache's view lives until it changes); at most :data:`WAITING_VIEWS` are
+        kept per free table."""
+        if demand is self.clique_demand and worth == self.worth:
             return self
         memo = self._demand_copies
         if memo is None or memo[0] is not self._free or memo[1] is not self.nodes:
             memo = self._demand_copies = (self._free, self.nodes, {})
-        snap = memo[2].get(demand)
+        snap = memo[2].get((demand, worth))
         if snap is None:
-            snap = memo[2][demand] = copy.copy(self)
+            while len(memo[2]) >= WAITING_VIEWS:
+                del memo[2][next(iter(memo[2]))]
+            snap = memo[2][(demand, worth)] = copy.copy(self)
             snap.clique_demand = demand
+            snap.worth = worth
         return snap
 
     def with_held(self, held: Mapping[str, frozenset[int]], mnnvl: Mapping[str, str]) -> ClusterSnapshot:

@@ -142,6 +142,7 @@ def reserve_all(
         )
     now = cache.clock()
     view = cache.waiting.view(view, now, exclude=[request.name, *by_gang])
+    cache.waiting.asked(view, request, now)
     result = (solve or place)(view, request)
     if not isinstance(result, Slice):
         if result.feasible_when_empty:

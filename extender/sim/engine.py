@@ -37,7 +37,10 @@ peer) move nothing.
 
 Each policy call's snapshot says whether a gang that needs a multi-node NVLink clique waits
 (:func:`~extender.placement.waiting.with_demand`): one of the other gangs in the queue. That
-is what the extender knows (``keep_cliques`` ALWAYS: never known). Only gangslice reads it.
+is what the extender knows (``keep_cliques`` ALWAYS: never known). It also says what a GPU of
+each model is worth to the other gangs in the queue and those that left it (placed or
+withdrawn) within :data:`~extender.placement.waiting.DEMAND_MEMORY_S`: the gangs the
+extender was asked for in that time. Only gangslice reads them.
 
 Shortcut: once a policy refuses a gang, the same request is not asked again until some GPUs
 come free, since fewer free GPUs cannot make room. Every policy gets the same shortcut.
@@ -46,18 +49,20 @@ come free, since fewer free GPUs cannot make room. Every policy gets the same sh
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
+from extender.placement.hardware import Worth, WorthBook, gang_worth
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import gang_micros, mnnvl_nodes
 from extender.placement.slice import Placement, PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.step import slice_step
-from extender.placement.waiting import KeepCliques, needs_clique, with_demand
+from extender.placement.waiting import DEMAND_MEMORY_S, KeepCliques, needs_clique, with_demand
 from extender.sim.judge import coherent_level, incoherence, unusable
 from extender.sim.life import Life
 from extender.sim.records import (
@@ -225,6 +230,12 @@ class Simulation:
         self.queued: set[str] = set()
         self.queued_clique = 0
         self.asks_clique: dict[tuple[PodSet, ...], bool] = {}
+        #: What a GPU of each model is worth to the gangs queued or asked for within
+        #: DEMAND_MEMORY_S, counted; each shape's worth; when the dequeued ones' worths expire.
+        self.queued_worth = WorthBook()
+        self.worths: dict[tuple[PodSet, ...], Worth] = {}
+        self.now = 0.0
+        self.recent: collections.deque[tuple[float, Worth]] = collections.deque()
         self.records: list[GangRecord] = []
         self.by_name: dict[str, GangRecord] = {}
         self.deployments = {d.name: d for d in trace.deployments}
@@ -273,6 +284,7 @@ class Simulation:
             t = self.events[0][0]
             if t > end:
                 break
+            self.now = t
             while self.events and self.events[0][0] == t:
                 _, kind, _, what = heapq.heappop(self.events)
                 self._handle(kind, what, t)
@@ -463,11 +475,20 @@ class Simulation:
             self.queue.append(rec)
         self.queued.add(rec.name)
         self.queued_clique += self._asks_clique(rec)
+        self.queued_worth.add(self._worth(rec))
 
     def _dequeue(self, rec: GangRecord) -> None:
         self.queue.remove(rec)
         self.queued.discard(rec.name)
         self.queued_clique -= self._asks_clique(rec)
+        self.recent.append((self.now + DEMAND_MEMORY_S, self._worth(rec)))
+
+    def _worth(self, rec: GangRecord) -> Worth:
+        key = shape_key(rec.gang)
+        got = self.worths.get(key)
+        if got is None:
+            got = self.worths[key] = gang_worth(self.cluster.base, rec.gang)
+        return got
 
     def _asks_clique(self, rec: GangRecord) -> bool:
         key = shape_key(rec.gang)
@@ -517,7 +538,10 @@ class Simulation:
             return False
         snap = self.cluster.snapshot()
         waiting = self.queued_clique - self._asks_clique(rec) > 0  # another queued gang asks for one
-        snap = with_demand(snap, waiting, self.keep_cliques)
+        while self.recent and self.recent[0][0] < t:
+            self.queued_worth.remove(self.recent.popleft()[1])
+        worth = self.queued_worth.worth(exclude=(self._worth(rec),))
+        snap = with_demand(snap, waiting, self.keep_cliques, worth)
         began = time.perf_counter()
         got: Placement | Plan | None
         try:

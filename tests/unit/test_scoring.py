@@ -315,7 +315,7 @@ def test_fabric_waste_counts_clique_gpus_of_pod_sets_off_the_fabric() -> None:
     assert scoring.fabric_waste(snap, gang, over) == 2  # prefill's own pod is off the fabric
     assert scoring.fabric_waste(snap, gang, same) == 4
     # The objective puts it first, then the cost.
-    waste, micros = scoring.objective(snap, gang, over)
+    waste, _, micros = scoring.objective(snap, gang, over)
     assert waste == 2
     assert micros == pytest.approx(sum(scoring.gang_micros(snap, gang, over).values()))
     assert scoring.objective(snap, gang, over) < scoring.objective(snap, gang, same)

@@ -173,7 +173,7 @@ def _single_pod_options(snap: ClusterSnapshot, gang: GangRequest, ps: PodSet) ->
     return out
 
 
-Key = tuple[int, float]
+Key = tuple[int, float, float]
 
 
 def exhaustive(snap: ClusterSnapshot, gang: GangRequest) -> tuple[Key, list[PodSlot]] | None:
@@ -282,8 +282,9 @@ MORE_WASTE = float("nan")
 
 def _check(inst: Instance, optimum: tuple[Key, list[PodSlot]] | None, solver: Solver) -> float | None:
     """(a) and (b) for one solver: the ratio of its cost to the optimum's when it takes as
-    few clique GPUs off the fabric (MORE_WASTE when it takes more; infinite when it says
-    unplaceable although a slice exists; None when no slice exists)."""
+    few clique GPUs off the fabric and has as little hardware loss (MORE_WASTE when it has
+    more; infinite when it says unplaceable although a slice exists; None when no slice
+    exists)."""
     got = solver.place(inst.gang)
     if isinstance(got, Unplaceable):
         return None if optimum is None else float("inf")
@@ -292,11 +293,11 @@ def _check(inst: Instance, optimum: tuple[Key, list[PodSlot]] | None, solver: So
     assert optimum is not None, ("the exhaustive search missed a slice", inst, got)
     _check_colocation_notes(inst, got)
     _check_plugin_sets(inst, got)
-    waste, micros = scoring.objective(inst.snap, inst.gang, got.slots)
-    (best_waste, best_micros), _ = optimum
+    waste, loss, micros = scoring.objective(inst.snap, inst.gang, got.slots)
+    (best_waste, best_loss, best_micros), _ = optimum
     assert abs(micros - got.per_layer_micros) <= 1e-6 * max(1.0, micros), "the slice misreports its cost"
-    assert waste >= best_waste, ("fewer clique GPUs off the fabric than the exhaustive optimum", inst, got)
-    if waste > best_waste:
+    assert (waste, loss) >= (best_waste, best_loss), ("better than the exhaustive optimum", inst, got)
+    if (waste, loss) > (best_waste, best_loss):
         return MORE_WASTE
     assert micros >= best_micros * (1 - 1e-9), ("cheaper than the exhaustive optimum", inst, got)
     return micros / best_micros if best_micros > 0 else (1.0 if micros == 0 else float("inf"))
@@ -403,8 +404,8 @@ def test_exact_fallback_alone_is_complete(allocation: Allocation, drawn: Instanc
         assert got.notes[0] == "placed by exact search"
         assert scoring.violations(inst.snap, inst.gang, got.slots) == []
         _check_plugin_sets(inst, got)
-        waste, micros = scoring.objective(inst.snap, inst.gang, got.slots)
-        assert (waste, micros) >= (optimum[0][0], optimum[0][1] * (1 - 1e-9))
+        waste, loss, micros = scoring.objective(inst.snap, inst.gang, got.slots)
+        assert (waste, loss, micros) >= (optimum[0][0], optimum[0][1], optimum[0][2] * (1 - 1e-9))
         # Every colocation it misses is said.
         for name in scoring.colocation_misses(inst.snap, inst.gang, got.slots):
             assert any(n.startswith(f"pod set {name}: not sharing") for n in got.notes), got.notes

@@ -23,6 +23,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 from extender.cost import Comm
+from extender.placement import hardware
 from extender.placement.node_fit import fit_for
 from extender.placement.request import PodSet
 from extender.placement.scoring import ANYWHERE, Need, Span, node_scope, pod_set_cost, pods_talk
@@ -65,7 +66,7 @@ def options(
     need: Need,
     caps: CapacityTable,
     links: Links,
-    best: Price | tuple[int, float],
+    best: Price | tuple[int, float, float],
     ties: bool = False,
 ) -> list[Option]:
     """Placements across several nodes: at each level from the finest up to the required
@@ -116,11 +117,12 @@ def options(
     spans = snap.domain_spans()
 
     top_gbps = _top_gbps(ctx, ps, caps)
+    least_loss = hardware.floor(snap, ps)
     by_level = ctx.domains_by_level
     opts: list[Option] = []
     for level in range(len(h.levels) - 1, max(need.scope, ANYWHERE) - 1, -1):
         fabric = level >= 0 and h.levels[level].fabric
-        bound = (0, quantize(_bound(ctx, ps, level, top_gbps, links)))
+        bound = (0, least_loss, quantize(_bound(ctx, ps, level, top_gbps, links)))
         if not fabric and (bound > best if ties else bound >= best):
             break
         domains: Sequence[tuple[DomainKey | None, list[int] | None]] = (
@@ -276,7 +278,7 @@ def _realise(
             placed.append((i, m))
             masks[i] = masks.get(i, 0) | m
     slots = slots_of(ctx, ps, placed)
-    waste, cost = placement_price(ctx, ps, slots, links)
+    waste, loss, cost = placement_price(ctx, ps, slots, links)
     if len(masks) == 1:
         (i,) = masks
         where, level = f"node {snap.nodes[i].name}", node_scope(h)
@@ -285,7 +287,7 @@ def _realise(
         level = max(level, common)
         where = "cluster" if level == ANYWHERE else h.describe(ctx.domain_key(next(iter(masks)), level))
     kinds = frozenset(snap.nodes[i].shape.key for i in masks)
-    return Option(slots, masks, level, where, waste, cost, fit, kinds=kinds)
+    return Option(slots, masks, level, where, waste, cost, fit, kinds=kinds, hardware=loss)
 
 
 def _multi_floor(ctx: Decision, ps: PodSet, i: int) -> int | None:

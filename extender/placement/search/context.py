@@ -104,6 +104,8 @@ class DecisionTables:
     micros: dict[tuple[str, int, int], tuple[float, object, object]] = field(default_factory=dict)
     rooms: dict[tuple[PodRequests, str], list[int]] = field(default_factory=dict)
     worths: dict[str, float] = field(default_factory=dict)
+    #: Per pod set: its speed per GPU model (:func:`~extender.placement.hardware.speeds`).
+    speeds: dict[str, Mapping[str, float] | None] = field(default_factory=dict)
     #: In-node pairings (:mod:`~extender.placement.search.pairing`): the best GPU sets of a KV
     #: pair's slots alone on a node, and their score, per what decides them.
     pairings: dict[tuple[object, ...], tuple[tuple[float, int], tuple[int, ...]]] = field(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from extender.placement import hardware
 from extender.placement.scoring import colocation_misses, fabric_waste, mnnvl_nodes
 from extender.placement.search.context import Decision
 from extender.placement.search.option import Option
@@ -57,4 +58,5 @@ def finish(ctx: Decision, placed: Mapping[str, Option]) -> Finished:
         mnnvl_nodes=mnnvl_nodes(snap, gang, slots),
     )
     waste = fabric_waste(snap, gang, slots)
-    return Finished(slice_rank(waste, len(misses), sl.per_layer_micros, len(notes)), sl)
+    loss = hardware.gang_loss(snap, gang, slots)
+    return Finished(slice_rank(waste, len(misses), loss, sl.per_layer_micros, len(notes)), sl)

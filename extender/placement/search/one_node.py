@@ -77,7 +77,7 @@ def _on_node(ctx: Decision, ps: PodSet, i: int, caps: CapacityTable, links: Link
     _, free, tier = caps[i]
     pick = node_pick(ctx, ps, i, free, tier)
     slots = slots_of(ctx, ps, [(i, m) for m in pick.masks])
-    waste, cost = placement_price(ctx, ps, slots, links, pick.cost)
+    waste, loss, cost = placement_price(ctx, ps, slots, links, pick.cost)
     node = ctx.snap.nodes[i]
     return Option(
         slots,
@@ -88,6 +88,7 @@ def _on_node(ctx: Decision, ps: PodSet, i: int, caps: CapacityTable, links: Link
         cost,
         node_tie(ctx, ps, i, pick),
         kinds=frozenset({node.shape.key}),
+        hardware=loss,
     )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from extender.cost import Comm
+from extender.placement import hardware
 from extender.placement.node_fit import fit_for
 from extender.placement.numa_fit import GpuFit
 from extender.placement.request import PodSet
@@ -58,15 +59,18 @@ class Option:
     #: Nodes with every GPU free that this placement breaks into.
     opened: int = 0
     kinds: frozenset[str] = frozenset()  # the node types it uses
+    #: The hardware loss of its GPUs (:func:`~extender.placement.hardware.loss`).
+    hardware: float = 0.0
 
     @property
     def price(self) -> Price:
-        return price(self.waste, self.cost)
+        return price(self.waste, self.hardware, self.cost)
 
     def rank(self) -> OptionRank:
         return option_rank(
             fabric_waste=self.waste,
             misses=self.misses,
+            hardware=self.hardware,
             cost_us=self.cost,
             no_room=self.no_room,
             kv_short=self.kv_short,
@@ -106,10 +110,10 @@ class Links:
 
 def placement_price(
     ctx: Decision, ps: PodSet, slots: tuple[PodSlot, ...], links: Links, own: float | None = None
-) -> tuple[int, float]:
+) -> tuple[int, float, float]:
     """What placing ``ps`` on ``slots`` adds to the gang's objective: clique GPUs taken off
-    the fabric, and cost (us per layer): its own communication (``own`` when already known)
-    and the KV hand-offs to its placed dependents."""
+    the fabric, the hardware loss of its GPUs, and cost (us per layer): its own communication
+    (``own`` when already known) and the KV hand-offs to its placed dependents."""
     if own is None or links.partner:
         own = rank_micros(ctx, ps, slots, links.partner)
     cost = own + sum(rank_micros(ctx, d, d_slots, slots) for d, d_slots in links.dependents)
@@ -118,7 +122,7 @@ def placement_price(
         waste = pod_set_fabric_waste(ctx.snap, ps, slots, links.partner) + sum(
             pod_set_fabric_waste(ctx.snap, d, d_slots, slots) for d, d_slots in links.dependents
         )
-    return waste, cost
+    return waste, hardware.loss(ctx.snap, ps, slots), cost
 
 
 def slots_of(ctx: Decision, ps: PodSet, placed: Sequence[tuple[int, int]]) -> tuple[PodSlot, ...]:

@@ -101,7 +101,7 @@ def _generate(
     ctx.budget.spend(len(caps))
     opts = one_node.options(ctx, ps, caps, links, dependents, taken)
     if ps.count > 1 and need.scope < node_scope(ctx.h) and caps:
-        best = min((o.price for o in opts), default=(0, float("inf")))
+        best = min((o.price for o in opts), default=(0, float("inf"), float("inf")))
         # A set that hands KV caches to sets not placed yet: spreading it over several nodes
         # at no cost of its own lets each of their pods sit next to one of its pods, so
         # placements that only tie the best so far are kept too.

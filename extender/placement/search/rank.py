@@ -11,19 +11,23 @@ orders of their own, next to that work in ``across_nodes`` and ``option``.)
 1. ``fabric_waste``: GPUs of multi-node NVLink cliques taken by pod sets that do not use
    multi-node NVLink (:func:`~extender.placement.scoring.fabric_waste`), GPUs;
 2. ``colocation_misses``: colocateWith wishes the slice misses, a count;
-3. ``cost_us``: the predicted communication time per transformer layer, summed over the pod
+3. ``hardware``: the hardware loss (:func:`~extender.placement.hardware.loss`): over the
+   slice's GPUs, what each is worth to the gangs that wait less the pod set's own speed on
+   it, GPUs at full speed, to 0.01;
+4. ``cost_us``: the predicted communication time per transformer layer, summed over the pod
    sets (:func:`~extender.placement.scoring.pod_set_micros`: ring all-reduce
    ``2 (K-1)/K * bytes / B + alpha`` and its siblings), microseconds, rounded to 1e-6 so
    float noise between equal placements ties;
-4. ``notes``: wishes missed and said in the slice's notes, a count.
+5. ``notes``: wishes missed and said in the slice's notes, a count.
 
 :class:`OptionRank` ranks one pod set's candidate placements: ``fabric_waste`` and
 ``colocation_missed`` (a colocateWith the user asked for is kept before cost) come first,
-then ``cost_us`` (its own communication and its KV hand-offs to placed partners), soft
-wishes missed (``wishes_missed``: preferred level, colocation), ``no_room`` (a pod set that
-colocates with it finds no room next to it), ``kv_short`` (pods of kv-transfer sets
-colocating with it that its nodes cannot hold: their KV cache crosses the network), nodes
-with every GPU free it breaks into (``nodes_opened``), ``coarseness`` (minus the level index
+then ``hardware`` (the hardware loss of its own GPUs), then ``cost_us`` (its own
+communication and its KV hand-offs to placed partners), soft wishes missed
+(``wishes_missed``: preferred level, colocation), ``no_room`` (a pod set that colocates
+with it finds no room next to it), ``kv_short`` (pods of kv-transfer sets colocating with
+it that its nodes cannot hold: their KV cache crosses the network), nodes with every GPU
+free it breaks into (``nodes_opened``), ``coarseness`` (minus the level index
 of the smallest domain holding it: finer first), and last ``fit``, how tightly it fits:
 
 - on one node, a :class:`NodeTie`: the preferred node affinity score (higher first), a node
@@ -39,7 +43,7 @@ of the smallest domain holding it: finer first), and last ``fit``, how tightly i
   first: the tightest domain) and the nodes its fastest nodes span.
 
 :class:`NodeRank` orders the nodes that could hold a whole pod set alone (clique GPUs off
-the fabric, cost, then the node's tie); :class:`DomainRank` orders the domains of one level
+the fabric, hardware loss, cost, then the node's tie); :class:`DomainRank` orders the domains of one level
 by the speed class their fastest nodes reach (nodes off the fabric first for a pod set
 whose pods do not talk; the pod bandwidth, GB/s, capped where a faster node no longer helps,
 higher first), then their fit; the sort itself runs on :data:`DomainParts`, the same parts as
@@ -52,7 +56,7 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from extender.placement import feasibility
+from extender.placement import feasibility, hardware
 from extender.placement.node_fit import fit_for
 from extender.placement.request import PodSet
 from extender.placement.scoring import ANYWHERE, pod_set_micros
@@ -73,11 +77,12 @@ class Price(NamedTuple):
     """What a placement adds to the gang's objective."""
 
     fabric_waste: int  # clique GPUs taken off the fabric, GPUs
+    hardware: float  # hardware loss, GPUs at full speed
     cost_us: float  # communication per layer, us, quantized
 
 
-def price(waste: int, cost: float) -> Price:
-    return Price(waste, quantize(cost))
+def price(waste: int, hardware: float, cost: float) -> Price:
+    return Price(waste, hardware, quantize(cost))
 
 
 class SliceRank(NamedTuple):
@@ -85,12 +90,15 @@ class SliceRank(NamedTuple):
 
     fabric_waste: int  # clique GPUs of the gang off the fabric, GPUs
     colocation_misses: int  # colocateWith wishes missed, count
+    hardware: float  # hardware loss summed over the pod sets, GPUs at full speed
     cost_us: float  # communication per layer summed over the pod sets, us, quantized
     notes: int  # wishes missed and said, count
 
 
-def slice_rank(fabric_waste: int, colocation_misses: int, cost_us: float, notes: int) -> SliceRank:
-    return SliceRank(fabric_waste, colocation_misses, quantize(cost_us), notes)
+def slice_rank(
+    fabric_waste: int, colocation_misses: int, hardware: float, cost_us: float, notes: int
+) -> SliceRank:
+    return SliceRank(fabric_waste, colocation_misses, hardware, quantize(cost_us), notes)
 
 
 class LevelledTie(NamedTuple):
@@ -137,6 +145,7 @@ class OptionRank(NamedTuple):
 
     fabric_waste: int  # clique GPUs taken off the fabric, GPUs
     colocation_missed: bool  # misses the colocateWith wish the user asked for
+    hardware: float  # hardware loss of its own GPUs, GPUs at full speed
     cost_us: float  # communication per layer (its own and its KV hand-offs), us, quantized
     wishes_missed: int  # soft wishes missed (preferred level, colocation), count
     no_room: bool  # a pod set colocating with it has no room next to it
@@ -150,6 +159,7 @@ class NodeRank(NamedTuple):
     """How the nodes that hold every pod of a pod set alone rank (lower is better)."""
 
     fabric_waste: int  # clique GPUs taken off the fabric, GPUs
+    hardware: float  # hardware loss of the pods on the node's GPU model, GPUs at full speed
     cost_us: float  # the pods' communication on the node, us, quantized
     tie: NodeTie
 
@@ -180,6 +190,7 @@ def option_rank(
     *,
     fabric_waste: int,
     misses: tuple[str, ...],
+    hardware: float,
     cost_us: float,
     no_room: bool,
     kv_short: int,
@@ -190,6 +201,7 @@ def option_rank(
     return OptionRank(
         fabric_waste,
         COLOCATE in misses,
+        hardware,
         quantize(cost_us),
         len(misses),
         no_room,
@@ -243,18 +255,26 @@ def node_ranks(
     gbps = worth(ctx, first)
     frees, order = snap.free_masks(), snap.order()
     spread = ctx.needs[ps.name].scope == ANYWHERE
+    models = hardware.node_models(snap)
 
     def preference(i: int) -> int:
         return -node_preference(ps, i, ctx) if ps.preferred else 0
 
     if best is not None:
         # Nodes alike in all but their place in the order: one path (so one fullness), one
-        # free mask (so one ``whole``), the same preference and fabric waste.
+        # free mask (so one ``whole``), one GPU model, the same preference and fabric waste.
         keys: list[tuple[object, ...]]
         if ps.preferred or ctx.has_fabric:
-            keys = [(snap.path(i), frees[i], preference(i), fabric_waste(i)) for i in members]
+            keys = [(snap.path(i), frees[i], models[i], preference(i), fabric_waste(i)) for i in members]
         else:
-            keys = list(zip(map(snap.path, members), map(frees.__getitem__, members), strict=True))
+            keys = list(
+                zip(
+                    map(snap.path, members),
+                    map(frees.__getitem__, members),
+                    map(models.__getitem__, members),
+                    strict=True,
+                )
+            )
         alike: dict[tuple[object, ...], list[int]] = {}
         for key, i in zip(keys, members, strict=True):
             alike.setdefault(key, []).append(i)
@@ -263,7 +283,7 @@ def node_ranks(
     for i in members:
         whole = frees[i].bit_count() == size
         tie = _tie(spread, preference(i), whole, gbps, pick, snap.fullness(i), order[i])
-        out.append((NodeRank(fabric_waste(i), cost, tie), i))
+        out.append((NodeRank(fabric_waste(i), node_loss(ctx, ps, i), cost, tie), i))
     return out
 
 
@@ -277,6 +297,17 @@ DomainParts = tuple[Speed, int, int]
 def domain_rank(parts: DomainParts) -> DomainRank:
     (off_fabric, minus_gbps), spare_gpus, nodes = parts
     return DomainRank(off_fabric, minus_gbps, spare_gpus, nodes)
+
+
+def node_loss(ctx: Decision, ps: PodSet, i: int) -> float:
+    """The hardware loss of every pod of ``ps`` on node ``i``
+    (:func:`~extender.placement.hardware.node_loss`; the pod set's speeds memoised)."""
+    if ps.name not in ctx.tables.speeds:
+        ctx.tables.speeds[ps.name] = hardware.speeds(ctx.snap, ps)
+    own = ctx.tables.speeds[ps.name]
+    if not own:
+        return 0.0
+    return round(hardware.node_loss(ctx.snap, ps, i, ps.gpus, own), hardware.LOSS_DIGITS)
 
 
 def node_preference(ps: PodSet, i: int, ctx: Decision) -> int:

@@ -1,0 +1,198 @@
+"""Hardware by what it does to goodput: a pod set's speed on each GPU model, and what a GPU of
+each model is worth to the gangs that wait.
+
+Goodput counts each GPU-hour at the speed its workload gets there: its best step on the fleet
+over its step on these GPUs (:mod:`extender.compute`). A pod set's **speed** on a GPU model is
+its compute time on the fastest model among the nodes its pods may use (nodeSelector, node
+affinity, tolerations; nodes with room for one pod) over its compute time on that model: an
+8B replica whose best is a GB200 runs at 0.40 on an H100 and 0.14 on an L40S, a TP=8 replica
+that no GB200 tray can hold runs at 1 on an H100 and 0.37 on an L40S. Communication is the
+objective's next term (per-layer cost), so it is not counted twice here.
+
+What a GPU of a model is **worth** to the gangs that wait (:class:`Worth`) is the best speed
+any of their pod sets would get on it: 1 for an H100 while an H100-only wide-EP gang waits.
+A placement's **hardware loss** is, over its GPUs, that worth less the placed pod set's own
+speed there: what the fleet forgoes by putting this pod set on these GPUs rather than
+leaving them to a waiting gang. With nothing waiting it is minus the speed, so a replica
+takes the fastest hardware it may use; while a gang that runs only on H100 waits, an 8B
+replica loses 1 - 0.40 = 0.60 per GPU on an H100 and 0 - 0.14 on an L40S, so it takes the
+L40S: comparative advantage, not a fixed order of models.
+
+A pod set that may land on a node whose GPU model the datasheet table does not know has no
+speeds: its hardware loss is 0 everywhere, and the objective's other terms decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from extender.compute import compute_us, work_gpus
+from extender.placement.request import GangRequest, PodSet
+from extender.placement.slice import PodSlot
+from extender.topology.gpus import GpuSpec, node_gpu
+
+if TYPE_CHECKING:
+    from extender.placement.snapshot import ClusterSnapshot
+
+#: Losses this close are ties (a hundredth of a GPU at full speed).
+LOSS_DIGITS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Worth:
+    """What a GPU of each model is worth to the gangs that wait: per (GPU model name, GPUs per
+    pod), the best speed one of their pod sets with pods of that size gets on that model. A
+    node's GPUs are worth what the waiting pods that fit its free GPUs get there
+    (:meth:`of`): a whole free H100 node is worth 1 to a waiting TP=8 or wide-EP gang, the
+    half-used node next to it only what waiting small replicas get on an H100."""
+
+    by_pod: tuple[tuple[tuple[str, int], float], ...] = ()
+
+    def of(self, model: str, free: int) -> float:
+        """A GPU's worth on a node of ``model`` with ``free`` free GPUs (0: nobody waiting fits)."""
+        best = 0.0
+        for (name, gpus), value in self.by_pod:
+            if name == model and gpus <= free and value > best:
+                best = value
+        return best
+
+    def __bool__(self) -> bool:
+        return bool(self.by_pod)
+
+    def __str__(self) -> str:
+        return (
+            ", ".join(f"{name} ({gpus}-GPU pods) {value:.2f}" for (name, gpus), value in self.by_pod)
+            or "nothing waits"
+        )
+
+
+def _worth(best: Mapping[tuple[str, int], float]) -> Worth:
+    return Worth(tuple(sorted((key, round(v, 3)) for key, v in best.items())))
+
+
+#: Nothing waits: every GPU is worth its own speed to whoever takes it.
+NOTHING_WAITS = Worth()
+
+
+def node_models(snap: ClusterSnapshot) -> list[GpuSpec | None]:
+    """Every node's GPU model by node index (None: not in the datasheet table)."""
+    return snap.per_node(("gpu-model",), lambda n: node_gpu(n.labels, n.graph.model))
+
+
+def models_for(snap: ClusterSnapshot, ps: PodSet) -> frozenset[GpuSpec | None]:
+    """The GPU models of the nodes a pod of ``ps`` may use (its node needs, room for its GPUs
+    on an empty node), cached on the snapshot's memory per node list."""
+
+    def derive() -> frozenset[GpuSpec | None]:
+        models = node_models(snap)
+        admitted = snap.admitted(ps.node_needs)
+        indices = range(len(snap.nodes)) if admitted is None else admitted
+        return frozenset(models[i] for i in indices if snap.nodes[i].shape.size >= ps.gpus_per_pod)
+
+    return snap.memory.models.get(snap.nodes, (ps.node_needs, ps.gpus_per_pod), derive)
+
+
+def speeds(snap: ClusterSnapshot, ps: PodSet) -> Mapping[str, float] | None:
+    """``ps``'s speed on each GPU model its pods may use, by model name (module docstring);
+    None when it has no GPUs, may use no node, or may use a model the table does not know."""
+    if ps.gpus_per_pod == 0:
+        return None
+    models = models_for(snap, ps)
+    if not models or None in models:
+        return None
+    split = work_gpus(ps.comm, ps.count, ps.gpus_per_pod)
+    times = {spec.name: compute_us(ps.model, split, spec) for spec in models if spec is not None}
+    best = min(times.values())
+    return {name: (best / t if t > 0 else 1.0) for name, t in times.items()}
+
+
+def worth(snap: ClusterSnapshot, waiting: Iterable[GangRequest]) -> Worth:
+    """What a GPU of each model is worth to ``waiting``: the best speed of their pod sets on
+    it, per size of pod."""
+    best: dict[tuple[str, int], float] = {}
+    for gang in waiting:
+        for ps in gang.pod_sets:
+            for name, s in (speeds(snap, ps) or {}).items():
+                key = (name, ps.gpus_per_pod)
+                if s > best.get(key, 0.0):
+                    best[key] = s
+    return _worth(best)
+
+
+def node_loss(snap: ClusterSnapshot, ps: PodSet, i: int, gpus: int, own: Mapping[str, float] | None) -> float:
+    """The hardware loss of ``gpus`` GPUs of ``ps`` on node ``i`` (its speeds ``own``): the
+    worth of the node's GPUs to the waiting pods that fit its free GPUs, less ``ps``'s speed."""
+    if not own:
+        return 0.0
+    spec = node_models(snap)[i]
+    if spec is None:
+        return 0.0
+    free = snap.free_mask(i).bit_count()
+    return gpus * (snap.worth.of(spec.name, free) - own.get(spec.name, 0.0))
+
+
+def loss(snap: ClusterSnapshot, ps: PodSet, slots: Sequence[PodSlot]) -> float:
+    """The hardware loss of ``ps`` on ``slots``, GPUs at full speed (lower is better; negative
+    when the pod set gains more than the waiting gangs would)."""
+    own = speeds(snap, ps)
+    if not own:
+        return 0.0
+    per_node: dict[int, int] = {}
+    for s in slots:
+        i = snap.index(s.node)
+        per_node[i] = per_node.get(i, 0) + len(s.gpus)
+    return round(sum(node_loss(snap, ps, i, g, own) for i, g in per_node.items()), LOSS_DIGITS)
+
+
+def gang_loss(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> float:
+    """:func:`loss` summed over the gang's pod sets."""
+    by_set: dict[str, list[PodSlot]] = {}
+    for s in slots:
+        by_set.setdefault(s.pod_set, []).append(s)
+    return round(sum(loss(snap, ps, by_set.get(ps.name, ())) for ps in gang.pod_sets), LOSS_DIGITS)
+
+
+def floor(snap: ClusterSnapshot, ps: PodSet) -> float:
+    """At most the least hardware loss any placement of ``ps`` can have (every GPU on its
+    best model, on a node no waiting pod fits)."""
+    own = speeds(snap, ps)
+    return round(-ps.gpus * max(own.values()), LOSS_DIGITS) if own else 0.0
+
+
+def gang_worth(snap: ClusterSnapshot, gang: GangRequest) -> Worth:
+    """What a GPU of each model is worth to ``gang`` alone (its entry in a :class:`WorthBook`)."""
+    return worth(snap, (gang,))
+
+
+@dataclass
+class WorthBook:
+    """The waiting gangs' worths, counted: a decision reads what a GPU is worth to every
+    waiting gang but the ones being placed in O(distinct worths), not O(gangs waiting)."""
+
+    _counts: dict[Worth, int] = field(default_factory=dict)
+
+    def add(self, w: Worth) -> None:
+        self._counts[w] = self._counts.get(w, 0) + 1
+
+    def remove(self, w: Worth) -> None:
+        left = self._counts.get(w, 0) - 1
+        if left > 0:
+            self._counts[w] = left
+        else:
+            self._counts.pop(w, None)
+
+    def worth(self, exclude: Iterable[Worth] = ()) -> Worth:
+        """What a GPU of each model is worth to the waiting gangs less those in ``exclude``."""
+        less: dict[Worth, int] = {}
+        for w in exclude:
+            less[w] = less.get(w, 0) + 1
+        best: dict[tuple[str, int], float] = {}
+        for w, n in self._counts.items():
+            if n - less.get(w, 0) <= 0:
+                continue
+            for key, value in w.by_pod:
+                if value > best.get(key, 0.0):
+                    best[key] = value
+        return Worth(tuple(sorted(best.items())))

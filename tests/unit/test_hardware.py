@@ -1,0 +1,148 @@
+"""Hardware chosen by what it does to goodput: a replica's speed on each GPU model against what
+that GPU is worth to the gangs the fleet asks for (extender.placement.hardware)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from extender.placement import hardware, scoring
+from extender.placement.ledger import Reservation
+from extender.placement.request import GangRequest
+from extender.placement.slice import Slice
+from extender.placement.snapshot import ClusterSnapshot
+from extender.placement.solver import place
+from extender.placement.waiting import DEMAND_MEMORY_S, WaitingGangs
+from extender.reservations import ClusterCache
+from extender.reservations.reserve import Claim, reserve
+from extender.sim.templates import builtin_templates
+from extender.testing.builders import make_cluster, make_node
+from extender.topology.gpus import PRODUCT_LABEL
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+L40S = "NVIDIA-L40S"
+
+
+def fleet(*nodes: tuple[str, str, str, int]) -> ClusterSnapshot:
+    """Nodes of (name, product, leaf, busy GPUs): HGX H100 boxes and 8-GPU L40S PCIe boxes."""
+    built = []
+    for name, product, leaf, busy in nodes:
+        node = make_node(name).leaf(leaf).spine("s").label(PRODUCT_LABEL, product)
+        node = node.hgx_h100() if product == H100 else node.pcie_8gpu_2socket()
+        built.append(node.busy(busy))
+    return make_cluster(*built).obj()
+
+
+def template(name: str, gang: str | None = None) -> GangRequest:
+    got = builtin_templates()[name]
+    return GangRequest(gang or name, got.pod_sets)
+
+
+def nodes_of(snap: ClusterSnapshot, gang: GangRequest) -> tuple[str, ...]:
+    got = place(snap, gang)
+    assert isinstance(got, Slice), got
+    assert scoring.violations(snap, gang, got.slots) == []
+    return got.nodes
+
+
+def test_speeds_follow_the_datasheets_over_the_models_a_pod_set_may_use() -> None:
+    snap = fleet(("h", H100, "a", 0), ("l", L40S, "b", 0))
+    small = template("llama-8b-tp1").pod_sets[0]
+    got = hardware.speeds(snap, small)
+    assert got is not None
+    assert got["H100 SXM"] == 1.0  # the fastest model it may use here
+    assert got["L40S"] == pytest.approx(362 / 989, rel=1e-3)  # a prefill is arithmetic-bound
+    # A pod set pinned to H100 has no other model; one that may land on a model the table does
+    # not know has no speeds at all (no hardware term).
+    wide = template("deepseek-v3-wideep-4").pod_sets[0]
+    assert hardware.speeds(snap, wide) == {"H100 SXM": 1.0}
+    box = make_node("x").leaf("b").spine("s").pcie_8gpu_2socket().obj()
+    mystery = replace(box, graph=replace(box.graph, model="mystery"))
+    assert hardware.speeds(ClusterSnapshot([*snap.nodes, mystery], snap.hierarchy), small) is None
+
+
+def test_an_8b_replica_takes_the_h100_while_nothing_waits_and_the_l40s_while_an_h100_only_gang_waits() -> (
+    None
+):
+    snap = fleet(("h", H100, "a", 0), ("l", L40S, "b", 0))
+    small = template("llama-8b-tp1")
+    assert nodes_of(snap, small) == ("h",)
+    wide = template("deepseek-v3-wideep-4")  # wide expert parallelism pinned to HGX H100
+    waiting = snap.with_waiting(None, hardware.worth(snap, [wide]))
+    assert str(waiting.worth) == "H100 SXM (8-GPU pods) 1.00"
+    assert nodes_of(waiting, small) == ("l",)
+    # A TP=8 replica that runs on either model waits: the L40S is worth its speed there to it
+    # (0.37), still less than the H100 (1) it would lose, so the 8B replica takes the L40S.
+    tp8 = template("llama-70b-tp8")
+    assert nodes_of(snap.with_waiting(None, hardware.worth(snap, [tp8])), small) == ("l",)
+
+
+def test_a_small_replica_takes_the_h100_gpus_no_waiting_pod_fits_before_a_whole_node() -> None:
+    # A half-used H100 node is worth nothing to a waiting gang of 8-GPU pods: the replica runs
+    # there at full H100 speed, not on the whole H100 node the gang needs nor on the L40S.
+    snap = fleet(("whole", H100, "a", 0), ("half", H100, "a", 4), ("l", L40S, "b", 0))
+    wide = template("deepseek-v3-wideep-4")
+    waiting = snap.with_waiting(None, hardware.worth(snap, [wide]))
+    assert nodes_of(waiting, template("llama-8b-tp1")) == ("half",)
+    small = template("llama-8b-tp1").pod_sets[0]
+    # The loss, in GPUs at full speed: the whole node's worth (1) less the replica's speed (1).
+    assert hardware.loss(waiting, small, place(waiting, template("llama-8b-tp1")).slots) == -1.0  # type: ignore[union-attr]
+
+
+def test_the_objective_puts_the_hardware_loss_after_the_clique_gpus_and_before_the_cost() -> None:
+    snap = fleet(("h", H100, "a", 0), ("l", L40S, "b", 0))
+    small = template("llama-8b-tp1")
+    on_h100 = place(snap, small)
+    assert isinstance(on_h100, Slice)
+    waste, loss, micros = scoring.objective(snap, small, on_h100.slots)
+    assert (waste, loss, micros) == (0, -1.0, 0.0)
+
+
+def test_the_book_counts_worths_and_leaves_out_the_ones_being_placed() -> None:
+    snap = fleet(("h", H100, "a", 0), ("l", L40S, "b", 0))
+    wide = hardware.gang_worth(snap, template("deepseek-v3-wideep-4"))
+    small = hardware.gang_worth(snap, template("llama-8b-tp1"))
+    book = hardware.WorthBook()
+    for w in (wide, small, small):
+        book.add(w)
+    assert book.worth().of("H100 SXM", 8) == 1.0 and book.worth().of("L40S", 8) == pytest.approx(
+        0.366, abs=1e-3
+    )
+    assert book.worth(exclude=[wide]).of("H100 SXM", 8) == 1.0  # the 8B replicas' best model is the H100
+    assert book.worth(exclude=[wide]).of("H100 SXM", 1) == 1.0
+    assert book.worth(exclude=[wide, small, small]) == hardware.NOTHING_WAITS
+    book.remove(wide)
+    assert book.worth().of("H100 SXM", 8) == 1.0  # still the 8B replicas'
+    book.remove(small)
+    book.remove(small)
+    assert not book.worth()
+
+
+def test_a_gang_asked_for_counts_as_demand_for_an_hour() -> None:
+    snap = fleet(("h", H100, "a", 0), ("l", L40S, "b", 0))
+    table = WaitingGangs(started_at=0.0)
+    table.asked(snap, template("deepseek-v3-wideep-4", "wide"), 100.0)
+    assert table.worth(100.0 + DEMAND_MEMORY_S).of("H100 SXM", 8) == 1.0
+    assert table.worth(100.0, exclude=["wide"]) == hardware.NOTHING_WAITS  # its own decision
+    assert table.worth(101.0 + DEMAND_MEMORY_S) == hardware.NOTHING_WAITS  # forgotten
+    # Asked again, it counts once, from the newest time.
+    table.asked(snap, template("deepseek-v3-wideep-4", "wide"), 200.0)
+    table.asked(snap, template("deepseek-v3-wideep-4", "wide"), 300.0)
+    table.worth(250.0 + DEMAND_MEMORY_S)
+    assert table.worth(300.0 + DEMAND_MEMORY_S).of("H100 SXM", 8) == 1.0
+    assert table.worth(301.0 + DEMAND_MEMORY_S) == hardware.NOTHING_WAITS
+
+
+def test_the_reserve_path_keeps_the_h100_for_the_gang_it_was_asked_for() -> None:
+    # A wide-EP gang the cluster cannot hold yet (one H100 node for 4) is asked for; the 8B
+    # replica reserved next takes the L40S, and the whole H100 node stays free.
+    snap = fleet(("h", H100, "a", 0), ("l", L40S, "b", 0))
+    cache = ClusterCache.from_snapshot(snap, clock=lambda: 0.0)
+    first = reserve(cache, template("llama-8b-tp1", "before"), Claim("before"))
+    assert isinstance(first, Reservation) and first.slice.nodes == ("h",)
+    assert cache.drop("before") is not None
+    wide = template("deepseek-v3-wideep-4", "wide")
+    assert not isinstance(reserve(cache, wide, Claim("wide")), Reservation)
+    got = reserve(cache, template("llama-8b-tp1", "after"), Claim("after"))
+    assert isinstance(got, Reservation) and got.slice.nodes == ("l",)
