@@ -65,6 +65,14 @@ def register(sub: Any) -> None:
         help="gangslice's rule for whole multi-node NVLink cliques, as serve --keep-cliques: while "
         "a gang that asks for one waits (default), or always",
     )
+    p.add_argument(
+        "--migrate",
+        action="store_true",
+        help="gangslice moves restartable replicas (one pod of a Deployment that is not rolling) off "
+        "the domain cheapest to drain for a gang of 8 or more GPUs that waited 10 minutes, each to "
+        "hardware at least as fast, every restart charged (the simulator only: serve does not move "
+        "replicas yet)",
+    )
     p.add_argument("--out", metavar="DIR", help="write report.md, results.json, gangs.jsonl, trace and plots")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--json", action="store_true", help="print results.json's content instead of the table")
@@ -138,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gangslice simulate: --policies: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.migrate and "gangslice" in policies:
+        from extender.sim.migrating import Migrating
+
+        policies["gangslice"] = Migrating()
     problem = _bad_numbers(args)
     if problem:
         print(f"gangslice simulate: {problem}", file=sys.stderr)

@@ -14,6 +14,7 @@ from extender.placement.hardware import NOTHING_WAITS, Worth
 from extender.placement.plugin_fit import plugin_kind
 from extender.placement.request import NodeNeeds, NodeRequirement, PodRequests
 from extender.placement.search.memory import SolverMemory
+from extender.placement.slice import PodSlot
 from extender.topology.allocation import Allocation
 from extender.topology.hierarchy import DomainKey, Hierarchy
 from extender.topology.kubelet import KubeletAlignment
@@ -557,6 +558,28 @@ class ClusterSnapshot:
             snap.clique_demand = demand
             snap.worth = worth
         return snap
+
+    def without(self, gpus: Mapping[str, frozenset[int]]) -> ClusterSnapshot:
+        """The same cluster with these GPUs (node name -> GPU indices) free: taken off what
+        the node reports allocated and off what is reserved there (replicas that would move)."""
+        states = {}
+        held = dict(self.reserved)
+        for name, g in gpus.items():
+            node = self.node(name)
+            if node.allocated & g:
+                states[name] = replace(node, allocated=node.allocated - g)
+            if name in held:
+                held[name] = held[name] - g
+        return self.updated(states, held, self.reserved_mnnvl, also=list(gpus))
+
+    def with_taken(self, slots: Iterable[PodSlot]) -> ClusterSnapshot:
+        """The same cluster with the slots' GPUs held too (as a reservation holds them)."""
+        held = dict(self.reserved)
+        names = []
+        for s in slots:
+            held[s.node] = held.get(s.node, frozenset()) | frozenset(s.gpus)
+            names.append(s.node)
+        return self.updated({}, held, self.reserved_mnnvl, also=names)
 
     def with_held(self, held: Mapping[str, frozenset[int]], mnnvl: Mapping[str, str]) -> ClusterSnapshot:
         """The same cluster with reservations' capacity taken out."""

@@ -57,6 +57,7 @@ from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from extender.placement.hardware import Worth, WorthBook, gang_worth
+from extender.placement.migration import one_pod
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.scoring import gang_micros, mnnvl_nodes
 from extender.placement.slice import Placement, PodSlot, Slice
@@ -64,7 +65,7 @@ from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.step import slice_step
 from extender.placement.waiting import DEMAND_MEMORY_S, KeepCliques, needs_clique, with_demand
 from extender.sim.judge import coherent_level, incoherence, unusable
-from extender.sim.life import Life
+from extender.sim.life import DEPLOYMENT, Life
 from extender.sim.records import (
     DEPARTED,
     MOVED,
@@ -103,7 +104,7 @@ class MovingPolicy(Protocol):
     def __call__(self, snap: ClusterSnapshot, gang: GangRequest) -> Placement: ...
 
     def plan(
-        self, snap: ClusterSnapshot, gang: GangRequest, running: Sequence[Running]
+        self, snap: ClusterSnapshot, gang: GangRequest, running: Sequence[Running], waited_s: float
     ) -> Placement | Plan: ...
 
 
@@ -546,7 +547,7 @@ class Simulation:
         got: Placement | Plan | None
         try:
             if self.moving:
-                got = self.policy.plan(snap, rec.gang, self._running())  # type: ignore[attr-defined]
+                got = self.policy.plan(snap, rec.gang, self._running(t), t - rec.arrived)  # type: ignore[attr-defined]
             else:
                 got = self.policy(snap, rec.gang)
         except Exception as exc:  # reported, and the gang treated as refused
@@ -560,13 +561,15 @@ class Simulation:
         self.refused[key] = self.epoch
         return False
 
-    def _running(self) -> list[Running]:
+    def _running(self, t: float) -> list[Running]:
         out = []
-        for recs in self.live.values():
+        for deployment, recs in self.live.items():
+            steady = self.deployments[deployment].life.owner == DEPLOYMENT and not self._rolling(deployment)
             for rec in recs:
                 run = rec.run
                 if run is not None:
-                    out.append(Running(rec.name, rec.template, rec.gang, run.slots, rec.load_s))
+                    movable = steady and one_pod(rec.gang) and run.ready_at <= t
+                    out.append(Running(rec.name, rec.template, rec.gang, run.slots, rec.load_s, movable))
         return out
 
     def _apply(self, rec: GangRecord, snap: ClusterSnapshot, plan: Plan, t: float) -> bool:

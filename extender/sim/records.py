@@ -48,6 +48,8 @@ class Running:
     slots: tuple[PodSlot, ...]
     #: Seconds until it serves again if moved now (its model load).
     load_s: float
+    #: Whether its owner lets it be moved: one pod of a Deployment that is not rolling, serving.
+    movable: bool = True
 
 
 #: How a node type's name marks a node of a multi-node NVLink clique.

@@ -126,7 +126,9 @@ class Mover:
     def __call__(self, snap: ClusterSnapshot, gang: GangRequest) -> Placement:
         return first_fit(snap, gang)
 
-    def plan(self, snap: ClusterSnapshot, gang: GangRequest, running: Sequence[Running]) -> Placement | Plan:
+    def plan(
+        self, snap: ClusterSnapshot, gang: GangRequest, running: Sequence[Running], waited_s: float = 0.0
+    ) -> Placement | Plan:
         got = first_fit(snap, gang)
         if isinstance(got, Slice) or gang.name.startswith("small"):
             return got
