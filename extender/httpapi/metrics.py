@@ -34,6 +34,10 @@
   gangs that ask for one: the one with the most free GPUs while such a gang waits, every one
   while that is not known yet, none otherwise
   (:meth:`~extender.placement.snapshot.ClusterSnapshot.kept_cliques`).
+- ``gangslice_gpu_worth{model,pod_gpus}``: what a GPU of each model is worth to the gangs asked
+  for within the last hour, per size of pod (the best speed one of their pod sets gets there;
+  :mod:`extender.placement.hardware`): placement leaves GPUs worth more to others than to the
+  gang it places.
 
 The GPU gauges are computed from the cache at each scrape: O(nodes), with the per-node-type
 memo of :mod:`extender.placement.node_fit` doing the in-node work once per free mask; the
@@ -54,7 +58,7 @@ from extender.httpapi.limits import ConnectionGuard
 from extender.placement.ledger import Phase, Reservation
 from extender.placement.node_fit import fit_for
 from extender.placement.snapshot import ClusterSnapshot
-from extender.placement.waiting import WAITING_TTL_S
+from extender.placement.waiting import DEMAND_MEMORY_S, WAITING_TTL_S
 from extender.reservations import ClusterCache
 
 #: Buckets for a service whose target is well under 5 ms.
@@ -223,6 +227,16 @@ class _CacheCollector(Collector):
             f"{WAITING_TTL_S:g} s ago, none while pods off the fabric may use them like other GPUs.",
             value=len(kept),
         )
+        worths = GaugeMetricFamily(
+            "gangslice_gpu_worth",
+            "What a GPU of each model is worth to the gangs asked for within the last "
+            f"{DEMAND_MEMORY_S:g} s, per size of pod: the best speed (1: their fastest model) one "
+            "of their pod sets with pods of that many GPUs gets on it.",
+            labels=["model", "pod_gpus"],
+        )
+        for (model, pod_gpus), value in self.cache.book.waiting.worth(self.cache.clock()).by_pod:
+            worths.add_metric([model, str(pod_gpus)], value)
+        yield worths
 
 
 class _ListenerCollector(Collector):

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from test_hardware import H100, L40S, fleet, template
 from test_solver_cliques import mixed, one
 
 from extender.cost import Comm
@@ -220,3 +221,20 @@ def test_the_clique_gauges_follow_the_gangs_refused() -> None:
     cache.waiting.placed("wide")
     cache.waiting.refused(cache.view(), one("small", 1, 2), now[0])
     assert gauges() == (1.0, 0.0)
+
+
+def test_the_gpu_worth_gauge_shows_what_the_gangs_asked_for_would_get() -> None:
+    cache = ClusterCache.from_snapshot(fleet(("h", H100, "a", 0), ("l", L40S, "b", 0)), clock=lambda: 0.0)
+    cache.waiting.asked(cache.view(), template("deepseek-v3-wideep-4", "wide"), 0.0)
+    cache.waiting.asked(cache.view(), template("llama-70b-tp8", "tp8"), 0.0)
+
+    async def scrape() -> Samples:
+        async with client_for(build_app(cache)) as client:
+            return _samples(await (await client.get("/metrics")).text())
+
+    samples = asyncio.run(scrape())
+    worth = {k[1]: round(v, 3) for k, v in samples.items() if k[0] == "gangslice_gpu_worth"}
+    assert worth == {
+        (("model", "H100 SXM"), ("pod_gpus", "8")): 1.0,
+        (("model", "L40S"), ("pod_gpus", "8")): 0.366,
+    }
