@@ -32,7 +32,8 @@ from extender.httpapi.wire import MAX_EXTENDER_PRIORITY
 from extender.kube.gangs import DEFAULT_POD_SET
 from extender.kube.names import SLOT
 from extender.kube.pods import PodError, PodInfo
-from extender.placement import choice, numa_fit
+from extender.placement import choice, hardware, numa_fit
+from extender.placement.hardware import Worth
 from extender.placement.node_fit import fit_for
 from extender.placement.numa_fit import GpuFit
 from extender.placement.request import PodSet
@@ -59,8 +60,9 @@ class Verdict:
 
 #: The one fitting verdict (compared by identity on the hot path).
 PASS = Verdict(Code.FIT)
-#: A node's raw score for a pod: (predicted microseconds, fragmentation), None if it does not fit.
-Raw = tuple[float, float] | None
+#: A node's raw score for a pod: (hardware loss, predicted microseconds, fragmentation), None
+#: if it does not fit.
+Raw = tuple[float, float, float] | None
 #: Per-node tables kept (one per GPU count and level asked about) before all are dropped.
 MAX_RULES = 64
 MAX_RAW_VALUES = 100_000
@@ -104,7 +106,7 @@ class Decider:
         self._fit: dict[tuple[numa_fit.RuleKey, Tier | None], dict[str, Verdict]] = {}
         #: Per rule, node -> index into ``_raw_values`` (equal raw scores share one index,
         #: so a request's scores are normalised over the few distinct values).
-        self._raw: dict[tuple[numa_fit.RuleKey, Tier | None, Tier | None], dict[str, int]] = {}
+        self._raw: dict[tuple[numa_fit.RuleKey, Tier | None, Tier | None, Worth], dict[str, int]] = {}
         self._raw_values: list[Raw] = []
         self._raw_ids: dict[Raw, int] = {}
         self._micros: dict[tuple[str, int, int], float] = {}
@@ -363,21 +365,24 @@ class Decider:
             need = resolve_need(ps, self.cache.hierarchy)
         except LevelError:
             return Scores.zeros(len(names))
-        view = self._fresh()
+        fresh = self._fresh()
+        worth = self.cache.waiting.worth(self.cache.clock())
+        view = fresh.with_waiting(fresh.clique_demand, worth)
         version = self.cache.version
         key = NamesKey(names)
         shape = numa_fit.rule_key(ps)
-        rule = ("score", shape, need.tier, need.preferred_tier)
+        rule = ("score", shape, need.tier, need.preferred_tier, worth)
         got = self._scored.get(version, rule, key)
         if got is not None:
             return got
-        table = self._raw.setdefault((shape, need.tier, need.preferred_tier), {})
+        table = self._raw.setdefault((shape, need.tier, need.preferred_tier, worth), {})
         try:
             ids = lookup(table, key.names)
         except KeyError:
+            own = hardware.speeds(view, ps)
             for n in key.names:
                 if n not in table:
-                    self._raw_score(view, n, ps, need.tier, need.preferred_tier, table)
+                    self._raw_score(view, n, ps, own, need.tier, need.preferred_tier, table)
             ids = lookup(table, key.names)
         distinct = list(set(ids))
         scores = normalise([self._raw_values[i] for i in distinct])
@@ -390,14 +395,17 @@ class Decider:
         view: ClusterSnapshot,
         name: str,
         ps: PodSet,
+        own: Mapping[str, float] | None,
         tier: Tier | None,
         preferred: Tier | None,
         table: dict[str, int],
     ) -> Raw:
-        """(predicted per-layer microseconds of the best GPU set, fragmentation) or None when
-        the pod does not fit. Fragmentation = 2 x GPUs stranded outside the largest coherent
-        block left + GPUs left free, both as fractions of the node: best fit leaves the node
-        full, or leaves a block a later pod can use whole."""
+        """(hardware loss, predicted per-layer microseconds of the best GPU set,
+        fragmentation) or None when the pod does not fit. The hardware loss is the solver's
+        (:func:`~extender.placement.hardware.node_loss`: what the node's GPUs are worth to the
+        gangs asked for less the pod's speed there). Fragmentation = 2 x GPUs stranded
+        outside the largest coherent block left + GPUs left free, both as fractions of the
+        node: best fit leaves the node full, or leaves a block a later pod can use whole."""
         got: Raw = None
         if view.has_node(name):
             i = view.index(name)
@@ -414,7 +422,8 @@ class Decider:
                     micros *= 1.5
                 left = rest.bit_count()
                 stranded = left - fit_for(shape).coherent_block(rest)
-                got = (micros, (2 * stranded + left) / shape.size)
+                loss = hardware.node_loss(view, ps, i, gpus, own)
+                got = (round(loss, hardware.LOSS_DIGITS), micros, (2 * stranded + left) / shape.size)
         ident = self._raw_ids.get(got)
         if ident is None:
             ident = self._raw_ids[got] = len(self._raw_values)
@@ -523,16 +532,16 @@ def unsaved(out: FilterOutcome, why: str) -> FilterOutcome:
 
 
 def normalise(raws: Sequence[Raw]) -> list[int]:
-    """Raw (microseconds, fragmentation) to 0-10 by rank: nodes that do not fit get 0; the
-    others are ordered by ``badness = 10 x (micros / best micros - 1) + fragmentation`` (cost
-    first, fit second) and the best gets 10, the next distinct badness 9, and so on down to 1.
-    Ranks, not a linear scale, so a small fit difference is not flattened by a node type
-    that is much slower."""
+    """Raw (hardware loss, microseconds, fragmentation) to 0-10 by rank: nodes that do not
+    fit get 0; the others are ordered by hardware loss, then by ``badness = 10 x (micros /
+    best micros - 1) + fragmentation`` (cost first, fit second) and the best gets 10, the next
+    distinct rank 9, and so on down to 1. Ranks, not a linear scale, so a small fit
+    difference is not flattened by a node type that is much slower."""
     distinct = {r for r in raws if r is not None}
     if not distinct:
         return [0] * len(raws)
-    best_micros = min(r[0] for r in distinct) or 1.0
-    bad = {r: round(10 * (r[0] / best_micros - 1) + r[1], 9) for r in distinct}
+    best_micros = min(r[1] for r in distinct) or 1.0
+    bad = {r: (r[0], round(10 * (r[1] / best_micros - 1) + r[2], 9)) for r in distinct}
     rank = {b: i for i, b in enumerate(sorted(set(bad.values())))}
     score: dict[Raw, int] = {None: 0}
     for r, b in bad.items():

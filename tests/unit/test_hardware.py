@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from extender.httpapi.decide import Decider
+from extender.kube.pods import PodInfo
 from extender.placement import hardware, scoring
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest
@@ -18,6 +20,7 @@ from extender.reservations import ClusterCache
 from extender.reservations.reserve import Claim, reserve
 from extender.sim.templates import builtin_templates
 from extender.testing.builders import make_cluster, make_node
+from extender.testing.extender import pod_obj
 from extender.topology.gpus import PRODUCT_LABEL
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -146,3 +149,12 @@ def test_the_reserve_path_keeps_the_h100_for_the_gang_it_was_asked_for() -> None
     assert not isinstance(reserve(cache, wide, Claim("wide")), Reservation)
     got = reserve(cache, template("llama-8b-tp1", "after"), Claim("after"))
     assert isinstance(got, Reservation) and got.slice.nodes == ("l",)
+
+
+def test_a_gpu_pod_outside_gangs_is_scored_by_the_same_hardware_loss() -> None:
+    cache = ClusterCache.from_snapshot(fleet(("h", H100, "a", 0), ("l", L40S, "b", 0)), clock=lambda: 0.0)
+    pod = PodInfo.from_obj(pod_obj("server", gpus=1))
+    decider = Decider(cache)
+    assert decider.prioritize(pod, ["h", "l"]).values == [10, 9]  # nothing asked for: the fastest
+    cache.waiting.asked(cache.view(), template("deepseek-v3-wideep-4", "wide"), 0.0)
+    assert decider.prioritize(pod, ["h", "l"]).values == [9, 10]  # the H100 node is in demand
