@@ -130,6 +130,23 @@ USER_KEYS = (
         "member of a joint gang, `<member or pod set>[@level]` names another member.",
     ),
     Key(
+        f"{NAMES}:MOVABLE",
+        "label",
+        "Pod (outside any gang)",
+        "read by the controller (serve --migration)",
+        "`true`: a restartable replica gangslice may move to drain a domain for a gang of 8 or more "
+        "GPUs that waited: the plan is reported (Event `MigrationPlanned` on the gang's pod, "
+        "metrics); nothing is evicted.",
+    ),
+    Key(
+        f"{NAMES}:RESTART_SECONDS",
+        "annotation",
+        "Pod (movable)",
+        "read by the controller (serve --migration)",
+        "Seconds the replica takes to serve again once moved (its model load; default 120): a "
+        "plan costs its movers' GPUs x these seconds, and the cheapest domain to drain wins.",
+    ),
+    Key(
         f"{NAMES}:COMPUTE_DOMAIN",
         "annotation",
         "Pod (DRA, GB200)",

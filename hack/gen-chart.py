@@ -106,12 +106,14 @@ VALUES = {
     "@@CONTROLLER_REPLICAS@@": "{{ .Values.controller.replicas }}",
     "@@TLS_SECRET@@": "{{ .Values.tls.secretName }}",
     "@@KEEP_CLIQUES@@": '"--keep-cliques={{ .Values.controller.keepCliques }}"',
+    "@@MIGRATION@@": '"--migration={{ .Values.controller.migration }}"',
     "@@IMEX_DAEMON_REQUESTS@@": '"--imex-daemon-requests={{ .Values.controller.imexDaemonRequests }}"',
 }
 #: Controller args whose value the chart sets: the argument as the manifests default it ->
 #: its placeholder.
 ARG_VALUES = {
     "--keep-cliques=while-waiting": "@@KEEP_CLIQUES@@",
+    "--migration=report": "@@MIGRATION@@",
     "--imex-daemon-requests=": "@@IMEX_DAEMON_REQUESTS@@",
 }
 
@@ -371,6 +373,10 @@ controller:
   # with the most free GPUs) for gangs that ask for one while such a gang waits
   # (while-waiting), or every clique always.
   keepCliques: while-waiting
+  # serve --migration: for a gang of 8 or more GPUs that waited, report which pods labelled
+  # gangslice.io/movable=true would move to drain a domain for it (report), or nothing (off).
+  # Nothing is evicted.
+  migration: report
   # serve --imex-daemon-requests: what NVIDIA's IMEX daemon pod requests on each node of a
   # ComputeDomain (the DRA driver's controller.containers.computeDomain.resources), e.g.
   # cpu=100m,memory=64Mi; empty: none.
@@ -503,6 +509,7 @@ def render_schema(values: Values) -> str:
                     {
                         "replicas": {"type": "integer", "minimum": 0},
                         "keepCliques": {"enum": ["while-waiting", "always"]},  # extender KeepCliques
+                        "migration": {"enum": ["off", "report"]},  # controllers.migration Migration
                         "imexDaemonRequests": STRING,
                         **_pod_schema("controller", values),
                     }

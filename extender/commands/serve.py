@@ -13,6 +13,8 @@ from extender.bench.extender import TARGET_RPS
 from extender.bench.placement import bench_subparsers
 from extender.commands.exits import EXIT_OK, UsageError
 from extender.controllers.kueue.contract import CheckConfig
+from extender.controllers.migration.reporter import AFTER_S as MIGRATE_AFTER_S
+from extender.controllers.migration.reporter import Migration
 from extender.controllers.mismatch.reporter import OnMismatch
 from extender.controllers.podgroups.controller import PodGroupConfig
 from extender.httpapi.checks import DEFAULT_SCHEDULERS, DEFAULT_VOLCANO_SCHEDULERS, Schedulers
@@ -116,6 +118,22 @@ def register(sub: Any) -> None:
         "(pods/eviction, which honours its PodDisruptionBudget) never, only when its GPUs break "
         "its pod set's in-node rule (default: such a pod would crash-loop on its preflight "
         "holding them), or always",
+    )
+    p.add_argument(
+        "--migration",
+        choices=[m.value for m in Migration],
+        default=Migration.REPORT.value,
+        help="for a gang of 8 or more GPUs that waited --migrate-after seconds: find the domain "
+        "cheapest to drain by moving running pods labelled gangslice.io/movable=true to hardware "
+        "at least as fast, and report the plan (Event MigrationPlanned on the gang's pod, log, "
+        "metrics; default), or do nothing (off). Nothing is evicted",
+    )
+    p.add_argument(
+        "--migrate-after",
+        type=float,
+        default=MIGRATE_AFTER_S,
+        metavar="SECONDS",
+        help=f"how long a gang waits before a migration plan is looked for (default {MIGRATE_AFTER_S:g})",
     )
     p.add_argument(
         "--imex-daemon-requests",
@@ -368,6 +386,8 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     if args.reservation_ttl <= 0:
         raise UsageError("--reservation-ttl must be positive")
+    if not (args.migrate_after >= 0 and math.isfinite(args.migrate_after)):
+        raise UsageError(f"--migrate-after {args.migrate_after:g}: not a number of seconds")
     if args.metrics_port and not (0 < args.metrics_port < 65536 and args.metrics_port != args.port):
         raise UsageError(f"--metrics-port {args.metrics_port}: not a port number other than --port")
     if args.metrics_port and args.cluster:
@@ -413,6 +433,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return EXIT_OK
     from extender.controllers.claims.make import PodClaims
     from extender.controllers.claims.sync import SlotClaimSync
+    from extender.controllers.migration.reporter import MigrationReporter
     from extender.controllers.mismatch.reporter import MismatchReporter
     from extender.controllers.pods import PodFeed
     from extender.controllers.topology_status.reporter import KubeTopologyStatusApi, TopologyStatusReporter
@@ -442,6 +463,7 @@ def run_serve(args: argparse.Namespace) -> int:
         claims=SlotClaimSync(api, cache.clock),
         pod_claims=PodClaims(api, cache, cache.book.fence.decides),
         webhook_ca=webhook_ca,
+        migration=MigrationReporter(api, Migration(args.migration), args.migrate_after),
     )
     reviewer = None
     if args.metrics_port:

@@ -5,7 +5,8 @@ owners no longer want (missed by an event, or handed out at an admission that la
 (or evict) the pods the kubelet gave other GPUs than promised, write the reservations not
 saved yet, say on each refused NodeTopology why, make the DRA claims pods were given at
 admission (missed by an event, or a write that failed), re-plan DRA slots whose pinned
-devices someone else took, and keep the DRA webhook's caBundle set. A standby skips the pass:
+devices someone else took, report what replicas would move for the gangs that waited, and
+keep the DRA webhook's caBundle set. A standby skips the pass:
 its copies of the reservations are read-only (the leader may have refreshed them a moment ago).
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from extender.controllers.claims.make import PodClaims
 from extender.controllers.claims.sync import SlotClaimSync
+from extender.controllers.migration.reporter import MigrationReporter
 from extender.controllers.mismatch.reporter import MismatchReporter
 from extender.controllers.topology_status.reporter import TopologyStatusReporter
 from extender.controllers.webhook_ca.sync import WebhookCa
@@ -41,6 +43,7 @@ class Housekeeping:
     claims: SlotClaimSync | None = None
     pod_claims: PodClaims | None = None
     webhook_ca: WebhookCa | None = None
+    migration: MigrationReporter | None = None
     every_s: float = HOUSEKEEPING_S
 
     async def once(self) -> None:
@@ -59,6 +62,8 @@ class Housekeeping:
                 await self.pod_claims.sync(cache)
             if self.claims is not None:
                 await self.claims.sync(cache)
+            if self.migration is not None:
+                await self.migration.sync(cache, cache.clock())
         except Exception:
             log.exception("housekeeping failed; continuing")
         if self.webhook_ca is not None:

@@ -262,14 +262,7 @@ class Decider:
         return need.tier
 
     def _pod_set(self, pod: PodInfo) -> PodSet:
-        plain = PodSet(
-            name="pod",
-            count=1,
-            gpus_per_pod=pod.gpus,
-            required_level=pod.required_level,
-            preferred_level=pod.preferred_level,
-        )
-        return pod.needs.on(plain)
+        return pod.alone()
 
     def _fresh(self) -> ClusterSnapshot:
         """The current view, with the memo tables brought up to date: entries of nodes that

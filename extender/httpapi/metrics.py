@@ -34,6 +34,10 @@
   gangs that ask for one: the one with the most free GPUs while such a gang waits, every one
   while that is not known yet, none otherwise
   (:meth:`~extender.placement.snapshot.ClusterSnapshot.kept_cliques`).
+- ``gangslice_migration_plans_total``, ``gangslice_migration_moves_total``,
+  ``gangslice_migration_restart_gpu_seconds_total``: the migration plans told for gangs that
+  waited, the replicas they would move and the restart they would cost
+  (:mod:`extender.controllers.migration`).
 - ``gangslice_gpu_worth{model,pod_gpus}``: what a GPU of each model is worth to the gangs asked
   for within the last hour, per size of pod (the best speed one of their pod sets gets there;
   :mod:`extender.placement.hardware`): placement leaves GPUs worth more to others than to the
@@ -209,6 +213,23 @@ class _CacheCollector(Collector):
         for result, n in sorted(self.cache.book.mismatch_evictions.items()):
             evictions.add_metric([result], n)
         yield evictions
+        book = self.cache.book
+        yield CounterMetricFamily(
+            "gangslice_migration_plans",
+            "Migration plans told for gangs that waited (serve --migration report): each a "
+            "MigrationPlanned Event; nothing is evicted.",
+            value=book.migration_plans,
+        )
+        yield CounterMetricFamily(
+            "gangslice_migration_moves",
+            "Replicas the migration plans told would move.",
+            value=book.migration_moves,
+        )
+        yield CounterMetricFamily(
+            "gangslice_migration_restart_gpu_seconds",
+            "GPU-seconds of restart (GPUs x model load) the migration plans told would cost.",
+            value=book.migration_restart_gpu_s,
+        )
         yield GaugeMetricFamily(
             "gangslice_cache_ready", "1 once every watched kind is listed.", value=int(self.cache.ready)
         )

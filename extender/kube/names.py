@@ -8,6 +8,11 @@ API_VERSION = f"{GROUP}/{VERSION}"
 NODE_TOPOLOGIES = "nodetopologies"
 SLICE_RESERVATIONS = "slicereservations"
 
+#: Pod label ``"true"``: the pod is a restartable replica gangslice may move to drain a domain
+#: for a gang that waits (:mod:`extender.controllers.migration`).
+MOVABLE = "gangslice.io/movable"
+#: Pod annotation: seconds a moved replica takes to serve again (its model load; default 120).
+RESTART_SECONDS = "gangslice.io/restart-seconds"
 #: Pod label: the plain gang this pod belongs to (gang key ``<namespace>/<value>``).
 GANG = "gangslice.io/gang"
 #: Pod annotation: how many pods the plain gang has (lets the extender place it on first sight).

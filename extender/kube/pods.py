@@ -15,7 +15,7 @@ from typing import Any
 from extender.kube import names
 from extender.kube.api import as_map
 from extender.kube.pod_needs import NeedsError, pod_needs
-from extender.placement.request import PodNeeds
+from extender.placement.request import PodNeeds, PodSet
 
 #: Larger gangs are refused before any search (a typo such as ``gang-size: 1000000``).
 MAX_GANG_SIZE = 100_000
@@ -68,6 +68,18 @@ class PodInfo:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def alone(self) -> PodSet:
+        """The pod as a pod set of its own (a GPU pod outside any gang): its GPUs, levels and
+        what it asks of its node."""
+        plain = PodSet(
+            name="pod",
+            count=1,
+            gpus_per_pod=self.gpus,
+            required_level=self.required_level,
+            preferred_level=self.preferred_level,
+        )
+        return self.needs.on(plain)
 
     @property
     def terminal(self) -> bool:

@@ -108,6 +108,8 @@ class WaitingGangs:
     _gangs: OrderedDict[str, tuple[bool, float]] = field(default_factory=OrderedDict)
     #: How many of ``_gangs`` ask for a clique.
     _asking: int = 0
+    #: The refused gangs' requests and when each was first refused.
+    _requests: dict[str, tuple[GangRequest, float]] = field(default_factory=dict)
     #: The gangs asked for within ``memory_s`` (oldest first): each one's worth and when.
     _asked: OrderedDict[str, tuple[Worth, float]] = field(default_factory=OrderedDict)
     _worths: WorthBook = field(default_factory=WorthBook)
@@ -137,17 +139,26 @@ class WaitingGangs:
         return self._worths.worth(mine)
 
     def refused(self, snap: ClusterSnapshot, request: GangRequest, now: float) -> None:
+        since = self._requests.get(request.name, (request, now))[1]
         self.placed(request.name)
         asks = needs_clique(snap, request)
         self._gangs[request.name] = (asks, now)
+        self._requests[request.name] = (request, since)
         self._asking += asks
         while len(self._gangs) > self.limit:
-            self._asking -= self._gangs.popitem(last=False)[1][0]
+            name, (asked, _) = self._gangs.popitem(last=False)
+            self._asking -= asked
+            self._requests.pop(name, None)
 
     def placed(self, gang: str) -> None:
         got = self._gangs.pop(gang, None)
+        self._requests.pop(gang, None)
         if got is not None:
             self._asking -= got[0]
+
+    def waiting_since(self) -> list[tuple[GangRequest, float]]:
+        """Each gang waiting, with when it was first refused (since it last was placed)."""
+        return list(self._requests.values())
 
     def demand(self, now: float, exclude: Iterable[str] = ()) -> bool | None:
         """Whether a gang that asks for a clique waits at ``now``, those in ``exclude`` (the

@@ -167,6 +167,11 @@ class ReservationBook:
         #: Mismatches found, per node, and evictions of mismatched pods, per result (counters).
         self.mismatches_found: dict[str, int] = {}
         self.mismatch_evictions: dict[str, int] = {}
+        #: Migration plans told (:mod:`extender.controllers.migration`): how many, the replicas
+        #: they would move and the restart GPU-seconds they would cost.
+        self.migration_plans = 0
+        self.migration_moves = 0
+        self.migration_restart_gpu_s = 0.0
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -921,6 +926,11 @@ class ReservationBook:
         if m is not None and m.eviction != text:
             self._mismatches[pod_key] = m = dataclasses.replace(m, eviction=text)
             self._status_changed(m.gang)
+
+    def note_migration_plan(self, moves: int, restart_gpu_s: float) -> None:
+        self.migration_plans += 1
+        self.migration_moves += moves
+        self.migration_restart_gpu_s += restart_gpu_s
 
     def _status_changed(self, gang: str | None) -> None:
         """A reservation's status must be written again (its spec did not change)."""
