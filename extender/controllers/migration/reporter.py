@@ -122,6 +122,7 @@ class MigrationReporter:
         for request in due:
             plan = plan_drain(view, request, [m for m, _ in pods.values()])
             if plan is None:
+                log.debug("gang %s waits; no migration plan over %d movable pod(s)", request.name, len(pods))
                 continue
             found.append(plan)
             await self._tell(cache, request, plan, describe(plan, pods))

@@ -1,0 +1,105 @@
+"""``serve --migration report`` on a real control plane: a wide gang that waits while a replica
+labelled ``gangslice.io/movable`` holds part of the leaf it fits hears the plan (an Event on its
+pod naming the move and its restart), and nothing is evicted or bound.
+
+Nodes (pool ``mig``): leaf a of two HGX H100 nodes, leaf c of one; a 1-GPU replica (it lands in
+leaf a, the first of equally fast nodes); a gang of two 8-GPU pods that requires one leaf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cluster import (
+    FakeNode,
+    Gangslice,
+    KubeletStandIn,
+    create,
+    events_for,
+    extender_stack,
+    gang_pods,
+    get,
+    gpu_pod,
+    is_ready,
+    wait_for,
+)
+
+from extender.bench.controlplane import ControlPlane
+from extender.controllers.migration.reporter import REASON
+
+pytestmark = pytest.mark.e2e
+
+POOL = "mig"
+NODES = [
+    FakeNode("mig-a0", "hgx-h100", "s1", "mig-leaf-a"),
+    FakeNode("mig-a1", "hgx-h100", "s1", "mig-leaf-a"),
+    FakeNode("mig-c0", "hgx-h100", "s1", "mig-leaf-c"),
+]
+
+
+@pytest.fixture(scope="module")
+def gangslice(control_plane: ControlPlane) -> Iterator[Gangslice]:
+    with extender_stack(
+        control_plane, POOL, NODES, controller=True, extra_args=["--migrate-after=0"]
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def kubelet(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[KubeletStandIn]:
+    stand_in = KubeletStandIn(control_plane, [n.name for n in NODES]).start()
+    try:
+        yield stand_in
+    finally:
+        stand_in.stop()
+
+
+def in_ns(pod: dict[str, Any], ns: str) -> dict[str, Any]:
+    return {**pod, "metadata": {**pod["metadata"], "namespace": ns}}
+
+
+def test_report_only_tells_the_plan_and_evicts_nothing(
+    control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandIn, ns: str
+) -> None:
+    cp = control_plane
+    replica = gpu_pod(
+        "server",
+        1,
+        POOL,
+        labels={"gangslice.io/movable": "true"},
+        annotations={"gangslice.io/restart-seconds": "45"},
+    )
+    create(cp, in_ns(replica, ns))
+
+    def running() -> dict[str, Any] | None:
+        pod = get(cp, "Pod", "server", ns)
+        return pod if pod and is_ready(pod) else None
+
+    # Nothing is in demand: the replica takes the first of the equally fast H100 nodes, in leaf a.
+    before = wait_for("the movable replica running", running, 60)
+    node = before["spec"]["nodeName"]
+    assert node in ("mig-a0", "mig-a1"), node
+    for pod in gang_pods("wide", 2, 8, POOL, extra={"gangslice.io/required-level": "leaf"}):
+        create(cp, in_ns(pod, ns))
+
+    def planned() -> dict[str, Any] | None:
+        found = [e for e in events_for(cp, ns, "wide-0") if e.get("reason") == REASON]
+        return found[0] if found else None
+
+    event = wait_for("a MigrationPlanned Event on the wide gang's pod", planned, 60)
+    message = event["message"]
+    assert "off leaf mig-leaf-a" in message, message
+    assert f"{ns}/server from {node} to mig-c0" in message, message
+    assert "45 GPU-seconds" in message and "nothing evicted" in message, message
+    # Nothing moved: the replica runs where it ran, the same pod; the gang waits unbound.
+    after = get(cp, "Pod", "server", ns)
+    assert after is not None and not after["metadata"].get("deletionTimestamp")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"] and after["spec"]["nodeName"] == node
+    for name in ("wide-0", "wide-1"):
+        pod = get(cp, "Pod", name, ns)
+        assert pod is not None and not pod["spec"].get("nodeName"), name
+    metrics = gangslice.metrics()
+    assert "gangslice_migration_plans_total 1.0" in metrics, metrics
+    assert "gangslice_migration_restart_gpu_seconds_total 45.0" in metrics
