@@ -415,7 +415,7 @@ class Decider:
                     micros *= 1.5
                 left = rest.bit_count()
                 stranded = left - fit_for(shape).coherent_block(rest)
-                loss = hardware.node_loss(view, ps, i, gpus, own)
+                loss = hardware.node_loss(view, i, gpus, own, hardware.node_models(view)[i])
                 got = (round(loss, hardware.LOSS_DIGITS), micros, (2 * stranded + left) / shape.size)
         ident = self._raw_ids.get(got)
         if ident is None:

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 from extender.compute import compute_us, work_gpus
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
-from extender.topology.gpus import GpuSpec, node_gpu
+from extender.topology.gpus import KNOWN, GpuSpec, node_gpu
 
 if TYPE_CHECKING:
-    from extender.placement.snapshot import ClusterSnapshot
+    from extender.placement.snapshot import ClusterSnapshot, NodeState
 
 #: Losses this close are ties (a hundredth of a GPU at full speed).
 LOSS_DIGITS = 2
@@ -81,17 +81,28 @@ def node_models(snap: ClusterSnapshot) -> list[GpuSpec | None]:
     return snap.per_node(("gpu-model",), lambda n: node_gpu(n.labels, n.graph.model))
 
 
+def _model_sizes(snap: ClusterSnapshot) -> list[tuple[str | None, int]]:
+    """Every node's (GPU model name, GPUs) by node index: plain strings and ints, which a set
+    hashes in C."""
+
+    def derive(n: NodeState) -> tuple[str | None, int]:
+        spec = node_gpu(n.labels, n.graph.model)
+        return (spec.name if spec is not None else None, n.shape.size)
+
+    return snap.per_node(("gpu-model-size",), derive)
+
+
 def models_for(snap: ClusterSnapshot, ps: PodSet) -> frozenset[GpuSpec | None]:
     """The GPU models of the nodes a pod of ``ps`` may use (its node needs, room for its GPUs
-    on an empty node), cached on the snapshot's memory per node list."""
-
-    def derive() -> frozenset[GpuSpec | None]:
-        models = node_models(snap)
-        admitted = snap.admitted(ps.node_needs)
-        indices = range(len(snap.nodes)) if admitted is None else admitted
-        return frozenset(models[i] for i in indices if snap.nodes[i].shape.size >= ps.gpus_per_pod)
-
-    return snap.memory.models.get(snap.nodes, (ps.node_needs, ps.gpus_per_pod), derive)
+    on an empty node). The per-node table and the admitted nodes are kept up to date by the
+    snapshot across allocation changes, and the distinct pairs are taken in C: a decision
+    pays O(nodes) of C work, not of Python."""
+    pairs = _model_sizes(snap)
+    admitted = snap.admitted(ps.node_needs)
+    distinct = set(pairs) if admitted is None else set(map(pairs.__getitem__, admitted))
+    return frozenset(
+        KNOWN[name] if name is not None else None for name, size in distinct if size >= ps.gpus_per_pod
+    )
 
 
 def speeds(snap: ClusterSnapshot, ps: PodSet) -> Mapping[str, float] | None:
@@ -121,13 +132,13 @@ def worth(snap: ClusterSnapshot, waiting: Iterable[GangRequest]) -> Worth:
     return _worth(best)
 
 
-def node_loss(snap: ClusterSnapshot, ps: PodSet, i: int, gpus: int, own: Mapping[str, float] | None) -> float:
-    """The hardware loss of ``gpus`` GPUs of ``ps`` on node ``i`` (its speeds ``own``): the
-    worth of the node's GPUs to the waiting pods that fit its free GPUs, less ``ps``'s speed."""
-    if not own:
-        return 0.0
-    spec = node_models(snap)[i]
-    if spec is None:
+def node_loss(
+    snap: ClusterSnapshot, i: int, gpus: int, own: Mapping[str, float] | None, spec: GpuSpec | None
+) -> float:
+    """The hardware loss of ``gpus`` GPUs of a pod set whose speeds are ``own`` on node ``i``
+    (its GPU model ``spec``): the worth of the node's GPUs to the waiting pods that fit its
+    free GPUs, less the pod set's speed there."""
+    if not own or spec is None:
         return 0.0
     free = snap.free_mask(i).bit_count()
     return gpus * (snap.worth.of(spec.name, free) - own.get(spec.name, 0.0))
@@ -136,14 +147,19 @@ def node_loss(snap: ClusterSnapshot, ps: PodSet, i: int, gpus: int, own: Mapping
 def loss(snap: ClusterSnapshot, ps: PodSet, slots: Sequence[PodSlot]) -> float:
     """The hardware loss of ``ps`` on ``slots``, GPUs at full speed (lower is better; negative
     when the pod set gains more than the waiting gangs would)."""
-    own = speeds(snap, ps)
+    return loss_with(snap, slots, speeds(snap, ps))
+
+
+def loss_with(snap: ClusterSnapshot, slots: Sequence[PodSlot], own: Mapping[str, float] | None) -> float:
+    """:func:`loss` of a pod set whose speeds (:func:`speeds`) are known: ``own``."""
     if not own:
         return 0.0
     per_node: dict[int, int] = {}
     for s in slots:
         i = snap.index(s.node)
         per_node[i] = per_node.get(i, 0) + len(s.gpus)
-    return round(sum(node_loss(snap, ps, i, g, own) for i, g in per_node.items()), LOSS_DIGITS)
+    models = node_models(snap)
+    return round(sum(node_loss(snap, i, g, own, models[i]) for i, g in per_node.items()), LOSS_DIGITS)
 
 
 def gang_loss(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> float:
@@ -154,11 +170,14 @@ def gang_loss(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]
     return round(sum(loss(snap, ps, by_set.get(ps.name, ())) for ps in gang.pod_sets), LOSS_DIGITS)
 
 
-def floor(snap: ClusterSnapshot, ps: PodSet) -> float:
-    """At most the least hardware loss any placement of ``ps`` can have (every GPU on its
-    best model, on a node no waiting pod fits)."""
-    own = speeds(snap, ps)
-    return round(-ps.gpus * max(own.values()), LOSS_DIGITS) if own else 0.0
+def floor(snap: ClusterSnapshot, ps: PodSet, own: Mapping[str, float] | None) -> float:
+    """The least hardware loss any placement of ``ps`` (speeds ``own``) can have: every GPU
+    on the model where it loses least, on a node with just room for one pod (a GPU's worth
+    only grows with its node's free GPUs: more waiting pods fit)."""
+    if not own:
+        return 0.0
+    least = min(snap.worth.of(name, ps.gpus_per_pod) - s for name, s in own.items())
+    return round(ps.gpus * least, LOSS_DIGITS)
 
 
 def gang_worth(snap: ClusterSnapshot, gang: GangRequest) -> Worth:

@@ -40,6 +40,7 @@ from extender.placement.search.rank import (
     node_preference,
     quantize,
 )
+from extender.placement.search.rank import speeds as rank_speeds
 from extender.topology.hierarchy import DomainKey
 
 #: How many candidate domains per level are evaluated in full.
@@ -117,7 +118,7 @@ def options(
     spans = snap.domain_spans()
 
     top_gbps = _top_gbps(ctx, ps, caps)
-    least_loss = hardware.floor(snap, ps)
+    least_loss = hardware.floor(snap, ps, rank_speeds(ctx, ps))
     by_level = ctx.domains_by_level
     opts: list[Option] = []
     for level in range(len(h.levels) - 1, max(need.scope, ANYWHERE) - 1, -1):

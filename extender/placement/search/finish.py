@@ -20,7 +20,7 @@ from extender.placement.scoring import colocation_misses, fabric_waste, mnnvl_no
 from extender.placement.search.context import Decision
 from extender.placement.search.option import Option
 from extender.placement.search.pairing import pair_in_nodes
-from extender.placement.search.rank import COLOCATE, SliceRank, micros, slice_rank
+from extender.placement.search.rank import COLOCATE, SliceRank, micros, slice_rank, speeds
 from extender.placement.slice import Slice
 
 
@@ -58,5 +58,8 @@ def finish(ctx: Decision, placed: Mapping[str, Option]) -> Finished:
         mnnvl_nodes=mnnvl_nodes(snap, gang, slots),
     )
     waste = fabric_waste(snap, gang, slots)
-    loss = hardware.gang_loss(snap, gang, slots)
+    loss = round(
+        sum(hardware.loss_with(snap, placed[ps.name].slots, speeds(ctx, ps)) for ps in gang.pod_sets),
+        hardware.LOSS_DIGITS,
+    )
     return Finished(slice_rank(waste, len(misses), loss, sl.per_layer_micros, len(notes)), sl)

@@ -37,10 +37,7 @@ if TYPE_CHECKING:
     from extender.placement.request import GangRequest, PodSet
     from extender.placement.scoring import Need
     from extender.placement.snapshot import ClusterSnapshot, TopologyKey
-    from extender.topology.gpus import GpuSpec
 
-#: The GPU models a pod set's pods may land on (None: a model the datasheet table lacks).
-Models: TypeAlias = "frozenset[GpuSpec | None]"
 #: A capacity entry of one node for one pod set: (pods of the pod set that fit there, at most
 #: its count; the node's free GPU mask; the in-node tier each pod gets).
 Entry: TypeAlias = tuple[int, int, Tier]
@@ -136,29 +133,6 @@ class EmptyFits:
         return answers[key]
 
 
-class ModelTables:
-    """The GPU models a pod set's pods may land on (:func:`~extender.placement.hardware.models_for`),
-    per (node needs, GPUs per pod), for one node list: a changed node list (nodes added,
-    relabelled) empties it. Bounded: the last :data:`KEYS` keys."""
-
-    KEYS = 1024
-
-    def __init__(self) -> None:
-        self._nodes: object = None
-        self._table: OrderedDict[object, Models] = OrderedDict()
-
-    def get(self, nodes: object, key: object, derive: Callable[[], Models]) -> Models:
-        if self._nodes is not nodes:
-            self._nodes, self._table = nodes, OrderedDict()
-        if key in self._table:
-            self._table.move_to_end(key)
-        else:
-            self._table[key] = derive()
-            while len(self._table) > self.KEYS:
-                self._table.popitem(last=False)
-        return self._table[key]
-
-
 @dataclass(eq=False)
 class SolverMemory:
     """Everything the solver keeps across decisions: owned by whoever builds the snapshot (or
@@ -166,4 +140,3 @@ class SolverMemory:
 
     classes: ClassTables = field(default_factory=ClassTables)
     empty_fits: EmptyFits = field(default_factory=EmptyFits)
-    models: ModelTables = field(default_factory=ModelTables)

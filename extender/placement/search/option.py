@@ -35,6 +35,7 @@ from extender.placement.search.rank import (
     quantize,
 )
 from extender.placement.search.rank import micros as rank_micros
+from extender.placement.search.rank import speeds as rank_speeds
 from extender.placement.slice import PodSlot
 from extender.topology.model import Tier
 
@@ -122,7 +123,7 @@ def placement_price(
         waste = pod_set_fabric_waste(ctx.snap, ps, slots, links.partner) + sum(
             pod_set_fabric_waste(ctx.snap, d, d_slots, slots) for d, d_slots in links.dependents
         )
-    return waste, hardware.loss(ctx.snap, ps, slots), cost
+    return waste, hardware.loss_with(ctx.snap, slots, rank_speeds(ctx, ps)), cost
 
 
 def slots_of(ctx: Decision, ps: PodSet, placed: Sequence[tuple[int, int]]) -> tuple[PodSlot, ...]:

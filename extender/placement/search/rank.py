@@ -53,7 +53,7 @@ a plain tuple, since a NamedTuple per domain would cost more than the sort.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from extender.placement import feasibility, hardware
@@ -62,6 +62,7 @@ from extender.placement.request import PodSet
 from extender.placement.scoring import ANYWHERE, pod_set_micros
 from extender.placement.search.context import Decision, NodePick
 from extender.placement.slice import PodSlot
+from extender.topology.gpus import GpuSpec
 
 #: The soft wishes an option can miss (its ``misses``), in words.
 PREFERRED = "preferred level"
@@ -283,7 +284,7 @@ def node_ranks(
     for i in members:
         whole = frees[i].bit_count() == size
         tie = _tie(spread, preference(i), whole, gbps, pick, snap.fullness(i), order[i])
-        out.append((NodeRank(fabric_waste(i), node_loss(ctx, ps, i), cost, tie), i))
+        out.append((NodeRank(fabric_waste(i), node_loss(ctx, ps, i, models), cost, tie), i))
     return out
 
 
@@ -299,15 +300,21 @@ def domain_rank(parts: DomainParts) -> DomainRank:
     return DomainRank(off_fabric, minus_gbps, spare_gpus, nodes)
 
 
-def node_loss(ctx: Decision, ps: PodSet, i: int) -> float:
-    """The hardware loss of every pod of ``ps`` on node ``i``
-    (:func:`~extender.placement.hardware.node_loss`; the pod set's speeds memoised)."""
+def speeds(ctx: Decision, ps: PodSet) -> Mapping[str, float] | None:
+    """The pod set's speed per GPU model (:func:`~extender.placement.hardware.speeds`),
+    memoised for the decision."""
     if ps.name not in ctx.tables.speeds:
         ctx.tables.speeds[ps.name] = hardware.speeds(ctx.snap, ps)
-    own = ctx.tables.speeds[ps.name]
+    return ctx.tables.speeds[ps.name]
+
+
+def node_loss(ctx: Decision, ps: PodSet, i: int, models: Sequence[GpuSpec | None]) -> float:
+    """The hardware loss of every pod of ``ps`` on node ``i``
+    (:func:`~extender.placement.hardware.node_loss`)."""
+    own = speeds(ctx, ps)
     if not own:
         return 0.0
-    return round(hardware.node_loss(ctx.snap, ps, i, ps.gpus, own), hardware.LOSS_DIGITS)
+    return round(hardware.node_loss(ctx.snap, i, ps.gpus, own, models[i]), hardware.LOSS_DIGITS)
 
 
 def node_preference(ps: PodSet, i: int, ctx: Decision) -> int:
