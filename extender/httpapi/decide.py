@@ -43,6 +43,7 @@ from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.reservations import ClusterCache, ReservationRef
 from extender.reservations.book import BindPlan, GangRef, Refused, free_slots, outside_slice
 from extender.reservations.reserve import Claim, reserve
+from extender.topology.gpus import GpuSpec
 from extender.topology.model import NodeShape, Tier
 
 
@@ -372,7 +373,7 @@ class Decider:
         try:
             ids = lookup(table, key.names)
         except KeyError:
-            own = hardware.speeds(view, ps)
+            own = (hardware.speeds(view, ps), hardware.node_models(view))
             for n in key.names:
                 if n not in table:
                     self._raw_score(view, n, ps, own, need.tier, need.preferred_tier, table)
@@ -388,7 +389,7 @@ class Decider:
         view: ClusterSnapshot,
         name: str,
         ps: PodSet,
-        own: Mapping[str, float] | None,
+        own: tuple[Mapping[str, float] | None, Sequence[GpuSpec | None]],
         tier: Tier | None,
         preferred: Tier | None,
         table: dict[str, int],
@@ -398,7 +399,8 @@ class Decider:
         (:func:`~extender.placement.hardware.node_loss`: what the node's GPUs are worth to the
         gangs asked for less the pod's speed there). Fragmentation = 2 x GPUs stranded
         outside the largest coherent block left + GPUs left free, both as fractions of the
-        node: best fit leaves the node full, or leaves a block a later pod can use whole."""
+        node: best fit leaves the node full, or leaves a block a later pod can use whole.
+        ``own``: the pod's speeds and every node's GPU model, looked up once per request."""
         got: Raw = None
         if view.has_node(name):
             i = view.index(name)
@@ -415,7 +417,8 @@ class Decider:
                     micros *= 1.5
                 left = rest.bit_count()
                 stranded = left - fit_for(shape).coherent_block(rest)
-                loss = hardware.node_loss(view, i, gpus, own, hardware.node_models(view)[i])
+                speeds, models = own
+                loss = hardware.node_loss(view, i, gpus, speeds, models[i])
                 got = (round(loss, hardware.LOSS_DIGITS), micros, (2 * stranded + left) / shape.size)
         ident = self._raw_ids.get(got)
         if ident is None:

@@ -281,10 +281,15 @@ def node_ranks(
             alike.setdefault(key, []).append(i)
         members = [i for nodes in alike.values() for i in heapq.nsmallest(best, nodes, key=order.__getitem__)]
     out = []
+    # The members share a free mask, so a node's hardware loss is its GPU model's.
+    losses: dict[GpuSpec | None, float] = {}
     for i in members:
         whole = frees[i].bit_count() == size
         tie = _tie(spread, preference(i), whole, gbps, pick, snap.fullness(i), order[i])
-        out.append((NodeRank(fabric_waste(i), node_loss(ctx, ps, i, models), cost, tie), i))
+        loss = losses.get(models[i])
+        if loss is None:
+            loss = losses[models[i]] = node_loss(ctx, ps, i, models)
+        out.append((NodeRank(fabric_waste(i), loss, cost, tie), i))
     return out
 
 
