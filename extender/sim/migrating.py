@@ -18,7 +18,7 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, Slice
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
-from extender.sim.records import Move, Plan, Running
+from extender.sim.records import Plan, Running
 
 #: Seconds a gang waits before replicas are moved for it.
 AFTER_S = 600.0
@@ -49,4 +49,4 @@ class Migrating:
         drain = plan_drain(snap, gang, movers)
         if drain is None:
             return got
-        return Plan(drain.slice, tuple(Move(m.gang, m.slots) for m in drain.moves))
+        return Plan(drain.slice, drain.moves)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from extender.placement.migration import Move
 from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, PodSlot
 from extender.placement.snapshot import ClusterSnapshot
@@ -20,14 +21,6 @@ WAITING = "waiting"
 DEPARTED = "departed"
 MOVED = "moved"
 NODE_LOST = "node-lost"
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """A running replica to move to new slots."""
-
-    gang: str
-    slots: tuple[PodSlot, ...]
 
 
 @dataclass(frozen=True, slots=True)

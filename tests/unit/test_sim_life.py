@@ -12,6 +12,7 @@ import pytest
 from test_sim_engine import NODE, by_name, deploy, first_fit, four_gpu_nodes, run, tp
 
 from extender.placement.files import cluster_from_data, load_cluster
+from extender.placement.migration import Move
 from extender.placement.request import GangRequest
 from extender.placement.slice import Placement, PodSlot, Slice
 from extender.placement.snapshot import ClusterSnapshot
@@ -20,7 +21,7 @@ from extender.sim.generate import demand_gpu_hours, generate_trace
 from extender.sim.inputs import default_cluster, fitted_day, schedulable_gpus
 from extender.sim.life import Life
 from extender.sim.metrics import policy_results, starvation
-from extender.sim.records import MOVED, NODE_LOST, Move, Plan, Running
+from extender.sim.records import MOVED, NODE_LOST, Plan, Running
 from extender.sim.reference import Reference
 from extender.sim.trace import trace_from_data
 from extender.testing.builders import make_cluster
