@@ -1,5 +1,5 @@
 """Hardware by what it does to goodput: a pod set's speed on each GPU model, and what a GPU of
-each model is worth to the gangs that wait.
+each model is worth to the gangs in demand.
 
 Goodput counts each GPU-hour at the speed its workload gets there: its best step on the fleet
 over its step on these GPUs (:mod:`extender.compute`). A pod set's **speed** on a GPU model is
@@ -9,12 +9,14 @@ affinity, tolerations; nodes with room for one pod) over its compute time on tha
 that no GB200 tray can hold runs at 1 on an H100 and 0.37 on an L40S. Communication is the
 objective's next term (per-layer cost), so it is not counted twice here.
 
-What a GPU of a model is **worth** to the gangs that wait (:class:`Worth`) is the best speed
-any of their pod sets would get on it: 1 for an H100 while an H100-only wide-EP gang waits.
-A placement's **hardware loss** is, over its GPUs, that worth less the placed pod set's own
-speed there: what the fleet forgoes by putting this pod set on these GPUs rather than
-leaving them to a waiting gang. With nothing waiting it is minus the speed, so a replica
-takes the fastest hardware it may use; while a gang that runs only on H100 waits, an 8B
+What a GPU of a model is **worth** to the gangs in demand (:class:`Worth`; the gangs waiting,
+and those asked for within the last hour, :data:`~extender.placement.waiting.DEMAND_MEMORY_S`)
+is the best speed one of their pod sets whose pods fit the node's free GPUs would get on it:
+1 for a whole H100 node while an H100-only wide-EP gang is in demand, less for the half-used
+node beside it. A placement's **hardware loss** is, over its GPUs, that worth less the placed
+pod set's own speed there: what the fleet forgoes by putting this pod set on these GPUs
+rather than leaving them to a gang in demand. With nothing in demand it is minus the speed, so a replica
+takes the fastest hardware it may use; while a gang that runs only on H100 is in demand, an 8B
 replica loses 1 - 0.40 = 0.60 per GPU on an H100 and 0 - 0.14 on an L40S, so it takes the
 L40S: comparative advantage, not a fixed order of models.
 
