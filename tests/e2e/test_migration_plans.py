@@ -2,8 +2,8 @@
 labelled ``gangslice.io/movable`` holds part of the leaf it fits hears the plan (an Event on its
 pod naming the move and its restart), and nothing is evicted or bound.
 
-Nodes (pool ``mig``): leaf a of two HGX H100 nodes, leaf c of one; a 1-GPU replica (it lands in
-leaf a, the first of equally fast nodes); a gang of two 8-GPU pods that requires one leaf.
+Nodes (pool ``mig``): leaf a of two HGX H100 nodes, leaf c of one; a 1-GPU replica placed in leaf
+a (leaf c cordoned meanwhile); a gang of two 8-GPU pods that requires one leaf.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from cluster import (
     get,
     gpu_pod,
     is_ready,
+    merge_patch,
     wait_for,
 )
 
@@ -64,6 +65,8 @@ def test_report_only_tells_the_plan_and_evicts_nothing(
     control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandIn, ns: str
 ) -> None:
     cp = control_plane
+    # The replica must land in leaf a: mig-c0 is cordoned until it runs there.
+    merge_patch(cp, "Node", "mig-c0", {"spec": {"unschedulable": True}})
     replica = gpu_pod(
         "server",
         1,
@@ -77,8 +80,10 @@ def test_report_only_tells_the_plan_and_evicts_nothing(
         pod = get(cp, "Pod", "server", ns)
         return pod if pod and is_ready(pod) else None
 
-    # Nothing is in demand: the replica takes the first of the equally fast H100 nodes, in leaf a.
-    before = wait_for("the movable replica running", running, 60)
+    try:
+        before = wait_for("the movable replica running", running, 60)
+    finally:
+        merge_patch(cp, "Node", "mig-c0", {"spec": {"unschedulable": False}})
     node = before["spec"]["nodeName"]
     assert node in ("mig-a0", "mig-a1"), node
     for pod in gang_pods("wide", 2, 8, POOL, extra={"gangslice.io/required-level": "leaf"}):
