@@ -13,7 +13,6 @@ from extender.bench.extender import TARGET_RPS
 from extender.bench.placement import bench_subparsers
 from extender.commands.exits import EXIT_OK, UsageError
 from extender.controllers.kueue.contract import CheckConfig
-from extender.controllers.migration.reporter import AFTER_S as MIGRATE_AFTER_S
 from extender.controllers.migration.reporter import Migration
 from extender.controllers.mismatch.reporter import OnMismatch
 from extender.controllers.podgroups.controller import PodGroupConfig
@@ -22,6 +21,7 @@ from extender.httpapi.limits import Limits
 from extender.kube.names import WEBHOOK_CONFIGURATION
 from extender.logs import FORMATS, configure
 from extender.placement.ledger import DEFAULT_TTL_S
+from extender.placement.migration import AFTER_S as MIGRATE_AFTER_S
 from extender.placement.waiting import KeepCliques
 
 
@@ -124,9 +124,9 @@ def register(sub: Any) -> None:
         choices=[m.value for m in Migration],
         default=Migration.REPORT.value,
         help="for a gang of 8 or more GPUs that waited --migrate-after seconds: find the domain "
-        "cheapest to drain by moving running pods labelled gangslice.io/movable=true to hardware "
-        "at least as fast, and report the plan (Event MigrationPlanned on the gang's pod, log, "
-        "metrics; default), or do nothing (off). Nothing is evicted",
+        "cheapest to drain by moving running pods labelled gangslice.io/movable=true (at most 4 "
+        "GPUs each) to hardware at least as fast, and report the plan (Event MigrationPlanned on "
+        "the gang's pod, log, metrics; default), or do nothing (off). Nothing is evicted",
     )
     p.add_argument(
         "--migrate-after",

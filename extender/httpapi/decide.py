@@ -359,9 +359,8 @@ class Decider:
             need = resolve_need(ps, self.cache.hierarchy)
         except LevelError:
             return Scores.zeros(len(names))
-        fresh = self._fresh()
-        worth = self.cache.waiting.worth(self.cache.clock())
-        view = fresh.with_waiting(fresh.clique_demand, worth)
+        view = self.cache.waiting.view(self._fresh(), self.cache.clock())
+        worth = view.worth
         version = self.cache.version
         key = NamesKey(names)
         shape = numa_fit.rule_key(ps)

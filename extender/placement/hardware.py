@@ -26,7 +26,7 @@ speeds: its hardware loss is 0 everywhere, and the objective's other terms decid
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -68,10 +68,6 @@ class Worth:
             ", ".join(f"{name} ({gpus}-GPU pods) {value:.2f}" for (name, gpus), value in self.by_pod)
             or "nothing waits"
         )
-
-
-def _worth(best: Mapping[tuple[str, int], float]) -> Worth:
-    return Worth(tuple(sorted((key, round(v, 3)) for key, v in best.items())))
 
 
 #: Nothing waits: every GPU is worth its own speed to whoever takes it.
@@ -121,17 +117,30 @@ def speeds(snap: ClusterSnapshot, ps: PodSet) -> Mapping[str, float] | None:
     return {name: (best / t if t > 0 else 1.0) for name, t in times.items()}
 
 
-def worth(snap: ClusterSnapshot, waiting: Iterable[GangRequest]) -> Worth:
-    """What a GPU of each model is worth to ``waiting``: the best speed of their pod sets on
-    it, per size of pod."""
+def gang_worth(snap: ClusterSnapshot, gang: GangRequest) -> Worth:
+    """What a GPU of each model is worth to ``gang`` alone: the best speed of its pod sets on
+    it, per size of pod (its entry in a :class:`WorthBook`)."""
     best: dict[tuple[str, int], float] = {}
-    for gang in waiting:
-        for ps in gang.pod_sets:
-            for name, s in (speeds(snap, ps) or {}).items():
-                key = (name, ps.gpus_per_pod)
-                if s > best.get(key, 0.0):
-                    best[key] = s
-    return _worth(best)
+    for ps in gang.pod_sets:
+        for name, s in (speeds(snap, ps) or {}).items():
+            key = (name, ps.gpus_per_pod)
+            best[key] = max(best.get(key, 0.0), round(s, 3))
+    return Worth(tuple(sorted(best.items())))
+
+
+def merged(worths: Iterable[Worth]) -> Worth:
+    """What a GPU of each model is worth to all the gangs of ``worths``: the best of them."""
+    best: dict[tuple[str, int], float] = {}
+    for w in worths:
+        for key, value in w.by_pod:
+            if value > best.get(key, 0.0):
+                best[key] = value
+    return Worth(tuple(sorted(best.items())))
+
+
+def worth(snap: ClusterSnapshot, waiting: Iterable[GangRequest]) -> Worth:
+    """What a GPU of each model is worth to ``waiting``."""
+    return merged(gang_worth(snap, g) for g in waiting)
 
 
 def node_loss(
@@ -164,12 +173,19 @@ def loss_with(snap: ClusterSnapshot, slots: Sequence[PodSlot], own: Mapping[str,
     return round(sum(node_loss(snap, i, g, own, models[i]) for i, g in per_node.items()), LOSS_DIGITS)
 
 
-def gang_loss(snap: ClusterSnapshot, gang: GangRequest, slots: Sequence[PodSlot]) -> float:
-    """:func:`loss` summed over the gang's pod sets."""
+def gang_loss(
+    snap: ClusterSnapshot,
+    gang: GangRequest,
+    slots: Sequence[PodSlot],
+    speeds_of: Callable[[PodSet], Mapping[str, float] | None] | None = None,
+) -> float:
+    """:func:`loss` summed over the gang's pod sets; ``speeds_of`` gives a pod set's speeds
+    when the caller has them (:func:`speeds` otherwise)."""
     by_set: dict[str, list[PodSlot]] = {}
     for s in slots:
         by_set.setdefault(s.pod_set, []).append(s)
-    return round(sum(loss(snap, ps, by_set.get(ps.name, ())) for ps in gang.pod_sets), LOSS_DIGITS)
+    own = speeds_of or (lambda ps: speeds(snap, ps))
+    return round(sum(loss_with(snap, by_set.get(ps.name, ()), own(ps)) for ps in gang.pod_sets), LOSS_DIGITS)
 
 
 def floor(snap: ClusterSnapshot, ps: PodSet, own: Mapping[str, float] | None) -> float:
@@ -180,11 +196,6 @@ def floor(snap: ClusterSnapshot, ps: PodSet, own: Mapping[str, float] | None) ->
         return 0.0
     least = min(snap.worth.of(name, ps.gpus_per_pod) - s for name, s in own.items())
     return round(ps.gpus * least, LOSS_DIGITS)
-
-
-def gang_worth(snap: ClusterSnapshot, gang: GangRequest) -> Worth:
-    """What a GPU of each model is worth to ``gang`` alone (its entry in a :class:`WorthBook`)."""
-    return worth(snap, (gang,))
 
 
 @dataclass
@@ -209,11 +220,4 @@ class WorthBook:
         less: dict[Worth, int] = {}
         for w in exclude:
             less[w] = less.get(w, 0) + 1
-        best: dict[tuple[str, int], float] = {}
-        for w, n in self._counts.items():
-            if n - less.get(w, 0) <= 0:
-                continue
-            for key, value in w.by_pod:
-                if value > best.get(key, 0.0):
-                    best[key] = value
-        return Worth(tuple(sorted(best.items())))
+        return merged(w for w, n in self._counts.items() if n > less.get(w, 0))

@@ -14,8 +14,10 @@ part of one, :func:`plan_drain` looks for the domain cheapest to drain:
 4. the plan whose moves restart for the fewest GPU-seconds (GPUs x model load) wins.
 
 A plan is all or nothing: every displaced mover has a slot, and the gang's slice is free once
-they leave. The caller reserves the gang's slice and the movers' new slots before it evicts
-anything, and releases both if an eviction is refused.
+they leave. Who plans, and for whom, is one rule here (:func:`due`, :data:`MAX_MOVER_GPUS`)
+for the simulator's policy (:mod:`extender.sim.migrating`) and ``serve --migration report``
+(:mod:`extender.controllers.migration`). Carrying a plan out would reserve the gang's slice
+and the movers' new slots before evicting anything; nothing does yet.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ from extender.topology.gpus import GpuSpec
 DOMAINS = 8
 #: At most this many replicas move for one gang.
 MAX_MOVES = 32
+#: Seconds a gang waits (since it was first refused) before replicas may move for it.
+AFTER_S = 600.0
+#: Gangs smaller than this wait without moves (they fit the holes small replicas leave).
+MIN_GPUS = 8
+#: Replicas of more GPUs than this are not moved (a whole node frees nothing by moving).
+MAX_MOVER_GPUS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +87,17 @@ def one_pod(gang: GangRequest) -> bool:
     return len(gang.pod_sets) == 1 and gang.pod_sets[0].count == 1
 
 
+def due(gang: GangRequest, waited_s: float, after_s: float = AFTER_S) -> bool:
+    """Whether replicas may move for ``gang``, refused after waiting ``waited_s``."""
+    return gang.gpus >= MIN_GPUS and waited_s >= after_s
+
+
 def plan_drain(snap: ClusterSnapshot, gang: GangRequest, movers: Sequence[Mover]) -> Drain | None:
-    """The cheapest plan that places ``gang`` by moving some of ``movers`` (module docstring),
-    or None."""
-    movers = [m for m in movers if one_pod(m.gang) and m.slots and m.gang.name != gang.name]
+    """The cheapest plan that places ``gang`` by moving some of ``movers`` (module docstring;
+    only one-pod replicas of at most :data:`MAX_MOVER_GPUS` GPUs move), or None."""
+    movers = [
+        m for m in movers if one_pod(m.gang) and 0 < m.gpus <= MAX_MOVER_GPUS and m.gang.name != gang.name
+    ]
     if not movers:
         return None
     domains = _domains(snap, gang)
@@ -124,13 +139,6 @@ def _domains(snap: ClusterSnapshot, gang: GangRequest) -> list[tuple[str, list[s
     return out
 
 
-def _gpus_of(slots: Sequence[PodSlot]) -> dict[str, frozenset[int]]:
-    out: dict[str, set[int]] = {}
-    for s in slots:
-        out.setdefault(s.node, set()).update(s.gpus)
-    return {n: frozenset(g) for n, g in out.items()}
-
-
 def _drain(
     snap: ClusterSnapshot, gang: GangRequest, label: str, names: Sequence[str], inside: Sequence[Mover]
 ) -> Drain | None:
@@ -138,7 +146,7 @@ def _drain(
     got = place(freed.only(names), gang)
     if not isinstance(got, Slice):
         return None
-    taken = _gpus_of(got.slots)
+    taken = _merge([got.slots])
     displaced = [m for m in inside if any(taken.get(s.node, frozenset()) & set(s.gpus) for s in m.slots)]
     if not displaced or len(displaced) > MAX_MOVES:
         return None
@@ -157,10 +165,11 @@ def _drain(
 
 
 def _merge(groups: Iterable[Sequence[PodSlot]]) -> dict[str, frozenset[int]]:
+    """The GPUs of every group's slots, by node."""
     out: dict[str, set[int]] = {}
     for slots in groups:
-        for n, g in _gpus_of(slots).items():
-            out.setdefault(n, set()).update(g)
+        for s in slots:
+            out.setdefault(s.node, set()).update(s.gpus)
     return {n: frozenset(g) for n, g in out.items()}
 
 

@@ -16,11 +16,11 @@ The objective (:func:`objective`) is lexicographic, lower is better:
    only the whole rack with the most free GPUs is kept for it
    (:meth:`ClusterSnapshot.kept_cliques`): one rack drains at a time.
 2. **hardware loss** (:func:`~extender.placement.hardware.gang_loss`): over the slice's GPUs,
-   what a GPU of that model is worth to the gangs that wait
-   (:attr:`ClusterSnapshot.worth`) less the pod set's own speed on it (its compute time on
-   the fastest model it may use over its compute time there), GPUs at full speed. With
-   nothing waiting a replica takes the fastest hardware it may use; while a gang that runs
-   only on H100 waits, a small replica leaves the H100 to it and takes an L40S.
+   what a GPU of that model is worth to the gangs in demand (:attr:`ClusterSnapshot.worth`)
+   less the pod set's own speed on it (its compute time on the fastest model it may use over
+   its compute time there), GPUs at full speed. With nothing in demand a replica takes the
+   fastest hardware it may use; while a gang that runs only on H100 is in demand, a small
+   replica leaves the whole H100 nodes to it and takes a half-used one or an L40S.
 3. **predicted per-layer communication time** (:func:`gang_micros`), microseconds.
 
 Shared by the solver, the baselines, the simulator and the tests, so every policy is judged

@@ -102,8 +102,8 @@ class ClusterSnapshot:
     #: Whether a gang that needs a multi-node NVLink clique is known to wait (None: not known,
     #: so cliques are kept whole as if one did; :func:`~extender.placement.scoring.on_whole_clique`).
     clique_demand: bool | None = None
-    #: What a GPU of each model is worth to the gangs known to wait
-    #: (:mod:`~extender.placement.hardware`; nothing waits by default: every replica takes the
+    #: What a GPU of each model is worth to the gangs in demand
+    #: (:mod:`~extender.placement.hardware`; nothing by default: every replica takes the
     #: fastest hardware it may use).
     worth: Worth = NOTHING_WAITS
     #: What the solver keeps across decisions on this cluster (per-class tables, fits on the

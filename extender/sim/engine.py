@@ -54,7 +54,7 @@ import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from extender.placement.hardware import Worth, WorthBook, gang_worth
 from extender.placement.migration import one_pod
@@ -111,6 +111,13 @@ class MovingPolicy(Protocol):
 def shape_key(gang: GangRequest) -> tuple[PodSet, ...]:
     """What a policy's answer depends on besides the cluster: the pod sets, not the name."""
     return gang.pod_sets
+
+
+class Wants(NamedTuple):
+    """What one shape of gang wants of the fleet while it is queued or just was."""
+
+    clique: bool  # it asks for a multi-node NVLink clique (needs_clique)
+    worth: Worth  # what a GPU of each model is worth to it (gang_worth)
 
 
 def comm_millis(gang: GangRequest, micros: Mapping[str, float]) -> float:
@@ -230,13 +237,12 @@ class Simulation:
         self.queue: list[GangRecord] = []
         self.queued: set[str] = set()
         self.queued_clique = 0
-        self.asks_clique: dict[tuple[PodSet, ...], bool] = {}
         #: What a GPU of each model is worth to the gangs queued or asked for within
-        #: DEMAND_MEMORY_S, counted; each shape's worth; when the dequeued ones' worths expire.
+        #: DEMAND_MEMORY_S, counted; when the dequeued ones' worths expire.
         self.queued_worth = WorthBook()
-        self.worths: dict[tuple[PodSet, ...], Worth] = {}
-        self.now = 0.0
         self.recent: collections.deque[tuple[float, Worth]] = collections.deque()
+        #: What each shape of gang wants (:func:`shape_key`), worked out once.
+        self.wants: dict[tuple[PodSet, ...], Wants] = {}
         self.records: list[GangRecord] = []
         self.by_name: dict[str, GangRecord] = {}
         self.deployments = {d.name: d for d in trace.deployments}
@@ -285,7 +291,6 @@ class Simulation:
             t = self.events[0][0]
             if t > end:
                 break
-            self.now = t
             while self.events and self.events[0][0] == t:
                 _, kind, _, what = heapq.heappop(self.events)
                 self._handle(kind, what, t)
@@ -409,7 +414,7 @@ class Simulation:
             if rec.placed_at is None:
                 rec.outcome = REJECTED if rec.unplaceable else WITHDRAWN
             if rec.name in self.queued:
-                self._dequeue(rec)
+                self._dequeue(rec, t)
             return
         self._end_run(rec, run, t, DEPARTED)
 
@@ -475,27 +480,23 @@ class Simulation:
         else:
             self.queue.append(rec)
         self.queued.add(rec.name)
-        self.queued_clique += self._asks_clique(rec)
-        self.queued_worth.add(self._worth(rec))
+        wants = self._wants(rec)
+        self.queued_clique += wants.clique
+        self.queued_worth.add(wants.worth)
 
-    def _dequeue(self, rec: GangRecord) -> None:
+    def _dequeue(self, rec: GangRecord, t: float) -> None:
         self.queue.remove(rec)
         self.queued.discard(rec.name)
-        self.queued_clique -= self._asks_clique(rec)
-        self.recent.append((self.now + DEMAND_MEMORY_S, self._worth(rec)))
+        wants = self._wants(rec)
+        self.queued_clique -= wants.clique
+        self.recent.append((t + DEMAND_MEMORY_S, wants.worth))
 
-    def _worth(self, rec: GangRecord) -> Worth:
+    def _wants(self, rec: GangRecord) -> Wants:
         key = shape_key(rec.gang)
-        got = self.worths.get(key)
+        got = self.wants.get(key)
         if got is None:
-            got = self.worths[key] = gang_worth(self.cluster.base, rec.gang)
-        return got
-
-    def _asks_clique(self, rec: GangRecord) -> bool:
-        key = shape_key(rec.gang)
-        got = self.asks_clique.get(key)
-        if got is None:
-            got = self.asks_clique[key] = needs_clique(self.cluster.base, rec.gang)
+            base = self.cluster.base
+            got = self.wants[key] = Wants(needs_clique(base, rec.gang), gang_worth(base, rec.gang))
         return got
 
     def _never_fits(self, rec: GangRecord) -> bool:
@@ -526,7 +527,7 @@ class Simulation:
             if self._try(rec, t):
                 continue
             if self.no_wait and not rec.runs:
-                self._dequeue(rec)
+                self._dequeue(rec, t)
                 self.live[rec.deployment].remove(rec)
                 rec.outcome = REJECTED
                 rec.ended_at = t
@@ -538,10 +539,11 @@ class Simulation:
         if self.refused.get(key) == self.epoch:
             return False
         snap = self.cluster.snapshot()
-        waiting = self.queued_clique - self._asks_clique(rec) > 0  # another queued gang asks for one
+        wants = self._wants(rec)
+        waiting = self.queued_clique - wants.clique > 0  # another queued gang asks for one
         while self.recent and self.recent[0][0] < t:
             self.queued_worth.remove(self.recent.popleft()[1])
-        worth = self.queued_worth.worth(exclude=(self._worth(rec),))
+        worth = self.queued_worth.worth(exclude=(wants.worth,))
         snap = with_demand(snap, waiting, self.keep_cliques, worth)
         began = time.perf_counter()
         got: Placement | Plan | None
@@ -600,7 +602,7 @@ class Simulation:
             problem = unusable(here, rec.gang, placement.slots)
             if problem is None:
                 self._start(rec, here, placement.slots, t)
-                self._dequeue(rec)
+                self._dequeue(rec, t)
                 self.placed += 1
                 self.moves += len(done)
                 return True

@@ -89,7 +89,8 @@ def test_a_small_replica_takes_the_h100_gpus_no_waiting_pod_fits_before_a_whole_
     waiting = snap.with_waiting(None, hardware.worth(snap, [wide]))
     assert nodes_of(waiting, template("llama-8b-tp1")) == ("half",)
     small = template("llama-8b-tp1").pod_sets[0]
-    # The loss, in GPUs at full speed: the whole node's worth (1) less the replica's speed (1).
+    # The loss, in GPUs at full speed: the half-used node's worth to the gang (0) less the
+    # replica's speed there (1).
     assert hardware.loss(waiting, small, place(waiting, template("llama-8b-tp1")).slots) == -1.0  # type: ignore[union-attr]
 
 

@@ -1,15 +1,17 @@
 """What gangslice would move for the gangs that wait: the migration plan, reported.
 
-Every housekeeping pass (leader only), for each gang of at least :data:`MIN_GPUS` GPUs the
-solver refused and that has waited :attr:`MigrationReporter.after_s` since its first
-refusal, the planner (:func:`~extender.placement.migration.plan_drain`) looks for the domain
-cheapest to drain by moving the replicas operators marked movable: running pods labelled
-``gangslice.io/movable: "true"`` outside any gang, each restarting in
+Every housekeeping pass (leader only), for each gang the solver refused that is due for moves
+(:func:`~extender.placement.migration.due`: 8 GPUs or more, waited
+:attr:`MigrationReporter.after_s` since its first refusal), the planner
+(:func:`~extender.placement.migration.plan_drain`) looks for the domain cheapest to drain by
+moving the replicas operators marked movable: running pods labelled ``gangslice.io/movable:
+"true"`` outside any gang, of at most 4 GPUs, each restarting in
 ``gangslice.io/restart-seconds`` (its model load; default :data:`DEFAULT_RESTART_S`), to
-hardware at least as fast. A plan found is told once per gang and plan: a ``MigrationPlanned``
-Event on a pod of the waiting gang naming each move and the restart GPU-seconds it would
-cost, the same line in the log, and the ``gangslice_migration_plans_total`` and
-``gangslice_migration_restart_gpu_seconds_total`` counters.
+hardware at least as fast. A plan found is told once per gang and plan: a
+``MigrationPlanned`` Event on a pod of the waiting gang naming each move and the restart
+GPU-seconds it would cost, the same line in the log, and the
+``gangslice_migration_plans_total`` and ``gangslice_migration_restart_gpu_seconds_total``
+counters.
 
 This is ``serve --migration report`` (the default): nothing is reserved or evicted. Carrying
 a plan out (reserve the gang's slice and the movers' new slots, then evict through
@@ -28,17 +30,13 @@ from extender.kube import names
 from extender.kube.api import KubeClient
 from extender.kube.events import PodTeller
 from extender.kube.pods import PodInfo
-from extender.placement.migration import Drain, Mover, plan_drain
+from extender.placement.migration import AFTER_S, Drain, Mover, due, plan_drain
 from extender.placement.request import GangRequest
 from extender.placement.slice import PodSlot
 from extender.reservations import ClusterCache
 
 log = logging.getLogger(__name__)
 
-#: Seconds a gang waits (since its first refusal) before a plan is looked for.
-AFTER_S = 600.0
-#: Gangs smaller than this are not planned for (they fit the holes small replicas leave).
-MIN_GPUS = 8
 #: A moved replica's restart when its pod does not say (``gangslice.io/restart-seconds``).
 DEFAULT_RESTART_S = 120.0
 #: Plans told, remembered at most (the oldest go first).
@@ -106,7 +104,7 @@ class MigrationReporter:
         return [
             request
             for request, since in cache.waiting.waiting_since()
-            if request.gpus >= MIN_GPUS and now - since >= self.after_s
+            if due(request, now - since, self.after_s)
         ]
 
     async def sync(self, cache: ClusterCache, now: float) -> list[Drain]:

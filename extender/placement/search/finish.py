@@ -58,8 +58,5 @@ def finish(ctx: Decision, placed: Mapping[str, Option]) -> Finished:
         mnnvl_nodes=mnnvl_nodes(snap, gang, slots),
     )
     waste = fabric_waste(snap, gang, slots)
-    loss = round(
-        sum(hardware.loss_with(snap, placed[ps.name].slots, speeds(ctx, ps)) for ps in gang.pod_sets),
-        hardware.LOSS_DIGITS,
-    )
+    loss = hardware.gang_loss(snap, gang, slots, lambda ps: speeds(ctx, ps))
     return Finished(slice_rank(waste, len(misses), loss, sl.per_layer_micros, len(notes)), sl)

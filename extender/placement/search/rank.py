@@ -12,7 +12,7 @@ orders of their own, next to that work in ``across_nodes`` and ``option``.)
    multi-node NVLink (:func:`~extender.placement.scoring.fabric_waste`), GPUs;
 2. ``colocation_misses``: colocateWith wishes the slice misses, a count;
 3. ``hardware``: the hardware loss (:func:`~extender.placement.hardware.loss`): over the
-   slice's GPUs, what each is worth to the gangs that wait less the pod set's own speed on
+   slice's GPUs, what each is worth to the gangs in demand less the pod set's own speed on
    it, GPUs at full speed, to 0.01;
 4. ``cost_us``: the predicted communication time per transformer layer, summed over the pod
    sets (:func:`~extender.placement.scoring.pod_set_micros`: ring all-reduce
@@ -43,11 +43,12 @@ of the smallest domain holding it: finer first), and last ``fit``, how tightly i
   first: the tightest domain) and the nodes its fastest nodes span.
 
 :class:`NodeRank` orders the nodes that could hold a whole pod set alone (clique GPUs off
-the fabric, hardware loss, cost, then the node's tie); :class:`DomainRank` orders the domains of one level
-by the speed class their fastest nodes reach (nodes off the fabric first for a pod set
-whose pods do not talk; the pod bandwidth, GB/s, capped where a faster node no longer helps,
-higher first), then their fit; the sort itself runs on :data:`DomainParts`, the same parts as
-a plain tuple, since a NamedTuple per domain would cost more than the sort.
+the fabric, hardware loss, cost, then the node's tie); :class:`DomainRank` orders the
+domains of one level by the speed class their fastest nodes reach (nodes off the fabric
+first for a pod set whose pods do not talk; the pod bandwidth, GB/s, capped where a faster
+node no longer helps, higher first), then their fit; the sort itself runs on
+:data:`DomainParts`, the same parts as a plain tuple, since a NamedTuple per domain would
+cost more than the sort.
 """
 
 from __future__ import annotations
