@@ -373,9 +373,10 @@ controller:
   # with the most free GPUs) for gangs that ask for one while such a gang waits
   # (while-waiting), or every clique always.
   keepCliques: while-waiting
-  # serve --migration: for a gang of 8 or more GPUs that waited, report which pods labelled
-  # gangslice.io/movable=true would move to drain a domain for it (report), or nothing (off).
-  # Nothing is evicted.
+  # serve --migration: for a gang of 8 or more GPUs that waited, find which pods labelled
+  # gangslice.io/movable=true to move to drain a domain for it, and report the plan (report),
+  # carry it out (on: hold the gang's slice and the new slots, then evict through
+  # pods/eviction, PodDisruptionBudgets honoured), or do nothing (off).
   migration: report
   # serve --imex-daemon-requests: what NVIDIA's IMEX daemon pod requests on each node of a
   # ComputeDomain (the DRA driver's controller.containers.computeDomain.resources), e.g.
@@ -509,7 +510,7 @@ def render_schema(values: Values) -> str:
                     {
                         "replicas": {"type": "integer", "minimum": 0},
                         "keepCliques": {"enum": ["while-waiting", "always"]},  # extender KeepCliques
-                        "migration": {"enum": ["off", "report"]},  # controllers.migration Migration
+                        "migration": {"enum": ["off", "report", "on"]},  # controllers.migration Migration
                         "imexDaemonRequests": STRING,
                         **_pod_schema("controller", values),
                     }

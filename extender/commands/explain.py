@@ -290,8 +290,38 @@ async def _online(args: argparse.Namespace, kind: str, namespace: str, name: str
         facts = explain_pods(cache, kind, namespace, name, podgroup_state(pg), pg)
     await add_slot_claims(api, cache, facts)
     add_mismatches(cache, facts)
+    add_migration(cache, facts)
     facts.problems.extend(refused_nodes(cache))
     return facts
+
+
+def add_migration(cache: Any, facts: Facts) -> None:
+    """For a gang with no slice now: a migration under way for it, or the plan ``serve
+    --migration`` would report or carry out once it has waited (the domain cheapest to drain
+    by moving replicas labelled movable), or why there is none."""
+    from extender.controllers.migration.reporter import describe, movers
+    from extender.placement.migration import MIN_GPUS, plan_drain
+    from extender.reservations.handover import for_gang
+
+    gang = facts.gang
+    if gang is None or not isinstance(facts.dry_run, Unplaceable) or not facts.dry_run.feasible_when_empty:
+        return
+    held = cache.held_for(for_gang(gang.name))
+    if held:
+        facts.migration = f"under way: the drained slice is held for this gang ({', '.join(held)})"
+        return
+    if gang.gpus < MIN_GPUS:
+        facts.migration = f"none: gangs of fewer than {MIN_GPUS} GPUs wait without moves"
+        return
+    pods = movers(cache)
+    facts.plan = plan_drain(cache.view([gang.name]), gang, [m for m, _ in pods.values()])
+    if facts.plan is None:
+        facts.migration = (
+            f"no plan: no domain this gang fits is freed by moving the {len(pods)} movable replica(s) "
+            "(running, labelled gangslice.io/movable, owned by a controller) to hardware at least as fast"
+        )
+    else:
+        facts.migration = f"once it has waited, serve --migration would move {describe(facts.plan, pods)}"
 
 
 def add_mismatches(cache: Any, facts: Facts) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.placement.ledger import Reservation
+from extender.placement.migration import Drain
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Placement, Slice, Unplaceable
 from extender.topology.serialize import index_ranges
@@ -37,6 +38,10 @@ class Facts:
     slot_claims: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: Bound pods the kubelet reports on other GPUs than promised, one line each.
     mismatches: list[str] = field(default_factory=list)
+    #: For a gang with no slice now: the migration plan (moves of movable replicas), a
+    #: migration under way, or why there is none, in words; and the plan itself.
+    migration: str = ""
+    plan: Drain | None = None
 
 
 def _ask_lines(gang: GangRequest) -> list[str]:
@@ -164,6 +169,8 @@ def render(f: Facts) -> str:
     lines.extend(_reservation_lines(f.reservation, f.slot_claims))
     lines.extend(f"  devices differ: {m}" for m in f.mismatches)
     lines.extend(_dry_run_lines(f.dry_run, f.gang))
+    if f.migration:
+        lines.append(f"migration: {f.migration}")
     lines.extend(f"problem: {p}" for p in f.problems)
     return "\n".join(lines)
 
@@ -202,5 +209,18 @@ def to_json(f: Facts) -> dict[str, Any]:
         "slotClaims": {k: {"pins": pins, "claim": state} for k, (pins, state) in f.slot_claims.items()},
         "devicesMismatch": list(f.mismatches),
         "dryRun": dry,
+        "migration": None
+        if not f.migration
+        else {
+            "says": f.migration,
+            "plan": None
+            if f.plan is None
+            else {
+                "domain": f.plan.domain,
+                "restartGpuSeconds": f.plan.restart_gpu_s,
+                "slice": f.plan.slice.to_dict(),
+                "moves": [{"pod": m.gang, "to": [s.to_dict() for s in m.slots]} for m in f.plan.moves],
+            },
+        },
         "problems": list(f.problems),
     }

@@ -35,9 +35,10 @@
   while that is not known yet, none otherwise
   (:meth:`~extender.placement.snapshot.ClusterSnapshot.kept_cliques`).
 - ``gangslice_migration_plans_total``, ``gangslice_migration_moves_total``,
-  ``gangslice_migration_restart_gpu_seconds_total``: the migration plans told for gangs that
-  waited, the replicas they would move and the restart they would cost
-  (:mod:`extender.controllers.migration`).
+  ``gangslice_migration_restart_gpu_seconds_total``: the migration plans for gangs that
+  waited (told, or carried out with ``--migration on``), the replicas they move and the
+  restart they cost; ``gangslice_migration_evictions_total{result}``: the evictions of those
+  carried out (:mod:`extender.controllers.migration`).
 - ``gangslice_gpu_worth{model,pod_gpus}``: what a GPU of each model is worth to the gangs asked
   for within the last hour, per size of pod (the best speed one of their pod sets gets there;
   :mod:`extender.placement.hardware`): placement leaves GPUs worth more to others than to the
@@ -216,20 +217,29 @@ class _CacheCollector(Collector):
         book = self.cache.book
         yield CounterMetricFamily(
             "gangslice_migration_plans",
-            "Migration plans told for gangs that waited (serve --migration report): each a "
-            "MigrationPlanned Event; nothing is evicted.",
+            "Migration plans for gangs that waited: told (serve --migration report, a "
+            "MigrationPlanned Event each), or held and started (on).",
             value=book.migration_plans,
         )
         yield CounterMetricFamily(
             "gangslice_migration_moves",
-            "Replicas the migration plans told would move.",
+            "Replicas those migration plans move.",
             value=book.migration_moves,
         )
         yield CounterMetricFamily(
             "gangslice_migration_restart_gpu_seconds",
-            "GPU-seconds of restart (GPUs x model load) the migration plans told would cost.",
+            "GPU-seconds of restart (GPUs x model load) those migration plans cost.",
             value=book.migration_restart_gpu_s,
         )
+        moved = CounterMetricFamily(
+            "gangslice_migration_evictions",
+            "Evictions of movable replicas (serve --migration on), by result (evicted; blocked: "
+            "a PodDisruptionBudget refused the plan; failed).",
+            labels=["result"],
+        )
+        for result, n in sorted(book.migration_evictions.items()):
+            moved.add_metric([result], n)
+        yield moved
         yield GaugeMetricFamily(
             "gangslice_cache_ready", "1 once every watched kind is listed.", value=int(self.cache.ready)
         )

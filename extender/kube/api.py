@@ -241,10 +241,11 @@ class KubeClient(Protocol):
 
     async def delete(self, res: Resource, name: str, namespace: str = "") -> None: ...
 
-    async def evict(self, namespace: str, name: str, uid: str = "") -> None:
+    async def evict(self, namespace: str, name: str, uid: str = "", *, dry_run: bool = False) -> None:
         """Evict a pod through the ``pods/eviction`` subresource (a policy/v1 Eviction), so
         its PodDisruptionBudget is honoured: :class:`Throttled` (429) while the budget allows
-        no disruption; ``uid``: only this very pod (409 for a later one of the name)."""
+        no disruption; ``uid``: only this very pod (409 for a later one of the name);
+        ``dry_run``: the same checks, nothing evicted."""
         ...
 
     async def serves(self, res: Resource) -> bool:

@@ -279,14 +279,19 @@ class ApiServerClient:
     async def delete(self, res: Resource, name: str, namespace: str = "") -> None:
         await self._call("DELETE", path_of(res, namespace, name))
 
-    async def evict(self, namespace: str, name: str, uid: str = "") -> None:
+    async def evict(self, namespace: str, name: str, uid: str = "", *, dry_run: bool = False) -> None:
         eviction: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
+        options: dict[str, Any] = {}
         if uid:
-            eviction["deleteOptions"] = {"preconditions": {"uid": uid}}
+            options["preconditions"] = {"uid": uid}
+        if dry_run:
+            options["dryRun"] = ["All"]
+        if options:
+            eviction["deleteOptions"] = options
         await self._call("POST", path_of(PODS, namespace, name, "eviction"), body=eviction)
 
     async def serves(self, res: Resource) -> bool:

@@ -124,6 +124,9 @@ META_OWNER_UID = "ownerUid"
 META_OWNER_API_VERSION = "ownerApiVersion"
 #: Reservation meta: "true" when its slots are pinned by per-slot ResourceClaims (DRA nodes).
 META_SLOT_CLAIMS = "slotClaims"
+#: Reservation meta: whom a hold is kept for when it is nobody's own reservation yet (a
+#: migration's, :mod:`extender.reservations.handover`): ``gang:<key>`` or ``owner:<uid>``.
+META_HELD_FOR = "heldFor"
 OWNER_MANAGED_KINDS = frozenset({"Workload", "PodGroup"})
 #: The MutatingWebhookConfiguration of the DRA pinning webhook (manifests/dra/webhook.yaml).
 WEBHOOK_CONFIGURATION = "gangslice-dra"

@@ -15,9 +15,10 @@ part of one, :func:`plan_drain` looks for the domain cheapest to drain:
 
 A plan is all or nothing: every displaced mover has a slot, and the gang's slice is free once
 they leave. Who plans, and for whom, is one rule here (:func:`due`, :data:`MAX_MOVER_GPUS`)
-for the simulator's policy (:mod:`extender.sim.migrating`) and ``serve --migration report``
-(:mod:`extender.controllers.migration`). Carrying a plan out would reserve the gang's slice
-and the movers' new slots before evicting anything; nothing does yet.
+for the simulator's policy (:mod:`extender.sim.migrating`) and ``serve --migration``
+(:mod:`extender.controllers.migration`), which reports a plan or carries it out: the gang's
+slice and the movers' new slots held (:mod:`extender.reservations.handover`) before anything
+is evicted.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import PodSlot, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot, NodeState
 from extender.placement.waiting import KeepCliques, WaitingGangs
+from extender.reservations import handover
 from extender.reservations.reserve import Claim, Solver, Split, grow, reserve, reserve_all
 from extender.reservations.store import (
     WRITE_BEHIND_S,
@@ -150,6 +151,8 @@ class ReservationBook:
         #: ``_view`` count it where the node reports what it can hold).
         self._folded: set[str] = set()
         self._named: dict[tuple[str, str], str] | None = None
+        #: Whom holds are kept for (:mod:`~extender.reservations.handover`) -> their gang keys.
+        self._for: dict[str, list[str]] | None = None
         #: Gang -> (the meta it was read from, its ref): a bind replaces the reservation but
         #: keeps its meta, so each is read once (see :meth:`ref_of`).
         self._refs: dict[str, tuple[Mapping[str, str], ReservationRef]] = {}
@@ -172,6 +175,9 @@ class ReservationBook:
         self.migration_plans = 0
         self.migration_moves = 0
         self.migration_restart_gpu_s = 0.0
+        #: Evictions of migration plans carried out, per result (``evicted``; ``blocked``,
+        #: ``failed``: a plan refused).
+        self.migration_evictions: dict[str, int] = {}
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -281,7 +287,7 @@ class ReservationBook:
             return GangRef(r.gang, label)
         key = pod.gang or job
         if key is None:
-            return None
+            return self._handed_over(pod)
         r = self.reservation(key)
         label = self.ref_of(r).label if r is not None else ReservationRef.parse(key, None).label
         if r is not None:
@@ -295,6 +301,31 @@ class ReservationBook:
         if isinstance(got, Incomplete):
             return GangRef(key, label, None, f"gang {key}: {got.reason}")
         return GangRef(key, label, got, waiting)
+
+    def held_for(self, who: str) -> list[str]:
+        """The gang keys of the holds kept for ``who`` (:mod:`~extender.reservations.handover`)."""
+        return list(self._held_for().get(who, ()))
+
+    def _held_for(self) -> dict[str, list[str]]:
+        if self._for is None:
+            self._for = {}
+            for r in self._ledger.reservations():
+                got = handover.held_for(r)
+                if got is not None:
+                    self._for.setdefault(got, []).append(r.gang)
+        return self._for
+
+    def _handed_over(self, pod: PodInfo) -> GangRef | None:
+        """For a GPU pod in no gang: the hold a migration keeps for its controller's next pod
+        (the replacement of a moved replica), with a slot free for it or already its own."""
+        if pod.gpus <= 0 or not self._ledger:
+            return None
+        who = handover.owner_of(pod)
+        for gang in self.held_for(who) if who is not None else ():
+            r = self._ledger.get(gang)
+            if r is not None and (r.slot_of(pod.name) is not None or free_slots(r, pod)):
+                return GangRef(gang, self.ref_of(r).label)
+        return None
 
     # -- holding a slice -----------------------------------------------------------------
     async def hold(
@@ -661,10 +692,31 @@ class ReservationBook:
                 return False
             return any(not p.terminal and not p.deleting for p in self.informer.pods_of_gang(r.gang))
 
+        for gang in self._handed_over_done():
+            self.drop(gang)
         gone = self._ledger.expire(self.clock(), keep=keep)
         for r in gone:
             self._ledger_changed(r.gang, _held_nodes(r), deleted=r)
         return gone
+
+    def _handed_over_done(self) -> list[str]:
+        """Holds kept for a controller's next pod whose pods the watch shows running on their
+        slots' nodes: the pods hold the GPUs themselves from then on."""
+        done = []
+        for who, gangs in self._held_for().items():
+            if not who.startswith(handover.OWNER):
+                continue
+            for gang in gangs:
+                r = self._ledger.get(gang)
+                if r is None or not r.complete:
+                    continue
+                ns = self.ref_of(r).namespace
+                seen = [
+                    (self.informer.watched_pod(ns, pod), r.slice.slot(k).node) for k, pod in r.bound.items()
+                ]
+                if all(p is not None and p.node == n and p.phase == "Running" for p, n in seen):
+                    done.append(gang)
+        return done
 
     def hold_all(self, rs: Iterable[Reservation]) -> bool:
         """Hold every reservation of ``rs`` (placed by a controller) in the ledger, or none
@@ -691,7 +743,7 @@ class ReservationBook:
         except LedgerError as exc:
             log.warning("not restoring reservation: %s", exc)
             return False
-        self._named = None
+        self._named = self._for = None
         self._held_changed(_held_nodes(r))
         return True
 
@@ -704,7 +756,7 @@ class ReservationBook:
             self._ledger.release(r.gang)
             self._held_changed(_held_nodes(r))
         self._queue.clear()
-        self._named = None
+        self._named = self._for = None
         self._refs.clear()
         refused = [
             r
@@ -857,7 +909,7 @@ class ReservationBook:
         ours = self._queue.busy(r.gang)
         if mine is not None and mine.slice.to_dict() == r.slice.to_dict() and not ours:
             self._ledger.release(r.gang)
-            self._named = None
+            self._named = self._for = None
             self._refs.pop(r.gang, None)
             self._held_changed(_held_nodes(mine))
 
@@ -931,6 +983,9 @@ class ReservationBook:
         self.migration_plans += 1
         self.migration_moves += moves
         self.migration_restart_gpu_s += restart_gpu_s
+
+    def note_migration_eviction(self, result: str) -> None:
+        self.migration_evictions[result] = self.migration_evictions.get(result, 0) + 1
 
     def _status_changed(self, gang: str | None) -> None:
         """A reservation's status must be written again (its spec did not change)."""
@@ -1015,7 +1070,7 @@ class ReservationBook:
     ) -> None:
         """``nodes``: where the reserved GPUs changed (none for a bind or unbind)."""
         nodes = list(nodes)
-        self._named = None
+        self._named = self._for = None
         self._held_changed(nodes)
         if (deleted is not None or nodes) and self.informer.has_channels:
             r = deleted or self._ledger.get(gang)

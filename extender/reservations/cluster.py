@@ -101,6 +101,9 @@ class ClusterCache(ClusterInformer):
     def running_members(self, gang: str) -> int | None:
         return self.book.running_members(gang)
 
+    def held_for(self, who: str) -> list[str]:
+        return self.book.held_for(who)
+
     def device_mismatches(self, gang: str | None = None) -> list[DeviceMismatch]:
         return self.book.device_mismatches(gang)
 

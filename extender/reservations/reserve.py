@@ -42,6 +42,7 @@ from extender.placement.slice import Placement, PodSlot, Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 from extender.placement.waiting import WaitingGangs
+from extender.reservations import handover
 from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,10 @@ class Reserving(Protocol):
     def running_members(self, gang: str) -> int | None: ...
 
     def hold_all(self, rs: Iterable[Reservation]) -> bool: ...
+
+    def drop(self, gang: str) -> Reservation | None: ...
+
+    def held_for(self, who: str) -> list[str]: ...
 
     @property
     def waiting(self) -> WaitingGangs: ...
@@ -133,7 +138,10 @@ def reserve_all(
     none: a joint gang's members (``split`` cuts the slice by member gang key), or one gang.
     Members' existing reservations are left out of the view (a re-placement replaces them)."""
     by_gang = {c.gang: c for c in claims}
-    view = cache.view(list(by_gang))
+    # A migration's hold of a slice for this gang (:mod:`~extender.reservations.handover`) is
+    # the gang's to take: seen through, and dropped as the gang's own is held.
+    kept = [h for g in dict.fromkeys((request.name, *by_gang)) for h in cache.held_for(handover.for_gang(g))]
+    view = cache.view([*by_gang, *kept])
     if request.gpus > view.total_gpus:
         return Unplaceable(
             request.name,
@@ -158,7 +166,9 @@ def reserve_all(
         meta = {"namespace": gang_namespace(gang), "name": object_name(gang), **claim.meta}
         expires = claim.expires_at if claim.expires_at is not None else now + cache.ledger.ttl_s
         rs.append(Reservation(gang, part, expires, {}, Phase.RESERVED, meta))
+    dropped = [r for r in map(cache.drop, kept) if r is not None]
     if not cache.hold_all(rs):
+        cache.hold_all(dataclasses.replace(r, phase=Phase.RESERVED) for r in dropped)
         return Unplaceable(request.name, "the slice was taken while it was being reserved")
     for r in rs:
         log.info(

@@ -151,8 +151,10 @@ class FaultyKube:
     async def delete(self, res: Resource, name: str, namespace: str = "") -> None:
         await self._call("delete", res, "", lambda: self.inner.delete(res, name, namespace))
 
-    async def evict(self, namespace: str, name: str, uid: str = "") -> None:
-        await self._call("create", PODS, "eviction", lambda: self.inner.evict(namespace, name, uid))
+    async def evict(self, namespace: str, name: str, uid: str = "", *, dry_run: bool = False) -> None:
+        await self._call(
+            "create", PODS, "eviction", lambda: self.inner.evict(namespace, name, uid, dry_run=dry_run)
+        )
 
     async def serves(self, res: Resource) -> bool:
         return await self.inner.serves(res)

@@ -362,7 +362,7 @@ class FakeKube:
             self._enter("delete", res, ns, name)
             self._remove(self._key(res, ns, name))
 
-    async def evict(self, namespace: str, name: str, uid: str = "") -> None:
+    async def evict(self, namespace: str, name: str, uid: str = "", *, dry_run: bool = False) -> None:
         with self._lock:
             self._enter("create", kube_api.PODS, namespace, name, "eviction")
             key = self._key(kube_api.PODS, namespace, name)
@@ -371,7 +371,8 @@ class FakeKube:
                 raise Conflict(409, f"pod {namespace}/{name}: uid precondition failed")
             if f"{namespace}/{name}" in self.budget_blocks:
                 raise Throttled(429, "Cannot evict pod as it would violate the pod's disruption budget.")
-            self._remove(key)
+            if not dry_run:
+                self._remove(key)
 
     async def serves(self, res: Resource) -> bool:
         with self._lock:
@@ -513,8 +514,8 @@ WRITERS = {
     "mutatingwebhookconfigurations": "extender.controllers.webhook_ca.sync",
 }
 BINDER = "extender.kube.binder"
-#: The one module that evicts pods (a pod the kubelet gave other GPUs than promised).
-EVICTOR = "extender.controllers.mismatch.reporter"
+#: The one module that evicts pods (for a device mismatch, or a migration).
+EVICTOR = "extender.kube.evictions"
 #: The one part of a NodeTopology the agent does not write: the controller's ``Accepted``
 #: condition on its status (extender/controllers/topology_status/reporter.py).
 SUBRESOURCE_WRITERS = {("nodetopologies", "status"): "extender.controllers.topology_status.reporter"}

@@ -81,6 +81,8 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "StatefulSet": ("/apis/apps/v1", "statefulsets", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "LeaderWorkerSet": ("/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets", True),
     "JobSet": ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets", True),

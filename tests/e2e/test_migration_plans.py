@@ -1,6 +1,7 @@
 """``serve --migration report`` on a real control plane: a wide gang that waits while a replica
-labelled ``gangslice.io/movable`` holds part of the leaf it fits hears the plan (an Event on its
-pod naming the move and its restart), and nothing is evicted or bound.
+labelled ``gangslice.io/movable`` (owned by a ReplicaSet) holds part of the leaf it fits hears
+the plan (an Event on its pod naming the move and its restart), and nothing is evicted or
+bound.
 
 Nodes (pool ``mig``): leaf a of two HGX H100 nodes, leaf c of one; a 1-GPU replica placed in leaf
 a (leaf c cordoned meanwhile); a gang of two 8-GPU pods that requires one leaf.
@@ -61,12 +62,30 @@ def in_ns(pod: dict[str, Any], ns: str) -> dict[str, Any]:
     return {**pod, "metadata": {**pod["metadata"], "namespace": ns}}
 
 
+def replica_set(ns: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
+            },
+        },
+    }
+
+
 def test_report_only_tells_the_plan_and_evicts_nothing(
     control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandIn, ns: str
 ) -> None:
     cp = control_plane
     # The replica must land in leaf a: mig-c0 is cordoned until it runs there.
     merge_patch(cp, "Node", "mig-c0", {"spec": {"unschedulable": True}})
+    # Its owner: a ReplicaSet (no controller runs it here; a bare pod would not come back).
+    owner = create(cp, replica_set(ns, "server-rs"))
     replica = gpu_pod(
         "server",
         1,
@@ -74,6 +93,15 @@ def test_report_only_tells_the_plan_and_evicts_nothing(
         labels={"gangslice.io/movable": "true"},
         annotations={"gangslice.io/restart-seconds": "45"},
     )
+    replica["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": "server-rs",
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
     create(cp, in_ns(replica, ns))
 
     def running() -> dict[str, Any] | None:

@@ -1,16 +1,26 @@
-"""serve --migration report: the plan for a gang that waited is told once, nothing is evicted
-(extender.controllers.migration)."""
+"""serve --migration: the plan for a gang that waited is told once, nothing evicted (report),
+or carried out (on): the gang's slice and the mover's new slot held, then the eviction; a
+PodDisruptionBudget that refuses leaves everything as it was (extender.controllers.migration,
+extender.reservations.handover)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from extender.controllers.migration.reporter import REASON, Migration, MigrationReporter
+from extender.commands.explain import add_migration, explain_pods
+from extender.controllers.explain import render, to_json
+from extender.controllers.migration.reporter import REASON, REFUSED, STARTED, Migration, MigrationReporter
+from extender.httpapi.decide import Decider
 from extender.kube import names as keys
 from extender.kube.api import Kind
+from extender.kube.pods import PodInfo
+from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
+from extender.placement.slice import Unplaceable
 from extender.reservations import ClusterCache
+from extender.reservations.handover import for_gang, for_owner
+from extender.reservations.reserve import Claim, reserve
 from extender.testing.extender import gang_pod, node_obj, pod_obj
 from extender.testing.kube import FakeKube
 from extender.testing.objects import make_node_topology
@@ -39,12 +49,36 @@ def fleet(now: list[float]) -> ClusterCache:
     return cache
 
 
-def movable(name: str, node: str, gpus: str, restart: str | None = None, mark: bool = True) -> dict[str, Any]:
-    annotations = {keys.GPUS: gpus, **({keys.RESTART_SECONDS: restart} if restart else {})}
+#: The ReplicaSet that owns the movable replicas (and makes their replacements).
+OWNER = {
+    "apiVersion": "apps/v1",
+    "kind": "ReplicaSet",
+    "name": "server-7f",
+    "uid": "rs-1",
+    "controller": True,
+}
+
+
+def movable(
+    name: str,
+    node: str | None,
+    gpus: str = "0",
+    restart: str | None = None,
+    mark: bool = True,
+    owner: dict[str, Any] | None = OWNER,
+    phase: str = "Running",
+) -> dict[str, Any]:
+    annotations = {keys.GPUS: gpus, **({keys.RESTART_SECONDS: restart} if restart else {})} if node else {}
     labels = {keys.MOVABLE: "true"} if mark else {}
-    pod = pod_obj(name, gpus=len(gpus.split(",")), labels=labels, node=node, phase="Running")
+    pod = pod_obj(name, gpus=len(gpus.split(",")), labels=labels, node=node, phase=phase, uid=f"uid-{name}")
     pod["metadata"]["annotations"].update(annotations)
+    if owner is not None:
+        pod["metadata"]["ownerReferences"] = [owner]
     return pod
+
+
+def evictions(api: FakeKube) -> list[str]:
+    return [c.name for c in api.calls if c.subresource == "eviction"]
 
 
 def test_a_gang_that_waited_hears_the_plan_once_and_nothing_is_evicted() -> None:
@@ -86,3 +120,143 @@ def test_only_pods_marked_movable_outside_gangs_are_planned_with_and_off_means_o
     api = FakeKube()
     assert asyncio.run(MigrationReporter(api, Migration.OFF, after_s=0.0).sync(cache, 600.0)) == []
     assert not api.events
+
+
+def test_a_bare_pod_is_no_mover_its_eviction_would_not_bring_it_back() -> None:
+    now = [600.0]
+    cache = fleet(now)
+    cache.apply(Kind.PODS, "MODIFIED", movable("server-1", "a1", "0", owner=None))
+    cache.waiting.refused(cache.view(), WIDE, 0.0)
+    assert asyncio.run(MigrationReporter(FakeKube(), after_s=0.0).sync(cache, 600.0)) == []
+
+
+def on(now: list[float]) -> tuple[ClusterCache, FakeKube, MigrationReporter]:
+    cache = fleet(now)
+    cache.waiting.refused(cache.view(), WIDE, 0.0)
+    api = FakeKube()
+    api.put("pods", movable("server-1", "a1"))
+    return cache, api, MigrationReporter(api, Migration.ON, after_s=600.0)
+
+
+def holds(cache: ClusterCache) -> dict[str, Reservation]:
+    return {r.gang: r for r in cache.ledger.reservations()}
+
+
+def test_on_holds_the_slice_and_the_new_slot_evicts_and_the_replacement_and_the_gang_take_them() -> None:
+    now = [600.0]
+    cache, api, migrator = on(now)
+    (plan,) = asyncio.run(migrator.sync(cache, 600.0))
+    # A dry run, then the eviction; the holds were in the ledger before it.
+    assert evictions(api) == ["server-1", "server-1"]
+    held = holds(cache)
+    assert set(held) == {"llm/drain:wide", "llm/move:server-1"}
+    drain, move = held["llm/drain:wide"], held["llm/move:server-1"]
+    assert drain.slice.nodes == ("a1", "a2") and drain.meta[keys.META_HELD_FOR] == for_gang(WIDE.name)
+    assert move.meta[keys.META_HELD_FOR] == for_owner("rs-1")
+    ((node, gpus),) = [(s.node, s.gpus) for s in move.slice.slots]
+    assert node == "c1" and (node, gpus) == (plan.moves[0].slots[0].node, plan.moves[0].slots[0].gpus)
+    (event,) = api.events
+    assert event["reason"] == STARTED and "moving 1 replica(s) off leaf a" in event["message"]
+    assert cache.book.migration_evictions == {"evicted": 1}
+    # Under way: no second plan for the gang.
+    assert asyncio.run(migrator.sync(cache, 610.0)) == [] and len(evictions(api)) == 2
+
+    # The replica goes; its ReplicaSet's replacement may bind only to the slot held for it.
+    cache.apply(Kind.PODS, "DELETED", movable("server-1", "a1", "0"))
+    replacement = PodInfo.from_obj(movable("server-2", None, phase="Pending"))
+    decider = Decider(cache)
+    assert decider.filter(replacement, ["a1", "a2", "c1"]).passed == ["c1"]
+    bound = decider.plan_bind(replacement, "c1")
+    assert (bound.node, bound.gpus) == ("c1", gpus)
+    # Another replica of the owner finds the slot taken and is placed by the plain rule.
+    other = PodInfo.from_obj(movable("server-3", None, phase="Pending"))
+    assert cache.book.gang_of(other) is None
+
+    # The gang takes the drained slice; the hold kept for it goes in the same step.
+    got = reserve(cache.book, WIDE, Claim(WIDE.name))
+    assert isinstance(got, Reservation) and got.slice.nodes == ("a1", "a2")
+    assert "llm/drain:wide" not in holds(cache)
+    # Once the replacement runs on its slot, its hold ends: the pod holds the GPUs itself.
+    assert cache.book.expire() == [] and "llm/move:server-1" in holds(cache)
+    ran = movable("server-2", "c1", ",".join(map(str, gpus)))
+    cache.apply(Kind.PODS, "ADDED", ran)
+    cache.book.expire()
+    assert set(holds(cache)) == {WIDE.name}
+    view = cache.view()
+    i = view.index("c1")
+    assert view.free_mask(i) & view.nodes[i].shape.mask_of(set(gpus)) == 0  # taken by the pod
+
+
+def test_a_budget_that_refuses_leaves_everything_as_it_was_and_the_gang_waits() -> None:
+    now = [600.0]
+    cache, api, migrator = on(now)
+    api.budget_blocks.add("llm/server-1")
+    assert asyncio.run(migrator.sync(cache, 600.0)) == []
+    assert evictions(api) == ["server-1"]  # the dry run alone
+    assert holds(cache) == {} and api.peek("pods", "server-1", "llm") is not None
+    (event,) = api.events
+    assert event["reason"] == REFUSED and "PodDisruptionBudget of pod llm/server-1" in event["message"]
+    assert "nothing evicted, the gang waits" in event["message"]
+    assert cache.book.migration_evictions == {"blocked": 1}
+    # Not asked again every pass; after the retry delay, and once the budget allows it, moved.
+    assert asyncio.run(migrator.sync(cache, 620.0)) == [] and len(evictions(api)) == 1
+    api.budget_blocks.clear()
+    assert len(asyncio.run(migrator.sync(cache, 700.0))) == 1
+    assert set(holds(cache)) == {"llm/drain:wide", "llm/move:server-1"}
+
+
+class LetsGoOnce(set[str]):
+    """Budget blocks that say yes to the first question about a pod (the dry run) and no after."""
+
+    def __init__(self, *pods: str) -> None:
+        super().__init__(pods)
+        self.asked: list[str] = []
+
+    def __contains__(self, pod: object) -> bool:
+        self.asked.append(str(pod))
+        return super().__contains__(pod) and self.asked.count(str(pod)) > 1
+
+
+def test_an_eviction_refused_midway_releases_the_gang_slice_and_the_slots_of_those_that_stay() -> None:
+    now = [600.0]
+    cache = fleet(now)
+    cache.apply(Kind.PODS, "ADDED", movable("server-2", "a2", "0", restart="45"))
+    cache.waiting.refused(cache.view(), WIDE, 0.0)
+    api = FakeKube()
+    api.budget_blocks = LetsGoOnce("llm/server-2")
+    for name, node in (("server-1", "a1"), ("server-2", "a2")):
+        api.put("pods", movable(name, node))
+    migrator = MigrationReporter(api, Migration.ON, after_s=0.0)
+    assert asyncio.run(migrator.sync(cache, 600.0)) == []
+    # The first moved and keeps the slot held for its replacement; the gang's hold is gone.
+    assert set(holds(cache)) == {"llm/move:server-1"}
+    assert cache.book.migration_evictions == {"evicted": 1, "blocked": 1}
+    (event,) = api.events
+    assert event["reason"] == REFUSED and "1 of 2 replica(s) evicted" in event["message"]
+
+
+def test_explain_shows_the_plan_and_then_the_migration_under_way() -> None:
+    now = [600.0]
+    cache, _, migrator = on(now)
+    cache.apply(Kind.PODS, "ADDED", gang_pod("wide-1", "wide", 2, 8, extra={keys.REQUIRED_LEVEL: "leaf"}))
+    cache.apply(Kind.PODS, "MODIFIED", gang_pod("wide-0", "wide", 2, 8, extra={keys.REQUIRED_LEVEL: "leaf"}))
+    facts = explain_pods(cache, "gang", "llm", "wide", None)
+    add_migration(cache, facts)
+    assert isinstance(facts.dry_run, Unplaceable) and facts.plan is not None
+    assert facts.plan.domain == "leaf a" and facts.plan.restart_gpu_s == 45.0
+    text = render(facts)
+    assert "migration: once it has waited, serve --migration would move 1 replica(s) off leaf a" in text
+    assert "llm/server-1 from a1 to c1" in text
+    assert to_json(facts)["migration"]["plan"]["moves"][0]["pod"] == "llm/server-1"
+    asyncio.run(migrator.sync(cache, 600.0))
+    facts = explain_pods(cache, "gang", "llm", "wide", None)
+    add_migration(cache, facts)
+    assert facts.migration == "under way: the drained slice is held for this gang (llm/drain:wide)"
+    # Without movable replicas: why there is no plan.
+    cache = fleet(now)
+    cache.apply(Kind.PODS, "MODIFIED", movable("server-1", "a1", "0", mark=False))
+    cache.apply(Kind.PODS, "MODIFIED", gang_pod("wide-0", "wide", 2, 8, extra={keys.REQUIRED_LEVEL: "leaf"}))
+    cache.apply(Kind.PODS, "ADDED", gang_pod("wide-1", "wide", 2, 8, extra={keys.REQUIRED_LEVEL: "leaf"}))
+    facts = explain_pods(cache, "gang", "llm", "wide", None)
+    add_migration(cache, facts)
+    assert facts.plan is None and facts.migration.startswith("no plan: no domain this gang fits is freed")

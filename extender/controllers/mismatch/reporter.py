@@ -27,10 +27,11 @@ import enum
 import logging
 from typing import Any, Protocol
 
-from extender.kube import events
-from extender.kube.api import EVENTS, KubeClient, KubeError, NotFound, Throttled
+from extender.kube import events, evictions
+from extender.kube.api import EVENTS, KubeClient, KubeError
 from extender.kube.devices import DEVICES_MISMATCH, DeviceMismatch
 from extender.kube.events import ObjectRef
+from extender.kube.evictions import Result
 
 log = logging.getLogger(__name__)
 
@@ -92,21 +93,20 @@ class MismatchReporter:
 
     async def _evict(self, cache: Mismatches, m: DeviceMismatch, now: float) -> int:
         namespace, name = m.pod.split("/", 1)
-        try:
-            await self.api.evict(namespace, name, m.uid)
-        except Throttled as exc:
-            text = f"eviction held off by the pod's PodDisruptionBudget ({exc.message}); tried again later"
+        got = await evictions.evict(self.api, namespace, name, m.uid)
+        if got.result is Result.BLOCKED:
+            text = f"eviction held off by the pod's PodDisruptionBudget ({got.detail}); tried again later"
             cache.note_eviction(m.pod, "blocked", text)
             if m.sets not in self._blocked:
                 self._blocked.add(m.sets)
                 await self._event(m, EVICTION_BLOCKED, f"pod {m.pod}: {text}", now)
             return 0
-        except NotFound:
-            self._evicted.add(m.sets)  # gone already
+        if got.result is Result.GONE:
+            self._evicted.add(m.sets)
             return 0
-        except KubeError as exc:
-            log.warning("evicting pod %s (GPUs differ from the promise) failed: %s", m.pod, exc)
-            cache.note_eviction(m.pod, "failed", f"eviction failed ({exc}); tried again later")
+        if got.result is Result.FAILED:
+            log.warning("evicting pod %s (GPUs differ from the promise) failed: %s", m.pod, got.detail)
+            cache.note_eviction(m.pod, "failed", f"eviction failed ({got.detail}); tried again later")
             return 0
         self._evicted.add(m.sets)
         text = f"evicted to be placed again (--on-mismatch={self.on_mismatch.value})"
