@@ -70,8 +70,8 @@ def register(sub: Any) -> None:
         action="store_true",
         help="gangslice moves restartable replicas (one pod of a Deployment that is not rolling) off "
         "the domain cheapest to drain for a gang of 8 or more GPUs that waited 10 minutes, each to "
-        "hardware at least as fast, every restart charged (the simulator only: serve does not move "
-        "replicas yet)",
+        "hardware at least as fast, every restart charged (as serve --migration on does with pods "
+        "labelled gangslice.io/movable)",
     )
     p.add_argument("--out", metavar="DIR", help="write report.md, results.json, gangs.jsonl, trace and plots")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

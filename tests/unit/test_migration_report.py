@@ -13,12 +13,12 @@ from extender.controllers.explain import render, to_json
 from extender.controllers.migration.reporter import REASON, REFUSED, STARTED, Migration, MigrationReporter
 from extender.httpapi.decide import Decider
 from extender.kube import names as keys
-from extender.kube.api import Kind
+from extender.kube.api import Kind, Unavailable
 from extender.kube.pods import PodInfo
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import Unplaceable
-from extender.reservations import ClusterCache
+from extender.reservations import ClusterCache, KubeReservationStore, ReservationStore
 from extender.reservations.handover import for_gang, for_owner
 from extender.reservations.reserve import Claim, reserve
 from extender.testing.extender import gang_pod, node_obj, pod_obj
@@ -33,9 +33,9 @@ def leaf(name: str) -> dict[str, str]:
     return {"fabric.topograph.run/tier-1": "s", "fabric.topograph.run/tier-0": name}
 
 
-def fleet(now: list[float]) -> ClusterCache:
+def fleet(now: list[float], store: ReservationStore | None = None) -> ClusterCache:
     """Leaf a: a1 (a movable 1-GPU replica on GPU 0) and a2; leaf c: c1, free."""
-    cache = ClusterCache(clock=lambda: now[0])
+    cache = ClusterCache(clock=lambda: now[0], store=store)
     for kind in Kind:
         cache.replace(kind, [])
     for name, where in (("a1", "a"), ("a2", "a"), ("c1", "c")):
@@ -260,3 +260,17 @@ def test_explain_shows_the_plan_and_then_the_migration_under_way() -> None:
     facts = explain_pods(cache, "gang", "llm", "wide", None)
     add_migration(cache, facts)
     assert facts.plan is None and facts.migration.startswith("no plan: no domain this gang fits is freed")
+
+
+def test_holds_that_could_not_be_written_are_released_and_nothing_is_evicted() -> None:
+    now = [600.0]
+    api = FakeKube()
+    api.put("pods", movable("server-1", "a1"))
+    cache = fleet(now, KubeReservationStore(api, clock=lambda: now[0]))
+    cache.waiting.refused(cache.view(), WIDE, 0.0)
+    api.fail_next("apply slicereservations", Unavailable(503, "etcd is down"))
+    assert asyncio.run(MigrationReporter(api, Migration.ON, after_s=0.0).sync(cache, 600.0)) == []
+    assert evictions(api) == ["server-1"]  # the dry run alone
+    assert holds(cache) == {} and api.peek("pods", "server-1", "llm") is not None
+    assert not api.objects("slicereservations")
+    assert cache.book.migration_evictions == {} and cache.book.migration_plans == 0

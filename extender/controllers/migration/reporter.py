@@ -21,7 +21,8 @@ counters. Nothing is reserved or evicted.
    (Event ``MigrationRefused``) and the plan is looked for again after :data:`RETRY_S`;
 2. under the book's lock the plan is made again on the view as it is now; unless it is the
    same, nothing happens this pass. The gang's slice and each mover's new slot are held
-   (:mod:`~extender.reservations.handover`) and written;
+   (:mod:`~extender.reservations.handover`) and written (unless every one is written, they
+   are released and nothing is evicted);
 3. each mover is evicted (PodDisruptionBudgets honoured). Its ReplicaSet's replacement pod
    binds to the slot held for it, and the gang's reserve path takes the drained slice. An
    eviction refused midway stops the rest: the gang's hold and the holds of the movers not
@@ -179,7 +180,15 @@ class MigrationReporter:
             if again != plan or holds is None or not cache.hold_all(holds):
                 log.info("gang %s: the migration plan changed meanwhile; looked for next pass", request.name)
                 return False
-        await cache.flush()
+        # Written before anything is evicted: a restart after an eviction keeps the holds.
+        if not all([await cache.persist(h.gang) for h in holds]):
+            async with cache.lock:
+                for h in holds:
+                    cache.drop(h.gang)
+            await cache.flush()
+            self._refused(cache, request, now)
+            log.warning("gang %s: the migration's holds could not be written; nothing evicted", request.name)
+            return False
         cache.book.note_migration_plan(len(plan.moves), plan.restart_gpu_s)
         for i, pod in enumerate(moved):
             refused = await self._evict(pod)
@@ -215,9 +224,13 @@ class MigrationReporter:
             )
         return got.result, f"evicting pod {pod.key} failed ({got.detail})"
 
-    def _refused(self, cache: ClusterCache, request: GangRequest, now: float, result: str) -> None:
+    def _refused(
+        self, cache: ClusterCache, request: GangRequest, now: float, result: str | None = None
+    ) -> None:
+        """The plan was not carried out (``result``: of the eviction that refused it)."""
         self._retry_at[request.name] = now + RETRY_S
-        cache.book.note_migration_eviction(result)
+        if result is not None:
+            cache.book.note_migration_eviction(result)
 
     # -- telling -------------------------------------------------------------------------
     def _new(self, request: GangRequest, text: str) -> bool:
