@@ -27,6 +27,10 @@ class PodError(ValueError):
     """A pod whose gangslice labels or annotations cannot be used; the message says which."""
 
 
+#: ``terminationGracePeriodSeconds`` when a pod does not say (the API server's default).
+DEFAULT_GRACE_S = 30.0
+
+
 @dataclass(frozen=True, slots=True)
 class PodInfo:
     namespace: str
@@ -58,6 +62,9 @@ class PodInfo:
     claim_names: frozenset[str] = frozenset()
     #: The ``ownerReferences`` entry marked ``controller``: (apiVersion, kind, name, uid).
     controller: tuple[str, str, str, str] | None = None
+    #: ``spec.terminationGracePeriodSeconds``: how long an evicted pod may take to stop (the
+    #: API server's default, 30, when unset).
+    grace_s: float = DEFAULT_GRACE_S
 
     @property
     def plugin_gpus(self) -> int:
@@ -236,7 +243,16 @@ class PodInfo:
                 if isinstance(entry, Mapping) and (name := entry.get("resourceClaimName"))
             ),
             controller=controller_ref(meta),
+            grace_s=_grace_s(spec.get("terminationGracePeriodSeconds")),
         )
+
+
+def _grace_s(value: Any) -> float:
+    return (
+        float(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        else DEFAULT_GRACE_S
+    )
 
 
 def controller_ref(meta: Mapping[str, Any]) -> tuple[str, str, str, str] | None:

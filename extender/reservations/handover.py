@@ -59,10 +59,12 @@ def _hold(key: str, name: str, who: str, sl: Slice, expires_at: float) -> Reserv
 def drain_holds(
     plan: Drain, gang: GangRequest, movers: Mapping[str, PodInfo], expires_at: float
 ) -> list[Reservation] | None:
-    """The holds that carry ``plan`` out: the gang's slice, and one new slot per moved replica
-    (``movers``: pod key -> pod). None when a mover has no controller to replace it."""
+    """The holds that carry ``plan`` out, lapsing at ``expires_at``: the gang's slice (later by
+    the longest grace period the moved replicas have to stop), and one new slot per moved
+    replica (``movers``: pod key -> pod). None when a mover has no controller to replace it."""
     ns, obj = gang_namespace(gang.name), object_name(gang.name)
-    out = [_hold(f"{ns}/drain:{obj}", f"drain-{obj}", for_gang(gang.name), plan.slice, expires_at)]
+    stop_s = max((movers[m.gang].grace_s for m in plan.moves), default=0.0)
+    out = [_hold(f"{ns}/drain:{obj}", f"drain-{obj}", for_gang(gang.name), plan.slice, expires_at + stop_s)]
     for move in plan.moves:
         pod = movers[move.gang]
         who = owner_of(pod)

@@ -153,6 +153,9 @@ def test_on_holds_the_slice_and_the_new_slot_evicts_and_the_replacement_and_the_
     drain, move = held["llm/drain:wide"], held["llm/move:server-1"]
     assert drain.slice.nodes == ("a1", "a2") and drain.meta[keys.META_HELD_FOR] == for_gang(WIDE.name)
     assert move.meta[keys.META_HELD_FOR] == for_owner("rs-1")
+    # The slice is held the longer by the replica's grace period to stop (30 s unset).
+    ttl = cache.ledger.ttl_s
+    assert (drain.expires_at, move.expires_at) == (600.0 + ttl + 30.0, 600.0 + ttl)
     ((node, gpus),) = [(s.node, s.gpus) for s in move.slice.slots]
     assert node == "c1" and (node, gpus) == (plan.moves[0].slots[0].node, plan.moves[0].slots[0].gpus)
     (event,) = api.events
