@@ -397,6 +397,20 @@ def new_namespace(cp: ControlPlane, name: str) -> str:
     return name
 
 
+def delete_owners(cp: ControlPlane, namespace: str, plurals: Iterable[str]) -> None:
+    """Delete the namespace's apps/v1 objects of ``plurals`` (Deployments, ReplicaSets,
+    StatefulSets), their pods in the background: before :func:`clean_namespace`, else their
+    controllers would make the pods it deletes again."""
+    for plural in plurals:
+        for obj in cp.request("GET", f"/apis/apps/v1/namespaces/{namespace}/{plural}")["items"]:
+            try:
+                path = f"/apis/apps/v1/namespaces/{namespace}/{plural}/{obj['metadata']['name']}"
+                cp.request("DELETE", path, {"propagationPolicy": "Background"})
+            except urllib.error.HTTPError as e:
+                if e.code != 404:
+                    raise
+
+
 def clean_namespace(cp: ControlPlane, namespace: str) -> None:
     """Delete the namespace's pods (immediately: no kubelet), reservations, then the namespace itself.
 

@@ -42,6 +42,7 @@ from cluster import (
     KubeletStandIn,
     clean_namespace,
     create,
+    delete_owners,
     double_booked,
     extender_stack,
     get,
@@ -134,14 +135,7 @@ def ns(control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandI
     try:
         yield name
     finally:
-        for kind in ("deployments", "replicasets", "statefulsets"):
-            for obj in cp.request("GET", f"{APPS}/namespaces/{name}/{kind}")["items"]:
-                path = f"{APPS}/namespaces/{name}/{kind}/{obj['metadata']['name']}"
-                try:
-                    cp.request("DELETE", path, {"propagationPolicy": "Background"})
-                except urllib.error.HTTPError as e:
-                    if e.code != 404:
-                        raise
+        delete_owners(cp, name, ("deployments", "replicasets", "statefulsets"))
         clean_namespace(cp, name)
         wait_for(f"the pods of namespace {name} gone", lambda: not items(cp, "Pod", name), CLEANUP_S, 0.5)
 

@@ -12,7 +12,6 @@ that requires one leaf.
 
 from __future__ import annotations
 
-import urllib.error
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from cluster import (
     KubeletStandIn,
     clean_namespace,
     create,
+    delete_owners,
     double_booked,
     events_for,
     extender_stack,
@@ -100,14 +100,7 @@ def ns(control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandI
     try:
         yield name
     finally:
-        for kind in ("deployments", "replicasets"):
-            for obj in cp.request("GET", f"{APPS}/namespaces/{name}/{kind}")["items"]:
-                try:
-                    path = f"{APPS}/namespaces/{name}/{kind}/{obj['metadata']['name']}"
-                    cp.request("DELETE", path, {"propagationPolicy": "Background"})
-                except urllib.error.HTTPError as e:
-                    if e.code != 404:
-                        raise
+        delete_owners(cp, name, ("deployments", "replicasets"))
         clean_namespace(cp, name)
         wait_for(f"the pods of namespace {name} gone", lambda: not items(cp, "Pod", name), 60, 0.5)
 
