@@ -277,3 +277,24 @@ def test_holds_that_could_not_be_written_are_released_and_nothing_is_evicted() -
     assert holds(cache) == {} and api.peek("pods", "server-1", "llm") is not None
     assert not api.objects("slicereservations")
     assert cache.book.migration_evictions == {} and cache.book.migration_plans == 0
+
+
+class GoesDuringTheDryRun(set[str]):
+    """Budget blocks that block nothing; asked about a pod (the dry run), the pod goes meanwhile."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        super().__init__()
+        self.cache = cache
+
+    def __contains__(self, pod: object) -> bool:
+        self.cache.apply(Kind.PODS, "DELETED", movable("server-1", "a1", "0"))
+        return False
+
+
+def test_a_plan_the_cluster_changed_under_during_the_dry_runs_is_not_carried_out() -> None:
+    now = [600.0]
+    cache, api, migrator = on(now)
+    api.budget_blocks = GoesDuringTheDryRun(cache)
+    assert asyncio.run(migrator.sync(cache, 600.0)) == []
+    assert evictions(api) == ["server-1"]  # the dry run alone
+    assert holds(cache) == {} and cache.book.migration_plans == 0

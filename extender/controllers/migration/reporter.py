@@ -176,8 +176,12 @@ class MigrationReporter:
             fresh = movers(cache)
             again = plan_drain(cache.view(), request, [m for m, _ in fresh.values()])
             expires = now + cache.ledger.ttl_s
-            holds = drain_holds(plan, request, {k: p for k, (_, p) in fresh.items()}, expires)
-            if again != plan or holds is None or not cache.hold_all(holds):
+            holds = (
+                drain_holds(plan, request, {k: p for k, (_, p) in fresh.items()}, expires)
+                if again == plan
+                else None
+            )
+            if holds is None or not cache.hold_all(holds):
                 log.info("gang %s: the migration plan changed meanwhile; looked for next pass", request.name)
                 return False
         # Written before anything is evicted: a restart after an eviction keeps the holds.
