@@ -9,7 +9,11 @@ a (leaf c cordoned meanwhile); a gang of two 8-GPU pods that requires one leaf.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,6 +137,20 @@ def test_report_only_tells_the_plan_and_evicts_nothing(
     for name in ("wide-0", "wide-1"):
         pod = get(cp, "Pod", name, ns)
         assert pod is not None and not pod["spec"].get("nodeName"), name
+    # explain shows the same plan and its cost.
+    exe = Path(sys.executable).parent / "gangslice"
+    run = subprocess.run(
+        [str(exe), "explain", f"gang/{ns}/wide", "--json", f"--kubeconfig={cp.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    facts = json.loads(run.stdout)
+    plan = facts["migration"]["plan"]
+    assert plan["domain"] == "leaf mig-leaf-a" and plan["restartGpuSeconds"] == 45.0, facts["migration"]
+    assert [m["pod"] for m in plan["moves"]] == [f"{ns}/server"], plan
+    assert [s["node"] for s in plan["moves"][0]["to"]] == ["mig-c0"], plan
     metrics = gangslice.metrics()
     assert "gangslice_migration_plans_total 1.0" in metrics, metrics
     assert "gangslice_migration_restart_gpu_seconds_total 45.0" in metrics
