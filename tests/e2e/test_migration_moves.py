@@ -37,7 +37,9 @@ from cluster import (
     items,
     merge_patch,
     new_namespace,
+    reserved_nodes,
     running_control_plane,
+    slot_places,
     wait_for,
 )
 
@@ -183,6 +185,24 @@ def test_the_replica_moves_to_its_held_slot_and_the_gang_gets_the_leaf(
     cp = control_plane
     before = running_in_leaf_a(cp, ns, "server")
     wide_gang(cp, ns)
+    # Before the eviction the migration holds a slot for the replacement (until the
+    # replacement runs there: seconds) and the leaf for the gang (until the gang's own
+    # reservation takes it: perhaps too briefly for a poll to see).
+    seen: dict[str, dict[str, Any]] = {}
+
+    def held() -> bool:
+        for r in items(cp, "SliceReservation", ns):
+            who = r["spec"]["meta"].get(names.META_HELD_FOR, "")
+            if who:
+                seen.setdefault(who.split(":", 1)[0], r)
+        return "owner" in seen
+
+    wait_for("the replacement's slot held", held, MOVE_S, 0.1)
+    owner = before["metadata"]["ownerReferences"][0]["uid"]
+    assert seen["owner"]["spec"]["meta"][names.META_HELD_FOR] == f"owner:{owner}"
+    if "gang" in seen:
+        assert seen["gang"]["spec"]["meta"][names.META_HELD_FOR] == f"gang:{ns}/wide"
+        assert sorted(reserved_nodes(seen["gang"])) == ["mv-a0", "mv-a1"]
     started = wait_for(
         "a MigrationStarted Event on the wide gang's pod", lambda: event(cp, ns, STARTED), MOVE_S
     )
@@ -206,6 +226,7 @@ def test_the_replica_moves_to_its_held_slot_and_the_gang_gets_the_leaf(
     after = wait_for("the replacement replica running", replaced, MOVE_S)
     # The replacement landed on the slot held for it, not where the plain rule would put it.
     assert after["spec"]["nodeName"] == "mv-c0" and gpus_of(after) == promised, (after["spec"], promised)
+    assert slot_places(seen["owner"]) == [("mv-c0", tuple(promised))]
     assert double_booked(cp, [n.name for n in NODES]) == {}
     wait_for("the migration's holds released", lambda: not holds(cp, ns), 30)
     metrics = gangslice.metrics()
