@@ -373,10 +373,32 @@ class WriteQueue:
         ledger from it alone); its status (for people) stays queued for the next flush, as
         the reserving filter does, which kube-scheduler's one scheduling loop waits on.
         False when the object could not be written (it stays queued)."""
+        for other in self._replaced(gang):
+            # The store never holds two reservations of one GPU: a released one this one
+            # takes GPUs of (a migration's hold, say) is deleted first.
+            async with self._gang_locks.hold(other):
+                if other in self._pending and not await self._write(other):
+                    return False
         async with self._gang_locks.hold(gang):
             if gang not in self._pending:
                 return True  # nothing queued: already written
             return await self._write(gang, status=status)
+
+    def _replaced(self, gang: str) -> list[str]:
+        """The released reservations whose deletion is queued and which held GPUs ``gang``'s
+        reservation holds now."""
+        current = self._current(gang)
+        if current is None:
+            return []
+        mine = current.slice.held()
+        return [
+            other
+            for other, deleted in self._pending.items()
+            if deleted is not None
+            and other != gang
+            and self._current(other) is None
+            and any(mine.get(node, frozenset()) & gpus for node, gpus in deleted.slice.held().items())
+        ]
 
     async def _write(self, gang: str, status: bool = True) -> bool:
         """Write gang's queued change: its object, and its status unless ``status`` is False

@@ -2,8 +2,9 @@
 ReplicaSet, disruption and garbage-collector controllers): a wide gang that waits while a
 replica labelled ``gangslice.io/movable`` holds part of the leaf it needs gets the leaf. The
 replica is evicted through ``pods/eviction``, its ReplicaSet's replacement lands on the slot
-held for it in the other leaf, and no GPU is promised twice. A PodDisruptionBudget that allows
-no disruption refuses the plan: nothing is evicted or held, and the gang waits.
+held for it in the other leaf, and no GPU is promised twice (by two pods, or by two
+SliceReservations, at any poll). A PodDisruptionBudget that allows no disruption refuses the
+plan: nothing is evicted or held, and the gang waits.
 
 Nodes (pool ``mv``): leaf a of two HGX H100 nodes, leaf c of one. Each test: a Deployment of
 one 1-GPU replica placed in leaf a (leaf c cordoned meanwhile), then a gang of two 8-GPU pods
@@ -170,6 +171,18 @@ def event(cp: ControlPlane, ns: str, reason: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
+def promised_twice(cp: ControlPlane) -> dict[str, list[int]]:
+    """GPUs two pods claim, or two SliceReservations hold, per node (empty when none). A hold
+    over GPUs a leaving replica still runs on is by design: it keeps them for the gang."""
+    twice = double_booked(cp, [n.name for n in NODES])
+    held: dict[str, list[int]] = {}
+    for r in items(cp, "SliceReservation"):
+        for node, gpus in slot_places(r):
+            held.setdefault(node, []).extend(gpus)
+    twice.update({n: g for n, g in held.items() if len(g) != len(set(g))})
+    return twice
+
+
 def holds(cp: ControlPlane, ns: str) -> list[str]:
     """The SliceReservations of the namespace kept for someone else (a migration's)."""
     return [
@@ -191,6 +204,7 @@ def test_the_replica_moves_to_its_held_slot_and_the_gang_gets_the_leaf(
     seen: dict[str, dict[str, Any]] = {}
 
     def held() -> bool:
+        assert promised_twice(cp) == {}
         for r in items(cp, "SliceReservation", ns):
             who = r["spec"]["meta"].get(names.META_HELD_FOR, "")
             if who:
@@ -212,6 +226,7 @@ def test_the_replica_moves_to_its_held_slot_and_the_gang_gets_the_leaf(
     promised = [int(g) for g in message.split(prefix, 1)[1].split(")", 1)[0].split(",")]
 
     def gang_bound() -> list[dict[str, Any]] | None:
+        assert promised_twice(cp) == {}
         pods = [p for p in items(cp, "Pod", ns, "gangslice.io/gang=wide") if p["spec"].get("nodeName")]
         return pods if len(pods) == 2 else None
 
@@ -220,6 +235,7 @@ def test_the_replica_moves_to_its_held_slot_and_the_gang_gets_the_leaf(
     assert all(sorted(gpus_of(p)) == list(range(8)) for p in gang)
 
     def replaced() -> dict[str, Any] | None:
+        assert promised_twice(cp) == {}
         found = [p for p in replicas(cp, ns, "server") if is_ready(p)]
         return found[0] if found and found[0]["metadata"]["uid"] != before["metadata"]["uid"] else None
 
@@ -227,7 +243,7 @@ def test_the_replica_moves_to_its_held_slot_and_the_gang_gets_the_leaf(
     # The replacement landed on the slot held for it, not where the plain rule would put it.
     assert after["spec"]["nodeName"] == "mv-c0" and gpus_of(after) == promised, (after["spec"], promised)
     assert slot_places(seen["owner"]) == [("mv-c0", tuple(promised))]
-    assert double_booked(cp, [n.name for n in NODES]) == {}
+    assert promised_twice(cp) == {}
     wait_for("the migration's holds released", lambda: not holds(cp, ns), 30)
     metrics = gangslice.metrics()
     assert 'gangslice_migration_evictions_total{result="evicted"} 1.0' in metrics, metrics

@@ -298,3 +298,22 @@ def test_a_plan_the_cluster_changed_under_during_the_dry_runs_is_not_carried_out
     assert asyncio.run(migrator.sync(cache, 600.0)) == []
     assert evictions(api) == ["server-1"]  # the dry run alone
     assert holds(cache) == {} and cache.book.migration_plans == 0
+
+
+def test_the_store_deletes_the_hold_before_it_writes_the_gang_reservation_that_replaces_it() -> None:
+    now = [600.0]
+    api = FakeKube()
+    api.put("pods", movable("server-1", "a1"))
+    cache = fleet(now, KubeReservationStore(api, clock=lambda: now[0]))
+    cache.waiting.refused(cache.view(), WIDE, 0.0)
+    assert len(asyncio.run(MigrationReporter(api, Migration.ON, after_s=0.0).sync(cache, 600.0))) == 1
+    names_of = lambda: sorted(o["metadata"]["name"] for o in api.objects("slicereservations"))  # noqa: E731
+    assert names_of() == ["drain-wide", "move-server-1"]
+    cache.apply(Kind.PODS, "DELETED", movable("server-1", "a1", "0"))
+    assert isinstance(reserve(cache.book, WIDE, Claim(WIDE.name)), Reservation)
+    before = len(api.calls)
+    # What the reserving filter does before it replies: the promise made durable.
+    assert asyncio.run(cache.persist(WIDE.name))
+    writes = [(c.verb, c.name) for c in api.calls[before:] if c.plural == "slicereservations" and c.write]
+    assert writes[0] == ("delete", "drain-wide") and ("apply", "wide") in writes, writes
+    assert names_of() == ["move-server-1", "wide"]
