@@ -323,9 +323,19 @@ class ReservationBook:
         who = handover.owner_of(pod)
         for gang in self.held_for(who) if who is not None else ():
             r = self._ledger.get(gang)
-            if r is not None and (r.slot_of(pod.name) is not None or free_slots(r, pod)):
+            if r is None:
+                continue
+            if r.slot_of(pod.name) is not None or self._usable(pod, free_slots(r, pod)):
                 return GangRef(gang, self.ref_of(r).label)
         return None
+
+    def _usable(self, pod: PodInfo, slots: list[PodSlot]) -> bool:
+        """Whether ``pod`` may run on the node of one of ``slots``: a hold on a node gone,
+        cordoned or tainted against it since is not handed to it (it lapses with its TTL)."""
+        snap = self.informer.snapshot()
+        on = [s for s in slots if snap.has_node(s.node)]
+        admitted = snap.admitted(pod.alone().node_needs) if on else None
+        return any(admitted is None or snap.index(s.node) in admitted for s in on)
 
     # -- holding a slice -----------------------------------------------------------------
     async def hold(

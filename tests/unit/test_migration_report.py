@@ -317,3 +317,15 @@ def test_the_store_deletes_the_hold_before_it_writes_the_gang_reservation_that_r
     writes = [(c.verb, c.name) for c in api.calls[before:] if c.plural == "slicereservations" and c.write]
     assert writes[0] == ("delete", "drain-wide") and ("apply", "wide") in writes, writes
     assert names_of() == ["move-server-1", "wide"]
+
+
+def test_a_slot_held_on_a_node_cordoned_since_is_not_handed_to_the_replacement() -> None:
+    now = [600.0]
+    cache, _, migrator = on(now)
+    asyncio.run(migrator.sync(cache, 600.0))
+    replacement = PodInfo.from_obj(movable("server-2", None, phase="Pending"))
+    assert cache.book.gang_of(replacement) is not None
+    cache.apply(Kind.NODES, "MODIFIED", node_obj("c1", labels=leaf("c"), unschedulable=True))
+    assert cache.book.gang_of(replacement) is None  # placed by the plain rule; the hold lapses
+    cache.apply(Kind.NODES, "MODIFIED", node_obj("c1", labels=leaf("c")))
+    assert cache.book.gang_of(replacement) is not None
