@@ -12,7 +12,7 @@ from extender.kube.pods import PodInfo
 from extender.placement import hardware, scoring
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest
-from extender.placement.slice import Slice
+from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
 from extender.placement.waiting import DEMAND_MEMORY_S, WaitingGangs
@@ -139,15 +139,18 @@ def test_a_gang_asked_for_counts_as_demand_for_an_hour() -> None:
 
 
 def test_the_reserve_path_keeps_the_h100_for_the_gang_it_was_asked_for() -> None:
-    # A wide-EP gang the cluster cannot hold yet (one H100 node for 4) is asked for; the 8B
-    # replica reserved next takes the L40S, and the whole H100 node stays free.
-    snap = fleet(("h", H100, "a", 0), ("l", L40S, "b", 0))
+    # Leaf a's four H100 nodes would hold a wide-EP gang, but h4 is busy: the gang is asked
+    # for and refused. The 8B replica reserved next takes the L40S, and the whole H100 nodes
+    # stay free; on the same fleet with nothing asked for, it takes an H100.
+    h100s = [(f"h{i}", H100, "a", 8 if i == 4 else 0) for i in range(1, 5)]
+    snap = fleet(*h100s, ("l", L40S, "b", 0))
+    alone = ClusterCache.from_snapshot(snap, clock=lambda: 0.0)
+    first = reserve(alone, template("llama-8b-tp1", "before"), Claim("before"))
+    assert isinstance(first, Reservation) and first.slice.nodes[0].startswith("h")
     cache = ClusterCache.from_snapshot(snap, clock=lambda: 0.0)
-    first = reserve(cache, template("llama-8b-tp1", "before"), Claim("before"))
-    assert isinstance(first, Reservation) and first.slice.nodes == ("h",)
-    assert cache.drop("before") is not None
-    wide = template("deepseek-v3-wideep-4", "wide")
-    assert not isinstance(reserve(cache, wide, Claim("wide")), Reservation)
+    # Refused for want of room now (it fits the empty fleet), so it is in demand.
+    refused = reserve(cache, template("deepseek-v3-wideep-4", "wide"), Claim("wide"))
+    assert isinstance(refused, Unplaceable) and refused.feasible_when_empty, refused
     got = reserve(cache, template("llama-8b-tp1", "after"), Claim("after"))
     assert isinstance(got, Reservation) and got.slice.nodes == ("l",)
 
