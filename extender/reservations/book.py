@@ -1080,7 +1080,13 @@ class ReservationBook:
     ) -> None:
         """``nodes``: where the reserved GPUs changed (none for a bind or unbind)."""
         nodes = list(nodes)
-        self._named = self._for = None
+        self._named = None
+        if self._for is not None:
+            # The index of holds kept for someone else changes only with such a hold: a bind
+            # of a gang's slot (every gang pod's bind) keeps it.
+            r = deleted or self._ledger.get(gang)
+            if r is None or handover.held_for(r) is not None:
+                self._for = None
         self._held_changed(nodes)
         if (deleted is not None or nodes) and self.informer.has_channels:
             r = deleted or self._ledger.get(gang)

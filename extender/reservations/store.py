@@ -387,17 +387,19 @@ class WriteQueue:
     def _replaced(self, gang: str) -> list[str]:
         """The released reservations whose deletion is queued and which held GPUs ``gang``'s
         reservation holds now."""
-        current = self._current(gang)
+        released = [
+            (other, deleted)
+            for other, deleted in self._pending.items()
+            if deleted is not None and other != gang and self._current(other) is None
+        ]
+        current = self._current(gang) if released else None
         if current is None:
             return []
         mine = current.slice.held()
         return [
             other
-            for other, deleted in self._pending.items()
-            if deleted is not None
-            and other != gang
-            and self._current(other) is None
-            and any(mine.get(node, frozenset()) & gpus for node, gpus in deleted.slice.held().items())
+            for other, deleted in released
+            if any(mine.get(node, frozenset()) & gpus for node, gpus in deleted.slice.held().items())
         ]
 
     async def _write(self, gang: str, status: bool = True) -> bool:

@@ -6,6 +6,7 @@ extender.reservations.handover)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from extender.commands.explain import add_migration, explain_pods
@@ -208,16 +209,18 @@ def test_a_budget_that_refuses_leaves_everything_as_it_was_and_the_gang_waits() 
     assert set(holds(cache)) == {"llm/drain:wide", "llm/move:server-1"}
 
 
-class LetsGoOnce(set[str]):
-    """Budget blocks that say yes to the first question about a pod (the dry run) and no after."""
+class Budgets(set[str]):
+    """Budget blocks whose answer for a pod is ``answer(pod, times asked)``: a budget that lets
+    the dry run through and refuses the eviction, or a pod that goes while it is asked about."""
 
-    def __init__(self, *pods: str) -> None:
-        super().__init__(pods)
+    def __init__(self, answer: Callable[[str, int], bool]) -> None:
+        super().__init__()
+        self.answer = answer
         self.asked: list[str] = []
 
     def __contains__(self, pod: object) -> bool:
         self.asked.append(str(pod))
-        return super().__contains__(pod) and self.asked.count(str(pod)) > 1
+        return self.answer(str(pod), self.asked.count(str(pod)))
 
 
 def test_an_eviction_refused_midway_releases_the_gang_slice_and_the_slots_of_those_that_stay() -> None:
@@ -226,7 +229,8 @@ def test_an_eviction_refused_midway_releases_the_gang_slice_and_the_slots_of_tho
     cache.apply(Kind.PODS, "ADDED", movable("server-2", "a2", "0", restart="45"))
     cache.waiting.refused(cache.view(), WIDE, 0.0)
     api = FakeKube()
-    api.budget_blocks = LetsGoOnce("llm/server-2")
+    # server-2's budget says yes to the dry run and no to the eviction.
+    api.budget_blocks = Budgets(lambda pod, asked: pod == "llm/server-2" and asked > 1)
     for name, node in (("server-1", "a1"), ("server-2", "a2")):
         api.put("pods", movable(name, node))
     migrator = MigrationReporter(api, Migration.ON, after_s=0.0)
@@ -279,22 +283,15 @@ def test_holds_that_could_not_be_written_are_released_and_nothing_is_evicted() -
     assert cache.book.migration_evictions == {} and cache.book.migration_plans == 0
 
 
-class GoesDuringTheDryRun(set[str]):
-    """Budget blocks that block nothing; asked about a pod (the dry run), the pod goes meanwhile."""
-
-    def __init__(self, cache: ClusterCache) -> None:
-        super().__init__()
-        self.cache = cache
-
-    def __contains__(self, pod: object) -> bool:
-        self.cache.apply(Kind.PODS, "DELETED", movable("server-1", "a1", "0"))
-        return False
-
-
 def test_a_plan_the_cluster_changed_under_during_the_dry_runs_is_not_carried_out() -> None:
     now = [600.0]
     cache, api, migrator = on(now)
-    api.budget_blocks = GoesDuringTheDryRun(cache)
+
+    def goes(pod: str, asked: int) -> bool:
+        cache.apply(Kind.PODS, "DELETED", movable("server-1", "a1", "0"))
+        return False
+
+    api.budget_blocks = Budgets(goes)  # the pod goes during its dry run
     assert asyncio.run(migrator.sync(cache, 600.0)) == []
     assert evictions(api) == ["server-1"]  # the dry run alone
     assert holds(cache) == {} and cache.book.migration_plans == 0

@@ -144,9 +144,9 @@ class MigrationReporter:
             return []
         self._retry_at = {g: t for g, t in self._retry_at.items() if t > now}
         found = []
+        pods, view = movers(cache), cache.view()
         for request in due:
-            pods = movers(cache)
-            plan = plan_drain(cache.view(), request, [m for m, _ in pods.values()])
+            plan = plan_drain(view, request, [m for m, _ in pods.values()])
             if plan is None:
                 log.debug("gang %s waits; no migration plan over %d movable pod(s)", request.name, len(pods))
                 continue
@@ -156,8 +156,11 @@ class MigrationReporter:
                 if self._new(request, text):
                     cache.book.note_migration_plan(len(plan.moves), plan.restart_gpu_s)
                     await self._tell(cache, request, REASON, text)
-            elif await self._carry_out(cache, request, plan, pods, now):
-                found.append(plan)
+            else:
+                if await self._carry_out(cache, request, plan, pods, now):
+                    found.append(plan)
+                # Holds and evictions change what the next gang's plan may use.
+                pods, view = movers(cache), cache.view()
         return found
 
     # -- on ------------------------------------------------------------------------------
