@@ -3,11 +3,14 @@ each model is worth to the gangs in demand.
 
 Goodput counts each GPU-hour at the speed its workload gets there: its best step on the fleet
 over its step on these GPUs (:mod:`extender.compute`). A pod set's **speed** on a GPU model is
-its compute time on the fastest model among the nodes its pods may use (nodeSelector, node
-affinity, tolerations; nodes with room for one pod) over its compute time on that model: an
-8B replica whose best is a GB200 runs at 0.40 on an H100 and 0.14 on an L40S, a TP=8 replica
-that no GB200 tray can hold runs at 1 on an H100 and 0.37 on an L40S. Communication is the
-objective's next term (per-layer cost), so it is not counted twice here.
+its step on the fastest model among the nodes its pods may use (nodeSelector, node affinity,
+tolerations; nodes with room for one pod) over its step on that model, where the step is the
+compute plus the tensor-parallel communication inside one pod on the best GPUs of such a node
+(:func:`pod_comm_us`: NVLink or PCIe is the node type's, not the placement's): an 8B replica
+whose best is a GB200 runs at 0.40 on an H100 and 0.14 on an L40S; a TP=8 replica that no
+GB200 tray can hold runs at 1 on an H100 and 0.17 on an L40S, whose all-reduces cross PCIe
+(0.37 by compute alone). What a placement's own GPUs and spans add beyond that is the
+objective's next term (per-layer cost).
 
 What a GPU of a model is **worth** to the gangs in demand (:class:`Worth`; the gangs waiting,
 and those asked for within the last hour, :data:`~extender.placement.waiting.DEMAND_MEMORY_S`)
@@ -30,13 +33,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from extender import cost
 from extender.compute import compute_us, work_gpus
+from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
 from extender.topology.gpus import KNOWN, GpuSpec, node_gpu
 
 if TYPE_CHECKING:
     from extender.placement.snapshot import ClusterSnapshot, NodeState
+    from extender.topology.model import NodeShape
 
 #: Losses this close are ties (a hundredth of a GPU at full speed).
 LOSS_DIGITS = 2
@@ -90,29 +96,50 @@ def _model_sizes(snap: ClusterSnapshot) -> list[tuple[str | None, int]]:
     return snap.per_node(("gpu-model-size",), derive)
 
 
-def models_for(snap: ClusterSnapshot, ps: PodSet) -> frozenset[GpuSpec | None]:
-    """The GPU models of the nodes a pod of ``ps`` may use (its node needs, room for its GPUs
-    on an empty node). The per-node table and the admitted nodes are kept up to date by the
-    snapshot across allocation changes, and the distinct pairs are taken in C: a decision
-    pays O(nodes) of C work, not of Python."""
+def node_types_for(snap: ClusterSnapshot, ps: PodSet) -> frozenset[tuple[str | None, int]]:
+    """The (GPU model name, GPUs) of the nodes a pod of ``ps`` may use (its node needs, room
+    for its GPUs on an empty node; None: a model the table does not know). The per-node table
+    and the admitted nodes are kept up to date by the snapshot across allocation changes, and
+    the distinct pairs are taken in C: a decision pays O(nodes) of C work, not of Python."""
     pairs = _model_sizes(snap)
     admitted = snap.admitted(ps.node_needs)
     distinct = set(pairs) if admitted is None else set(map(pairs.__getitem__, admitted))
-    return frozenset(
-        KNOWN[name] if name is not None else None for name, size in distinct if size >= ps.gpus_per_pod
-    )
+    return frozenset(p for p in distinct if p[1] >= ps.gpus_per_pod)
+
+
+def pod_comm_us(ps: PodSet, shape: NodeShape) -> float:
+    """One step's tensor-parallel communication inside one pod of ``ps`` on the best GPUs of a
+    node of ``shape``: the part of a pod's communication the node type decides (PCIe or
+    NVLink), which a speed by compute alone would miss."""
+    if ps.gpus_per_pod <= 1:
+        return 0.0
+    gbps = fit_for(shape).best_gbps(ps.gpus_per_pod)
+    if gbps <= 0:
+        return 0.0
+    layer = cost.tp_layer_us(ps.gpus_per_pod, ps.model, gbps, cost.alpha_for_gbps(gbps, crosses_nodes=False))
+    return layer * ps.model.layers
 
 
 def speeds(snap: ClusterSnapshot, ps: PodSet) -> Mapping[str, float] | None:
     """``ps``'s speed on each GPU model its pods may use, by model name (module docstring);
-    None when it has no GPUs, may use no node, or may use a model the table does not know."""
+    None when it has no GPUs, may use no node, or may use a model the table does not know.
+    A model's step is taken on its largest nodes (the first such node's shape)."""
     if ps.gpus_per_pod == 0:
         return None
-    models = models_for(snap, ps)
-    if not models or None in models:
+    kinds = node_types_for(snap, ps)
+    if not kinds or any(name is None for name, _ in kinds):
         return None
+    largest: dict[str, int] = {}
+    for name, size in kinds:
+        assert name is not None
+        largest[name] = max(size, largest.get(name, 0))
     split = work_gpus(ps.comm, ps.count, ps.gpus_per_pod)
-    times = {spec.name: compute_us(ps.model, split, spec) for spec in models if spec is not None}
+    pairs = _model_sizes(snap)
+    times = {
+        name: compute_us(ps.model, split, KNOWN[name])
+        + pod_comm_us(ps, snap.nodes[pairs.index((name, size))].shape)
+        for name, size in largest.items()
+    }
     best = min(times.values())
     return {name: (best / t if t > 0 else 1.0) for name, t in times.items()}
 

@@ -34,6 +34,13 @@ class NodeFit:
             self._tightest[gpus] = self.shape.tightest_tier(gpus)
         return self._tightest[gpus]
 
+    def best_gbps(self, gpus: int) -> float:
+        """The ring bandwidth of the best set of ``gpus`` GPUs of the node type (its tightest
+        tier; 0 when it has fewer GPUs)."""
+        tier = self.tightest(gpus)
+        subsets = self.subsets(gpus, tier) if tier is not None and 0 < gpus <= self.shape.size else ()
+        return self.gbps(subsets[0]) if subsets else 0.0
+
     def gbps(self, mask: int) -> float:
         got = self._gbps.get(mask)
         if got is None:

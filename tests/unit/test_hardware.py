@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from extender.compute import compute_us, work_gpus
 from extender.httpapi.decide import Decider
 from extender.kube.pods import PodInfo
 from extender.placement import hardware, scoring
@@ -15,9 +16,12 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
 from extender.placement.solver import place
+from extender.placement.step import slice_step
 from extender.placement.waiting import DEMAND_MEMORY_S, WaitingGangs
 from extender.reservations import ClusterCache
 from extender.reservations.reserve import Claim, reserve
+from extender.sim.records import speed
+from extender.sim.reference import Reference
 from extender.sim.templates import builtin_templates
 from extender.testing.builders import make_cluster, make_node
 from extender.testing.extender import pod_obj
@@ -63,6 +67,28 @@ def test_speeds_follow_the_datasheets_over_the_models_a_pod_set_may_use() -> Non
     box = make_node("x").leaf("b").spine("s").pcie_8gpu_2socket().obj()
     mystery = replace(box, graph=replace(box.graph, model="mystery"))
     assert hardware.speeds(ClusterSnapshot([*snap.nodes, mystery], snap.hierarchy), small) is None
+
+
+def test_a_tp8_replica_s_speed_counts_its_all_reduces_over_the_node_type_s_links() -> None:
+    """An L40S box's TP=8 all-reduces cross PCIe: its speed there is the step time's ratio,
+    the judge's, well under what compute alone says; a TP=1 replica has no such term."""
+    snap = fleet(("h", H100, "a", 0), ("l", L40S, "b", 0))
+    tp8 = template("llama-70b-tp8")
+    ps = tp8.pod_sets[0]
+    got = hardware.speeds(snap, ps)
+    assert got is not None and got["H100 SXM"] == 1.0
+    split = work_gpus(ps.comm, ps.count, ps.gpus_per_pod)
+    h100, l40s = hardware.node_models(snap)
+    assert h100 is not None and l40s is not None
+    by_compute = compute_us(ps.model, split, h100) / compute_us(ps.model, split, l40s)
+    assert got["L40S"] < 0.6 * by_compute
+    # The same ratio the judge gives a run on the L40S box, whose best slice is the H100 box.
+    on_l40s = place(snap.only(["l"]), tp8)
+    assert isinstance(on_l40s, Slice)
+    judged = speed(Reference(snap).best(tp8), slice_step(snap, tp8, on_l40s.slots))
+    assert got["L40S"] == pytest.approx(judged, rel=0.02)
+    small = template("llama-8b-tp1").pod_sets[0]
+    assert hardware.pod_comm_us(small, snap.nodes[1].shape) == 0.0
 
 
 def test_an_8b_replica_takes_the_h100_while_nothing_waits_and_the_l40s_while_an_h100_only_gang_waits() -> (

@@ -236,5 +236,5 @@ def test_the_gpu_worth_gauge_shows_what_the_gangs_asked_for_would_get() -> None:
     worth = {k[1]: round(v, 3) for k, v in samples.items() if k[0] == "gangslice_gpu_worth"}
     assert worth == {
         (("model", "H100 SXM"), ("pod_gpus", "8")): 1.0,
-        (("model", "L40S"), ("pod_gpus", "8")): 0.366,
+        (("model", "L40S"), ("pod_gpus", "8")): 0.171,  # its TP=8 all-reduces cross PCIe there
     }
