@@ -136,7 +136,7 @@ USER_KEYS = (
         "read by the controller (serve --migration)",
         "`true`: a restartable replica (at most 4 GPUs) gangslice may move to drain a domain for "
         "a gang of 8 or more GPUs that waited: the plan is reported (Event `MigrationPlanned` "
-        "on the gang's pod, metrics); nothing is evicted.",
+        "on the gang's Workload, PodGroup or pod; metrics); nothing is evicted.",
     ),
     Key(
         f"{NAMES}:RESTART_SECONDS",

@@ -126,7 +126,8 @@ def register(sub: Any) -> None:
         help="for a gang of 8 or more GPUs that waited --migrate-after seconds: find the domain "
         "cheapest to drain by moving running pods labelled gangslice.io/movable=true (owned by a "
         "ReplicaSet or other controller, at most 4 GPUs each) to hardware at least as fast, and "
-        "report the plan (Event MigrationPlanned on the gang's pod, log, metrics; default), carry "
+        "report the plan (Event MigrationPlanned on the gang's Workload, PodGroup or pod, log, "
+        "metrics; default), carry "
         "it out (on: hold the gang's slice and the new slots, then evict through pods/eviction, "
         "PodDisruptionBudgets honoured), or do nothing (off)",
     )

@@ -14,7 +14,7 @@ from extender.kube.api import EVENTS, KubeClient, KubeError
 from extender.kube.crd_models import rfc3339
 from extender.kube.pods import PodInfo
 
-__all__ = ["ObjectRef", "PodTeller", "event"]
+__all__ = ["ObjectRef", "Teller", "event"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,19 @@ class ObjectRef:
     name: str
     namespace: str = ""
     uid: str = ""
+
+    @classmethod
+    def pod(cls, pod: PodInfo) -> ObjectRef:
+        return cls("v1", "Pod", pod.name, pod.namespace, pod.uid)
+
+    @property
+    def key(self) -> str:
+        """How the log names it: ``pod ns/name``, ``workload ns/name``, ``node name``."""
+        return (
+            f"{self.kind.lower()} {self.namespace}/{self.name}"
+            if self.namespace
+            else f"{self.kind.lower()} {self.name}"
+        )
 
 
 def event(
@@ -67,34 +80,36 @@ def event(
     }
 
 
-#: (pod, message) pairs a :class:`PodTeller` remembers having told, at most; the oldest go first
-#: (a pod forgotten and still waiting hears its message again, once).
+#: (object, message) pairs a :class:`Teller` remembers having told, at most; the oldest go first
+#: (an object forgotten and still waiting hears its message again, once).
 TOLD_KEPT = 4096
 
 
-class PodTeller:
-    """Warning Events of one reason on pods, saying why a pod waits: each message once per pod
-    (a controller that retries every pass does not repeat itself), logged as well."""
+class Teller:
+    """Warning Events of one reason saying why something waits, on its pod (or on the object a
+    gang waits as: a Workload, a PodGroup): each message once per object (a controller that
+    retries every pass does not repeat itself), logged as well."""
 
     def __init__(self, api: KubeClient, clock: Callable[[], float], reason: str) -> None:
         self.api = api
         self.clock = clock
         self.reason = reason
-        #: (pod key, message) already told, oldest first.
-        self._told: OrderedDict[tuple[str, str], None] = OrderedDict()
+        #: (object, message) already told, oldest first.
+        self._told: OrderedDict[tuple[ObjectRef, str], None] = OrderedDict()
 
     async def tell(self, pod: PodInfo | None, message: str) -> None:
-        if pod is None:
-            return
+        if pod is not None:
+            await self.tell_about(ObjectRef.pod(pod), message)
+
+    async def tell_about(self, about: ObjectRef, message: str) -> None:
         text = f"gangslice: {message}"[:MAX_MESSAGE]
-        if (pod.key, text) in self._told:
+        if (about, text) in self._told:
             return
-        self._told[(pod.key, text)] = None
+        self._told[(about, text)] = None
         if len(self._told) > TOLD_KEPT:
             self._told.popitem(last=False)
-        log.warning("pod %s: %s", pod.key, text)
-        about = ObjectRef("v1", "Pod", pod.name, pod.namespace, pod.uid)
+        log.warning("%s: %s", about.key, text)
         try:
             await self.api.create(EVENTS, event(about, self.reason, text, self.clock()))
         except KubeError as exc:
-            log.debug("event for pod %s: %s", pod.key, exc)
+            log.debug("event for %s: %s", about.key, exc)

@@ -27,7 +27,7 @@ it loses least.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -102,6 +102,9 @@ class Refused:
     asks: bool
     first: float
     last: float
+    #: The meta of the claim it was refused for: the object it waits as (a Workload, a
+    #: PodGroup), for whoever tells it why it waits.
+    meta: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -148,11 +151,14 @@ class WaitingGangs:
         mine = [self._asked[name][0] for name in set(exclude) if name in self._asked]
         return self._worths.worth(mine)
 
-    def refused(self, snap: ClusterSnapshot, request: GangRequest, now: float) -> None:
+    def refused(
+        self, snap: ClusterSnapshot, request: GangRequest, now: float, meta: Mapping[str, str] | None = None
+    ) -> None:
         before = self._gangs.get(request.name)
         self.placed(request.name)
         asks = needs_clique(snap, request)
-        self._gangs[request.name] = Refused(request, asks, before.first if before else now, now)
+        kept = meta if meta is not None else before.meta if before else {}
+        self._gangs[request.name] = Refused(request, asks, before.first if before else now, now, kept)
         self._asking += asks
         while len(self._gangs) > self.limit:
             self._asking -= self._gangs.popitem(last=False)[1].asks
@@ -161,6 +167,11 @@ class WaitingGangs:
         got = self._gangs.pop(gang, None)
         if got is not None:
             self._asking -= got.asks
+
+    def meta(self, gang: str) -> Mapping[str, str]:
+        """The meta of the claim a waiting gang was last refused for (empty when none)."""
+        got = self._gangs.get(gang)
+        return got.meta if got is not None else {}
 
     def waiting_since(self) -> list[tuple[GangRequest, float]]:
         """Each gang waiting, with when it was first refused (since it last was placed)."""

@@ -154,7 +154,8 @@ def reserve_all(
     result = (solve or place)(view, request)
     if not isinstance(result, Slice):
         if result.feasible_when_empty:
-            cache.waiting.refused(view, request, now)
+            claim = by_gang.get(request.name)
+            cache.waiting.refused(view, request, now, claim.meta if claim is not None else None)
         return result
     for gang in (request.name, *by_gang):
         cache.waiting.placed(gang)

@@ -11,10 +11,19 @@ from typing import Any
 
 from extender.commands.explain import add_migration, explain_pods
 from extender.controllers.explain import render, to_json
-from extender.controllers.migration.reporter import REASON, REFUSED, STARTED, Migration, MigrationReporter
+from extender.controllers.migration.reporter import (
+    REASON,
+    REFUSED,
+    STARTED,
+    Migration,
+    MigrationReporter,
+    waits_as,
+)
+from extender.controllers.owned import owner_claim
 from extender.httpapi.decide import Decider
 from extender.kube import names as keys
 from extender.kube.api import Kind, Unavailable
+from extender.kube.events import ObjectRef
 from extender.kube.pods import PodInfo
 from extender.placement.ledger import Reservation
 from extender.placement.request import GangRequest, PodSet
@@ -108,6 +117,38 @@ def test_a_gang_that_waited_hears_the_plan_once_and_nothing_is_evicted() -> None
     # Placed, the gang is no longer waited for.
     cache.waiting.placed(WIDE.name)
     assert asyncio.run(reporter.sync(cache, 800.0)) == []
+
+
+def test_a_workload_that_waits_without_pods_hears_the_plan_on_the_workload() -> None:
+    """A Kueue Workload waits suspended, with no pod: the plan is told on the Workload the
+    controller's claim names, as its other Events are."""
+    now = [0.0]
+    cache = fleet(now)
+    workload = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "job-a", "namespace": "llm", "uid": "wl-1"},
+    }
+    request = GangRequest("llm/job-a", WIDE.pod_sets)
+    assert isinstance(reserve(cache, request, owner_claim(request.name, workload, 3600.0)), Unplaceable)
+    assert cache.pods_of_gang(request.name) == []
+    api = FakeKube()
+    now[0] = 600.0
+    (plan,) = asyncio.run(MigrationReporter(api, after_s=600.0).sync(cache, 600.0))
+    assert plan.domain == "leaf a"
+    (event,) = api.events
+    assert event["reason"] == REASON and event["metadata"]["namespace"] == "llm"
+    assert event["involvedObject"] == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "name": "job-a",
+        "namespace": "llm",
+        "uid": "wl-1",
+    }
+    # Refused again on the extender's path (no claim meta), it still waits as the Workload.
+    cache.waiting.refused(cache.view(), request, 650.0)
+    told = ObjectRef("kueue.x-k8s.io/v1beta2", "Workload", "job-a", "llm", "wl-1")
+    assert waits_as(cache, request.name) == told
 
 
 def test_only_pods_marked_movable_outside_gangs_are_planned_with_and_off_means_off() -> None:

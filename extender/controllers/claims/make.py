@@ -44,7 +44,7 @@ from extender.kube import names
 from extender.kube.api import COMPUTE_DOMAINS, KubeClient, KubeError, as_map
 from extender.kube.crd_models import claim_name
 from extender.kube.dra import Device
-from extender.kube.events import PodTeller
+from extender.kube.events import Teller
 from extender.kube.gangs import Incomplete
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.slot_claims import SlotClaims, SlotError, build_claim, gpu_claim
@@ -135,7 +135,7 @@ class PodClaims:
         self.leads = leads
         #: (namespace, claim name) -> what it pins, for the claims made: not made again.
         self._made: dict[tuple[str, str], tuple[str, ...]] = {}
-        self._teller = PodTeller(api, cache.clock, CLAIM_NOT_MADE)
+        self._teller = Teller(api, cache.clock, CLAIM_NOT_MADE)
 
     async def on_pod(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
         """A :class:`~extender.controllers.pods.ReactsToPods`: make the claims of a pod just seen."""

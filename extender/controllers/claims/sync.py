@@ -28,7 +28,7 @@ from typing import Any
 from extender.kube import dra, names
 from extender.kube.api import RESOURCE_CLAIMS, KubeClient, KubeError, as_map
 from extender.kube.crd_models import claim_name
-from extender.kube.events import PodTeller
+from extender.kube.events import Teller
 from extender.kube.gangs import plain_gang_request
 from extender.kube.pods import PodError, PodInfo
 from extender.kube.slot_claims import GpuRequest, SlotClaims, SlotError, build_claim
@@ -92,7 +92,7 @@ class SlotClaimSync:
     def __init__(self, api: KubeClient, clock: Callable[[], float]) -> None:
         self.api = api
         self.clock = clock
-        self._teller = PodTeller(api, clock, DEVICE_TAKEN)
+        self._teller = Teller(api, clock, DEVICE_TAKEN)
 
     def conflicts(self, cache: ClusterCache) -> dict[str, list[tuple[PodSlot, list[str], list[str]]]]:
         """Gang -> (slot, its devices held by someone else, the claims that hold them)."""

@@ -10,9 +10,10 @@ moving the replicas operators marked movable: running pods labelled ``gangslice.
 :data:`DEFAULT_RESTART_S`), to hardware at least as fast.
 
 ``serve --migration report`` (the default) tells a plan found once per gang and plan: a
-``MigrationPlanned`` Event on a pod of the waiting gang naming each move and the restart
-GPU-seconds it would cost, the same line in the log, and the ``gangslice_migration_*``
-counters. Nothing is reserved or evicted.
+``MigrationPlanned`` Event on the object the waiting gang waits as (its Kueue Workload, which
+waits without pods, or its PodGroup; else a pod of it: :func:`waits_as`) naming each move and
+the restart GPU-seconds it would cost, the same line in the log, and the
+``gangslice_migration_*`` counters. Nothing is reserved or evicted.
 
 ``serve --migration on`` carries it out, in this order:
 
@@ -27,7 +28,7 @@ counters. Nothing is reserved or evicted.
    binds to the slot held for it, and the gang's reserve path takes the drained slice. An
    eviction refused midway stops the rest: the gang's hold and the holds of the movers not
    evicted are released (those evicted keep theirs for their replacements);
-4. Event ``MigrationStarted`` on the gang's pod, and ``gangslice_migration_evictions_total``.
+4. Event ``MigrationStarted`` on the same object, and ``gangslice_migration_evictions_total``.
 """
 
 from __future__ import annotations
@@ -35,12 +36,11 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
 from enum import StrEnum
 
 from extender.kube import evictions, names
 from extender.kube.api import KubeClient
-from extender.kube.events import PodTeller
+from extender.kube.events import ObjectRef, Teller
 from extender.kube.evictions import Result
 from extender.kube.pods import PodInfo
 from extender.placement.migration import AFTER_S, Drain, Mover, due, plan_drain
@@ -48,6 +48,7 @@ from extender.placement.request import GangRequest
 from extender.placement.slice import PodSlot
 from extender.reservations import ClusterCache
 from extender.reservations.handover import drain_holds, for_gang
+from extender.reservations.store import ReservationRef
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class MigrationReporter:
     def __init__(self, api: KubeClient, mode: Migration = Migration.REPORT, after_s: float = AFTER_S) -> None:
         self.mode = mode
         self.after_s = after_s
-        self._tellers: dict[str, PodTeller] = {}
+        self._tellers: dict[str, Teller] = {}
         self._api = api
         #: (gang, plan text) told, oldest first.
         self._told: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -252,12 +253,19 @@ class MigrationReporter:
     async def _tell(self, cache: ClusterCache, request: GangRequest, reason: str, text: str) -> None:
         teller = self._tellers.get(reason)
         if teller is None:
-            teller = self._tellers[reason] = PodTeller(self._api, cache.clock, reason)
-        pod = _first(cache.pods_of_gang(request.name))
-        if pod is None:
+            teller = self._tellers[reason] = Teller(self._api, cache.clock, reason)
+        about = waits_as(cache, request.name)
+        if about is None:
             log.info("gang %s: %s", request.name, text)
-        await teller.tell(pod, text)
+            return
+        await teller.tell_about(about, text)
 
 
-def _first(pods: Sequence[PodInfo]) -> PodInfo | None:
-    return min(pods, key=lambda p: p.name) if pods else None
+def waits_as(cache: ClusterCache, gang: str) -> ObjectRef | None:
+    """What a waiting gang is told on: the object it waits as (a Kueue Workload waits without
+    pods; a PodGroup), else its first pod; None when it has neither."""
+    ref = ReservationRef.parse(gang, cache.waiting.meta(gang))
+    if ref.owner_kind and ref.owner_name:
+        return ObjectRef(ref.owner_api_version, ref.owner_kind, ref.owner_name, ref.namespace, ref.owner_uid)
+    pods = cache.pods_of_gang(gang)
+    return ObjectRef.pod(min(pods, key=lambda p: p.name)) if pods else None
