@@ -323,6 +323,48 @@ def gang_pods(
     ]
 
 
+def movable_replica(
+    cp: ControlPlane,
+    ns: str,
+    name: str,
+    gpus: int,
+    pool: str,
+    *,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod labelled ``gangslice.io/movable`` in ``ns``, owned by a ReplicaSet ``<name>-rs``
+    created here (not created yet itself). No controller need run the ReplicaSet: gangslice
+    moves only pods a controller would bring back, so a bare pod is no mover."""
+    owner = create(
+        cp,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": f"{name}-rs", "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
+                },
+            },
+        },
+    )
+    pod = gpu_pod(name, gpus, pool, labels={"gangslice.io/movable": "true"}, annotations=annotations)
+    pod["metadata"]["namespace"] = ns
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": f"{name}-rs",
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
+    return pod
+
+
 def node_of(cp: ControlPlane, namespace: str, name: str) -> str | None:
     pod = get(cp, "Pod", name, namespace)
     node = (pod or {}).get("spec", {}).get("nodeName")

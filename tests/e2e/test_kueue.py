@@ -31,6 +31,7 @@ from cluster import (
     LEAF,
     FakeNode,
     Gangslice,
+    KubeletStandIn,
     create,
     delete,
     double_booked,
@@ -40,9 +41,11 @@ from cluster import (
     gpu_pod,
     gpus_of,
     hgx_leaves,
+    is_ready,
     items,
     make_node,
     merge_patch,
+    movable_replica,
     node_of,
     remove_crds,
     remove_node,
@@ -54,6 +57,7 @@ from cluster import POOL as POOL_LABEL
 from managers import start_kueue, stop_kueue
 
 from extender.bench.controlplane import ControlPlane
+from extender.controllers.migration.reporter import REASON as MIGRATION_PLANNED
 
 pytestmark = pytest.mark.e2e
 
@@ -259,6 +263,59 @@ def test_workload_held_until_its_slice_is_reserved_then_admitted_and_pods_land_o
     for i in range(2):
         assert sorted(gpus_of(get(cp, "Pod", f"llm-{i}", ns) or {})) == list(range(8))
     assert not double_booked(cp, LEAF_OF)
+
+
+def test_a_workload_that_waits_hears_the_migration_plan_on_itself(
+    control_plane: ControlPlane, gangslice: Gangslice, ns: str
+) -> None:
+    """``serve --migration report`` for a Kueue gang: its Workload waits with no pod while a
+    replica labelled movable holds a node of the leaf it could fit, and the MigrationPlanned
+    Event naming the move is on the Workload; nothing is evicted."""
+    cp = control_plane
+    kubelet = KubeletStandIn(cp, [n.name for n in NODES]).start()
+    try:
+        with serving_with(gangslice, ["--migrate-after=0"]):
+            # Leaf b: a pod that does not move, on kq-b0. Leaf a: a 1-GPU movable replica of a
+            # ReplicaSet, on kq-a0 (the other nodes cordoned until it runs: pinned by a
+            # nodeSelector it could not move). No leaf has two whole nodes.
+            blocker = gpu_pod("blocker", 1, POOL)
+            blocker["metadata"]["namespace"] = ns
+            blocker["spec"]["nodeSelector"]["kubernetes.io/hostname"] = "kq-b0"
+            others = ("kq-a1", "kq-b0", "kq-b1")
+            try:
+                for pod, cordoned in ((blocker, ()), (movable_replica(cp, ns, "server", 1, POOL), others)):
+                    for node in cordoned:
+                        merge_patch(cp, "Node", node, {"spec": {"unschedulable": True}})
+                    create(cp, pod)
+                    name = str(pod["metadata"]["name"])
+                    wait_for(
+                        f"{name} running", lambda name=name: is_ready(get(cp, "Pod", name, ns) or {}), 60
+                    )
+            finally:
+                for node in others:
+                    merge_patch(cp, "Node", node, {"spec": {"unschedulable": False}})
+            assert node_of(cp, ns, "server") == "kq-a0"
+            create(cp, workload(ns, "wide", 2))
+
+            def planned() -> dict[str, Any] | None:
+                found = [e for e in events_for(cp, ns, "wide") if e.get("reason") == MIGRATION_PLANNED]
+                return found[0] if found else None
+
+            event = wait_for("a MigrationPlanned Event on the waiting Workload", planned, 90)
+            wl = get(cp, "Workload", "wide", ns)
+            assert wl is not None and not is_true(wl, "Admitted"), wl
+            involved = event["involvedObject"]
+            assert (involved["apiVersion"], involved["kind"]) == ("kueue.x-k8s.io/v1beta2", "Workload")
+            assert involved["uid"] == wl["metadata"]["uid"], involved
+            message = event["message"]
+            assert f"{ns}/server from kq-a0 to kq-" in message and "nothing evicted" in message, message
+            pod = get(cp, "Pod", "server", ns)
+            assert pod is not None and not pod["metadata"].get("deletionTimestamp"), pod
+            assert pod["spec"]["nodeName"] == "kq-a0"
+            assert not kubelet.errors, list(kubelet.errors)
+    finally:
+        kubelet.stop()
+        delete(cp, "Workload", "wide", ns)
 
 
 @contextlib.contextmanager

@@ -26,9 +26,9 @@ from cluster import (
     extender_stack,
     gang_pods,
     get,
-    gpu_pod,
     is_ready,
     merge_patch,
+    movable_replica,
     wait_for,
 )
 
@@ -62,51 +62,14 @@ def kubelet(control_plane: ControlPlane, gangslice: Gangslice) -> Iterator[Kubel
         stand_in.stop()
 
 
-def in_ns(pod: dict[str, Any], ns: str) -> dict[str, Any]:
-    return {**pod, "metadata": {**pod["metadata"], "namespace": ns}}
-
-
-def replica_set(ns: str, name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
-            },
-        },
-    }
-
-
 def test_report_only_tells_the_plan_and_evicts_nothing(
     control_plane: ControlPlane, gangslice: Gangslice, kubelet: KubeletStandIn, ns: str
 ) -> None:
     cp = control_plane
     # The replica must land in leaf a: mig-c0 is cordoned until it runs there.
     merge_patch(cp, "Node", "mig-c0", {"spec": {"unschedulable": True}})
-    # Its owner: a ReplicaSet (no controller runs it here; a bare pod would not come back).
-    owner = create(cp, replica_set(ns, "server-rs"))
-    replica = gpu_pod(
-        "server",
-        1,
-        POOL,
-        labels={"gangslice.io/movable": "true"},
-        annotations={"gangslice.io/restart-seconds": "45"},
-    )
-    replica["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "name": "server-rs",
-            "uid": owner["metadata"]["uid"],
-            "controller": True,
-        }
-    ]
-    create(cp, in_ns(replica, ns))
+    replica = movable_replica(cp, ns, "server", 1, POOL, annotations={"gangslice.io/restart-seconds": "45"})
+    create(cp, replica)
 
     def running() -> dict[str, Any] | None:
         pod = get(cp, "Pod", "server", ns)
@@ -119,7 +82,8 @@ def test_report_only_tells_the_plan_and_evicts_nothing(
     node = before["spec"]["nodeName"]
     assert node in ("mig-a0", "mig-a1"), node
     for pod in gang_pods("wide", 2, 8, POOL, extra={"gangslice.io/required-level": "leaf"}):
-        create(cp, in_ns(pod, ns))
+        pod["metadata"]["namespace"] = ns
+        create(cp, pod)
 
     def planned() -> dict[str, Any] | None:
         found = [e for e in events_for(cp, ns, "wide-0") if e.get("reason") == REASON]
