@@ -35,14 +35,13 @@ from typing import TYPE_CHECKING
 
 from extender import cost
 from extender.compute import compute_us, work_gpus
-from extender.placement.node_fit import fit_for
+from extender.placement.node_fit import NodeFit, fit_for
 from extender.placement.request import GangRequest, PodSet
 from extender.placement.slice import PodSlot
 from extender.topology.gpus import KNOWN, GpuSpec, node_gpu
 
 if TYPE_CHECKING:
     from extender.placement.snapshot import ClusterSnapshot, NodeState
-    from extender.topology.model import NodeShape
 
 #: Losses this close are ties (a hundredth of a GPU at full speed).
 LOSS_DIGITS = 2
@@ -85,35 +84,36 @@ def node_models(snap: ClusterSnapshot) -> list[GpuSpec | None]:
     return snap.per_node(("gpu-model",), lambda n: node_gpu(n.labels, n.graph.model))
 
 
-def _model_sizes(snap: ClusterSnapshot) -> list[tuple[str | None, int]]:
-    """Every node's (GPU model name, GPUs) by node index: plain strings and ints, which a set
-    hashes in C."""
+def _model_fits(snap: ClusterSnapshot) -> list[tuple[str | None, NodeFit]]:
+    """Every node's (GPU model name, node type's memo tables) by node index: a string and an
+    object hashed by identity (one per node type), which a set hashes in C."""
 
-    def derive(n: NodeState) -> tuple[str | None, int]:
+    def derive(n: NodeState) -> tuple[str | None, NodeFit]:
         spec = node_gpu(n.labels, n.graph.model)
-        return (spec.name if spec is not None else None, n.shape.size)
+        return (spec.name if spec is not None else None, fit_for(n.shape))
 
-    return snap.per_node(("gpu-model-size",), derive)
+    return snap.per_node(("gpu-model-fit",), derive)
 
 
-def node_types_for(snap: ClusterSnapshot, ps: PodSet) -> frozenset[tuple[str | None, int]]:
-    """The (GPU model name, GPUs) of the nodes a pod of ``ps`` may use (its node needs, room
-    for its GPUs on an empty node; None: a model the table does not know). The per-node table
-    and the admitted nodes are kept up to date by the snapshot across allocation changes, and
-    the distinct pairs are taken in C: a decision pays O(nodes) of C work, not of Python."""
-    pairs = _model_sizes(snap)
+def node_types_for(snap: ClusterSnapshot, ps: PodSet) -> frozenset[tuple[str | None, NodeFit]]:
+    """The (GPU model name, node type) of the nodes a pod of ``ps`` may use (its node needs,
+    room for its GPUs on an empty node; None: a model the table does not know). The per-node
+    table and the admitted nodes are kept up to date by the snapshot across allocation
+    changes, and the distinct pairs are taken in C: a decision pays O(nodes) of C work, not of
+    Python."""
+    pairs = _model_fits(snap)
     admitted = snap.admitted(ps.node_needs)
     distinct = set(pairs) if admitted is None else set(map(pairs.__getitem__, admitted))
-    return frozenset(p for p in distinct if p[1] >= ps.gpus_per_pod)
+    return frozenset(p for p in distinct if p[1].shape.size >= ps.gpus_per_pod)
 
 
-def pod_comm_us(ps: PodSet, shape: NodeShape) -> float:
+def pod_comm_us(ps: PodSet, fit: NodeFit) -> float:
     """One step's tensor-parallel communication inside one pod of ``ps`` on the best GPUs of a
-    node of ``shape``: the part of a pod's communication the node type decides (PCIe or
+    node of type ``fit``: the part of a pod's communication the node type decides (PCIe or
     NVLink), which a speed by compute alone would miss."""
     if ps.gpus_per_pod <= 1:
         return 0.0
-    gbps = fit_for(shape).best_gbps(ps.gpus_per_pod)
+    gbps = fit.best_gbps(ps.gpus_per_pod)
     if gbps <= 0:
         return 0.0
     layer = cost.tp_layer_us(ps.gpus_per_pod, ps.model, gbps, cost.alpha_for_gbps(gbps, crosses_nodes=False))
@@ -123,23 +123,19 @@ def pod_comm_us(ps: PodSet, shape: NodeShape) -> float:
 def speeds(snap: ClusterSnapshot, ps: PodSet) -> Mapping[str, float] | None:
     """``ps``'s speed on each GPU model its pods may use, by model name (module docstring);
     None when it has no GPUs, may use no node, or may use a model the table does not know.
-    A model's step is taken on its largest nodes (the first such node's shape)."""
+    A model's step is its compute plus the least in-pod communication among its node types."""
     if ps.gpus_per_pod == 0:
         return None
-    kinds = node_types_for(snap, ps)
-    if not kinds or any(name is None for name, _ in kinds):
-        return None
-    largest: dict[str, int] = {}
-    for name, size in kinds:
-        assert name is not None
-        largest[name] = max(size, largest.get(name, 0))
     split = work_gpus(ps.comm, ps.count, ps.gpus_per_pod)
-    pairs = _model_sizes(snap)
-    times = {
-        name: compute_us(ps.model, split, KNOWN[name])
-        + pod_comm_us(ps, snap.nodes[pairs.index((name, size))].shape)
-        for name, size in largest.items()
-    }
+    comm: dict[str, float] = {}
+    for name, fit in node_types_for(snap, ps):
+        if name is None:
+            return None
+        us = pod_comm_us(ps, fit)
+        comm[name] = min(us, comm.get(name, us))
+    if not comm:
+        return None
+    times = {name: compute_us(ps.model, split, KNOWN[name]) + us for name, us in comm.items()}
     best = min(times.values())
     return {name: (best / t if t > 0 else 1.0) for name, t in times.items()}
 

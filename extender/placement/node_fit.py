@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from extender.topology.model import NodeShape, Tier
 
 
-@dataclass
+@dataclass(eq=False)
 class NodeFit:
-    """Memo tables for one node type."""
+    """Memo tables for one node type (one object per type: :func:`fit_for`; compared and
+    hashed by identity)."""
 
     shape: NodeShape
     _subsets: dict[tuple[int, Tier], tuple[int, ...]] = field(default_factory=dict)

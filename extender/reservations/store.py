@@ -88,6 +88,11 @@ class ReservationRef:
         return self.namespace, self.name
 
     @property
+    def names_owner(self) -> bool:
+        """Its meta names the object it was made for (a Workload, a PodGroup)."""
+        return bool(self.owner_kind and self.owner_name and self.owner_api_version)
+
+    @property
     def owner_managed(self) -> bool:
         """Held until its controller releases it (a Workload's, a PodGroup's): no TTL."""
         return self.owner_kind in names.OWNER_MANAGED_KINDS
@@ -124,7 +129,7 @@ def owner_reference_of(r: Reservation) -> dict[str, Any] | None:
     """The ``ownerReferences`` entry of the object ``r`` was made for (a Workload, a
     PodGroup; from its meta), or None for a plain gang's reservation."""
     ref = ReservationRef.of(r)
-    if not (ref.owner_kind and ref.owner_name and ref.owner_api_version):
+    if not ref.names_owner:
         return None
     return {
         "apiVersion": ref.owner_api_version,

@@ -12,6 +12,7 @@ from extender.httpapi.decide import Decider
 from extender.kube.pods import PodInfo
 from extender.placement import hardware, scoring
 from extender.placement.ledger import Reservation
+from extender.placement.node_fit import fit_for
 from extender.placement.request import GangRequest
 from extender.placement.slice import Slice, Unplaceable
 from extender.placement.snapshot import ClusterSnapshot
@@ -88,7 +89,7 @@ def test_a_tp8_replica_s_speed_counts_its_all_reduces_over_the_node_type_s_links
     judged = speed(Reference(snap).best(tp8), slice_step(snap, tp8, on_l40s.slots))
     assert got["L40S"] == pytest.approx(judged, rel=0.02)
     small = template("llama-8b-tp1").pod_sets[0]
-    assert hardware.pod_comm_us(small, snap.nodes[1].shape) == 0.0
+    assert hardware.pod_comm_us(small, fit_for(snap.nodes[1].shape)) == 0.0
 
 
 def test_an_8b_replica_takes_the_h100_while_nothing_waits_and_the_l40s_while_an_h100_only_gang_waits() -> (

@@ -180,6 +180,16 @@ def on(now: list[float]) -> tuple[ClusterCache, FakeKube, MigrationReporter]:
     return cache, api, MigrationReporter(api, Migration.ON, after_s=600.0)
 
 
+def stored(now: list[float]) -> tuple[ClusterCache, FakeKube]:
+    """:func:`fleet` writing its SliceReservations to a fake API server that has the replica,
+    with the wide gang waiting."""
+    api = FakeKube()
+    api.put("pods", movable("server-1", "a1"))
+    cache = fleet(now, KubeReservationStore(api, clock=lambda: now[0]))
+    cache.waiting.refused(cache.view(), WIDE, 0.0)
+    return cache, api
+
+
 def holds(cache: ClusterCache) -> dict[str, Reservation]:
     return {r.gang: r for r in cache.ledger.reservations()}
 
@@ -312,10 +322,7 @@ def test_explain_shows_the_plan_and_then_the_migration_under_way() -> None:
 
 def test_holds_that_could_not_be_written_are_released_and_nothing_is_evicted() -> None:
     now = [600.0]
-    api = FakeKube()
-    api.put("pods", movable("server-1", "a1"))
-    cache = fleet(now, KubeReservationStore(api, clock=lambda: now[0]))
-    cache.waiting.refused(cache.view(), WIDE, 0.0)
+    cache, api = stored(now)
     api.fail_next("apply slicereservations", Unavailable(503, "etcd is down"))
     assert asyncio.run(MigrationReporter(api, Migration.ON, after_s=0.0).sync(cache, 600.0)) == []
     assert evictions(api) == ["server-1"]  # the dry run alone
@@ -340,10 +347,7 @@ def test_a_plan_the_cluster_changed_under_during_the_dry_runs_is_not_carried_out
 
 def test_the_store_deletes_the_hold_before_it_writes_the_gang_reservation_that_replaces_it() -> None:
     now = [600.0]
-    api = FakeKube()
-    api.put("pods", movable("server-1", "a1"))
-    cache = fleet(now, KubeReservationStore(api, clock=lambda: now[0]))
-    cache.waiting.refused(cache.view(), WIDE, 0.0)
+    cache, api = stored(now)
     assert len(asyncio.run(MigrationReporter(api, Migration.ON, after_s=0.0).sync(cache, 600.0))) == 1
     names_of = lambda: sorted(o["metadata"]["name"] for o in api.objects("slicereservations"))  # noqa: E731
     assert names_of() == ["drain-wide", "move-server-1"]

@@ -265,7 +265,7 @@ def waits_as(cache: ClusterCache, gang: str) -> ObjectRef | None:
     """What a waiting gang is told on: the object it waits as (a Kueue Workload waits without
     pods; a PodGroup), else its first pod; None when it has neither."""
     ref = ReservationRef.parse(gang, cache.waiting.meta(gang))
-    if ref.owner_kind and ref.owner_name:
+    if ref.names_owner:
         return ObjectRef(ref.owner_api_version, ref.owner_kind, ref.owner_name, ref.namespace, ref.owner_uid)
     pods = cache.pods_of_gang(gang)
     return ObjectRef.pod(min(pods, key=lambda p: p.name)) if pods else None
